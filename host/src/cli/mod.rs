@@ -1,0 +1,74 @@
+//! Command-line interface: arguments as the user typed them, parsed by clap, dispatched
+//! to one function per command. `main` prints one error chain and returns an exit code;
+//! user mistakes never panic.
+
+mod plugin;
+
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rlhost",
+    version,
+    about = "Train LLM agents with reinforcement learning; tools and rewards run as sandboxed WebAssembly plugins"
+)]
+struct Cli {
+    /// Print only errors (RUST_LOG overrides this).
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Inspect and try out plugins.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
+}
+
+/// Runs the CLI with the process's arguments.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap prints help and version to stdout with exit code 0, usage errors to
+            // stderr with 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    init_logging(cli.quiet);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Command::Plugin(command) => runtime.block_on(plugin::run(command)),
+    }
+}
+
+/// Logs go to stderr. The default shows warnings and what plugins print; `RUST_LOG`
+/// (e.g. `RUST_LOG=debug`) overrides it.
+fn init_logging(quiet: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = if quiet { "error" } else { "warn,plugin=info" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .try_init();
+}

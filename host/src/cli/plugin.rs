@@ -1,0 +1,294 @@
+//! `rlhost plugin inspect` and `rlhost plugin call`: the plugin author's quick loop.
+
+use crate::plugin::cache;
+use crate::plugin::{
+    DirGrant, Grants, Limits, Message, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions,
+    Sample, Trajectory,
+};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Show a plugin's WIT version, roles, imports, size and sha256.
+    Inspect {
+        /// The plugin component (.wasm).
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Call one role of a plugin and show the result or the typed fault.
+    Call(CallArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CallArgs {
+    /// The plugin component (.wasm).
+    file: PathBuf,
+    /// The role to call: trigger, environment, dataset or reward.
+    role: Role,
+    /// The plugin's configuration, as JSON.
+    #[arg(long, default_value = "{}")]
+    config: String,
+    /// trigger: the generated text to fire on; environment: an assistant turn. Repeat it
+    /// to call several times on the same session.
+    #[arg(long)]
+    text: Vec<String>,
+    /// The user prompt of the sample (trigger, environment, reward).
+    #[arg(long, conflicts_with = "sample")]
+    prompt: Option<String>,
+    /// A JSON file with the sample: {"messages": [...], "metadata": {...}}.
+    #[arg(long)]
+    sample: Option<PathBuf>,
+    /// reward: a JSON file with the trajectory to score. Without it, the trajectory is
+    /// the sample followed by --text as the assistant's answer.
+    #[arg(long)]
+    trajectory: Option<PathBuf>,
+    /// dataset: which sample to show (default: the first).
+    #[arg(long)]
+    index: Option<u64>,
+    /// Seed for the plugin's randomness and the dataset.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+/// Sandbox limits and grants; each overrides the default.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Memory cap per instance, in MiB.
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// Deadline per call, in milliseconds.
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// Fuel budget per call (turns on fuel metering).
+    #[arg(long)]
+    fuel: Option<u64>,
+    /// Most bytes one call may return.
+    #[arg(long)]
+    max_output_bytes: Option<usize>,
+    /// Mount a host directory read-only: HOST_DIR[:GUEST_PATH] (default guest path /data).
+    #[arg(long = "grant-dir")]
+    grant_dirs: Vec<DirGrant>,
+    /// Compile without reading or writing the compile cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+impl SandboxArgs {
+    fn spec(&self, path: &Path) -> PluginSpec {
+        let mut limits = Limits::default();
+        if let Some(v) = self.memory_mib {
+            limits.memory_mib = v;
+        }
+        if let Some(v) = self.timeout_ms {
+            limits.timeout_ms = v;
+        }
+        limits.fuel = self.fuel;
+        if let Some(v) = self.max_output_bytes {
+            limits.max_output_bytes = v;
+        }
+        PluginSpec {
+            path: path.to_path_buf(),
+            limits,
+            grants: Grants {
+                read_only_dirs: self.grant_dirs.clone(),
+            },
+        }
+    }
+
+    async fn load(&self, path: &Path) -> Result<Plugin> {
+        let runtime = PluginRuntime::new(&RuntimeOptions {
+            fuel: self.fuel.is_some(),
+            cache_dir: if self.no_cache { None } else { cache::default_dir() },
+        })?;
+        runtime.load(self.spec(path)).await
+    }
+}
+
+pub async fn run(command: PluginCommand) -> Result<()> {
+    match command {
+        PluginCommand::Inspect {
+            file,
+            json,
+            sandbox,
+        } => inspect(&file, json, &sandbox).await,
+        PluginCommand::Call(args) => call(args).await,
+    }
+}
+
+async fn inspect(file: &Path, json: bool, sandbox: &SandboxArgs) -> Result<()> {
+    let plugin = sandbox.load(file).await?;
+    let info = plugin.info();
+    if json {
+        let value = serde_json::json!({
+            "file": file,
+            "name": info.name,
+            "version": info.version,
+            "description": info.description,
+            "wit": format!("rlhost:plugin@{}", plugin.wit_version()),
+            "roles": plugin.roles(),
+            "imports": plugin.imports(),
+            "exports": plugin.exports(),
+            "size": plugin.size(),
+            "sha256": plugin.sha256(),
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!("file:        {}", file.display());
+    println!("plugin:      {} {}", info.name, info.version);
+    if !info.description.is_empty() {
+        println!("description: {}", info.description);
+    }
+    println!("wit:         rlhost:plugin@{}", plugin.wit_version());
+    println!("roles:       {}", crate::plugin::inspect::role_list(plugin.roles()));
+    println!("imports:");
+    for import in plugin.imports() {
+        println!("  {import}");
+    }
+    println!(
+        "size:        {} bytes ({:.1} MiB)",
+        plugin.size(),
+        plugin.size() as f64 / (1 << 20) as f64
+    );
+    println!("sha256:      {}", plugin.sha256());
+    Ok(())
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {what} file {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a valid {what}", path.display()))
+}
+
+impl CallArgs {
+    fn sample(&self) -> Result<Sample> {
+        if let Some(path) = &self.sample {
+            return read_json(path, "sample");
+        }
+        Ok(Sample::from_prompt(self.prompt.as_deref().unwrap_or("")))
+    }
+}
+
+async fn call(args: CallArgs) -> Result<()> {
+    if let Err(e) = serde_json::from_str::<serde_json::Value>(&args.config) {
+        bail!("--config is not valid JSON ({e}); pass an object such as '{{}}'");
+    }
+    let plugin = args.sandbox.load(&args.file).await?;
+    let mut out = serde_json::Map::new();
+    out.insert("plugin".into(), plugin.id().into());
+    match args.role {
+        Role::Trigger => {
+            if args.text.is_empty() {
+                bail!("`plugin call ... trigger` needs --text: the generated text to fire on");
+            }
+            let sample = args.sample()?;
+            let mut session = plugin.open_trigger(&args.config, &sample, args.seed).await?;
+            let patterns = session.stop_patterns().to_vec();
+            if !args.json {
+                println!("stop patterns: {patterns:?}");
+            }
+            out.insert("stop_patterns".into(), patterns.clone().into());
+            let mut outputs = Vec::new();
+            for text in &args.text {
+                if !patterns.iter().any(|p| text.ends_with(p.as_str())) {
+                    eprintln!(
+                        "note: the text does not end with a stop pattern; in a rollout the host would not fire here"
+                    );
+                }
+                let output = session.fire(text).await?;
+                if !args.json {
+                    match &output {
+                        Some(text) => println!("append: {text}"),
+                        None => println!("append: nothing (generation goes on)"),
+                    }
+                }
+                outputs.push(output);
+            }
+            out.insert("outputs".into(), serde_json::to_value(outputs)?);
+        }
+        Role::Environment => {
+            if args.text.is_empty() {
+                bail!("`plugin call ... environment` needs --text: an assistant turn");
+            }
+            let sample = args.sample()?;
+            let mut episode = plugin
+                .open_environment(&args.config, &sample, args.seed)
+                .await?;
+            let mut steps = Vec::new();
+            for text in &args.text {
+                let step = episode.step(text).await?;
+                if !args.json {
+                    for m in &step.messages {
+                        println!("{}: {}", m.role, m.content);
+                    }
+                    println!("done: {}, reward: {:?}", step.done, step.reward);
+                }
+                let finished = step.done;
+                steps.push(step);
+                if finished {
+                    break;
+                }
+            }
+            out.insert("steps".into(), serde_json::to_value(steps)?);
+        }
+        Role::Dataset => {
+            let mut source = plugin.open_dataset(&args.config, args.seed).await?;
+            let index = args.index.unwrap_or(0);
+            if source.is_empty() {
+                bail!("plugin `{}` opened an empty dataset", plugin.id());
+            }
+            let sample = source.get(index).await?;
+            if !args.json {
+                println!("len: {}", source.len());
+                println!("sample {index}: {}", serde_json::to_string_pretty(&sample)?);
+            }
+            out.insert("len".into(), source.len().into());
+            out.insert("index".into(), index.into());
+            out.insert("sample".into(), serde_json::to_value(sample)?);
+        }
+        Role::Reward => {
+            let trajectory = match &args.trajectory {
+                Some(path) => read_json::<Trajectory>(path, "trajectory")?,
+                None => {
+                    let sample = args.sample()?;
+                    let completion = args.text.concat();
+                    let mut messages = sample.messages;
+                    messages.push(Message {
+                        role: "assistant".into(),
+                        content: completion.clone(),
+                    });
+                    Trajectory {
+                        messages,
+                        completion,
+                        metadata: sample.metadata,
+                        turns: 1,
+                        truncated: false,
+                    }
+                }
+            };
+            let mut scorer = plugin.open_reward(&args.config).await?;
+            let components = scorer.score(&trajectory).await?;
+            if !args.json {
+                for c in &components {
+                    println!("{}: {}", c.name, c.value);
+                }
+            }
+            out.insert("components".into(), serde_json::to_value(components)?);
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}

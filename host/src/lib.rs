@@ -1,0 +1,7 @@
+//! rlhost: train LLM agents with reinforcement learning, with tools, environments,
+//! datasets and rewards as sandboxed WebAssembly plugins.
+//!
+//! The binary is a thin wrapper around [`cli::run`].
+
+pub mod cli;
+pub mod plugin;

@@ -1,0 +1,141 @@
+//! The plugin runtime: one wasmtime `Engine` with its epoch ticker, the `Linker` that
+//! offers plugins WASI and the host functions, and the compiled-component cache.
+
+use super::bindings::v0_1_0 as v0;
+use super::cache::ComponentCache;
+use super::inspect::{self, LoadError};
+use super::plugin::{Plugin, PluginSpec};
+use super::sandbox::StoreState;
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+/// How often the ticker thread advances the engine's epoch. Deadlines are rounded up to
+/// whole ticks, so 10 ms keeps a 1 s deadline within 1%, for the price of one atomic
+/// increment 100 times a second.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// How the engine is built; the same options must be used to reuse cached artifacts.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeOptions {
+    /// Count fuel in every store. Required if any plugin sets `limits.fuel`; it costs
+    /// ~30% per call, so it is off unless asked for.
+    pub fuel: bool,
+    /// Where compiled components are cached; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Shared by every plugin of a run.
+pub struct PluginRuntime {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<StoreState>,
+    cache: Option<ComponentCache>,
+    pub(crate) fuel: bool,
+}
+
+impl PluginRuntime {
+    pub fn new(options: &RuntimeOptions) -> Result<Arc<Self>> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        // Calls are made with `call_async` (wasmtime 48 always supports it) so that a
+        // plugin waiting in a WASI host call (a sleep, a poll) can be cancelled by dropping
+        // its future at the deadline; epoch interruption alone only stops running wasm.
+        // Wall-clock deadlines: each store traps once the epoch passes its deadline.
+        // ~10% per call, much cheaper than fuel.
+        config.epoch_interruption(true);
+        config.consume_fuel(options.fuel);
+        // wasmtime's default wasm stack (512 KiB) turns unbounded recursion into a
+        // stack-overflow trap long before the host's own stack is at risk.
+        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        spawn_epoch_ticker(&engine);
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot link WASI")?;
+        v0::HostView::add_to_linker::<_, HasSelf<StoreState>>(&mut linker, |state| state)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot link the host functions")?;
+
+        let cache = options
+            .cache_dir
+            .as_deref()
+            .map(|dir| ComponentCache::new(dir, &engine));
+        Ok(Arc::new(PluginRuntime {
+            engine,
+            linker,
+            cache,
+            fuel: options.fuel,
+        }))
+    }
+
+    /// Compiles (or loads from the cache) the component at `spec.path`, checks that it
+    /// fits this host, and asks it who it is.
+    pub async fn load(self: &Arc<Self>, spec: PluginSpec) -> Result<Plugin> {
+        let path = spec.path.clone();
+        let wasm = inspect::read_wasm(&path)?;
+        let sha256 = hex::encode(Sha256::digest(&wasm));
+        let started = Instant::now();
+        let (component, cached) = self.compile(&path, &wasm, &sha256)?;
+        tracing::debug!(
+            "{} {} in {:.0?}",
+            if cached { "loaded cached" } else { "compiled" },
+            path.display(),
+            started.elapsed()
+        );
+        let shape = inspect::shape(&path, &self.engine, &component)?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            LoadError::Invalid {
+                path: path.display().to_string(),
+                message: format!("cannot link: {e}"),
+            }
+        })?;
+        Plugin::new(
+            self.clone(),
+            spec,
+            pre,
+            shape,
+            sha256,
+            wasm.len() as u64,
+        )
+        .await
+    }
+
+    fn compile(
+        &self,
+        path: &Path,
+        wasm: &[u8],
+        sha256: &str,
+    ) -> Result<(wasmtime::component::Component, bool), LoadError> {
+        let compiled = match &self.cache {
+            Some(cache) => cache.load_or_compile(&self.engine, wasm, sha256),
+            None => wasmtime::component::Component::new(&self.engine, wasm).map(|c| (c, false)),
+        };
+        compiled.map_err(|e| LoadError::Invalid {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Advances `engine`'s epoch every [`EPOCH_TICK`] until the engine is dropped. Holding
+/// only a weak reference lets the engine (and this thread) go away with the runtime.
+fn spawn_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("rlhost-epoch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        .expect("cannot spawn the epoch ticker thread");
+}

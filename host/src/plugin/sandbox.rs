@@ -1,0 +1,280 @@
+//! The sandbox every plugin instance runs in: its limits, its grants, and the per-store
+//! state (WASI context, captured output, memory limiter) behind them.
+//!
+//! Defaults deny everything. A plugin gets no files, no network, no environment
+//! variables, no arguments and no inherited stdio; what it prints is captured and capped;
+//! its memory, its time per call and the size of what it returns are capped; its
+//! randomness is seeded so rollouts are reproducible. Grants widen this only when the run
+//! config names them.
+
+use super::bindings::v0_1_0 as v0;
+use super::output::CappedPipe;
+use anyhow::{Context, Result};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+use wasmtime::component::ResourceTable;
+use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+/// Resource caps for one plugin. Every field has a default; a run config or a CLI flag
+/// may override each one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Linear memory per instance, in MiB. 256 MiB holds the Python code tool (CPython
+    /// starts at ~20 MiB) with room for model-written code, and keeps 32 concurrent
+    /// sessions under 8 GiB.
+    pub memory_mib: u64,
+    /// Wall-clock deadline per call, in milliseconds. A tool call is on the rollout's
+    /// critical path: 5 s is long for a calculator and enough for a small Python script.
+    pub timeout_ms: u64,
+    /// Optional fuel (wasm instructions, roughly) per call, for budgets that do not depend
+    /// on machine speed. Off by default: it slows every call by ~30%.
+    pub fuel: Option<u64>,
+    /// Most bytes a call may return, strings and lists summed. A tool's output goes into
+    /// the model's context, so 1 MiB is already far more than useful.
+    pub max_output_bytes: usize,
+    /// Most bytes of stdout and stderr kept per call (each); the rest is dropped and
+    /// counted. Keeps a plugin that floods its output from flooding the host's log.
+    pub max_log_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mib: 256,
+            timeout_ms: 5_000,
+            fuel: None,
+            max_output_bytes: 1 << 20,
+            max_log_bytes: 64 << 10,
+        }
+    }
+}
+
+impl Limits {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        usize::try_from(self.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+}
+
+/// Capabilities a plugin gets only when the run config names them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Grants {
+    /// Host directories mounted read-only, e.g. a dataset the plugin reads.
+    pub read_only_dirs: Vec<DirGrant>,
+}
+
+/// One read-only directory: `host` on this machine, seen by the plugin as `guest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirGrant {
+    pub host: PathBuf,
+    pub guest: String,
+}
+
+impl std::str::FromStr for DirGrant {
+    type Err = String;
+
+    /// `HOST[:GUEST]`; the guest path defaults to `/data`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (host, guest) = match s.split_once(':') {
+            Some((host, guest)) => (host, guest),
+            None => (s, "/data"),
+        };
+        if host.is_empty() || guest.is_empty() {
+            return Err(format!("`{s}` is not HOST_DIR[:GUEST_PATH]"));
+        }
+        Ok(DirGrant {
+            host: host.into(),
+            guest: guest.into(),
+        })
+    }
+}
+
+/// Wraps [`StoreLimits`] to remember whether the memory cap was hit: with
+/// `trap_on_grow_failure` the resulting error is not a `Trap` variant, so without this
+/// flag an out-of-memory fault could not be told apart from any other trap.
+pub struct Limiter {
+    inner: StoreLimits,
+    pub memory_exceeded: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let result = self.inner.memory_growing(current, desired, maximum);
+        if !matches!(result, Ok(true)) {
+            self.memory_exceeded = true;
+        }
+        result
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.inner.memories()
+    }
+}
+
+/// What one plugin instance's `Store` holds.
+pub struct StoreState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub limiter: Limiter,
+    pub stdout: CappedPipe,
+    pub stderr: CappedPipe,
+    /// `name@version`, for log lines the plugin writes through `host.log`.
+    pub plugin: String,
+    /// Bytes logged through `host.log` so far; capped like stdout.
+    logged: usize,
+    max_log_bytes: usize,
+}
+
+impl StoreState {
+    /// A fresh sandbox for one instance. `seed` seeds the plugin's randomness: the same
+    /// seed gives the same random numbers, so a rollout can be replayed.
+    pub fn new(plugin: &str, limits: &Limits, grants: &Grants, seed: u64) -> Result<Self> {
+        let stdout = CappedPipe::new(limits.max_log_bytes);
+        let stderr = CappedPipe::new(limits.max_log_bytes);
+        let mut wasi = WasiCtxBuilder::new();
+        // No `inherit_args`, `inherit_env` or `inherit_stdio`: the builder starts with
+        // none of them, so the plugin sees no arguments, no environment variables (no API
+        // keys, no paths), and an empty stdin.
+        wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        // Network off in this version. The builder already denies every address; turning
+        // the socket families off as well makes the refusal immediate and explicit.
+        wasi.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        // `wasi:random` seeded from the run: reproducible rollouts. Plugins that need
+        // secrets have no business in a training sandbox.
+        wasi.secure_random(StdRng::seed_from_u64(seed))
+            .insecure_random(StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15))
+            .insecure_random_seed(u128::from(seed) << 64 | u128::from(!seed));
+        // No preopened directories unless granted, and then read-only.
+        for grant in &grants.read_only_dirs {
+            wasi.preopened_dir(&grant.host, &grant.guest, FsPerms::ReadOnly)
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .with_context(|| {
+                    format!(
+                        "cannot grant read-only directory {} (as {})",
+                        grant.host.display(),
+                        grant.guest
+                    )
+                })?;
+        }
+        let limits_inner = StoreLimitsBuilder::new()
+            .memory_size(limits.memory_bytes())
+            // Fail the grow with a trap instead of returning -1 to the guest: guests
+            // (Rust's allocator, CPython) abort on -1 anyway, and a trap is reported at
+            // the point of the grow, with the flag above set.
+            .trap_on_grow_failure(true)
+            .build();
+        Ok(StoreState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: Limiter {
+                inner: limits_inner,
+                memory_exceeded: false,
+            },
+            stdout,
+            stderr,
+            plugin: plugin.to_string(),
+            logged: 0,
+            max_log_bytes: limits.max_log_bytes,
+        })
+    }
+
+    /// Forwards what the plugin printed since the last call to the host's log, tagged with
+    /// its name, and returns the end of stderr: the last two lines that are not Rust's
+    /// "run with RUST_BACKTRACE" note, which is where a panic or a Python traceback says
+    /// what went wrong.
+    pub fn flush_output(&mut self) -> Option<String> {
+        let plugin = &self.plugin;
+        let out = self.stdout.take();
+        let err = self.stderr.take();
+        for line in out.text.lines() {
+            tracing::info!(target: "plugin", plugin = %plugin, "stdout: {line}");
+        }
+        for line in err.text.lines() {
+            tracing::info!(target: "plugin", plugin = %plugin, "stderr: {line}");
+        }
+        for (stream, dropped) in [("stdout", out.dropped), ("stderr", err.dropped)] {
+            if dropped > 0 {
+                tracing::warn!(target: "plugin", plugin = %plugin,
+                    "{stream}: {dropped} more bytes dropped (cap: limits.max_log_bytes)");
+            }
+        }
+        let mut tail: Vec<&str> = err
+            .text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with("note: run with"))
+            .rev()
+            .take(2)
+            .collect();
+        tail.reverse();
+        (!tail.is_empty()).then(|| tail.join(" "))
+    }
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl v0::Host for StoreState {
+    fn log(&mut self, level: v0::Level, message: String) {
+        // Same cap as stdout: a plugin must not be able to flood the host's log through
+        // the import either.
+        if self.logged >= self.max_log_bytes {
+            return;
+        }
+        self.logged += message.len();
+        let plugin = &self.plugin;
+        match tracing::Level::from(level) {
+            tracing::Level::TRACE => tracing::trace!(target: "plugin", plugin = %plugin, "{message}"),
+            tracing::Level::DEBUG => tracing::debug!(target: "plugin", plugin = %plugin, "{message}"),
+            tracing::Level::INFO => tracing::info!(target: "plugin", plugin = %plugin, "{message}"),
+            tracing::Level::WARN => tracing::warn!(target: "plugin", plugin = %plugin, "{message}"),
+            tracing::Level::ERROR => tracing::error!(target: "plugin", plugin = %plugin, "{message}"),
+        }
+        if self.logged >= self.max_log_bytes {
+            tracing::warn!(target: "plugin", plugin = %plugin,
+                "log cap of {} bytes reached; further lines dropped", self.max_log_bytes);
+        }
+    }
+}
+
+impl v0::wit::Host for StoreState {}

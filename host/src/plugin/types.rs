@@ -1,0 +1,120 @@
+//! The plugin contract's data as the host uses it, independent of any one WIT version.
+//!
+//! Each WIT version's bindings module converts its generated types to and from these,
+//! so that the rest of rlhost never names a versioned type (Zed's pattern).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// A task instance: the prompt and its metadata (RL2's sample format).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub messages: Vec<Message>,
+    /// A JSON object, e.g. `{"answer": "42"}`.
+    pub metadata: serde_json::Value,
+}
+
+/// A finished rollout as reward plugins see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trajectory {
+    pub messages: Vec<Message>,
+    pub completion: String,
+    #[serde(default = "empty_object")]
+    pub metadata: serde_json::Value,
+    #[serde(default)]
+    pub turns: u32,
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// One named part of a reward.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Component {
+    pub name: String,
+    pub value: f64,
+}
+
+/// What an environment step returns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepResult {
+    pub messages: Vec<Message>,
+    pub done: bool,
+    pub reward: Option<f64>,
+}
+
+/// What a plugin says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: String,
+    pub description: String,
+}
+
+/// The roles a plugin can play; a component may export several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Trigger,
+    Environment,
+    Dataset,
+    Reward,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Trigger, Role::Environment, Role::Dataset, Role::Reward];
+
+    /// The WIT interface that exports this role.
+    pub fn interface(self) -> &'static str {
+        match self {
+            Role::Trigger => "trigger",
+            Role::Environment => "environment",
+            Role::Dataset => "dataset",
+            Role::Reward => "reward",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.interface())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Role::ALL
+            .into_iter()
+            .find(|role| role.interface() == s)
+            .ok_or_else(|| {
+                format!("unknown role `{s}`: expected trigger, environment, dataset or reward")
+            })
+    }
+}
+
+impl Sample {
+    /// A sample with one user message and no metadata.
+    pub fn from_prompt(prompt: &str) -> Self {
+        Sample {
+            messages: vec![Message {
+                role: "user".into(),
+                content: prompt.into(),
+            }],
+            metadata: empty_object(),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! A plugin that misbehaves on purpose, to prove the sandbox holds. Never use it in a run.
+//!
+//! Config: `{"mode": "...", "at": "fire" | "open", "path": "/etc/passwd", "port": 80}`.
+//! The trigger misbehaves in `fire` (or in `open` with `"at": "open"`); the dataset in
+//! `get`; the reward in `score`. Modes:
+//!
+//! | mode | what it does | what the host must do |
+//! |---|---|---|
+//! | `echo` | behaves: returns its input | answer normally |
+//! | `loop` | spins forever | time out |
+//! | `sleep` | sleeps an hour in a WASI call | time out |
+//! | `memory` | allocates until it dies | out-of-memory |
+//! | `recursion` | recurses without end | trap (stack overflow) |
+//! | `panic` | panics | trap, with the panic message |
+//! | `read-file` | reads `path` (default `/etc/passwd`) and lists `/` | nothing to read |
+//! | `env` | lists environment variables and arguments | none to list |
+//! | `socket` | connects to 127.0.0.1:`port` | refuse the connection |
+//! | `huge-output` | returns a 100 MiB string | bad-output |
+//! | `stdout-flood` | prints 16 MiB, then returns | cap the captured output |
+//! | `guest-error` | returns an error | guest-error |
+//! | `nan` | reward: returns a NaN component | bad-output |
+//! | `bad-metadata` | dataset: returns metadata that is not JSON | bad-output |
+//! | `many-patterns` | trigger: declares 10,000 stop patterns | bad-output |
+
+use rlhost_sdk::{Component, Dataset, Message, Reward, Sample, Trajectory, Trigger};
+use serde::Deserialize;
+use std::hint::black_box;
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields, default)]
+struct Config {
+    mode: String,
+    at: String,
+    path: String,
+    port: u16,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mode: "echo".into(),
+            at: "fire".into(),
+            path: "/etc/passwd".into(),
+            port: 80,
+        }
+    }
+}
+
+fn parse(config: &str) -> Result<Config, String> {
+    serde_json::from_str(config).map_err(|e| format!("hostile config: {e}"))
+}
+
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64) -> u64 {
+    let frame = black_box([depth; 64]);
+    recurse(frame[0] + 1) + frame[63]
+}
+
+/// Does what `mode` says; returns the text a well-behaved call would return.
+fn misbehave(config: &Config, input: &str) -> Result<String, String> {
+    match config.mode.as_str() {
+        "echo" | "nan" | "bad-metadata" | "many-patterns" => Ok(input.to_string()),
+        "loop" => {
+            let mut n = 0u64;
+            loop {
+                n = black_box(n.wrapping_add(1));
+            }
+        }
+        "sleep" => {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+            Ok("woke up".into())
+        }
+        "memory" => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(black_box(vec![1u8; 1 << 20]));
+            }
+        }
+        "recursion" => Ok(recurse(0).to_string()),
+        "panic" => panic!("hostile plugin panicked on purpose"),
+        "read-file" => {
+            let file = match std::fs::read_to_string(&config.path) {
+                Ok(text) => format!("read {}: {text}", config.path),
+                Err(e) => format!("error: {e}"),
+            };
+            let root = match std::fs::read_dir("/") {
+                Ok(entries) => format!("listed /: {}", entries.count()),
+                Err(e) => format!("error: {e}"),
+            };
+            let cwd = match std::fs::read_dir(".") {
+                Ok(entries) => format!("listed .: {}", entries.count()),
+                Err(e) => format!("error: {e}"),
+            };
+            Ok(format!("{file}\n{root}\n{cwd}"))
+        }
+        "env" => {
+            let vars: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+            let args: Vec<String> = std::env::args().collect();
+            Ok(format!(
+                "vars: {} [{}]\nargs: {} [{}]",
+                vars.len(),
+                vars.join(", "),
+                args.len(),
+                args.join(", ")
+            ))
+        }
+        "socket" => match std::net::TcpStream::connect(("127.0.0.1", config.port)) {
+            Ok(_) => Ok("connected".into()),
+            Err(e) => Ok(format!("error: {e}")),
+        },
+        "huge-output" => Ok("x".repeat(100 << 20)),
+        "stdout-flood" => {
+            for i in 0..(16 << 20) / 64 {
+                println!("{i:063}");
+            }
+            Ok("flooded".into())
+        }
+        "guest-error" => Err("hostile plugin refuses on purpose".into()),
+        other => Err(format!("hostile config: unknown mode `{other}`")),
+    }
+}
+
+struct Hostile {
+    config: Config,
+}
+
+impl Trigger for Hostile {
+    fn open(config: &str, _sample: Sample) -> Result<Self, String> {
+        let config = parse(config)?;
+        if config.at == "open" {
+            misbehave(&config, "")?;
+        }
+        Ok(Hostile { config })
+    }
+
+    fn stop_patterns(&self) -> Vec<String> {
+        if self.config.mode == "many-patterns" {
+            return (0..10_000).map(|i| format!("<{i}>")).collect();
+        }
+        vec!["</go>".to_string()]
+    }
+
+    fn fire(&mut self, text: &str) -> Result<Option<String>, String> {
+        if self.config.at == "open" {
+            return Ok(Some(text.to_string()));
+        }
+        misbehave(&self.config, text).map(Some)
+    }
+}
+
+struct HostileData {
+    config: Config,
+}
+
+impl Dataset for HostileData {
+    fn open(config: &str, _seed: u64) -> Result<Self, String> {
+        Ok(HostileData {
+            config: parse(config)?,
+        })
+    }
+
+    fn len(&self) -> u64 {
+        10
+    }
+
+    fn get(&self, index: u64) -> Result<Sample, String> {
+        let content = misbehave(&self.config, &format!("sample {index}"))?;
+        let metadata = if self.config.mode == "bad-metadata" {
+            "{not json".to_string()
+        } else {
+            format!("{{\"index\": {index}}}")
+        };
+        Ok(Sample {
+            messages: vec![Message::new("user", content)],
+            metadata,
+        })
+    }
+}
+
+struct HostileScore {
+    config: Config,
+}
+
+impl Reward for HostileScore {
+    fn open(config: &str) -> Result<Self, String> {
+        Ok(HostileScore {
+            config: parse(config)?,
+        })
+    }
+
+    fn score(&mut self, trajectory: Trajectory) -> Result<Vec<Component>, String> {
+        let text = misbehave(&self.config, &trajectory.completion)?;
+        let value = if self.config.mode == "nan" {
+            f64::NAN
+        } else {
+            text.len() as f64
+        };
+        Ok(vec![Component::new("length", value)])
+    }
+}
+
+rlhost_sdk::export!(dataset: HostileData, reward: HostileScore, trigger: Hostile);

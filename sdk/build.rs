@@ -1,0 +1,38 @@
+//! Writes the macro that generates a plugin's bindings.
+//!
+//! `wit_bindgen::generate!` resolves a relative `path` against the manifest directory of
+//! the crate that invokes it, which is the plugin's, not ours. So the SDK bakes the
+//! absolute path of its own copy of the WIT package into a `macro_rules!` at build time,
+//! and `export!` expands to that.
+
+use std::path::PathBuf;
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let wit = manifest.join("../wit/v0.1.0");
+    let wit = wit.canonicalize().unwrap_or(wit);
+    println!("cargo:rerun-if-changed={}", wit.display());
+    let wit = wit.to_str().expect("the WIT path must be valid UTF-8");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("generate_world.rs");
+    let text = format!(
+        r#"/// Generates the bindings of one world of `rlhost:plugin@0.1.0` in the calling crate,
+/// sharing the SDK's types and host imports.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __generate_world {{
+    ($world:tt) => {{
+        ::rlhost_sdk::__wit_bindgen::generate!({{
+            path: {wit:?},
+            world: $world,
+            runtime_path: "::rlhost_sdk::__wit_bindgen::rt",
+            with: {{
+                "rlhost:plugin/types@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::types,
+                "rlhost:plugin/host@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::host,
+            }},
+        }});
+    }};
+}}
+"#
+    );
+    std::fs::write(out, text).unwrap();
+}

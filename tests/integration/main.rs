@@ -1,0 +1,44 @@
+//! End-to-end tests with real plugins built from `plugins/`.
+//!
+//! - `plugins`: each example plugin's behaviour through the real host.
+//! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
+//! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
+
+mod cli;
+mod plugins;
+mod sandbox;
+
+use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};
+use std::sync::{Arc, OnceLock};
+
+/// One runtime for all in-process tests (and one with fuel metering), sharing the
+/// compile cache with the CLI tests.
+fn runtime(fuel: bool) -> Arc<PluginRuntime> {
+    static PLAIN: OnceLock<Arc<PluginRuntime>> = OnceLock::new();
+    static FUEL: OnceLock<Arc<PluginRuntime>> = OnceLock::new();
+    let cell = if fuel { &FUEL } else { &PLAIN };
+    cell.get_or_init(|| {
+        PluginRuntime::new(&RuntimeOptions {
+            fuel,
+            cache_dir: Some(rlhost_tests::cache_dir()),
+        })
+        .expect("plugin runtime")
+    })
+    .clone()
+}
+
+/// Loads plugins/dist/NAME.wasm with these limits.
+async fn load_with(name: &str, limits: Limits) -> Plugin {
+    runtime(limits.fuel.is_some())
+        .load(PluginSpec {
+            path: rlhost_tests::plugin(name),
+            limits,
+            grants: Default::default(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("cannot load {name}: {e:#}"))
+}
+
+async fn load(name: &str) -> Plugin {
+    load_with(name, Limits::default()).await
+}

@@ -1,0 +1,135 @@
+//! Helpers for rlhost's end-to-end tests: where the built plugins are, and a small
+//! `TestCommand` for driving the real `rlhost` binary (ripgrep's pattern).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The directory `plugins/build.sh` wrote the components to (set by this crate's build
+/// script, which runs it).
+pub fn plugin_dir() -> PathBuf {
+    PathBuf::from(env!("RLHOST_PLUGIN_DIR"))
+}
+
+/// The path of a built plugin, e.g. `plugin("calculator")`.
+pub fn plugin(name: &str) -> PathBuf {
+    plugin_dir().join(format!("{name}.wasm"))
+}
+
+/// A compile cache shared by all tests of one build, so that each component (the Python
+/// one takes seconds) compiles once.
+pub fn cache_dir() -> PathBuf {
+    target_dir().join("rlhost-test-cache")
+}
+
+/// A fresh empty directory for one test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = target_dir()
+        .join("rlhost-test-tmp")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("cannot create a test directory");
+    dir
+}
+
+/// `target/debug` (or whichever profile runs the tests): the test binary lives in its
+/// `deps/` folder.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+/// The `rlhost` binary of this build.
+pub fn rlhost_bin() -> PathBuf {
+    let bin = target_dir().join(format!("rlhost{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p rlhost` before the tests (the README's test command does)",
+        bin.display()
+    );
+    bin
+}
+
+/// One invocation of the `rlhost` binary.
+pub struct TestCommand {
+    cmd: Command,
+}
+
+/// What the binary did.
+pub struct Ran {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl TestCommand {
+    pub fn new(args: &[&str]) -> TestCommand {
+        let mut cmd = Command::new(rlhost_bin());
+        cmd.args(args)
+            .env("RLHOST_CACHE_DIR", cache_dir())
+            .env_remove("RUST_LOG");
+        TestCommand { cmd }
+    }
+
+    pub fn arg(mut self, arg: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    pub fn current_dir(mut self, dir: &Path) -> Self {
+        self.cmd.current_dir(dir);
+        self
+    }
+
+    pub fn run(mut self) -> Ran {
+        let Output {
+            status,
+            stdout,
+            stderr,
+        } = self.cmd.output().expect("cannot run rlhost");
+        let ran = Ran {
+            code: status.code(),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        };
+        assert!(
+            !ran.stderr.contains("panicked"),
+            "rlhost panicked:\n{}",
+            ran.stderr
+        );
+        ran
+    }
+
+    /// Runs and asserts exit code 0.
+    pub fn ok(self) -> Ran {
+        let ran = self.run();
+        assert_eq!(
+            ran.code,
+            Some(0),
+            "expected success\nstdout:\n{}\nstderr:\n{}",
+            ran.stdout,
+            ran.stderr
+        );
+        ran
+    }
+
+    /// Runs and asserts a failure exit code (1), returning stderr.
+    pub fn fails(self) -> String {
+        let ran = self.run();
+        assert_eq!(
+            ran.code,
+            Some(1),
+            "expected failure\nstdout:\n{}\nstderr:\n{}",
+            ran.stdout,
+            ran.stderr
+        );
+        ran.stderr
+    }
+}
+
+impl Ran {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+}
