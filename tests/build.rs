@@ -6,7 +6,10 @@ use std::process::Command;
 
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
-    let plugins = manifest.join("../plugins").canonicalize().expect("plugins/ exists");
+    let plugins = manifest
+        .join("../plugins")
+        .canonicalize()
+        .expect("plugins/ exists");
     for dir in ["../plugins", "../sdk/src", "../wit"] {
         println!("cargo:rerun-if-changed={}", manifest.join(dir).display());
     }

@@ -258,9 +258,11 @@ macro_rules! __export_role {
                 sample: $crate::Sample,
             ) -> Result<__rlhost_bindings::exports::rlhost::plugin::trigger::Session, String> {
                 let value = <$t as $crate::Trigger>::open(&config, sample)?;
-                Ok(__rlhost_bindings::exports::rlhost::plugin::trigger::Session::new(
-                    $crate::__glue::Held::new(value),
-                ))
+                Ok(
+                    __rlhost_bindings::exports::rlhost::plugin::trigger::Session::new(
+                        $crate::__glue::Held::new(value),
+                    ),
+                )
             }
 
             fn stop_patterns(&self) -> Vec<String> {
@@ -286,9 +288,11 @@ macro_rules! __export_role {
             ) -> Result<__rlhost_bindings::exports::rlhost::plugin::environment::Episode, String>
             {
                 let value = <$t as $crate::Environment>::open(&config, sample)?;
-                Ok(__rlhost_bindings::exports::rlhost::plugin::environment::Episode::new(
-                    $crate::__glue::Held::new(value),
-                ))
+                Ok(
+                    __rlhost_bindings::exports::rlhost::plugin::environment::Episode::new(
+                        $crate::__glue::Held::new(value),
+                    ),
+                )
             }
 
             fn step(&self, assistant: String) -> Result<$crate::StepResult, String> {
@@ -309,9 +313,11 @@ macro_rules! __export_role {
                 seed: u64,
             ) -> Result<__rlhost_bindings::exports::rlhost::plugin::dataset::Source, String> {
                 let value = <$t as $crate::Dataset>::open(&config, seed)?;
-                Ok(__rlhost_bindings::exports::rlhost::plugin::dataset::Source::new(
-                    $crate::__glue::Held::new(value),
-                ))
+                Ok(
+                    __rlhost_bindings::exports::rlhost::plugin::dataset::Source::new(
+                        $crate::__glue::Held::new(value),
+                    ),
+                )
             }
 
             fn len(&self) -> u64 {
@@ -335,9 +341,11 @@ macro_rules! __export_role {
                 config: String,
             ) -> Result<__rlhost_bindings::exports::rlhost::plugin::reward::Scorer, String> {
                 let value = <$t as $crate::Reward>::open(&config)?;
-                Ok(__rlhost_bindings::exports::rlhost::plugin::reward::Scorer::new(
-                    $crate::__glue::Held::new(value),
-                ))
+                Ok(
+                    __rlhost_bindings::exports::rlhost::plugin::reward::Scorer::new(
+                        $crate::__glue::Held::new(value),
+                    ),
+                )
             }
 
             fn score(

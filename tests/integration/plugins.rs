@@ -20,12 +20,25 @@ async fn calculator_evaluates_calls_and_explains_bad_ones() {
         ("<calc>0.1 + 0.2</calc>", "<result>0.3</result>"),
         ("<calc>10 ÷ 4</calc>", "<result>2.5</result>"),
         ("<calc>7 × (3 − 1)</calc>", "<result>14</result>"),
-        ("<calc>1 / (2 - 2)</calc>", "<result>error: division by zero</result>"),
-        ("<calc>2 ^ 8</calc>", "<result>error: unexpected `^` at position 2</result>"),
-        ("<calc>(1 + 2</calc>", "<result>error: unbalanced parentheses</result>"),
+        (
+            "<calc>1 / (2 - 2)</calc>",
+            "<result>error: division by zero</result>",
+        ),
+        (
+            "<calc>2 ^ 8</calc>",
+            "<result>error: unexpected `^` at position 2</result>",
+        ),
+        (
+            "<calc>(1 + 2</calc>",
+            "<result>error: unbalanced parentheses</result>",
+        ),
         ("<calc></calc>", "<result>error: empty expression</result>"),
     ] {
-        assert_eq!(session.fire(text).await.unwrap().as_deref(), Some(want), "{text}");
+        assert_eq!(
+            session.fire(text).await.unwrap().as_deref(),
+            Some(want),
+            "{text}"
+        );
     }
     // A text that does not end with a call: nothing to append.
     assert_eq!(session.fire("no call here").await.unwrap(), None);
@@ -39,9 +52,14 @@ async fn calculator_rejects_a_bad_config_by_name() {
         .await
         .err()
         .expect("unknown field must be rejected");
-    let fault = err.downcast_ref::<rlhost::plugin::Fault>().expect("a fault");
+    let fault = err
+        .downcast_ref::<rlhost::plugin::Fault>()
+        .expect("a fault");
     assert_eq!(fault.kind, FaultKind::GuestError);
-    assert!(fault.message.contains("unknown field `precison`"), "{fault}");
+    assert!(
+        fault.message.contains("unknown field `precison`"),
+        "{fault}"
+    );
     assert_eq!(plugin.faults().get(FaultKind::GuestError), 1);
     let mut session = plugin
         .open_trigger(r#"{"precision": 2}"#, &no_sample(), 1)
@@ -64,7 +82,10 @@ async fn none_trigger_never_fires() {
 #[tokio::test]
 async fn countdown_generates_seeded_solvable_puzzles_and_scores_answers() {
     let plugin = load("countdown").await;
-    assert_eq!(plugin.roles(), &[Role::Trigger, Role::Dataset, Role::Reward]);
+    assert_eq!(
+        plugin.roles(),
+        &[Role::Trigger, Role::Dataset, Role::Reward]
+    );
     let mut a = plugin.open_dataset("{}", 42).await.unwrap();
     let mut b = plugin.open_dataset("{}", 42).await.unwrap();
     let mut c = plugin.open_dataset(r#"{"size": 50}"#, 43).await.unwrap();
@@ -74,7 +95,11 @@ async fn countdown_generates_seeded_solvable_puzzles_and_scores_answers() {
     let mut differs = 0;
     for index in 0..20 {
         let sample = a.get(index).await.unwrap();
-        assert_eq!(sample, b.get(index).await.unwrap(), "same seed, same sample");
+        assert_eq!(
+            sample,
+            b.get(index).await.unwrap(),
+            "same seed, same sample"
+        );
         if sample != c.get(index).await.unwrap() {
             differs += 1;
         }
@@ -82,7 +107,11 @@ async fn countdown_generates_seeded_solvable_puzzles_and_scores_answers() {
         assert!((3..=4).contains(&numbers.len()));
         let target = sample.metadata["target"].as_u64().unwrap();
         assert!((1..=100).contains(&target));
-        assert!(sample.messages[0].content.contains(&format!("equals {target}")));
+        assert!(
+            sample.messages[0]
+                .content
+                .contains(&format!("equals {target}"))
+        );
 
         let solution = sample.metadata["solution"].as_str().unwrap();
         let score = |completion: String| Trajectory {
@@ -95,18 +124,30 @@ async fn countdown_generates_seeded_solvable_puzzles_and_scores_answers() {
             turns: 1,
             truncated: false,
         };
-        let right = scorer.score(&score(format!("<answer>{solution}</answer>"))).await.unwrap();
+        let right = scorer
+            .score(&score(format!("<answer>{solution}</answer>")))
+            .await
+            .unwrap();
         assert_eq!(
-            right.iter().map(|c| (c.name.as_str(), c.value)).collect::<Vec<_>>(),
+            right
+                .iter()
+                .map(|c| (c.name.as_str(), c.value))
+                .collect::<Vec<_>>(),
             vec![("format", 1.0), ("correct", 1.0)],
             "{solution}"
         );
-        let wrong = scorer.score(&score(format!("<answer>{solution} + 1</answer>"))).await.unwrap();
+        let wrong = scorer
+            .score(&score(format!("<answer>{solution} + 1</answer>")))
+            .await
+            .unwrap();
         assert_eq!(wrong[1].value, 0.0, "uses a number that was not given");
         let none = scorer.score(&score("I don't know".into())).await.unwrap();
         assert_eq!((none[0].value, none[1].value), (0.0, 0.0));
     }
-    assert!(differs >= 15, "another seed gives other puzzles ({differs}/20 differ)");
+    assert!(
+        differs >= 15,
+        "another seed gives other puzzles ({differs}/20 differ)"
+    );
 
     // Its trigger is the calculator.
     let mut tool = plugin.open_trigger("{}", &no_sample(), 1).await.unwrap();
@@ -138,7 +179,10 @@ async fn countdown_reward_checks_each_number_is_used_exactly_once() {
     assert_eq!(score("<answer>5 * 5 - 3</answer>").await, (1.0, 0.0));
     assert_eq!(score("<answer>3 * 5 +</answer>").await, (0.0, 0.0));
     // The last answer counts.
-    assert_eq!(score("<answer>1</answer> no, <answer>3*5+7</answer>").await, (1.0, 1.0));
+    assert_eq!(
+        score("<answer>1</answer> no, <answer>3*5+7</answer>").await,
+        (1.0, 1.0)
+    );
     // Metadata that is not a countdown puzzle is the reward's own error.
     let t = Trajectory {
         messages: vec![],
@@ -165,19 +209,31 @@ async fn code_tool_runs_python_and_shows_output_errors_and_values() {
     // The opening fence (and its language tag) is not a call.
     assert_eq!(session.fire("Let me compute.\n```").await.unwrap(), None);
 
-    let out = session.fire(&block("for i in range(3):\n    print(i * i)")).await.unwrap();
+    let out = session
+        .fire(&block("for i in range(3):\n    print(i * i)"))
+        .await
+        .unwrap();
     assert_eq!(out.as_deref(), Some("\n<output>\n0\n1\n4\n</output>\n"));
 
     let out = session.fire(&block("1 / 0")).await.unwrap().unwrap();
     assert!(out.contains("ZeroDivisionError: division by zero"), "{out}");
     assert!(out.contains("File \"<code>\", line 1"), "{out}");
-    assert!(!out.contains("trigger.py"), "the tool's own frames are hidden: {out}");
+    assert!(
+        !out.contains("trigger.py"),
+        "the tool's own frames are hidden: {out}"
+    );
 
-    let out = session.fire(&block("def f(:\n    pass")).await.unwrap().unwrap();
+    let out = session
+        .fire(&block("def f(:\n    pass"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(out.contains("SyntaxError"), "{out}");
 
     let out = session
-        .fire(&block("import math, itertools, fractions\nx = math.factorial(10)\nx"))
+        .fire(&block(
+            "import math, itertools, fractions\nx = math.factorial(10)\nx",
+        ))
         .await
         .unwrap();
     assert_eq!(out.as_deref(), Some("\n<output>\n3628800\n</output>\n"));
@@ -186,11 +242,20 @@ async fn code_tool_runs_python_and_shows_output_errors_and_values() {
     let out = session.fire(&block("x // 10")).await.unwrap();
     assert_eq!(out.as_deref(), Some("\n<output>\n362880\n</output>\n"));
 
-    let out = session.fire(&block("import json\nprint(json.dumps({'a': [1, 2]}))")).await.unwrap();
-    assert_eq!(out.as_deref(), Some("\n<output>\n{\"a\": [1, 2]}\n</output>\n"));
+    let out = session
+        .fire(&block("import json\nprint(json.dumps({'a': [1, 2]}))"))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.as_deref(),
+        Some("\n<output>\n{\"a\": [1, 2]}\n</output>\n")
+    );
 
     // A block in another language is not run.
-    assert_eq!(session.fire("```js\nconsole.log(1)\n```").await.unwrap(), None);
+    assert_eq!(
+        session.fire("```js\nconsole.log(1)\n```").await.unwrap(),
+        None
+    );
 
     // Whatever Python can't import is an ImportError the model sees, not a fault.
     let out = session.fire(&block("import numpy")).await.unwrap().unwrap();
@@ -205,13 +270,19 @@ async fn code_tool_survives_a_runaway_block() {
     };
     let plugin = load_with("code_trigger", limits).await;
     let mut session = plugin.open_trigger("{}", &no_sample(), 7).await.unwrap();
-    let fault = session.fire(&block("while True:\n    pass")).await.unwrap_err();
+    let fault = session
+        .fire(&block("while True:\n    pass"))
+        .await
+        .unwrap_err();
     assert_eq!(fault.kind, FaultKind::Timeout, "{fault}");
     assert_eq!(fault.tool_error_text(), "<tool-error>timeout</tool-error>");
     // The next call gets a fresh instance and works.
     let out = session.fire(&block("print('alive')")).await.unwrap();
     assert_eq!(out.as_deref(), Some("\n<output>\nalive\n</output>\n"));
-    let fault = session.fire(&block("x = 'a' * (1 << 30)")).await.unwrap_err();
+    let fault = session
+        .fire(&block("x = 'a' * (1 << 30)"))
+        .await
+        .unwrap_err();
     assert_eq!(fault.kind, FaultKind::OutOfMemory, "{fault}");
     assert_eq!(plugin.faults().get(FaultKind::Timeout), 1);
     assert_eq!(plugin.faults().get(FaultKind::OutOfMemory), 1);
@@ -222,4 +293,42 @@ async fn calculator_cannot_play_a_role_it_does_not_export() {
     let plugin = load("calculator").await;
     let err = plugin.open_reward("{}").await.err().unwrap().to_string();
     assert!(err.contains("exports trigger, not reward"), "{err}");
+}
+
+#[tokio::test]
+async fn guess_number_environment_plays_turns_until_done() {
+    let plugin = load("guess_number").await;
+    assert_eq!(plugin.roles(), &[Role::Environment]);
+    let sample = Sample {
+        messages: vec![Message {
+            role: "user".into(),
+            content: "Guess my number between 1 and 100.".into(),
+        }],
+        metadata: serde_json::json!({"secret": 37}),
+    };
+    let mut episode = plugin.open_environment("{}", &sample, 1).await.unwrap();
+    let step = episode.step("I guess 50.").await.unwrap();
+    assert_eq!(step.messages.len(), 1);
+    assert_eq!(step.messages[0].role, "user");
+    assert_eq!(step.messages[0].content, "50 is too high. Lower.");
+    assert!(!step.done);
+    let step = episode.step("Hmm.").await.unwrap();
+    assert_eq!(
+        (step.messages[0].content.as_str(), step.reward),
+        ("Say a number.", Some(-0.1))
+    );
+    let step = episode.step("25").await.unwrap();
+    assert_eq!(step.messages[0].content, "25 is too low. Higher.");
+    let step = episode.step("Then 37!").await.unwrap();
+    assert!(step.done);
+    assert!(step.messages.is_empty());
+    assert_eq!(step.reward, Some(1.0));
+
+    // A sample without a secret is the environment's own error, named.
+    let err = plugin
+        .open_environment("{}", &Sample::from_prompt("guess"), 1)
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("needs a `secret` number"), "{err}");
 }

@@ -109,7 +109,11 @@ impl SandboxArgs {
     async fn load(&self, path: &Path) -> Result<Plugin> {
         let runtime = PluginRuntime::new(&RuntimeOptions {
             fuel: self.fuel.is_some(),
-            cache_dir: if self.no_cache { None } else { cache::default_dir() },
+            cache_dir: if self.no_cache {
+                None
+            } else {
+                cache::default_dir()
+            },
         })?;
         runtime.load(self.spec(path)).await
     }
@@ -151,7 +155,10 @@ async fn inspect(file: &Path, json: bool, sandbox: &SandboxArgs) -> Result<()> {
         println!("description: {}", info.description);
     }
     println!("wit:         rlhost:plugin@{}", plugin.wit_version());
-    println!("roles:       {}", crate::plugin::inspect::role_list(plugin.roles()));
+    println!(
+        "roles:       {}",
+        crate::plugin::inspect::role_list(plugin.roles())
+    );
     println!("imports:");
     for import in plugin.imports() {
         println!("  {import}");
@@ -193,7 +200,9 @@ async fn call(args: CallArgs) -> Result<()> {
                 bail!("`plugin call ... trigger` needs --text: the generated text to fire on");
             }
             let sample = args.sample()?;
-            let mut session = plugin.open_trigger(&args.config, &sample, args.seed).await?;
+            let mut session = plugin
+                .open_trigger(&args.config, &sample, args.seed)
+                .await?;
             let patterns = session.stop_patterns().to_vec();
             if !args.json {
                 println!("stop patterns: {patterns:?}");

@@ -78,7 +78,10 @@ impl ComponentCache {
         }
         let component = Component::new(engine, wasm)?;
         if let Err(e) = self.store(&path, &component) {
-            tracing::warn!("cannot cache compiled component at {}: {e:#}", path.display());
+            tracing::warn!(
+                "cannot cache compiled component at {}: {e:#}",
+                path.display()
+            );
         }
         Ok((component, false))
     }
@@ -86,9 +89,7 @@ impl ComponentCache {
     /// Writes the artifact atomically: a temporary file in the same directory, renamed
     /// into place, so a reader never sees half a file.
     fn store(&self, path: &Path, component: &Component) -> anyhow::Result<()> {
-        let mut bytes = component
-            .serialize()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut bytes = component.serialize().map_err(|e| anyhow::anyhow!("{e}"))?;
         let digest = Sha256::digest(&bytes);
         bytes.extend_from_slice(&digest);
         std::fs::create_dir_all(&self.dir)?;

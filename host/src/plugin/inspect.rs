@@ -17,7 +17,9 @@ pub enum LoadError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{path} is not a WebAssembly file (it starts with {start}); build the plugin for wasm32-wasip2")]
+    #[error(
+        "{path} is not a WebAssembly file (it starts with {start}); build the plugin for wasm32-wasip2"
+    )]
     NotWasm { path: String, start: String },
     #[error(
         "{path} is a core WebAssembly module, not a component; build it with `cargo build --target wasm32-wasip2` (or wrap it with `wasm-tools component new`)"
@@ -30,13 +32,17 @@ pub enum LoadError {
         supported = SUPPORTED.join(", ")
     )]
     WrongVersion { path: String, found: String },
-    #[error("{path} exports no rlhost role (trigger, environment, dataset or reward); its exports are: {exports}")]
+    #[error(
+        "{path} exports no rlhost role (trigger, environment, dataset or reward); its exports are: {exports}"
+    )]
     NoRole { path: String, exports: String },
     #[error(
         "{path} does not export {PACKAGE}/about@{version}, which every plugin must; with the Rust SDK use `rlhost_sdk::export!`, in Python define `class About`"
     )]
     NoAbout { path: String, version: String },
-    #[error("{path} imports `{import}`, which rlhost does not provide to plugins (it provides WASI 0.2 and {PACKAGE}/host)")]
+    #[error(
+        "{path} imports `{import}`, which rlhost does not provide to plugins (it provides WASI 0.2 and {PACKAGE}/host)"
+    )]
     UnknownImport { path: String, import: String },
     #[error("plugin `{plugin}` ({path}) exports {exported}, not {wanted}")]
     MissingRole {
@@ -117,7 +123,11 @@ pub fn shape(path: &Path, engine: &Engine, component: &Component) -> Result<Shap
             found: found.to_string(),
         });
     }
-    let wit_version = versions.first().copied().unwrap_or(SUPPORTED[0]).to_string();
+    let wit_version = versions
+        .first()
+        .copied()
+        .unwrap_or(SUPPORTED[0])
+        .to_string();
 
     let exported: BTreeSet<&str> = exports
         .iter()
@@ -201,7 +211,10 @@ mod tests {
         let core = dir.join("core.wasm");
         std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
         let err = read_wasm(&core).unwrap_err().to_string();
-        assert!(err.contains("core WebAssembly module, not a component"), "{err}");
+        assert!(
+            err.contains("core WebAssembly module, not a component"),
+            "{err}"
+        );
         let missing = dir.join("missing.wasm");
         let err = read_wasm(&missing).unwrap_err().to_string();
         assert!(err.starts_with("cannot read plugin"), "{err}");

@@ -21,7 +21,9 @@ pub mod types;
 
 pub use fault::{Fault, FaultCounts, FaultKind};
 pub use inspect::LoadError;
-pub use plugin::{DatasetSource, EnvironmentEpisode, Plugin, PluginSpec, RewardScorer, TriggerSession};
+pub use plugin::{
+    DatasetSource, EnvironmentEpisode, Plugin, PluginSpec, RewardScorer, TriggerSession,
+};
 pub use runtime::{PluginRuntime, RuntimeOptions};
 pub use sandbox::{DirGrant, Grants, Limits};
 pub use types::{Component, Message, PluginInfo, Role, Sample, StepResult, Trajectory};

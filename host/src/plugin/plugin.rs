@@ -407,7 +407,9 @@ impl Inner {
             return Err(self.fault(
                 call,
                 FaultKind::BadOutput,
-                format!("returned {bytes} bytes, more than the {cap}-byte cap (limits.max_output_bytes)"),
+                format!(
+                    "returned {bytes} bytes, more than the {cap}-byte cap (limits.max_output_bytes)"
+                ),
             ));
         }
         Ok(())
@@ -478,7 +480,12 @@ impl TriggerSession {
         let mut patterns = Vec::new();
         if self.live.is_none() {
             let (mut store, instance) = inner.instantiate(self.seed, "trigger.open").await?;
-            let guest = inner.indices.trigger.as_ref().expect("role checked").load(&mut store, &instance)
+            let guest = inner
+                .indices
+                .trigger
+                .as_ref()
+                .expect("role checked")
+                .load(&mut store, &instance)
                 .map_err(|e| inner.fault("trigger.open", FaultKind::Incompatible, wasm_err(e)))?;
             let (config, sample) = (&self.config, &self.sample);
             let handle = inner
@@ -493,7 +500,9 @@ impl TriggerSession {
                 })
                 .await?;
             if patterns.len() > MAX_STOP_PATTERNS
-                || patterns.iter().any(|p| p.is_empty() || p.len() > MAX_STOP_PATTERN_BYTES)
+                || patterns
+                    .iter()
+                    .any(|p| p.is_empty() || p.len() > MAX_STOP_PATTERN_BYTES)
             {
                 return Err(inner.fault(
                     "trigger.stop-patterns",
@@ -504,7 +513,11 @@ impl TriggerSession {
                     ),
                 ));
             }
-            self.live = Some(Live { store, guest, handle });
+            self.live = Some(Live {
+                store,
+                guest,
+                handle,
+            });
         }
         Ok((self.live.as_mut().expect("opened above"), patterns))
     }
@@ -513,7 +526,11 @@ impl TriggerSession {
     pub async fn fire(&mut self, text: &str) -> Result<Option<String>, Fault> {
         let inner = self.plugin.0.clone();
         let (live, _) = self.ensure_open().await?;
-        let Live { store, guest, handle } = live;
+        let Live {
+            store,
+            guest,
+            handle,
+        } = live;
         let handle = *handle;
         let result = inner
             .guarded(store, "trigger.fire", async |store| {
@@ -528,7 +545,8 @@ impl TriggerSession {
                 return Err(fault);
             }
         };
-        if let Err(fault) = inner.check_size("trigger.fire", output.as_ref().map_or(0, String::len)) {
+        if let Err(fault) = inner.check_size("trigger.fire", output.as_ref().map_or(0, String::len))
+        {
             self.live = None;
             return Err(fault);
         }
@@ -554,8 +572,15 @@ impl EnvironmentEpisode {
         let inner = &*self.plugin.0;
         if self.live.is_none() {
             let (mut store, instance) = inner.instantiate(self.seed, "environment.open").await?;
-            let guest = inner.indices.environment.as_ref().expect("role checked").load(&mut store, &instance)
-                .map_err(|e| inner.fault("environment.open", FaultKind::Incompatible, wasm_err(e)))?;
+            let guest = inner
+                .indices
+                .environment
+                .as_ref()
+                .expect("role checked")
+                .load(&mut store, &instance)
+                .map_err(|e| {
+                    inner.fault("environment.open", FaultKind::Incompatible, wasm_err(e))
+                })?;
             let (config, sample) = (&self.config, &self.sample);
             let handle = inner
                 .guarded(&mut store, "environment.open", async |store| {
@@ -563,7 +588,11 @@ impl EnvironmentEpisode {
                 })
                 .await?
                 .map_err(|message| inner.guest_error("environment.open", message))?;
-            self.live = Some(Live { store, guest, handle });
+            self.live = Some(Live {
+                store,
+                guest,
+                handle,
+            });
         }
         Ok(self.live.as_mut().expect("opened above"))
     }
@@ -571,7 +600,11 @@ impl EnvironmentEpisode {
     /// Answers the assistant's latest turn.
     pub async fn step(&mut self, assistant: &str) -> Result<StepResult, Fault> {
         let inner = self.plugin.0.clone();
-        let Live { store, guest, handle } = self.ensure_open().await?;
+        let Live {
+            store,
+            guest,
+            handle,
+        } = self.ensure_open().await?;
         let handle = *handle;
         let result = inner
             .guarded(store, "environment.step", async |store| {
@@ -586,11 +619,25 @@ impl EnvironmentEpisode {
                 return Err(fault);
             }
         };
-        let bytes: usize = step.messages.iter().map(|m| m.role.len() + m.content.len()).sum();
-        let problem = if let Some(m) = step.messages.iter().find(|m| m.role != "tool" && m.role != "user") {
-            Some(format!("returned a message with role `{}`; an environment may only add `tool` or `user` messages", m.role))
+        let bytes: usize = step
+            .messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
+        let problem = if let Some(m) = step
+            .messages
+            .iter()
+            .find(|m| m.role != "tool" && m.role != "user")
+        {
+            Some(format!(
+                "returned a message with role `{}`; an environment may only add `tool` or `user` messages",
+                m.role
+            ))
         } else if step.reward.is_some_and(|r| !r.is_finite()) {
-            Some(format!("returned a reward of {}; rewards must be finite", step.reward.unwrap_or_default()))
+            Some(format!(
+                "returned a reward of {}; rewards must be finite",
+                step.reward.unwrap_or_default()
+            ))
         } else {
             None
         };
@@ -634,7 +681,12 @@ impl DatasetSource {
         let mut len = self.len;
         if self.live.is_none() {
             let (mut store, instance) = inner.instantiate(self.seed, "dataset.open").await?;
-            let guest = inner.indices.dataset.as_ref().expect("role checked").load(&mut store, &instance)
+            let guest = inner
+                .indices
+                .dataset
+                .as_ref()
+                .expect("role checked")
+                .load(&mut store, &instance)
                 .map_err(|e| inner.fault("dataset.open", FaultKind::Incompatible, wasm_err(e)))?;
             let (config, seed) = (&self.config, self.seed);
             let handle = inner
@@ -648,7 +700,11 @@ impl DatasetSource {
                     guest.source().call_len(store, handle).await
                 })
                 .await?;
-            self.live = Some(Live { store, guest, handle });
+            self.live = Some(Live {
+                store,
+                guest,
+                handle,
+            });
         }
         Ok((self.live.as_mut().expect("opened above"), len))
     }
@@ -664,7 +720,14 @@ impl DatasetSource {
                 message: format!("index {index} is past the dataset's {} samples", self.len),
             });
         }
-        let (Live { store, guest, handle }, _) = self.ensure_open().await?;
+        let (
+            Live {
+                store,
+                guest,
+                handle,
+            },
+            _,
+        ) = self.ensure_open().await?;
         let handle = *handle;
         let result = inner
             .guarded(store, "dataset.get", async |store| {
@@ -680,7 +743,11 @@ impl DatasetSource {
             }
         };
         let bytes = sample.metadata.len()
-            + sample.messages.iter().map(|m| m.role.len() + m.content.len()).sum::<usize>();
+            + sample
+                .messages
+                .iter()
+                .map(|m| m.role.len() + m.content.len())
+                .sum::<usize>();
         let checked = inner.check_size("dataset.get", bytes).and_then(|()| {
             match serde_json::from_str::<serde_json::Value>(&sample.metadata) {
                 Ok(metadata @ serde_json::Value::Object(_)) => Ok(Sample {
@@ -717,7 +784,12 @@ impl RewardScorer {
         let inner = &*self.plugin.0;
         if self.live.is_none() {
             let (mut store, instance) = inner.instantiate(inner.seed_salt, "reward.open").await?;
-            let guest = inner.indices.reward.as_ref().expect("role checked").load(&mut store, &instance)
+            let guest = inner
+                .indices
+                .reward
+                .as_ref()
+                .expect("role checked")
+                .load(&mut store, &instance)
                 .map_err(|e| inner.fault("reward.open", FaultKind::Incompatible, wasm_err(e)))?;
             let config = &self.config;
             let handle = inner
@@ -726,7 +798,11 @@ impl RewardScorer {
                 })
                 .await?
                 .map_err(|message| inner.guest_error("reward.open", message))?;
-            self.live = Some(Live { store, guest, handle });
+            self.live = Some(Live {
+                store,
+                guest,
+                handle,
+            });
         }
         Ok(self.live.as_mut().expect("opened above"))
     }
@@ -735,7 +811,11 @@ impl RewardScorer {
     pub async fn score(&mut self, trajectory: &Trajectory) -> Result<Vec<Component>, Fault> {
         let inner = self.plugin.0.clone();
         let trajectory = wit::Trajectory::from(trajectory);
-        let Live { store, guest, handle } = self.ensure_open().await?;
+        let Live {
+            store,
+            guest,
+            handle,
+        } = self.ensure_open().await?;
         let handle = *handle;
         let result = inner
             .guarded(store, "reward.score", async |store| {
@@ -753,14 +833,25 @@ impl RewardScorer {
         let valid_name = |name: &str| {
             !name.is_empty()
                 && name.len() <= 64
-                && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
         };
         let problem = if components.len() > MAX_COMPONENTS {
-            Some(format!("returned {} components; at most {MAX_COMPONENTS} are allowed", components.len()))
+            Some(format!(
+                "returned {} components; at most {MAX_COMPONENTS} are allowed",
+                components.len()
+            ))
         } else if let Some(c) = components.iter().find(|c| !c.value.is_finite()) {
-            Some(format!("component `{}` is {}; reward components must be finite", c.name, c.value))
+            Some(format!(
+                "component `{}` is {}; reward components must be finite",
+                c.name, c.value
+            ))
         } else if let Some(c) = components.iter().find(|c| !valid_name(&c.name)) {
-            Some(format!("component name {:?} is not lowercase letters, digits, `_` or `-`", c.name))
+            Some(format!(
+                "component name {:?} is not lowercase letters, digits, `_` or `-`",
+                c.name
+            ))
         } else {
             None
         };

@@ -88,21 +88,14 @@ impl PluginRuntime {
             started.elapsed()
         );
         let shape = inspect::shape(&path, &self.engine, &component)?;
-        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            LoadError::Invalid {
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Invalid {
                 path: path.display().to_string(),
                 message: format!("cannot link: {e}"),
-            }
-        })?;
-        Plugin::new(
-            self.clone(),
-            spec,
-            pre,
-            shape,
-            sha256,
-            wasm.len() as u64,
-        )
-        .await
+            })?;
+        Plugin::new(self.clone(), spec, pre, shape, sha256, wasm.len() as u64).await
     }
 
     fn compile(

@@ -264,11 +264,17 @@ impl v0::Host for StoreState {
         self.logged += message.len();
         let plugin = &self.plugin;
         match tracing::Level::from(level) {
-            tracing::Level::TRACE => tracing::trace!(target: "plugin", plugin = %plugin, "{message}"),
-            tracing::Level::DEBUG => tracing::debug!(target: "plugin", plugin = %plugin, "{message}"),
+            tracing::Level::TRACE => {
+                tracing::trace!(target: "plugin", plugin = %plugin, "{message}")
+            }
+            tracing::Level::DEBUG => {
+                tracing::debug!(target: "plugin", plugin = %plugin, "{message}")
+            }
             tracing::Level::INFO => tracing::info!(target: "plugin", plugin = %plugin, "{message}"),
             tracing::Level::WARN => tracing::warn!(target: "plugin", plugin = %plugin, "{message}"),
-            tracing::Level::ERROR => tracing::error!(target: "plugin", plugin = %plugin, "{message}"),
+            tracing::Level::ERROR => {
+                tracing::error!(target: "plugin", plugin = %plugin, "{message}")
+            }
         }
         if self.logged >= self.max_log_bytes {
             tracing::warn!(target: "plugin", plugin = %plugin,

@@ -74,7 +74,12 @@ pub enum Role {
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Trigger, Role::Environment, Role::Dataset, Role::Reward];
+    pub const ALL: [Role; 4] = [
+        Role::Trigger,
+        Role::Environment,
+        Role::Dataset,
+        Role::Reward,
+    ];
 
     /// The WIT interface that exports this role.
     pub fn interface(self) -> &'static str {

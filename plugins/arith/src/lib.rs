@@ -208,7 +208,9 @@ fn tokenize(s: &str) -> Result<Vec<(Token, usize)>, Error> {
             c if c.is_whitespace() => i += 1,
             '0'..='9' | '.' => {
                 let start = i;
-                while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.' || chars[i] == '_') {
+                while i < chars.len()
+                    && (chars[i].is_ascii_digit() || chars[i] == '.' || chars[i] == '_')
+                {
                     i += 1;
                 }
                 tokens.push((Token::Num(chars[start..i].iter().collect()), start));
@@ -482,8 +484,14 @@ mod tests {
         assert_eq!(show("1 +"), "error: expression ends too early");
         assert_eq!(show("2 ^ 3"), "error: unexpected `^` at position 2");
         assert_eq!(show("1..2"), "error: malformed number `1..2`");
-        assert_eq!(show("99999999999999999999999999999999999999999"), "error: number too large");
-        assert_eq!(show(&"(".repeat(100)), "error: expression nested too deeply");
+        assert_eq!(
+            show("99999999999999999999999999999999999999999"),
+            "error: number too large"
+        );
+        assert_eq!(
+            show(&"(".repeat(100)),
+            "error: expression nested too deeply"
+        );
     }
 
     #[test]

@@ -170,7 +170,10 @@ impl Dataset for Puzzles {
 
     fn get(&self, index: u64) -> Result<Sample, String> {
         if index >= self.config.size {
-            return Err(format!("index {index} out of range (size {})", self.config.size));
+            return Err(format!(
+                "index {index} out of range (size {})",
+                self.config.size
+            ));
         }
         let puzzle = self.puzzle(index);
         Ok(Sample {
@@ -202,7 +205,9 @@ impl Reward for Score {
     fn open(config: &str) -> Result<Self, String> {
         match config.trim() {
             "" | "{}" => Ok(Score),
-            other => Err(format!("the countdown reward takes no configuration, got {other}")),
+            other => Err(format!(
+                "the countdown reward takes no configuration, got {other}"
+            )),
         }
     }
 
@@ -257,7 +262,10 @@ mod tests {
 
     #[test]
     fn finds_the_last_answer() {
-        assert_eq!(last_answer("<answer>1</answer> <answer> 2+3 </answer>"), Some("2+3"));
+        assert_eq!(
+            last_answer("<answer>1</answer> <answer> 2+3 </answer>"),
+            Some("2+3")
+        );
         assert_eq!(last_answer("no answer"), None);
     }
 }

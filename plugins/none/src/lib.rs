@@ -9,7 +9,9 @@ impl Trigger for NoTool {
     fn open(config: &str, _sample: Sample) -> Result<Self, String> {
         match config.trim() {
             "" | "{}" => Ok(NoTool),
-            other => Err(format!("the none trigger takes no configuration, got {other}")),
+            other => Err(format!(
+                "the none trigger takes no configuration, got {other}"
+            )),
         }
     }
 

@@ -1,0 +1,188 @@
+//! The `rlhost` binary: `plugin inspect`, `plugin call`, and one clear line for each
+//! loading error.
+
+use rlhost_tests::{TestCommand, plugin, temp_dir};
+use sha2::{Digest, Sha256};
+
+fn path(name: &str) -> String {
+    plugin(name).display().to_string()
+}
+
+#[test]
+fn inspect_shows_version_roles_imports_size_and_sha256() {
+    let ran = TestCommand::new(&["plugin", "inspect", &path("countdown")]).ok();
+    let bytes = std::fs::read(plugin("countdown")).unwrap();
+    let sha = hex::encode(Sha256::digest(&bytes));
+    assert!(
+        ran.stdout.contains("plugin:      countdown 0.1.0"),
+        "{}",
+        ran.stdout
+    );
+    assert!(ran.stdout.contains("wit:         rlhost:plugin@0.1.0"));
+    assert!(ran.stdout.contains("roles:       trigger, dataset, reward"));
+    assert!(ran.stdout.contains("wasi:cli/stdout@"));
+    assert!(
+        ran.stdout
+            .contains(&format!("size:        {} bytes", bytes.len()))
+    );
+    assert!(ran.stdout.contains(&format!("sha256:      {sha}")));
+
+    let json = TestCommand::new(&["plugin", "inspect", &path("code_trigger"), "--json"])
+        .ok()
+        .json();
+    assert_eq!(json["name"], "code_trigger");
+    assert_eq!(json["roles"], serde_json::json!(["trigger"]));
+    assert_eq!(json["wit"], "rlhost:plugin@0.1.0");
+}
+
+#[test]
+fn call_runs_each_role() {
+    let ran = TestCommand::new(&["plugin", "call", &path("calculator"), "trigger"])
+        .arg("--text")
+        .arg("3 apples cost <calc>3 * 0.25</calc>")
+        .ok();
+    assert!(
+        ran.stdout.contains("append: <result>0.75</result>"),
+        "{}",
+        ran.stdout
+    );
+
+    let ran = TestCommand::new(&[
+        "plugin",
+        "call",
+        &path("countdown"),
+        "dataset",
+        "--index",
+        "5",
+        "--seed",
+        "9",
+        "--json",
+    ])
+    .ok();
+    let json = ran.json();
+    assert_eq!(json["len"], 10000);
+    let sample = json["sample"].clone();
+    let solution = sample["metadata"]["solution"].as_str().unwrap().to_string();
+
+    let dir = temp_dir("cli-call");
+    let sample_file = dir.join("sample.json");
+    std::fs::write(&sample_file, sample.to_string()).unwrap();
+    let ran = TestCommand::new(&["plugin", "call", &path("countdown"), "reward", "--sample"])
+        .arg(&sample_file)
+        .arg("--text")
+        .arg(format!("<answer>{solution}</answer>"))
+        .ok();
+    assert_eq!(ran.stdout, "format: 1\ncorrect: 1\n");
+
+    // Several --text values fire on one session: the Python tool keeps its globals.
+    let ran = TestCommand::new(&["plugin", "call", &path("code_trigger"), "trigger", "--json"])
+        .arg("--text")
+        .arg("```python\nx = 6 * 7\n```")
+        .arg("--text")
+        .arg("```python\nprint(x)\n```")
+        .ok();
+    assert_eq!(
+        ran.json()["outputs"],
+        serde_json::json!(["\n<output>\n</output>\n", "\n<output>\n42\n</output>\n"])
+    );
+}
+
+#[test]
+fn call_reports_a_typed_fault_and_exits_1() {
+    let stderr = TestCommand::new(&["plugin", "call", &path("hostile"), "trigger"])
+        .arg("--config")
+        .arg(r#"{"mode": "loop"}"#)
+        .arg("--timeout-ms")
+        .arg("300")
+        .arg("--text")
+        .arg("x</go>")
+        .fails();
+    assert!(
+        stderr.contains("error: plugin `hostile@0.1.0` timeout in trigger.fire: still running at the 300 ms deadline"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn loading_errors_are_one_clear_line() {
+    let dir = temp_dir("cli-load");
+    let text = dir.join("notes.wasm");
+    std::fs::write(&text, "just text").unwrap();
+    let core = dir.join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let missing = dir.join("missing.wasm");
+    let cases = [
+        (
+            text.display().to_string(),
+            "is not a WebAssembly file (it starts with 6a 75 73 74",
+        ),
+        (
+            core.display().to_string(),
+            "is a core WebAssembly module, not a component; build it with `cargo build --target wasm32-wasip2`",
+        ),
+        (missing.display().to_string(), "cannot read plugin"),
+        (
+            path("future_version"),
+            "was built for rlhost:plugin@0.2.0, but this rlhost supports rlhost:plugin@0.1.0",
+        ),
+        (
+            path("not_a_plugin"),
+            "exports no rlhost role (trigger, environment, dataset or reward); its exports are: wasi:cli/run@0.2",
+        ),
+    ];
+    for (file, want) in cases {
+        let stderr = TestCommand::new(&["plugin", "inspect", &file]).fails();
+        assert!(stderr.starts_with("error: "), "{stderr}");
+        assert!(stderr.contains(want), "{file}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    }
+    let stderr = TestCommand::new(&[
+        "plugin",
+        "call",
+        &path("calculator"),
+        "reward",
+        "--text",
+        "x",
+    ])
+    .fails();
+    assert!(stderr.contains("plugin `calculator@0.1.0`"), "{stderr}");
+    assert!(stderr.contains("exports trigger, not reward"), "{stderr}");
+}
+
+#[test]
+fn user_mistakes_are_errors_not_panics() {
+    let stderr = TestCommand::new(&[
+        "plugin",
+        "call",
+        &path("calculator"),
+        "trigger",
+        "--config",
+        "{oops",
+        "--text",
+        "x",
+    ])
+    .fails();
+    assert!(stderr.contains("--config is not valid JSON"), "{stderr}");
+    let stderr = TestCommand::new(&["plugin", "call", &path("calculator"), "trigger"]).fails();
+    assert!(stderr.contains("needs --text"), "{stderr}");
+    let ran = TestCommand::new(&["plugin", "call", &path("calculator"), "judge"]).run();
+    assert_eq!(ran.code, Some(2));
+    assert!(
+        ran.stderr.contains("unknown role `judge`"),
+        "{}",
+        ran.stderr
+    );
+    let stderr = TestCommand::new(&[
+        "plugin",
+        "call",
+        &path("countdown"),
+        "reward",
+        "--trajectory",
+        "/nonexistent.json",
+    ])
+    .fails();
+    assert!(
+        stderr.contains("cannot read trajectory file /nonexistent.json"),
+        "{stderr}"
+    );
+}
