@@ -332,3 +332,48 @@ async fn guess_number_environment_plays_turns_until_done() {
         .unwrap();
     assert!(err.to_string().contains("needs a `secret` number"), "{err}");
 }
+
+#[tokio::test]
+async fn a_corrupt_cache_entry_is_recompiled() {
+    use rlhost::plugin::{PluginRuntime, PluginSpec, RuntimeOptions};
+    let dir = rlhost_tests::temp_dir("corrupt-cache");
+    let runtime = PluginRuntime::new(&RuntimeOptions {
+        fuel: false,
+        cache_dir: Some(dir.clone()),
+    })
+    .unwrap();
+    let spec = PluginSpec {
+        path: rlhost_tests::plugin("calculator"),
+        ..PluginSpec::default()
+    };
+    runtime.load(spec.clone()).await.unwrap();
+    let entries: Vec<_> = std::fs::read_dir(dir.join("components"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "one compiled artifact: {entries:?}");
+    let entry = &entries[0];
+    let good = std::fs::read(entry).unwrap();
+    // Flip one byte in the middle, as a bad disk or an interrupted copy would.
+    let mut bad = good.clone();
+    let middle = bad.len() / 2;
+    bad[middle] ^= 0xff;
+    std::fs::write(entry, &bad).unwrap();
+
+    let plugin = runtime.load(spec.clone()).await.unwrap();
+    let mut session = plugin.open_trigger("{}", &no_sample(), 1).await.unwrap();
+    assert_eq!(
+        session.fire("<calc>2+2</calc>").await.unwrap().as_deref(),
+        Some("<result>4</result>")
+    );
+    assert_eq!(
+        std::fs::read(entry).unwrap(),
+        good,
+        "rewritten with a good artifact"
+    );
+
+    // A truncated entry too.
+    std::fs::write(entry, &good[..100]).unwrap();
+    runtime.load(spec).await.unwrap();
+    assert_eq!(std::fs::read(entry).unwrap(), good);
+}

@@ -3,7 +3,8 @@
 //!
 //! - [`runtime`]: the engine, its epoch ticker, the linker and the compile cache.
 //! - [`sandbox`]: limits, grants and what each store holds.
-//! - [`plugin`]: a loaded plugin and its per-trajectory sessions.
+//! - [`plugin`]: a loaded plugin; every guest call goes through it.
+//! - `session`: per-trajectory trigger sessions and episodes, dataset and reward handles.
 //! - [`fault`]: typed, counted plugin faults.
 //! - [`inspect`]: what a component file is, checked before it runs.
 //! - [`bindings`]: generated bindings, one module per WIT version.
@@ -17,13 +18,13 @@ mod output;
 pub mod plugin;
 pub mod runtime;
 pub mod sandbox;
+mod session;
 pub mod types;
 
 pub use fault::{Fault, FaultCounts, FaultKind};
 pub use inspect::LoadError;
-pub use plugin::{
-    DatasetSource, EnvironmentEpisode, Plugin, PluginSpec, RewardScorer, TriggerSession,
-};
+pub use plugin::{Plugin, PluginSpec};
 pub use runtime::{PluginRuntime, RuntimeOptions};
 pub use sandbox::{DirGrant, Grants, Limits};
+pub use session::{DatasetSource, EnvironmentEpisode, RewardScorer, TriggerSession};
 pub use types::{Component, Message, PluginInfo, Role, Sample, StepResult, Trajectory};

@@ -10,9 +10,9 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
+pub use self::rlhost::plugin::host::{Host, Level};
+pub use self::rlhost::plugin::types as wit;
 pub use exports::rlhost::plugin::{about, dataset, environment, reward, trigger};
-pub use rlhost::plugin::host::{Host, Level};
-pub use rlhost::plugin::types as wit;
 
 impl From<&types::Message> for wit::Message {
     fn from(m: &types::Message) -> Self {
