@@ -465,13 +465,13 @@ impl RewardScorer {
                 "component `{}` is {}; reward components must be finite",
                 c.name, c.value
             ))
-        } else if let Some(c) = components.iter().find(|c| !valid_name(&c.name)) {
-            Some(format!(
-                "component name {:?} is not lowercase letters, digits, `_` or `-`",
-                c.name
-            ))
         } else {
-            None
+            components.iter().find(|c| !valid_name(&c.name)).map(|c| {
+                format!(
+                    "component name {:?} is not lowercase letters, digits, `_` or `-`",
+                    c.name
+                )
+            })
         };
         match problem {
             Some(message) => reject(&inner, &mut self.live, call, message),
