@@ -140,76 +140,109 @@ print(statistics.median(samples))
     Duration::from_secs_f64(secs)
 }
 
+/// Medians for one allocation strategy.
+struct Row {
+    calc_warm: Duration,
+    calc_fresh: Duration,
+    calc_open: (Duration, u64),
+    py_warm: Duration,
+    py_fresh: Duration,
+    py_open: (Duration, u64),
+}
+
+async fn measure(pooling: bool) -> Row {
+    let cache = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-cache");
+    let runtime = PluginRuntime::new(&RuntimeOptions {
+        fuel: false,
+        cache_dir: Some(cache),
+        pooling,
+    })
+    .unwrap();
+    let calc = load(&runtime, "calculator").await;
+    let python = load(&runtime, "code_trigger").await;
+    let calc_text = "The total is <calc>(12.5 + 7.5) * 3 / 4</calc>";
+    let py_text = format!("Let me compute.\n```python\n{SNIPPET}\n```");
+    Row {
+        calc_warm: warm(&calc, calc_text, 5000).await,
+        calc_fresh: fresh(&calc, calc_text, 1000).await,
+        calc_open: open_only(&calc, 1000).await,
+        py_warm: warm(&python, &py_text, 1000).await,
+        py_fresh: fresh(&python, &py_text, 200).await,
+        py_open: open_only(&python, 200).await,
+    }
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let cache = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-cache");
-        let runtime = PluginRuntime::new(&RuntimeOptions {
-            fuel: false,
-            cache_dir: Some(cache),
-        })
-        .unwrap();
-        let calc = load(&runtime, "calculator").await;
-        let python = load(&runtime, "code_trigger").await;
-        let calc_text = "The total is <calc>(12.5 + 7.5) * 3 / 4</calc>";
-        let py_text = format!("Let me compute.\n```python\n{SNIPPET}\n```");
+    let (pool, demand) = rt.block_on(async { (measure(true).await, measure(false).await) });
+    let sub = subprocess(50);
 
-        let calc_warm = warm(&calc, calc_text, 5000).await;
-        let calc_fresh = fresh(&calc, calc_text, 1000).await;
-        let py_warm = warm(&python, &py_text, 1000).await;
-        let py_fresh = fresh(&python, &py_text, 200).await;
-        let (py_open, py_faults) = open_only(&python, 200).await;
-        let (calc_open, calc_faults) = open_only(&calc, 1000).await;
-        let sub = subprocess(50);
-
-        println!(
-            "plugin call latency (median), {} CPU cores",
-            std::thread::available_parallelism().map_or(0, |n| n.get())
-        );
-        println!(
-            "  calculator (Rust)   warm session fire      {:>10}",
-            fmt(calc_warm)
-        );
-        println!(
-            "  calculator (Rust)   fresh session + fire   {:>10}",
-            fmt(calc_fresh)
-        );
-        println!(
-            "  code tool (Python)  warm session fire      {:>10}",
-            fmt(py_warm)
-        );
-        println!(
-            "  code tool (Python)  fresh session + fire   {:>10}",
-            fmt(py_fresh)
-        );
-        println!(
-            "  calculator (Rust)   fresh session only     {:>10}  ({calc_faults} page faults)",
-            fmt(calc_open)
-        );
-        println!(
-            "  code tool (Python)  fresh session only     {:>10}  ({py_faults} page faults)",
-            fmt(py_open)
-        );
-        println!(
-            "  python3 subprocess with timeout (Python)   {:>10}",
-            fmt(sub)
-        );
-        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-        println!("ratios (subprocess / wasm):");
-        println!(
-            "  vs Python tool, fresh session:  {:>8.1}x",
-            ratio(sub, py_fresh)
-        );
-        println!(
-            "  vs Python tool, warm session:   {:>8.1}x",
-            ratio(sub, py_warm)
-        );
-        println!(
-            "  vs Rust calculator, fresh:      {:>8.1}x",
-            ratio(sub, calc_fresh)
-        );
-    });
+    println!(
+        "plugin call latency (median), {} CPU cores; page faults per session in brackets",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("{:<44} {:>18} {:>18}", "", "pooling (default)", "on-demand");
+    let row = |name: &str, a: Duration, b: Duration| {
+        println!("{name:<44} {:>18} {:>18}", fmt(a), fmt(b));
+    };
+    let open_row = |name: &str, a: (Duration, u64), b: (Duration, u64)| {
+        let cell = |(d, faults): (Duration, u64)| format!("{} [{faults}]", fmt(d));
+        println!("{name:<44} {:>18} {:>18}", cell(a), cell(b));
+    };
+    row(
+        "calculator (Rust): warm session, fire",
+        pool.calc_warm,
+        demand.calc_warm,
+    );
+    row(
+        "calculator (Rust): fresh session + fire",
+        pool.calc_fresh,
+        demand.calc_fresh,
+    );
+    open_row(
+        "calculator (Rust): fresh session only",
+        pool.calc_open,
+        demand.calc_open,
+    );
+    row(
+        "code tool (Python): warm session, fire",
+        pool.py_warm,
+        demand.py_warm,
+    );
+    row(
+        "code tool (Python): fresh session + fire",
+        pool.py_fresh,
+        demand.py_fresh,
+    );
+    open_row(
+        "code tool (Python): fresh session only",
+        pool.py_open,
+        demand.py_open,
+    );
+    println!(
+        "{:<44} {:>18}",
+        "python3 subprocess with timeout (Python)",
+        fmt(sub)
+    );
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!("ratios, subprocess / wasm (pooling):");
+    println!(
+        "  Python tool, fresh session + fire: {:>8.1}x",
+        ratio(sub, pool.py_fresh)
+    );
+    println!(
+        "  Python tool, warm session:         {:>8.1}x",
+        ratio(sub, pool.py_warm)
+    );
+    println!(
+        "  Rust calculator, fresh session:    {:>8.1}x",
+        ratio(sub, pool.calc_fresh)
+    );
+    println!(
+        "pooling speed-up of a fresh Python session + fire: {:.1}x",
+        ratio(demand.py_fresh, pool.py_fresh)
+    );
 }

@@ -21,6 +21,7 @@ fn runtime(fuel: bool) -> Arc<PluginRuntime> {
         PluginRuntime::new(&RuntimeOptions {
             fuel,
             cache_dir: Some(rlhost_tests::cache_dir()),
+            ..RuntimeOptions::default()
         })
         .expect("plugin runtime")
     })

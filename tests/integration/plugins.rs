@@ -340,6 +340,7 @@ async fn a_corrupt_cache_entry_is_recompiled() {
     let runtime = PluginRuntime::new(&RuntimeOptions {
         fuel: false,
         cache_dir: Some(dir.clone()),
+        ..RuntimeOptions::default()
     })
     .unwrap();
     let spec = PluginSpec {

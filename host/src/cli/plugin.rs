@@ -114,6 +114,7 @@ impl SandboxArgs {
             } else {
                 cache::default_dir()
             },
+            ..RuntimeOptions::default()
         })?;
         runtime.load(self.spec(path)).await
     }
