@@ -1,0 +1,1021 @@
+#!/usr/bin/env python3
+"""Make tiny Hugging Face model fixtures and reference outputs for rlhost's Rust parity tests.
+
+What it makes (under tests/fixtures/ by default, or under --out DIR):
+
+* tokenizer.json / tokenizer_config.json / chat_template.jinja / generation_config.json:
+  a small byte-level BPE tokenizer (Qwen2-style pre-tokenizer, 512 tokens) trained on a
+  synthetic English + arithmetic + python corpus generated below, with Qwen special tokens
+  and a Qwen2.5-style chat template written for this project.
+* chat_template_cases.json: chat template rendering cases with the rendered text and ids.
+* models/qwen2, models/qwen3, models/llama: tiny random Qwen2 (tied, qkv bias, f32),
+  Qwen3 (q_norm/k_norm, untied, saved in bfloat16) and Llama (llama3 rope scaling, untied,
+  sharded safetensors) models, each with its config, weights, tokenizer files and a
+  reference.safetensors of f32 CPU outputs (base logits, LoRA logits/loss/grads, ...).
+  Each also holds the PEFT LoRA adapter the references were made with (adapter/);
+  models/qwen2 also holds config.v4.json / tokenizer_config.v4.json (the transformers-4
+  forms of its config and tokenizer config).
+* README.md: what every file holds and the facts checked while making them.
+
+It is run by developers, not by CI:
+
+    python3 -m venv /tmp/fixvenv
+    /tmp/fixvenv/bin/pip install torch transformers peft safetensors tokenizers jinja2
+    /tmp/fixvenv/bin/python scripts/make_fixtures.py [--out DIR]
+
+Everything is created locally (no hub downloads). Output is deterministic: fixed seeds
+everywhere, so running it twice on the same machine gives byte-identical files.
+
+Last run with: torch==2.15.0 transformers==5.23.0 peft==0.21.2 tokenizers==0.23.3
+safetensors==0.8.0 Jinja2==3.1.6 (Python 3.11.7, CPU, 2 threads).
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import torch  # noqa: E402
+import safetensors  # noqa: E402
+import tokenizers  # noqa: E402
+import transformers  # noqa: E402
+import peft  # noqa: E402
+import jinja2  # noqa: E402
+from safetensors.torch import save_file, load_file  # noqa: E402
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers  # noqa: E402
+from tokenizers import pre_tokenizers, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from peft import LoraConfig, get_peft_model  # noqa: E402
+
+RUN_WITH = {
+    "torch": "2.15.0",
+    "transformers": "5.23.0",
+    "peft": "0.21.2",
+    "tokenizers": "0.23.3",
+    "safetensors": "0.8.0",
+    "jinja2": "3.1.6",
+}
+INSTALLED = {
+    "torch": torch.__version__.split("+")[0],
+    "transformers": transformers.__version__,
+    "peft": peft.__version__,
+    "tokenizers": tokenizers.__version__,
+    "safetensors": safetensors.__version__,
+    "jinja2": jinja2.__version__,
+}
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+VOCAB_SIZE = 512  # total, special and added tokens included
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2.5 has these as added, non-special tokens; so does this tokenizer.
+ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# Qwen2's pre-tokenizer split pattern.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+DEFAULT_SYSTEM = "You are a helpful assistant."
+SEQ_LEN = 12
+PAD_LEFT = 3
+PREFIX_LEN = 5
+# Models whose LoRA adapter is saved (adapter/); the others keep references only.
+ADAPTER_MODELS = ("qwen2", "qwen3", "llama")
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# A Qwen2.5-style chat template, written for rlhost. Rendered by transformers with
+# trim_blocks=True and lstrip_blocks=True, and with a tojson filter that does not
+# HTML-escape (json.dumps(ensure_ascii=False)).
+CHAT_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content }}
+    {%- else %}
+        {{- '""" + DEFAULT_SYSTEM + """' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\n""" + DEFAULT_SYSTEM + """<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) or (message.role == 'assistant' and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def make_corpus(seed=1234, n_lines=600):
+    rng = random.Random(seed)
+    names = ["Alice", "Bob", "Carol", "Dave", "Eve", "Mallory", "Trent", "Peggy"]
+    nouns = ["apples", "books", "coins", "marbles", "pencils", "stamps", "cookies", "tickets"]
+    verbs = ["has", "buys", "finds", "gives away", "sells", "collects", "loses", "counts"]
+    places = ["the market", "school", "the library", "the park", "home", "the office"]
+    adjs = ["small", "large", "quick", "careful", "happy", "tired", "clever", "quiet"]
+    ops = ["+", "-", "*", "/"]
+    fn_names = ["add", "mul", "solve", "compute", "total", "average", "score", "reward"]
+    unicode_bits = ["café", "naïve", "über", "→", "≤", "π", "你好", "日本語", "emoji 🙂"]
+
+    def num():
+        return str(rng.choice([rng.randint(0, 9), rng.randint(10, 99), rng.randint(100, 999)]))
+
+    def expr(depth=0):
+        if depth > 1 or rng.random() < 0.4:
+            return num()
+        a, b = expr(depth + 1), expr(depth + 1)
+        op = rng.choice(ops)
+        e = f"{a} {op} {b}"
+        return f"({e})" if rng.random() < 0.5 else e
+
+    def safe_eval(e):
+        try:
+            v = eval(e, {"__builtins__": {}}, {})  # only digits, spaces, parens, + - * /
+        except ZeroDivisionError:
+            return "undefined"
+        return str(round(v, 3)) if isinstance(v, float) else str(v)
+
+    lines = []
+    for _ in range(n_lines):
+        kind = rng.randrange(8)
+        if kind == 0:
+            lines.append(
+                f"{rng.choice(names)} {rng.choice(verbs)} {num()} {rng.choice(nouns)} at "
+                f"{rng.choice(places)}."
+            )
+        elif kind == 1:
+            lines.append(
+                f"The {rng.choice(adjs)} student walked to {rng.choice(places)} and "
+                f"read {num()} pages before lunch."
+            )
+        elif kind == 2:
+            e = expr()
+            lines.append(f"What is {e}? <calc>{e}</calc> <result>{safe_eval(e)}</result>")
+        elif kind == 3:
+            e = expr()
+            lines.append(
+                f"Question: compute {e}.\nAnswer: <answer>{safe_eval(e)}</answer>"
+            )
+        elif kind == 4:
+            f, a, b = rng.choice(fn_names), rng.choice("abxyn"), rng.choice("cdmkz")
+            op = rng.choice(ops)
+            lines.append(
+                f"def {f}({a}, {b}):\n    return {a} {op} {b}\n\nprint({f}({num()}, {num()}))"
+            )
+        elif kind == 5:
+            v = rng.choice("ijk")
+            lines.append(
+                f"for {v} in range({num()}):\n    if {v} % {rng.randint(2, 9)} == 0:\n"
+                f"        print({v} * {rng.randint(2, 9)})"
+            )
+        elif kind == 6:
+            lines.append(
+                f'{{"name": "{rng.choice(fn_names)}", "arguments": {{"x": {num()}, '
+                f'"y": "{rng.choice(nouns)}"}}}}'
+            )
+        else:
+            lines.append(
+                f"The user asks the assistant about {rng.choice(unicode_bits)}; the system "
+                f"says {rng.choice(adjs)} things & it's <fine> ({num()} > {num()})."
+            )
+    return lines
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(out):
+    corpus = make_corpus()
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    n_extra = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - n_extra,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    assert tok.get_vocab_size() == VOCAB_SIZE - n_extra, tok.get_vocab_size()
+    # Like Qwen: plain vocab first, then <|endoftext|>, <|im_start|>, <|im_end|>, then
+    # the added (non-special) tool tokens.
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    assert tok.get_vocab_size() == VOCAB_SIZE
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=256,
+        clean_up_tokenization_spaces=False,
+    )
+    hf_tok.chat_template = CHAT_TEMPLATE
+    assert len(hf_tok) == VOCAB_SIZE
+    hf_tok.save_pretrained(out)
+
+    ids = {t: hf_tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS + ADDED_TOKENS}
+    gen = GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+        pad_token_id=ids["<|endoftext|>"],
+        do_sample=True,
+        temperature=0.7,
+        top_p=0.8,
+        top_k=20,
+        repetition_penalty=1.05,
+    )
+    gen.save_pretrained(out)
+    return hf_tok, ids
+
+
+def tokenizer_files(out):
+    return sorted(p.name for p in Path(out).iterdir() if p.is_file() and (
+        p.name.startswith("tokenizer") or p.name in ("chat_template.jinja", "generation_config.json")
+    ) and not p.name.endswith(".v4.json"))
+
+
+def write_tokenizer_config_v4(out, hf_tok, ids):
+    """The transformers-4 / Qwen2.5 hub form of tokenizer_config.json: chat template inline."""
+    added = {}
+    for t in SPECIAL_TOKENS + ADDED_TOKENS:
+        added[str(ids[t])] = {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": t in SPECIAL_TOKENS,
+        }
+    cfg = {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 256,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    write_json(out / "tokenizer_config.v4.json", cfg)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_json(path, obj):
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    # Lists of plain integers (token ids) on one line each.
+    text = re.sub(r"\[(?:\s*-?\d+,)*\s*-?\d+\s*\]", lambda m: json.dumps(json.loads(m.group(0))), text)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+
+
+def common_shape(vocab, ids):
+    return dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        hidden_act="silu",
+        attention_dropout=0.0,
+        initializer_range=0.02,
+    )
+
+
+@torch.no_grad()
+def init_weights(model, seed):
+    """Seeded init large enough that logits are far from 0."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.dim() == 1 and "norm" in name:
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+        elif name.endswith(".bias"):
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        else:
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+
+
+def make_inputs(hf_tok, pad_id):
+    a = hf_tok(
+        "<|im_start|>user\nWhat is (12 + 7) * 3? <calc>(12 + 7) * 3</calc> <result>57</result>",
+        add_special_tokens=False,
+    ).input_ids
+    b = hf_tok(
+        "Alice buys 12 apples at the market and reads 30 pages.", add_special_tokens=False
+    ).input_ids
+    assert len(a) >= SEQ_LEN and len(b) >= SEQ_LEN - PAD_LEFT, (len(a), len(b))
+    assert pad_id not in a and pad_id not in b
+    row0 = a[:SEQ_LEN]
+    row1 = [pad_id] * PAD_LEFT + b[: SEQ_LEN - PAD_LEFT]
+    input_ids = torch.tensor([row0, row1], dtype=torch.int64)
+    attention_mask = torch.tensor(
+        [[1] * SEQ_LEN, [0] * PAD_LEFT + [1] * (SEQ_LEN - PAD_LEFT)], dtype=torch.int64
+    )
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+def forward_logits(model, input_ids, attention_mask, position_ids):
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    )
+    return out.logits.float()
+
+
+def zero_pads(logits, attention_mask):
+    """Logits at pad positions are implementation noise; store them as 0."""
+    return (logits * attention_mask.unsqueeze(-1).to(logits.dtype)).contiguous()
+
+
+def masked_max_diff(a, b, attention_mask):
+    m = attention_mask.bool()
+    return (a[m] - b[m]).abs().max().item()
+
+
+def lora_loss(logits, input_ids, attention_mask):
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    tgt = input_ids[:, 1:]
+    nll = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    valid = (attention_mask[:, :-1] * attention_mask[:, 1:]).to(nll.dtype)
+    return (nll * valid).sum() / valid.sum()
+
+
+@torch.no_grad()
+def kv_cache_check(model, input_ids, full_logits):
+    """Prefill the first PREFIX_LEN tokens of row 0, then decode the rest one token at a
+    time with past_key_values; compare with the full (batched, masked) forward."""
+    ids = input_ids[:1]
+    out = model(
+        input_ids=ids[:, :PREFIX_LEN],
+        position_ids=torch.arange(PREFIX_LEN).unsqueeze(0),
+        use_cache=True,
+    )
+    pkv = out.past_key_values
+    diffs = [(out.logits[0].float() - full_logits[0, :PREFIX_LEN]).abs().max().item()]
+    for t in range(PREFIX_LEN, SEQ_LEN):
+        out = model(
+            input_ids=ids[:, t : t + 1],
+            position_ids=torch.tensor([[t]]),
+            past_key_values=pkv,
+            use_cache=True,
+        )
+        pkv = out.past_key_values
+        diffs.append((out.logits[0, -1].float() - full_logits[0, t]).abs().max().item())
+    return max(diffs)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def build_model(name, vocab, ids):
+    shape = common_shape(vocab, ids)
+    if name == "qwen2":
+        cfg = Qwen2Config(**shape, tie_word_embeddings=True, use_sliding_window=False)
+        cls, seed = Qwen2ForCausalLM, 1002
+    elif name == "qwen3":
+        cfg = Qwen3Config(
+            **shape, head_dim=16, tie_word_embeddings=False, attention_bias=False,
+            use_sliding_window=False,
+        )
+        cls, seed = Qwen3ForCausalLM, 1003
+    elif name == "llama":
+        cfg = LlamaConfig(
+            **shape,
+            head_dim=16,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+        cls, seed = LlamaForCausalLM, 1004
+    else:
+        raise ValueError(name)
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    init_weights(model, seed)
+    model.eval()
+    return model
+
+
+def qwen2_config_other_form(cfg_path):
+    """config.json in the other transformers major form (v4 <-> v5)."""
+    cfg = json.loads(Path(cfg_path).read_text())
+    if "rope_parameters" in cfg or "layer_types" in cfg:  # v5 -> v4
+        rp = cfg.pop("rope_parameters", None) or {}
+        cfg.pop("layer_types", None)
+        out = {}
+        for k, v in cfg.items():
+            if k == "dtype":
+                out["torch_dtype"] = v
+            elif k == "transformers_version":
+                continue
+            else:
+                out[k] = v
+        out["rope_theta"] = rp.get("rope_theta", 10000.0)
+        extra = {k: v for k, v in rp.items() if k not in ("rope_theta", "rope_type")}
+        out["rope_scaling"] = (
+            None if rp.get("rope_type", "default") == "default" else {"rope_type": rp["rope_type"], **extra}
+        )
+        # Qwen2.5 hub configs carry a numeric sliding_window even with use_sliding_window=false.
+        if out.get("sliding_window") is None:
+            out["sliding_window"] = out["max_position_embeddings"]
+        return dict(sorted(out.items())), "v4"
+    # v4 -> v5
+    out = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")}
+    out["dtype"] = cfg.get("torch_dtype")
+    rs = cfg.get("rope_scaling") or {}
+    out["rope_parameters"] = {"rope_theta": cfg["rope_theta"], "rope_type": rs.get("rope_type", "default"), **{
+        k: v for k, v in rs.items() if k not in ("rope_type", "type")}}
+    out["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]
+    out.pop("transformers_version", None)
+    return dict(sorted(out.items())), "v5"
+
+
+def config_form(cfg):
+    return "v5" if ("rope_parameters" in cfg or "layer_types" in cfg) else "v4"
+
+
+def make_model_fixture(name, out, hf_tok, ids, facts):
+    vocab = len(hf_tok)
+    mdir = out / "models" / name
+    if mdir.exists():
+        shutil.rmtree(mdir)
+    mdir.mkdir(parents=True)
+
+    # ---- weights + config
+    model = build_model(name, vocab, ids)
+    if name == "qwen3":
+        model = model.to(torch.bfloat16)
+        model.save_pretrained(mdir)
+    elif name == "llama":
+        model.save_pretrained(mdir, max_shard_size="200KB")
+    else:
+        model.save_pretrained(mdir)
+    del model
+    for f in tokenizer_files(out):
+        shutil.copyfile(out / f, mdir / f)  # our generation_config.json replaces the model's
+
+    cfg_json = json.loads((mdir / "config.json").read_text())
+    facts[name] = {"config_form": config_form(cfg_json)}
+    weight_files = sorted(p.name for p in mdir.glob("*.safetensors"))
+    facts[name]["weight_files"] = weight_files
+    if name == "llama":
+        assert len(weight_files) >= 2 and (mdir / "model.safetensors.index.json").exists(), weight_files
+
+    if name == "qwen2":
+        other, form = qwen2_config_other_form(mdir / "config.json")
+        write_json(mdir / f"config.{form}.json", other)
+        facts[name]["other_config_file"] = f"config.{form}.json"
+        write_tokenizer_config_v4(mdir, hf_tok, ids)
+        # Check that transformers reads the other form to the same config.
+        a = Qwen2Config.from_pretrained(mdir)
+        b = Qwen2Config.from_dict(other)
+        keys = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "rms_norm_eps", "tie_word_embeddings",
+                "max_position_embeddings", "use_sliding_window"]
+        same = all(getattr(a, k) == getattr(b, k) for k in keys)
+        ra = getattr(a, "rope_parameters", None) or {"rope_theta": getattr(a, "rope_theta", None)}
+        rb = getattr(b, "rope_parameters", None) or {"rope_theta": getattr(b, "rope_theta", None)}
+        same = same and ra.get("rope_theta") == rb.get("rope_theta")
+        assert same, (a, b)
+        facts[name]["other_config_reads_same"] = True
+
+    # ---- reload exactly like a loader: f32 on CPU
+    cls = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}[name]
+    model = cls.from_pretrained(mdir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    if name == "qwen3":
+        raw = load_file(str(mdir / "model.safetensors"))
+        assert all(t.dtype == torch.bfloat16 for t in raw.values())
+        sd = model.state_dict()
+        for k, v in raw.items():
+            assert torch.equal(sd[k], v.float()), k
+        facts[name]["bf16_upcast_exact"] = True
+    if name == "qwen2":
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+    input_ids, attention_mask, position_ids = make_inputs(hf_tok, ids["<|endoftext|>"])
+    ref = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "prefix_len": torch.tensor(PREFIX_LEN, dtype=torch.int64),
+    }
+    with torch.no_grad():
+        logits = forward_logits(model, input_ids, attention_mask, position_ids)
+    facts[name]["logits_std"] = float(logits[attention_mask.bool()].std())
+    facts[name]["kv_cache_max_abs_diff"] = kv_cache_check(model, input_ids, logits)
+    assert facts[name]["kv_cache_max_abs_diff"] < 1e-4
+    ref["logits"] = zero_pads(logits, attention_mask)
+
+    # ---- LoRA
+    torch.manual_seed(2000 + ord(name[-1]))
+    lcfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS, bias="none")
+    pm = get_peft_model(model, lcfg)
+    g = torch.Generator().manual_seed(3000 + ord(name[-1]))
+    with torch.no_grad():
+        for pname, p in sorted(pm.named_parameters(), key=lambda kv: kv[0]):
+            if "lora_B" in pname:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    pm.eval()
+    lora_params = sorted((n, p) for n, p in pm.named_parameters() if "lora_" in n)
+    assert all(p.requires_grad for _, p in lora_params)
+    facts[name]["lora_param_count"] = len(lora_params)
+
+    lora_logits = forward_logits(pm, input_ids, attention_mask, position_ids)
+    loss = lora_loss(lora_logits, input_ids, attention_mask)
+    pm.zero_grad(set_to_none=True)
+    loss.backward()
+    ref["lora_logits"] = zero_pads(lora_logits.detach(), attention_mask)
+    ref["lora_loss"] = loss.detach().float().reshape(())
+    for n, p in lora_params:
+        assert p.grad is not None, n
+        ref[f"grad.{n}"] = p.grad.detach().float().contiguous()
+    facts[name]["lora_vs_base_max_abs_diff"] = masked_max_diff(lora_logits.detach(), logits, attention_mask)
+    facts[name]["lora_loss"] = loss.item()
+
+    with torch.no_grad():
+        with pm.disable_adapter():
+            dis = forward_logits(pm, input_ids, attention_mask, position_ids)
+    d = masked_max_diff(dis, logits, attention_mask)
+    assert d == 0.0, f"disabled-adapter logits differ from base by {d}"
+    facts[name]["disabled_adapter_max_abs_diff"] = d
+    ref["lora_disabled_logits"] = zero_pads(dis, attention_mask)
+
+    if name in ADAPTER_MODELS:
+        pm.peft_config["default"].base_model_name_or_path = None
+        pm.save_pretrained(mdir / "adapter")
+        readme = mdir / "adapter" / "README.md"
+        if readme.exists():
+            readme.unlink()  # PEFT's boilerplate model card
+        # PEFT writes the base model's absolute path, and target_modules from a set (its
+        # order changes with PYTHONHASHSEED): make both deterministic.
+        acfg_path = mdir / "adapter" / "adapter_config.json"
+        acfg = json.loads(acfg_path.read_text())
+        acfg["base_model_name_or_path"] = None
+        acfg["target_modules"] = sorted(acfg["target_modules"])
+        write_json(acfg_path, dict(sorted(acfg.items())))
+        # The saved adapter on a freshly loaded base model gives the same logits.
+        from peft import PeftModel
+        base = cls.from_pretrained(mdir, dtype=torch.float32, attn_implementation="eager").eval()
+        if name == "qwen2":
+            other = json.loads((mdir / facts[name]["other_config_file"]).read_text())
+            base_other = cls.from_pretrained(
+                mdir, config=Qwen2Config.from_dict(other), dtype=torch.float32,
+                attn_implementation="eager").eval()
+            with torch.no_grad():
+                lo = forward_logits(base_other, input_ids, attention_mask, position_ids)
+            facts[name]["other_config_logits_max_abs_diff"] = masked_max_diff(lo, logits, attention_mask)
+            assert facts[name]["other_config_logits_max_abs_diff"] == 0.0
+        reloaded = PeftModel.from_pretrained(base, mdir / "adapter").eval()
+        with torch.no_grad():
+            rl = forward_logits(reloaded, input_ids, attention_mask, position_ids)
+        facts[name]["adapter_reload_vs_lora_max_abs_diff"] = masked_max_diff(rl, lora_logits.detach(), attention_mask)
+        assert facts[name]["adapter_reload_vs_lora_max_abs_diff"] < 1e-4
+    if name == "qwen2":
+        merged = pm.merge_and_unload()
+        merged.eval()
+        with torch.no_grad():
+            mlog = forward_logits(merged, input_ids, attention_mask, position_ids)
+        facts[name]["merged_vs_lora_max_abs_diff"] = masked_max_diff(mlog, lora_logits.detach(), attention_mask)
+        assert facts[name]["merged_vs_lora_max_abs_diff"] < 1e-4
+        ref["merged_logits"] = zero_pads(mlog, attention_mask)
+
+    ref = {k: v.contiguous() for k, v in ref.items()}
+    save_file(ref, str(mdir / "reference.safetensors"), metadata={"format": "pt"})
+    facts[name]["reference_tensors"] = {
+        k: (list(v.shape), str(v.dtype).replace("torch.", "")) for k, v in sorted(ref.items())
+    }
+
+
+# --------------------------------------------------------------------------- chat cases
+
+
+def chat_cases(hf_tok):
+    calc_tool = {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression like '(12 + 7) * 3'. Use <, > & "
+                           "parentheses; don't pass code.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "expression": {"type": "string", "description": "e.g. 3 < 4 && 5 > 2"},
+                },
+                "required": ["expression"],
+            },
+        },
+    }
+    search_tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look up a word — returns the définition (unicode ok).",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "word": {"type": "string"},
+                    "limit": {"type": "integer", "default": 3},
+                },
+                "required": ["word"],
+            },
+        },
+    }
+    call = {"type": "function", "function": {"name": "calculator",
+                                             "arguments": {"expression": "(12 + 7) * 3"}}}
+    call2 = {"type": "function", "function": {"name": "lookup",
+                                              "arguments": {"word": "l'été <&>", "limit": 2}}}
+    cases = [
+        ("single_user_default_system", [{"role": "user", "content": "What is 2 + 3?"}], None, True),
+        ("single_user_no_generation_prompt", [{"role": "user", "content": "What is 2 + 3?"}], None, False),
+        ("explicit_system",
+         [{"role": "system", "content": "You are a calculator. Answer in <answer> tags."},
+          {"role": "user", "content": "What is (12 + 7) * 3?"}], None, True),
+        ("multi_turn",
+         [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": "Hi!"},
+          {"role": "assistant", "content": "Hello. How can I help?"},
+          {"role": "user", "content": "Add 4 and 5."},
+          {"role": "assistant", "content": "<answer>9</answer>"}], None, False),
+        ("multi_turn_generation_prompt",
+         [{"role": "user", "content": "Add 4 and 5."},
+          {"role": "assistant", "content": "<answer>9</answer>"},
+          {"role": "user", "content": "Now times 3."}], None, True),
+        ("second_system_message",
+         [{"role": "system", "content": "First rules."},
+          {"role": "user", "content": "ok"},
+          {"role": "system", "content": "New rules."},
+          {"role": "user", "content": "and now?"}], None, True),
+        ("tool_call_and_tool_message",
+         [{"role": "user", "content": "What is (12 + 7) * 3?"},
+          {"role": "assistant", "content": "", "tool_calls": [call]},
+          {"role": "tool", "content": "57"}], [calc_tool], True),
+        ("tool_message_without_tools",
+         [{"role": "user", "content": "Compute it."},
+          {"role": "assistant", "content": "Calling the tool.", "tool_calls": [call]},
+          {"role": "tool", "content": "{\"result\": 57}"},
+          {"role": "assistant", "content": "The answer is 57."}], None, False),
+        ("consecutive_tool_messages",
+         [{"role": "system", "content": "Use tools."},
+          {"role": "user", "content": "Two things please."},
+          {"role": "assistant", "content": "", "tool_calls": [call, call2]},
+          {"role": "tool", "content": "57"},
+          {"role": "tool", "content": "summer <n.> & 'heat'"},
+          {"role": "user", "content": "thanks"}], [calc_tool, search_tool], True),
+        ("tools_given_default_system",
+         [{"role": "user", "content": "Is 3 < 4 & 5 > 2? Don't guess."}], [calc_tool, search_tool], True),
+        ("tools_given_explicit_system",
+         [{"role": "system", "content": "You solve <math> & 'logic'."},
+          {"role": "user", "content": "2 > 1?"},
+          {"role": "assistant", "content": "Yes."}], [calc_tool], False),
+        ("unicode_and_newlines",
+         [{"role": "user", "content": "Café naïve → 你好 🙂\nline two\n\n    indented\tTAB\r\nend"},
+          {"role": "assistant", "content": "ok:\n- ü\n- ∑ x² ≤ π"}], None, True),
+        ("empty_user_content", [{"role": "user", "content": ""}], None, True),
+    ]
+    out = []
+    for name, msgs, tools, agp in cases:
+        rendered = hf_tok.apply_chat_template(
+            msgs, tools=tools, tokenize=False, add_generation_prompt=agp
+        )
+        assert isinstance(rendered, str)
+        input_ids = hf_tok(rendered, add_special_tokens=False).input_ids
+        assert hf_tok.decode(input_ids) == rendered, name
+        out.append({
+            "name": name,
+            "messages": msgs,
+            "tools": tools,
+            "add_generation_prompt": agp,
+            "rendered": rendered,
+            "input_ids": input_ids,
+        })
+    return out
+
+
+def jinja_checks(cases, template):
+    """Render the cases with plain Jinja2 (not transformers): with a json.dumps tojson like
+    transformers', and with Jinja2's own tojson (HTML-escaping, sorted keys)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def render(custom_tojson):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        if custom_tojson:
+            env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        t = env.from_string(template)
+        return [t.render(messages=c["messages"], tools=c["tools"],
+                         add_generation_prompt=c["add_generation_prompt"]) for c in cases]
+
+    same = all(r == c["rendered"] for r, c in zip(render(True), cases))
+    differ = [c["name"] for r, c in zip(render(False), cases) if r != c["rendered"]]
+    return {"plain_jinja2_json_dumps_tojson_matches_all": same, "jinja2_builtin_tojson_differs_in": differ}
+
+
+# --------------------------------------------------------------------------- README
+
+
+def write_readme(out, ids, facts, cases, jchecks):
+    files = sorted(p for p in out.rglob("*") if p.is_file() and p != out / "README.md")
+    total = sum(p.stat().st_size for p in files)
+    L = []
+    w = L.append
+    w("# Test fixtures: tiny Hugging Face models and reference outputs")
+    w("")
+    w("Generated by `scripts/make_fixtures.py` (this README too: change the script, not this")
+    w("file). Everything here is created locally from fixed seeds; no hub downloads.")
+    w("")
+    w("Regenerate (developers, not CI):")
+    w("")
+    w("```sh")
+    w("python3 -m venv /tmp/fixvenv")
+    w("/tmp/fixvenv/bin/pip install torch transformers peft safetensors tokenizers jinja2")
+    w("/tmp/fixvenv/bin/python scripts/make_fixtures.py            # writes tests/fixtures/")
+    w("/tmp/fixvenv/bin/python scripts/make_fixtures.py --out DIR  # elsewhere")
+    w("```")
+    w("")
+    w("Versions used: " + ", ".join(f"{k}=={v}" for k, v in INSTALLED.items())
+      + f"; Python {sys.version.split()[0]}; CPU, `torch.set_num_threads(2)`.")
+    w("Two runs on the same machine give byte-identical files (checked with sha256, also with")
+    w("different PYTHONHASHSEED and a different --out). Float outputs may differ in")
+    w("the last bits on another CPU or with other versions.")
+    w("")
+    w("## Tokenizer (top level, copied into every model folder)")
+    w("")
+    w("- `tokenizer.json`: byte-level BPE, Qwen2 pre-tokenizer (NFC normalizer, regex Split")
+    w("  then ByteLevel without regex), trained on a seeded synthetic corpus (English,")
+    w(f"  arithmetic with `<calc>`/`<result>`/`<answer>` tags, python, JSON). {VOCAB_SIZE} tokens:")
+    w(f"  ids 0..{VOCAB_SIZE - len(ids) - 1} BPE vocab (0..255 are the byte alphabet), then:")
+    for t, i in ids.items():
+        w(f"  - `{t}` = {i} ({'special' if t in SPECIAL_TOKENS else 'added, not special'})")
+    w("- `tokenizer_config.json`: as transformers " + INSTALLED["transformers"]
+      + " writes it (eos `<|im_end|>`, pad `<|endoftext|>`,")
+    w("  no bos). transformers 5 writes the chat template to `chat_template.jinja`, NOT into")
+    w("  `tokenizer_config.json`.")
+    w("- `chat_template.jinja`: a Qwen2.5-style template written for this project (system /")
+    w("  user / assistant with `tool_calls` / tool roles, tools block with `tojson`,")
+    w(f"  default system message \"{DEFAULT_SYSTEM}\", `add_generation_prompt`). transformers")
+    w("  renders it with `trim_blocks=True, lstrip_blocks=True` and its own `tojson`")
+    w("  (`json.dumps(x, ensure_ascii=False)`: no HTML escaping of `<`, `>`, `&`, `'`;")
+    w("  separators `, ` and `: `; dict key order kept).")
+    w("- `generation_config.json`: eos_token_id is a LIST `[<|im_end|>, <|endoftext|>]` as in")
+    w("  Qwen2.5-Instruct, plus bos/pad ids and sampling defaults.")
+    w("- `chat_template_cases.json`: list of cases `{name, messages, tools (or null),")
+    w("  add_generation_prompt, rendered, input_ids}`; `rendered` is")
+    w("  `apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=...)`,")
+    w("  `input_ids` is the tokenizer's encoding of `rendered` with `add_special_tokens=False`")
+    w("  (decoding them gives `rendered` back; checked; the raw `tokenizers` library gives the")
+    w("  same ids). Several cases are longer than `model_max_length` 256: no truncation is")
+    w("  applied. Cases: "
+      + ", ".join(f"`{c['name']}`" for c in cases) + ".")
+    w("")
+    w("## Models (`models/<name>/`)")
+    w("")
+    w("All three: hidden 64, 2 layers, 4 attention heads, 2 KV heads, head_dim 16,")
+    w(f"intermediate 128, vocab {VOCAB_SIZE}, max_position_embeddings 256, rms_norm_eps 1e-6,")
+    w("rope_theta 10000, silu. Seeded random weights: linear/embedding N(0, 0.2²), norm weights")
+    w("1 + N(0, 0.1²), biases N(0, 0.1²). Each folder has config.json (as transformers writes")
+    w("it), weights, and copies of the tokenizer files and generation_config.json.")
+    w("")
+    w("| model | class | weights | notes |")
+    w("| --- | --- | --- | --- |")
+    w("| qwen2 | Qwen2ForCausalLM | `model.safetensors` f32 | tied embeddings (no `lm_head.weight` in the file), q/k/v bias |")
+    w("| qwen3 | Qwen3ForCausalLM | `model.safetensors` **bf16** | q_norm/k_norm, untied, no attention bias |")
+    w("| llama | LlamaForCausalLM | " + ", ".join(f"`{f}`" for f in facts["llama"]["weight_files"])
+      + " f32 + `model.safetensors.index.json` | untied, rope_type llama3 factor 8, low 1, high 4, original_max_position_embeddings 64 |")
+    w("")
+    form = facts["qwen2"]["config_form"]
+    w(f"`config.json` files are in the transformers-{form[1]} form ({form}: "
+      + ("`rope_parameters` {rope_theta, rope_type, ...}, `layer_types`, `dtype`, `sliding_window: null`)."
+         if form == "v5" else "`rope_theta` at top level, `rope_scaling`, `torch_dtype`)."))
+    other = facts["qwen2"]["other_config_file"]
+    w(f"`models/qwen2/{other}` is the same config in the other form (made by the script"
+      + (": `rope_theta` at top level, `rope_scaling: null`, `torch_dtype`, numeric"
+         " `sliding_window` (= max_position_embeddings, unused since `use_sliding_window` is"
+         " false), no `layer_types`, no `rope_parameters`, no `transformers_version`)."
+         if other == "config.v4.json" else ")."))
+    w("transformers reads both to the same model config (checked). Qwen2 configs have no")
+    w("`head_dim` key (it is hidden_size / num_attention_heads = 16); qwen3 and llama have one.")
+    w("`models/qwen2/tokenizer_config.v4.json` is a hand-made Qwen2.5-hub-style")
+    w("tokenizer_config.json with the chat template inline (`chat_template` key),")
+    w("`added_tokens_decoder` and `tokenizer_class: Qwen2Tokenizer`, for testing that loader path.")
+    w("")
+    w("`models/qwen2/adapter/`: the PEFT LoRA adapter (`adapter_config.json`,")
+    w("`adapter_model.safetensors`) used for qwen2's LoRA references;")
+    w("`base_model_name_or_path` is set to null and `target_modules` sorted (PEFT writes an")
+    w("absolute path and set order); PEFT's README model card is removed.")
+    w("")
+    w("## `models/<name>/reference.safetensors`")
+    w("")
+    w("All computed on CPU in float32 from the saved files loaded with")
+    w("`from_pretrained(dir, dtype=float32, attn_implementation=\"eager\")` (qwen3: the bf16")
+    w("weights upcast to f32; checked equal to a plain `.float()` of the stored tensors).")
+    w("")
+    w("| tensor | shape | dtype | meaning |")
+    w("| --- | --- | --- | --- |")
+    w(f"| `input_ids` | [2, {SEQ_LEN}] | int64 | row 0: {SEQ_LEN} real tokens; row 1: {PAD_LEFT} left pads (`<|endoftext|>`) then {SEQ_LEN - PAD_LEFT} tokens |")
+    w(f"| `attention_mask` | [2, {SEQ_LEN}] | int64 | 1 = real token, 0 = pad |")
+    w(f"| `position_ids` | [2, {SEQ_LEN}] | int64 | `(attention_mask.cumsum(-1) - 1).clamp(min=0)` |")
+    w(f"| `prefix_len` | [] | int64 | {PREFIX_LEN}: prompt length for the KV-cache check |")
+    w(f"| `logits` | [2, {SEQ_LEN}, {VOCAB_SIZE}] | float32 | base model forward with that mask and position_ids |")
+    w(f"| `lora_logits` | [2, {SEQ_LEN}, {VOCAB_SIZE}] | float32 | same inputs with the LoRA adapter on |")
+    w(f"| `lora_disabled_logits` | [2, {SEQ_LEN}, {VOCAB_SIZE}] | float32 | PEFT model under `disable_adapter()`; equals `logits` exactly (asserted) |")
+    w(f"| `merged_logits` (qwen2 only) | [2, {SEQ_LEN}, {VOCAB_SIZE}] | float32 | after `merge_and_unload()` |")
+    w("| `lora_loss` | [] | float32 | loss below, with the adapter on |")
+    w("| `grad.<PEFT name>` | shape of the parameter | float32 | d lora_loss / d every lora_A and lora_B weight |")
+    w("")
+    w("Logits are stored in full (all positions) except that **pad positions are set to 0.0**:")
+    w("their values are implementation noise (fully masked attention rows); compare only where")
+    w("`attention_mask == 1`.")
+    w("")
+    w("LoRA: `LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=[q,k,v,o,gate,up,down]_proj,")
+    w("bias=\"none\")` (scaling alpha/r = 2), `get_peft_model` after a fixed `torch.manual_seed`,")
+    w("then every `lora_B` set to seeded N(0, 0.1²) (PEFT initialises B to zero).")
+    w("The adapter weights are saved for " + ", ".join(ADAPTER_MODELS) + " (`adapter/`), so")
+    w("`lora_logits`, `lora_loss` and `grad.*` can be reproduced from these files.")
+    w("Gradient names are PEFT parameter names, e.g.")
+    w("`grad.base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight`")
+    w("(lora_A: [4, in_features], lora_B: [out_features, 4]).")
+    w("")
+    w("Loss: targets are `input_ids` shifted left by one; the mean over positions t with")
+    w("`attention_mask[t] == 1 and attention_mask[t+1] == 1` (t < 11) of")
+    w("`-log_softmax(lora_logits[t])[input_ids[t+1]]`.")
+    w("")
+    w(f"KV cache (checked, nothing extra saved): row 0 prefilled with its first `prefix_len`")
+    w("tokens, then decoded one token at a time with `past_key_values`; every step's logits")
+    w("match `logits[0, t]` from the full batched forward (asserted < 1e-4; measured below).")
+    w("")
+    w("## Measured facts")
+    w("")
+    w("| | qwen2 | qwen3 | llama |")
+    w("| --- | --- | --- | --- |")
+
+    def row(label, key, fmt="{:.3g}"):
+        vals = []
+        for n in ("qwen2", "qwen3", "llama"):
+            v = facts[n].get(key)
+            vals.append("-" if v is None else (fmt.format(v) if isinstance(v, float) else str(v)))
+        w(f"| {label} | " + " | ".join(vals) + " |")
+
+    row("config.json form", "config_form")
+    row("std of logits (real positions)", "logits_std")
+    row("KV-cache decode vs full forward, max abs diff", "kv_cache_max_abs_diff")
+    row("disabled adapter vs base logits, max abs diff", "disabled_adapter_max_abs_diff")
+    row("LoRA vs base logits, max abs diff", "lora_vs_base_max_abs_diff")
+    row("merged vs LoRA logits, max abs diff", "merged_vs_lora_max_abs_diff")
+    row("saved adapter reloaded (PeftModel.from_pretrained) vs LoRA logits, max abs diff",
+        "adapter_reload_vs_lora_max_abs_diff")
+    row("logits with the other config form vs base logits, max abs diff",
+        "other_config_logits_max_abs_diff")
+    row("lora_loss", "lora_loss", "{:.6f}")
+    row("number of LoRA parameters (grad.* tensors)", "lora_param_count")
+    w("")
+    w("Chat template: every case renders identically with plain Jinja2")
+    w("(`ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`) given a")
+    w("`tojson` of `json.dumps(x, ensure_ascii=False)`: "
+      + str(jchecks["plain_jinja2_json_dumps_tojson_matches_all"]).lower() + ". With Jinja2's")
+    w("built-in `tojson` (escapes `<`, `>`, `&`, `'` as `\\u003c` etc. and sorts keys) these")
+    w("cases differ: " + ", ".join(f"`{n}`" for n in jchecks["jinja2_builtin_tojson_differs_in"])
+      + ". A Rust renderer must match the transformers behaviour.")
+    w("")
+    w(f"Total size of all files here except this README: {total} bytes.")
+    w("")
+    w("## Files")
+    w("")
+    w("| file | bytes |")
+    w("| --- | --- |")
+    for p in files:
+        w(f"| `{p.relative_to(out).as_posix()}` | {p.stat().st_size} |")
+    (out / "README.md").write_text("\n".join(L) + "\n", encoding="utf-8")
+    return total
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args()
+    out = args.out.resolve()
+
+    for k, v in RUN_WITH.items():
+        if INSTALLED[k] != v:
+            print(f"warning: {k} {INSTALLED[k]} installed, fixtures were made with {v}", file=sys.stderr)
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    random.seed(0)
+    torch.use_deterministic_algorithms(True)
+
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok, ids = build_tokenizer(out)
+
+    cases = chat_cases(hf_tok)
+    raw = Tokenizer.from_file(str(out / "tokenizer.json"))
+    for c in cases:
+        assert raw.encode(c["rendered"], add_special_tokens=False).ids == c["input_ids"], c["name"]
+    jchecks = jinja_checks(cases, CHAT_TEMPLATE)
+    assert jchecks["plain_jinja2_json_dumps_tojson_matches_all"], jchecks
+    write_json(out / "chat_template_cases.json", cases)
+
+    facts = {}
+    for name in ("qwen2", "qwen3", "llama"):
+        make_model_fixture(name, out, hf_tok, ids, facts)
+
+    total = write_readme(out, ids, facts, cases, jchecks)
+    print(json.dumps(facts, indent=2, default=str))
+    print(f"total bytes (without README.md): {total}")
+    assert total <= 3 * 1024 * 1024, total
+
+
+if __name__ == "__main__":
+    main()
