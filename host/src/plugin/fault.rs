@@ -92,13 +92,4 @@ impl FaultCounts {
     pub fn total(&self) -> u64 {
         FaultKind::ALL.iter().map(|&kind| self.get(kind)).sum()
     }
-
-    /// The non-zero counts, in kind order.
-    pub fn snapshot(&self) -> Vec<(FaultKind, u64)> {
-        FaultKind::ALL
-            .iter()
-            .map(|&kind| (kind, self.get(kind)))
-            .filter(|&(_, n)| n > 0)
-            .collect()
-    }
 }

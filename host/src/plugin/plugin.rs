@@ -57,10 +57,6 @@ pub(super) struct Indices {
     pub(super) reward: Option<v0::reward::GuestIndices>,
 }
 
-fn wasm_err(e: wasmtime::Error) -> String {
-    e.to_string()
-}
-
 impl Plugin {
     pub(crate) async fn new(
         runtime: Arc<PluginRuntime>,
@@ -73,7 +69,7 @@ impl Plugin {
         let path = spec.path.display().to_string();
         let incompatible = |e: wasmtime::Error| LoadError::Invalid {
             path: path.clone(),
-            message: wasm_err(e),
+            message: e.to_string(),
         };
         let has = |role| shape.roles.contains(&role);
         let indices = Indices {
@@ -95,7 +91,7 @@ impl Plugin {
                 .transpose()
                 .map_err(incompatible)?,
         };
-        if spec.fuel_required() && !runtime.fuel {
+        if spec.limits.fuel.is_some() && !runtime.fuel {
             anyhow::bail!(
                 "plugin {path} sets limits.fuel, but the plugin runtime was built without fuel"
             );
@@ -232,12 +228,6 @@ impl Plugin {
     }
 }
 
-impl PluginSpec {
-    fn fuel_required(&self) -> bool {
-        self.limits.fuel.is_some()
-    }
-}
-
 impl Inner {
     pub(super) fn fault(&self, call: &'static str, kind: FaultKind, message: String) -> Fault {
         self.faults.record(kind);
@@ -294,7 +284,7 @@ impl Inner {
             let fuel = limits.fuel.unwrap_or(u64::MAX);
             store
                 .set_fuel(fuel)
-                .map_err(|e| self.fault(call, FaultKind::Trap, wasm_err(e)))?;
+                .map_err(|e| self.fault(call, FaultKind::Trap, e.to_string()))?;
         }
         // The epoch deadline stops running wasm; this outer timeout stops a guest that
         // waits in an async host call (a WASI sleep or poll), which never reaches an
@@ -378,7 +368,7 @@ impl Inner {
             .indices
             .about
             .load(&mut store, &instance)
-            .map_err(|e| self.fault("about.info", FaultKind::Incompatible, wasm_err(e)))?;
+            .map_err(|e| self.fault("about.info", FaultKind::Incompatible, e.to_string()))?;
         let info = self
             .guarded(&mut store, "about.info", async |store| {
                 about.call_info(store).await
