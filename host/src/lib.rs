@@ -4,4 +4,5 @@
 //! The binary is a thin wrapper around [`cli::run`].
 
 pub mod cli;
+pub mod model;
 pub mod plugin;

@@ -1,0 +1,836 @@
+//! The decoder shared by Qwen2, Qwen3 and Llama (they differ only in biases, the Qwen3
+//! per-head q/k RMSNorm and rope scaling), with LoRA on any projection.
+//!
+//! Field names mirror the checkpoint (`model.layers.N.self_attn.q_proj`, ...). Two paths
+//! run over the same weights:
+//! - [`Model::forward_batch`]: a padded batch `[B, T]` with an attention mask and position
+//!   ids, as transformers runs it. When the LoRA weights need gradients, it uses only ops
+//!   with a backward (composed softmax, RMSNorm and rope) and the frozen-weight matmul;
+//!   otherwise the fused kernels. Used for training and for log-probs of finished
+//!   sequences.
+//! - [`Model::forward_cached`]: sequences of any lengths, each with its own [`KvCache`],
+//!   packed into one matrix for the projections (weight-bound work is batched), attention
+//!   per sequence against its cache (no padding, no masks to get wrong). Prefill, decode,
+//!   and appending inserted tokens (tool output) are all this one call. A cache can be
+//!   forked: the prefix becomes a frozen segment the forks share without copying, which
+//!   is how a group of samples shares its prompt's prefill.
+
+use super::config::{Arch, ModelConfig};
+use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
+use super::ops::{
+    rms_norm, rope_cos_sin, rope_inv_freq, rope_train, softmax_last, target_logprobs,
+};
+use super::weights::Weights;
+use anyhow::Context;
+use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
+use std::path::Path;
+
+/// Large negative instead of -inf for masked scores: a row with every key masked (a pad
+/// query) then gets a finite uniform softmax, as in transformers, instead of NaN.
+const MASKED: f32 = -1e30;
+
+/// Rows per chunk when computing log-probs over the vocabulary.
+pub const LOGPROB_CHUNK_ROWS: usize = 256;
+
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    /// Qwen3: RMSNorm over each head's q and k before rope.
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+    eps: f64,
+}
+
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+pub struct DecoderLayer {
+    pub self_attn: Attention,
+    pub mlp: Mlp,
+    pub input_layernorm: Tensor,
+    pub post_attention_layernorm: Tensor,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub embed_tokens: Tensor,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: Tensor,
+    /// The output projection; the same tensor as `embed_tokens` when tied.
+    pub lm_head: Tensor,
+    inv_freq: Tensor,
+    /// The adapter's shape, once one is attached.
+    pub lora: Option<LoraConfig>,
+    device: Device,
+}
+
+fn linear(
+    w: &Weights,
+    prefix: &str,
+    out_f: usize,
+    in_f: usize,
+    bias: bool,
+) -> anyhow::Result<Linear> {
+    let weight = w.get(&format!("{prefix}.weight"), &[out_f, in_f])?;
+    let bias = if bias {
+        Some(w.get(&format!("{prefix}.bias"), &[out_f])?)
+    } else {
+        None
+    };
+    Ok(Linear::new(weight, bias))
+}
+
+impl Model {
+    /// Loads `config.json` and the safetensors of a Hugging Face model directory (f32 compute).
+    pub fn load(dir: &Path, device: &Device) -> anyhow::Result<Model> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let weights = Weights::from_dir(dir, DType::F32, device)?;
+        Self::from_weights(cfg, &weights, device)
+            .with_context(|| format!("loading the model in {}", dir.display()))
+    }
+
+    pub fn from_weights(cfg: ModelConfig, w: &Weights, device: &Device) -> anyhow::Result<Model> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv, inter) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.intermediate_size,
+        );
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let ab = cfg.attention_bias;
+            let (q_norm, k_norm) = if cfg.arch == Arch::Qwen3 {
+                (
+                    Some(w.get(&format!("{p}.self_attn.q_norm.weight"), &[d])?),
+                    Some(w.get(&format!("{p}.self_attn.k_norm.weight"), &[d])?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(DecoderLayer {
+                self_attn: Attention {
+                    q_proj: linear(w, &format!("{p}.self_attn.q_proj"), nh * d, h, ab)?,
+                    k_proj: linear(w, &format!("{p}.self_attn.k_proj"), nkv * d, h, ab)?,
+                    v_proj: linear(w, &format!("{p}.self_attn.v_proj"), nkv * d, h, ab)?,
+                    // Qwen2 puts a bias on q/k/v only; Llama's `attention_bias` covers o too.
+                    o_proj: linear(
+                        w,
+                        &format!("{p}.self_attn.o_proj"),
+                        h,
+                        nh * d,
+                        ab && cfg.arch != Arch::Qwen2,
+                    )?,
+                    q_norm,
+                    k_norm,
+                    n_heads: nh,
+                    n_kv: nkv,
+                    head_dim: d,
+                    eps: cfg.rms_norm_eps,
+                },
+                mlp: Mlp {
+                    gate_proj: linear(w, &format!("{p}.mlp.gate_proj"), inter, h, cfg.mlp_bias)?,
+                    up_proj: linear(w, &format!("{p}.mlp.up_proj"), inter, h, cfg.mlp_bias)?,
+                    down_proj: linear(w, &format!("{p}.mlp.down_proj"), h, inter, cfg.mlp_bias)?,
+                },
+                input_layernorm: w.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+                post_attention_layernorm: w
+                    .get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            });
+        }
+        let embed_tokens = w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            w.get("lm_head.weight", &[cfg.vocab_size, h])?
+        };
+        let inv_freq = rope_inv_freq(d, cfg.rope_theta, &cfg.rope_scaling, device)?;
+        Ok(Model {
+            norm: w.get("model.norm.weight", &[h])?,
+            embed_tokens,
+            lm_head,
+            layers,
+            inv_freq,
+            lora: None,
+            device: device.clone(),
+            cfg,
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Attaches a fresh adapter (PEFT initialisation from `seed`) to the targeted
+    /// projections of every layer, replacing any adapter already there.
+    pub fn attach_lora(&mut self, cfg: &LoraConfig, seed: u64) -> anyhow::Result<()> {
+        cfg.validate()?;
+        let mut rng = seeded(seed);
+        let device = self.device.clone();
+        for (name, lin) in self.projections_mut() {
+            lin.lora = if cfg.targets(name) {
+                Some(Lora::init(
+                    lin.in_features(),
+                    lin.out_features(),
+                    cfg,
+                    &mut rng,
+                    &device,
+                )?)
+            } else {
+                None
+            };
+        }
+        self.lora = Some(cfg.clone());
+        Ok(())
+    }
+
+    /// Every projection with its module path (`model.layers.3.mlp.up_proj`) and short name.
+    pub fn projections(&self) -> Vec<(String, &'static str, &Linear)> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            let a = &l.self_attn;
+            let m = &l.mlp;
+            for (kind, name, lin) in [
+                ("self_attn", "q_proj", &a.q_proj),
+                ("self_attn", "k_proj", &a.k_proj),
+                ("self_attn", "v_proj", &a.v_proj),
+                ("self_attn", "o_proj", &a.o_proj),
+                ("mlp", "gate_proj", &m.gate_proj),
+                ("mlp", "up_proj", &m.up_proj),
+                ("mlp", "down_proj", &m.down_proj),
+            ] {
+                out.push((format!("model.layers.{i}.{kind}.{name}"), name, lin));
+            }
+        }
+        out
+    }
+
+    fn projections_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let mut out = Vec::new();
+        for l in self.layers.iter_mut() {
+            let a = &mut l.self_attn;
+            let m = &mut l.mlp;
+            out.push(("q_proj", &mut a.q_proj));
+            out.push(("k_proj", &mut a.k_proj));
+            out.push(("v_proj", &mut a.v_proj));
+            out.push(("o_proj", &mut a.o_proj));
+            out.push(("gate_proj", &mut m.gate_proj));
+            out.push(("up_proj", &mut m.up_proj));
+            out.push(("down_proj", &mut m.down_proj));
+        }
+        out
+    }
+
+    /// Module path → projection, for loading adapters.
+    pub fn projection_mut(&mut self, path: &str) -> Option<&mut Linear> {
+        let rest = path.strip_prefix("model.layers.")?;
+        let (idx, rest) = rest.split_once('.')?;
+        let layer = self.layers.get_mut(idx.parse::<usize>().ok()?)?;
+        match rest {
+            "self_attn.q_proj" => Some(&mut layer.self_attn.q_proj),
+            "self_attn.k_proj" => Some(&mut layer.self_attn.k_proj),
+            "self_attn.v_proj" => Some(&mut layer.self_attn.v_proj),
+            "self_attn.o_proj" => Some(&mut layer.self_attn.o_proj),
+            "mlp.gate_proj" => Some(&mut layer.mlp.gate_proj),
+            "mlp.up_proj" => Some(&mut layer.mlp.up_proj),
+            "mlp.down_proj" => Some(&mut layer.mlp.down_proj),
+            _ => None,
+        }
+    }
+
+    /// The trainable tensors: every `lora_A` and `lora_B`, with their module paths.
+    pub fn lora_vars(&self) -> Vec<(String, Var)> {
+        let mut out = Vec::new();
+        for (path, _, lin) in self.projections() {
+            if let Some(l) = &lin.lora {
+                out.push((format!("{path}.lora_A"), l.lora_a.clone()));
+                out.push((format!("{path}.lora_B"), l.lora_b.clone()));
+            }
+        }
+        out
+    }
+
+    /// Names of trainable tensors that a backward pass left without a gradient. candle
+    /// silently drops gradients through ops without a backward (and AdamW then silently
+    /// skips those tensors): the trainer refuses to step when this is not empty.
+    pub fn missing_grads(&self, grads: &GradStore) -> Vec<String> {
+        self.lora_vars()
+            .into_iter()
+            .filter(|(_, v)| grads.get(v.as_tensor()).is_none())
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    /// Every base tensor under its checkpoint name; with `merged`, projections carry their
+    /// adapter folded in (`W + s·BA`). Tied models list the embedding once, as
+    /// transformers saves them.
+    pub fn named_tensors(&self, merged: bool) -> Result<Vec<(String, Tensor)>> {
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_string(),
+            self.embed_tokens.clone(),
+        )];
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            out.push((
+                format!("{p}.input_layernorm.weight"),
+                l.input_layernorm.clone(),
+            ));
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                l.post_attention_layernorm.clone(),
+            ));
+            if let Some(w) = &l.self_attn.q_norm {
+                out.push((format!("{p}.self_attn.q_norm.weight"), w.clone()));
+            }
+            if let Some(w) = &l.self_attn.k_norm {
+                out.push((format!("{p}.self_attn.k_norm.weight"), w.clone()));
+            }
+        }
+        for (path, _, lin) in self.projections() {
+            let w = if merged {
+                lin.merged_weight()?
+            } else {
+                lin.weight.clone()
+            };
+            out.push((format!("{path}.weight"), w));
+            if let Some(b) = &lin.bias {
+                out.push((format!("{path}.bias"), b.clone()));
+            }
+        }
+        out.push(("model.norm.weight".to_string(), self.norm.clone()));
+        if !self.cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), self.lm_head.clone()));
+        }
+        Ok(out)
+    }
+
+    // ---------------------------------------------------------------- batch path
+
+    /// Hidden states after the final norm, `[B, T, hidden]`, for a padded batch.
+    /// `attention_mask` is 1 for real tokens and 0 for padding (either side);
+    /// `position_ids` are the positions transformers would use (`cumsum(mask) - 1`).
+    pub fn forward_batch(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        position_ids: &Tensor,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        let mask = batch_mask(attention_mask)?;
+        let (cos, sin) = rope_cos_sin(&self.inv_freq, position_ids)?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&input_ids.flatten_all()?, 0)?
+            .reshape((b, t, self.cfg.hidden_size))?;
+        let eps = self.cfg.rms_norm_eps;
+        for layer in &self.layers {
+            let h = rms_norm(&x, &layer.input_layernorm, eps)?;
+            let a = layer.self_attn.forward_batch(&h, &mask, &cos, &sin, mode)?;
+            x = (x + a)?;
+            let h = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
+            x = (&x + layer.mlp.forward(&h, mode)?)?;
+        }
+        rms_norm(&x, &self.norm, eps)
+    }
+
+    /// Full logits `[.., vocab]` from hidden states (small vocabularies and tests; training
+    /// uses [`Model::logprobs`]).
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        super::ops::frozen_linear(hidden, &self.lm_head)
+    }
+
+    /// Log-probs of `targets` and entropies, both `[B, T]`, from hidden states `[B, T, H]`,
+    /// without materialising the whole `[B·T, vocab]` logits (chunked, own backward).
+    pub fn logprobs(&self, hidden: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, t, h) = hidden.dims3()?;
+        let (logp, ent) = target_logprobs(
+            &hidden.reshape((b * t, h))?,
+            &self.lm_head,
+            &targets.flatten_all()?,
+            LOGPROB_CHUNK_ROWS,
+        )?;
+        Ok((logp.reshape((b, t))?, ent.reshape((b, t))?))
+    }
+
+    // ---------------------------------------------------------------- cached path
+
+    /// An empty cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            layers: (0..self.layers.len()).map(|_| LayerKv::default()).collect(),
+            len: 0,
+        }
+    }
+
+    /// Runs `tokens[i]` through the model after what `caches[i]` already holds, appends
+    /// their keys and values, and returns logits: the last position of each sequence
+    /// (`[B, vocab]`) or, with `all_positions`, every new position (`[Σ len, vocab]`, in
+    /// order). Sequences may have any lengths, including several tokens after a decode
+    /// (inserted tool output).
+    pub fn forward_cached(
+        &self,
+        caches: &mut [&mut KvCache],
+        tokens: &[&[u32]],
+        mode: Mode,
+        all_positions: bool,
+    ) -> Result<Tensor> {
+        if caches.len() != tokens.len() {
+            candle_core::bail!("{} caches for {} sequences", caches.len(), tokens.len());
+        }
+        if let Some(i) = tokens.iter().position(|t| t.is_empty()) {
+            candle_core::bail!("sequence {i} has no new tokens");
+        }
+        let mode = Mode {
+            grad: false,
+            ..mode
+        };
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut spans = Vec::with_capacity(tokens.len());
+        for (cache, toks) in caches.iter().zip(tokens) {
+            spans.push((ids.len(), toks.len()));
+            ids.extend_from_slice(toks);
+            positions.extend((0..toks.len()).map(|j| (cache.len + j) as u32));
+        }
+        let n = ids.len();
+        let ids = Tensor::from_vec(ids, n, &self.device)?;
+        let positions = Tensor::from_vec(positions, n, &self.device)?;
+        let (cos, sin) = rope_cos_sin(&self.inv_freq, &positions.unsqueeze(1)?)?;
+        let mut x = self.embed_tokens.index_select(&ids, 0)?;
+        let eps = self.cfg.rms_norm_eps;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &layer.input_layernorm, eps)?;
+            let a = layer
+                .self_attn
+                .forward_cached(&h, &cos, &sin, caches, l, &spans, mode)?;
+            x = (x + a)?;
+            let h = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
+            x = (&x + layer.mlp.forward(&h, mode)?)?;
+        }
+        for (cache, toks) in caches.iter_mut().zip(tokens) {
+            cache.len += toks.len();
+        }
+        if !all_positions {
+            let last: Vec<u32> = spans.iter().map(|(o, l)| (o + l - 1) as u32).collect();
+            let last = Tensor::from_vec(last, spans.len(), &self.device)?;
+            x = x.index_select(&last, 0)?;
+        }
+        let x = rms_norm(&x, &self.norm, eps)?;
+        x.matmul(&self.lm_head.t()?)
+    }
+}
+
+impl Attention {
+    fn forward_batch(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
+        let n_rep = nh / nkv;
+        let heads = |lin: &Linear, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
+            let y = lin.forward(x, mode)?.reshape((b, t, n, d))?;
+            let y = match norm {
+                Some(w) => rms_norm(&y, w, self.eps)?,
+                None => y,
+            };
+            y.transpose(1, 2)
+        };
+        let rope = |y: Tensor| -> Result<Tensor> {
+            if y.track_op() {
+                rope_train(&y, cos, sin)
+            } else {
+                candle_nn::rotary_emb::rope(&y.contiguous()?, cos, sin)
+            }
+        };
+        let q = rope(heads(&self.q_proj, nh, &self.q_norm)?)?;
+        let k = rope(heads(&self.k_proj, nkv, &self.k_norm)?)?.contiguous()?;
+        let v = heads(&self.v_proj, nkv, &None)?.contiguous()?;
+        // Grouped-query attention without repeating k/v: the n_rep query heads of one kv
+        // head are stacked as rows.
+        let q = q.contiguous()?.reshape((b, nkv, n_rep * t, d))?;
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        let scores = scores.reshape((b, nkv, n_rep, t, t))?.broadcast_add(mask)?;
+        let w = softmax_last(&scores)?.reshape((b, nkv, n_rep * t, t))?;
+        let out = w.matmul(&v)?.reshape((b, nh, t, d))?.transpose(1, 2)?;
+        self.o_proj.forward(&out.reshape((b, t, nh * d))?, mode)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_cached(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+        spans: &[(usize, usize)],
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let n = x.dim(0)?;
+        let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
+        let n_rep = nh / nkv;
+        // Every row is its own "batch" of one position for the fused rope kernel.
+        let heads =
+            |lin: &Linear, count: usize, norm: &Option<Tensor>, rotate: bool| -> Result<Tensor> {
+                let y = lin.forward(x, mode)?.reshape((n, count, 1, d))?;
+                let y = match norm {
+                    Some(w) => rms_norm(&y, w, self.eps)?,
+                    None => y,
+                };
+                if rotate {
+                    candle_nn::rotary_emb::rope(&y, cos, sin)
+                } else {
+                    Ok(y)
+                }
+            };
+        let q = heads(&self.q_proj, nh, &self.q_norm, true)?;
+        let k = heads(&self.k_proj, nkv, &self.k_norm, true)?;
+        let v = heads(&self.v_proj, nkv, &None, false)?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut outs = Vec::with_capacity(spans.len());
+        for (cache, &(off, len)) in caches.iter_mut().zip(spans) {
+            let per_seq = |t: &Tensor, count: usize| -> Result<Tensor> {
+                t.narrow(0, off, len)?
+                    .reshape((len, count, d))?
+                    .transpose(0, 1)?
+                    .contiguous()
+            };
+            let kv = &mut cache.layers[layer];
+            kv.append(&per_seq(&k, nkv)?, &per_seq(&v, nkv)?)?;
+            let q = per_seq(&q, nh)?.reshape((nkv, n_rep * len, d))?;
+            let segments = kv.segments()?;
+            let mut scores = Vec::with_capacity(segments.len());
+            for (sk, _) in &segments {
+                scores.push(q.matmul(&sk.t()?)?);
+            }
+            let scores = (Tensor::cat(&scores, 2)? * scale)?;
+            let total = scores.dim(2)?;
+            let scores = if len > 1 {
+                // Causal among the new tokens; everything cached before is visible.
+                let mask: Vec<f32> = (0..len)
+                    .flat_map(|i| {
+                        (0..total).map(move |j| if j <= total - len + i { 0.0 } else { MASKED })
+                    })
+                    .collect();
+                let mask = Tensor::from_vec(mask, (len, total), x.device())?;
+                scores
+                    .reshape((nkv, n_rep, len, total))?
+                    .broadcast_add(&mask)?
+                    .reshape((nkv, n_rep * len, total))?
+            } else {
+                scores
+            };
+            let w = softmax_last(&scores)?;
+            let mut out: Option<Tensor> = None;
+            let mut at = 0;
+            for (_, sv) in &segments {
+                let seg_len = sv.dim(1)?;
+                let part = w.narrow(2, at, seg_len)?.matmul(sv)?;
+                at += seg_len;
+                out = Some(match out {
+                    None => part,
+                    Some(o) => (o + part)?,
+                });
+            }
+            let out = out.expect("the new tokens are always a segment");
+            outs.push(
+                out.reshape((nh, len, d))?
+                    .transpose(0, 1)?
+                    .reshape((len, nh * d))?,
+            );
+        }
+        self.o_proj.forward(&Tensor::cat(&outs, 0)?, mode)
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let gate = self.gate_proj.forward(x, mode)?.silu()?;
+        let up = self.up_proj.forward(x, mode)?;
+        self.down_proj.forward(&(gate * up)?, mode)
+    }
+}
+
+/// Additive mask `[B, 1, 1, T, T]` (broadcast over kv heads and their query groups):
+/// query i may see key j when j <= i and j is not padding.
+fn batch_mask(attention_mask: &Tensor) -> Result<Tensor> {
+    let (b, t) = attention_mask.dims2()?;
+    let am = attention_mask.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+    let mut m = Vec::with_capacity(b * t * t);
+    for row in &am {
+        for i in 0..t {
+            for (j, &key) in row.iter().enumerate() {
+                m.push(if j <= i && key != 0 { 0.0f32 } else { MASKED });
+            }
+        }
+    }
+    Tensor::from_vec(m, (b, 1, 1, t, t), attention_mask.device())
+}
+
+/// Keys and values of one sequence, per layer.
+#[derive(Clone)]
+pub struct KvCache {
+    layers: Vec<LayerKv>,
+    len: usize,
+}
+
+impl KvCache {
+    /// Tokens cached so far (= the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A second cache with the same contents. What is cached so far becomes a frozen
+    /// segment both share (no copy); each then appends to its own buffer.
+    pub fn fork(&mut self) -> KvCache {
+        for l in &mut self.layers {
+            l.freeze();
+        }
+        self.clone()
+    }
+}
+
+/// One layer's cache: frozen shared segments, then this sequence's own growing buffer.
+#[derive(Clone, Default)]
+struct LayerKv {
+    frozen: Vec<(Tensor, Tensor)>,
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    used: usize,
+}
+
+impl LayerKv {
+    /// Appends `[kv_heads, L, d]` keys and values, growing the buffer geometrically.
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (nkv, len, d) = k.dims3()?;
+        let cap = self.k.as_ref().map_or(0, |b| b.dim(1).unwrap_or(0));
+        if self.used + len > cap {
+            let new_cap = (self.used + len).max(2 * cap).max(16);
+            let grow = |old: &Option<Tensor>| -> Result<Tensor> {
+                let buf = Tensor::zeros((nkv, new_cap, d), k.dtype(), k.device())?;
+                if let Some(old) = old
+                    && self.used > 0
+                {
+                    buf.slice_set(&old.narrow(1, 0, self.used)?.contiguous()?, 1, 0)?;
+                }
+                Ok(buf)
+            };
+            self.k = Some(grow(&self.k)?);
+            self.v = Some(grow(&self.v)?);
+        }
+        let (kb, vb) = (
+            self.k.as_ref().expect("grown"),
+            self.v.as_ref().expect("grown"),
+        );
+        kb.slice_set(k, 1, self.used)?;
+        vb.slice_set(v, 1, self.used)?;
+        self.used += len;
+        Ok(())
+    }
+
+    fn segments(&self) -> Result<Vec<(Tensor, Tensor)>> {
+        let mut s = self.frozen.clone();
+        if self.used > 0 {
+            let (kb, vb) = (
+                self.k.as_ref().expect("used"),
+                self.v.as_ref().expect("used"),
+            );
+            s.push((kb.narrow(1, 0, self.used)?, vb.narrow(1, 0, self.used)?));
+        }
+        Ok(s)
+    }
+
+    /// Moves the own buffer into the frozen list: nobody writes to it again, so forks can
+    /// share it.
+    fn freeze(&mut self) {
+        if self.used > 0
+            && let (Some(k), Some(v)) = (self.k.take(), self.v.take())
+        {
+            let used = self.used;
+            // narrow cannot fail here: `used` never exceeds the buffer's length.
+            if let (Ok(k), Ok(v)) = (k.narrow(1, 0, used), v.narrow(1, 0, used)) {
+                self.frozen.push((k, v));
+            }
+        }
+        self.k = None;
+        self.v = None;
+        self.used = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures::{self, MODELS, Reference, masked_max_diff, max_diff};
+
+    /// Logits of the batch path vs transformers (eager attention, f32), at real positions.
+    #[test]
+    fn batch_logits_match_transformers() {
+        for name in MODELS {
+            let model = fixtures::load(name);
+            let r = Reference::load(name);
+            let hidden = model
+                .forward_batch(
+                    &r.input_ids(),
+                    &r.attention_mask(),
+                    &r.position_ids(),
+                    Mode::BASE,
+                )
+                .unwrap();
+            let logits = model.logits(&hidden).unwrap();
+            let diff = masked_max_diff(&logits, r.get("logits"), &r.attention_mask());
+            assert!(diff <= 1e-4, "{name}: max abs diff {diff}");
+        }
+    }
+
+    /// The cached path, prefilling each row's real tokens (no padding) in one call,
+    /// gives the same logits at every position; so does decoding one token at a time
+    /// after a prefix, batched across rows of different lengths.
+    #[test]
+    fn cached_prefill_and_decode_match_transformers() {
+        for name in MODELS {
+            let model = fixtures::load(name);
+            let r = Reference::load(name);
+            let rows = r.rows();
+            let first = r.first_real();
+            let want = r.get("logits");
+            // Both rows in one call, all positions.
+            let mut caches: Vec<KvCache> = rows.iter().map(|_| model.new_cache()).collect();
+            let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+            let toks: Vec<&[u32]> = rows.iter().map(|r| r.as_slice()).collect();
+            let all = model
+                .forward_cached(&mut refs, &toks, Mode::BASE, true)
+                .unwrap();
+            let mut at = 0;
+            for (i, row) in rows.iter().enumerate() {
+                let got = all.narrow(0, at, row.len()).unwrap();
+                let exp = want.get(i).unwrap().narrow(0, first[i], row.len()).unwrap();
+                let diff = max_diff(&got, &exp);
+                assert!(diff <= 1e-4, "{name} row {i}: prefill diff {diff}");
+                at += row.len();
+            }
+            // Prefix of `prefix_len`, then both rows decoded token by token in one batch.
+            let prefix = r.get("prefix_len").to_scalar::<i64>().unwrap() as usize;
+            let mut caches: Vec<KvCache> = rows.iter().map(|_| model.new_cache()).collect();
+            let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+            let toks: Vec<&[u32]> = rows.iter().map(|r| &r[..prefix]).collect();
+            model
+                .forward_cached(&mut refs, &toks, Mode::BASE, false)
+                .unwrap();
+            let steps = rows.iter().map(Vec::len).min().unwrap();
+            let mut worst = 0f32;
+            for t in prefix..steps {
+                let toks: Vec<&[u32]> = rows.iter().map(|r| &r[t..t + 1]).collect();
+                let got = model
+                    .forward_cached(&mut refs, &toks, Mode::BASE, false)
+                    .unwrap();
+                for i in 0..rows.len() {
+                    let exp = want.get(i).unwrap().get(first[i] + t).unwrap();
+                    worst = worst.max(max_diff(&got.get(i).unwrap(), &exp));
+                }
+            }
+            assert!(worst <= 1e-4, "{name}: decode diff {worst}");
+            assert_eq!(refs[0].len(), steps);
+        }
+    }
+
+    /// A forked cache (shared prefix segment) continues exactly like the original.
+    #[test]
+    fn forked_caches_share_the_prefix() {
+        let model = fixtures::load("qwen2");
+        let r = Reference::load("qwen2");
+        let row = &r.rows()[0];
+        let want = r.get("logits").get(0).unwrap();
+        let mut parent = model.new_cache();
+        model
+            .forward_cached(&mut [&mut parent], &[&row[..5]], Mode::BASE, false)
+            .unwrap();
+        let mut a = parent.fork();
+        let mut b = parent.fork();
+        // a: one token at a time; b: the rest as one chunk (inserted tokens).
+        for t in 5..row.len() {
+            let got = model
+                .forward_cached(&mut [&mut a], &[&row[t..t + 1]], Mode::BASE, false)
+                .unwrap();
+            assert!(max_diff(&got.get(0).unwrap(), &want.get(t).unwrap()) <= 1e-4);
+        }
+        let got = model
+            .forward_cached(&mut [&mut b], &[&row[5..]], Mode::BASE, true)
+            .unwrap();
+        assert!(max_diff(&got, &want.narrow(0, 5, row.len() - 5).unwrap()) <= 1e-4);
+        assert_eq!(parent.len(), 5);
+        assert_eq!(a.len(), row.len());
+    }
+
+    /// The differentiable ops give the same logits as the fused ones, and every LoRA
+    /// tensor receives a gradient.
+    #[test]
+    fn training_path_equals_inference_path_and_reaches_every_lora_tensor() {
+        for name in MODELS {
+            let mut model = fixtures::load(name);
+            model
+                .attach_lora(
+                    &LoraConfig {
+                        r: 2,
+                        ..LoraConfig::default()
+                    },
+                    1,
+                )
+                .unwrap();
+            // Give B non-zero values so the adapter changes the output.
+            for (_, lin) in model.projections_mut() {
+                let l = lin.lora.as_ref().unwrap();
+                let b = (l.lora_b.as_tensor().ones_like().unwrap() * 0.05).unwrap();
+                l.lora_b.set(&b).unwrap();
+            }
+            let r = Reference::load(name);
+            let args = (r.input_ids(), r.attention_mask(), r.position_ids());
+            let fused = model
+                .forward_batch(&args.0, &args.1, &args.2, Mode::INFERENCE)
+                .unwrap();
+            let train_mode = Mode {
+                adapters: true,
+                grad: true,
+                dropout_rng: None,
+            };
+            let diff_h = model
+                .forward_batch(&args.0, &args.1, &args.2, train_mode)
+                .unwrap();
+            assert!(diff_h.track_op());
+            let logits_f = model.logits(&fused).unwrap();
+            let logits_d = model.logits(&diff_h).unwrap();
+            let d = masked_max_diff(&logits_f, &logits_d, &args.1);
+            assert!(d <= 1e-4, "{name}: fused vs differentiable {d}");
+            // ... and the cached path agrees with both.
+            let rows = r.rows();
+            let mut cache = model.new_cache();
+            let cached = model
+                .forward_cached(&mut [&mut cache], &[&rows[0]], Mode::INFERENCE, true)
+                .unwrap();
+            assert!(max_diff(&cached, &logits_f.get(0).unwrap()) <= 1e-4);
+            let targets = args.0.clone();
+            let (logp, _) = model.logprobs(&diff_h, &targets).unwrap();
+            let grads = logp.sum_all().unwrap().backward().unwrap();
+            let missing = model.missing_grads(&grads);
+            assert!(missing.is_empty(), "{name}: no gradient for {missing:?}");
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Test access to `tests/fixtures/` (made by `scripts/make_fixtures.py` with transformers
+//! and PEFT): the tiny models and their reference outputs.
+
+use super::decoder::Model;
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+pub const MODELS: [&str; 3] = ["qwen2", "qwen3", "llama"];
+
+pub fn model_dir(name: &str) -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/models"
+    ))
+    .join(name)
+}
+
+/// `reference.safetensors` of one fixture model.
+pub struct Reference {
+    pub t: HashMap<String, Tensor>,
+}
+
+impl Reference {
+    pub fn load(name: &str) -> Reference {
+        let t = candle_core::safetensors::load(
+            model_dir(name).join("reference.safetensors"),
+            &Device::Cpu,
+        )
+        .unwrap();
+        Reference { t }
+    }
+
+    pub fn get(&self, k: &str) -> &Tensor {
+        self.t
+            .get(k)
+            .unwrap_or_else(|| panic!("reference has no {k}"))
+    }
+
+    pub fn input_ids(&self) -> Tensor {
+        self.get("input_ids").to_dtype(DType::U32).unwrap()
+    }
+
+    pub fn attention_mask(&self) -> Tensor {
+        self.get("attention_mask").to_dtype(DType::U32).unwrap()
+    }
+
+    pub fn position_ids(&self) -> Tensor {
+        self.get("position_ids").to_dtype(DType::U32).unwrap()
+    }
+
+    /// The real (unpadded) tokens of each row.
+    pub fn rows(&self) -> Vec<Vec<u32>> {
+        let ids = self.input_ids().to_vec2::<u32>().unwrap();
+        let mask = self.attention_mask().to_vec2::<u32>().unwrap();
+        ids.iter()
+            .zip(&mask)
+            .map(|(r, m)| {
+                r.iter()
+                    .zip(m)
+                    .filter(|(_, m)| **m == 1)
+                    .map(|(t, _)| *t)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Index of the first real token of each row (rows are left-padded).
+    pub fn first_real(&self) -> Vec<usize> {
+        let mask = self.attention_mask().to_vec2::<u32>().unwrap();
+        mask.iter()
+            .map(|m| m.iter().position(|&x| x == 1).unwrap())
+            .collect()
+    }
+}
+
+pub fn load(name: &str) -> Model {
+    Model::load(&model_dir(name), &Device::Cpu).unwrap()
+}
+
+/// Max |a - b| over positions where the mask is 1 (logits `[B, T, V]`).
+pub fn masked_max_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f32 {
+    let m = mask.to_dtype(DType::F32).unwrap().unsqueeze(2).unwrap();
+    let d = (a - b).unwrap().abs().unwrap().broadcast_mul(&m).unwrap();
+    d.flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}

@@ -1,0 +1,273 @@
+//! A linear layer over a frozen base weight with an optional LoRA adapter,
+//! `y = x W^T + b + s · B A dropout(x)`, as in PEFT's `lora.Linear`.
+//!
+//! `A: [r, in]` starts Kaiming-uniform (PEFT: `kaiming_uniform_(a=√5)`, i.e.
+//! U(-1/√in, 1/√in)) and `B: [out, r]` at zero, so a fresh adapter leaves the model
+//! unchanged. `s = alpha / r`, or `alpha / √r` with rsLoRA. Adapters can be switched off
+//! per forward: that is the reference policy for KL, with no second copy of the weights.
+
+use super::ops::frozen_linear;
+use candle_core::{DType, Device, Result, Tensor, Var};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use std::sync::Mutex;
+
+/// The projections LoRA can target, by their checkpoint names.
+pub const TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// What an adapter looks like (PEFT's `LoraConfig` fields we implement).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    pub r: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub use_rslora: bool,
+    /// Module names from [`TARGETS`].
+    pub target_modules: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            use_rslora: false,
+            target_modules: TARGETS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+impl LoraConfig {
+    pub fn scaling(&self) -> f64 {
+        if self.use_rslora {
+            self.alpha / (self.r as f64).sqrt()
+        } else {
+            self.alpha / self.r as f64
+        }
+    }
+
+    pub fn targets(&self, module: &str) -> bool {
+        self.target_modules.iter().any(|m| m == module)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.r == 0 {
+            anyhow::bail!("lora rank `r` must be at least 1");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            anyhow::bail!("lora dropout must be in [0, 1), got {}", self.dropout);
+        }
+        if self.target_modules.is_empty() {
+            anyhow::bail!("lora `target_modules` is empty: name some of {TARGETS:?}");
+        }
+        if let Some(bad) = self
+            .target_modules
+            .iter()
+            .find(|m| !TARGETS.contains(&m.as_str()))
+        {
+            anyhow::bail!("lora target module {bad:?} is not one of {TARGETS:?}");
+        }
+        Ok(())
+    }
+}
+
+/// One adapter's trainable pair.
+pub struct Lora {
+    pub lora_a: Var,
+    pub lora_b: Var,
+    pub scaling: f64,
+    pub dropout: f64,
+}
+
+impl Lora {
+    /// PEFT's initialisation: A Kaiming-uniform, B zero.
+    pub fn init(
+        in_f: usize,
+        out_f: usize,
+        cfg: &LoraConfig,
+        rng: &mut StdRng,
+        device: &Device,
+    ) -> Result<Lora> {
+        let bound = 1.0 / (in_f as f32).sqrt();
+        let a: Vec<f32> = (0..cfg.r * in_f)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        Ok(Lora {
+            lora_a: Var::from_tensor(&Tensor::from_vec(a, (cfg.r, in_f), device)?)?,
+            lora_b: Var::zeros((out_f, cfg.r), DType::F32, device)?,
+            scaling: cfg.scaling(),
+            dropout: cfg.dropout,
+        })
+    }
+}
+
+/// How a forward pass treats adapters.
+#[derive(Clone, Copy)]
+pub struct Mode<'a> {
+    /// Apply LoRA (false: the base model, i.e. the reference policy).
+    pub adapters: bool,
+    /// Build the gradient graph through the LoRA weights (training); otherwise they are
+    /// read detached so that sampling builds no graph at all.
+    pub grad: bool,
+    /// Dropout on the LoRA input, drawn from this generator (training only).
+    pub dropout_rng: Option<&'a Mutex<StdRng>>,
+}
+
+impl Mode<'_> {
+    pub const INFERENCE: Mode<'static> = Mode {
+        adapters: true,
+        grad: false,
+        dropout_rng: None,
+    };
+    pub const BASE: Mode<'static> = Mode {
+        adapters: false,
+        grad: false,
+        dropout_rng: None,
+    };
+}
+
+/// A projection: frozen `weight: [out, in]`, optional `bias`, optional `lora`.
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub lora: Option<Lora>,
+}
+
+impl Linear {
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear {
+            weight,
+            bias,
+            lora: None,
+        }
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.weight.dims()[1]
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.weight.dims()[0]
+    }
+
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let mut y = frozen_linear(x, &self.weight)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters) else {
+            return Ok(y);
+        };
+        let (a, b) = if mode.grad {
+            (
+                lora.lora_a.as_tensor().clone(),
+                lora.lora_b.as_tensor().clone(),
+            )
+        } else {
+            (
+                lora.lora_a.as_tensor().detach(),
+                lora.lora_b.as_tensor().detach(),
+            )
+        };
+        let x = match mode.dropout_rng {
+            Some(rng) if lora.dropout > 0.0 => dropout(x, lora.dropout, rng)?,
+            _ => x.clone(),
+        };
+        let low = x.broadcast_matmul(&a.t()?)?;
+        let delta = (low.broadcast_matmul(&b.t()?)? * lora.scaling)?;
+        y + delta
+    }
+
+    /// `W + s · B A`: the weight with the adapter folded in (for a merged export).
+    pub fn merged_weight(&self) -> Result<Tensor> {
+        match &self.lora {
+            None => Ok(self.weight.clone()),
+            Some(l) => {
+                let delta = l.lora_b.as_tensor().matmul(l.lora_a.as_tensor())?;
+                &self.weight + (delta * l.scaling)?
+            }
+        }
+    }
+}
+
+/// Inverted dropout with a seeded generator: zero with probability `p`, scale the rest by
+/// `1 / (1 - p)`.
+fn dropout(x: &Tensor, p: f64, rng: &Mutex<StdRng>) -> Result<Tensor> {
+    let keep = 1.0 - p;
+    let mask: Vec<f32> = {
+        let mut rng = rng
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("dropout rng poisoned".into()))?;
+        (0..x.elem_count())
+            .map(|_| {
+                if rng.random_bool(keep) {
+                    (1.0 / keep) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    x * Tensor::from_vec(mask, x.shape(), x.device())?
+}
+
+/// A generator for LoRA initialisation or dropout from a seed.
+pub fn seeded(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_adapter_is_a_no_op_and_a_is_kaiming_uniform() {
+        let dev = Device::Cpu;
+        let w = Tensor::from_vec((0..24).map(|i| i as f32 / 10.0).collect(), (4, 6), &dev).unwrap();
+        let mut lin = Linear::new(w, None);
+        let cfg = LoraConfig {
+            r: 2,
+            ..LoraConfig::default()
+        };
+        lin.lora = Some(Lora::init(6, 4, &cfg, &mut seeded(0), &dev).unwrap());
+        let x = Tensor::ones((3, 6), DType::F32, &dev).unwrap();
+        let on = lin.forward(&x, Mode::INFERENCE).unwrap();
+        let off = lin.forward(&x, Mode::BASE).unwrap();
+        assert_eq!(on.to_vec2::<f32>().unwrap(), off.to_vec2::<f32>().unwrap());
+        let a = lin.lora.as_ref().unwrap().lora_a.as_tensor();
+        let bound = 1.0 / 6f32.sqrt();
+        let max = a.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+        assert!(max.to_scalar::<f32>().unwrap() <= bound);
+        assert_eq!(cfg.scaling(), 16.0);
+        let rs = LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            use_rslora: true,
+            ..cfg
+        };
+        assert_eq!(rs.scaling(), 4.0);
+    }
+
+    #[test]
+    fn config_validation_names_the_problem() {
+        let bad = LoraConfig {
+            target_modules: vec!["qproj".into()],
+            ..LoraConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("\"qproj\"")
+        );
+    }
+}

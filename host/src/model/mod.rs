@@ -1,0 +1,18 @@
+//! The language model: Hugging Face Qwen2/Qwen3/Llama directories loaded into candle, with
+//! LoRA adapters in PEFT's format, the tokenizer and chat template, and sampling.
+//!
+//! One set of weights serves two paths (see [`decoder`]): a batched, differentiable path
+//! for training and log-probs, and a KV-cached path for sampling.
+
+pub mod config;
+pub mod decoder;
+#[cfg(test)]
+mod fixtures;
+pub mod lora;
+pub mod ops;
+pub mod peft;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use decoder::{KvCache, Model};
+pub use lora::{LoraConfig, Mode};

@@ -1,0 +1,333 @@
+//! LoRA adapters in Hugging Face PEFT's on-disk format, and merged model export.
+//!
+//! An adapter directory holds `adapter_config.json` and `adapter_model.safetensors` with
+//! keys `base_model.model.<module path>.lora_A.weight` (`[r, in]`) and `.lora_B.weight`
+//! (`[out, r]`), exactly what `PeftModel.from_pretrained` reads and `save_pretrained`
+//! writes; vLLM loads the same files. PEFT options that change the maths and that we do not
+//! implement (DoRA, per-module rank or alpha patterns, bias training, extra trainable
+//! modules) are refused by name instead of being ignored.
+
+use super::decoder::Model;
+use super::lora::{LoraConfig, TARGETS};
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Tensor, Var};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::Path;
+
+pub const CONFIG_FILE: &str = "adapter_config.json";
+pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+const KEY_PREFIX: &str = "base_model.model.";
+
+/// Reads `adapter_config.json` into a [`LoraConfig`], refusing options we do not implement.
+pub fn read_config(dir: &Path) -> Result<LoraConfig> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {}: an adapter directory needs PEFT's adapter_config.json",
+            path.display()
+        )
+    })?;
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    parse_config(&v).with_context(|| format!("in {}", path.display()))
+}
+
+fn parse_config(v: &Value) -> Result<LoraConfig> {
+    let get = |k: &str| v.get(k).filter(|x| !x.is_null());
+    match get("peft_type").and_then(Value::as_str) {
+        Some("LORA") => {}
+        other => bail!("field `peft_type` is {other:?}: only \"LORA\" adapters are supported"),
+    }
+    let r = get("r")
+        .and_then(Value::as_u64)
+        .context("field `r` must be a positive integer")? as usize;
+    let alpha = match get("lora_alpha") {
+        None => 8.0, // PEFT's default
+        Some(a) => a.as_f64().context("field `lora_alpha` must be a number")?,
+    };
+    let dropout = match get("lora_dropout") {
+        None => 0.0,
+        Some(d) => d
+            .as_f64()
+            .context("field `lora_dropout` must be a number")?,
+    };
+    let flag = |k: &str| get(k).and_then(Value::as_bool).unwrap_or(false);
+    for k in ["use_dora", "fan_in_fan_out", "lora_bias"] {
+        if flag(k) {
+            bail!("field `{k}` is true: not supported by rlhost");
+        }
+    }
+    if let Some(b) = get("bias").and_then(Value::as_str)
+        && b != "none"
+    {
+        bail!("field `bias` is {b:?}: only \"none\" is supported");
+    }
+    for k in ["rank_pattern", "alpha_pattern"] {
+        if get(k)
+            .and_then(Value::as_object)
+            .is_some_and(|m| !m.is_empty())
+        {
+            bail!("field `{k}` is not empty: per-module ranks and alphas are not supported");
+        }
+    }
+    for k in [
+        "modules_to_save",
+        "layers_to_transform",
+        "layer_replication",
+        "trainable_token_indices",
+    ] {
+        if get(k).is_some_and(|x| !x.as_array().is_some_and(|a| a.is_empty())) {
+            bail!("field `{k}` is set: not supported by rlhost");
+        }
+    }
+    let target_modules = match get("target_modules") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|m| {
+                m.as_str()
+                    .map(str::to_owned)
+                    .context("field `target_modules` must list module names")
+            })
+            .collect::<Result<Vec<_>>>()?,
+        Some(Value::String(s)) if s == "all-linear" => {
+            TARGETS.iter().map(|s| s.to_string()).collect()
+        }
+        Some(Value::String(s)) if TARGETS.contains(&s.as_str()) => vec![s.clone()],
+        Some(other) => bail!(
+            "field `target_modules` = {other}: give a list of module names from {TARGETS:?} (regular expressions are not supported)"
+        ),
+        None => bail!("missing field `target_modules`"),
+    };
+    let cfg = LoraConfig {
+        r,
+        alpha,
+        dropout,
+        use_rslora: flag("use_rslora"),
+        target_modules,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Attaches the adapter in `dir` to `model`, replacing any adapter it has.
+pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
+    let cfg = read_config(dir)?;
+    let path = dir.join(WEIGHTS_FILE);
+    if !path.is_file() {
+        bail!(
+            "{} not found (PEFT adapters keep their weights there)",
+            path.display()
+        );
+    }
+    let mut tensors = candle_core::safetensors::load(&path, model.device())
+        .with_context(|| format!("{} is not a readable safetensors file", path.display()))?;
+    let paths: Vec<(String, &'static str)> = model
+        .projections()
+        .into_iter()
+        .map(|(p, name, _)| (p, name))
+        .collect();
+    for (module, name) in paths {
+        let lin = model
+            .projection_mut(&module)
+            .expect("listed by projections()");
+        if !cfg.targets(name) {
+            lin.lora = None;
+            continue;
+        }
+        let (out_f, in_f) = (lin.out_features(), lin.in_features());
+        let mut take = |which: &str, shape: [usize; 2]| -> Result<Var> {
+            let key = format!("{KEY_PREFIX}{module}.{which}.weight");
+            let t = tensors
+                .remove(&key)
+                .with_context(|| format!("{} has no tensor `{key}`", path.display()))?;
+            if t.dims() != shape {
+                bail!(
+                    "{}: `{key}` has shape {:?}, expected {shape:?} (r = {})",
+                    path.display(),
+                    t.dims(),
+                    cfg.r
+                );
+            }
+            Ok(Var::from_tensor(&t.to_dtype(DType::F32)?)?)
+        };
+        let lora_a = take("lora_A", [cfg.r, in_f])?;
+        let lora_b = take("lora_B", [out_f, cfg.r])?;
+        lin.lora = Some(super::lora::Lora {
+            lora_a,
+            lora_b,
+            scaling: cfg.scaling(),
+            dropout: cfg.dropout,
+        });
+    }
+    if let Some(extra) = tensors.keys().min() {
+        bail!(
+            "{} has tensor `{extra}` that matches no LoRA module of this model (a different base model?)",
+            path.display()
+        );
+    }
+    model.lora = Some(cfg);
+    Ok(())
+}
+
+/// Writes `model`'s adapter to `dir` in PEFT's format. Each file is written to a temporary
+/// name and renamed, so a crash never leaves a half-written adapter under the real name.
+pub fn save_adapter(model: &Model, dir: &Path, base_model: Option<&str>) -> Result<()> {
+    let cfg = model
+        .lora
+        .as_ref()
+        .context("the model has no adapter to save")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for (module, _, lin) in model.projections() {
+        if let Some(l) = &lin.lora {
+            tensors.push((
+                format!("{KEY_PREFIX}{module}.lora_A.weight"),
+                l.lora_a.as_tensor().clone(),
+            ));
+            tensors.push((
+                format!("{KEY_PREFIX}{module}.lora_B.weight"),
+                l.lora_b.as_tensor().clone(),
+            ));
+        }
+    }
+    write_safetensors(&dir.join(WEIGHTS_FILE), tensors)?;
+    let mut targets = cfg.target_modules.clone();
+    targets.sort();
+    let config = json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": cfg.r,
+        "lora_alpha": cfg.alpha,
+        "lora_dropout": cfg.dropout,
+        "use_rslora": cfg.use_rslora,
+        "target_modules": targets,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "use_dora": false,
+        "init_lora_weights": true,
+        "inference_mode": true,
+        "modules_to_save": null,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "revision": null,
+    });
+    write_atomic(
+        &dir.join(CONFIG_FILE),
+        serde_json::to_string_pretty(&config)?.as_bytes(),
+    )
+}
+
+/// Writes a merged model (adapter folded into the base weights) as a Hugging Face model
+/// directory: `model.safetensors` in `dtype`, the source's `config.json` with its dtype
+/// updated, and the tokenizer, chat template and generation files copied.
+pub fn export_merged(model: &Model, source_dir: &Path, out_dir: &Path, dtype: DType) -> Result<()> {
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let tensors = model
+        .named_tensors(true)?
+        .into_iter()
+        .map(|(n, t)| Ok((n, t.to_dtype(dtype)?)))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    write_safetensors(&out_dir.join("model.safetensors"), tensors)?;
+    let dtype_name = match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    };
+    let config_path = source_dir.join("config.json");
+    let mut config: Value = serde_json::from_str(
+        &std::fs::read_to_string(&config_path)
+            .with_context(|| format!("reading {}", config_path.display()))?,
+    )
+    .with_context(|| format!("{} is not valid JSON", config_path.display()))?;
+    if let Some(obj) = config.as_object_mut() {
+        let key = if obj.contains_key("torch_dtype") {
+            "torch_dtype"
+        } else {
+            "dtype"
+        };
+        obj.insert(key.into(), dtype_name.into());
+    }
+    write_atomic(
+        &out_dir.join("config.json"),
+        serde_json::to_string_pretty(&config)?.as_bytes(),
+    )?;
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+    ] {
+        let src = source_dir.join(name);
+        if src.is_file() {
+            let bytes =
+                std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
+            write_atomic(&out_dir.join(name), &bytes)?;
+        }
+    }
+    Ok(())
+}
+
+/// `safetensors` with the `{"format": "pt"}` metadata transformers and PEFT expect.
+fn write_safetensors(path: &Path, mut tensors: Vec<(String, Tensor)>) -> Result<()> {
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let tmp = tmp_path(path);
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let contiguous = tensors
+        .into_iter()
+        .map(|(n, t)| Ok((n, t.contiguous()?)))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    safetensors::serialize_to_file(contiguous, Some(meta), &tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+/// Temp file + rename in the same directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = tmp_path(path);
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+fn tmp_path(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_refuses_what_we_do_not_implement() {
+        let base =
+            json!({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]});
+        assert_eq!(parse_config(&base).unwrap().scaling(), 2.0);
+        for (k, v, want) in [
+            ("use_dora", json!(true), "use_dora"),
+            ("rank_pattern", json!({"q_proj": 8}), "rank_pattern"),
+            ("modules_to_save", json!(["lm_head"]), "modules_to_save"),
+            ("bias", json!("all"), "bias"),
+            ("target_modules", json!(".*proj"), "regular expressions"),
+            ("peft_type", json!("IA3"), "LORA"),
+            ("target_modules", json!(["c_attn"]), "c_attn"),
+        ] {
+            let mut v2 = base.clone();
+            v2[k] = v;
+            let err = format!("{:#}", parse_config(&v2).unwrap_err());
+            assert!(err.contains(want), "{k}: {err}");
+        }
+        let mut all = base.clone();
+        all["target_modules"] = json!("all-linear");
+        assert_eq!(parse_config(&all).unwrap().target_modules.len(), 7);
+    }
+}
