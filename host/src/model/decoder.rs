@@ -697,6 +697,7 @@ mod tests {
                 .unwrap();
             let logits = model.logits(&hidden).unwrap();
             let diff = masked_max_diff(&logits, r.get("logits"), &r.attention_mask());
+            eprintln!("{name}: logits vs transformers, max abs diff {diff:.2e}");
             assert!(diff <= 1e-4, "{name}: max abs diff {diff}");
         }
     }
@@ -747,6 +748,7 @@ mod tests {
                     worst = worst.max(max_diff(&got.get(i).unwrap(), &exp));
                 }
             }
+            eprintln!("{name}: KV-cache decode vs transformers, max abs diff {worst:.2e}");
             assert!(worst <= 1e-4, "{name}: decode diff {worst}");
             assert_eq!(refs[0].len(), steps);
         }

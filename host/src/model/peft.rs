@@ -330,4 +330,211 @@ mod tests {
         all["target_modules"] = json!("all-linear");
         assert_eq!(parse_config(&all).unwrap().target_modules.len(), 7);
     }
+
+    use crate::model::Mode;
+    use crate::model::fixtures::{self, MODELS, Reference, masked_max_diff, max_diff};
+    use candle_core::Device;
+
+    fn with_adapter(name: &str) -> Model {
+        let mut model = fixtures::load(name);
+        load_adapter(&mut model, &fixtures::model_dir(name).join("adapter")).unwrap();
+        model
+    }
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("rlhost-peft-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    /// PEFT's adapter gives PEFT's logits; switched off, the base model's.
+    #[test]
+    fn adapter_logits_match_peft() {
+        for name in MODELS {
+            let model = with_adapter(name);
+            let r = Reference::load(name);
+            let (ids, mask, pos) = (r.input_ids(), r.attention_mask(), r.position_ids());
+            let on = model
+                .logits(
+                    &model
+                        .forward_batch(&ids, &mask, &pos, Mode::INFERENCE)
+                        .unwrap(),
+                )
+                .unwrap();
+            let d = masked_max_diff(&on, r.get("lora_logits"), &mask);
+            eprintln!("{name}: LoRA logits vs PEFT, max abs diff {d:.2e}");
+            assert!(d <= 1e-4, "{name}: lora logits diff {d}");
+            let off = model
+                .logits(&model.forward_batch(&ids, &mask, &pos, Mode::BASE).unwrap())
+                .unwrap();
+            let d = masked_max_diff(&off, r.get("lora_disabled_logits"), &mask);
+            assert!(d <= 1e-4, "{name}: disabled adapter diff {d}");
+        }
+    }
+
+    /// The loss of the fixture and the gradient of every lora_A / lora_B match PEFT's
+    /// autograd (relative to the largest entry of each reference gradient).
+    #[test]
+    fn lora_gradients_match_peft() {
+        for name in MODELS {
+            let model = with_adapter(name);
+            let r = Reference::load(name);
+            let (ids, mask, pos) = (r.input_ids(), r.attention_mask(), r.position_ids());
+            let mode = Mode {
+                adapters: true,
+                grad: true,
+                dropout_rng: None,
+            };
+            let hidden = model.forward_batch(&ids, &mask, &pos, mode).unwrap();
+            // Targets are the next tokens; positions t where t and t+1 are real count.
+            let t = ids.dim(1).unwrap();
+            let hidden = hidden.narrow(1, 0, t - 1).unwrap();
+            let targets = ids.narrow(1, 1, t - 1).unwrap();
+            let (logp, _) = model.logprobs(&hidden, &targets).unwrap();
+            let m = mask.to_dtype(DType::F32).unwrap();
+            let valid = (m.narrow(1, 0, t - 1).unwrap() * m.narrow(1, 1, t - 1).unwrap()).unwrap();
+            let loss = ((logp * &valid).unwrap().sum_all().unwrap().neg().unwrap()
+                / valid.sum_all().unwrap().to_scalar::<f32>().unwrap() as f64)
+                .unwrap();
+            let want = r.get("lora_loss").to_scalar::<f32>().unwrap();
+            let got = loss.to_scalar::<f32>().unwrap();
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs(),
+                "{name}: loss {got} vs {want}"
+            );
+            let grads = loss.backward().unwrap();
+            assert!(model.missing_grads(&grads).is_empty());
+            let mut worst = 0f32;
+            let vars = model.lora_vars();
+            assert_eq!(vars.len(), 28);
+            for (path, var) in vars {
+                let key = format!("grad.base_model.model.{path}.default.weight");
+                let want = r.get(&key);
+                let got = grads.get(var.as_tensor()).unwrap();
+                let scale = want
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                worst = worst.max(max_diff(got, want) / scale);
+            }
+            eprintln!(
+                "{name}: LoRA gradients vs PEFT, worst relative diff {worst:.2e}; loss {got} vs {want}"
+            );
+            assert!(
+                worst <= 1e-4,
+                "{name}: worst relative gradient diff {worst}"
+            );
+        }
+    }
+
+    /// Our saved adapter has PEFT's key names and shapes and reloads to the same logits.
+    #[test]
+    fn saved_adapter_round_trips_with_peft_names() {
+        let model = with_adapter("llama");
+        let dir = temp("save");
+        save_adapter(&model, &dir, Some("llama")).unwrap();
+        let ours = candle_core::safetensors::load(dir.join(WEIGHTS_FILE), &Device::Cpu).unwrap();
+        let theirs = candle_core::safetensors::load(
+            fixtures::model_dir("llama")
+                .join("adapter")
+                .join(WEIGHTS_FILE),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let mut a: Vec<_> = ours.keys().collect();
+        let mut b: Vec<_> = theirs.keys().collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        for (k, t) in &theirs {
+            assert_eq!(max_diff(&ours[k], t), 0.0, "{k}");
+        }
+        assert_eq!(read_config(&dir).unwrap(), model.lora.clone().unwrap());
+        let mut again = fixtures::load("llama");
+        load_adapter(&mut again, &dir).unwrap();
+        let r = Reference::load("llama");
+        let h = again
+            .forward_batch(
+                &r.input_ids(),
+                &r.attention_mask(),
+                &r.position_ids(),
+                Mode::INFERENCE,
+            )
+            .unwrap();
+        let d = masked_max_diff(
+            &again.logits(&h).unwrap(),
+            r.get("lora_logits"),
+            &r.attention_mask(),
+        );
+        assert!(d <= 1e-4);
+        // No temp files left behind.
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `merge_and_unload` equivalent: the exported directory loads as a plain model with
+    /// PEFT's merged logits.
+    #[test]
+    fn merged_export_matches_peft_merge() {
+        let model = with_adapter("qwen2");
+        let dir = temp("merge");
+        export_merged(&model, &fixtures::model_dir("qwen2"), &dir, DType::F32).unwrap();
+        assert!(dir.join("tokenizer.json").is_file() && dir.join("chat_template.jinja").is_file());
+        let merged = Model::load(&dir, &Device::Cpu).unwrap();
+        assert!(merged.cfg.tie_word_embeddings);
+        let r = Reference::load("qwen2");
+        let h = merged
+            .forward_batch(
+                &r.input_ids(),
+                &r.attention_mask(),
+                &r.position_ids(),
+                Mode::BASE,
+            )
+            .unwrap();
+        let d = masked_max_diff(
+            &merged.logits(&h).unwrap(),
+            r.get("merged_logits"),
+            &r.attention_mask(),
+        );
+        eprintln!("qwen2: merged export vs PEFT merge_and_unload, max abs diff {d:.2e}");
+        assert!(d <= 1e-4, "merged diff {d}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn adapter_for_another_model_is_refused() {
+        let mut model = fixtures::load("qwen2");
+        let dir = temp("wrong");
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = std::fs::read(
+            fixtures::model_dir("qwen2")
+                .join("adapter")
+                .join(CONFIG_FILE),
+        )
+        .unwrap();
+        std::fs::write(dir.join(CONFIG_FILE), cfg).unwrap();
+        let err = format!("{:#}", load_adapter(&mut model, &dir).unwrap_err());
+        assert!(err.contains(WEIGHTS_FILE), "{err}");
+        let mut t = HashMap::new();
+        t.insert(
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight".to_string(),
+            Tensor::zeros((8, 64), DType::F32, &Device::Cpu).unwrap(),
+        );
+        candle_core::safetensors::save(&t, dir.join(WEIGHTS_FILE)).unwrap();
+        let err = format!("{:#}", load_adapter(&mut model, &dir).unwrap_err());
+        assert!(
+            err.contains("shape [8, 64]") && err.contains("r = 4"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
