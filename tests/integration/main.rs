@@ -3,8 +3,10 @@
 //! - `plugins`: each example plugin's behaviour through the real host.
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
+//! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 
 mod cli;
+mod model_cli;
 mod plugins;
 mod sandbox;
 

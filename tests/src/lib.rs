@@ -71,6 +71,15 @@ impl TestCommand {
         TestCommand { cmd }
     }
 
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.cmd.args(args);
+        self
+    }
+
     pub fn arg(mut self, arg: impl AsRef<std::ffi::OsStr>) -> Self {
         self.cmd.arg(arg);
         self

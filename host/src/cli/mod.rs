@@ -2,6 +2,8 @@
 //! to one function per command. `main` prints one error chain and returns an exit code;
 //! user mistakes never panic.
 
+mod export;
+mod generate;
 mod plugin;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,10 @@ enum Command {
     /// Inspect and try out plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Sample from a Hugging Face model directory (optionally with a LoRA adapter).
+    Generate(generate::GenerateArgs),
+    /// Write an adapter merged into its base model, as a Hugging Face model directory.
+    Export(export::ExportArgs),
 }
 
 /// Runs the CLI with the process's arguments.
@@ -57,6 +63,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Plugin(command) => runtime.block_on(plugin::run(command)),
+        Command::Generate(args) => generate::run(args),
+        Command::Export(args) => export::run(args),
     }
 }
 

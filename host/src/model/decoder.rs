@@ -91,6 +91,9 @@ fn linear(
 impl Model {
     /// Loads `config.json` and the safetensors of a Hugging Face model directory (f32 compute).
     pub fn load(dir: &Path, device: &Device) -> anyhow::Result<Model> {
+        if !dir.is_dir() {
+            anyhow::bail!("model directory {} does not exist", dir.display());
+        }
         let cfg = ModelConfig::from_dir(dir)?;
         let weights = Weights::from_dir(dir, DType::F32, device)?;
         Self::from_weights(cfg, &weights, device)
@@ -743,8 +746,8 @@ mod tests {
                 let got = model
                     .forward_cached(&mut refs, &toks, Mode::BASE, false)
                     .unwrap();
-                for i in 0..rows.len() {
-                    let exp = want.get(i).unwrap().get(first[i] + t).unwrap();
+                for (i, start) in first.iter().enumerate() {
+                    let exp = want.get(i).unwrap().get(start + t).unwrap();
                     worst = worst.max(max_diff(&got.get(i).unwrap(), &exp));
                 }
             }

@@ -4,15 +4,21 @@
 //! One set of weights serves two paths (see [`decoder`]): a batched, differentiable path
 //! for training and log-probs, and a KV-cached path for sampling.
 
+pub mod bundle;
+pub mod chat;
 pub mod config;
 pub mod decoder;
 #[cfg(test)]
 mod fixtures;
+pub mod generate;
 pub mod lora;
 pub mod ops;
 pub mod peft;
+pub mod sample;
+pub mod tokenizer;
 pub mod weights;
 
+pub use bundle::LanguageModel;
 pub use config::{Arch, ModelConfig};
 pub use decoder::{KvCache, Model};
 pub use lora::{LoraConfig, Mode};

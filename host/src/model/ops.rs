@@ -230,7 +230,8 @@ pub fn rope_inv_freq(
                 } else {
                     *f
                 };
-                let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                // transformers: `~(wavelen < high) & ~(wavelen > low)`; no NaN can occur here.
+                let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                 *f = if medium {
                     let smooth = (old / wavelen - low) / (high - low);
                     (1.0 - smooth) * scaled / factor + smooth * scaled

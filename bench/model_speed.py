@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Model speed and memory, rlhost (candle) vs transformers/PEFT, side by side in one run.
+
+Not a test: run by developers on a quiet machine, numbers go in issue notes.
+
+    python3 -m venv /tmp/benchvenv
+    /tmp/benchvenv/bin/pip install torch transformers peft safetensors
+    cargo build --release -p rlhost --example model_bench
+    /tmp/benchvenv/bin/python bench/model_speed.py [--threads 2] [--small]
+
+What it does:
+1. Makes a random model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads,
+   intermediate 4864, vocab 151,936, tied embeddings, f32) with transformers and saves it
+   under bench/.work/ (once; --small uses a 4-layer model for a quick check).
+2. Greedy decode of 64 new tokens after a 32-token prompt at batch 1 and 8: rlhost vs
+   transformers `generate` (prefill included in both).
+3. One LoRA r16 training step (all 7 projections) on 4 x 256 tokens: forward, mean
+   next-token NLL, backward, AdamW; mean of 2 timed steps after a warm-up, and the peak
+   RSS of the whole process, rlhost vs PyTorch + PEFT.
+4. Memory read bandwidth with the same thread count, and batch-1 decode as a fraction of
+   the limit it implies (bytes of weights read per token / bandwidth).
+
+Every measurement runs in its own process with the same thread count (RAYON_NUM_THREADS
+and torch.set_num_threads), and its peak RSS comes from wait4().
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORK = os.path.join(ROOT, "bench", ".work")
+BIN = os.path.join(ROOT, "target", "release", "examples", "model_bench")
+
+SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+             num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+             max_position_embeddings=32768, tie_word_embeddings=True)
+
+
+def make_model(path, layers):
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(**{**SHAPE, "num_hidden_layers": layers}, rope_theta=1000000.0,
+                      rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
+    model = Qwen2ForCausalLM(cfg).to(torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    # The fixtures' tokenizer: rlhost loads a tokenizer only for `generate`, not here.
+
+
+def run(cmd, threads):
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        sys.exit(f"failed ({status}): {' '.join(cmd)}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_gb"] = usage.ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB on Linux
+    return result
+
+
+def torch_worker(args):
+    """Runs inside a child process: one transformers/PEFT measurement."""
+    import torch
+    torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    if args.worker == "decode":
+        model.eval()
+        ids = torch.randint(0, 500, (args.batch, 32), generator=g)
+        mask = torch.ones_like(ids)
+
+        def gen(n):
+            with torch.inference_mode():
+                t = time.perf_counter()
+                model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
+                               min_new_tokens=n, pad_token_id=0)
+                return time.perf_counter() - t
+        gen(2)
+        secs = gen(64)
+        print(json.dumps({"impl": "transformers", "mode": "decode", "batch": args.batch,
+                          "seconds": secs, "tokens_per_s": args.batch * 64 / secs}))
+    else:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        ids = torch.randint(0, 500, (4, 256), generator=g)
+        times = []
+        for step in range(3):
+            t = time.perf_counter()
+            logits = model(input_ids=ids).logits[:, :-1]
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del logits, loss
+            if step > 0:
+                times.append(time.perf_counter() - t)
+        print(json.dumps({"impl": "peft", "mode": "train", "step_seconds": sum(times) / len(times),
+                          "steps": times}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--small", action="store_true", help="4 layers instead of 24 (quick check)")
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--worker", choices=["decode", "train"])
+    ap.add_argument("--model")
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    if args.worker:
+        return torch_worker(args)
+    if not os.path.exists(BIN):
+        sys.exit(f"{BIN} missing: cargo build --release -p rlhost --example model_bench")
+    layers = 4 if args.small else 24
+    model = os.path.join(WORK, f"qwen2.5-0.5b-shape-{layers}l")
+    make_model(model, layers)
+    py = [sys.executable, os.path.abspath(__file__), "--model", model, "--threads", str(args.threads)]
+    t = args.threads
+    rows = []
+
+    def show(name, ours, theirs, key, higher_is_better=True):
+        ratio = ours[key] / theirs[key] if higher_is_better else theirs[key] / ours[key]
+        rows.append((name, ours[key], theirs[key], ratio))
+        print(f"{name:<34} rlhost {ours[key]:9.3f}   peer {theirs[key]:9.3f}   ratio {ratio:5.2f}x", flush=True)
+
+    n_params = None
+    from safetensors import safe_open
+    with safe_open(os.path.join(model, "model.safetensors"), "np") as f:
+        n_params = sum(int(__import__("numpy").prod(f.get_slice(k).get_shape())) for k in f.keys())
+    bw = run([BIN, "bandwidth", "--threads", str(t)], t)
+    print(f"memory read bandwidth ({t} threads): {bw['gb_per_s']:.1f} GB/s; model {n_params / 1e6:.0f} M params", flush=True)
+    results = {"bandwidth": bw, "params": n_params}
+    for b in (1, 8):
+        ours = run([BIN, "decode", "--model", model, "--batch", str(b)], t)
+        theirs = run(py + ["--worker", "decode", "--batch", str(b)], t)
+        show(f"greedy decode tokens/s, batch {b}", ours, theirs, "tokens_per_s")
+        results[f"decode_b{b}"] = {"rlhost": ours, "transformers": theirs}
+        if b == 1:
+            # Each token reads every weight once (the tied embedding as lm_head), in f32.
+            limit = bw["gb_per_s"] * 1e9 / (n_params * 4)
+            frac = ours["tokens_per_s"] / limit
+            print(f"  batch-1 limit {limit:.1f} tokens/s from bandwidth; rlhost reaches {frac:.0%}", flush=True)
+            results["decode_b1_fraction_of_limit"] = frac
+    if not args.skip_train:
+        ours = run([BIN, "train", "--model", model], t)
+        theirs = run(py + ["--worker", "train"], t)
+        show("LoRA r16 step 4x256, seconds", ours, theirs, "step_seconds", higher_is_better=False)
+        show("LoRA r16 step peak RSS, GB", ours, theirs, "peak_rss_gb", higher_is_better=False)
+        results["train"] = {"rlhost": ours, "peft": theirs}
+    os.makedirs(WORK, exist_ok=True)
+    with open(os.path.join(WORK, "model_speed.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"(ratios > 1 favour rlhost; raw results in {os.path.join(WORK, 'model_speed.json')})")
+
+
+if __name__ == "__main__":
+    main()

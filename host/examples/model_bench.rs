@@ -1,0 +1,211 @@
+//! Worker for `bench/model_speed.py` (not a test): one measurement per process, so that
+//! the driver can read each one's peak RSS. Prints one JSON line.
+//!
+//! ```text
+//! model_bench decode    --model DIR --batch B [--prompt-len 32] [--new 64]
+//! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2]
+//! model_bench bandwidth [--mib 1024] [--threads 2]
+//! ```
+
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use rlhost::model::generate::{Sequence, advance};
+use rlhost::model::sample::SamplingParams;
+use rlhost::model::{LoraConfig, Mode, Model};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args
+        .first()
+        .context("usage: model_bench decode|train|bandwidth ...")?
+        .clone();
+    let mut opts = HashMap::new();
+    for pair in args[1..].chunks(2) {
+        let key = pair[0].trim_start_matches("--").to_string();
+        let value = pair
+            .get(1)
+            .with_context(|| format!("--{key} needs a value"))?
+            .clone();
+        opts.insert(key, value);
+    }
+    let num = |k: &str, default: usize| -> Result<usize> {
+        opts.get(k)
+            .map_or(Ok(default), |v| v.parse().with_context(|| format!("--{k}")))
+    };
+    match mode.as_str() {
+        "decode" => decode(
+            &PathBuf::from(opts.get("model").context("--model")?),
+            num("batch", 1)?,
+            num("prompt-len", 32)?,
+            num("new", 64)?,
+        ),
+        "train" => train(
+            &PathBuf::from(opts.get("model").context("--model")?),
+            num("batch", 4)?,
+            num("seq", 256)?,
+            num("rank", 16)?,
+            num("steps", 2)?,
+        ),
+        "bandwidth" => bandwidth(num("mib", 1024)?, num("threads", 2)?),
+        other => bail!("unknown mode {other}"),
+    }
+}
+
+/// Token ids from a fixed linear congruential sequence (the model is random anyway).
+fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
+    let mut s = 0x2545F4914F6CDD1Du64 ^ salt;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Greedy decoding of `new` tokens after a `prompt_len` prompt for `batch` sequences,
+/// timed like transformers' `generate` (prefill included).
+fn decode(dir: &PathBuf, batch: usize, prompt_len: usize, new: usize) -> Result<()> {
+    let model = Model::load(dir, &Device::Cpu)?;
+    let vocab = model.cfg.vocab_size.min(500);
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: new,
+        ..SamplingParams::default()
+    };
+    let run = |new: usize| -> Result<f64> {
+        let mut seqs: Vec<Sequence> = (0..batch)
+            .map(|i| Sequence::new(&model, ids(prompt_len, vocab, i as u64), 0))
+            .collect();
+        let t = Instant::now();
+        for _ in 0..new {
+            advance(
+                &model,
+                &mut seqs.iter_mut().collect::<Vec<_>>(),
+                Mode::INFERENCE,
+            )?;
+            for s in seqs.iter_mut() {
+                s.sample_next(&params)?;
+            }
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    run(2)?; // warm-up: page in the weights, spin up the thread pool
+    let secs = run(new)?;
+    println!(
+        "{}",
+        serde_json::json!({"impl": "rlhost", "mode": "decode", "batch": batch, "new_tokens": new,
+            "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs})
+    );
+    Ok(())
+}
+
+/// LoRA training steps on `batch × seq` tokens: forward with adapters, mean negative
+/// log-likelihood of the next token, backward, AdamW. Reports the mean of the timed steps
+/// after one warm-up step.
+fn train(dir: &PathBuf, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
+    let dev = Device::Cpu;
+    let mut model = Model::load(dir, &dev)?;
+    model.attach_lora(
+        &LoraConfig {
+            r: rank,
+            alpha: 2.0 * rank as f64,
+            ..LoraConfig::default()
+        },
+        0,
+    )?;
+    let vars: Vec<_> = model.lora_vars().into_iter().map(|(_, v)| v).collect();
+    let mut opt = AdamW::new(
+        vars,
+        ParamsAdamW {
+            lr: 1e-4,
+            ..ParamsAdamW::default()
+        },
+    )?;
+    let vocab = model.cfg.vocab_size.min(500);
+    let data = ids(batch * seq, vocab, 7);
+    let input = Tensor::from_vec(data, (batch, seq), &dev)?;
+    let mask = Tensor::ones((batch, seq), DType::U32, &dev)?;
+    let pos = Tensor::arange(0u32, seq as u32, &dev)?
+        .unsqueeze(0)?
+        .repeat((batch, 1))?;
+    let mode = Mode {
+        adapters: true,
+        grad: true,
+        dropout_rng: None,
+    };
+    let mut times = Vec::new();
+    for step in 0..steps + 1 {
+        let t = Instant::now();
+        let hidden = model.forward_batch(&input, &mask, &pos, mode)?;
+        let (logp, _) = model.logprobs(
+            &hidden.narrow(1, 0, seq - 1)?,
+            &input.narrow(1, 1, seq - 1)?,
+        )?;
+        let loss = logp.mean_all()?.neg()?;
+        let grads = loss.backward()?;
+        let missing = model.missing_grads(&grads);
+        if !missing.is_empty() {
+            bail!("no gradient for {missing:?}");
+        }
+        opt.step(&grads)?;
+        drop(grads);
+        if step > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+        eprintln!(
+            "step {step}: loss {:.4}, {:.2} s",
+            loss.to_scalar::<f32>()?,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    println!(
+        "{}",
+        serde_json::json!({"impl": "rlhost", "mode": "train", "batch": batch, "seq": seq, "rank": rank,
+            "step_seconds": mean, "steps": times})
+    );
+    Ok(())
+}
+
+/// Memory read bandwidth: `threads` threads each summing its share of a large buffer.
+fn bandwidth(mib: usize, threads: usize) -> Result<()> {
+    let n = mib * 1024 * 1024 / 4;
+    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let chunk = n.div_ceil(threads);
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let total: f64 = std::thread::scope(|s| {
+            let hs: Vec<_> = data
+                .chunks(chunk)
+                .map(|c| {
+                    s.spawn(move || {
+                        // Eight accumulators so the adds do not serialise on one register.
+                        let mut acc = [0f32; 8];
+                        for w in c.chunks_exact(8) {
+                            for k in 0..8 {
+                                acc[k] += w[k];
+                            }
+                        }
+                        acc.iter().map(|&x| x as f64).sum::<f64>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(total);
+        best = best.max((n * 4) as f64 / secs / 1e9);
+    }
+    println!(
+        "{}",
+        serde_json::json!({"mode": "bandwidth", "threads": threads, "mib": mib, "gb_per_s": best})
+    );
+    Ok(())
+}

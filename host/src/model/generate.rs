@@ -1,0 +1,404 @@
+//! Batched, cached generation over sequences of different lengths.
+//!
+//! A [`Sequence`] owns its tokens, its KV cache and the logits for its next token. Its
+//! cache always covers a prefix of its tokens; whatever follows (a freshly sampled token,
+//! or several inserted ones such as tool output) is *pending* and goes through the model
+//! in the next [`advance`] call, together with every other sequence's pending tokens in one
+//! packed forward. Nothing is ever re-encoded: the ids the model saw are exactly the ids in
+//! `tokens`.
+//!
+//! Group sampling: a prompt is prefilled once, then [`Sequence::fork`]ed; the forks share
+//! the prompt's cache (no copy) and its next-token logits, and each draws from its own
+//! seeded generator, so a sample's tokens do not depend on what else is in the batch.
+
+use super::decoder::{KvCache, Model};
+use super::lora::Mode;
+use super::sample::{SamplingParams, sample};
+use super::tokenizer::{IncrementalDecoder, Tokenizer};
+use anyhow::Result;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finish {
+    /// Sampled one of the stop token ids (kept as the last token).
+    StopToken(u32),
+    /// The decoded output came to contain this stop string.
+    StopString(String),
+    /// `max_new_tokens` reached.
+    Length,
+}
+
+/// One sequence being generated.
+pub struct Sequence {
+    /// Prompt, then sampled and inserted tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Per token after the prompt: the sampling log-prob, or `None` for inserted tokens.
+    pub logprobs: Vec<Option<f32>>,
+    pub finish: Option<Finish>,
+    cache: KvCache,
+    next_logits: Option<Vec<f32>>,
+    rng: StdRng,
+}
+
+impl Sequence {
+    pub fn new(model: &Model, prompt: Vec<u32>, seed: u64) -> Sequence {
+        Sequence {
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            logprobs: Vec::new(),
+            finish: None,
+            cache: model.new_cache(),
+            next_logits: None,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// A copy sharing everything computed so far (cache prefix and next-token logits),
+    /// drawing from its own generator.
+    pub fn fork(&mut self, seed: u64) -> Sequence {
+        Sequence {
+            tokens: self.tokens.clone(),
+            prompt_len: self.prompt_len,
+            logprobs: self.logprobs.clone(),
+            finish: self.finish.clone(),
+            cache: self.cache.fork(),
+            next_logits: self.next_logits.clone(),
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Tokens after the prompt.
+    pub fn completion(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Appends tokens the model did not sample (tool output, a chat turn); they are fed
+    /// to the model by the next [`advance`].
+    pub fn append(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+        self.logprobs.extend(tokens.iter().map(|_| None));
+        self.next_logits = None;
+    }
+
+    /// Tokens not yet in the cache.
+    pub fn pending(&self) -> &[u32] {
+        &self.tokens[self.cache.len()..]
+    }
+
+    /// Whether the next token can be sampled (the model has seen everything).
+    pub fn ready(&self) -> bool {
+        self.next_logits.is_some()
+    }
+
+    /// Samples the next token from the stored logits and appends it. Call after
+    /// [`advance`]; the token becomes pending.
+    pub fn sample_next(&mut self, params: &SamplingParams) -> Result<(u32, f32)> {
+        let logits = self.next_logits.take().ok_or_else(|| {
+            anyhow::anyhow!("sample_next before advance: the model has not seen the last tokens")
+        })?;
+        let (tok, logp) = sample(&logits, params, &mut self.rng);
+        self.tokens.push(tok);
+        self.logprobs.push(Some(logp));
+        Ok((tok, logp))
+    }
+}
+
+/// Runs every sequence's pending tokens through the model in one packed forward and stores
+/// each one's next-token logits. Sequences with nothing pending are left alone.
+pub fn advance(model: &Model, seqs: &mut [&mut Sequence], mode: Mode) -> Result<()> {
+    let mut idx = Vec::new();
+    for (i, s) in seqs.iter().enumerate() {
+        if !s.pending().is_empty() {
+            idx.push(i);
+        }
+    }
+    if idx.is_empty() {
+        return Ok(());
+    }
+    let pending: Vec<Vec<u32>> = idx.iter().map(|&i| seqs[i].pending().to_vec()).collect();
+    let toks: Vec<&[u32]> = pending.iter().map(Vec::as_slice).collect();
+    let logits = {
+        let mut caches: Vec<&mut KvCache> = Vec::with_capacity(idx.len());
+        // Disjoint mutable borrows of the selected sequences' caches.
+        let mut rest: &mut [&mut Sequence] = seqs;
+        let mut base = 0;
+        for &i in &idx {
+            let (_, tail) = rest.split_at_mut(i - base);
+            let (head, tail) = tail.split_at_mut(1);
+            caches.push(&mut head[0].cache);
+            rest = tail;
+            base = i + 1;
+        }
+        model.forward_cached(&mut caches, &toks, mode, false)?
+    };
+    let rows = logits.to_vec2::<f32>()?;
+    for (&i, row) in idx.iter().zip(rows) {
+        seqs[i].next_logits = Some(row);
+    }
+    Ok(())
+}
+
+/// What [`generate`] returns per sample.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    /// Decoded completion (special tokens kept; cut after a stop string).
+    pub text: String,
+    pub finish: Finish,
+}
+
+/// Samples `n` completions for each prompt: every prompt is prefilled once (all prompts in
+/// one packed forward) and its cache shared by its `n` samples; then all samples decode
+/// together until each stops. Sample `j` of prompt `i` draws from a generator seeded by
+/// `(params.seed, i, j)` only.
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    prompts: &[Vec<u32>],
+    n: usize,
+    params: &SamplingParams,
+    mode: Mode,
+) -> Result<Vec<Vec<Completion>>> {
+    params.validate()?;
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        anyhow::bail!("prompt {i} is empty");
+    }
+    let mut heads: Vec<Sequence> = prompts
+        .iter()
+        .map(|p| Sequence::new(model, p.clone(), 0))
+        .collect();
+    advance(model, &mut heads.iter_mut().collect::<Vec<_>>(), mode)?;
+    let mut seqs: Vec<Sequence> = Vec::with_capacity(prompts.len() * n);
+    let mut owner = Vec::new();
+    for (i, head) in heads.iter_mut().enumerate() {
+        for j in 0..n {
+            seqs.push(head.fork(sample_seed(params.seed, i, j)));
+            owner.push(i);
+        }
+    }
+    drop(heads);
+    let mut decoders: Vec<IncrementalDecoder> = seqs
+        .iter()
+        .map(|_| IncrementalDecoder::new(tokenizer, false))
+        .collect();
+    loop {
+        let mut any = false;
+        for (s, dec) in seqs.iter_mut().zip(decoders.iter_mut()) {
+            if s.finish.is_some() {
+                continue;
+            }
+            let (tok, _) = s.sample_next(params)?;
+            dec.push(tok)?;
+            s.finish = stop_check(s, dec, tok, params);
+            any |= s.finish.is_none();
+        }
+        if !any {
+            break;
+        }
+        let mut active: Vec<&mut Sequence> =
+            seqs.iter_mut().filter(|s| s.finish.is_none()).collect();
+        advance(model, &mut active, mode)?;
+    }
+    let mut out: Vec<Vec<Completion>> = prompts.iter().map(|_| Vec::new()).collect();
+    for ((s, mut dec), i) in seqs.into_iter().zip(decoders).zip(owner) {
+        dec.flush()?;
+        let mut text = dec.text().to_string();
+        if let Some(Finish::StopString(stop)) = &s.finish
+            && let Some(at) = text.find(stop.as_str())
+        {
+            text.truncate(at + stop.len());
+        }
+        out[i].push(Completion {
+            tokens: s.completion().to_vec(),
+            logprobs: s.logprobs.iter().map(|l| l.unwrap_or(f32::NAN)).collect(),
+            text,
+            finish: s.finish.clone().unwrap_or(Finish::Length),
+        });
+    }
+    Ok(out)
+}
+
+fn stop_check(
+    s: &Sequence,
+    dec: &IncrementalDecoder,
+    tok: u32,
+    params: &SamplingParams,
+) -> Option<Finish> {
+    if params.stop_token_ids.contains(&tok) {
+        return Some(Finish::StopToken(tok));
+    }
+    // Only the tail can hold a new match: the text before it was checked already.
+    let text = dec.text();
+    let longest = params
+        .stop_strings
+        .iter()
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
+    let mut from = text.len().saturating_sub(longest + 16);
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    if let Some(stop) = params
+        .stop_strings
+        .iter()
+        .find(|st| text[from..].contains(st.as_str()))
+    {
+        return Some(Finish::StopString(stop.clone()));
+    }
+    if s.completion().len() >= params.max_new_tokens {
+        return Some(Finish::Length);
+    }
+    None
+}
+
+/// A per-sample seed that depends only on the run's seed and the sample's place.
+pub fn sample_seed(seed: u64, prompt: usize, sample: usize) -> u64 {
+    // SplitMix64 finaliser over the three numbers: nearby indices give unrelated seeds.
+    let mut z = seed
+        ^ (prompt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (sample as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures::{self, Reference};
+
+    fn setup() -> (Model, Tokenizer) {
+        let dir = fixtures::model_dir("qwen2");
+        (fixtures::load("qwen2"), Tokenizer::from_dir(&dir).unwrap())
+    }
+
+    fn params(seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 12,
+            seed,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Shared-prefix group sampling gives the same tokens as prefilling each sample alone,
+    /// and batching several prompts changes nothing either.
+    #[test]
+    fn group_sampling_equals_separate_prefill() {
+        let (model, tok) = setup();
+        let r = Reference::load("qwen2");
+        let prompts = r.rows();
+        let p = params(11);
+        let grouped = generate(&model, &tok, &prompts, 3, &p, Mode::INFERENCE).unwrap();
+        for (i, (prompt, group)) in prompts.iter().zip(&grouped).enumerate() {
+            for (j, sample) in group.iter().enumerate() {
+                let mut s = Sequence::new(&model, prompt.clone(), sample_seed(p.seed, i, j));
+                let mut out = Vec::new();
+                for _ in 0..p.max_new_tokens {
+                    advance(&model, &mut [&mut s], Mode::INFERENCE).unwrap();
+                    out.push(s.sample_next(&p).unwrap().0);
+                }
+                assert_eq!(sample.tokens, out, "prompt {i} sample {j}");
+            }
+        }
+        // Samples of a group differ (with overwhelming probability at T = 1).
+        assert_ne!(grouped[0][0].tokens, grouped[0][1].tokens);
+    }
+
+    /// Sampled log-probs equal a full-sequence recomputation by the batch path, and an
+    /// inserted chunk resumes decoding exactly where a fresh forward would be.
+    #[test]
+    fn logprobs_and_resume_match_a_full_forward() {
+        let (model, _) = setup();
+        let r = Reference::load("qwen2");
+        let prompt = r.rows()[1].clone();
+        let p = params(5);
+        let mut s = Sequence::new(&model, prompt.clone(), 9);
+        for step in 0..10 {
+            advance(&model, &mut [&mut s], Mode::INFERENCE).unwrap();
+            s.sample_next(&p).unwrap();
+            if step == 4 {
+                s.append(&[508, 17, 18, 509]);
+            }
+        }
+        let ids = candle_core::Tensor::new(s.tokens.as_slice(), model.device())
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let t = s.tokens.len();
+        let mask = ids.ones_like().unwrap();
+        let pos = candle_core::Tensor::arange(0u32, t as u32, model.device())
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let h = model
+            .forward_batch(&ids, &mask, &pos, Mode::INFERENCE)
+            .unwrap();
+        let (logp, _) = model
+            .logprobs(
+                &h.narrow(1, 0, t - 1).unwrap(),
+                &ids.narrow(1, 1, t - 1).unwrap(),
+            )
+            .unwrap();
+        let logp = logp.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        let mut checked = 0;
+        for (k, lp) in s.logprobs.iter().enumerate() {
+            if let Some(lp) = lp {
+                let full = logp[s.prompt_len + k - 1];
+                assert!((lp - full).abs() < 1e-4, "token {k}: {lp} vs {full}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 10);
+        assert_eq!(s.logprobs.iter().filter(|l| l.is_none()).count(), 4);
+    }
+
+    #[test]
+    fn stops_on_tokens_strings_and_length() {
+        let (model, tok) = setup();
+        let prompt = vec![
+            tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+                .unwrap(),
+        ];
+        // Greedy: find what the model says, then stop on parts of it.
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 8,
+            ..SamplingParams::default()
+        };
+        let free = generate(&model, &tok, &prompt, 1, &greedy, Mode::INFERENCE).unwrap();
+        let c = &free[0][0];
+        assert_eq!(c.finish, Finish::Length);
+        assert_eq!(c.tokens.len(), 8);
+        let third = c.tokens[2];
+        let by_token = SamplingParams {
+            stop_token_ids: vec![third],
+            ..greedy.clone()
+        };
+        let out = generate(&model, &tok, &prompt, 1, &by_token, Mode::INFERENCE).unwrap();
+        let first_at = c.tokens.iter().position(|&t| t == third).unwrap();
+        assert_eq!(out[0][0].tokens, c.tokens[..=first_at]);
+        assert_eq!(out[0][0].finish, Finish::StopToken(third));
+        let piece: String = c.text.chars().skip(2).take(2).collect();
+        let by_string = SamplingParams {
+            stop_strings: vec![piece.clone()],
+            ..greedy
+        };
+        let out = generate(&model, &tok, &prompt, 1, &by_string, Mode::INFERENCE).unwrap();
+        assert_eq!(out[0][0].finish, Finish::StopString(piece.clone()));
+        assert!(
+            out[0][0].text.ends_with(&piece),
+            "{:?} / {piece:?}",
+            out[0][0].text
+        );
+        assert!(
+            out[0][0].tokens.len() < 8
+                || c.text.find(&piece).unwrap() + piece.len() == c.text.len()
+        );
+    }
+}
