@@ -14,7 +14,7 @@ use rlhost::model::generate::{Sequence, advance};
 use rlhost::model::sample::SamplingParams;
 use rlhost::model::{LoraConfig, Mode, Model};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn main() -> Result<()> {
@@ -70,7 +70,7 @@ fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
 
 /// Greedy decoding of `new` tokens after a `prompt_len` prompt for `batch` sequences,
 /// timed like transformers' `generate` (prefill included).
-fn decode(dir: &PathBuf, batch: usize, prompt_len: usize, new: usize) -> Result<()> {
+fn decode(dir: &Path, batch: usize, prompt_len: usize, new: usize) -> Result<()> {
     let model = Model::load(dir, &Device::Cpu)?;
     let vocab = model.cfg.vocab_size.min(500);
     let params = SamplingParams {
@@ -108,7 +108,7 @@ fn decode(dir: &PathBuf, batch: usize, prompt_len: usize, new: usize) -> Result<
 /// LoRA training steps on `batch × seq` tokens: forward with adapters, mean negative
 /// log-likelihood of the next token, backward, AdamW. Reports the mean of the timed steps
 /// after one warm-up step.
-fn train(dir: &PathBuf, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
+fn train(dir: &Path, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
     let dev = Device::Cpu;
     let mut model = Model::load(dir, &dev)?;
     model.attach_lora(

@@ -428,7 +428,7 @@ impl Model {
             x = x.index_select(&last, 0)?;
         }
         let x = rms_norm(&x, &self.norm, eps)?;
-        x.matmul(&self.lm_head.t()?)
+        super::ops::frozen_linear(&x, &self.lm_head)
     }
 }
 

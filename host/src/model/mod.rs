@@ -10,6 +10,7 @@ pub mod config;
 pub mod decoder;
 #[cfg(test)]
 mod fixtures;
+pub mod gemv;
 pub mod generate;
 pub mod lora;
 pub mod ops;

@@ -29,12 +29,44 @@ pub fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let x2 = x.reshape((rows, in_f))?;
     let y = if x.track_op() {
         x2.contiguous()?.apply_op1(FrozenMatmul { w: w.clone() })?
+    } else if let Some(y) = small_rows_matmul(&x2, w)? {
+        y
     } else {
         x2.matmul(&w.t()?)?
     };
     let mut out_dims = dims;
     *out_dims.last_mut().expect("x has at least one dim") = out_f;
     y.reshape(out_dims)
+}
+
+/// Rows of `x` handled by [`super::gemv`] rather than candle's gemm (decoding batches);
+/// beyond this, gemm's blocking wins. Measured with `examples/gemv_probe.rs`.
+const SMALL_ROWS: usize = 16;
+
+/// `x @ w^T` through the streaming kernel when it applies (CPU, f32, few rows, AVX2+FMA).
+fn small_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    let (m, k) = x.dims2()?;
+    let n = w.dim(0)?;
+    if m > SMALL_ROWS
+        || !super::gemv::available()
+        || x.dtype() != DType::F32
+        || !x.device().is_cpu()
+    {
+        return Ok(None);
+    }
+    let (guard, layout) = w.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((start, end))) =
+        (&*guard, layout.contiguous_offsets())
+    else {
+        return Ok(None);
+    };
+    let w_data = &data[start..end];
+    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = Vec::with_capacity(m * n);
+    for rows in xs.chunks(super::gemv::MAX_ROWS * k) {
+        out.extend(super::gemv::matmul_wt(rows, rows.len() / k, w_data, n, k));
+    }
+    Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
 }
 
 struct FrozenMatmul {
