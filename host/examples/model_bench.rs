@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn main() -> Result<()> {
+    rlhost::model::alloc::keep_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args
         .first()
@@ -143,12 +144,20 @@ fn train(dir: &Path, batch: usize, seq: usize, rank: usize, steps: usize) -> Res
     for step in 0..steps + 1 {
         let t = Instant::now();
         let hidden = model.forward_batch(&input, &mask, &pos, mode)?;
+        let t_fwd = t.elapsed().as_secs_f64();
         let (logp, _) = model.logprobs(
             &hidden.narrow(1, 0, seq - 1)?,
             &input.narrow(1, 1, seq - 1)?,
         )?;
         let loss = logp.mean_all()?.neg()?;
+        let t_logp = t.elapsed().as_secs_f64();
         let grads = loss.backward()?;
+        let t_bwd = t.elapsed().as_secs_f64();
+        eprintln!(
+            "  forward {t_fwd:.2} s, log-probs {:.2} s, backward {:.2} s",
+            t_logp - t_fwd,
+            t_bwd - t_logp
+        );
         let missing = model.missing_grads(&grads);
         if !missing.is_empty() {
             bail!("no gradient for {missing:?}");

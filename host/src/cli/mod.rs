@@ -47,6 +47,7 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(cli.quiet);
+    crate::model::alloc::keep_freed_memory();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

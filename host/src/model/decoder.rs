@@ -29,8 +29,12 @@ use std::path::Path;
 /// query) then gets a finite uniform softmax, as in transformers, instead of NaN.
 const MASKED: f32 = -1e30;
 
-/// Rows per chunk when computing log-probs over the vocabulary.
-pub const LOGPROB_CHUNK_ROWS: usize = 256;
+/// Rows per chunk when computing log-probs over the vocabulary: as many as keep one
+/// `[rows, vocab]` f32 intermediate under the allocator's heap-block limit (55 rows for a
+/// 151,936-token vocabulary, 256 at most).
+pub fn logprob_chunk_rows(vocab: usize) -> usize {
+    (super::alloc::HEAP_BLOCK_LIMIT / 4 / vocab.max(1)).clamp(1, 256)
+}
 
 pub struct Attention {
     pub q_proj: Linear,
@@ -359,7 +363,7 @@ impl Model {
             &hidden.reshape((b * t, h))?,
             &self.lm_head,
             &targets.flatten_all()?,
-            LOGPROB_CHUNK_ROWS,
+            logprob_chunk_rows(self.cfg.vocab_size),
         )?;
         Ok((logp.reshape((b, t))?, ent.reshape((b, t))?))
     }

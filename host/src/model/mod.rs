@@ -4,6 +4,7 @@
 //! One set of weights serves two paths (see [`decoder`]): a batched, differentiable path
 //! for training and log-probs, and a KV-cached path for sampling.
 
+pub mod alloc;
 pub mod bundle;
 pub mod chat;
 pub mod config;
