@@ -469,10 +469,8 @@ impl Attention {
         // Grouped-query attention without repeating k/v: the n_rep query heads of one kv
         // head are stacked as rows.
         let q = q.contiguous()?.reshape((b, nkv, n_rep * t, d))?;
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-        let scores = scores.reshape((b, nkv, n_rep, t, t))?.broadcast_add(mask)?;
-        let w = softmax_last(&scores)?.reshape((b, nkv, n_rep * t, t))?;
-        let out = w.matmul(&v)?.reshape((b, nh, t, d))?.transpose(1, 2)?;
+        let out = super::fused::attention(&q, &k, &v, mask, 1.0 / (d as f64).sqrt())?;
+        let out = out.reshape((b, nh, t, d))?.transpose(1, 2)?;
         self.o_proj.forward(&out.reshape((b, t, nh * d))?, mode)
     }
 
@@ -566,9 +564,14 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let gate = self.gate_proj.forward(x, mode)?.silu()?;
+        let gate = self.gate_proj.forward(x, mode)?;
         let up = self.up_proj.forward(x, mode)?;
-        self.down_proj.forward(&(gate * up)?, mode)
+        let h = if gate.track_op() || up.track_op() {
+            super::fused::swiglu(&gate, &up)?
+        } else {
+            (gate.silu()? * up)?
+        };
+        self.down_proj.forward(&h, mode)
     }
 }
 

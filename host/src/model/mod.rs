@@ -11,6 +11,7 @@ pub mod config;
 pub mod decoder;
 #[cfg(test)]
 mod fixtures;
+pub mod fused;
 pub mod gemv;
 pub mod generate;
 pub mod lora;

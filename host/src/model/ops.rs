@@ -170,20 +170,7 @@ impl CustomOp1 for TargetLogprobs {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        let value = self
-            .value
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("target-logprobs: poisoned".into()))?
-            .take();
-        let Some(value) = value else {
-            bail!("target-logprobs: forward ran twice")
-        };
-        let shape = value.shape().clone();
-        let data = value
-            .to_device(&Device::Cpu)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        Ok((CpuStorage::F32(data), shape))
+        super::fused::precomputed(&self.value, self.name())
     }
 
     // With z the logits of a row, p = softmax(z), t the target and (g_l, g_h) the incoming
@@ -301,11 +288,11 @@ pub fn rope_train(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
 }
 
-/// RMSNorm: `x / sqrt(mean(x²) + eps) * w`. The fused kernel has no backward, so anything
-/// that may need a gradient takes the composed form.
+/// RMSNorm: `x / sqrt(mean(x²) + eps) * w`. candle's fused kernel has no backward, so
+/// anything that may need a gradient takes ours ([`super::fused::rms_norm`]).
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     if x.track_op() {
-        candle_nn::ops::rms_norm_slow(x, w, eps as f32)
+        super::fused::rms_norm(x, w, eps)
     } else {
         candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)
     }
