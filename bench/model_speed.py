@@ -116,6 +116,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--small", action="store_true", help="4 layers instead of 24 (quick check)")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--worker", choices=["decode", "train"])
     ap.add_argument("--model")
     ap.add_argument("--batch", type=int, default=1)
@@ -143,7 +144,7 @@ def main():
     bw = run([BIN, "bandwidth", "--threads", str(t)], t)
     print(f"memory read bandwidth ({t} threads): {bw['gb_per_s']:.1f} GB/s; model {n_params / 1e6:.0f} M params", flush=True)
     results = {"bandwidth": bw, "params": n_params}
-    for b in (1, 8):
+    for b in () if args.skip_decode else (1, 8):
         ours = run([BIN, "decode", "--model", model, "--batch", str(b)], t)
         theirs = run(py + ["--worker", "decode", "--batch", str(b)], t)
         show(f"greedy decode tokens/s, batch {b}", ours, theirs, "tokens_per_s")
