@@ -253,43 +253,18 @@ mod tests {
     use super::*;
     use candle_core::Var;
 
-    fn data(shape: &[usize], seed: u64) -> Tensor {
-        let n: usize = shape.iter().product();
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-
-    fn diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
-    }
+    use crate::model::fixtures::{max_diff, uniform};
 
     /// Each fused op against the same maths composed from candle's differentiable ops:
     /// values and gradients (through a random linear functional of the output).
     #[test]
     fn fused_ops_match_composed_ops() {
-        let x = Var::from_tensor(&data(&[3, 5, 16], 1)).unwrap();
-        let w = (data(&[16], 2) + 1.0).unwrap();
-        let c = data(&[3, 5, 16], 3);
+        let x = Var::from_tensor(&uniform(&[3, 5, 16], 1)).unwrap();
+        let w = (uniform(&[16], 2) + 1.0).unwrap();
+        let c = uniform(&[3, 5, 16], 3);
         let ours = rms_norm(x.as_tensor(), &w, 1e-6).unwrap();
         let theirs = candle_nn::ops::rms_norm_slow(x.as_tensor(), &w, 1e-6).unwrap();
-        assert!(diff(&ours, &theirs) < 1e-5);
+        assert!(max_diff(&ours, &theirs) < 1e-5);
         let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
         let g2 = (theirs * &c)
             .unwrap()
@@ -298,18 +273,18 @@ mod tests {
             .backward()
             .unwrap();
         assert!(
-            diff(
+            max_diff(
                 g1.get(x.as_tensor()).unwrap(),
                 g2.get(x.as_tensor()).unwrap()
             ) < 1e-4
         );
 
-        let a = Var::from_tensor(&(data(&[4, 32], 4) * 4.0).unwrap()).unwrap();
-        let b = Var::from_tensor(&data(&[4, 32], 5)).unwrap();
-        let c = data(&[4, 32], 6);
+        let a = Var::from_tensor(&(uniform(&[4, 32], 4) * 4.0).unwrap()).unwrap();
+        let b = Var::from_tensor(&uniform(&[4, 32], 5)).unwrap();
+        let c = uniform(&[4, 32], 6);
         let ours = swiglu(a.as_tensor(), b.as_tensor()).unwrap();
         let theirs = (a.as_tensor().silu().unwrap() * b.as_tensor()).unwrap();
-        assert!(diff(&ours, &theirs) < 1e-5);
+        assert!(max_diff(&ours, &theirs) < 1e-5);
         let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
         let g2 = (theirs * &c)
             .unwrap()
@@ -319,7 +294,7 @@ mod tests {
             .unwrap();
         for v in [&a, &b] {
             assert!(
-                diff(
+                max_diff(
                     g1.get(v.as_tensor()).unwrap(),
                     g2.get(v.as_tensor()).unwrap()
                 ) < 1e-4
@@ -328,9 +303,9 @@ mod tests {
 
         // Attention: B 2, 2 kv heads, 3 query heads each, T 5, d 8, left padding in row 1.
         let (bsz, nkv, rep, t, d) = (2, 2, 3, 5, 8);
-        let q = Var::from_tensor(&data(&[bsz, nkv, rep * t, d], 7)).unwrap();
-        let k = Var::from_tensor(&data(&[bsz, nkv, t, d], 8)).unwrap();
-        let v = Var::from_tensor(&data(&[bsz, nkv, t, d], 9)).unwrap();
+        let q = Var::from_tensor(&uniform(&[bsz, nkv, rep * t, d], 7)).unwrap();
+        let k = Var::from_tensor(&uniform(&[bsz, nkv, t, d], 8)).unwrap();
+        let v = Var::from_tensor(&uniform(&[bsz, nkv, t, d], 9)).unwrap();
         let mut m = Vec::new();
         for row in 0..bsz {
             for i in 0..t {
@@ -342,7 +317,7 @@ mod tests {
         }
         let mask = Tensor::from_vec(m, (bsz, 1, 1, t, t), &Device::Cpu).unwrap();
         let scale = 1.0 / (d as f64).sqrt();
-        let c = data(&[bsz, nkv, rep * t, d], 10);
+        let c = uniform(&[bsz, nkv, rep * t, d], 10);
         let ours = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale).unwrap();
         let s = (q.as_tensor().matmul(&k.as_tensor().t().unwrap()).unwrap() * scale)
             .unwrap()
@@ -355,7 +330,7 @@ mod tests {
             .reshape((bsz, nkv, rep * t, t))
             .unwrap();
         let theirs = p.matmul(v.as_tensor()).unwrap();
-        assert!(diff(&ours, &theirs) < 1e-5);
+        assert!(max_diff(&ours, &theirs) < 1e-5);
         let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
         let g2 = (theirs * &c)
             .unwrap()
@@ -364,7 +339,7 @@ mod tests {
             .backward()
             .unwrap();
         for var in [&q, &k, &v] {
-            let d = diff(
+            let d = max_diff(
                 g1.get(var.as_tensor()).unwrap(),
                 g2.get(var.as_tensor()).unwrap(),
             );

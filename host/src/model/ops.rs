@@ -312,53 +312,25 @@ mod tests {
     use super::*;
     use candle_core::Var;
 
-    fn randn(shape: &[usize], seed: u64) -> Tensor {
-        // A fixed pseudo-random fill: tests must not depend on candle's unseeded CPU rng.
-        let n: usize = shape.iter().product();
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let data: Vec<f32> = (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-            })
-            .collect();
-        Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
-    }
-
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
-    }
+    use crate::model::fixtures::{max_diff, uniform};
 
     #[test]
     fn frozen_linear_matches_matmul_and_leaves_the_weight_alone() {
-        let x = Var::from_tensor(&randn(&[2, 3, 8], 1)).unwrap();
-        let w = randn(&[5, 8], 2);
+        let x = Var::from_tensor(&uniform(&[2, 3, 8], 1)).unwrap();
+        let w = uniform(&[5, 8], 2);
         let w_var = Var::from_tensor(&w).unwrap();
         let ours = frozen_linear(x.as_tensor(), &w).unwrap();
         let stock = x
             .as_tensor()
             .broadcast_matmul(&w_var.as_tensor().t().unwrap())
             .unwrap();
-        assert!(max_abs_diff(&ours, &stock) < 1e-6);
+        assert!(max_diff(&ours, &stock) < 1e-6);
         let g_ours = (ours.sqr().unwrap().sum_all().unwrap()).backward().unwrap();
         let g_stock = (stock.sqr().unwrap().sum_all().unwrap())
             .backward()
             .unwrap();
         let gx = g_ours.get(x.as_tensor()).unwrap();
-        assert!(max_abs_diff(gx, g_stock.get(x.as_tensor()).unwrap()) < 1e-5);
+        assert!(max_diff(gx, g_stock.get(x.as_tensor()).unwrap()) < 1e-5);
         // The stock matmul computes the weight's gradient; ours never does.
         assert!(g_stock.get(w_var.as_tensor()).is_some());
         assert!(g_ours.get(&w).is_none());
@@ -366,10 +338,10 @@ mod tests {
 
     #[test]
     fn target_logprobs_match_log_softmax_with_gradients() {
-        let h = Var::from_tensor(&randn(&[7, 6], 3)).unwrap();
-        let lm = (randn(&[11, 6], 4) * 3.0).unwrap();
+        let h = Var::from_tensor(&uniform(&[7, 6], 3)).unwrap();
+        let lm = (uniform(&[11, 6], 4) * 3.0).unwrap();
         let targets = Tensor::new(&[0u32, 3, 10, 5, 5, 1, 9], &Device::Cpu).unwrap();
-        let coef = randn(&[7], 5);
+        let coef = uniform(&[7], 5);
         // Reference: plain candle ops on full logits.
         let logits = h.as_tensor().matmul(&lm.t().unwrap()).unwrap();
         let logp_all = candle_nn::ops::log_softmax(&logits, 1).unwrap();
@@ -391,8 +363,8 @@ mod tests {
         let ref_grad = ref_loss.backward().unwrap();
         for chunk in [1, 3, 7, 100] {
             let (logp, ent) = target_logprobs(h.as_tensor(), &lm, &targets, chunk).unwrap();
-            assert!(max_abs_diff(&logp, &ref_logp) < 1e-5);
-            assert!(max_abs_diff(&ent, &ref_ent) < 1e-5);
+            assert!(max_diff(&logp, &ref_logp) < 1e-5);
+            assert!(max_diff(&ent, &ref_ent) < 1e-5);
             let loss = ((&logp * &coef).unwrap() + (&ent * 0.3).unwrap())
                 .unwrap()
                 .sum_all()
@@ -400,13 +372,13 @@ mod tests {
             let grads = loss.backward().unwrap();
             let ours = grads.get(h.as_tensor()).unwrap();
             let want = ref_grad.get(h.as_tensor()).unwrap();
-            assert!(max_abs_diff(ours, want) < 1e-5, "chunk {chunk}");
+            assert!(max_diff(ours, want) < 1e-5, "chunk {chunk}");
         }
     }
 
     #[test]
     fn train_and_fused_forms_agree() {
-        let x = randn(&[2, 4, 3, 8], 6);
+        let x = uniform(&[2, 4, 3, 8], 6);
         let positions = Tensor::new(&[[0u32, 1, 2], [5, 6, 7]], &Device::Cpu).unwrap();
         let inv = rope_inv_freq(
             8,
@@ -418,9 +390,9 @@ mod tests {
         let (cos, sin) = rope_cos_sin(&inv, &positions).unwrap();
         let ours = rope_train(&x, &cos, &sin).unwrap();
         let fused = candle_nn::rotary_emb::rope(&x, &cos, &sin).unwrap();
-        assert!(max_abs_diff(&ours, &fused) < 1e-6);
-        let w = randn(&[8], 7);
+        assert!(max_diff(&ours, &fused) < 1e-6);
+        let w = uniform(&[8], 7);
         let slow = candle_nn::ops::rms_norm_slow(&x, &w, 1e-6).unwrap();
-        assert!(max_abs_diff(&rms_norm(&x, &w, 1e-6).unwrap(), &slow) < 1e-5);
+        assert!(max_diff(&rms_norm(&x, &w, 1e-6).unwrap(), &slow) < 1e-5);
     }
 }
