@@ -697,15 +697,7 @@ mod tests {
         for name in MODELS {
             let model = fixtures::load(name);
             let r = Reference::load(name);
-            let hidden = model
-                .forward_batch(
-                    &r.input_ids(),
-                    &r.attention_mask(),
-                    &r.position_ids(),
-                    Mode::BASE,
-                )
-                .unwrap();
-            let logits = model.logits(&hidden).unwrap();
+            let logits = r.logits(&model, Mode::BASE);
             let diff = masked_max_diff(&logits, r.get("logits"), &r.attention_mask());
             eprintln!("{name}: logits vs transformers, max abs diff {diff:.2e}");
             assert!(diff <= 1e-4, "{name}: max abs diff {diff}");

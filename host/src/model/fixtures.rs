@@ -2,6 +2,7 @@
 //! and PEFT): the tiny models and their reference outputs.
 
 use super::decoder::Model;
+use super::lora::Mode;
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -65,6 +66,19 @@ impl Reference {
             .collect()
     }
 
+    /// Logits `[B, T, vocab]` of `model` on this reference's batch (batch path).
+    pub fn logits(&self, model: &Model, mode: Mode) -> Tensor {
+        let h = model
+            .forward_batch(
+                &self.input_ids(),
+                &self.attention_mask(),
+                &self.position_ids(),
+                mode,
+            )
+            .unwrap();
+        model.logits(&h).unwrap()
+    }
+
     /// Index of the first real token of each row (rows are left-padded).
     pub fn first_real(&self) -> Vec<usize> {
         let mask = self.attention_mask().to_vec2::<u32>().unwrap();
@@ -119,4 +133,15 @@ pub fn uniform(shape: &[usize], seed: u64) -> Tensor {
         })
         .collect();
     Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+}
+
+pub fn max_abs(a: &Tensor) -> f32 {
+    a.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }

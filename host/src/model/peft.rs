@@ -353,20 +353,12 @@ mod tests {
         for name in MODELS {
             let model = with_adapter(name);
             let r = Reference::load(name);
-            let (ids, mask, pos) = (r.input_ids(), r.attention_mask(), r.position_ids());
-            let on = model
-                .logits(
-                    &model
-                        .forward_batch(&ids, &mask, &pos, Mode::INFERENCE)
-                        .unwrap(),
-                )
-                .unwrap();
+            let mask = r.attention_mask();
+            let on = r.logits(&model, Mode::INFERENCE);
             let d = masked_max_diff(&on, r.get("lora_logits"), &mask);
             eprintln!("{name}: LoRA logits vs PEFT, max abs diff {d:.2e}");
             assert!(d <= 1e-4, "{name}: lora logits diff {d}");
-            let off = model
-                .logits(&model.forward_batch(&ids, &mask, &pos, Mode::BASE).unwrap())
-                .unwrap();
+            let off = r.logits(&model, Mode::BASE);
             let d = masked_max_diff(&off, r.get("lora_disabled_logits"), &mask);
             assert!(d <= 1e-4, "{name}: disabled adapter diff {d}");
         }
@@ -411,15 +403,7 @@ mod tests {
                 let key = format!("grad.base_model.model.{path}.default.weight");
                 let want = r.get(&key);
                 let got = grads.get(var.as_tensor()).unwrap();
-                let scale = want
-                    .abs()
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .max(0)
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let scale = fixtures::max_abs(want);
                 worst = worst.max(max_diff(got, want) / scale);
             }
             eprintln!(
@@ -458,16 +442,8 @@ mod tests {
         let mut again = fixtures::load("llama");
         load_adapter(&mut again, &dir).unwrap();
         let r = Reference::load("llama");
-        let h = again
-            .forward_batch(
-                &r.input_ids(),
-                &r.attention_mask(),
-                &r.position_ids(),
-                Mode::INFERENCE,
-            )
-            .unwrap();
         let d = masked_max_diff(
-            &again.logits(&h).unwrap(),
+            &r.logits(&again, Mode::INFERENCE),
             r.get("lora_logits"),
             &r.attention_mask(),
         );
@@ -492,16 +468,8 @@ mod tests {
         let merged = Model::load(&dir, &Device::Cpu).unwrap();
         assert!(merged.cfg.tie_word_embeddings);
         let r = Reference::load("qwen2");
-        let h = merged
-            .forward_batch(
-                &r.input_ids(),
-                &r.attention_mask(),
-                &r.position_ids(),
-                Mode::BASE,
-            )
-            .unwrap();
         let d = masked_max_diff(
-            &merged.logits(&h).unwrap(),
+            &r.logits(&merged, Mode::BASE),
             r.get("merged_logits"),
             &r.attention_mask(),
         );
