@@ -4,10 +4,12 @@
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
+//! - `rollout`: the rollout engine with the real tools and environments in the loop.
 
 mod cli;
 mod model_cli;
 mod plugins;
+mod rollout;
 mod sandbox;
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};

@@ -10,7 +10,7 @@ pub mod chat;
 pub mod config;
 pub mod decoder;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 pub mod fused;
 pub mod gemv;
 pub mod generate;

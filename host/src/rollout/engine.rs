@@ -1,0 +1,859 @@
+//! The rollout engine: group sampling with triggers and environments in the loop.
+//!
+//! For a batch of samples, each prompt is rendered with the chat template and prefilled
+//! once; its G trajectories fork its KV cache. All active trajectories then decode
+//! together, one packed forward per step. Each trajectory owns one trigger session and/or
+//! one environment episode. Plugin calls run on the tokio worker pool: a trajectory that
+//! waits on one leaves the batch, the others keep decoding, and it rejoins with the
+//! inserted tokens pending when the answer arrives.
+//!
+//! Token-in/token-out: the ids in a trajectory are exactly the ids the model saw. Inserted
+//! text (tool output, environment turns) is tokenized on its own and appended; the
+//! history is never re-encoded, so the trainer's log-probs are over the same ids the
+//! sampler's were.
+//!
+//! Stop patterns are matched in the incrementally decoded text, only in what the model
+//! wrote since the last insertion, so a pattern inside tool output never fires. A token
+//! may decode to more than the pattern (`</calc>\n`): the tool sees the text up to the
+//! pattern's end, and its output follows the whole token.
+
+use super::reward::Rewards;
+use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
+use super::turns::TurnFormat;
+use crate::model::bundle::LanguageModel;
+use crate::model::generate::{Sequence, advance, sample_seed};
+use crate::model::lora::Mode;
+use crate::model::sample::SamplingParams;
+use crate::model::tokenizer::IncrementalDecoder;
+use crate::plugin::{
+    Component, EnvironmentEpisode, Fault, FaultKind, Message, Plugin, Sample, StepResult,
+    TriggerSession,
+};
+use anyhow::{Context, Result, bail};
+use serde_json::{Map, Value as Json};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+
+/// Per-trajectory limits.
+#[derive(Debug, Clone)]
+pub struct RolloutLimits {
+    /// Assistant turns (with an environment); the episode is cut after this many.
+    pub max_turns: u32,
+    /// Tool outputs and environment answers inserted.
+    pub max_tool_calls: u32,
+    /// Tokens of one tool output; longer output is cut and `truncation_marker` appended.
+    pub max_tool_output_tokens: usize,
+    /// Prompt plus completion.
+    pub max_total_tokens: usize,
+    pub truncation_marker: String,
+}
+
+impl Default for RolloutLimits {
+    fn default() -> Self {
+        RolloutLimits {
+            max_turns: 8,
+            max_tool_calls: 8,
+            max_tool_output_tokens: 256,
+            max_total_tokens: 4096,
+            truncation_marker: "…[truncated]".into(),
+        }
+    }
+}
+
+/// A plugin in one role, with its configuration for that role.
+#[derive(Clone)]
+pub struct ToolSpec {
+    pub plugin: Plugin,
+    pub config: String,
+}
+
+/// What the engine needs besides the model.
+pub struct RolloutSettings {
+    pub group_size: usize,
+    /// `max_new_tokens` is per assistant turn; stop tokens and strings end a turn.
+    pub sampling: SamplingParams,
+    pub limits: RolloutLimits,
+    /// Extra chat template variables, e.g. `enable_thinking = false`.
+    pub template_kwargs: Map<String, Json>,
+    pub trigger: Option<ToolSpec>,
+    pub environment: Option<ToolSpec>,
+}
+
+/// Where a batch's time went.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct BatchStats {
+    pub wall_s: f64,
+    pub prefill_s: f64,
+    /// Time in packed forwards after the prefill.
+    pub decode_s: f64,
+    /// Time the decoder sat idle because every live trajectory waited on a plugin.
+    pub plugin_wait_s: f64,
+    /// Sum of the durations of all plugin calls (they overlap decoding and each other).
+    pub plugin_busy_s: f64,
+    pub prompt_tokens: usize,
+    pub sampled_tokens: usize,
+    pub inserted_tokens: usize,
+    pub forwards: usize,
+    pub trajectories: usize,
+}
+
+pub struct Engine<'a> {
+    lm: &'a LanguageModel,
+    settings: &'a RolloutSettings,
+    rewards: &'a Rewards,
+    handle: Handle,
+    turns: Option<TurnFormat<'a>>,
+}
+
+/// What a plugin call sends back to the decode loop.
+enum Event {
+    TriggerOpened(usize, Result<TriggerSession, Fault>),
+    EpisodeOpened(usize, Result<EnvironmentEpisode, Fault>),
+    Fired(
+        usize,
+        TriggerSession,
+        Result<Option<String>, Fault>,
+        Duration,
+    ),
+    Stepped(
+        usize,
+        EnvironmentEpisode,
+        Result<StepResult, Fault>,
+        Duration,
+    ),
+    Scored(usize, Vec<Result<Vec<Component>, Fault>>, Duration),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Active,
+    Waiting,
+    Done(StopReason),
+}
+
+/// One trajectory while it is being sampled.
+struct Live<'t> {
+    sample: usize,
+    index: usize,
+    seq: Sequence,
+    dec: IncrementalDecoder<'t>,
+    state: State,
+    trigger: Option<TriggerSession>,
+    patterns: Vec<String>,
+    episode: Option<EnvironmentEpisode>,
+    /// Byte offset in the decoded text where a stop pattern may start: the end of the
+    /// last insertion (patterns inside inserted text never fire).
+    scan_from: usize,
+    /// Index in `seq.tokens` where the current assistant turn began.
+    turn_start: usize,
+    turn_tokens: usize,
+    /// Whether the model is inside an assistant turn not yet recorded in `messages`.
+    turn_open: bool,
+    /// Length of the decoded text before the last sampled token: what was searched for
+    /// stop patterns already.
+    checked: usize,
+    /// Inserted spans, in completion token indices; model spans are the gaps.
+    inserted: Vec<(SpanKind, usize, usize)>,
+    messages: Vec<Message>,
+    turns: u32,
+    tool_calls: u32,
+    tool_truncations: u32,
+    faults: Vec<FaultRecord>,
+    env_reward: Option<f64>,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(
+        lm: &'a LanguageModel,
+        settings: &'a RolloutSettings,
+        rewards: &'a Rewards,
+        handle: Handle,
+    ) -> Result<Engine<'a>> {
+        // Plugin calls run on the runtime's workers while this thread decodes: a
+        // current-thread runtime would never run them.
+        if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            bail!("the rollout engine needs a multi-threaded tokio runtime for plugin calls");
+        }
+        if settings.group_size == 0 {
+            bail!("rollout.group_size must be at least 1");
+        }
+        settings.sampling.validate()?;
+        let chat = lm.chat()?;
+        let turns = match &settings.environment {
+            Some(env) => Some(
+                TurnFormat::new(chat, settings.template_kwargs.clone()).with_context(|| {
+                    format!(
+                        "environment `{}` needs a chat template that can continue a conversation",
+                        env.plugin.name()
+                    )
+                })?,
+            ),
+            None => None,
+        };
+        Ok(Engine {
+            lm,
+            settings,
+            rewards,
+            handle,
+            turns,
+        })
+    }
+
+    /// The prompt's token ids: the sample's messages rendered with a generation prompt.
+    pub fn prompt_tokens(&self, sample: &Sample) -> Result<Vec<u32>> {
+        let messages: Vec<Json> = sample
+            .messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let text = self.lm.chat()?.render_with_kwargs(
+            &messages,
+            None,
+            true,
+            &self.settings.template_kwargs,
+        )?;
+        self.lm.tokenizer.encode(&text)
+    }
+
+    /// Samples `group_size` trajectories for each sample and scores them. Trajectory `j` of
+    /// sample `id` draws from a generator seeded by `(seed, id, j)` only, so its tokens do
+    /// not depend on the rest of the batch (vary `seed` from batch to batch).
+    pub fn run(
+        &self,
+        samples: &[(u64, Sample)],
+        seed: u64,
+        version: u64,
+        mode: Mode,
+    ) -> Result<(Vec<Group>, BatchStats)> {
+        let t0 = Instant::now();
+        let mut stats = BatchStats::default();
+        let model = &self.lm.model;
+        let tok = &self.lm.tokenizer;
+        let s = self.settings;
+        let g = s.group_size;
+        let prompts: Vec<Vec<u32>> = samples
+            .iter()
+            .map(|(id, sample)| {
+                self.prompt_tokens(sample)
+                    .with_context(|| format!("rendering the prompt of sample {id}"))
+            })
+            .collect::<Result<_>>()?;
+        for ((id, _), p) in samples.iter().zip(&prompts) {
+            if p.is_empty() {
+                bail!("sample {id} renders to an empty prompt");
+            }
+            if p.len() >= s.limits.max_total_tokens {
+                bail!(
+                    "sample {id}'s prompt has {} tokens, rollout.max_total_tokens is {}: raise the limit or shorten the prompt",
+                    p.len(),
+                    s.limits.max_total_tokens
+                );
+            }
+            stats.prompt_tokens += p.len();
+        }
+
+        // Plugin sessions open on the worker pool while the prompts prefill.
+        let (tx, rx) = mpsc::channel::<Event>();
+        let n = samples.len() * g;
+        let mut opening = 0;
+        for (i, (id, sample)) in samples.iter().enumerate() {
+            for j in 0..g {
+                let t = i * g + j;
+                let plugin_seed = sample_seed(seed ^ 0x706c_7567, *id as usize, j);
+                if let Some(spec) = &s.trigger {
+                    let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
+                    opening += 1;
+                    self.handle.spawn(async move {
+                        let r = spec
+                            .plugin
+                            .open_trigger(&spec.config, &sample, plugin_seed)
+                            .await
+                            .map_err(|e| as_fault(&spec.plugin, "trigger.open", e));
+                        let _ = tx.send(Event::TriggerOpened(t, r));
+                    });
+                }
+                if let Some(spec) = &s.environment {
+                    let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
+                    opening += 1;
+                    self.handle.spawn(async move {
+                        let r = spec
+                            .plugin
+                            .open_environment(&spec.config, &sample, plugin_seed)
+                            .await
+                            .map_err(|e| as_fault(&spec.plugin, "environment.open", e));
+                        let _ = tx.send(Event::EpisodeOpened(t, r));
+                    });
+                }
+            }
+        }
+
+        let mut heads: Vec<Sequence> = prompts
+            .iter()
+            .map(|p| Sequence::new(model, p.clone(), 0))
+            .collect();
+        advance(model, &mut heads.iter_mut().collect::<Vec<_>>(), mode)?;
+        stats.forwards += 1;
+        stats.prefill_s = t0.elapsed().as_secs_f64();
+        let mut lives: Vec<Live> = Vec::with_capacity(n);
+        for (i, head) in heads.iter_mut().enumerate() {
+            for j in 0..g {
+                let seq = head.fork(sample_seed(seed, samples[i].0 as usize, j));
+                let start = seq.tokens.len();
+                lives.push(Live {
+                    sample: i,
+                    index: j,
+                    seq,
+                    dec: IncrementalDecoder::new(tok, false),
+                    state: State::Active,
+                    trigger: None,
+                    patterns: Vec::new(),
+                    episode: None,
+                    scan_from: 0,
+                    turn_start: start,
+                    turn_tokens: 0,
+                    turn_open: true,
+                    checked: 0,
+                    inserted: Vec::new(),
+                    messages: samples[i].1.messages.clone(),
+                    turns: 0,
+                    tool_calls: 0,
+                    tool_truncations: 0,
+                    faults: Vec::new(),
+                    env_reward: None,
+                });
+            }
+        }
+        drop(heads);
+
+        let wait0 = Instant::now();
+        while opening > 0 {
+            let event = rx.recv().context("plugin worker pool stopped")?;
+            opening -= 1;
+            match event {
+                Event::TriggerOpened(t, Ok(session)) => {
+                    lives[t].patterns = session.stop_patterns().to_vec();
+                    lives[t].trigger = Some(session);
+                }
+                Event::EpisodeOpened(t, Ok(episode)) => lives[t].episode = Some(episode),
+                // Without its session the trajectory runs without the tool; without its
+                // episode, as a single turn. Either way the fault is on record.
+                Event::TriggerOpened(t, Err(f)) | Event::EpisodeOpened(t, Err(f)) => {
+                    lives[t].faults.push(FaultRecord::from(&f));
+                }
+                _ => unreachable!("only opens are in flight"),
+            }
+        }
+        stats.plugin_wait_s += wait0.elapsed().as_secs_f64();
+
+        let mut trajectories: Vec<Option<Trajectory>> = (0..n).map(|_| None).collect();
+        let mut scoring = 0usize;
+        let mut scored = 0usize;
+        loop {
+            // Plugin answers that arrived meanwhile; block only when nothing can decode.
+            loop {
+                let any_active = lives.iter().any(|l| l.state == State::Active);
+                let any_waiting = lives.iter().any(|l| l.state == State::Waiting);
+                let event = if any_active || !any_waiting {
+                    match rx.try_recv() {
+                        Ok(e) => e,
+                        Err(_) => break,
+                    }
+                } else {
+                    let w = Instant::now();
+                    let e = rx.recv().context("plugin worker pool stopped")?;
+                    stats.plugin_wait_s += w.elapsed().as_secs_f64();
+                    e
+                };
+                self.apply(
+                    event,
+                    &mut lives,
+                    &mut trajectories,
+                    &mut stats,
+                    &mut scored,
+                )?;
+            }
+            // Trajectories that just finished: build them and send them to be scored.
+            for (t, l) in lives.iter_mut().enumerate() {
+                if let State::Done(stop) = l.state
+                    && trajectories[t].is_none()
+                {
+                    let traj = self.finish(l, samples, stop, version)?;
+                    stats.sampled_tokens += traj.sampled_tokens();
+                    stats.inserted_tokens += traj.completion_tokens().len() - traj.sampled_tokens();
+                    trajectories[t] = Some(traj);
+                    if self.rewards.fns.is_empty() {
+                        let traj = trajectories[t].as_mut().expect("just set");
+                        self.rewards.combine(traj, Vec::new(), l.env_reward);
+                    } else {
+                        self.spawn_scoring(
+                            t,
+                            trajectories[t].as_ref().expect("just set"),
+                            tx.clone(),
+                        );
+                        scoring += 1;
+                    }
+                }
+            }
+            let mut active: Vec<&mut Live> = lives
+                .iter_mut()
+                .filter(|l| l.state == State::Active)
+                .collect();
+            if active.is_empty() {
+                if lives.iter().any(|l| l.state == State::Waiting) {
+                    continue;
+                }
+                break;
+            }
+            let f0 = Instant::now();
+            {
+                let mut seqs: Vec<&mut Sequence> = active
+                    .iter_mut()
+                    .filter(|l| !l.seq.ready())
+                    .map(|l| &mut l.seq)
+                    .collect();
+                if !seqs.is_empty() {
+                    advance(model, &mut seqs, mode)?;
+                    stats.forwards += 1;
+                }
+            }
+            stats.decode_s += f0.elapsed().as_secs_f64();
+            for l in active {
+                self.step(l, &tx)?;
+            }
+        }
+        while scored < scoring {
+            let w = Instant::now();
+            let event = rx.recv().context("plugin worker pool stopped")?;
+            stats.plugin_wait_s += w.elapsed().as_secs_f64();
+            self.apply(
+                event,
+                &mut lives,
+                &mut trajectories,
+                &mut stats,
+                &mut scored,
+            )?;
+        }
+
+        let mut groups: Vec<Group> = samples
+            .iter()
+            .map(|(id, _)| Group {
+                sample_id: *id,
+                trajectories: Vec::with_capacity(g),
+            })
+            .collect();
+        for (t, traj) in trajectories.into_iter().enumerate() {
+            groups[t / g]
+                .trajectories
+                .push(traj.expect("every trajectory finished"));
+        }
+        stats.trajectories = n;
+        stats.wall_s = t0.elapsed().as_secs_f64();
+        Ok((groups, stats))
+    }
+
+    /// Samples one token for an active trajectory and acts on it.
+    fn step(&self, l: &mut Live, tx: &mpsc::Sender<Event>) -> Result<()> {
+        let s = self.settings;
+        let (tok, _) = l.seq.sample_next(&s.sampling)?;
+        l.checked = l.dec.text().len();
+        l.dec.push(tok)?;
+        l.turn_tokens += 1;
+        if s.sampling.stop_token_ids.contains(&tok) {
+            return self.end_turn(l, tx, true);
+        }
+        if l.seq.tokens.len() >= s.limits.max_total_tokens {
+            l.state = State::Done(StopReason::TotalTokens);
+            return Ok(());
+        }
+        if let Some(end) = new_match(l.dec.text(), search_from(l, &l.patterns), &l.patterns) {
+            if l.tool_calls >= s.limits.max_tool_calls {
+                l.state = State::Done(StopReason::MaxToolCalls);
+                return Ok(());
+            }
+            l.scan_from = l.dec.text().len();
+            if let Some(mut session) = l.trigger.take() {
+                let text = l.dec.text()[..end].to_string();
+                let (t, tx) = (self.index_of(l), tx.clone());
+                l.state = State::Waiting;
+                self.handle.spawn(async move {
+                    let c0 = Instant::now();
+                    let r = session.fire(&text).await;
+                    let _ = tx.send(Event::Fired(t, session, r, c0.elapsed()));
+                });
+                return Ok(());
+            }
+        }
+        if !s.sampling.stop_strings.is_empty()
+            && new_match(
+                l.dec.text(),
+                search_from(l, &s.sampling.stop_strings),
+                &s.sampling.stop_strings,
+            )
+            .is_some()
+        {
+            return self.end_turn(l, tx, false);
+        }
+        if l.turn_tokens >= s.sampling.max_new_tokens {
+            l.state = State::Done(StopReason::TurnTokens);
+        }
+        Ok(())
+    }
+
+    fn index_of(&self, l: &Live) -> usize {
+        l.sample * self.settings.group_size + l.index
+    }
+
+    /// The model ended its turn: record it, and hand it to the environment if there is one.
+    fn end_turn(&self, l: &mut Live, tx: &mpsc::Sender<Event>, by_stop_token: bool) -> Result<()> {
+        let tokens = &l.seq.tokens[l.turn_start..];
+        let content_tokens = if by_stop_token {
+            &tokens[..tokens.len() - 1]
+        } else {
+            tokens
+        };
+        let content = self.lm.tokenizer.decode(content_tokens, false)?;
+        l.turns += 1;
+        l.turn_open = false;
+        l.messages.push(Message {
+            role: "assistant".into(),
+            content: content.clone(),
+        });
+        match l.episode.take() {
+            Some(mut episode) => {
+                let (t, tx) = (self.index_of(l), tx.clone());
+                l.state = State::Waiting;
+                self.handle.spawn(async move {
+                    let c0 = Instant::now();
+                    let r = episode.step(&content).await;
+                    let _ = tx.send(Event::Stepped(t, episode, r, c0.elapsed()));
+                });
+            }
+            None => l.state = State::Done(StopReason::EndOfTurn),
+        }
+        Ok(())
+    }
+
+    /// Acts on a plugin's answer.
+    fn apply(
+        &self,
+        event: Event,
+        lives: &mut [Live],
+        trajectories: &mut [Option<Trajectory>],
+        stats: &mut BatchStats,
+        scored: &mut usize,
+    ) -> Result<()> {
+        match event {
+            Event::Fired(t, session, result, took) => {
+                stats.plugin_busy_s += took.as_secs_f64();
+                let l = &mut lives[t];
+                l.trigger = Some(session);
+                l.state = State::Active;
+                let text = match result {
+                    Ok(Some(text)) => text,
+                    Ok(None) => return Ok(()),
+                    Err(fault) => {
+                        l.faults.push(FaultRecord::from(&fault));
+                        fault.tool_error_text()
+                    }
+                };
+                l.tool_calls += 1;
+                self.insert(l, &text, SpanKind::Tool)?;
+            }
+            Event::Stepped(t, episode, result, took) => {
+                stats.plugin_busy_s += took.as_secs_f64();
+                let l = &mut lives[t];
+                l.episode = Some(episode);
+                let step = match result {
+                    Ok(step) => step,
+                    Err(fault) => {
+                        l.faults.push(FaultRecord::from(&fault));
+                        l.state = State::Done(StopReason::EnvFault);
+                        return Ok(());
+                    }
+                };
+                if let Some(r) = step.reward {
+                    *l.env_reward.get_or_insert(0.0) += r;
+                }
+                l.state = if step.done {
+                    State::Done(StopReason::EnvDone)
+                } else if l.turns >= self.settings.limits.max_turns {
+                    State::Done(StopReason::MaxTurns)
+                } else if l.tool_calls >= self.settings.limits.max_tool_calls {
+                    State::Done(StopReason::MaxToolCalls)
+                } else {
+                    State::Active
+                };
+                if l.state != State::Active {
+                    return Ok(());
+                }
+                let turns = self
+                    .turns
+                    .as_ref()
+                    .expect("an environment has a turn format");
+                let last = *l.seq.tokens.last().expect("a turn was sampled");
+                let ended_with = if self.settings.sampling.stop_token_ids.contains(&last) {
+                    self.lm.tokenizer.decode(&[last], false)?
+                } else {
+                    String::new()
+                };
+                let text = match turns.continuation(&l.messages, &step.messages, &ended_with) {
+                    Ok(text) => text,
+                    Err(e) => {
+                        tracing::warn!("{e:#}");
+                        l.state = State::Done(StopReason::TemplateError);
+                        return Ok(());
+                    }
+                };
+                l.messages.extend(step.messages);
+                l.tool_calls += 1;
+                self.insert(l, &text, SpanKind::Env)?;
+                if l.state == State::Active {
+                    l.turn_start = l.seq.tokens.len();
+                    l.turn_tokens = 0;
+                    l.turn_open = true;
+                }
+            }
+            Event::Scored(t, results, took) => {
+                stats.plugin_busy_s += took.as_secs_f64();
+                let traj = trajectories[t].as_mut().expect("scored after finishing");
+                self.rewards.combine(traj, results, lives[t].env_reward);
+                *scored += 1;
+            }
+            Event::TriggerOpened(..) | Event::EpisodeOpened(..) => {
+                unreachable!("sessions open before decoding starts")
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends inserted text as tokens the model is not trained on, within the limits.
+    fn insert(&self, l: &mut Live, text: &str, kind: SpanKind) -> Result<()> {
+        let lim = &self.settings.limits;
+        let tok = &self.lm.tokenizer;
+        let mut ids = tok.encode(text)?;
+        if kind == SpanKind::Tool && ids.len() > lim.max_tool_output_tokens {
+            let marker = tok.encode(&lim.truncation_marker)?;
+            let keep = lim.max_tool_output_tokens.saturating_sub(marker.len());
+            ids.truncate(keep);
+            ids.extend(marker);
+            l.tool_truncations += 1;
+        }
+        let room = lim.max_total_tokens.saturating_sub(l.seq.tokens.len());
+        if ids.len() >= room {
+            // No room left to answer: keep what fits and end here.
+            ids.truncate(room);
+            l.state = State::Done(StopReason::TotalTokens);
+        }
+        let start = l.seq.tokens.len() - l.seq.prompt_len;
+        l.seq.append(&ids);
+        for &id in &ids {
+            l.dec.push(id)?;
+        }
+        l.inserted.push((kind, start, start + ids.len()));
+        l.scan_from = l.dec.text().len();
+        Ok(())
+    }
+
+    /// The finished trajectory, with its sessions released.
+    fn finish(
+        &self,
+        l: &mut Live,
+        samples: &[(u64, Sample)],
+        stop: StopReason,
+        version: u64,
+    ) -> Result<Trajectory> {
+        l.trigger = None;
+        l.episode = None;
+        l.dec.flush()?;
+        let tok = &self.lm.tokenizer;
+        // A turn cut off by a limit is still the model's text: it goes in the messages.
+        if l.turn_open {
+            l.turn_open = false;
+            let content = tok.decode(&l.seq.tokens[l.turn_start..], false)?;
+            l.messages.push(Message {
+                role: "assistant".into(),
+                content,
+            });
+            l.turns += 1;
+        }
+        let completion = l.seq.completion().to_vec();
+        let mut spans = Vec::new();
+        let mut at = 0;
+        let push = |kind, start: usize, end: usize, spans: &mut Vec<Span>| -> Result<()> {
+            if end > start {
+                spans.push(Span {
+                    kind,
+                    start,
+                    end,
+                    text: tok.decode(&completion[start..end], false)?,
+                });
+            }
+            Ok(())
+        };
+        for &(kind, start, end) in &l.inserted {
+            push(SpanKind::Model, at, start, &mut spans)?;
+            push(kind, start, end, &mut spans)?;
+            at = end;
+        }
+        push(SpanKind::Model, at, completion.len(), &mut spans)?;
+        let (id, sample) = &samples[l.sample];
+        // Frees the KV cache now, not when the batch ends.
+        let seq = std::mem::replace(&mut l.seq, Sequence::new(&self.lm.model, Vec::new(), 0));
+        Ok(Trajectory {
+            sample_id: *id,
+            index: l.index,
+            version,
+            prompt_len: seq.prompt_len,
+            tokens: seq.tokens,
+            logps: seq.logprobs,
+            spans,
+            messages: std::mem::take(&mut l.messages),
+            completion: l.dec.text().to_string(),
+            metadata: sample.metadata.clone(),
+            turns: l.turns,
+            tool_calls: l.tool_calls,
+            tool_truncations: l.tool_truncations,
+            stop,
+            truncated: stop.truncated(),
+            faults: std::mem::take(&mut l.faults),
+            rewards: Default::default(),
+            reward: 0.0,
+        })
+    }
+
+    fn spawn_scoring(&self, t: usize, traj: &Trajectory, tx: mpsc::Sender<Event>) {
+        let fns = self.rewards.fns.clone();
+        let view = traj.for_reward();
+        self.handle.spawn(async move {
+            let c0 = Instant::now();
+            let mut results = Vec::with_capacity(fns.len());
+            for f in &fns {
+                results.push(f.score(&view).await);
+            }
+            let _ = tx.send(Event::Scored(t, results, c0.elapsed()));
+        });
+    }
+}
+
+/// Where a search for `patterns` must start so that it sees every occurrence ending in
+/// the last token's text and nothing before the last insertion: an occurrence that ended
+/// earlier was found by an earlier search. Searching only this tail keeps matching
+/// proportional to the new text, not to the turn.
+fn search_from(l: &Live, patterns: &[String]) -> usize {
+    let longest = patterns.iter().map(String::len).max().unwrap_or(0);
+    let text = l.dec.text();
+    let mut from = l
+        .checked
+        .saturating_sub(longest.saturating_sub(1))
+        .max(l.scan_from);
+    while from < text.len() && !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    from.max(l.scan_from).min(text.len())
+}
+
+/// The end (byte offset) of the first pattern occurrence that starts at or after `from`,
+/// if any. The text before the last token was checked already, and after a match
+/// `from` moves past it, so a pattern matches once.
+fn new_match(text: &str, from: usize, patterns: &[String]) -> Option<usize> {
+    let hay = text.get(from..)?;
+    patterns
+        .iter()
+        .filter_map(|p| hay.find(p.as_str()).map(|at| from + at + p.len()))
+        .min()
+}
+
+/// A session that could not be opened, as a fault (opening errors other than the
+/// plugin's own are host-side: an incompatible plugin).
+fn as_fault(plugin: &Plugin, call: &'static str, e: anyhow::Error) -> Fault {
+    match e.downcast::<Fault>() {
+        Ok(fault) => fault,
+        Err(e) => Fault {
+            plugin: plugin.name().to_string(),
+            call,
+            kind: FaultKind::Incompatible,
+            message: format!("{e:#}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures;
+    use candle_core::Device;
+
+    fn settings(lm: &LanguageModel, group_size: usize) -> RolloutSettings {
+        let mut sampling = lm.default_sampling().unwrap();
+        sampling.temperature = 1.0;
+        sampling.top_k = 0;
+        sampling.top_p = 1.0;
+        sampling.max_new_tokens = 10;
+        RolloutSettings {
+            group_size,
+            sampling,
+            limits: RolloutLimits::default(),
+            template_kwargs: Map::new(),
+            trigger: None,
+            environment: None,
+        }
+    }
+
+    fn tokens(groups: &[Group]) -> Vec<Vec<Vec<u32>>> {
+        groups
+            .iter()
+            .map(|g| g.trajectories.iter().map(|t| t.tokens.clone()).collect())
+            .collect()
+    }
+
+    /// A sample's trajectories do not depend on what else is in the batch: prefilling a
+    /// prompt once for its group gives the same tokens as running it alone, and the
+    /// same seed gives the same tokens.
+    #[test]
+    fn group_sampling_is_independent_of_the_batch() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let rewards = Rewards::none();
+        let s = settings(&lm, 3);
+        let engine = Engine::new(&lm, &s, &rewards, rt.handle().clone()).unwrap();
+        let a = (4, Sample::from_prompt("Tell me a story."));
+        let b = (9, Sample::from_prompt("What is 2+2?"));
+        let (both, stats) = engine
+            .run(&[a.clone(), b.clone()], 5, 0, Mode::INFERENCE)
+            .unwrap();
+        let (alone, _) = engine
+            .run(std::slice::from_ref(&b), 5, 0, Mode::INFERENCE)
+            .unwrap();
+        assert_eq!(tokens(&both)[1], tokens(&alone)[0]);
+        let (again, _) = engine.run(&[a.clone(), b], 5, 0, Mode::INFERENCE).unwrap();
+        assert_eq!(tokens(&both), tokens(&again));
+        let (other_seed, _) = engine.run(&[a], 6, 0, Mode::INFERENCE).unwrap();
+        assert_ne!(tokens(&both)[0], tokens(&other_seed)[0]);
+        // The group's samples differ and share the prompt.
+        let g = &both[0].trajectories;
+        assert_ne!(g[0].tokens, g[1].tokens);
+        assert_eq!(
+            g[0].tokens[..g[0].prompt_len],
+            g[1].tokens[..g[1].prompt_len]
+        );
+        assert_eq!(stats.trajectories, 6);
+        assert!(g.iter().all(|t| t.loss_mask().iter().all(|&m| m == 1)));
+    }
+
+    #[test]
+    fn stop_patterns_match_once_and_only_in_new_text() {
+        let p = vec!["</calc>".to_string()];
+        assert_eq!(new_match("a</calc>b", 0, &p), Some(8));
+        assert_eq!(new_match("a</calc>b", 8, &p), None);
+        assert_eq!(new_match("x</calc>", 2, &p), None, "starts before `from`");
+        assert_eq!(
+            new_match("héllo", 2, &["l".into()]),
+            None,
+            "not a char boundary"
+        );
+    }
+}

@@ -1,0 +1,19 @@
+//! Rollouts: the sampling engine joined with the plugins.
+//!
+//! - [`engine`]: group sampling with trigger sessions and environment episodes in the
+//!   loop, plugin calls on a worker pool, token-in/token-out.
+//! - [`turns`]: continuing a conversation with the chat template, turn by turn.
+//! - [`trajectory`]: what a finished rollout holds (tokens, log-probs, loss mask, spans).
+//! - [`reward`]: reward plugins' components, weighted and summed.
+//! - [`queue`]: the bounded queue between the rollout side and the trainer, with
+//!   adapter versions and a staleness bound.
+
+pub mod engine;
+pub mod queue;
+pub mod reward;
+pub mod trajectory;
+pub mod turns;
+
+pub use engine::{BatchStats, Engine, RolloutLimits, RolloutSettings, ToolSpec};
+pub use reward::{RewardSpec, Rewards};
+pub use trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};

@@ -1,0 +1,172 @@
+//! A finished rollout as the trainer, the reward plugins and `rollouts.jsonl` see it.
+//!
+//! `tokens` are exactly the ids the model saw, prompt first. Everything after the prompt
+//! is covered by `spans`: what the model sampled (trained on, `loss_mask` 1) and what the
+//! host inserted — trigger output and environment turns — (not trained on, mask 0).
+
+use crate::plugin::{Fault, Message};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Who wrote a stretch of the completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpanKind {
+    /// Sampled by the model.
+    Model,
+    /// Inserted by a trigger (tool output, or a tool-error text).
+    Tool,
+    /// Inserted for an environment: the end of the assistant turn and the environment's
+    /// messages, rendered by the chat template, up to the next assistant header.
+    Env,
+}
+
+/// Tokens `start..end` of the completion (0 = the first token after the prompt).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Span {
+    pub kind: SpanKind,
+    pub start: usize,
+    pub end: usize,
+    /// The tokens' text (decoded, special tokens kept).
+    pub text: String,
+}
+
+/// Why a trajectory ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model ended its turn (a stop token or stop string) and no environment asked
+    /// for more.
+    EndOfTurn,
+    /// The environment ended the episode.
+    EnvDone,
+    /// One assistant turn reached `sampling.max_new_tokens`.
+    TurnTokens,
+    /// The whole sequence reached `rollout.max_total_tokens`.
+    TotalTokens,
+    /// `rollout.max_turns` assistant turns were taken and the environment wanted more.
+    MaxTurns,
+    /// `rollout.max_tool_calls` tool calls were made and the model asked for another.
+    MaxToolCalls,
+    /// The environment plugin failed; the episode cannot go on.
+    EnvFault,
+    /// The chat template could not render the environment's messages as a continuation.
+    TemplateError,
+}
+
+impl StopReason {
+    /// Whether a limit cut the rollout off before the model or the environment ended it.
+    pub fn truncated(self) -> bool {
+        matches!(
+            self,
+            StopReason::TurnTokens
+                | StopReason::TotalTokens
+                | StopReason::MaxTurns
+                | StopReason::MaxToolCalls
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::EndOfTurn => "end_of_turn",
+            StopReason::EnvDone => "env_done",
+            StopReason::TurnTokens => "turn_tokens",
+            StopReason::TotalTokens => "total_tokens",
+            StopReason::MaxTurns => "max_turns",
+            StopReason::MaxToolCalls => "max_tool_calls",
+            StopReason::EnvFault => "env_fault",
+            StopReason::TemplateError => "template_error",
+        }
+    }
+}
+
+/// A plugin fault met during the rollout (a serializable copy of [`Fault`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FaultRecord {
+    pub plugin: String,
+    pub call: String,
+    pub kind: String,
+    pub message: String,
+}
+
+impl From<&Fault> for FaultRecord {
+    fn from(f: &Fault) -> Self {
+        FaultRecord {
+            plugin: f.plugin.clone(),
+            call: f.call.to_string(),
+            kind: f.kind.as_str().to_string(),
+            message: f.message.clone(),
+        }
+    }
+}
+
+/// One finished rollout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trajectory {
+    /// The dataset's id of the sample this answers.
+    pub sample_id: u64,
+    /// Index within its group (0..group_size).
+    pub index: usize,
+    /// The adapter version the rollout was sampled with.
+    pub version: u64,
+    /// Prompt and completion token ids, exactly as the model saw them.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Per completion token: the sampling log-prob (log softmax(logits / T)); `None` for
+    /// inserted tokens.
+    pub logps: Vec<Option<f32>>,
+    pub spans: Vec<Span>,
+    /// The conversation: the prompt's messages, each assistant turn (with trigger output
+    /// in place) and each environment message.
+    pub messages: Vec<Message>,
+    /// The completion's text as decoded (special tokens kept).
+    pub completion: String,
+    pub metadata: serde_json::Value,
+    /// Assistant turns taken.
+    pub turns: u32,
+    /// Trigger outputs and environment answers inserted.
+    pub tool_calls: u32,
+    /// Tool outputs cut to `rollout.max_tool_output_tokens`.
+    pub tool_truncations: u32,
+    pub stop: StopReason,
+    pub truncated: bool,
+    pub faults: Vec<FaultRecord>,
+    /// Reward components by name (weighted sum in `reward`); empty until scored.
+    pub rewards: BTreeMap<String, f64>,
+    pub reward: f64,
+}
+
+impl Trajectory {
+    /// 1 for tokens the model sampled (trained on), 0 for inserted ones; one per
+    /// completion token.
+    pub fn loss_mask(&self) -> Vec<u8> {
+        self.logps.iter().map(|l| l.is_some() as u8).collect()
+    }
+
+    pub fn completion_tokens(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens the model sampled.
+    pub fn sampled_tokens(&self) -> usize {
+        self.logps.iter().filter(|l| l.is_some()).count()
+    }
+
+    /// The trajectory as the reward plugins receive it.
+    pub fn for_reward(&self) -> crate::plugin::Trajectory {
+        crate::plugin::Trajectory {
+            messages: self.messages.clone(),
+            completion: self.completion.clone(),
+            metadata: self.metadata.clone(),
+            turns: self.turns,
+            truncated: self.truncated,
+        }
+    }
+}
+
+/// The G trajectories sampled for one prompt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Group {
+    pub sample_id: u64,
+    pub trajectories: Vec<Trajectory>,
+}

@@ -1,0 +1,488 @@
+//! The rollout engine with the real tools in the loop: the calculator and the Python code
+//! tool as triggers, guess_number as an environment, the hostile plugin misbehaving.
+//!
+//! A random tiny model never writes `</calc>` on its own, so the fixture model is first
+//! taught (a LoRA adapter fitted by a few hundred AdamW steps, in-process) to produce a
+//! tool call for each test prompt and to answer after the tool's output. Everything the
+//! tests check — which tokens are inserted, the loss mask, resuming from the cache, the
+//! log-probs — comes from the real engine, model and plugins.
+
+use super::load_with;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use rlhost::model::{LanguageModel, LoraConfig, Mode};
+use rlhost::plugin::{Limits, Message, Sample};
+use rlhost::rollout::{
+    Engine, Group, RewardSpec, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason,
+    ToolSpec, Trajectory,
+};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/qwen2")
+}
+
+fn msg(role: &str, content: &str) -> Message {
+    Message {
+        role: role.into(),
+        content: content.into(),
+    }
+}
+
+fn sample(prompt: &str, metadata: serde_json::Value) -> Sample {
+    Sample {
+        messages: vec![msg("user", prompt)],
+        metadata,
+    }
+}
+
+const CALC: &str = "What is 7*8?";
+const CODE: &str = "Compute 6*7 in Python.";
+const GUESS: &str = "Guess my number (1-100).";
+const GO: &str = "Go.";
+
+/// The conversations the model is taught, as chat messages after each prompt. Tool
+/// outputs appear as the real tools write them.
+fn lessons() -> Vec<(&'static str, Vec<Message>)> {
+    vec![
+        (
+            CALC,
+            vec![msg(
+                "assistant",
+                "<calc>7*8</calc><result>56</result><answer>7*8</answer>",
+            )],
+        ),
+        (
+            CODE,
+            vec![msg(
+                "assistant",
+                "```python\nprint(6*7)\n```\n<output>\n42\n</output>\n<answer>42</answer>",
+            )],
+        ),
+        (
+            GUESS,
+            vec![
+                msg("assistant", "50"),
+                msg("user", "50 is too high. Lower."),
+                msg("assistant", "25"),
+                msg("user", "25 is too low. Higher."),
+                msg("assistant", "37"),
+            ],
+        ),
+        (GO, vec![msg("assistant", "<go>1</go><answer>1</answer>")]),
+    ]
+}
+
+/// The qwen2 fixture with an adapter fitted to [`lessons`], shared by the tests.
+fn taught() -> &'static LanguageModel {
+    static LM: OnceLock<LanguageModel> = OnceLock::new();
+    LM.get_or_init(|| {
+        let mut lm = LanguageModel::open(&fixture_dir(), &Device::Cpu).unwrap();
+        let chat = lm.chat().unwrap();
+        // Prompt and whole conversation rendered by the template; the model learns the
+        // tokens after the prompt, up to the last <|im_end|>.
+        let mut rows: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (prompt, turns) in lessons() {
+            let user = [json!({"role": "user", "content": prompt})];
+            let head = chat.render(&user, None, true).unwrap();
+            let all: Vec<_> = user
+                .iter()
+                .cloned()
+                .chain(
+                    turns
+                        .iter()
+                        .map(|m| json!({"role": m.role, "content": m.content})),
+                )
+                .collect();
+            let full = chat.render(&all, None, false).unwrap();
+            let full = full.strip_suffix('\n').unwrap();
+            let head_ids = lm.tokenizer.encode(&head).unwrap();
+            let mut ids = head_ids.clone();
+            ids.extend(lm.tokenizer.encode(&full[head.len()..]).unwrap());
+            rows.push((head_ids.len(), ids));
+        }
+        let cfg = LoraConfig {
+            r: 16,
+            alpha: 32.0,
+            ..LoraConfig::default()
+        };
+        lm.model.attach_lora(&cfg, 0).unwrap();
+        fit(&lm, &rows, 400);
+        lm
+    })
+}
+
+/// AdamW on the adapter: next-token loss on each row's tokens after its prompt.
+fn fit(lm: &LanguageModel, rows: &[(usize, Vec<u32>)], steps: usize) {
+    let dev = Device::Cpu;
+    let t = rows.iter().map(|(_, ids)| ids.len()).max().unwrap() - 1;
+    let (mut input, mut target, mut attn, mut pos, mut weight) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for (prompt_len, ids) in rows {
+        let n = ids.len() - 1;
+        for i in 0..t {
+            input.push(if i < n { ids[i] } else { 0 });
+            target.push(if i < n { ids[i + 1] } else { 0 });
+            attn.push(u32::from(i < n));
+            pos.push(i as u32);
+            weight.push(if i < n && i + 1 >= *prompt_len {
+                1f32
+            } else {
+                0.0
+            });
+        }
+    }
+    let b = rows.len();
+    let input = Tensor::from_vec(input, (b, t), &dev).unwrap();
+    let target = Tensor::from_vec(target, (b, t), &dev).unwrap();
+    let attn = Tensor::from_vec(attn, (b, t), &dev).unwrap();
+    let pos = Tensor::from_vec(pos, (b, t), &dev).unwrap();
+    let total: f32 = weight.iter().sum();
+    let weight = Tensor::from_vec(weight, (b, t), &dev).unwrap();
+    let vars = lm.model.lora_vars().into_iter().map(|(_, v)| v).collect();
+    let mut opt = AdamW::new(
+        vars,
+        ParamsAdamW {
+            lr: 1e-2,
+            weight_decay: 0.0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mode = Mode {
+        adapters: true,
+        grad: true,
+        dropout_rng: None,
+    };
+    let mut loss_value = f32::NAN;
+    for _ in 0..steps {
+        let hidden = lm.model.forward_batch(&input, &attn, &pos, mode).unwrap();
+        let (logp, _) = lm.model.logprobs(&hidden, &target).unwrap();
+        let loss = ((logp * &weight).unwrap().sum_all().unwrap() / -(total as f64)).unwrap();
+        loss_value = loss.to_scalar::<f32>().unwrap();
+        if loss_value < 2e-3 {
+            break;
+        }
+        opt.backward_step(&loss).unwrap();
+    }
+    assert!(
+        loss_value < 0.05,
+        "the lessons were not learnt: loss {loss_value}"
+    );
+}
+
+fn settings(trigger: Option<ToolSpec>, environment: Option<ToolSpec>) -> RolloutSettings {
+    let lm = taught();
+    let mut sampling = lm.default_sampling().unwrap();
+    sampling.temperature = 0.0;
+    sampling.max_new_tokens = 48;
+    RolloutSettings {
+        group_size: 2,
+        sampling,
+        limits: RolloutLimits::default(),
+        template_kwargs: Default::default(),
+        trigger,
+        environment,
+    }
+}
+
+fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn tool(rt: &tokio::runtime::Runtime, name: &str, config: &str, limits: Limits) -> ToolSpec {
+    ToolSpec {
+        plugin: rt.block_on(load_with(name, limits)),
+        config: config.into(),
+    }
+}
+
+fn run(
+    rt: &tokio::runtime::Runtime,
+    settings: &RolloutSettings,
+    rewards: &Rewards,
+    samples: &[(u64, Sample)],
+) -> Vec<Group> {
+    let engine = Engine::new(taught(), settings, rewards, rt.handle().clone()).unwrap();
+    engine.run(samples, 7, 0, Mode::INFERENCE).unwrap().0
+}
+
+/// The ids a fresh full forward over the final sequence predicts at each sampled
+/// position (greedy), and its log-probs of the sampled tokens.
+fn full_forward(t: &Trajectory) -> (Vec<u32>, Vec<f32>) {
+    let model = &taught().model;
+    let n = t.tokens.len() - 1;
+    let dev = Device::Cpu;
+    let input = Tensor::new(&t.tokens[..n], &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let target = Tensor::new(&t.tokens[1..], &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let attn = Tensor::ones((1, n), DType::U32, &dev).unwrap();
+    let pos = Tensor::arange(0u32, n as u32, &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let hidden = model
+        .forward_batch(&input, &attn, &pos, Mode::INFERENCE)
+        .unwrap();
+    let argmax = model
+        .logits(&hidden)
+        .unwrap()
+        .argmax(2)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<u32>()
+        .unwrap();
+    let (logp, _) = model.logprobs(&hidden, &target).unwrap();
+    let logp = logp.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+    let from = t.prompt_len - 1;
+    (argmax[from..].to_vec(), logp[from..].to_vec())
+}
+
+/// The sequence is exactly prompt + sampled and inserted ids; what a full forward over it
+/// predicts is what was sampled, with the same log-probs (the cache and the inserted
+/// tokens' resumption are right).
+fn assert_consistent(t: &Trajectory) {
+    let (argmax, logp) = full_forward(t);
+    let completion = t.completion_tokens();
+    assert_eq!(t.logps.len(), completion.len());
+    for (i, (&id, lp)) in completion.iter().zip(&t.logps).enumerate() {
+        if let Some(lp) = lp {
+            assert_eq!(
+                argmax[i], id,
+                "greedy token {i} differs from a full forward"
+            );
+            assert!(
+                (lp - logp[i]).abs() < 1e-4,
+                "token {i}: sampled log-prob {lp} vs full forward {}",
+                logp[i]
+            );
+        }
+    }
+    // Spans tile the completion, and the mask is 0 exactly on inserted spans.
+    let mask = t.loss_mask();
+    let mut at = 0;
+    for s in &t.spans {
+        assert_eq!(s.start, at);
+        let want = u8::from(s.kind == SpanKind::Model);
+        assert!(mask[s.start..s.end].iter().all(|&m| m == want), "{s:?}");
+        at = s.end;
+    }
+    assert_eq!(at, completion.len());
+    let decoded = taught().tokenizer.decode(completion, false).unwrap();
+    assert_eq!(t.completion, decoded);
+}
+
+fn inserted(t: &Trajectory) -> Vec<(SpanKind, &str)> {
+    t.spans
+        .iter()
+        .filter(|s| s.kind != SpanKind::Model)
+        .map(|s| (s.kind, s.text.as_str()))
+        .collect()
+}
+
+#[test]
+fn calculator_fires_mid_generation_and_decoding_resumes() {
+    let rt = tokio_runtime();
+    let s = settings(Some(tool(&rt, "calculator", "{}", Limits::default())), None);
+    let groups = run(&rt, &s, &Rewards::none(), &[(3, sample(CALC, json!({})))]);
+    let tok = &taught().tokenizer;
+    for t in &groups[0].trajectories {
+        assert_eq!(
+            t.completion,
+            "<calc>7*8</calc><result>56</result><answer>7*8</answer><|im_end|>"
+        );
+        assert_eq!(inserted(t), [(SpanKind::Tool, "<result>56</result>")]);
+        // The tool's text went in as its own tokens, masked out.
+        let span = t.spans.iter().find(|s| s.kind == SpanKind::Tool).unwrap();
+        assert_eq!(
+            &t.completion_tokens()[span.start..span.end],
+            tok.encode("<result>56</result>").unwrap().as_slice()
+        );
+        assert_eq!(
+            (t.stop, t.tool_calls, t.turns),
+            (StopReason::EndOfTurn, 1, 1)
+        );
+        assert_eq!(t.messages.last().unwrap().role, "assistant");
+        assert!(t.faults.is_empty());
+        assert_consistent(t);
+    }
+}
+
+#[test]
+fn python_tool_fires_on_the_closing_fence_only() {
+    let rt = tokio_runtime();
+    let s = settings(
+        Some(tool(&rt, "code_trigger", "{}", Limits::default())),
+        None,
+    );
+    let groups = run(&rt, &s, &Rewards::none(), &[(0, sample(CODE, json!({})))]);
+    let t = &groups[0].trajectories[0];
+    assert_eq!(
+        inserted(t),
+        [(SpanKind::Tool, "\n<output>\n42\n</output>\n")]
+    );
+    assert!(
+        t.completion.ends_with("<answer>42</answer><|im_end|>"),
+        "{}",
+        t.completion
+    );
+    assert_eq!(t.tool_calls, 1);
+    assert_consistent(t);
+}
+
+#[test]
+fn environment_episode_renders_exactly_as_the_chat_template() {
+    let rt = tokio_runtime();
+    let s = settings(
+        None,
+        Some(tool(&rt, "guess_number", "{}", Limits::default())),
+    );
+    let groups = run(
+        &rt,
+        &s,
+        &Rewards::none(),
+        &[(1, sample(GUESS, json!({"secret": 37})))],
+    );
+    let t = &groups[0].trajectories[0];
+    let mut want = vec![msg("user", GUESS)];
+    want.extend(lessons()[2].1.clone());
+    assert_eq!(t.messages, want);
+    assert_eq!((t.stop, t.turns, t.tool_calls), (StopReason::EnvDone, 3, 2));
+    assert_eq!(t.rewards.get("env"), Some(&1.0));
+    assert_eq!(t.reward, 1.0);
+    // Prompt + completion is the template's rendering of the whole conversation (which
+    // ends with the glue's newline after the final <|im_end|>).
+    let lm = taught();
+    let json: Vec<_> = t
+        .messages
+        .iter()
+        .map(|m| json!({"role": m.role, "content": m.content}))
+        .collect();
+    let rendered = lm.chat().unwrap().render(&json, None, false).unwrap();
+    let decoded = lm.tokenizer.decode(&t.tokens, false).unwrap();
+    assert_eq!(format!("{decoded}\n"), rendered);
+    assert!(inserted(t).iter().all(|(k, _)| *k == SpanKind::Env));
+    assert_consistent(t);
+}
+
+#[test]
+fn a_turn_limit_cuts_the_episode() {
+    let rt = tokio_runtime();
+    let mut s = settings(
+        None,
+        Some(tool(&rt, "guess_number", "{}", Limits::default())),
+    );
+    s.limits.max_turns = 2;
+    let groups = run(
+        &rt,
+        &s,
+        &Rewards::none(),
+        &[(1, sample(GUESS, json!({"secret": 37})))],
+    );
+    let t = &groups[0].trajectories[0];
+    assert_eq!(
+        (t.stop, t.turns, t.truncated),
+        (StopReason::MaxTurns, 2, true)
+    );
+    assert_eq!(t.rewards.get("env"), None, "no step gave a reward");
+}
+
+#[test]
+fn a_hostile_trigger_yields_error_text_and_the_batch_completes() {
+    let rt = tokio_runtime();
+    let limits = Limits {
+        timeout_ms: 300,
+        memory_mib: 32,
+        ..Limits::default()
+    };
+    for (mode, kind) in [
+        ("panic", "trap"),
+        ("loop", "timeout"),
+        ("memory", "out-of-memory"),
+    ] {
+        let config = format!(r#"{{"mode": "{mode}"}}"#);
+        let s = settings(Some(tool(&rt, "hostile", &config, limits.clone())), None);
+        // The calculator prompt rides along: its trajectories never fire and finish
+        // while the hostile calls hang or crash.
+        let groups = run(
+            &rt,
+            &s,
+            &Rewards::none(),
+            &[(0, sample(GO, json!({}))), (1, sample(CALC, json!({})))],
+        );
+        assert_eq!(groups.len(), 2);
+        for t in &groups[0].trajectories {
+            let tools = inserted(t);
+            assert_eq!(tools.len(), 1, "{mode}: {:?}", t.completion);
+            assert!(
+                tools[0].1.starts_with("<tool-error>"),
+                "{mode}: {:?}",
+                tools[0].1
+            );
+            assert_eq!(t.faults.len(), 1, "{mode}");
+            assert_eq!(t.faults[0].kind, kind, "{mode}: {:?}", t.faults[0]);
+            assert_eq!(t.faults[0].plugin, "hostile@0.1.0");
+        }
+        for t in &groups[1].trajectories {
+            assert!(t.faults.is_empty() && t.tool_calls == 0, "{mode}");
+        }
+    }
+}
+
+#[test]
+fn rewards_combine_weighted_components_and_fall_back_on_faults() {
+    let rt = tokio_runtime();
+    let countdown = rt.block_on(load_with("countdown", Limits::default()));
+    let hostile = rt.block_on(load_with("hostile", Limits::default()));
+    let rewards = rt
+        .block_on(Rewards::open(
+            vec![
+                RewardSpec {
+                    plugin: countdown,
+                    config: "{}".into(),
+                    weights: [("correct".to_string(), 1.0), ("format".to_string(), 0.25)]
+                        .into_iter()
+                        .collect(),
+                    default_weight: 0.0,
+                    fallback: 0.0,
+                },
+                RewardSpec {
+                    plugin: hostile,
+                    config: r#"{"mode": "nan"}"#.into(),
+                    weights: Default::default(),
+                    default_weight: 1.0,
+                    fallback: -0.5,
+                },
+            ],
+            1.0,
+            2,
+        ))
+        .unwrap();
+    let s = settings(Some(tool(&rt, "calculator", "{}", Limits::default())), None);
+    // The taught answer 7*8 uses 7 and 8 once each and makes 56.
+    let meta = json!({"numbers": [7, 8], "target": 56, "solution": "7*8"});
+    let groups = run(&rt, &s, &rewards, &[(0, sample(CALC, meta))]);
+    let t = &groups[0].trajectories[0];
+    assert_eq!(t.rewards.get("format"), Some(&1.0), "{:?}", t.rewards);
+    assert_eq!(t.rewards.get("correct"), Some(&1.0), "{:?}", t.rewards);
+    // 1.0 * correct + 0.25 * format + fallback of the faulting plugin.
+    assert!(
+        (t.reward - (1.0 + 0.25 - 0.5)).abs() < 1e-12,
+        "{}",
+        t.reward
+    );
+    assert_eq!(t.faults.len(), 1);
+    assert_eq!(t.faults[0].kind, "bad-output");
+}
