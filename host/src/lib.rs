@@ -4,5 +4,6 @@
 //! The binary is a thin wrapper around [`cli::run`].
 
 pub mod cli;
+pub mod data;
 pub mod model;
 pub mod plugin;
