@@ -4,8 +4,10 @@
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
+//! - `data`: the dataset module with a real dataset plugin.
 
 mod cli;
+mod data;
 mod model_cli;
 mod plugins;
 mod sandbox;
