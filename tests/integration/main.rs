@@ -5,8 +5,10 @@
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
+//! - `data`: the dataset module with a real dataset plugin.
 
 mod cli;
+mod data;
 mod model_cli;
 mod plugins;
 mod rollout;

@@ -1,0 +1,796 @@
+//! Rows of a dataset file as [`Sample`]s, in RL2's format.
+//!
+//! A row is `{"messages": [{"role", "content"}, ...], ...}` or `{"prompt": "...", ...}` (the
+//! prompt becomes one user message); every other field goes into the sample's metadata
+//! unchanged, e.g. `{"answer": "42"}`. When a row has both, `messages` wins and `prompt`
+//! stays in the metadata. A `null` `messages` or `prompt` counts as absent, so that a
+//! parquet file can mix both kinds of row.
+//!
+//! Each format is turned into JSON objects first, then one function makes samples of them:
+//! - JSONL: one object per line; blank lines are skipped. Errors name the line (1-based).
+//! - JSON: an array of objects; errors name the row (0-based). A `.json` file whose first
+//!   character is `{` is read as JSON Lines, which is what `datasets`' `to_json` writes.
+//! - CSV: a header row; cells become metadata *strings* (a CSV cell has no type, and
+//!   guessing `007` into `7` would change answers); the `messages` cell holds JSON text; an
+//!   empty `messages` or `prompt` cell counts as absent. Errors name the line (1-based).
+//! - Parquet: columns become JSON values (nested lists and structs as arrays and objects,
+//!   dates and decimals as strings, raw bytes as base64); `messages` may be a
+//!   `list<struct<role, content>>`, as pyarrow writes a list of dicts, or JSON text.
+//!   Errors name the row (0-based, as `df.iloc[i]`).
+//!
+//! A bad row is an error naming the file, the row, the field and the fix; with
+//! `on_bad_row = "skip"` it is counted instead, and one warning shows the first error.
+
+use super::config::{Format, OnBadRow};
+use crate::plugin::{Message, Sample};
+use anyhow::{Context, Result, bail};
+use serde_json::{Map, Value};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+/// The roles a message may have.
+pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// The columns that hold the prompt, by name.
+#[derive(Debug, Clone, Copy)]
+pub struct RowKeys<'a> {
+    pub prompt: &'a str,
+    pub messages: &'a str,
+}
+
+/// What reading rows with a [`RowKeys`] and an [`OnBadRow`] policy asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadOptions<'a> {
+    pub keys: RowKeys<'a>,
+    pub on_bad_row: OnBadRow,
+    /// Stop after this many good samples.
+    pub max_samples: Option<usize>,
+}
+
+/// The samples of one file and the rows that were skipped.
+#[derive(Debug)]
+pub struct Loaded {
+    pub samples: Vec<Sample>,
+    pub skipped: u64,
+    /// The first skipped row's error, with its location.
+    pub first_error: Option<String>,
+}
+
+/// Reads every row of `path` as a sample. An error that is not one row's (a missing file, a
+/// corrupt parquet footer) always fails; so does a file with no good row.
+pub fn read_file(path: &Path, format: Format, options: &ReadOptions) -> Result<Loaded> {
+    let mut rows = Rows::new(path, options);
+    match format {
+        Format::Jsonl => read_jsonl(path, &mut rows)?,
+        Format::Json => read_json(path, &mut rows)?,
+        Format::Csv => read_csv(path, &mut rows)?,
+        Format::Parquet => read_parquet(path, &mut rows)?,
+    }
+    rows.finish()
+}
+
+/// Where a row is in its file.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    Line(u64),
+    Row(u64),
+}
+
+/// Collects samples and bad rows as a reader hands them over.
+struct Rows<'a> {
+    path: &'a Path,
+    options: &'a ReadOptions<'a>,
+    samples: Vec<Sample>,
+    skipped: u64,
+    first_error: Option<String>,
+}
+
+impl<'a> Rows<'a> {
+    fn new(path: &'a Path, options: &'a ReadOptions<'a>) -> Self {
+        Rows {
+            path,
+            options,
+            samples: Vec::new(),
+            skipped: 0,
+            first_error: None,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.options
+            .max_samples
+            .is_some_and(|max| self.samples.len() >= max)
+    }
+
+    /// Takes one row, or its error; fails on a bad row unless bad rows are skipped.
+    fn push(&mut self, at: At, row: Result<Value, String>) -> Result<()> {
+        match row.and_then(|row| to_sample(row, self.options.keys)) {
+            Ok(sample) => self.samples.push(sample),
+            Err(message) => {
+                let located = format!("{}: {message}", self.locate(at));
+                match self.options.on_bad_row {
+                    OnBadRow::Error => {
+                        bail!("{located} (or set data.on_bad_row = \"skip\" to skip bad rows)")
+                    }
+                    OnBadRow::Skip => {
+                        self.skipped += 1;
+                        self.first_error.get_or_insert(located);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn locate(&self, at: At) -> String {
+        match at {
+            At::Line(line) => format!("{}:{line}", self.path.display()),
+            At::Row(row) => format!("{}: row {row}", self.path.display()),
+        }
+    }
+
+    fn finish(self) -> Result<Loaded> {
+        if self.samples.is_empty() {
+            match &self.first_error {
+                Some(first) => bail!(
+                    "{} has no good row: all {} were skipped; the first: {first}",
+                    self.path.display(),
+                    self.skipped
+                ),
+                None => bail!("{} has no rows", self.path.display()),
+            }
+        }
+        if let Some(first) = &self.first_error {
+            tracing::warn!(
+                "skipped {} bad rows of {}; the first: {first}",
+                self.skipped,
+                self.path.display()
+            );
+        }
+        Ok(Loaded {
+            samples: self.samples,
+            skipped: self.skipped,
+            first_error: self.first_error,
+        })
+    }
+}
+
+fn open(path: &Path) -> Result<File> {
+    File::open(path).with_context(|| format!("cannot open dataset file {}", path.display()))
+}
+
+fn read_jsonl(path: &Path, rows: &mut Rows) -> Result<()> {
+    let reader = BufReader::new(open(path)?);
+    for (i, line) in reader.lines().enumerate() {
+        if rows.full() {
+            break;
+        }
+        let number = i as u64 + 1;
+        let line = line.with_context(|| format!("cannot read {}:{number}", path.display()))?;
+        let line = line.trim_start_matches('\u{feff}');
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row = serde_json::from_str(line).map_err(|e| {
+            format!(
+                "not valid JSON at column {}: {}; each line must be one JSON object",
+                e.column(),
+                without_position(&e)
+            )
+        });
+        rows.push(At::Line(number), row)?;
+    }
+    Ok(())
+}
+
+fn read_json(path: &Path, rows: &mut Rows) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read dataset file {}", path.display()))?;
+    let text = text.trim_start_matches('\u{feff}');
+    if text.trim_start().starts_with('{') {
+        return read_jsonl(path, rows);
+    }
+    let rows_json: Value = serde_json::from_str(text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}:{}:{}: not valid JSON: {}",
+            path.display(),
+            e.line(),
+            e.column(),
+            without_position(&e)
+        )
+    })?;
+    let Value::Array(items) = rows_json else {
+        bail!(
+            "{} is {}; expected an array of rows (or one JSON object per line)",
+            path.display(),
+            describe(&rows_json)
+        );
+    };
+    for (i, row) in items.into_iter().enumerate() {
+        if rows.full() {
+            break;
+        }
+        rows.push(At::Row(i as u64), Ok(row))?;
+    }
+    Ok(())
+}
+
+fn read_csv(path: &Path, rows: &mut Rows) -> Result<()> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(open(path)?);
+    let headers = reader
+        .headers()
+        .with_context(|| format!("cannot read the header row of {}", path.display()))?
+        .clone();
+    let keys = rows.options.keys;
+    for record in reader.records() {
+        if rows.full() {
+            break;
+        }
+        let record = match record {
+            Ok(record) => record,
+            // A row of the wrong width or bad UTF-8 is that row's fault; anything else
+            // (an I/O error) is the file's.
+            Err(e) => match e.position() {
+                Some(pos) => {
+                    let message = match e.kind() {
+                        csv::ErrorKind::UnequalLengths {
+                            expected_len, len, ..
+                        } => format!("has {len} fields but the header has {expected_len}"),
+                        _ => without_csv_position(&e),
+                    };
+                    rows.push(At::Line(pos.line()), Err(message))?;
+                    continue;
+                }
+                None => {
+                    return Err(e).with_context(|| format!("cannot read {}", path.display()));
+                }
+            },
+        };
+        let line = record.position().map_or(0, |p| p.line());
+        let mut row = Map::new();
+        for (name, cell) in headers.iter().zip(record.iter()) {
+            let is_prompt = name == keys.prompt || name == keys.messages;
+            if is_prompt && cell.is_empty() {
+                continue;
+            }
+            row.insert(name.to_string(), Value::String(cell.to_string()));
+        }
+        rows.push(At::Line(line), Ok(Value::Object(row)))?;
+    }
+    Ok(())
+}
+
+fn read_parquet(path: &Path, rows: &mut Rows) -> Result<()> {
+    use parquet::file::reader::SerializedFileReader;
+    let reader = SerializedFileReader::new(open(path)?)
+        .with_context(|| format!("cannot read {} as parquet", path.display()))?;
+    for (i, row) in reader.into_iter().enumerate() {
+        if rows.full() {
+            break;
+        }
+        let row = row.with_context(|| format!("cannot read {}: row {i}", path.display()))?;
+        rows.push(At::Row(i as u64), Ok(row.to_json_value()))?;
+    }
+    Ok(())
+}
+
+/// One row as a sample, or what is wrong with it (without its location).
+pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
+    let Value::Object(mut row) = row else {
+        return Err(format!(
+            "the row is {}; expected an object with \"{}\" or \"{}\"",
+            describe(&row),
+            keys.messages,
+            keys.prompt
+        ));
+    };
+    // shift_remove keeps the other fields in the order the file has them.
+    let messages = match row.shift_remove(keys.messages) {
+        Some(Value::Null) | None => None,
+        Some(messages) => Some(messages),
+    };
+    let messages = match messages {
+        Some(messages) => parse_messages(messages, keys.messages)?,
+        None => match row.get(keys.prompt) {
+            Some(Value::String(prompt)) if !prompt.is_empty() => {
+                let message = Message {
+                    role: "user".into(),
+                    content: prompt.clone(),
+                };
+                row.shift_remove(keys.prompt);
+                vec![message]
+            }
+            Some(Value::String(_)) => {
+                return Err(format!("\"{}\" is empty; expected the prompt", keys.prompt));
+            }
+            Some(Value::Null) | None => {
+                let names: Vec<&str> = row.keys().map(String::as_str).take(8).collect();
+                return Err(format!(
+                    "has neither \"{}\" nor \"{}\" (its fields: {}); set data.messages_key or data.prompt_key if the prompt is in another field",
+                    keys.messages,
+                    keys.prompt,
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ));
+            }
+            Some(other) => {
+                return Err(format!(
+                    "\"{}\" is {}; expected a string",
+                    keys.prompt,
+                    describe(other)
+                ));
+            }
+        },
+    };
+    Ok(Sample {
+        messages,
+        metadata: Value::Object(row),
+    })
+}
+
+/// A chat: a list of `{role, content}` objects, or JSON text holding one (CSV, parquet).
+fn parse_messages(value: Value, key: &str) -> Result<Vec<Message>, String> {
+    let value = match value {
+        Value::String(text) => serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "\"{key}\" is text but not JSON ({}); expected a list of {{\"role\", \"content\"}} objects",
+                without_position(&e)
+            )
+        })?,
+        value => value,
+    };
+    let Value::Array(items) = value else {
+        return Err(format!(
+            "\"{key}\" is {}; expected a list of {{\"role\", \"content\"}} objects",
+            describe(&value)
+        ));
+    };
+    if items.is_empty() {
+        return Err(format!("\"{key}\" is empty; expected at least one message"));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let Value::Object(mut item) = item else {
+                return Err(format!(
+                    "\"{key}\"[{i}] is {}; expected an object with \"role\" and \"content\"",
+                    describe(&item)
+                ));
+            };
+            let role = match item.shift_remove("role") {
+                Some(Value::String(role)) if ROLES.contains(&role.as_str()) => role,
+                Some(other) => {
+                    return Err(format!(
+                        "\"{key}\"[{i}].role is {}; expected system, user, assistant or tool",
+                        describe(&other)
+                    ));
+                }
+                None => return Err(format!("\"{key}\"[{i}] has no \"role\"")),
+            };
+            let content = match item.shift_remove("content") {
+                Some(Value::String(content)) => content,
+                Some(other) => {
+                    return Err(format!(
+                        "\"{key}\"[{i}].content is {}; expected a string",
+                        describe(&other)
+                    ));
+                }
+                None => return Err(format!("\"{key}\"[{i}] has no \"content\"")),
+            };
+            // Extra fields that are null are what a struct column holds for messages that
+            // lack them (pyarrow unifies all dicts' keys); anything else would be dropped
+            // silently, so it is refused.
+            if let Some((extra, _)) = item.iter().find(|(_, v)| !v.is_null()) {
+                return Err(format!(
+                    "\"{key}\"[{i}] has \"{extra}\"; a message holds only \"role\" and \"content\""
+                ));
+            }
+            Ok(Message { role, content })
+        })
+        .collect()
+}
+
+/// A value as an error message shows it: scalars as JSON (long strings cut), containers by kind.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "an object".into(),
+        Value::String(s) if s.chars().count() > 40 => {
+            let cut: String = s.chars().take(40).collect();
+            format!("{}…", Value::String(cut))
+        }
+        scalar => scalar.to_string(),
+    }
+}
+
+/// serde_json's message without its " at line L column C" (the caller places it).
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(cut) => text[..cut].to_string(),
+        None => text,
+    }
+}
+
+fn without_csv_position(e: &csv::Error) -> String {
+    let text = e.to_string();
+    match text.split_once("): ") {
+        Some((_, rest)) if text.starts_with("CSV") => rest.to_string(),
+        _ => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::test_dir;
+    use serde_json::json;
+    use std::path::PathBuf;
+
+    const KEYS: RowKeys = RowKeys {
+        prompt: "prompt",
+        messages: "messages",
+    };
+
+    fn options(on_bad_row: OnBadRow) -> ReadOptions<'static> {
+        ReadOptions {
+            keys: KEYS,
+            on_bad_row,
+            max_samples: None,
+        }
+    }
+
+    fn read(path: &Path, format: Format) -> Result<Loaded> {
+        read_file(path, format, &options(OnBadRow::Error))
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn user(content: &str) -> Message {
+        Message {
+            role: "user".into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn jsonl_messages_prompt_and_metadata() {
+        let dir = test_dir("rows-jsonl");
+        let path = write(
+            &dir,
+            "train.jsonl",
+            concat!(
+                "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"2+2?\"}], \"answer\": \"4\", \"level\": 1}\n",
+                "\n",
+                "{\"prompt\": \"3*3?\", \"answer\": 9, \"extra\": {\"source\": \"gsm8k\", \"tags\": [1, 2]}}\n",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"prompt\": \"kept\", \"tools\": null}\n",
+            ),
+        );
+        let loaded = read(&path, Format::Jsonl).unwrap();
+        assert_eq!(loaded.skipped, 0);
+        let [a, b, c] = &loaded.samples[..] else {
+            panic!("{:?}", loaded.samples)
+        };
+        assert_eq!(a.messages.len(), 2);
+        assert_eq!(a.messages[0].role, "system");
+        assert_eq!(a.metadata, json!({"answer": "4", "level": 1}));
+        assert_eq!(b.messages, vec![user("3*3?")]);
+        assert_eq!(
+            b.metadata,
+            json!({"answer": 9, "extra": {"source": "gsm8k", "tags": [1, 2]}})
+        );
+        // messages wins over prompt; prompt and nulls stay in the metadata as they were.
+        assert_eq!(c.messages, vec![user("hi")]);
+        assert_eq!(c.metadata, json!({"prompt": "kept", "tools": null}));
+        let keys: Vec<&String> = b.metadata.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["answer", "extra"], "metadata keeps the file's order");
+    }
+
+    #[test]
+    fn json_array_and_json_lines_named_json() {
+        let dir = test_dir("rows-json");
+        let array = write(
+            &dir,
+            "a.json",
+            r#"[{"prompt": "one", "answer": "1"},
+                {"messages": [{"role": "user", "content": "two"}], "answer": "2"}]"#,
+        );
+        let loaded = read(&array, Format::Json).unwrap();
+        assert_eq!(loaded.samples.len(), 2);
+        assert_eq!(loaded.samples[1].messages, vec![user("two")]);
+        let lines = write(
+            &dir,
+            "b.json",
+            "{\"prompt\": \"one\"}\n{\"prompt\": \"two\"}\n",
+        );
+        assert_eq!(read(&lines, Format::Json).unwrap().samples.len(), 2);
+        let scalar = write(&dir, "c.json", "3");
+        let err = read(&scalar, Format::Json).unwrap_err().to_string();
+        assert!(err.contains("expected an array of rows"), "{err}");
+        let broken = write(&dir, "d.json", "[{\"prompt\": \"one\"},\n {\"prompt\" 2}]");
+        let err = read(&broken, Format::Json).unwrap_err().to_string();
+        assert!(err.contains("d.json:2:"), "{err}");
+    }
+
+    #[test]
+    fn csv_prompt_and_messages_columns() {
+        let dir = test_dir("rows-csv");
+        let path = write(
+            &dir,
+            "train.csv",
+            concat!(
+                "prompt,messages,answer,level\n",
+                "\"What is 2+2, exactly?\",,007,3\n",
+                ",\"[{\"\"role\"\": \"\"user\"\", \"\"content\"\": \"\"hi\"\"}]\",x,\n",
+            ),
+        );
+        let loaded = read(&path, Format::Csv).unwrap();
+        let [a, b] = &loaded.samples[..] else {
+            panic!("{:?}", loaded.samples)
+        };
+        assert_eq!(a.messages, vec![user("What is 2+2, exactly?")]);
+        // Cells stay strings: "007" is not the number 7.
+        assert_eq!(a.metadata, json!({"answer": "007", "level": "3"}));
+        assert_eq!(b.messages, vec![user("hi")]);
+        assert_eq!(b.metadata, json!({"answer": "x", "level": ""}));
+    }
+
+    /// Writes a parquet file as pyarrow writes a DataFrame whose `messages` column holds
+    /// lists of `{role, content}` dicts: `list<struct<role: string, content: string>>`.
+    fn write_parquet(
+        path: &Path,
+        chats: &[Vec<(&str, &str)>],
+        answers: &[Option<&str>],
+        levels: &[i64],
+        compression: parquet::basic::Compression,
+    ) {
+        use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+        use parquet::file::properties::WriterProperties;
+        use parquet::file::writer::SerializedFileWriter;
+        use parquet::schema::parser::parse_message_type;
+        use std::sync::Arc;
+
+        let schema = parse_message_type(
+            "message schema {
+                optional group messages (LIST) {
+                    repeated group list {
+                        optional group element {
+                            optional binary role (STRING);
+                            optional binary content (STRING);
+                        }
+                    }
+                }
+                optional binary answer (STRING);
+                required int64 level;
+            }",
+        )
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_compression(compression)
+            .build();
+        let file = File::create(path).unwrap();
+        let mut writer =
+            SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+        let mut group = writer.next_row_group().unwrap();
+        // The leaf columns role and content: one value per message; repetition level 0
+        // starts a row's list, 1 continues it; definition level 4 is a present string.
+        for field in [0, 1] {
+            let mut values = Vec::new();
+            let (mut defs, mut reps) = (Vec::new(), Vec::new());
+            for chat in chats {
+                for (j, message) in chat.iter().enumerate() {
+                    let text = if field == 0 { message.0 } else { message.1 };
+                    values.push(ByteArray::from(text));
+                    defs.push(4);
+                    reps.push(i16::from(j > 0));
+                }
+            }
+            let mut column = group.next_column().unwrap().unwrap();
+            column
+                .typed::<ByteArrayType>()
+                .write_batch(&values, Some(&defs), Some(&reps))
+                .unwrap();
+            column.close().unwrap();
+        }
+        let values: Vec<ByteArray> = answers.iter().flatten().map(|&a| a.into()).collect();
+        let defs: Vec<i16> = answers.iter().map(|a| i16::from(a.is_some())).collect();
+        let mut column = group.next_column().unwrap().unwrap();
+        column
+            .typed::<ByteArrayType>()
+            .write_batch(&values, Some(&defs), None)
+            .unwrap();
+        column.close().unwrap();
+        let mut column = group.next_column().unwrap().unwrap();
+        column
+            .typed::<Int64Type>()
+            .write_batch(levels, None, None)
+            .unwrap();
+        column.close().unwrap();
+        group.close().unwrap();
+        writer.close().unwrap();
+    }
+
+    #[test]
+    fn parquet_list_of_structs_and_typed_metadata() {
+        use parquet::basic::{Compression, ZstdLevel};
+        let dir = test_dir("rows-parquet");
+        let chats = [
+            vec![("system", "Be brief."), ("user", "2+2?")],
+            vec![("user", "3*3?")],
+        ];
+        for (name, compression) in [
+            ("snappy.parquet", Compression::SNAPPY),
+            ("zstd.parquet", Compression::ZSTD(ZstdLevel::default())),
+        ] {
+            let path = dir.join(name);
+            write_parquet(&path, &chats, &[Some("4"), None], &[1, 2], compression);
+            let loaded = read(&path, Format::Parquet).unwrap();
+            let [a, b] = &loaded.samples[..] else {
+                panic!("{:?}", loaded.samples)
+            };
+            assert_eq!(a.messages[0].role, "system");
+            assert_eq!(a.messages[1], user("2+2?"));
+            assert_eq!(a.metadata, json!({"answer": "4", "level": 1}));
+            assert_eq!(b.messages, vec![user("3*3?")]);
+            assert_eq!(b.metadata, json!({"answer": null, "level": 2}));
+        }
+        let bad = dir.join("bad.parquet");
+        let chats = [vec![("user", "fine")], vec![("user", "a"), ("robot", "b")]];
+        write_parquet(&bad, &chats, &[None, None], &[0, 0], Compression::SNAPPY);
+        let err = read(&bad, Format::Parquet).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.parquet: row 1: \"messages\"[1].role is \"robot\""),
+            "{err}"
+        );
+        let not_parquet = write(&dir, "fake.parquet", "{\"prompt\": \"x\"}");
+        let err = format!("{:#}", read(&not_parquet, Format::Parquet).unwrap_err());
+        assert!(
+            err.contains("cannot read") && err.contains("as parquet"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_bad_row_names_file_line_and_field() {
+        let dir = test_dir("rows-bad");
+        let cases = [
+            (
+                r#"{"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "x"}]}"#,
+                r#"line3.jsonl:3: "messages"[1].role is "robot"; expected system, user, assistant or tool"#,
+            ),
+            (
+                r#"{"messages": [{"role": 1, "content": "x"}]}"#,
+                r#""messages"[0].role is 1; expected"#,
+            ),
+            (
+                r#"{"messages": [{"role": "user"}]}"#,
+                r#""messages"[0] has no "content""#,
+            ),
+            (
+                r#"{"messages": [{"content": "x"}]}"#,
+                r#""messages"[0] has no "role""#,
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": 5}]}"#,
+                r#""messages"[0].content is 5; expected a string"#,
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x", "name": "bob"}]}"#,
+                r#""messages"[0] has "name"; a message holds only"#,
+            ),
+            (
+                r#"{"messages": [3]}"#,
+                r#""messages"[0] is 3; expected an object"#,
+            ),
+            (r#"{"messages": []}"#, r#""messages" is empty"#),
+            (
+                r#"{"messages": {"role": "user"}}"#,
+                r#""messages" is an object; expected a list"#,
+            ),
+            (
+                r#"{"messages": "hello"}"#,
+                r#""messages" is text but not JSON"#,
+            ),
+            (
+                r#"{"question": "x", "answer": "y"}"#,
+                r#"has neither "messages" nor "prompt" (its fields: question, answer); set data.messages_key"#,
+            ),
+            (r#"{"prompt": 3}"#, r#""prompt" is 3; expected a string"#),
+            (r#"{"prompt": ""}"#, r#""prompt" is empty"#),
+            (r#"["prompt"]"#, "the row is a list; expected an object"),
+            (r#"{"prompt": "x""#, "not valid JSON at column 14"),
+        ];
+        for (line, expected) in cases {
+            let path = write(
+                &dir,
+                "line3.jsonl",
+                &format!("{{\"prompt\": \"fine\"}}\n\n{line}\n{{\"prompt\": \"fine\"}}\n"),
+            );
+            let err = read(&path, Format::Jsonl).unwrap_err().to_string();
+            assert!(err.contains("line3.jsonl:3: "), "{line}: {err}");
+            assert!(err.contains(expected), "{line}: {err}");
+            assert!(err.contains("on_bad_row = \"skip\""), "{err}");
+        }
+
+        let array = write(&dir, "rows.json", r#"[{"prompt": "a"}, {"prompt": null}]"#);
+        let err = read(&array, Format::Json).unwrap_err().to_string();
+        assert!(err.contains("rows.json: row 1: has neither"), "{err}");
+
+        let csv = write(
+            &dir,
+            "rows.csv",
+            "prompt,answer\nfine,1\n\"two\nlines\",2\nwide,3,extra\n",
+        );
+        let err = read(&csv, Format::Csv).unwrap_err().to_string();
+        assert!(
+            err.contains("rows.csv:5: has 3 fields but the header has 2"),
+            "{err}"
+        );
+        let csv = write(
+            &dir,
+            "chat.csv",
+            "messages\n\"[{\"\"role\"\": \"\"user\"\", \"\"content\"\": \"\"a\"\"}]\"\n\"[{\"\"role\"\": \"\"robot\"\", \"\"content\"\": \"\"a\"\"}]\"\n",
+        );
+        let err = read(&csv, Format::Csv).unwrap_err().to_string();
+        assert!(
+            err.contains("chat.csv:3: \"messages\"[0].role is \"robot\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn skip_counts_bad_rows_and_empty_is_an_error() {
+        let dir = test_dir("rows-skip");
+        let path = write(
+            &dir,
+            "mixed.jsonl",
+            "{\"prompt\": \"a\"}\n{\"prompt\": 1}\n{\"prompt\": \"b\"}\nnot json\n{\"prompt\": \"c\"}\n",
+        );
+        let loaded = read_file(&path, Format::Jsonl, &options(OnBadRow::Skip)).unwrap();
+        assert_eq!(loaded.samples.len(), 3);
+        assert_eq!(loaded.skipped, 2);
+        let first = loaded.first_error.unwrap();
+        assert!(first.contains("mixed.jsonl:2: \"prompt\" is 1"), "{first}");
+
+        let bad = write(&dir, "bad.jsonl", "{\"prompt\": 1}\n[]\n");
+        let err = read_file(&bad, Format::Jsonl, &options(OnBadRow::Skip))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("has no good row: all 2 were skipped"), "{err}");
+        let empty = write(&dir, "empty.jsonl", "\n\n");
+        let err = read(&empty, Format::Jsonl).unwrap_err().to_string();
+        assert!(err.contains("empty.jsonl has no rows"), "{err}");
+        let err = format!(
+            "{:#}",
+            read(&dir.join("missing.csv"), Format::Csv).unwrap_err()
+        );
+        assert!(err.contains("cannot open dataset file"), "{err}");
+    }
+
+    #[test]
+    fn max_samples_stops_early() {
+        let dir = test_dir("rows-max");
+        let path = write(
+            &dir,
+            "long.jsonl",
+            "{\"prompt\": \"a\"}\n{\"prompt\": \"b\"}\n{\"prompt\": \"c\"}\nbroken\n",
+        );
+        let options = ReadOptions {
+            max_samples: Some(2),
+            ..options(OnBadRow::Error)
+        };
+        let loaded = read_file(&path, Format::Jsonl, &options).unwrap();
+        assert_eq!(loaded.samples.len(), 2);
+    }
+}
