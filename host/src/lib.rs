@@ -4,6 +4,7 @@
 //! The binary is a thin wrapper around [`cli::run`].
 
 pub mod cli;
+pub mod config;
 pub mod data;
 pub mod model;
 pub mod plugin;

@@ -12,6 +12,7 @@ mod data;
 mod model_cli;
 mod plugins;
 mod rollout;
+mod rollout_cli;
 mod sandbox;
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};

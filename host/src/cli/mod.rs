@@ -5,6 +5,7 @@
 mod export;
 mod generate;
 mod plugin;
+mod rollout;
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -33,6 +34,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Write an adapter merged into its base model, as a Hugging Face model directory.
     Export(export::ExportArgs),
+    /// Sample and score trajectories with a run config, without training.
+    Rollout(rollout::RolloutArgs),
 }
 
 /// Runs the CLI with the process's arguments.
@@ -66,6 +69,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin(command) => runtime.block_on(plugin::run(command)),
         Command::Generate(args) => generate::run(args),
         Command::Export(args) => export::run(args),
+        Command::Rollout(args) => rollout::run(args, runtime.handle(), cli.quiet),
     }
 }
 

@@ -1,0 +1,259 @@
+//! `rlhost rollout`: sample and score trajectories with a run config, without training —
+//! for evaluation and for debugging a task's tools and rewards. Writes every trajectory to
+//! a JSONL file and prints a readable view of a few, with tool spans marked.
+
+use crate::config::LoadedConfig;
+use crate::config::setup::{Setup, display};
+use crate::data::Cursor;
+use crate::model::generate::sample_seed;
+use crate::rollout::{BatchStats, Engine, SpanKind, Trajectory};
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use tokio::runtime::Handle;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Split {
+    Train,
+    Eval,
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    /// The run config (TOML).
+    #[arg(long)]
+    config: PathBuf,
+    /// A plugin component to load; a trigger or environment replaces the config's.
+    #[arg(long = "plugin", value_name = "FILE.wasm")]
+    plugins: Vec<PathBuf>,
+    /// Override a config value, e.g. --set rollout.group_size=4 (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Where to write the trajectories, one JSON object per line.
+    #[arg(long)]
+    out: PathBuf,
+    /// Which samples: the held-out split or the training split.
+    #[arg(long, value_enum, default_value = "eval")]
+    split: Split,
+    /// How many prompts (default: all held-out ones, or one batch of training ones).
+    #[arg(long)]
+    prompts: Option<usize>,
+    /// A PEFT adapter to sample with (overrides model.adapter).
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// Overrides run.seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Overrides rollout.group_size.
+    #[arg(long)]
+    group_size: Option<usize>,
+    /// How many trajectories to print.
+    #[arg(long, default_value_t = 2)]
+    show: usize,
+}
+
+pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
+    let mut set = args.set.clone();
+    if let Some(seed) = args.seed {
+        set.push(format!("run.seed={seed}"));
+    }
+    if let Some(g) = args.group_size {
+        set.push(format!("rollout.group_size={g}"));
+    }
+    if let Some(adapter) = &args.adapter {
+        let abs = std::path::absolute(adapter)?;
+        set.push(format!(
+            "model.adapter={}",
+            toml_string(&abs.to_string_lossy())
+        ));
+    }
+    let loaded = LoadedConfig::load(&args.config, &set)?;
+    let setup = Setup::open(loaded, &args.plugins, handle)?;
+    let c = &setup.loaded.config;
+    let samples = match args.split {
+        Split::Eval => {
+            let mut all = handle.block_on(setup.dataset.eval_samples())?;
+            if all.is_empty() {
+                bail!(
+                    "{}: the held-out split is empty; set data.eval_size (or eval_fraction, eval_path), or pass --split train",
+                    setup.loaded.path.display()
+                );
+            }
+            all.truncate(args.prompts.unwrap_or(all.len()));
+            all
+        }
+        Split::Train => {
+            let n = args.prompts.unwrap_or(c.rollout.prompts_per_step);
+            handle.block_on(setup.dataset.next_batch(&mut Cursor::default(), n))?
+        }
+    };
+    let engine = Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone())?;
+    let tmp = args.out.with_extension("jsonl.tmp");
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?,
+    );
+    let mut all: Vec<Trajectory> = Vec::new();
+    let mut total = BatchStats::default();
+    let batches: Vec<_> = samples.chunks(c.rollout.prompts_per_step).collect();
+    for (b, batch) in batches.iter().enumerate() {
+        let seed = sample_seed(c.run.seed, b, usize::MAX);
+        let (groups, stats) = engine.run(batch, seed, 0, setup.mode())?;
+        for t in groups.into_iter().flat_map(|g| g.trajectories) {
+            serde_json::to_writer(&mut out, &t)?;
+            out.write_all(b"\n")?;
+            all.push(t);
+        }
+        if !quiet {
+            eprintln!(
+                "batch {}/{}: {} trajectories, {:.1} s, {:.0} sampled tokens/s",
+                b + 1,
+                batches.len(),
+                stats.trajectories,
+                stats.wall_s,
+                stats.sampled_tokens as f64 / stats.decode_s.max(1e-9)
+            );
+        }
+        add(&mut total, &stats);
+    }
+    out.flush()?;
+    drop(out);
+    std::fs::rename(&tmp, &args.out)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+
+    let color = std::io::stdout().is_terminal();
+    for t in all.iter().take(args.show) {
+        print!("{}", view(t, color));
+    }
+    print!("{}", summary(&all, &total, &setup));
+    println!("wrote {} trajectories to {}", all.len(), display(&args.out));
+    Ok(())
+}
+
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn add(total: &mut BatchStats, s: &BatchStats) {
+    total.wall_s += s.wall_s;
+    total.prefill_s += s.prefill_s;
+    total.decode_s += s.decode_s;
+    total.plugin_wait_s += s.plugin_wait_s;
+    total.plugin_busy_s += s.plugin_busy_s;
+    total.prompt_tokens += s.prompt_tokens;
+    total.sampled_tokens += s.sampled_tokens;
+    total.inserted_tokens += s.inserted_tokens;
+    total.forwards += s.forwards;
+    total.trajectories += s.trajectories;
+}
+
+/// One trajectory for a human: its header, then the completion with inserted spans
+/// marked (coloured on a terminal, bracketed otherwise).
+pub fn view(t: &Trajectory, color: bool) -> String {
+    let mut s = String::new();
+    let components: Vec<String> = t.rewards.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    s.push_str(&format!(
+        "── sample {} #{}  reward {:.3} ({})  stop {}  turns {}  tool calls {}{}\n",
+        t.sample_id,
+        t.index,
+        t.reward,
+        components.join(" "),
+        t.stop.as_str(),
+        t.turns,
+        t.tool_calls,
+        if t.faults.is_empty() {
+            String::new()
+        } else {
+            format!("  faults {}", t.faults.len())
+        }
+    ));
+    if let Some(last_user) = t
+        .messages
+        .iter()
+        .take_while(|m| m.role != "assistant")
+        .last()
+    {
+        s.push_str(&format!("[{}] {}\n", last_user.role, last_user.content));
+    }
+    for span in &t.spans {
+        let text = &span.text;
+        match (span.kind, color) {
+            (SpanKind::Model, _) => s.push_str(text),
+            (SpanKind::Tool, true) => s.push_str(&format!("\x1b[36m{text}\x1b[0m")),
+            (SpanKind::Env, true) => s.push_str(&format!("\x1b[33m{text}\x1b[0m")),
+            (SpanKind::Tool, false) => s.push_str(&format!("⟦tool⟧{text}⟦/tool⟧")),
+            (SpanKind::Env, false) => s.push_str(&format!("⟦env⟧{text}⟦/env⟧")),
+        }
+    }
+    s.push('\n');
+    for f in &t.faults {
+        s.push_str(&format!(
+            "  fault: {} {} {}: {}\n",
+            f.plugin, f.call, f.kind, f.message
+        ));
+    }
+    s
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (n, sum) = xs.fold((0usize, 0.0), |(n, s), x| (n + 1, s + x));
+    if n == 0 { 0.0 } else { sum / n as f64 }
+}
+
+fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
+    let n = all.len().max(1) as f64;
+    let rewards: Vec<f64> = all.iter().map(|t| t.reward).collect();
+    let m = mean(rewards.iter().copied());
+    let sd = mean(rewards.iter().map(|r| (r - m) * (r - m))).sqrt();
+    let mut components: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for t in all {
+        for (k, v) in &t.rewards {
+            components.entry(k).or_default().push(*v);
+        }
+    }
+    let mut stops: BTreeMap<&str, usize> = BTreeMap::new();
+    for t in all {
+        *stops.entry(t.stop.as_str()).or_default() += 1;
+    }
+    let mut s = String::from("── summary\n");
+    s.push_str(&format!("trajectories   {}\n", all.len()));
+    s.push_str(&format!("reward         {m:.4} ± {sd:.4}\n"));
+    for (k, v) in &components {
+        s.push_str(&format!("  {k:<12} {:.4}\n", mean(v.iter().copied())));
+    }
+    s.push_str(&format!(
+        "turns          {:.2} per trajectory\ntool calls     {:.2} per trajectory\nsampled tokens {:.1} per trajectory\n",
+        all.iter().map(|t| t.turns as f64).sum::<f64>() / n,
+        all.iter().map(|t| t.tool_calls as f64).sum::<f64>() / n,
+        stats.sampled_tokens as f64 / n
+    ));
+    let stops: Vec<String> = stops.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    s.push_str(&format!("stops          {}\n", stops.join(", ")));
+    s.push_str(&format!(
+        "time           {:.1} s: prefill {:.1} s, decode {:.1} s, waiting on plugins {:.1} s ({:.1}%); plugin calls {:.2} s in all\n",
+        stats.wall_s,
+        stats.prefill_s,
+        stats.decode_s,
+        stats.plugin_wait_s,
+        100.0 * stats.plugin_wait_s / stats.wall_s.max(1e-9),
+        stats.plugin_busy_s
+    ));
+    s.push_str(&format!(
+        "throughput     {:.2} trajectories/s, {:.1} sampled tokens/s\n",
+        stats.trajectories as f64 / stats.wall_s.max(1e-9),
+        stats.sampled_tokens as f64 / stats.wall_s.max(1e-9)
+    ));
+    for (name, p) in &setup.plugins {
+        let f = p.faults();
+        if f.total() > 0 {
+            let kinds: Vec<String> = crate::plugin::FaultKind::ALL
+                .iter()
+                .filter(|k| f.get(**k) > 0)
+                .map(|k| format!("{k} {}", f.get(*k)))
+                .collect();
+            s.push_str(&format!("faults         {name}: {}\n", kinds.join(", ")));
+        }
+    }
+    s
+}

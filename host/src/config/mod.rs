@@ -1,0 +1,524 @@
+//! The run config: a TOML file as the user wrote it, with `--set section.key=value`
+//! overrides from the command line, checked section by section.
+//!
+//! Every section rejects unknown keys by name (a typo such as `grup_size` must not
+//! silently fall back to a default), and errors point at the file and line. The values
+//! here are raw; [`setup`] turns them into working objects (model, plugins, dataset,
+//! rollout settings), ripgrep's low-args → high-args flow.
+//!
+//! ```toml
+//! [run]
+//! seed = 1
+//! [model]
+//! path = "models/qwen2.5-0.5b-instruct"
+//! [data]
+//! plugin = "countdown"
+//! [rollout]
+//! group_size = 8
+//! trigger = "calculator"
+//! [plugins.countdown]
+//! path = "plugins/dist/countdown.wasm"
+//! [plugins.calculator]
+//! path = "plugins/dist/calculator.wasm"
+//! timeout_ms = 2000
+//! [[rewards]]
+//! plugin = "countdown"
+//! weights = { correct = 1.0, format = 0.1 }
+//! ```
+
+pub mod setup;
+
+use crate::data::DataConfig;
+use crate::plugin::Limits;
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The whole file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    #[serde(default)]
+    pub run: RunSection,
+    pub model: ModelSection,
+    #[serde(default)]
+    pub lora: LoraSection,
+    pub data: DataConfig,
+    #[serde(default)]
+    pub sampling: SamplingSection,
+    #[serde(default)]
+    pub rollout: RolloutSection,
+    /// Plugins by the name the rest of the config uses for them.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, PluginSection>,
+    #[serde(default)]
+    pub rewards: Vec<RewardSection>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    /// Seeds sampling, data order, LoRA initialisation and plugins.
+    pub seed: u64,
+    /// Where outputs go (relative to the config file's folder); default
+    /// `runs/<config file name>`.
+    pub out_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// A Hugging Face model directory.
+    pub path: PathBuf,
+    /// A PEFT adapter to start from (sampling uses it; training continues it).
+    #[serde(default)]
+    pub adapter: Option<PathBuf>,
+    /// `cpu` (CUDA needs a build with the `cuda` feature).
+    #[serde(default = "cpu")]
+    pub device: String,
+}
+
+fn cpu() -> String {
+    "cpu".into()
+}
+
+/// The adapter trained on top of the model (PEFT's `LoraConfig` fields).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    pub r: usize,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub use_rslora: bool,
+    pub target_modules: Vec<String>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        let d = crate::model::LoraConfig::default();
+        LoraSection {
+            r: d.r,
+            alpha: d.alpha,
+            dropout: d.dropout,
+            use_rslora: d.use_rslora,
+            target_modules: d.target_modules,
+        }
+    }
+}
+
+impl LoraSection {
+    pub fn to_config(&self) -> crate::model::LoraConfig {
+        crate::model::LoraConfig {
+            r: self.r,
+            alpha: self.alpha,
+            dropout: self.dropout,
+            use_rslora: self.use_rslora,
+            target_modules: self.target_modules.clone(),
+        }
+    }
+}
+
+/// How tokens are drawn. RL samples at temperature 1 by default (the policy itself),
+/// not with the model's `generation_config.json` defaults.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingSection {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// Tokens per assistant turn.
+    pub max_new_tokens: usize,
+    /// Texts that end an assistant turn (EOS ids always do).
+    pub stop: Vec<String>,
+}
+
+impl Default for SamplingSection {
+    fn default() -> Self {
+        SamplingSection {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            max_new_tokens: 512,
+            stop: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// Trajectories per prompt (G).
+    pub group_size: usize,
+    /// Prompts per rollout batch.
+    pub prompts_per_step: usize,
+    /// The trigger plugin (a name from `[plugins]`), and its configuration.
+    pub trigger: Option<String>,
+    pub trigger_config: serde_json::Value,
+    /// The environment plugin, and its configuration.
+    pub environment: Option<String>,
+    pub environment_config: serde_json::Value,
+    pub max_turns: u32,
+    pub max_tool_calls: u32,
+    pub max_tool_output_tokens: usize,
+    pub max_total_tokens: usize,
+    pub truncation_marker: String,
+    /// Weight of the environment's summed step rewards (component `env`).
+    pub env_reward_weight: f64,
+    /// How many adapter versions rollouts may run ahead of the trainer (0: on-policy).
+    pub max_staleness: u64,
+    /// Finished batches that may wait for the trainer.
+    pub queue_capacity: usize,
+    /// Extra chat template variables, e.g. `{ enable_thinking = false }`.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Scorer instances per reward plugin (trajectories are scored in parallel).
+    pub reward_instances: usize,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        let l = crate::rollout::RolloutLimits::default();
+        RolloutSection {
+            group_size: 8,
+            prompts_per_step: 8,
+            trigger: None,
+            trigger_config: empty_object(),
+            environment: None,
+            environment_config: empty_object(),
+            max_turns: l.max_turns,
+            max_tool_calls: l.max_tool_calls,
+            max_tool_output_tokens: l.max_tool_output_tokens,
+            max_total_tokens: l.max_total_tokens,
+            truncation_marker: l.truncation_marker,
+            env_reward_weight: 1.0,
+            max_staleness: 0,
+            queue_capacity: 2,
+            template_kwargs: Default::default(),
+            reward_instances: 2,
+        }
+    }
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// `[plugins.NAME]`: a component file and its sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSection {
+    pub path: PathBuf,
+    pub memory_mib: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub fuel: Option<u64>,
+    pub max_output_bytes: Option<usize>,
+    pub max_log_bytes: Option<usize>,
+    /// Host directories mounted read-only: `"HOST_DIR"` (at `/data`) or
+    /// `"HOST_DIR:GUEST_PATH"`.
+    #[serde(default)]
+    pub grant_dirs: Vec<String>,
+}
+
+impl PluginSection {
+    pub fn limits(&self) -> Limits {
+        let d = Limits::default();
+        Limits {
+            memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
+            timeout_ms: self.timeout_ms.unwrap_or(d.timeout_ms),
+            fuel: self.fuel,
+            max_output_bytes: self.max_output_bytes.unwrap_or(d.max_output_bytes),
+            max_log_bytes: self.max_log_bytes.unwrap_or(d.max_log_bytes),
+        }
+    }
+}
+
+/// `[[rewards]]`: one reward plugin and how its components count.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    pub plugin: String,
+    #[serde(default = "empty_object")]
+    pub config: serde_json::Value,
+    /// Weight per component; components not listed get `default_weight`.
+    #[serde(default)]
+    pub weights: BTreeMap<String, f64>,
+    #[serde(default = "one")]
+    pub default_weight: f64,
+    /// This plugin's contribution to the total when it faults.
+    #[serde(default)]
+    pub fallback: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// A config file read and checked, with where it came from.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub config: RunConfig,
+    pub path: PathBuf,
+    /// The file's folder: relative paths in the config start here.
+    pub base_dir: PathBuf,
+}
+
+impl LoadedConfig {
+    /// Reads `path`, applies `overrides` (`section.key=value`, the value in TOML syntax or
+    /// a bare string), and checks the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let config = parse(&text, overrides)
+            .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+        let base_dir = path
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let loaded = LoadedConfig {
+            config,
+            path: path.to_path_buf(),
+            base_dir,
+        };
+        loaded.check()?;
+        Ok(loaded)
+    }
+
+    /// A path from the config, relative to its folder.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    /// Checks what serde cannot: references between sections and value ranges.
+    fn check(&self) -> Result<()> {
+        let c = &self.config;
+        let file = self.path.display();
+        c.data
+            .validate()
+            .with_context(|| format!("{file}: [data]"))?;
+        let r = &c.rollout;
+        if r.group_size == 0 || r.prompts_per_step == 0 {
+            bail!("{file}: [rollout] group_size and prompts_per_step must be at least 1");
+        }
+        if r.queue_capacity == 0 {
+            bail!("{file}: [rollout] queue_capacity must be at least 1");
+        }
+        for (key, name) in [
+            ("rollout.trigger", &r.trigger),
+            ("rollout.environment", &r.environment),
+            ("data.plugin", &c.data.plugin),
+        ] {
+            if let Some(name) = name
+                && !c.plugins.contains_key(name)
+            {
+                bail!(
+                    "{file}: {key} = \"{name}\" names no plugin; add a [plugins.{name}] section with its `path`{}",
+                    known(&c.plugins)
+                );
+            }
+        }
+        for (i, reward) in c.rewards.iter().enumerate() {
+            if !c.plugins.contains_key(&reward.plugin) {
+                bail!(
+                    "{file}: rewards[{i}].plugin = \"{}\" names no plugin; add a [plugins.{}] section with its `path`{}",
+                    reward.plugin,
+                    reward.plugin,
+                    known(&c.plugins)
+                );
+            }
+            if let Some((k, w)) = reward.weights.iter().find(|(_, w)| !w.is_finite()) {
+                bail!("{file}: rewards[{i}].weights.{k} = {w} is not a finite number");
+            }
+        }
+        for (key, v) in [
+            ("rollout.trigger_config", &r.trigger_config),
+            ("rollout.environment_config", &r.environment_config),
+        ] {
+            if !v.is_object() {
+                bail!("{file}: {key} must be a table, e.g. {key} = {{}}");
+            }
+        }
+        if c.model.device != "cpu" {
+            bail!(
+                "{file}: model.device = \"{}\": this build runs on the CPU only (device = \"cpu\"); CUDA needs rlhost built with `--features cuda`",
+                c.model.device
+            );
+        }
+        c.lora
+            .to_config()
+            .validate()
+            .with_context(|| format!("{file}: [lora]"))?;
+        Ok(())
+    }
+}
+
+fn known(plugins: &BTreeMap<String, PluginSection>) -> String {
+    if plugins.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (configured: {})",
+            plugins.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+/// Parses the file, then the file with the overrides: errors in the file itself keep its
+/// own line numbers.
+fn parse(text: &str, overrides: &[String]) -> Result<RunConfig> {
+    let mut table: toml::Table = text.parse()?;
+    if overrides.is_empty() {
+        return Ok(toml::from_str(text)?);
+    }
+    for o in overrides {
+        let (key, value) = o
+            .split_once('=')
+            .with_context(|| format!("--set {o:?}: expected section.key=value"))?;
+        let value = parse_value(value.trim());
+        let parts: Vec<&str> = key.trim().split('.').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            bail!("--set {o:?}: the key must look like section.key");
+        }
+        let mut t = &mut table;
+        for p in &parts[..parts.len() - 1] {
+            let entry = t
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(Default::default()));
+            t = entry
+                .as_table_mut()
+                .with_context(|| format!("--set {o:?}: `{p}` is not a table"))?;
+        }
+        t.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    let merged = toml::to_string(&table)?;
+    toml::from_str(&merged).map_err(|e| {
+        // A mistake in the file itself is shown with the file's own line numbers, unless
+        // an override fixes it (e.g. a missing key given with --set).
+        match toml::from_str::<RunConfig>(text) {
+            Err(file_error) if file_error.message() == e.message() => file_error.into(),
+            _ => anyhow::anyhow!(
+                "{} (with --set {})",
+                e.message(),
+                overrides.join(", --set ")
+            ),
+        }
+    })
+}
+
+/// A `--set` value: TOML (`3`, `true`, `"x"`, `[1, 2]`, `{ a = 1 }`), else a bare string.
+fn parse_value(s: &str) -> toml::Value {
+    format!("v = {s}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(s.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[model]
+path = "m"
+[data]
+path = "d.jsonl"
+[rollout]
+group_size = 4
+trigger = "calc"
+[plugins.calc]
+path = "calc.wasm"
+timeout_ms = 100
+[[rewards]]
+plugin = "calc"
+weights = { correct = 1.0 }
+"#;
+
+    fn load(text: &str, overrides: &[&str]) -> Result<LoadedConfig> {
+        let dir = std::env::temp_dir().join(format!("rlhost-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("{n}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        LoadedConfig::load(&path, &overrides)
+    }
+
+    #[test]
+    fn reads_sections_with_defaults() {
+        let c = load(BASE, &[]).unwrap().config;
+        assert_eq!(c.rollout.group_size, 4);
+        assert_eq!(c.rollout.prompts_per_step, 8);
+        assert_eq!(c.plugins["calc"].limits().timeout_ms, 100);
+        assert_eq!(c.plugins["calc"].limits().memory_mib, 256);
+        assert_eq!(c.sampling.temperature, 1.0);
+        assert_eq!(c.rewards[0].default_weight, 1.0);
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_line() {
+        let text = BASE.replace("group_size = 4", "grup_size = 4");
+        let e = format!("{:#}", load(&text, &[]).unwrap_err());
+        assert!(e.contains("unknown field `grup_size`"), "{e}");
+        assert!(e.contains("line 7"), "{e}");
+    }
+
+    #[test]
+    fn overrides_replace_and_add_values() {
+        let c = load(
+            BASE,
+            &[
+                "rollout.group_size=2",
+                "run.seed = 9",
+                "sampling.stop=[\"</answer>\"]",
+                "model.path=other dir",
+            ],
+        )
+        .unwrap()
+        .config;
+        assert_eq!((c.rollout.group_size, c.run.seed), (2, 9));
+        assert_eq!(c.sampling.stop, ["</answer>"]);
+        assert_eq!(c.model.path, PathBuf::from("other dir"));
+        let e = format!("{:#}", load(BASE, &["rollout.grup=1"]).unwrap_err());
+        assert!(
+            e.contains("unknown field `grup`") && e.contains("--set rollout.grup=1"),
+            "{e}"
+        );
+        assert!(load(BASE, &["nonsense"]).is_err());
+    }
+
+    #[test]
+    fn references_to_missing_plugins_are_errors() {
+        let text = BASE.replace("trigger = \"calc\"", "trigger = \"calculator\"");
+        let e = format!("{:#}", load(&text, &[]).unwrap_err());
+        assert!(
+            e.contains("rollout.trigger = \"calculator\" names no plugin")
+                && e.contains("[plugins.calculator]"),
+            "{e}"
+        );
+        let e = format!("{:#}", load(BASE, &["model.device=cuda"]).unwrap_err());
+        assert!(e.contains("CPU only"), "{e}");
+        let e = format!("{:#}", load(BASE, &["rollout.group_size=0"]).unwrap_err());
+        assert!(e.contains("group_size"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_section_is_named() {
+        let text = BASE.replace("[model]\npath = \"m\"\n", "");
+        let e = format!("{:#}", load(&text, &[]).unwrap_err());
+        assert!(e.contains("missing field `model`"), "{e}");
+    }
+}

@@ -1,0 +1,255 @@
+//! A checked config turned into working objects: the model (with its adapter), the
+//! plugins, the dataset, the rollout settings and the reward functions.
+//!
+//! Everything a run needs is opened here, before the first rollout, so that a wrong path,
+//! a plugin without the role it is used for, or a plugin configuration it refuses stops
+//! the run at once with a message naming the config key, not after an hour of training.
+
+use super::LoadedConfig;
+use crate::data::Dataset;
+use crate::model::{LanguageModel, Mode, peft};
+use crate::plugin::{
+    DirGrant, Grants, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, Sample, cache,
+};
+use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
+use anyhow::{Context, Result, bail};
+use candle_core::Device;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use tokio::runtime::Handle;
+
+pub struct Setup {
+    pub loaded: LoadedConfig,
+    pub lm: LanguageModel,
+    /// By config name (a `--plugin` file by its own name).
+    pub plugins: BTreeMap<String, Plugin>,
+    pub dataset: Dataset,
+    pub settings: RolloutSettings,
+    pub rewards: Rewards,
+}
+
+impl Setup {
+    /// Opens everything the config names. `extra_plugins` are `--plugin` files: each is
+    /// registered under its own name (replacing a config plugin of that name) and, if it
+    /// is a trigger or an environment, becomes the run's trigger or environment.
+    pub fn open(loaded: LoadedConfig, extra_plugins: &[PathBuf], handle: &Handle) -> Result<Setup> {
+        let c = &loaded.config;
+        let file = loaded.path.display().to_string();
+        let plugins = handle.block_on(load_plugins(&loaded, extra_plugins))?;
+        let mut trigger_name = c.rollout.trigger.clone();
+        let mut env_name = c.rollout.environment.clone();
+        for path in extra_plugins {
+            let (name, plugin) = plugins
+                .iter()
+                .find(|(_, p)| p.spec().path == *path)
+                .expect("loaded above");
+            if plugin.roles().contains(&Role::Trigger) {
+                if trigger_name.as_ref() != Some(name) {
+                    tracing::info!("--plugin {}: `{name}` is the trigger", path.display());
+                }
+                trigger_name = Some(name.clone());
+            } else if plugin.roles().contains(&Role::Environment) {
+                env_name = Some(name.clone());
+            }
+        }
+        let role = |key: &str, name: &str, role: Role| -> Result<Plugin> {
+            let plugin = plugins[name].clone();
+            if !plugin.roles().contains(&role) {
+                bail!(
+                    "{file}: {key} = \"{name}\", but {} ({}) exports {}, not the {role} role",
+                    plugin.id(),
+                    plugin.spec().path.display(),
+                    crate::plugin::inspect::role_list(plugin.roles())
+                );
+            }
+            Ok(plugin)
+        };
+        let trigger = match &trigger_name {
+            Some(name) => {
+                let plugin = role("rollout.trigger", name, Role::Trigger)?;
+                let config = c.rollout.trigger_config.to_string();
+                // One session up front: a configuration the plugin refuses is a config
+                // error now, not a fault in every trajectory later.
+                handle
+                    .block_on(plugin.open_trigger(&config, &Sample::from_prompt(""), 0))
+                    .with_context(|| format!("{file}: rollout.trigger_config for `{name}`"))?;
+                Some(ToolSpec { plugin, config })
+            }
+            None => None,
+        };
+        let environment = match &env_name {
+            Some(name) => Some(ToolSpec {
+                plugin: role("rollout.environment", name, Role::Environment)?,
+                config: c.rollout.environment_config.to_string(),
+            }),
+            None => None,
+        };
+        let mut specs = Vec::new();
+        for (i, r) in c.rewards.iter().enumerate() {
+            specs.push(RewardSpec {
+                plugin: role(&format!("rewards[{i}].plugin"), &r.plugin, Role::Reward)?,
+                config: r.config.to_string(),
+                weights: r.weights.clone(),
+                default_weight: r.default_weight,
+                fallback: r.fallback,
+            });
+        }
+        let rewards = handle
+            .block_on(Rewards::open(
+                specs,
+                c.rollout.env_reward_weight,
+                c.rollout.reward_instances,
+            ))
+            .with_context(|| format!("{file}: [[rewards]]"))?;
+        let data_plugin = match &c.data.plugin {
+            Some(name) => Some(role("data.plugin", name, Role::Dataset)?),
+            None => None,
+        };
+        let dataset = handle
+            .block_on(Dataset::open(
+                &c.data,
+                &loaded.base_dir,
+                data_plugin.as_ref(),
+                c.run.seed,
+            ))
+            .with_context(|| format!("{file}: [data]"))?;
+
+        let model_dir = loaded.resolve(&c.model.path);
+        let mut lm = LanguageModel::open(&model_dir, &Device::Cpu)
+            .with_context(|| format!("{file}: model.path"))?;
+        if let Some(adapter) = &c.model.adapter {
+            let adapter = loaded.resolve(adapter);
+            peft::load_adapter(&mut lm.model, &adapter)
+                .with_context(|| format!("{file}: model.adapter {}", adapter.display()))?;
+        }
+        let s = &c.sampling;
+        let mut sampling = lm.default_sampling()?;
+        sampling.temperature = s.temperature;
+        sampling.top_k = s.top_k;
+        sampling.top_p = s.top_p;
+        sampling.min_p = s.min_p;
+        sampling.max_new_tokens = s.max_new_tokens;
+        sampling.stop_strings = s.stop.clone();
+        sampling.seed = c.run.seed;
+        sampling
+            .validate()
+            .with_context(|| format!("{file}: [sampling]"))?;
+        let r = &c.rollout;
+        let settings = RolloutSettings {
+            group_size: r.group_size,
+            sampling,
+            limits: RolloutLimits {
+                max_turns: r.max_turns,
+                max_tool_calls: r.max_tool_calls,
+                max_tool_output_tokens: r.max_tool_output_tokens,
+                max_total_tokens: r.max_total_tokens,
+                truncation_marker: r.truncation_marker.clone(),
+            },
+            template_kwargs: r.template_kwargs.clone(),
+            trigger,
+            environment,
+        };
+        Ok(Setup {
+            loaded,
+            lm,
+            plugins,
+            dataset,
+            settings,
+            rewards,
+        })
+    }
+
+    /// How rollouts run the model: with the adapter when there is one.
+    pub fn mode(&self) -> Mode<'static> {
+        Mode::INFERENCE
+    }
+}
+
+/// Loads `[plugins.*]` and the `--plugin` files.
+async fn load_plugins(
+    loaded: &LoadedConfig,
+    extra: &[PathBuf],
+) -> Result<BTreeMap<String, Plugin>> {
+    let c = &loaded.config;
+    let fuel = c.plugins.values().any(|p| p.fuel.is_some());
+    let runtime = PluginRuntime::new(&RuntimeOptions {
+        fuel,
+        cache_dir: cache::default_dir(),
+        ..RuntimeOptions::default()
+    })?;
+    let mut plugins = BTreeMap::new();
+    for (name, section) in &c.plugins {
+        let mut grants = Grants::default();
+        for g in &section.grant_dirs {
+            let mut grant = DirGrant::from_str(g).map_err(|e| {
+                anyhow::anyhow!("{}: plugins.{name}.grant_dirs: {e}", loaded.path.display())
+            })?;
+            grant.host = loaded.resolve(&grant.host);
+            grants.read_only_dirs.push(grant);
+        }
+        let spec = PluginSpec {
+            path: loaded.resolve(&section.path),
+            limits: section.limits(),
+            grants,
+        };
+        let plugin = runtime
+            .load(spec)
+            .await
+            .with_context(|| format!("{}: plugins.{name}.path", loaded.path.display()))?;
+        plugins.insert(name.clone(), plugin);
+    }
+    for path in extra {
+        let probe = runtime
+            .load(PluginSpec {
+                path: path.clone(),
+                limits: Default::default(),
+                grants: Default::default(),
+            })
+            .await
+            .with_context(|| format!("--plugin {}", path.display()))?;
+        let name = probe.name().to_string();
+        // A config section of the same name keeps its sandbox settings.
+        let plugin = match c.plugins.get(&name) {
+            Some(section) => runtime
+                .load(PluginSpec {
+                    path: path.clone(),
+                    limits: section.limits(),
+                    grants: plugins
+                        .get(&name)
+                        .map(|p: &Plugin| p.spec().grants.clone())
+                        .unwrap_or_default(),
+                })
+                .await
+                .with_context(|| format!("--plugin {}", path.display()))?,
+            None => probe,
+        };
+        plugins.insert(name, plugin);
+    }
+    Ok(plugins)
+}
+
+/// The run's output folder: `run.out_dir`, or `runs/<config name>` beside the config.
+pub fn out_dir(loaded: &LoadedConfig) -> PathBuf {
+    match &loaded.config.run.out_dir {
+        Some(dir) => loaded.resolve(dir),
+        None => {
+            let stem = loaded
+                .path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into());
+            loaded.base_dir.join("runs").join(stem)
+        }
+    }
+}
+
+/// `path` shown relative to the current directory when it is inside it.
+pub fn display(path: &Path) -> String {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| path.to_path_buf())
+        .display()
+        .to_string()
+}

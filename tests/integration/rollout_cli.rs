@@ -1,0 +1,101 @@
+//! `rlhost rollout` on the fixture model with the real countdown and calculator plugins,
+//! and its bad-input errors.
+
+use rlhost_tests::{TestCommand, plugin, temp_dir};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The repo's fixture config, with the plugins of this build.
+fn command(extra: &[&str]) -> TestCommand {
+    let config = root().join("configs/fixture-countdown.toml");
+    let q = |p: &Path| format!("{:?}", p.display().to_string());
+    TestCommand::new(&["rollout", "--config"])
+        .arg(&config)
+        .arg("--set")
+        .arg(format!(
+            "plugins.countdown.path={}",
+            q(&plugin("countdown"))
+        ))
+        .arg("--set")
+        .arg(format!(
+            "plugins.calculator.path={}",
+            q(&plugin("calculator"))
+        ))
+        .args(extra)
+}
+
+#[test]
+fn rollout_writes_scored_trajectories_and_a_summary() {
+    let dir = temp_dir("rollout-cli");
+    let out = dir.join("r.jsonl");
+    let ran = command(&["--prompts", "2", "--group-size", "3", "--out"])
+        .arg(&out)
+        .ok();
+    assert!(ran.stdout.contains("── summary"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("trajectories   6"), "{}", ran.stdout);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 6);
+    for r in &rows {
+        // Countdown's components are there, and the loss mask's source is per token.
+        assert!(r["rewards"]["correct"].is_number(), "{r}");
+        assert!(r["rewards"]["format"].is_number(), "{r}");
+        let completion =
+            r["tokens"].as_array().unwrap().len() - r["prompt_len"].as_u64().unwrap() as usize;
+        assert_eq!(r["logps"].as_array().unwrap().len(), completion);
+        assert!(r["metadata"]["target"].is_number(), "{r}");
+    }
+    // Same seed, same trajectories.
+    let out2 = dir.join("r2.jsonl");
+    command(&["--prompts", "2", "--group-size", "3", "--out"])
+        .arg(&out2)
+        .ok();
+    assert_eq!(text, std::fs::read_to_string(&out2).unwrap());
+}
+
+#[test]
+fn bad_configs_get_one_clear_line() {
+    let dir = temp_dir("rollout-cli-bad");
+    let out = dir.join("r.jsonl");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--set", "rollout.grup_size=2"],
+            "unknown field `grup_size`",
+        ),
+        (
+            &["--set", "model.path=\"/nonexistent/model\""],
+            "model.path",
+        ),
+        (
+            &["--set", "rollout.trigger=\"countdown_env\""],
+            "names no plugin",
+        ),
+        (
+            &["--set", "rollout.environment=\"countdown\""],
+            "not the environment role",
+        ),
+        (
+            &["--set", "rollout.trigger_config={ precison = 3 }"],
+            "unknown field `precison`",
+        ),
+    ];
+    for (args, want) in cases {
+        let err = command(args).arg("--out").arg(&out).fails();
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(!out.exists());
+    }
+    let missing = TestCommand::new(&["rollout", "--config", "/nonexistent.toml", "--out"])
+        .arg(&out)
+        .fails();
+    assert!(
+        missing.contains("cannot read config file /nonexistent.toml"),
+        "{missing}"
+    );
+}
