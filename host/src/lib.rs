@@ -8,4 +8,5 @@ pub mod config;
 pub mod data;
 pub mod model;
 pub mod plugin;
+pub mod rl;
 pub mod rollout;

@@ -9,9 +9,9 @@
 
 use super::load_with;
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rlhost::model::{LanguageModel, LoraConfig, Mode};
 use rlhost::plugin::{Limits, Message, Sample};
+use rlhost::rl::sft::{self, SftOptions, SftRow};
 use rlhost::rollout::{
     Engine, Group, RewardSpec, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason,
     ToolSpec, Trajectory,
@@ -114,63 +114,23 @@ fn taught() -> &'static LanguageModel {
     })
 }
 
-/// AdamW on the adapter: next-token loss on each row's tokens after its prompt.
+/// Fits the adapter to the rows' tokens after each prompt.
 fn fit(lm: &LanguageModel, rows: &[(usize, Vec<u32>)], steps: usize) {
-    let dev = Device::Cpu;
-    let t = rows.iter().map(|(_, ids)| ids.len()).max().unwrap() - 1;
-    let (mut input, mut target, mut attn, mut pos, mut weight) =
-        (vec![], vec![], vec![], vec![], vec![]);
-    for (prompt_len, ids) in rows {
-        let n = ids.len() - 1;
-        for i in 0..t {
-            input.push(if i < n { ids[i] } else { 0 });
-            target.push(if i < n { ids[i + 1] } else { 0 });
-            attn.push(u32::from(i < n));
-            pos.push(i as u32);
-            weight.push(if i < n && i + 1 >= *prompt_len {
-                1f32
-            } else {
-                0.0
-            });
-        }
-    }
-    let b = rows.len();
-    let input = Tensor::from_vec(input, (b, t), &dev).unwrap();
-    let target = Tensor::from_vec(target, (b, t), &dev).unwrap();
-    let attn = Tensor::from_vec(attn, (b, t), &dev).unwrap();
-    let pos = Tensor::from_vec(pos, (b, t), &dev).unwrap();
-    let total: f32 = weight.iter().sum();
-    let weight = Tensor::from_vec(weight, (b, t), &dev).unwrap();
-    let vars = lm.model.lora_vars().into_iter().map(|(_, v)| v).collect();
-    let mut opt = AdamW::new(
-        vars,
-        ParamsAdamW {
-            lr: 1e-2,
-            weight_decay: 0.0,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let mode = Mode {
-        adapters: true,
-        grad: true,
-        dropout_rng: None,
+    let rows: Vec<SftRow> = rows
+        .iter()
+        .map(|(prompt_len, ids)| SftRow {
+            tokens: ids.clone(),
+            loss_mask: (0..ids.len()).map(|i| u8::from(i >= *prompt_len)).collect(),
+        })
+        .collect();
+    let opts = SftOptions {
+        steps,
+        lr: 1e-2,
+        target_loss: 2e-3,
     };
-    let mut loss_value = f32::NAN;
-    for _ in 0..steps {
-        let hidden = lm.model.forward_batch(&input, &attn, &pos, mode).unwrap();
-        let (logp, _) = lm.model.logprobs(&hidden, &target).unwrap();
-        let loss = ((logp * &weight).unwrap().sum_all().unwrap() / -(total as f64)).unwrap();
-        loss_value = loss.to_scalar::<f32>().unwrap();
-        if loss_value < 2e-3 {
-            break;
-        }
-        opt.backward_step(&loss).unwrap();
-    }
-    assert!(
-        loss_value < 0.05,
-        "the lessons were not learnt: loss {loss_value}"
-    );
+    let losses = sft::fit(&lm.model, &rows, &opts).unwrap();
+    let last = *losses.last().unwrap();
+    assert!(last < 0.05, "the lessons were not learnt: loss {last}");
 }
 
 fn settings(trigger: Option<ToolSpec>, environment: Option<ToolSpec>) -> RolloutSettings {

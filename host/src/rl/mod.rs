@@ -1,0 +1,3 @@
+//! Training: supervised warm start ([`sft`]); the RL math and the trainer loop join it.
+
+pub mod sft;
