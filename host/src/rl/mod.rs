@@ -1,3 +1,5 @@
 //! Training: supervised warm start ([`sft`]); the RL math and the trainer loop join it.
 
+pub mod algorithms;
+pub mod optim;
 pub mod sft;

@@ -1,0 +1,346 @@
+//! The RL math as small pure functions, each with its equation (RL2's
+//! `utils/algorithms.py` style). Advantages work on plain numbers per group; losses and
+//! KL work on `[B, T]` tensors so that gradients flow through `logps`.
+//!
+//! Names follow RL2: `logps` (current policy, with gradients), `old_logps` (the policy
+//! before this batch's updates, recomputed), `ref_logps` (adapters off), `behavior_logps`
+//! (what the sampler recorded), `advantages`, `loss_mask`.
+
+use candle_core::{Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// How advantages are estimated from a group's rewards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Estimator {
+    /// GRPO: (r_i − mean(r)) / (std(r) + ε), std unbiased as `torch.std`.
+    Grpo,
+    /// Dr. GRPO: r_i − mean(r) (no std: it biases towards easy and hard prompts).
+    DrGrpo,
+    /// RLOO: r_i − mean_{j≠i}(r_j).
+    Rloo,
+    /// REINFORCE with the batch mean as baseline: r_i − mean over all trajectories.
+    Reinforce,
+}
+
+/// Advantages for `groups` (each a group's rewards, in order), flattened in the same
+/// order. `eps` guards GRPO's division when a group's rewards are all equal.
+///
+/// TRL (`GRPOTrainer._generate_and_score_completions`):
+/// ```python
+/// mean = rewards.view(-1, G).mean(dim=1).repeat_interleave(G)
+/// std = rewards.view(-1, G).std(dim=1).repeat_interleave(G)
+/// advantages = (rewards - mean) / (std + 1e-4)
+/// ```
+pub fn advantages(groups: &[Vec<f64>], estimator: Estimator, eps: f64) -> Vec<f64> {
+    let all: Vec<f64> = groups.iter().flatten().copied().collect();
+    let batch_mean = mean(&all);
+    let mut out = Vec::with_capacity(all.len());
+    for g in groups {
+        let m = mean(g);
+        let n = g.len() as f64;
+        for &r in g {
+            out.push(match estimator {
+                Estimator::Grpo => (r - m) / (std_unbiased(g) + eps),
+                Estimator::DrGrpo => r - m,
+                // mean of the others = (n·m − r) / (n − 1); a group of one has no baseline.
+                Estimator::Rloo if g.len() > 1 => r - (n * m - r) / (n - 1.0),
+                Estimator::Rloo => 0.0,
+                Estimator::Reinforce => r - batch_mean,
+            });
+        }
+    }
+    out
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}
+
+/// Bessel-corrected standard deviation (0 for fewer than two values).
+fn std_unbiased(xs: &[f64]) -> f64 {
+    if xs.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(xs);
+    (xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (xs.len() - 1) as f64).sqrt()
+}
+
+/// DAPO's dynamic sampling keeps a group only if its rewards differ: with equal rewards
+/// every advantage is 0 and the group adds nothing but cost.
+pub fn informative(rewards: &[f64]) -> bool {
+    rewards.windows(2).any(|w| (w[0] - w[1]).abs() > 1e-12)
+}
+
+/// DAPO's soft overlong punishment for a response of `len` tokens, limit `max_len`,
+/// ramp `cache`:
+/// 0 if len ≤ max − cache; (max − cache − len) / cache if max − cache < len ≤ max; −1 above.
+pub fn overlong_penalty(len: usize, max_len: usize, cache: usize) -> f64 {
+    let start = max_len.saturating_sub(cache);
+    if len <= start {
+        0.0
+    } else if len <= max_len && cache > 0 {
+        (start as f64 - len as f64) / cache as f64
+    } else {
+        -1.0
+    }
+}
+
+/// Per-token KL estimators of KL(π ‖ π_ref) from d = logps − ref_logps (Schulman's k1,
+/// k2, k3). k3 = exp(−d) − 1 + d is TRL's `exp(ref − logp) − (ref − logp) − 1`: unbiased,
+/// never negative. The sign matters: k1 is log π − log π_ref, not the reverse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KlEstimator {
+    K1,
+    K2,
+    K3,
+}
+
+pub fn kl(logps: &Tensor, ref_logps: &Tensor, estimator: KlEstimator) -> Result<Tensor> {
+    let d = (logps - ref_logps)?;
+    match estimator {
+        KlEstimator::K1 => Ok(d),
+        KlEstimator::K2 => d.sqr()? * 0.5,
+        KlEstimator::K3 => (d.neg()?.exp()? - 1.0)? + &d,
+    }
+}
+
+/// How per-token losses become one number.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Aggregation {
+    /// DAPO: Σ loss·mask / Σ mask over the whole batch (long answers weigh more).
+    TokenMean,
+    /// GRPO: mean over sequences of each sequence's token mean.
+    SeqMeanTokenMean,
+    /// Dr. GRPO: Σ loss·mask / (B · C) with a constant C (e.g. the max response length),
+    /// so that length does not rescale the gradient.
+    SeqMeanTokenSumNorm,
+}
+
+/// Aggregates `[B, T]` per-token values under `mask` (f32 0/1). `norm` is Dr. GRPO's C.
+pub fn aggregate(values: &Tensor, mask: &Tensor, how: Aggregation, norm: f64) -> Result<Tensor> {
+    let masked = (values * mask)?;
+    match how {
+        Aggregation::TokenMean => {
+            let n = mask.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64;
+            masked.sum_all()? / n
+        }
+        Aggregation::SeqMeanTokenMean => {
+            let per_seq = masked.sum(1)?;
+            let lens = mask.sum(1)?.clamp(1f32, f32::MAX)?;
+            (per_seq / lens)?.mean_all()
+        }
+        Aggregation::SeqMeanTokenSumNorm => {
+            let b = values.dim(0)? as f64;
+            masked.sum_all()? / (b * norm)
+        }
+    }
+}
+
+/// The clipped surrogate per token, PPO with DAPO's decoupled clip range:
+/// ratio = exp(logps − old_logps);
+/// loss = −min(ratio·A, clip(ratio, 1 − clip_low, 1 + clip_high)·A).
+/// Returns the per-token loss and a 0/1 tensor marking tokens where the clip was active.
+pub fn clipped_surrogate(
+    logps: &Tensor,
+    old_logps: &Tensor,
+    advantages: &Tensor,
+    clip_low: f64,
+    clip_high: f64,
+) -> Result<(Tensor, Tensor)> {
+    let ratio = (logps - old_logps)?.exp()?;
+    let adv = advantages.broadcast_as(ratio.shape())?;
+    let surr1 = (&ratio * &adv)?;
+    let surr2 = (ratio.clamp(1.0 - clip_low, 1.0 + clip_high)? * &adv)?;
+    let loss = surr1.minimum(&surr2)?.neg()?;
+    let clipped = surr2.lt(&surr1)?.to_dtype(candle_core::DType::F32)?;
+    Ok((loss, clipped))
+}
+
+/// Truncated importance sampling for trajectories sampled by an older adapter version:
+/// w = min(exp(old_logps − behavior_logps), cap), no gradient. Multiplies the per-token
+/// loss so that the update is an unbiased-but-bounded estimate under the current policy.
+pub fn truncated_is(old_logps: &Tensor, behavior_logps: &Tensor, cap: f64) -> Result<Tensor> {
+    let w = (old_logps - behavior_logps)?
+        .exp()?
+        .clamp(0f32, cap as f32)?;
+    Ok(w.detach())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * (1.0 + b.abs())
+    }
+
+    fn t2(rows: &[&[f32]]) -> Tensor {
+        let v: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        Tensor::from_vec(v, (rows.len(), rows[0].len()), &Device::Cpu).unwrap()
+    }
+
+    /// Reference numbers from the formulas in the doc comments, computed with Python's
+    /// `statistics` (stdev is Bessel-corrected, as torch.std):
+    /// ```python
+    /// import statistics as s
+    /// g = [1.0, 0.0, 0.0, 1.0]; m = s.mean(g); sd = s.stdev(g)
+    /// [(r - m) / (sd + 1e-4) for r in g]        # GRPO, TRL's eps
+    /// # [0.8658..., -0.8658..., -0.8658..., 0.8658...]; sd = 0.5773502691896257
+    /// g2 = [0.5, 0.25, 1.0]
+    /// [r - (sum(g2) - r) / 2 for r in g2]       # RLOO: [-0.125, -0.5, 0.625]
+    /// ```
+    #[test]
+    fn advantages_match_the_reference_formulas() {
+        let g = vec![vec![1.0, 0.0, 0.0, 1.0], vec![0.5, 0.25, 1.0]];
+        let grpo = advantages(&g, Estimator::Grpo, 1e-4);
+        let want = 0.5 / (0.5773502691896257 + 1e-4);
+        assert!(close(grpo[0], want, 1e-12) && close(grpo[1], -want, 1e-12));
+        // Group 2: mean 0.5833333, stdev 0.3818813079129867.
+        assert!(close(
+            grpo[6],
+            (1.0 - 0.5833333333333334) / (0.3818813079129867 + 1e-4),
+            1e-12
+        ));
+        let rloo = advantages(&g, Estimator::Rloo, 0.0);
+        for (a, b) in rloo[4..].iter().zip([-0.125, -0.5, 0.625]) {
+            assert!(close(*a, b, 1e-12), "{rloo:?}");
+        }
+        let dr = advantages(&g, Estimator::DrGrpo, 0.0);
+        assert_eq!(dr[..4], [0.5, -0.5, -0.5, 0.5]);
+        // Batch mean of all seven rewards = 3.75 / 7.
+        let re = advantages(&g, Estimator::Reinforce, 0.0);
+        assert!(close(re[0], 1.0 - 3.75 / 7.0, 1e-12));
+        // All-equal group: GRPO gives zeros, not NaN.
+        assert_eq!(advantages(&[vec![1.0; 4]], Estimator::Grpo, 1e-6), [0.0; 4]);
+        assert!(!informative(&[1.0, 1.0]) && informative(&[1.0, 0.0]));
+    }
+
+    #[test]
+    fn overlong_penalty_ramps_linearly() {
+        assert_eq!(overlong_penalty(80, 100, 20), 0.0);
+        assert_eq!(overlong_penalty(90, 100, 20), -0.5);
+        assert_eq!(overlong_penalty(100, 100, 20), -1.0);
+        assert_eq!(overlong_penalty(101, 100, 20), -1.0);
+    }
+
+    /// k1 = d, k2 = d²/2, k3 = e^{-d} − 1 + d with d = logp − ref:
+    /// ```python
+    /// import math; d = -0.3 - (-0.5)     # 0.2
+    /// d, d*d/2, math.exp(-d) - 1 + d      # 0.2, 0.02, 0.018730753077981832
+    /// ```
+    #[test]
+    fn kl_estimators_match_and_have_the_right_sign() {
+        let logp = t2(&[&[-0.3]]);
+        let r = t2(&[&[-0.5]]);
+        let v = |e| kl(&logp, &r, e).unwrap().to_vec2::<f32>().unwrap()[0][0] as f64;
+        assert!(close(v(KlEstimator::K1), 0.2, 1e-6));
+        assert!(close(v(KlEstimator::K2), 0.02, 1e-5));
+        assert!(close(v(KlEstimator::K3), 0.018730753077981832, 1e-5));
+        // The policy more likely than the reference: KL terms are positive.
+        assert!(v(KlEstimator::K1) > 0.0 && v(KlEstimator::K3) > 0.0);
+    }
+
+    /// Clipped surrogate and aggregations on a 2 x 3 batch, against:
+    /// ```python
+    /// import math
+    /// lp = [[-1.0, -0.5, -2.0], [-0.2, -1.5, -0.9]]; old = [[-1.2, -0.5, -1.0], [-0.2, -1.0, -0.9]]
+    /// A = [1.0, -2.0]; mask = [[1, 1, 1], [1, 1, 0]]; lo, hi = 0.2, 0.28
+    /// def tok(i, t):
+    ///     r = math.exp(lp[i][t] - old[i][t]); a = A[i]
+    ///     return -min(r * a, min(max(r, 1 - lo), 1 + hi) * a)
+    /// L = [[tok(i, t) for t in range(3)] for i in range(2)]
+    /// tm = sum(L[i][t] * mask[i][t] for i in range(2) for t in range(3)) / 5
+    /// sm = sum(sum(L[i][t] * mask[i][t] for t in range(3)) / sum(mask[i]) for i in range(2)) / 2
+    /// sn = sum(L[i][t] * mask[i][t] for i in range(2) for t in range(3)) / (2 * 4)
+    /// # L = [[-1.2214027581601699, -1.0, -0.36787944117144233], [2.0, 1.6, 2.0]]
+    /// ```
+    /// (row 1, token 1: ratio e^-0.5 = 0.607 < 0.8 with A < 0, so the clipped term wins.)
+    #[test]
+    fn clipped_surrogate_and_aggregation_match_the_reference() {
+        let lp = Var::from_tensor(&t2(&[&[-1.0, -0.5, -2.0], &[-0.2, -1.5, -0.9]])).unwrap();
+        let old = t2(&[&[-1.2, -0.5, -1.0], &[-0.2, -1.0, -0.9]]);
+        let adv = Tensor::new(&[[1f32], [-2.0]], &Device::Cpu).unwrap();
+        let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]);
+        let (loss, clipped) = clipped_surrogate(lp.as_tensor(), &old, &adv, 0.2, 0.28).unwrap();
+        let l = loss.to_vec2::<f32>().unwrap();
+        let r = |a: f64, b: f64| (a - b).exp();
+        let tok = |lp: f64, old: f64, a: f64| {
+            let ratio = r(lp, old);
+            -(ratio * a).min(ratio.clamp(0.8, 1.28) * a)
+        };
+        let ref_l = [
+            [
+                tok(-1.0, -1.2, 1.0),
+                tok(-0.5, -0.5, 1.0),
+                tok(-2.0, -1.0, 1.0),
+            ],
+            [
+                tok(-0.2, -0.2, -2.0),
+                tok(-1.5, -1.0, -2.0),
+                tok(-0.9, -0.9, -2.0),
+            ],
+        ];
+        for i in 0..2 {
+            for t in 0..3 {
+                assert!(
+                    close(l[i][t] as f64, ref_l[i][t], 1e-6),
+                    "{l:?} vs {ref_l:?}"
+                );
+            }
+        }
+        // Row 1 token 1 is clipped: ratio 0.6065 < 0.8 with a negative advantage.
+        let c = clipped.to_vec2::<f32>().unwrap();
+        assert_eq!(c, [[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]);
+        let m = |i: usize, t: usize| mask.to_vec2::<f32>().unwrap()[i][t] as f64;
+        let sum: f64 = (0..2)
+            .flat_map(|i| (0..3).map(move |t| (i, t)))
+            .map(|(i, t)| ref_l[i][t] * m(i, t))
+            .sum();
+        let tm = aggregate(&loss, &mask, Aggregation::TokenMean, 0.0).unwrap();
+        assert!(close(
+            tm.to_scalar::<f32>().unwrap() as f64,
+            sum / 5.0,
+            1e-6
+        ));
+        let seq0 = (0..3).map(|t| ref_l[0][t]).sum::<f64>() / 3.0;
+        let seq1 = (ref_l[1][0] + ref_l[1][1]) / 2.0;
+        let sm = aggregate(&loss, &mask, Aggregation::SeqMeanTokenMean, 0.0).unwrap();
+        assert!(close(
+            sm.to_scalar::<f32>().unwrap() as f64,
+            (seq0 + seq1) / 2.0,
+            1e-6
+        ));
+        let sn = aggregate(&loss, &mask, Aggregation::SeqMeanTokenSumNorm, 4.0).unwrap();
+        assert!(close(
+            sn.to_scalar::<f32>().unwrap() as f64,
+            sum / 8.0,
+            1e-6
+        ));
+        // Gradients flow to logps only where the surrogate is not clipped.
+        let grads = tm.backward().unwrap();
+        let g = grads.get(lp.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(g[1][1], 0.0, "clipped token has no gradient");
+        assert_eq!(g[1][2], 0.0, "masked token has no gradient");
+        assert!(close(g[0][0] as f64, -r(-1.0, -1.2) / 5.0, 1e-5));
+    }
+
+    #[test]
+    fn truncated_is_caps_the_weight_and_has_no_gradient() {
+        let old = t2(&[&[-0.1, -2.0]]);
+        let behavior = t2(&[&[-1.1, -2.0]]);
+        let w = truncated_is(&old, &behavior, 2.0)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert!(close(w[0][0] as f64, 2.0, 1e-6), "e^1 = 2.718 capped at 2");
+        assert!(close(w[0][1] as f64, 1.0, 1e-6));
+    }
+}
