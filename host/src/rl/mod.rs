@@ -3,3 +3,4 @@
 pub mod algorithms;
 pub mod optim;
 pub mod sft;
+pub mod update;
