@@ -14,6 +14,7 @@ mod plugins;
 mod rollout;
 mod rollout_cli;
 mod sandbox;
+mod train_cli;
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};
 use std::sync::{Arc, OnceLock};

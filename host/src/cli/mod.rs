@@ -6,6 +6,7 @@ mod export;
 mod generate;
 mod plugin;
 mod rollout;
+mod train;
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -34,6 +35,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Write an adapter merged into its base model, as a Hugging Face model directory.
     Export(export::ExportArgs),
+    /// Train a LoRA adapter with GRPO-family RL: the main job.
+    Train(train::TrainArgs),
     /// Sample and score trajectories with a run config, without training.
     Rollout(rollout::RolloutArgs),
 }
@@ -70,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(args),
         Command::Export(args) => export::run(args),
         Command::Rollout(args) => rollout::run(args, runtime.handle(), cli.quiet),
+        Command::Train(args) => train::run(args, runtime.handle(), cli.quiet),
     }
 }
 

@@ -54,6 +54,8 @@ pub struct RunConfig {
     pub plugins: BTreeMap<String, PluginSection>,
     #[serde(default)]
     pub rewards: Vec<RewardSection>,
+    #[serde(default)]
+    pub train: crate::rl::trainer::TrainSection,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

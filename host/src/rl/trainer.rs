@@ -1,0 +1,457 @@
+//! The GRPO-family trainer: rollouts → rewards → advantages → update, step after step.
+//!
+//! How this trainer simplifies the textbook (nanochat's habit of saying so up front):
+//! - One process: the rollout producer (a thread) and the trainer share the model; the
+//!   producer sees each new adapter the moment the trainer publishes it.
+//! - The reference policy is the same weights with adapters off: no second model.
+//! - With `max_staleness = 0` (the default) step s trains on rollouts sampled by the
+//!   adapter of step s exactly (ratio 1 on the first pass); larger values let the
+//!   producer run ahead and the update corrects with truncated importance sampling.
+//! - Every seed is derived from (run seed, step), so a resumed run takes the same next
+//!   step as an uninterrupted one.
+
+use super::algorithms::{self, Aggregation, Estimator, KlEstimator};
+use super::checkpoint::{self, TrainerState};
+use super::optim::{AdamW, AdamWConfig, lr_at};
+use super::update::{Row, UpdateConfig, UpdateStats, update};
+use crate::config::setup::Setup;
+use crate::data::Cursor;
+use crate::model::generate::sample_seed;
+use crate::model::lora::seeded;
+use crate::rollout::queue::RolloutQueue;
+use crate::rollout::{BatchStats, Engine, Group};
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+use tokio::runtime::Handle;
+
+/// `[train]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Optimizer steps (one rollout batch each).
+    pub steps: u64,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    /// The cosine schedule ends at `min_lr_ratio · lr`.
+    pub min_lr_ratio: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    /// Passes (optimizer steps) over each rollout batch.
+    pub updates_per_batch: usize,
+    pub micro_batch_tokens: usize,
+    pub estimator: Estimator,
+    pub adv_eps: f64,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub aggregation: Aggregation,
+    /// Dr. GRPO's constant for `seq-mean-token-sum-norm` (0: rollout.max_total_tokens).
+    pub norm_constant: f64,
+    pub kl_coef: f64,
+    pub kl_estimator: KlEstimator,
+    /// DAPO: drop groups whose rewards are all equal and sample more prompts.
+    pub dynamic_sampling: bool,
+    /// Extra rollout rounds dynamic sampling may take per step.
+    pub max_resample: usize,
+    /// What to do with trajectories a length limit cut off: `none`, `filter` (not
+    /// trained on) or `penalty` (DAPO's soft overlong punishment, component `overlong`).
+    pub overlong: Overlong,
+    /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
+    pub overlong_cache: usize,
+    pub tis_cap: f64,
+    /// Write a checkpoint every this many steps (and at the end).
+    pub save_every: u64,
+    pub keep_last: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlong {
+    None,
+    Filter,
+    Penalty,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            steps: 100,
+            lr: 1e-5,
+            warmup_steps: 0,
+            min_lr_ratio: 0.0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            updates_per_batch: 1,
+            micro_batch_tokens: 4096,
+            estimator: Estimator::Grpo,
+            adv_eps: 1e-6,
+            clip_low: 0.2,
+            clip_high: 0.28,
+            aggregation: Aggregation::TokenMean,
+            norm_constant: 0.0,
+            kl_coef: 0.0,
+            kl_estimator: KlEstimator::K3,
+            dynamic_sampling: false,
+            max_resample: 2,
+            overlong: Overlong::None,
+            overlong_cache: 0,
+            tis_cap: 2.0,
+            save_every: 10,
+            keep_last: 3,
+        }
+    }
+}
+
+/// One step's figures, one line of `metrics.jsonl`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub epoch: u64,
+    pub adapter_version: u64,
+    pub reward_mean: f64,
+    pub reward_std: f64,
+    /// Mean of each reward component.
+    pub rewards: BTreeMap<String, f64>,
+    /// Mean of the `correct` component when a reward gives one.
+    pub accuracy: Option<f64>,
+    pub loss: f64,
+    pub policy_loss: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub clip_fraction: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub response_tokens: f64,
+    pub turns: f64,
+    pub tool_calls: f64,
+    pub truncated: f64,
+    pub groups: usize,
+    pub groups_dropped: usize,
+    pub trajectories: usize,
+    /// Faults in this step's rollouts, `plugin/kind` → count.
+    pub faults: BTreeMap<String, u64>,
+    pub sampled_tokens_per_s: f64,
+    pub rollout_s: f64,
+    pub update_s: f64,
+    pub step_s: f64,
+}
+
+/// A rollout batch as the producer hands it over.
+struct Batch {
+    step: u64,
+    groups: Vec<Group>,
+    dropped: usize,
+    stats: BatchStats,
+    /// The data position after this batch (what a checkpoint after it records).
+    cursor: Cursor,
+}
+
+/// Runs `[train]` from `setup` into `out_dir`, from a checkpoint when `resume` is given;
+/// `stop_after` ends this invocation early after that many steps (with a checkpoint).
+pub fn train(
+    setup: &mut Setup,
+    train: &TrainSection,
+    out_dir: &Path,
+    resume: Option<&Path>,
+    stop_after: Option<u64>,
+    handle: &Handle,
+    quiet: bool,
+) -> Result<Vec<StepMetrics>> {
+    let seed = setup.loaded.config.run.seed;
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("cannot create the run directory {}", out_dir.display()))?;
+    let mut state = TrainerState::default();
+    match resume {
+        Some(dir) => {
+            state = checkpoint::load_into(dir, &mut setup.lm.model)?;
+        }
+        None if setup.lm.model.lora.is_none() => {
+            let lora = setup.loaded.config.lora.to_config();
+            setup.lm.model.attach_lora(&lora, seed)?;
+        }
+        None => {}
+    }
+    let mut opt = AdamW::new(
+        setup.lm.model.lora_vars(),
+        AdamWConfig {
+            weight_decay: train.weight_decay,
+            ..AdamWConfig::default()
+        },
+    )?;
+    if let Some(dir) = resume {
+        checkpoint::load_optimizer(dir, &mut opt, state.optimizer_step)?;
+    }
+    if state.step >= train.steps {
+        bail!(
+            "the checkpoint is at step {} and train.steps is {}: nothing left to do (raise train.steps to continue)",
+            state.step,
+            train.steps
+        );
+    }
+    let c = &setup.loaded.config;
+    let cfg = UpdateConfig {
+        clip_low: train.clip_low,
+        clip_high: train.clip_high,
+        aggregation: train.aggregation,
+        norm_constant: if train.norm_constant > 0.0 {
+            train.norm_constant
+        } else {
+            c.rollout.max_total_tokens as f64
+        },
+        kl_coef: train.kl_coef,
+        kl_estimator: train.kl_estimator,
+        tis_cap: train.tis_cap,
+        max_grad_norm: train.max_grad_norm,
+        micro_batch_tokens: train.micro_batch_tokens,
+        updates_per_batch: train.updates_per_batch,
+    };
+    let metrics_path = out_dir.join("metrics.jsonl");
+    let mut metrics_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&metrics_path)
+        .with_context(|| format!("cannot write {}", metrics_path.display()))?;
+    let queue: RolloutQueue<Batch> = RolloutQueue::new(
+        c.rollout.queue_capacity,
+        c.rollout.max_staleness,
+        state.step,
+    );
+    let prompts = c.rollout.prompts_per_step;
+    let lora_dropout = setup.loaded.config.lora.dropout > 0.0;
+    let max_total_tokens = c.rollout.max_total_tokens;
+    let setup: &Setup = setup;
+    let mut all = Vec::new();
+    std::thread::scope(|scope| -> Result<()> {
+        let producer = scope.spawn(|| {
+            let engine =
+                match Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone()) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        queue.fail(format!("{e:#}"));
+                        return;
+                    }
+                };
+            let mut cursor = state.cursor;
+            let _ = queue.produce(state.step, |step, version| {
+                let mut groups = Vec::new();
+                let mut dropped = 0;
+                let mut stats = BatchStats::default();
+                for round in 0..=train.max_resample {
+                    let want = prompts - groups.len();
+                    let samples = handle.block_on(setup.dataset.next_batch(&mut cursor, want))?;
+                    let (got, s) = engine.run(
+                        &samples,
+                        sample_seed(seed, step as usize, round),
+                        version,
+                        crate::model::Mode::INFERENCE,
+                    )?;
+                    add(&mut stats, &s);
+                    for g in got {
+                        let rewards: Vec<f64> = g.trajectories.iter().map(|t| t.reward).collect();
+                        if train.dynamic_sampling && !algorithms::informative(&rewards) {
+                            dropped += 1;
+                        } else {
+                            groups.push(g);
+                        }
+                    }
+                    if !train.dynamic_sampling || groups.len() >= prompts {
+                        break;
+                    }
+                }
+                Ok(Batch {
+                    step,
+                    groups,
+                    dropped,
+                    stats,
+                    cursor,
+                })
+            });
+        });
+        let result = (|| -> Result<()> {
+            let last = stop_after.map_or(train.steps, |n| (state.step + n).min(train.steps));
+            for step in state.step..last {
+                let t0 = Instant::now();
+                let batch = queue.pop().map_err(|e| anyhow::anyhow!("{e}"))?;
+                debug_assert_eq!(batch.step, step);
+                let rollout_s = t0.elapsed().as_secs_f64();
+                let lr = lr_at(
+                    step,
+                    train.steps,
+                    train.warmup_steps,
+                    train.lr,
+                    train.min_lr_ratio,
+                );
+                let u0 = Instant::now();
+                let dropout = lora_dropout
+                    .then(|| Mutex::new(seeded(sample_seed(seed ^ 0xd0, step as usize, 0))));
+                let (_, mut m) = learn(
+                    &setup.lm.model,
+                    &mut opt,
+                    &batch,
+                    train,
+                    &cfg,
+                    lr,
+                    step,
+                    max_total_tokens,
+                    dropout.as_ref(),
+                )?;
+                queue.publish(step + 1);
+                m.update_s = u0.elapsed().as_secs_f64();
+                m.rollout_s = rollout_s;
+                m.step_s = t0.elapsed().as_secs_f64();
+                m.lr = lr;
+                m.epoch = batch.cursor.epoch;
+                m.adapter_version = step + 1;
+                serde_json::to_writer(&mut metrics_file, &m)?;
+                metrics_file.write_all(b"\n")?;
+                metrics_file.flush()?;
+                if !quiet {
+                    eprintln!(
+                        "step {}/{}  reward {:.3}{}  loss {:.4}  kl {:.4}  len {:.1}  tools {:.2}  {:.1} s",
+                        step + 1,
+                        train.steps,
+                        m.reward_mean,
+                        m.accuracy
+                            .map(|a| format!("  acc {a:.3}"))
+                            .unwrap_or_default(),
+                        m.loss,
+                        m.kl,
+                        m.response_tokens,
+                        m.tool_calls,
+                        m.step_s
+                    );
+                }
+                let done = step + 1;
+                if done % train.save_every.max(1) == 0 || done == last {
+                    let st = TrainerState {
+                        step: done,
+                        optimizer_step: opt.step,
+                        cursor: batch.cursor,
+                        seed,
+                    };
+                    checkpoint::save(out_dir, &setup.lm, &opt, &st, train.keep_last)?;
+                }
+                all.push(m);
+            }
+            Ok(())
+        })();
+        queue.close();
+        let _ = producer.join();
+        result
+    })?;
+    Ok(all)
+}
+
+fn add(total: &mut BatchStats, s: &BatchStats) {
+    total.wall_s += s.wall_s;
+    total.prefill_s += s.prefill_s;
+    total.decode_s += s.decode_s;
+    total.plugin_wait_s += s.plugin_wait_s;
+    total.plugin_busy_s += s.plugin_busy_s;
+    total.prompt_tokens += s.prompt_tokens;
+    total.sampled_tokens += s.sampled_tokens;
+    total.inserted_tokens += s.inserted_tokens;
+    total.forwards += s.forwards;
+    total.trajectories += s.trajectories;
+}
+
+/// Rewards → advantages → update, and the step's metrics.
+#[allow(clippy::too_many_arguments)]
+fn learn(
+    model: &crate::model::Model,
+    opt: &mut AdamW,
+    batch: &Batch,
+    train: &TrainSection,
+    cfg: &UpdateConfig,
+    lr: f64,
+    step: u64,
+    max_total_tokens: usize,
+    dropout: Option<&Mutex<rand::rngs::StdRng>>,
+) -> Result<(UpdateStats, StepMetrics)> {
+    let mut groups = batch.groups.clone();
+    if train.overlong == Overlong::Penalty {
+        // Length after the prompt against the room `max_total_tokens` left it.
+        for t in groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()) {
+            let len = t.completion_tokens().len();
+            let room = max_total_tokens.saturating_sub(t.prompt_len);
+            let p = algorithms::overlong_penalty(len, room, train.overlong_cache);
+            t.rewards.insert("overlong".into(), p);
+            t.reward += p;
+        }
+    }
+    let rewards: Vec<Vec<f64>> = groups
+        .iter()
+        .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
+        .collect();
+    let advantages = algorithms::advantages(&rewards, train.estimator, train.adv_eps);
+    let trajectories: Vec<_> = groups.iter().flat_map(|g| &g.trajectories).collect();
+    let rows: Vec<Row> = trajectories
+        .iter()
+        .zip(&advantages)
+        .filter(|(t, _)| !(train.overlong == Overlong::Filter && t.truncated))
+        .filter(|(t, _)| t.sampled_tokens() > 0)
+        .map(|(t, a)| Row {
+            trajectory: t,
+            advantage: *a,
+            stale: t.version < step,
+        })
+        .collect();
+    let stats = if rows.is_empty() {
+        UpdateStats::default()
+    } else {
+        update(model, opt, &rows, cfg, lr, dropout)?
+    };
+    let n = trajectories.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&crate::rollout::Trajectory) -> f64| {
+        trajectories.iter().map(|t| f(t)).sum::<f64>() / n
+    };
+    let reward_mean = mean(&|t| t.reward);
+    let reward_std = mean(&|t| (t.reward - reward_mean).powi(2)).sqrt();
+    let mut components: BTreeMap<String, f64> = BTreeMap::new();
+    for t in &trajectories {
+        for (k, v) in &t.rewards {
+            *components.entry(k.clone()).or_default() += v / n;
+        }
+    }
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    for t in &trajectories {
+        for f in &t.faults {
+            *faults
+                .entry(format!("{}/{}", f.plugin, f.kind))
+                .or_default() += 1;
+        }
+    }
+    let m = StepMetrics {
+        step: step + 1,
+        reward_mean,
+        reward_std,
+        accuracy: components.get("correct").copied(),
+        rewards: components,
+        loss: stats.loss,
+        policy_loss: stats.policy_loss,
+        kl: stats.kl,
+        entropy: stats.entropy,
+        clip_fraction: stats.clip_fraction,
+        grad_norm: stats.grad_norm,
+        response_tokens: mean(&|t| t.sampled_tokens() as f64),
+        turns: mean(&|t| t.turns as f64),
+        tool_calls: mean(&|t| t.tool_calls as f64),
+        truncated: mean(&|t| f64::from(u8::from(t.truncated))),
+        groups: groups.len(),
+        groups_dropped: batch.dropped,
+        trajectories: trajectories.len(),
+        faults,
+        sampled_tokens_per_s: batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9),
+        ..Default::default()
+    };
+    Ok((stats, m))
+}
+
+/// The run directory's checkpoint folder.
+pub fn checkpoints_dir(out_dir: &Path) -> PathBuf {
+    out_dir.join("checkpoints")
+}

@@ -1,0 +1,143 @@
+//! `rlhost train` on the fixture model with the real countdown and calculator plugins:
+//! metrics, checkpoints, and a resumed run that takes the same steps as an uninterrupted
+//! one.
+
+use rlhost_tests::{TestCommand, plugin, temp_dir};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn train(out: &Path, extra: &[&str]) -> TestCommand {
+    let q = |p: &Path| format!("{:?}", p.display().to_string());
+    TestCommand::new(&["train", "--config"])
+        .arg(root().join("configs/fixture-countdown.toml"))
+        .arg("--set")
+        .arg(format!(
+            "plugins.countdown.path={}",
+            q(&plugin("countdown"))
+        ))
+        .arg("--set")
+        .arg(format!(
+            "plugins.calculator.path={}",
+            q(&plugin("calculator"))
+        ))
+        .args([
+            "--set",
+            "rollout.group_size=3",
+            "--set",
+            "rollout.prompts_per_step=2",
+            "--set",
+            "sampling.max_new_tokens=12",
+            "--set",
+            "train.lr=0.002",
+            "--set",
+            "train.save_every=2",
+            "--set",
+            "train.kl_coef=0.01",
+            "--out",
+        ])
+        .arg(out)
+        .args(extra)
+}
+
+fn metrics(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The figures of a step that must not depend on whether the run was interrupted.
+fn key(m: &serde_json::Value) -> Vec<String> {
+    [
+        "step",
+        "reward_mean",
+        "loss",
+        "kl",
+        "entropy",
+        "response_tokens",
+        "grad_norm",
+    ]
+    .iter()
+    .map(|k| m[*k].to_string())
+    .collect()
+}
+
+#[test]
+fn train_writes_metrics_and_checkpoints_and_resumes_exactly() {
+    let dir = temp_dir("train-cli");
+    let straight = dir.join("straight");
+    train(&straight, &["--steps", "4"]).ok();
+    let m = metrics(&straight);
+    assert_eq!(m.len(), 4);
+    for row in &m {
+        for field in [
+            "reward_mean",
+            "reward_std",
+            "loss",
+            "policy_loss",
+            "kl",
+            "entropy",
+            "clip_fraction",
+            "grad_norm",
+            "lr",
+            "response_tokens",
+            "turns",
+            "tool_calls",
+            "sampled_tokens_per_s",
+            "step_s",
+        ] {
+            let v = row[field]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{field} missing: {row}"));
+            assert!(v.is_finite(), "{field} = {v}");
+        }
+        assert!(
+            row["rewards"]["correct"].is_number() && row["accuracy"].is_number(),
+            "{row}"
+        );
+    }
+    let ckpt = straight.join("checkpoints");
+    assert_eq!(
+        std::fs::read_to_string(ckpt.join("latest")).unwrap(),
+        "step-000004"
+    );
+    for f in [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(ckpt.join("step-000004").join(f).is_file(), "{f}");
+    }
+    // Interrupted after step 2, then resumed: steps 3 and 4 are the same.
+    let resumed = dir.join("resumed");
+    train(&resumed, &["--steps", "4", "--stop-after", "2"]).ok();
+    assert_eq!(metrics(&resumed).len(), 2);
+    train(&resumed, &["--steps", "4", "--resume", "latest"]).ok();
+    let r = metrics(&resumed);
+    assert_eq!(r.len(), 4);
+    for i in 0..4 {
+        assert_eq!(key(&m[i]), key(&r[i]), "step {}", i + 1);
+    }
+    let adapter = |d: &Path| {
+        std::fs::read(d.join("checkpoints/step-000004/adapter_model.safetensors")).unwrap()
+    };
+    assert!(
+        adapter(&straight) == adapter(&resumed),
+        "final adapters differ"
+    );
+    // Nothing left to do is an error that says how to go on.
+    let err = train(&resumed, &["--steps", "4", "--resume", "latest"]).fails();
+    assert!(err.contains("raise train.steps"), "{err}");
+}
+
+#[test]
+fn resume_without_a_checkpoint_is_a_clear_error() {
+    let dir = temp_dir("train-cli-noresume");
+    let err = train(&dir.join("none"), &["--steps", "1", "--resume", "latest"]).fails();
+    assert!(err.contains("no checkpoint in"), "{err}");
+}
