@@ -99,3 +99,39 @@ fn bad_configs_get_one_clear_line() {
         "{missing}"
     );
 }
+
+#[test]
+fn eval_reports_accuracy_and_tool_use_as_json() {
+    let ran = {
+        let config = root().join("configs/fixture-countdown.toml");
+        let q = |p: &Path| format!("{:?}", p.display().to_string());
+        TestCommand::new(&["eval", "--config"])
+            .arg(&config)
+            .arg("--set")
+            .arg(format!(
+                "plugins.countdown.path={}",
+                q(&plugin("countdown"))
+            ))
+            .arg("--set")
+            .arg(format!(
+                "plugins.calculator.path={}",
+                q(&plugin("calculator"))
+            ))
+            .args(["--prompts", "3", "--samples", "2"])
+            .ok()
+    };
+    let report = ran.json();
+    assert_eq!(report["prompts"], 3);
+    assert_eq!(report["trajectories"], 6);
+    for k in [
+        "accuracy",
+        "tool_use_rate",
+        "reward_mean",
+        "response_tokens",
+    ] {
+        assert!(
+            report[k].as_f64().is_some_and(f64::is_finite),
+            "{k}: {report}"
+        );
+    }
+}

@@ -201,3 +201,114 @@ save_every = 100
         "reward did not rise: first 3 steps {first:.2}, last 3 {last:.2}"
     );
 }
+
+#[test]
+fn sft_learns_assistant_turns_and_writes_an_adapter_and_a_merged_model() {
+    let dir = temp_dir("sft-cli");
+    let rows: String = (0..8)
+        .map(|i| {
+            serde_json::json!({"messages": [
+                {"role": "user", "content": format!("What is {i}*7?")},
+                {"role": "assistant", "content": format!("<calc>{i}*7</calc>")},
+                {"role": "tool", "content": format!("{}", i * 7)},
+                {"role": "assistant", "content": format!("<answer>{}</answer>", i * 7)},
+            ]})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    std::fs::write(dir.join("sft.jsonl"), rows).unwrap();
+    let q = |p: &Path| format!("{:?}", p.display().to_string());
+    let ran = TestCommand::new(&["sft", "--config"])
+        .arg(root().join("configs/fixture-countdown.toml"))
+        .arg("--set")
+        .arg(format!(
+            "plugins.countdown.path={}",
+            q(&plugin("countdown"))
+        ))
+        .arg("--set")
+        .arg(format!(
+            "plugins.calculator.path={}",
+            q(&plugin("calculator"))
+        ))
+        .arg("--data")
+        .arg(dir.join("sft.jsonl"))
+        .args(["--epochs", "6", "--batch", "4", "--lr", "0.01", "--out"])
+        .arg(dir.join("adapter"))
+        .arg("--merge")
+        .arg(dir.join("merged"))
+        .ok();
+    // "sft: N steps in T s, loss A -> B; ..."
+    let losses: Vec<f64> = ran
+        .stdout
+        .split("loss ")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .split(" -> ")
+        .map(|x| x.trim().parse().unwrap())
+        .collect();
+    assert!(losses[1] < losses[0] * 0.5, "{}", ran.stdout);
+    assert!(dir.join("adapter/adapter_model.safetensors").is_file());
+    assert!(dir.join("merged/model.safetensors").is_file());
+    // A conversation without an assistant turn is named.
+    std::fs::write(dir.join("bad.jsonl"), "{\"prompt\": \"hi\"}\n").unwrap();
+    let err = TestCommand::new(&["sft", "--config"])
+        .arg(root().join("configs/fixture-countdown.toml"))
+        .arg("--data")
+        .arg(dir.join("bad.jsonl"))
+        .arg("--out")
+        .arg(dir.join("adapter2"))
+        .fails();
+    assert!(
+        err.contains("bad.jsonl: row 1") && err.contains("no assistant message"),
+        "{err}"
+    );
+}
+
+/// Each bad input stops `rlhost train` with one line naming what is wrong.
+#[test]
+fn bad_inputs_to_train_get_one_clear_line() {
+    let dir = temp_dir("train-bad");
+    let future = plugin("future_version").display().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--set", "train.stepz=3"], "unknown field `stepz`"),
+        (
+            vec!["--set", "model.path=\"/no/such/model\""],
+            "/no/such/model",
+        ),
+        (vec!["--plugin", &future], "future_version"),
+    ];
+    for (i, (extra, want)) in cases.into_iter().enumerate() {
+        let err = train(&dir.join(format!("run{i}")), &["--steps", "1"])
+            .args(&extra)
+            .fails();
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{extra:?}: one line: {err}");
+    }
+    // A dataset with a broken row: the file, the line and the field.
+    std::fs::write(
+        dir.join("broken.jsonl"),
+        "{\"prompt\": \"fine\"}\n{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n",
+    )
+    .unwrap();
+    let config = format!(
+        "[model]\npath = {:?}\n[data]\npath = \"broken.jsonl\"\n",
+        root()
+            .join("tests/fixtures/models/qwen2")
+            .display()
+            .to_string()
+    );
+    std::fs::write(dir.join("broken.toml"), config).unwrap();
+    let err = TestCommand::new(&["train", "--config"])
+        .arg(dir.join("broken.toml"))
+        .args(["--steps", "1"])
+        .fails();
+    assert!(
+        err.contains("broken.jsonl:2") && err.contains("robot"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}

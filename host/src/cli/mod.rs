@@ -6,6 +6,7 @@ mod export;
 mod generate;
 mod plugin;
 mod rollout;
+mod sft;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,10 @@ enum Command {
     Train(train::TrainArgs),
     /// Sample and score trajectories with a run config, without training.
     Rollout(rollout::RolloutArgs),
+    /// Supervised fine-tuning of an adapter on conversations (assistant tokens only).
+    Sft(sft::SftArgs),
+    /// Accuracy, tool-use rate and rewards on the held-out split.
+    Eval(rollout::EvalArgs),
 }
 
 /// Runs the CLI with the process's arguments.
@@ -74,6 +79,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export(args) => export::run(args),
         Command::Rollout(args) => rollout::run(args, runtime.handle(), cli.quiet),
         Command::Train(args) => train::run(args, runtime.handle(), cli.quiet),
+        Command::Sft(args) => sft::run(args, cli.quiet),
+        Command::Eval(args) => rollout::eval(args, runtime.handle(), cli.quiet),
     }
 }
 

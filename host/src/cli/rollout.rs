@@ -1,6 +1,7 @@
-//! `rlhost rollout`: sample and score trajectories with a run config, without training —
-//! for evaluation and for debugging a task's tools and rewards. Writes every trajectory to
-//! a JSONL file and prints a readable view of a few, with tool spans marked.
+//! `rlhost rollout` and `rlhost eval`: sample and score trajectories with a run config,
+//! without training. `rollout` is for debugging a task's tools and rewards: it writes
+//! every trajectory to a JSONL file and prints a readable view of a few, tool spans
+//! marked. `eval` reports accuracy, tool-use rate and rewards on the held-out split.
 
 use crate::config::LoadedConfig;
 use crate::config::setup::{Setup, display};
@@ -256,4 +257,113 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
         }
     }
     s
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The run config (TOML).
+    #[arg(long)]
+    config: PathBuf,
+    /// A PEFT adapter to evaluate (overrides model.adapter); none: the base model.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// A plugin component to load; a trigger or environment replaces the config's.
+    #[arg(long = "plugin", value_name = "FILE.wasm")]
+    plugins: Vec<PathBuf>,
+    /// Override a config value (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+    /// Evaluate at most this many held-out prompts.
+    #[arg(long)]
+    prompts: Option<usize>,
+    /// Samples per prompt.
+    #[arg(long, default_value_t = 1)]
+    samples: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Also write the trajectories here (JSONL).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// What `rlhost eval` reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EvalReport {
+    pub prompts: usize,
+    pub trajectories: usize,
+    /// Mean of the `correct` reward component, when a reward gives one.
+    pub accuracy: Option<f64>,
+    /// Share of trajectories with at least one tool call.
+    pub tool_use_rate: f64,
+    pub reward_mean: f64,
+    pub rewards: BTreeMap<String, f64>,
+    pub response_tokens: f64,
+    pub wall_s: f64,
+}
+
+pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
+    let mut set = args.set.clone();
+    set.push(format!("rollout.group_size={}", args.samples.max(1)));
+    set.push(format!("sampling.temperature={}", args.temperature));
+    if let Some(adapter) = &args.adapter {
+        let abs = std::path::absolute(adapter)?;
+        set.push(format!(
+            "model.adapter={}",
+            toml_string(&abs.to_string_lossy())
+        ));
+    }
+    let loaded = LoadedConfig::load(&args.config, &set)?;
+    let setup = Setup::open(loaded, &args.plugins, handle)?;
+    let mut samples = handle.block_on(setup.dataset.eval_samples())?;
+    if samples.is_empty() {
+        bail!(
+            "{}: the held-out split is empty; set data.eval_size (or eval_fraction, eval_path)",
+            setup.loaded.path.display()
+        );
+    }
+    samples.truncate(args.prompts.unwrap_or(samples.len()));
+    let engine = Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone())?;
+    let per = setup.loaded.config.rollout.prompts_per_step;
+    let mut all = Vec::new();
+    let t0 = std::time::Instant::now();
+    for (b, batch) in samples.chunks(per).enumerate() {
+        let seed = sample_seed(setup.loaded.config.run.seed, b, usize::MAX - 1);
+        let (groups, _) = engine.run(batch, seed, 0, setup.mode())?;
+        all.extend(groups.into_iter().flat_map(|g| g.trajectories));
+        if !quiet {
+            eprintln!(
+                "eval: {}/{} prompts",
+                (b * per + batch.len()).min(samples.len()),
+                samples.len()
+            );
+        }
+    }
+    if let Some(out) = &args.out {
+        let mut text = String::new();
+        for t in &all {
+            text.push_str(&serde_json::to_string(t)?);
+            text.push('\n');
+        }
+        crate::model::peft::write_atomic(out, text.as_bytes())?;
+    }
+    let n = all.len().max(1) as f64;
+    let mut rewards: BTreeMap<String, f64> = BTreeMap::new();
+    for t in &all {
+        for (k, v) in &t.rewards {
+            *rewards.entry(k.clone()).or_default() += v / n;
+        }
+    }
+    let report = EvalReport {
+        prompts: samples.len(),
+        trajectories: all.len(),
+        accuracy: rewards.get("correct").copied(),
+        tool_use_rate: all.iter().filter(|t| t.tool_calls > 0).count() as f64 / n,
+        reward_mean: all.iter().map(|t| t.reward).sum::<f64>() / n,
+        response_tokens: all.iter().map(|t| t.sampled_tokens() as f64).sum::<f64>() / n,
+        rewards,
+        wall_s: t0.elapsed().as_secs_f64(),
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
 }

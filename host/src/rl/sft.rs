@@ -2,11 +2,21 @@
 //! selects (the assistant's), AdamW on the LoRA parameters only.
 //!
 //! loss = −Σ_t mask_t · log p(x_t | x_<t) / Σ_t mask_t   (token mean over the batch)
+//!
+//! Conversations become tokens the way rollouts produce them ([`conversation_row`]): the
+//! prompt rendered with a generation prompt, then each assistant turn's content encoded on
+//! its own followed by the stop token (trained on), then the template's continuation up
+//! to the next assistant header (not trained on). What SFT teaches is therefore exactly
+//! the token sequence the sampler will see.
 
-use crate::model::{Mode, Model};
-use anyhow::{Result, bail};
+use super::optim::{Accumulator, AdamW as Optim, AdamWConfig, clip_grad_norm, lr_at};
+use crate::model::{LanguageModel, Mode, Model};
+use crate::plugin::Message;
+use crate::rollout::turns::TurnFormat;
+use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use serde_json::{Map, Value as Json};
 
 /// One training sequence: its tokens and, per token, whether the model learns to
 /// predict it (1) or only reads it (0, e.g. the prompt or tool output).
@@ -66,9 +76,6 @@ fn batch(rows: &[SftRow], device: &Device) -> Result<Batch> {
         }
     }
     let tokens: f32 = weight.iter().sum();
-    if tokens == 0.0 {
-        bail!("no SFT row has a token to learn (all loss masks are 0)");
-    }
     let b = rows.len();
     Ok(Batch {
         input: Tensor::from_vec(input, (b, t), device)?,
@@ -88,6 +95,9 @@ pub fn fit(model: &Model, rows: &[SftRow], opts: &SftOptions) -> Result<Vec<f32>
         bail!("the model has no adapter to train: attach one first");
     }
     let b = batch(rows, model.device())?;
+    if b.tokens == 0.0 {
+        bail!("no SFT row has a token to learn (all loss masks are 0)");
+    }
     let mut opt = AdamW::new(
         vars,
         ParamsAdamW {
@@ -114,4 +124,194 @@ pub fn fit(model: &Model, rows: &[SftRow], opts: &SftOptions) -> Result<Vec<f32>
         opt.backward_step(&loss)?;
     }
     Ok(losses)
+}
+
+/// A conversation as training tokens: loss on the assistant turns (content and stop
+/// token) only. The conversation must contain at least one assistant message, and only
+/// system/user/tool messages before the first.
+pub fn conversation_row(
+    lm: &LanguageModel,
+    messages: &[Message],
+    kwargs: &Map<String, Json>,
+) -> Result<SftRow> {
+    let first = messages
+        .iter()
+        .position(|m| m.role == "assistant")
+        .context("the conversation has no assistant message to learn")?;
+    if first == 0 {
+        bail!("the conversation starts with an assistant message; it needs a prompt first");
+    }
+    let chat = lm.chat()?;
+    let eos = *lm
+        .eos_token_ids
+        .first()
+        .context("the model has no EOS token to end a turn with")?;
+    let eos_text = lm.tokenizer.decode(&[eos], false)?;
+    let turns = TurnFormat::new(chat, kwargs.clone())?;
+    let prompt: Vec<Json> = messages[..first]
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect();
+    let mut tokens = lm
+        .tokenizer
+        .encode(&chat.render_with_kwargs(&prompt, None, true, kwargs)?)?;
+    let mut loss_mask = vec![0u8; tokens.len()];
+    let mut k = first;
+    while k < messages.len() {
+        let m = &messages[k];
+        if m.role != "assistant" {
+            bail!(
+                "message {k} ({}) follows another non-assistant message mid-conversation; merge them",
+                m.role
+            );
+        }
+        let content = lm.tokenizer.encode(&m.content)?;
+        loss_mask.extend(std::iter::repeat_n(1u8, content.len() + 1));
+        tokens.extend(content);
+        tokens.push(eos);
+        // The environment's (or user's) messages up to the next assistant turn.
+        let next = messages[k + 1..]
+            .iter()
+            .position(|m| m.role == "assistant")
+            .map_or(messages.len(), |p| k + 1 + p);
+        if next > k + 1 && next < messages.len() {
+            let text = turns.continuation(&messages[..=k], &messages[k + 1..next], &eos_text)?;
+            let ids = lm.tokenizer.encode(&text)?;
+            loss_mask.extend(std::iter::repeat_n(0u8, ids.len()));
+            tokens.extend(ids);
+        }
+        k = next;
+    }
+    Ok(SftRow { tokens, loss_mask })
+}
+
+/// Epochs over `rows` in minibatches.
+#[derive(Debug, Clone)]
+pub struct SftSchedule {
+    pub epochs: usize,
+    pub batch_rows: usize,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub max_grad_norm: f64,
+    /// Most padded tokens per forward/backward; a minibatch is split to fit.
+    pub micro_batch_tokens: usize,
+    pub seed: u64,
+}
+
+/// Trains the adapter over `rows` for `schedule.epochs` (rows shuffled each epoch by the
+/// seed); calls `on_step(step, total, loss)` after each optimizer step and returns the
+/// losses.
+pub fn train(
+    model: &Model,
+    rows: &[SftRow],
+    schedule: &SftSchedule,
+    mut on_step: impl FnMut(u64, u64, f32),
+) -> Result<Vec<f32>> {
+    if rows.is_empty() {
+        bail!("no SFT rows");
+    }
+    let mut opt = Optim::new(model.lora_vars(), AdamWConfig::default())?;
+    if opt.params().is_empty() {
+        bail!("the model has no adapter to train: attach one first");
+    }
+    let bs = schedule.batch_rows.max(1);
+    let per_epoch = rows.len().div_ceil(bs) as u64;
+    let total = per_epoch * schedule.epochs as u64;
+    let mode = Mode {
+        adapters: true,
+        grad: true,
+        dropout_rng: None,
+    };
+    let params = opt.params().to_vec();
+    let mut losses = Vec::new();
+    let mut step = 0u64;
+    for epoch in 0..schedule.epochs {
+        let ids: Vec<u64> = (0..rows.len() as u64).collect();
+        let order = crate::data::order::epoch_order(&ids, schedule.seed, epoch as u64, true);
+        for chunk in order.chunks(bs) {
+            let batch_rows: Vec<SftRow> = chunk.iter().map(|&i| rows[i as usize].clone()).collect();
+            let total_tokens: f32 = batch_rows
+                .iter()
+                .map(|r| r.loss_mask[1..].iter().map(|&m| m as f32).sum::<f32>())
+                .sum();
+            let mut acc = Accumulator::new(params.len());
+            let mut loss_sum = 0.0f64;
+            // Micro-batches of rows whose padded size fits; each loss is a share of the
+            // minibatch's token mean, so accumulated gradients are the minibatch's.
+            let mut start = 0;
+            while start < batch_rows.len() {
+                let mut end = start + 1;
+                let mut longest = batch_rows[start].tokens.len();
+                while end < batch_rows.len() {
+                    let l = longest.max(batch_rows[end].tokens.len());
+                    if l * (end + 1 - start) > schedule.micro_batch_tokens {
+                        break;
+                    }
+                    longest = l;
+                    end += 1;
+                }
+                let b = batch(&batch_rows[start..end], model.device())?;
+                let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
+                let (logp, _) = model.logprobs(&hidden, &b.target)?;
+                let loss = ((logp * &b.weight)?.sum_all()? / -(total_tokens.max(1.0) as f64))?;
+                loss_sum += loss.to_scalar::<f32>()? as f64;
+                acc.add(&params, &loss.backward()?)?;
+                start = end;
+            }
+            let mut grads = acc.take(&params)?;
+            clip_grad_norm(&mut grads, schedule.max_grad_norm)?;
+            let lr = lr_at(step, total, schedule.warmup_steps, schedule.lr, 0.0);
+            opt.update(&grads, lr)?;
+            step += 1;
+            losses.push(loss_sum as f32);
+            on_step(step, total, loss_sum as f32);
+        }
+    }
+    Ok(losses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures;
+
+    fn msg(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
+    /// The row decodes to the template's rendering of the conversation, and the mask
+    /// covers exactly each assistant turn's content and its stop token.
+    #[test]
+    fn conversation_rows_render_like_the_template_and_mask_assistant_turns() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        let conv = vec![
+            msg("user", "Guess my number."),
+            msg("assistant", "50"),
+            msg("user", "Lower."),
+            msg("assistant", "25"),
+        ];
+        let row = conversation_row(&lm, &conv, &Map::new()).unwrap();
+        let json: Vec<Json> = conv
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let rendered = lm.chat().unwrap().render(&json, None, false).unwrap();
+        let decoded = lm.tokenizer.decode(&row.tokens, false).unwrap();
+        assert_eq!(format!("{decoded}\n"), rendered);
+        let learned: Vec<u32> = row
+            .tokens
+            .iter()
+            .zip(&row.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(
+            lm.tokenizer.decode(&learned, false).unwrap(),
+            "50<|im_end|>25<|im_end|>"
+        );
+        assert!(conversation_row(&lm, &conv[..1], &Map::new()).is_err());
+    }
 }
