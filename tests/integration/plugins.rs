@@ -378,3 +378,43 @@ async fn a_corrupt_cache_entry_is_recompiled() {
     runtime.load(spec).await.unwrap();
     assert_eq!(std::fs::read(entry).unwrap(), good);
 }
+
+#[tokio::test]
+async fn multiply_problems_are_scored_by_their_product() {
+    let plugin = load("multiply").await;
+    let mut data = plugin.open_dataset("{}", 5).await.unwrap();
+    let sample = data.get(0).await.unwrap();
+    let (a, b) = (
+        sample.metadata["a"].as_u64().unwrap(),
+        sample.metadata["b"].as_u64().unwrap(),
+    );
+    assert_eq!(sample.metadata["answer"].as_u64(), Some(a * b));
+    assert_eq!(sample.messages[0].content, format!("What is {a} * {b}?"));
+    let mut scorer = plugin.open_reward("{}").await.unwrap();
+    let score = |completion: String| Trajectory {
+        messages: sample.messages.clone(),
+        completion,
+        metadata: sample.metadata.clone(),
+        turns: 1,
+        truncated: false,
+    };
+    let right = scorer
+        .score(&score(format!(
+            "<calc>{a}*{b}</calc><result>{}</result><answer>{}</answer>",
+            a * b,
+            a * b
+        )))
+        .await
+        .unwrap();
+    assert_eq!((right[0].value, right[1].value), (1.0, 1.0), "{right:?}");
+    let wrong = scorer
+        .score(&score(format!("<answer>{}</answer>", a * b + 1)))
+        .await
+        .unwrap();
+    assert_eq!((wrong[0].value, wrong[1].value), (1.0, 0.0));
+    let none = scorer
+        .score(&score("I think it is big.".into()))
+        .await
+        .unwrap();
+    assert_eq!((none[0].value, none[1].value), (0.0, 0.0));
+}
