@@ -3,6 +3,7 @@
 //!
 //! The binary is a thin wrapper around [`cli::run`].
 
+pub mod builtin;
 pub mod cli;
 pub mod config;
 pub mod data;

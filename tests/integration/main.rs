@@ -1,12 +1,14 @@
 //! End-to-end tests with real plugins built from `plugins/`.
 //!
 //! - `plugins`: each example plugin's behaviour through the real host.
+//! - `builtin`: the self-made default model, built small.
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
 //! - `data`: the dataset module with a real dataset plugin.
 
+mod builtin;
 mod cli;
 mod data;
 mod model_cli;

@@ -71,7 +71,7 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
         ));
     }
     let loaded = LoadedConfig::load(&args.config, &set)?;
-    let setup = Setup::open(loaded, &args.plugins, handle)?;
+    let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
     let c = &setup.loaded.config;
     let samples = match args.split {
         Split::Eval => {
@@ -314,7 +314,7 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
         ));
     }
     let loaded = LoadedConfig::load(&args.config, &set)?;
-    let setup = Setup::open(loaded, &args.plugins, handle)?;
+    let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
     let mut samples = handle.block_on(setup.dataset.eval_samples())?;
     if samples.is_empty() {
         bail!(

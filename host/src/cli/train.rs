@@ -69,7 +69,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         &out.join("config.toml"),
         toml::to_string(&loaded.config)?.as_bytes(),
     )?;
-    let mut setup = Setup::open(loaded, &args.plugins, handle)?;
+    let mut setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
     let metrics = trainer::train(
         &mut setup,
         &train,

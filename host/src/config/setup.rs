@@ -33,7 +33,12 @@ impl Setup {
     /// Opens everything the config names. `extra_plugins` are `--plugin` files: each is
     /// registered under its own name (replacing a config plugin of that name) and, if it
     /// is a trigger or an environment, becomes the run's trigger or environment.
-    pub fn open(loaded: LoadedConfig, extra_plugins: &[PathBuf], handle: &Handle) -> Result<Setup> {
+    pub fn open(
+        loaded: LoadedConfig,
+        extra_plugins: &[PathBuf],
+        handle: &Handle,
+        quiet: bool,
+    ) -> Result<Setup> {
         let c = &loaded.config;
         let file = loaded.path.display().to_string();
         let plugins = handle.block_on(load_plugins(&loaded, extra_plugins))?;
@@ -115,7 +120,21 @@ impl Setup {
             ))
             .with_context(|| format!("{file}: [data]"))?;
 
-        let model_dir = loaded.resolve(&c.model.path);
+        let model_dir = match crate::builtin::recipe(&c.model.path)? {
+            Some(recipe) => crate::builtin::ensure(
+                recipe,
+                &dataset,
+                trigger.as_ref(),
+                c.run.seed,
+                handle,
+                &cache::default_dir().context(
+                    "no cache folder for the built-in model: set RLHOST_CACHE_DIR or HOME",
+                )?,
+                quiet,
+            )
+            .with_context(|| format!("{file}: model.path = \"{}\"", c.model.path.display()))?,
+            None => loaded.resolve(&c.model.path),
+        };
         let mut lm = LanguageModel::open(&model_dir, &Device::Cpu)
             .with_context(|| format!("{file}: model.path"))?;
         if let Some(adapter) = &c.model.adapter {

@@ -1,0 +1,480 @@
+//! rlhost's self-made default model, for runs with nothing downloaded:
+//! `model.path = "builtin:multiply"`.
+//!
+//! Built once per (recipe, dataset, seed) and cached as an ordinary Hugging Face model
+//! directory under the cache folder:
+//! 1. a byte-level BPE tokenizer (digits split one by one, so that numbers can be copied
+//!    digit by digit) trained with the `tokenizers` crate on the task's conversations;
+//! 2. a small Qwen2-architecture model with seeded random weights;
+//! 3. a supervised warm start on synthetic traces from the run's own training samples:
+//!    some call the calculator (the real trigger plugin writes the tool output) and copy
+//!    its result, the rest skip the tool and guess. The warm start is imperfect on
+//!    purpose — the model calls the tool only sometimes — so that RL has room to teach
+//!    it that the tool is what makes answers right.
+//!
+//! The warm start trains a full-rank LoRA on the frozen random base and merges it in, so
+//! the directory is a plain model that RL then adapts with a fresh adapter.
+
+use crate::data::{Cursor, Dataset};
+use crate::model::{LanguageModel, LoraConfig, peft};
+use crate::plugin::Sample;
+use crate::rl::sft::{SftRow, SftSchedule, train};
+use crate::rollout::ToolSpec;
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device, Tensor};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tokio::runtime::Handle;
+
+pub const SCHEME: &str = "builtin:";
+
+/// ChatML, with no default system prompt (every token costs on a tiny model).
+const CHAT_TEMPLATE: &str = "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/// How a built-in model is made.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Recipe {
+    pub name: &'static str,
+    /// Bumped whenever the recipe changes, so that old caches are not reused.
+    pub version: u32,
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub intermediate: usize,
+    /// Warm-start conversations, and the share of them that use the tool.
+    pub sft_examples: usize,
+    pub tool_share: f64,
+    pub sft_epochs: usize,
+    pub sft_lr: f64,
+    pub sft_batch: usize,
+}
+
+pub const MULTIPLY: Recipe = Recipe {
+    name: "multiply",
+    version: 2,
+    vocab_size: 384,
+    hidden: 128,
+    layers: 4,
+    heads: 4,
+    kv_heads: 2,
+    intermediate: 384,
+    sft_examples: 2000,
+    tool_share: 0.4,
+    sft_epochs: 3,
+    sft_lr: 3e-3,
+    sft_batch: 32,
+};
+
+/// The recipe a `builtin:NAME` path names, if it is one.
+pub fn recipe(path: &Path) -> Result<Option<&'static Recipe>> {
+    let Some(name) = path.to_str().and_then(|p| p.strip_prefix(SCHEME)) else {
+        return Ok(None);
+    };
+    match name {
+        "multiply" => Ok(Some(&MULTIPLY)),
+        other => {
+            bail!("unknown built-in model `{SCHEME}{other}`; built-in models: {SCHEME}multiply")
+        }
+    }
+}
+
+/// The built model's directory under `cache_dir/models`, building it first if the cache
+/// has none.
+pub fn ensure(
+    recipe: &Recipe,
+    dataset: &Dataset,
+    trigger: Option<&ToolSpec>,
+    seed: u64,
+    handle: &Handle,
+    cache_dir: &Path,
+    quiet: bool,
+) -> Result<PathBuf> {
+    let trigger = trigger.with_context(|| {
+        format!(
+            "{SCHEME}{} is warm-started on tool-use traces: set rollout.trigger (the calculator)",
+            recipe.name
+        )
+    })?;
+    let samples =
+        handle.block_on(dataset.next_batch(&mut Cursor::default(), recipe.sft_examples))?;
+    let mut key = Sha256::new();
+    key.update(serde_json::to_vec(recipe)?);
+    key.update(seed.to_le_bytes());
+    key.update(trigger.plugin.sha256().as_bytes());
+    for (id, s) in samples.iter().take(16) {
+        key.update(id.to_le_bytes());
+        key.update(serde_json::to_vec(s)?);
+    }
+    let key = hex::encode(&key.finalize()[..6]);
+    let root = cache_dir.join("models");
+    let dir = root.join(format!("{}-v{}-{key}", recipe.name, recipe.version));
+    if dir.join("model.safetensors").is_file() {
+        return Ok(dir);
+    }
+    if !quiet {
+        eprintln!(
+            "building the built-in model {SCHEME}{} into {} (once)",
+            recipe.name,
+            dir.display()
+        );
+    }
+    let tmp = root.join(format!(".tmp-{}-{key}-{}", recipe.name, std::process::id()));
+    let base = tmp.join("base");
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let traces = traces(recipe, &samples, trigger, seed, handle)?;
+    write_tokenizer(recipe, &traces, &base)?;
+    write_model(recipe, &base, seed)?;
+    let merged = tmp.join("model");
+    warm_start(recipe, &base, &merged, &traces, seed, quiet)?;
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::rename(&merged, &dir)
+        .with_context(|| format!("moving the model to {}", dir.display()))?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(dir)
+}
+
+/// One warm-start conversation: the prompt, the model's text before the tool, the tool's
+/// output (not trained on), and the model's text after it.
+struct Trace {
+    messages: Vec<crate::plugin::Message>,
+    before: String,
+    tool: Option<String>,
+    after: String,
+}
+
+fn traces(
+    recipe: &Recipe,
+    samples: &[(u64, Sample)],
+    trigger: &ToolSpec,
+    seed: u64,
+    handle: &Handle,
+) -> Result<Vec<Trace>> {
+    let mut rng = seed ^ 0x7472_6163_6573;
+    let mut next = || {
+        rng = rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut out = Vec::new();
+    for (id, s) in samples {
+        let field = |k: &str| {
+            s.metadata[k].as_u64().with_context(|| {
+                format!(
+                    "{SCHEME}{} needs the multiply dataset: sample {id}'s metadata has no integer `{k}`",
+                    recipe.name
+                )
+            })
+        };
+        let (a, b, answer) = (field("a")?, field("b")?, field("answer")?);
+        let use_tool = (next() % 1000) as f64 / 1000.0 < recipe.tool_share;
+        if use_tool {
+            let call = format!("<calc>{a}*{b}</calc>");
+            let mut session = handle
+                .block_on(trigger.plugin.open_trigger(&trigger.config, s, 0))
+                .context("opening the trigger for the warm-start traces")?;
+            let tool = handle
+                .block_on(session.fire(&call))
+                .map_err(|f| anyhow::anyhow!("{f}"))?
+                .context("the trigger returned nothing for a calculator call")?;
+            out.push(Trace {
+                messages: s.messages.clone(),
+                before: call,
+                tool: Some(tool),
+                after: format!("<answer>{answer}</answer>"),
+            });
+        } else {
+            // A guess: the right number of digits, wrong somewhere.
+            let digits = answer.to_string().len() as u32;
+            let lo = 10u64.pow(digits - 1);
+            let guess = lo + next() % (9 * lo);
+            out.push(Trace {
+                messages: s.messages.clone(),
+                before: format!("<answer>{guess}</answer>"),
+                tool: None,
+                after: String::new(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn render(trace: &Trace) -> String {
+    let mut text = String::new();
+    for m in &trace.messages {
+        text.push_str(&format!(
+            "<|im_start|>{}\n{}<|im_end|>\n",
+            m.role, m.content
+        ));
+    }
+    text.push_str("<|im_start|>assistant\n");
+    text.push_str(&trace.before);
+    text.push_str(trace.tool.as_deref().unwrap_or(""));
+    text.push_str(&trace.after);
+    text.push_str("<|im_end|>\n");
+    text
+}
+
+fn write_tokenizer(recipe: &Recipe, traces: &[Trace], dir: &Path) -> Result<()> {
+    use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::digits::Digits;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::{AddedToken, PreTokenizerWrapper, TokenizerBuilder};
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let mut trainer = BpeTrainerBuilder::new()
+        .vocab_size(recipe.vocab_size)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .special_tokens(
+            specials
+                .iter()
+                .map(|s| AddedToken::from(s.to_string(), true))
+                .collect(),
+        )
+        .build();
+    let pre = Sequence::new(vec![
+        PreTokenizerWrapper::Digits(Digits::new(true)),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+    ]);
+    let mut tokenizer = TokenizerBuilder::<
+        BPE,
+        tokenizers::NormalizerWrapper,
+        Sequence,
+        tokenizers::PostProcessorWrapper,
+        ByteLevel,
+    >::new()
+    .with_model(BPE::default())
+    .with_pre_tokenizer(Some(pre))
+    .with_decoder(Some(ByteLevel::default()))
+    .build()
+    .map_err(|e| anyhow::anyhow!("building the tokenizer: {e}"))?;
+    // Special tokens are matched before the BPE sees the text: keep them out of its merges.
+    let corpus: Vec<String> = traces
+        .iter()
+        .map(|t| {
+            render(t)
+                .replace("<|im_start|>", "\n")
+                .replace("<|im_end|>", "\n")
+        })
+        .collect();
+    tokenizer
+        .train(&mut trainer, corpus.iter())
+        .map_err(|e| anyhow::anyhow!("training the tokenizer: {e}"))?;
+    let mut tokenizer: tokenizers::Tokenizer = tokenizer.into();
+    tokenizer.add_special_tokens(
+        &specials
+            .iter()
+            .map(|s| AddedToken::from(s.to_string(), true))
+            .collect::<Vec<_>>(),
+    );
+    tokenizer
+        .save(dir.join("tokenizer.json"), false)
+        .map_err(|e| anyhow::anyhow!("saving the tokenizer: {e}"))?;
+    let id = |t: &str| tokenizer.token_to_id(t).context("special token missing");
+    let (eot, im_end) = (id("<|endoftext|>")?, id("<|im_end|>")?);
+    let write = |name: &str, v: serde_json::Value| -> Result<()> {
+        peft::write_atomic(
+            &dir.join(name),
+            serde_json::to_string_pretty(&v)?.as_bytes(),
+        )
+    };
+    write(
+        "tokenizer_config.json",
+        json!({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "model_max_length": 1024, "tokenizer_class": "PreTrainedTokenizerFast"}),
+    )?;
+    write(
+        "generation_config.json",
+        json!({"eos_token_id": [im_end, eot], "pad_token_id": eot}),
+    )?;
+    peft::write_atomic(&dir.join("chat_template.jinja"), CHAT_TEMPLATE.as_bytes())
+}
+
+fn write_model(recipe: &Recipe, dir: &Path, seed: u64) -> Result<()> {
+    let tok = crate::model::tokenizer::Tokenizer::from_dir(dir)?;
+    // Room for the whole tokenizer, rounded up to a multiple of 64 as HF models do.
+    let vocab = tok.vocab_size().div_ceil(64) * 64;
+    let (h, d) = (recipe.hidden, recipe.hidden / recipe.heads);
+    let config = json!({
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": h,
+        "intermediate_size": recipe.intermediate,
+        "num_hidden_layers": recipe.layers,
+        "num_attention_heads": recipe.heads,
+        "num_key_value_heads": recipe.kv_heads,
+        "head_dim": d,
+        "hidden_act": "silu",
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": false,
+        "vocab_size": vocab,
+        "use_sliding_window": false,
+        "sliding_window": null,
+        "torch_dtype": "float32",
+        "eos_token_id": tok.token_to_id("<|im_end|>"),
+    });
+    peft::write_atomic(
+        &dir.join("config.json"),
+        serde_json::to_string_pretty(&config)?.as_bytes(),
+    )?;
+    let mut state = seed ^ 0x6d6f_64656c;
+    let mut normal = |shape: &[usize], std: f32| -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let mut v = Vec::with_capacity(n);
+        while v.len() < n {
+            // Box–Muller on two SplitMix64 draws.
+            let mut u = [0f64; 2];
+            for x in &mut u {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                *x = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
+            }
+            let r = (-2.0 * u[0].max(1e-300).ln()).sqrt();
+            v.push((r * (2.0 * std::f64::consts::PI * u[1]).cos()) as f32 * std);
+            v.push((r * (2.0 * std::f64::consts::PI * u[1]).sin()) as f32 * std);
+        }
+        v.truncate(n);
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    };
+    let std = 0.02;
+    let (nh, nkv, inter) = (recipe.heads, recipe.kv_heads, recipe.intermediate);
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    t.insert(
+        "model.embed_tokens.weight".into(),
+        normal(&[vocab, h], std)?,
+    );
+    // The output projection stays frozen (only adapters train), and the final RMSNorm fixes
+    // the hidden state's norm at ~sqrt(h): rows of norm ~2 let logits span ~±20, enough
+    // for confident predictions (at std 0.02 they would span ±2.5 and the loss could not
+    // fall below ~4 nats).
+    t.insert(
+        "lm_head.weight".into(),
+        normal(&[vocab, h], 2.0 / (h as f32).sqrt())?,
+    );
+    t.insert(
+        "model.norm.weight".into(),
+        Tensor::ones(h, DType::F32, &Device::Cpu)?,
+    );
+    for i in 0..recipe.layers {
+        let p = format!("model.layers.{i}");
+        for (name, shape) in [
+            ("self_attn.q_proj", [nh * d, h]),
+            ("self_attn.k_proj", [nkv * d, h]),
+            ("self_attn.v_proj", [nkv * d, h]),
+            ("self_attn.o_proj", [h, nh * d]),
+            ("mlp.gate_proj", [inter, h]),
+            ("mlp.up_proj", [inter, h]),
+            ("mlp.down_proj", [h, inter]),
+        ] {
+            t.insert(format!("{p}.{name}.weight"), normal(&shape, std)?);
+        }
+        for (name, n) in [
+            ("self_attn.q_proj", nh * d),
+            ("self_attn.k_proj", nkv * d),
+            ("self_attn.v_proj", nkv * d),
+        ] {
+            t.insert(
+                format!("{p}.{name}.bias"),
+                Tensor::zeros(n, DType::F32, &Device::Cpu)?,
+            );
+        }
+        for name in ["input_layernorm", "post_attention_layernorm"] {
+            t.insert(
+                format!("{p}.{name}.weight"),
+                Tensor::ones(h, DType::F32, &Device::Cpu)?,
+            );
+        }
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+/// SFT of a full-rank adapter on the traces, merged into the base.
+fn warm_start(
+    recipe: &Recipe,
+    base: &Path,
+    out: &Path,
+    traces: &[Trace],
+    seed: u64,
+    quiet: bool,
+) -> Result<()> {
+    let mut lm = LanguageModel::open(base, &Device::Cpu)?;
+    let eos = *lm.eos_token_ids.first().context("no EOS id")?;
+    let prompt_text = |t: &Trace| {
+        let mut s = String::new();
+        for m in &t.messages {
+            s.push_str(&format!(
+                "<|im_start|>{}\n{}<|im_end|>\n",
+                m.role, m.content
+            ));
+        }
+        s + "<|im_start|>assistant\n"
+    };
+    let mut rows = Vec::with_capacity(traces.len());
+    for t in traces {
+        let mut tokens = lm.tokenizer.encode(&prompt_text(t))?;
+        let mut mask = vec![0u8; tokens.len()];
+        for (text, learn) in [
+            (t.before.as_str(), 1u8),
+            (t.tool.as_deref().unwrap_or(""), 0),
+            (t.after.as_str(), 1),
+        ] {
+            let ids = lm.tokenizer.encode(text)?;
+            mask.extend(std::iter::repeat_n(learn, ids.len()));
+            tokens.extend(ids);
+        }
+        tokens.push(eos);
+        mask.push(1);
+        rows.push(SftRow {
+            tokens,
+            loss_mask: mask,
+        });
+    }
+    let lora = LoraConfig {
+        r: recipe.hidden,
+        alpha: recipe.hidden as f64,
+        ..LoraConfig::default()
+    };
+    lm.model.attach_lora(&lora, seed)?;
+    let schedule = SftSchedule {
+        epochs: recipe.sft_epochs,
+        batch_rows: recipe.sft_batch,
+        lr: recipe.sft_lr,
+        warmup_steps: 10,
+        max_grad_norm: 1.0,
+        micro_batch_tokens: 8192,
+        seed,
+    };
+    let t0 = std::time::Instant::now();
+    let losses = train(&lm.model, &rows, &schedule, |step, total, loss| {
+        if !quiet && (step % 25 == 0 || step == total) {
+            eprintln!(
+                "  warm start: step {step}/{total}  loss {loss:.4}  {:.0} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    })?;
+    if !quiet {
+        eprintln!(
+            "  warm start: {} conversations ({:.0}% with the tool), loss {:.3} -> {:.3} in {:.0} s",
+            rows.len(),
+            100.0 * traces.iter().filter(|t| t.tool.is_some()).count() as f64
+                / traces.len().max(1) as f64,
+            losses.first().copied().unwrap_or(f32::NAN),
+            losses.last().copied().unwrap_or(f32::NAN),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    peft::export_merged(&lm.model, base, out, DType::F32)
+}
