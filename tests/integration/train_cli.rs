@@ -146,9 +146,8 @@ fn resume_without_a_checkpoint_is_a_clear_error() {
 /// pattern_reward plugin) goes from its random-model level (~3 of 16 tokens) to nearly
 /// every token within 15 GRPO steps. A sign error in the advantages or the loss, a lost
 /// gradient or an optimizer that does not step fails this.
-#[test]
-fn a_simple_reward_is_learned() {
-    let dir = temp_dir("train-learn");
+/// A run config in `dir` whose reward counts the letter `e` (pattern_reward).
+fn learn_config(dir: &Path) -> PathBuf {
     let rows: String = (0..40)
         .map(|i| format!("{{\"prompt\": \"Write something about topic {i}.\"}}\n"))
         .collect();
@@ -182,9 +181,16 @@ save_every = 100
         plugin = plugin("pattern_reward").display().to_string(),
     );
     std::fs::write(dir.join("learn.toml"), config).unwrap();
+    dir.join("learn.toml")
+}
+
+#[test]
+fn a_simple_reward_is_learned() {
+    let dir = temp_dir("train-learn");
+    let config = learn_config(&dir);
     let out = dir.join("run");
     TestCommand::new(&["train", "--config"])
-        .arg(dir.join("learn.toml"))
+        .arg(&config)
         .arg("--out")
         .arg(&out)
         .ok();
@@ -311,4 +317,31 @@ fn bad_inputs_to_train_get_one_clear_line() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn kl_can_go_into_the_reward() {
+    let dir = temp_dir("train-kl-reward");
+    let config = learn_config(&dir);
+    let out = dir.join("run");
+    TestCommand::new(&["train", "--config"])
+        .arg(&config)
+        .args([
+            "--steps",
+            "2",
+            "--set",
+            "train.kl_in_reward=true",
+            "--set",
+            "train.kl_coef=0.5",
+            "--out",
+        ])
+        .arg(&out)
+        .ok();
+    let m = metrics(&out);
+    // Step 1 samples with a zero adapter (= the reference): no penalty yet; step 2's
+    // adapter differs after one update, and the penalty is in the reward.
+    let p1 = m[0]["rewards"]["kl_penalty"].as_f64().unwrap();
+    assert!(p1.abs() < 1e-3, "{}", m[0]);
+    let p2 = m[1]["rewards"]["kl_penalty"].as_f64().unwrap();
+    assert!(p2 < 0.0 && m[1]["kl"].as_f64().unwrap() > 0.0, "{}", m[1]);
 }

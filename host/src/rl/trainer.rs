@@ -53,6 +53,9 @@ pub struct TrainSection {
     pub norm_constant: f64,
     pub kl_coef: f64,
     pub kl_estimator: KlEstimator,
+    /// Put the KL penalty in the reward (r − β·Σ_t KL_t, component `kl_penalty`, before
+    /// advantages) instead of the loss.
+    pub kl_in_reward: bool,
     /// DAPO: drop groups whose rewards are all equal and sample more prompts.
     pub dynamic_sampling: bool,
     /// Extra rollout rounds dynamic sampling may take per step.
@@ -95,6 +98,7 @@ impl Default for TrainSection {
             norm_constant: 0.0,
             kl_coef: 0.0,
             kl_estimator: KlEstimator::K3,
+            kl_in_reward: false,
             dynamic_sampling: false,
             max_resample: 2,
             overlong: Overlong::None,
@@ -202,7 +206,12 @@ pub fn train(
         } else {
             c.rollout.max_total_tokens as f64
         },
-        kl_coef: train.kl_coef,
+        // In the reward or in the loss, never both.
+        kl_coef: if train.kl_in_reward {
+            0.0
+        } else {
+            train.kl_coef
+        },
         kl_estimator: train.kl_estimator,
         tis_cap: train.tis_cap,
         max_grad_norm: train.max_grad_norm,
@@ -383,6 +392,35 @@ fn learn(
             t.reward += p;
         }
     }
+    let mut kl_mean = None;
+    if train.kl_in_reward && train.kl_coef > 0.0 {
+        let all: Vec<&crate::rollout::Trajectory> = groups
+            .iter()
+            .flat_map(|g| &g.trajectories)
+            .filter(|t| t.tokens.len() >= 2)
+            .collect();
+        let rows: Vec<Row> = all
+            .iter()
+            .map(|t| Row {
+                trajectory: t,
+                advantage: 0.0,
+                stale: false,
+            })
+            .collect();
+        let kls = super::update::sequence_kl(model, &rows, cfg)?;
+        let tokens: usize = all.iter().map(|t| t.sampled_tokens()).sum();
+        kl_mean = Some(kls.iter().sum::<f64>() / tokens.max(1) as f64);
+        let by_key: std::collections::HashMap<(u64, usize), f64> = all
+            .iter()
+            .zip(&kls)
+            .map(|(t, k)| ((t.sample_id, t.index), *k))
+            .collect();
+        for t in groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()) {
+            let k = by_key.get(&(t.sample_id, t.index)).copied().unwrap_or(0.0);
+            t.rewards.insert("kl_penalty".into(), -train.kl_coef * k);
+            t.reward -= train.kl_coef * k;
+        }
+    }
     let rewards: Vec<Vec<f64>> = groups
         .iter()
         .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
@@ -433,7 +471,7 @@ fn learn(
         rewards: components,
         loss: stats.loss,
         policy_loss: stats.policy_loss,
-        kl: stats.kl,
+        kl: kl_mean.unwrap_or(stats.kl),
         entropy: stats.entropy,
         clip_fraction: stats.clip_fraction,
         grad_norm: stats.grad_norm,

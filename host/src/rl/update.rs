@@ -176,6 +176,23 @@ fn masked_sum(x: &Tensor, mask: &Tensor) -> Result<f64> {
     Ok((x * mask)?.sum_all()?.to_scalar::<f32>()? as f64)
 }
 
+/// Each row's summed KL to the reference over its sampled tokens, estimated from the
+/// sampler's log-probs: Σ_t KL(behavior_logps_t, ref_logps_t). For KL in the reward
+/// (the reward of row i becomes r_i − β · KL_i, before advantages).
+pub fn sequence_kl(model: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Vec<f64>> {
+    let micros = micro_batches(rows, cfg, model.device())?;
+    let mut out = Vec::with_capacity(rows.len());
+    for m in &micros {
+        let (ref_logps, _) = logps(model, m, Mode::BASE)?;
+        let behavior: Vec<f32> = m.behavior.iter().flatten().copied().collect();
+        let behavior = Tensor::from_vec(behavior, ref_logps.shape(), model.device())?;
+        let k = kl(&behavior, &ref_logps, cfg.kl_estimator)?;
+        let per_row = (k * &m.mask)?.sum(1)?.to_vec1::<f32>()?;
+        out.extend(per_row.into_iter().map(f64::from));
+    }
+    Ok(out)
+}
+
 /// Updates the adapter from `rows`; `lr` is this step's learning rate.
 pub fn update(
     model: &Model,
@@ -418,6 +435,36 @@ mod tests {
             .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
             .fold(0f32, f32::max);
         assert!(d < 1e-6, "max parameter difference {d}");
+    }
+
+    /// KL in the reward: zero when the sampler was the reference itself, and the k1 sum
+    /// is Σ (behavior − ref) over sampled tokens.
+    #[test]
+    fn sequence_kl_sums_over_sampled_tokens() {
+        let m = model();
+        let mut t = trajectory((1..16).collect(), 5, &[2]);
+        let rows = rows_of(std::slice::from_ref(&t), &[0.0]);
+        let micro = micro_batches(&rows, &cfg(1000), m.device()).unwrap();
+        let (ref_lp, _) = logps(&m, &micro[0], Mode::BASE).unwrap();
+        let ref_lp = ref_lp.to_vec2::<f32>().unwrap()[0].clone();
+        // The sampler's log-probs = the reference's: no KL.
+        for (c, lp) in t.logps.iter_mut().enumerate() {
+            if lp.is_some() {
+                *lp = Some(ref_lp[t.prompt_len + c - 1]);
+            }
+        }
+        let rows = rows_of(std::slice::from_ref(&t), &[0.0]);
+        let mut c = cfg(1000);
+        c.kl_estimator = KlEstimator::K3;
+        assert!(sequence_kl(&m, &rows, &c).unwrap()[0].abs() < 1e-6);
+        // Shift the sampler's log-probs by 0.1: k1 sums 0.1 per sampled token (9 of 10).
+        for lp in t.logps.iter_mut().flatten() {
+            *lp += 0.1;
+        }
+        let rows = rows_of(std::slice::from_ref(&t), &[0.0]);
+        c.kl_estimator = KlEstimator::K1;
+        let k1 = sequence_kl(&m, &rows, &c).unwrap()[0];
+        assert!((k1 - 0.9).abs() < 1e-4, "{k1}");
     }
 
     /// A positive advantage makes its trajectory more likely, a negative one less.
