@@ -234,6 +234,7 @@ pub fn train(
     let max_total_tokens = c.rollout.max_total_tokens;
     let setup: &Setup = setup;
     let mut all = Vec::new();
+    let progress = Progress::new(state.step, train.steps, quiet);
     std::thread::scope(|scope| -> Result<()> {
         let producer = scope.spawn(|| {
             let engine =
@@ -318,22 +319,7 @@ pub fn train(
                 serde_json::to_writer(&mut metrics_file, &m)?;
                 metrics_file.write_all(b"\n")?;
                 metrics_file.flush()?;
-                if !quiet {
-                    eprintln!(
-                        "step {}/{}  reward {:.3}{}  loss {:.4}  kl {:.4}  len {:.1}  tools {:.2}  {:.1} s",
-                        step + 1,
-                        train.steps,
-                        m.reward_mean,
-                        m.accuracy
-                            .map(|a| format!("  acc {a:.3}"))
-                            .unwrap_or_default(),
-                        m.loss,
-                        m.kl,
-                        m.response_tokens,
-                        m.tool_calls,
-                        m.step_s
-                    );
-                }
+                progress.step(&m, train.steps);
                 let done = step + 1;
                 if done % train.save_every.max(1) == 0 || done == last {
                     let st = TrainerState {
@@ -352,7 +338,61 @@ pub fn train(
         let _ = producer.join();
         result
     })?;
+    progress.finish();
     Ok(all)
+}
+
+/// Step progress: an indicatif bar with reward and ETA on a terminal; one line per step
+/// otherwise (logs and CI keep a readable record).
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    quiet: bool,
+}
+
+impl Progress {
+    fn new(done: u64, total: u64, quiet: bool) -> Progress {
+        use std::io::IsTerminal;
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new(total).with_position(done);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "train {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
+                )
+                .expect("a valid template"),
+            );
+            bar
+        });
+        Progress { bar, quiet }
+    }
+
+    fn step(&self, m: &StepMetrics, total: u64) {
+        let line = format!(
+            "reward {:.3}{}  loss {:.4}  kl {:.4}  len {:.1}  tools {:.2}  {:.1} s/step",
+            m.reward_mean,
+            m.accuracy
+                .map(|a| format!("  acc {a:.3}"))
+                .unwrap_or_default(),
+            m.loss,
+            m.kl,
+            m.response_tokens,
+            m.tool_calls,
+            m.step_s
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(m.step);
+                bar.set_message(line);
+            }
+            None if !self.quiet => eprintln!("step {}/{total}  {line}", m.step),
+            None => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
 }
 
 fn add(total: &mut BatchStats, s: &BatchStats) {
