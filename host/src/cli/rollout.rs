@@ -116,7 +116,7 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
                 stats.sampled_tokens as f64 / stats.decode_s.max(1e-9)
             );
         }
-        add(&mut total, &stats);
+        total.add(&stats);
     }
     out.flush()?;
     drop(out);
@@ -134,19 +134,6 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
 
 fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
-}
-
-fn add(total: &mut BatchStats, s: &BatchStats) {
-    total.wall_s += s.wall_s;
-    total.prefill_s += s.prefill_s;
-    total.decode_s += s.decode_s;
-    total.plugin_wait_s += s.plugin_wait_s;
-    total.plugin_busy_s += s.plugin_busy_s;
-    total.prompt_tokens += s.prompt_tokens;
-    total.sampled_tokens += s.sampled_tokens;
-    total.inserted_tokens += s.inserted_tokens;
-    total.forwards += s.forwards;
-    total.trajectories += s.trajectories;
 }
 
 /// One trajectory for a human: its header, then the completion with inserted spans

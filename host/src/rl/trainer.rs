@@ -259,7 +259,7 @@ pub fn train(
                         version,
                         crate::model::Mode::INFERENCE,
                     )?;
-                    add(&mut stats, &s);
+                    stats.add(&s);
                     for g in got {
                         let rewards: Vec<f64> = g.trajectories.iter().map(|t| t.reward).collect();
                         if train.dynamic_sampling && !algorithms::informative(&rewards) {
@@ -393,19 +393,6 @@ impl Progress {
             bar.finish();
         }
     }
-}
-
-fn add(total: &mut BatchStats, s: &BatchStats) {
-    total.wall_s += s.wall_s;
-    total.prefill_s += s.prefill_s;
-    total.decode_s += s.decode_s;
-    total.plugin_wait_s += s.plugin_wait_s;
-    total.plugin_busy_s += s.plugin_busy_s;
-    total.prompt_tokens += s.prompt_tokens;
-    total.sampled_tokens += s.sampled_tokens;
-    total.inserted_tokens += s.inserted_tokens;
-    total.forwards += s.forwards;
-    total.trajectories += s.trajectories;
 }
 
 /// Rewards → advantages → update, and the step's metrics.

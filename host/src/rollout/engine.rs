@@ -98,6 +98,22 @@ pub struct BatchStats {
     pub trajectories: usize,
 }
 
+impl BatchStats {
+    /// Adds another batch's figures (for totals over several batches).
+    pub fn add(&mut self, s: &BatchStats) {
+        self.wall_s += s.wall_s;
+        self.prefill_s += s.prefill_s;
+        self.decode_s += s.decode_s;
+        self.plugin_wait_s += s.plugin_wait_s;
+        self.plugin_busy_s += s.plugin_busy_s;
+        self.prompt_tokens += s.prompt_tokens;
+        self.sampled_tokens += s.sampled_tokens;
+        self.inserted_tokens += s.inserted_tokens;
+        self.forwards += s.forwards;
+        self.trajectories += s.trajectories;
+    }
+}
+
 pub struct Engine<'a> {
     lm: &'a LanguageModel,
     settings: &'a RolloutSettings,
