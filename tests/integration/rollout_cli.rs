@@ -1,30 +1,11 @@
 //! `rlhost rollout` on the fixture model with the real countdown and calculator plugins,
 //! and its bad-input errors.
 
-use rlhost_tests::{TestCommand, plugin, temp_dir};
-use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use rlhost_tests::{TestCommand, fixture_countdown, temp_dir};
 
 /// The repo's fixture config, with the plugins of this build.
 fn command(extra: &[&str]) -> TestCommand {
-    let config = root().join("configs/fixture-countdown.toml");
-    let q = |p: &Path| format!("{:?}", p.display().to_string());
-    TestCommand::new(&["rollout", "--config"])
-        .arg(&config)
-        .arg("--set")
-        .arg(format!(
-            "plugins.countdown.path={}",
-            q(&plugin("countdown"))
-        ))
-        .arg("--set")
-        .arg(format!(
-            "plugins.calculator.path={}",
-            q(&plugin("calculator"))
-        ))
-        .args(extra)
+    fixture_countdown("rollout").args(extra)
 }
 
 #[test]
@@ -103,20 +84,7 @@ fn bad_configs_get_one_clear_line() {
 #[test]
 fn eval_reports_accuracy_and_tool_use_as_json() {
     let ran = {
-        let config = root().join("configs/fixture-countdown.toml");
-        let q = |p: &Path| format!("{:?}", p.display().to_string());
-        TestCommand::new(&["eval", "--config"])
-            .arg(&config)
-            .arg("--set")
-            .arg(format!(
-                "plugins.countdown.path={}",
-                q(&plugin("countdown"))
-            ))
-            .arg("--set")
-            .arg(format!(
-                "plugins.calculator.path={}",
-                q(&plugin("calculator"))
-            ))
+        fixture_countdown("eval")
             .args(["--prompts", "3", "--samples", "2"])
             .ok()
     };

@@ -2,27 +2,11 @@
 //! metrics, checkpoints, and a resumed run that takes the same steps as an uninterrupted
 //! one.
 
-use rlhost_tests::{TestCommand, plugin, temp_dir};
+use rlhost_tests::{TestCommand, fixture_countdown, plugin, repo_root as root, temp_dir};
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn train(out: &Path, extra: &[&str]) -> TestCommand {
-    let q = |p: &Path| format!("{:?}", p.display().to_string());
-    TestCommand::new(&["train", "--config"])
-        .arg(root().join("configs/fixture-countdown.toml"))
-        .arg("--set")
-        .arg(format!(
-            "plugins.countdown.path={}",
-            q(&plugin("countdown"))
-        ))
-        .arg("--set")
-        .arg(format!(
-            "plugins.calculator.path={}",
-            q(&plugin("calculator"))
-        ))
+    fixture_countdown("train")
         .args([
             "--set",
             "rollout.group_size=3",
@@ -224,19 +208,7 @@ fn sft_learns_assistant_turns_and_writes_an_adapter_and_a_merged_model() {
         })
         .collect();
     std::fs::write(dir.join("sft.jsonl"), rows).unwrap();
-    let q = |p: &Path| format!("{:?}", p.display().to_string());
-    let ran = TestCommand::new(&["sft", "--config"])
-        .arg(root().join("configs/fixture-countdown.toml"))
-        .arg("--set")
-        .arg(format!(
-            "plugins.countdown.path={}",
-            q(&plugin("countdown"))
-        ))
-        .arg("--set")
-        .arg(format!(
-            "plugins.calculator.path={}",
-            q(&plugin("calculator"))
-        ))
+    let ran = fixture_countdown("sft")
         .arg("--data")
         .arg(dir.join("sft.jsonl"))
         .args(["--epochs", "6", "--batch", "4", "--lr", "0.01", "--out"])

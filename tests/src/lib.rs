@@ -142,3 +142,20 @@ impl Ran {
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
     }
 }
+
+/// The repository's root (for its `configs/` and `tests/fixtures/`).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `rlhost SUBCOMMAND --config configs/fixture-countdown.toml` with the config's plugin
+/// paths pointed at this build's plugins.
+pub fn fixture_countdown(subcommand: &str) -> TestCommand {
+    let quoted = |name: &str| format!("{:?}", plugin(name).display().to_string());
+    TestCommand::new(&[subcommand, "--config"])
+        .arg(repo_root().join("configs/fixture-countdown.toml"))
+        .arg("--set")
+        .arg(format!("plugins.countdown.path={}", quoted("countdown")))
+        .arg("--set")
+        .arg(format!("plugins.calculator.path={}", quoted("calculator")))
+}
