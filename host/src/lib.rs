@@ -11,3 +11,4 @@ pub mod model;
 pub mod plugin;
 pub mod rl;
 pub mod rollout;
+pub mod status;

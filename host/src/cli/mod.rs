@@ -7,6 +7,7 @@ mod generate;
 mod plugin;
 mod rollout;
 mod sft;
+mod status;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -44,6 +45,8 @@ enum Command {
     Sft(sft::SftArgs),
     /// Accuracy, tool-use rate and rewards on the held-out split.
     Eval(rollout::EvalArgs),
+    /// Print the status of a running job (its --status-addr URL).
+    Status(status::StatusArgs),
 }
 
 /// Runs the CLI with the process's arguments.
@@ -81,6 +84,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => train::run(args, runtime.handle(), cli.quiet),
         Command::Sft(args) => sft::run(args, cli.quiet),
         Command::Eval(args) => rollout::eval(args, runtime.handle(), cli.quiet),
+        Command::Status(args) => status::run(args),
     }
 }
 

@@ -5,6 +5,7 @@
 use crate::config::LoadedConfig;
 use crate::config::setup::{Setup, display, out_dir};
 use crate::rl::{checkpoint, trainer};
+use crate::status::{Phase, StatusHub, server};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -38,7 +39,22 @@ pub struct TrainArgs {
     /// time-sliced jobs.
     #[arg(long, value_name = "N")]
     stop_after: Option<u64>,
+    /// Serve the status endpoint and dashboard here (read-only). Port 0 picks a free
+    /// port. Without the flag, 127.0.0.1:8787 is tried first and a free port used if it
+    /// is taken; the URL is printed either way.
+    #[arg(long, value_name = "ADDR:PORT")]
+    status_addr: Option<String>,
+    /// Do not serve a status endpoint.
+    #[arg(long, conflicts_with = "status_addr")]
+    no_status: bool,
+    /// Keep serving the status endpoint this many seconds after the run ends (to look at
+    /// the finished dashboard).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    status_linger: u64,
 }
+
+/// The address tried when `--status-addr` is not given.
+const DEFAULT_STATUS_ADDR: &str = "127.0.0.1:8787";
 
 pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let mut set = args.set.clone();
@@ -69,16 +85,50 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         &out.join("config.toml"),
         toml::to_string(&loaded.config)?.as_bytes(),
     )?;
-    let mut setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
-    let metrics = trainer::train(
-        &mut setup,
-        &train,
-        &out,
-        resume.as_deref(),
-        args.stop_after,
-        handle,
-        quiet,
-    )?;
+    let hub = StatusHub::new(
+        &StatusHub::run_id(&args.config),
+        &loaded.config.model.path.display().to_string(),
+        &display(&args.config),
+        train.steps,
+    );
+    let _server = serve_status(&args, &hub)?;
+    let result = (|| -> Result<Vec<trainer::StepMetrics>> {
+        if loaded
+            .config
+            .model
+            .path
+            .to_string_lossy()
+            .starts_with(crate::builtin::SCHEME)
+        {
+            hub.set_phase(Phase::WarmStart);
+        }
+        let mut setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
+        write_plugins(&out, &setup)?;
+        trainer::train(
+            &mut setup,
+            &train,
+            &out,
+            resume.as_deref(),
+            args.stop_after,
+            handle,
+            quiet,
+            &hub,
+        )
+    })();
+    match &result {
+        Ok(_) => hub.set_phase(Phase::Done),
+        Err(e) => hub.fail(&format!("{e:#}")),
+    }
+    if _server.is_some() && args.status_linger > 0 {
+        if !quiet {
+            eprintln!(
+                "run ended; the status endpoint stays up for {} s",
+                args.status_linger
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_secs(args.status_linger));
+    }
+    let metrics = result?;
     if let (Some(first), Some(last)) = (metrics.first(), metrics.last()) {
         println!(
             "trained steps {}..{}: reward {:.3} -> {:.3}{}",
@@ -94,4 +144,48 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     }
     println!("run directory: {}", display(&out));
     Ok(())
+}
+
+/// Starts the status server unless `--no-status`; prints its URL (even with `--quiet`:
+/// with port 0 it is the only way to find it).
+fn serve_status(
+    args: &TrainArgs,
+    hub: &std::sync::Arc<StatusHub>,
+) -> Result<Option<server::Server>> {
+    if args.no_status {
+        return Ok(None);
+    }
+    let server = match &args.status_addr {
+        Some(addr) => server::spawn(hub.clone(), addr)?,
+        None => server::spawn(hub.clone(), DEFAULT_STATUS_ADDR).or_else(|e| {
+            tracing::info!("{e:#}; using a free port");
+            server::spawn(hub.clone(), "127.0.0.1:0")
+        })?,
+    };
+    eprintln!("status: {}", server.url());
+    Ok(Some(server))
+}
+
+/// `RUN/plugins.json`: each plugin the run loaded, with its file's sha256, so a run
+/// records exactly which tool and reward code produced it.
+fn write_plugins(out: &std::path::Path, setup: &Setup) -> Result<()> {
+    let list: Vec<serde_json::Value> = setup
+        .plugins
+        .iter()
+        .map(|(name, p)| {
+            serde_json::json!({
+                "name": name,
+                "id": p.id(),
+                "path": display(&p.spec().path),
+                "sha256": p.sha256(),
+                "size": p.size(),
+                "wit_version": p.wit_version(),
+                "roles": p.roles().iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    crate::model::peft::write_atomic(
+        &out.join("plugins.json"),
+        serde_json::to_string_pretty(&list)?.as_bytes(),
+    )
 }

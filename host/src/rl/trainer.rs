@@ -20,6 +20,8 @@ use crate::model::generate::sample_seed;
 use crate::model::lora::seeded;
 use crate::rollout::queue::RolloutQueue;
 use crate::rollout::{BatchStats, Engine, Group};
+use crate::status::tensorboard::EventWriter;
+use crate::status::{Phase, StatusHub};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -164,6 +166,7 @@ pub fn train(
     stop_after: Option<u64>,
     handle: &Handle,
     quiet: bool,
+    hub: &StatusHub,
 ) -> Result<Vec<StepMetrics>> {
     let seed = setup.loaded.config.run.seed;
     std::fs::create_dir_all(out_dir)
@@ -224,6 +227,9 @@ pub fn train(
         .append(true)
         .open(&metrics_path)
         .with_context(|| format!("cannot write {}", metrics_path.display()))?;
+    // One event file per invocation; TensorBoard merges a resumed run's files by step.
+    let mut tensorboard = EventWriter::create(&out_dir.join("tensorboard"))?;
+    hub.resume_at(state.step);
     let queue: RolloutQueue<Batch> = RolloutQueue::new(
         c.rollout.queue_capacity,
         c.rollout.max_staleness,
@@ -285,9 +291,11 @@ pub fn train(
             let last = stop_after.map_or(train.steps, |n| (state.step + n).min(train.steps));
             for step in state.step..last {
                 let t0 = Instant::now();
+                hub.set_phase(Phase::Rollout);
                 let batch = queue.pop().map_err(|e| anyhow::anyhow!("{e}"))?;
                 debug_assert_eq!(batch.step, step);
                 let rollout_s = t0.elapsed().as_secs_f64();
+                hub.set_phase(Phase::Update);
                 let lr = lr_at(
                     step,
                     train.steps,
@@ -298,7 +306,7 @@ pub fn train(
                 let u0 = Instant::now();
                 let dropout = lora_dropout
                     .then(|| Mutex::new(seeded(sample_seed(seed ^ 0xd0, step as usize, 0))));
-                let (_, mut m) = learn(
+                let (_, mut m, scored) = learn(
                     &setup.lm.model,
                     &mut opt,
                     &batch,
@@ -319,6 +327,9 @@ pub fn train(
                 serde_json::to_writer(&mut metrics_file, &m)?;
                 metrics_file.write_all(b"\n")?;
                 metrics_file.flush()?;
+                tensorboard.scalars(m.step, &crate::status::scalars(&m))?;
+                tensorboard.flush()?;
+                hub.step(&m, scored.iter().flat_map(|g| &g.trajectories));
                 progress.step(&m, train.steps);
                 let done = step + 1;
                 if done % train.save_every.max(1) == 0 || done == last {
@@ -328,7 +339,13 @@ pub fn train(
                         cursor: batch.cursor,
                         seed,
                     };
-                    checkpoint::save(out_dir, &setup.lm, &opt, &st, train.keep_last)?;
+                    let dir = checkpoint::save(out_dir, &setup.lm, &opt, &st, train.keep_last)?;
+                    hub.checkpoint(
+                        &dir.strip_prefix(out_dir)
+                            .unwrap_or(&dir)
+                            .display()
+                            .to_string(),
+                    );
                 }
                 all.push(m);
             }
@@ -395,7 +412,8 @@ impl Progress {
     }
 }
 
-/// Rewards → advantages → update, and the step's metrics.
+/// Rewards → advantages → update; the step's metrics and the groups as scored (with any
+/// overlong or KL components added).
 #[allow(clippy::too_many_arguments)]
 fn learn(
     model: &crate::model::Model,
@@ -407,7 +425,7 @@ fn learn(
     step: u64,
     max_total_tokens: usize,
     dropout: Option<&Mutex<rand::rngs::StdRng>>,
-) -> Result<(UpdateStats, StepMetrics)> {
+) -> Result<(UpdateStats, StepMetrics, Vec<Group>)> {
     let mut groups = batch.groups.clone();
     if train.overlong == Overlong::Penalty {
         // Length after the prompt against the room `max_total_tokens` left it.
@@ -513,7 +531,7 @@ fn learn(
         sampled_tokens_per_s: batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9),
         ..Default::default()
     };
-    Ok((stats, m))
+    Ok((stats, m, groups))
 }
 
 /// The run directory's checkpoint folder.
