@@ -7,6 +7,8 @@
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
 //! - `data`: the dataset module with a real dataset plugin.
+//! - `status`: a training run's status endpoint, `rlhost status`, and the dashboard in
+//!   a real headless Chromium.
 
 mod builtin;
 mod cli;
@@ -16,6 +18,7 @@ mod plugins;
 mod rollout;
 mod rollout_cli;
 mod sandbox;
+mod status;
 mod train_cli;
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};

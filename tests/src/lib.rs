@@ -109,6 +109,15 @@ impl TestCommand {
         ran
     }
 
+    /// Starts it in the background with stdout and stderr piped.
+    pub fn spawn(mut self) -> std::process::Child {
+        self.cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("cannot start rlhost")
+    }
+
     /// Runs and asserts exit code 0.
     pub fn ok(self) -> Ran {
         let ran = self.run();

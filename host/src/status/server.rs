@@ -282,3 +282,303 @@ impl AsyncWrite for LimitedStream {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rl::trainer::StepMetrics;
+    use crate::rollout::{Span, SpanKind, StopReason, Trajectory};
+    use axum::body::Body;
+    use axum::http::Request;
+    use futures_util::StreamExt;
+    use tower::ServiceExt;
+
+    fn step(n: u64) -> StepMetrics {
+        StepMetrics {
+            step: n,
+            adapter_version: n,
+            reward_mean: 0.25 * n as f64,
+            reward_std: 0.5,
+            rewards: [("correct".to_string(), 0.5), ("format".to_string(), 1.0)].into(),
+            accuracy: Some(0.5),
+            kl: 0.01,
+            tool_calls: 1.5,
+            step_s: 3.0,
+            faults: [("calc/timeout".to_string(), 2)].into(),
+            ..Default::default()
+        }
+    }
+
+    fn trajectory(i: usize) -> Trajectory {
+        let completion = "<calc>2*3</calc><result>6</result> 6".to_string();
+        Trajectory {
+            sample_id: 7,
+            index: i,
+            version: 0,
+            tokens: vec![1, 2, 3],
+            prompt_len: 1,
+            logps: vec![Some(-0.1), None],
+            spans: vec![
+                Span {
+                    kind: SpanKind::Model,
+                    start: 0,
+                    end: 1,
+                    text: "<calc>2*3</calc>".into(),
+                },
+                Span {
+                    kind: SpanKind::Tool,
+                    start: 1,
+                    end: 2,
+                    text: "<result>6</result>".into(),
+                },
+            ],
+            messages: vec![crate::plugin::types::Message {
+                role: "user".into(),
+                content: "2*3?".into(),
+            }],
+            completion,
+            metadata: serde_json::Value::Null,
+            turns: 1,
+            tool_calls: 1,
+            tool_truncations: 0,
+            stop: StopReason::EndOfTurn,
+            truncated: false,
+            faults: Vec::new(),
+            rewards: [("correct".to_string(), 1.0)].into(),
+            reward: 1.0,
+        }
+    }
+
+    async fn get(hub: &Arc<StatusHub>, uri: &str) -> (StatusCode, String, String) {
+        let r = router(hub.clone())
+            .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = r.status();
+        let ct = r
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 24).await.unwrap();
+        (status, ct, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn status_reports_the_last_step() {
+        let hub = StatusHub::new("run-1", "builtin:multiply", "configs/m.toml", 10);
+        let (code, ct, body) = get(&hub, "/status").await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(ct, "application/json");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["phase"], "loading");
+        assert!(v["metrics"].is_null());
+        hub.set_phase(super::super::Phase::Update);
+        hub.step(&step(1), []);
+        hub.step(&step(2), []);
+        hub.checkpoint("checkpoints/step-000002");
+        let v: serde_json::Value = serde_json::from_str(&get(&hub, "/status").await.2).unwrap();
+        assert_eq!(v["run_id"], "run-1");
+        assert_eq!(v["phase"], "update");
+        assert_eq!(v["step"], 2);
+        assert_eq!(v["total_steps"], 10);
+        assert_eq!(v["adapter_version"], 2);
+        assert_eq!(v["metrics"]["reward_mean"], 0.5);
+        assert_eq!(v["metrics"]["rewards"]["format"], 1.0);
+        assert_eq!(v["metrics"]["accuracy"], 0.5);
+        assert_eq!(v["faults_total"]["calc/timeout"], 4);
+        assert_eq!(v["eta_s"], 24.0);
+        assert_eq!(v["last_checkpoint"], "checkpoints/step-000002");
+        let h: serde_json::Value = serde_json::from_str(&get(&hub, "/history").await.2).unwrap();
+        let steps: Vec<u64> = h["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["step"].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn metrics_parse_as_prometheus_text() {
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        hub.step(&step(1), []);
+        hub.step(&step(2), []);
+        let (code, ct, body) = get(&hub, "/metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+        let scrape =
+            prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+        let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
+            let s = scrape
+                .samples
+                .iter()
+                .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+                .unwrap_or_else(|| panic!("{name} {label:?} missing from\n{body}"));
+            match s.value {
+                prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                ref other => panic!("{name}: {other:?}"),
+            }
+        };
+        assert_eq!(value("rlhost_step", None), 2.0);
+        assert_eq!(value("rlhost_total_steps", None), 10.0);
+        assert_eq!(value("rlhost_reward_mean", None), 0.5);
+        assert_eq!(value("rlhost_kl", None), 0.01);
+        assert_eq!(value("rlhost_tool_calls", None), 1.5);
+        assert_eq!(value("rlhost_accuracy", None), 0.5);
+        assert_eq!(
+            value("rlhost_reward_component", Some(("component", "format"))),
+            1.0
+        );
+        assert_eq!(
+            value("rlhost_plugin_faults_total", Some(("kind", "timeout"))),
+            4.0
+        );
+        assert_eq!(value("rlhost_phase", Some(("phase", "loading"))), 1.0);
+        assert_eq!(value("rlhost_phase", Some(("phase", "done"))), 0.0);
+    }
+
+    #[tokio::test]
+    async fn events_stream_one_event_per_step() {
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let r = router(hub.clone())
+            .oneshot(Request::get("/events").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE].to_str().unwrap(),
+            "text/event-stream"
+        );
+        let mut body = r.into_body().into_data_stream();
+        let mut next = async || -> String {
+            let chunk = tokio::time::timeout(Duration::from_secs(5), body.next())
+                .await
+                .expect("an event within 5 s")
+                .unwrap()
+                .unwrap();
+            String::from_utf8(chunk.to_vec()).unwrap()
+        };
+        let first = next().await;
+        assert!(first.starts_with("event: status\ndata: {"), "{first}");
+        hub.step(&step(1), []);
+        hub.set_phase(super::super::Phase::Done);
+        let e = next().await;
+        assert!(e.starts_with("event: step\ndata: {\"step\":1,"), "{e}");
+        let e = next().await;
+        assert!(e.contains("\"phase\":\"done\""), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_told_to_resync() {
+        let hub = StatusHub::new("run-1", "m", "c", 10_000);
+        let r = router(hub.clone())
+            .oneshot(Request::get("/events").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let mut body = r.into_body().into_data_stream();
+        let _ = body.next().await;
+        // The trainer never waits for this reader: 1000 steps go out while it reads nothing.
+        for n in 1..=1000 {
+            hub.step(&step(n), []);
+        }
+        let e = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+        assert!(e.starts_with("event: resync\n"), "{e}");
+        let e = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+        assert!(e.starts_with("event: step\n"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn rollouts_latest_returns_spans_and_rewards() {
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let (_, _, body) = get(&hub, "/rollouts/latest").await;
+        assert_eq!(body, r#"{"step":0,"trajectories":[]}"#);
+        let ts: Vec<Trajectory> = (0..5).map(trajectory).collect();
+        hub.step(&step(3), &ts);
+        let v: serde_json::Value =
+            serde_json::from_str(&get(&hub, "/rollouts/latest?n=2").await.2).unwrap();
+        assert_eq!(v["step"], 3);
+        let t = v["trajectories"].as_array().unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0]["index"], 3);
+        assert_eq!(t[1]["index"], 4);
+        assert_eq!(t[1]["prompt"], "user: 2*3?");
+        assert_eq!(t[1]["spans"][0]["kind"], "model");
+        assert_eq!(t[1]["spans"][1]["kind"], "tool");
+        assert_eq!(t[1]["spans"][1]["text"], "<result>6</result>");
+        assert_eq!(t[1]["rewards"]["correct"], 1.0);
+        assert_eq!(t[1]["stop"], "end_of_turn");
+        let v: serde_json::Value =
+            serde_json::from_str(&get(&hub, "/rollouts/latest").await.2).unwrap();
+        assert_eq!(v["trajectories"].as_array().unwrap().len(), 5);
+        let (code, _, _) = get(&hub, "/rollouts/latest?n=x").await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn dashboard_and_its_assets_are_served_from_the_binary() {
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let (code, ct, html) = get(&hub, "/").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(ct.starts_with("text/html"));
+        for asset in [
+            "/assets/dashboard.js",
+            "/assets/dashboard.css",
+            "/assets/uPlot.iife.min.js",
+            "/assets/uPlot.min.css",
+        ] {
+            assert!(html.contains(asset), "index.html does not load {asset}");
+            let (code, _, body) = get(&hub, asset).await;
+            assert_eq!(code, StatusCode::OK, "{asset}");
+            assert!(body.len() > 100, "{asset}");
+        }
+        // Offline: nothing is loaded from another origin.
+        assert!(!html.contains("http://") && !html.contains("https://"));
+        assert_eq!(get(&hub, "/assets/nope.js").await.0, StatusCode::NOT_FOUND);
+        // Read-only.
+        let r = router(hub.clone())
+            .oneshot(Request::post("/status").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert!(r.headers().get("access-control-allow-origin").is_none());
+    }
+
+    #[test]
+    fn connections_beyond_the_bound_wait_for_a_free_slot() {
+        use std::io::{Read, Write};
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let server = spawn(hub, "127.0.0.1:0").unwrap();
+        // Hold every slot with an idle keep-alive connection.
+        let held: Vec<std::net::TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+                s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                let mut buf = [0u8; 64];
+                let n = s.read(&mut buf).unwrap();
+                assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+                s
+            })
+            .collect();
+        let mut extra = std::net::TcpStream::connect(server.addr).unwrap();
+        extra
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        extra
+            .write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 64];
+        assert!(
+            extra.read(&mut buf).is_err(),
+            "a connection beyond the bound was served"
+        );
+        drop(held);
+        extra
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let n = extra.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    }
+}

@@ -1,0 +1,472 @@
+//! The status endpoint of a real `rlhost train` run: JSON, history, Prometheus text,
+//! `rlhost status`, the run directory's records, and the dashboard in a real headless
+//! Chromium (driven over WebDriver by Debian's chromedriver) updating live from
+//! `/events`.
+
+use rlhost_tests::{TestCommand, fixture_countdown, plugin, temp_dir};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+const STEPS: u64 = 5;
+
+/// A training run serving its status on a free port, and its stderr so far.
+struct Run {
+    child: Child,
+    url: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(out: &Path) -> Run {
+    let mut child = fixture_countdown("train")
+        .args([
+            "--set",
+            "rollout.group_size=2",
+            "--set",
+            "rollout.prompts_per_step=2",
+            "--set",
+            "sampling.max_new_tokens=16",
+            "--set",
+            "train.save_every=2",
+            "--steps",
+            &STEPS.to_string(),
+            "--status-addr",
+            "127.0.0.1:0",
+            "--status-linger",
+            "600",
+            "--out",
+        ])
+        .arg(out)
+        .spawn();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    let log = stderr.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("status: ") {
+                let _ = tx.send(url.to_string());
+            }
+            log.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("no status URL printed:\n{}", stderr.lock().unwrap()));
+    Run { child, url, stderr }
+}
+
+fn get(url: &str) -> String {
+    ureq::get(url)
+        .call()
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+fn status(run: &Run) -> serde_json::Value {
+    serde_json::from_str(&get(&format!("{}status", run.url))).unwrap()
+}
+
+fn wait_until_done(run: &Run) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let st = status(run);
+        match st["phase"].as_str().unwrap() {
+            "done" => return st,
+            "failed" => panic!("run failed: {st}\n{}", run.stderr.lock().unwrap()),
+            _ if t0.elapsed() > Duration::from_secs(600) => {
+                panic!(
+                    "run not done in 600 s: {st}\n{}",
+                    run.stderr.lock().unwrap()
+                )
+            }
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+#[test]
+fn a_training_run_serves_status_metrics_history_and_records_its_run_dir() {
+    let dir = temp_dir("status-run");
+    let out = dir.join("run");
+    let run = start(&out);
+    assert!(run.url.starts_with("http://127.0.0.1:"), "{}", run.url);
+    let st = wait_until_done(&run);
+    assert_eq!(st["step"], STEPS);
+    assert_eq!(st["total_steps"], STEPS);
+    assert_eq!(st["adapter_version"], STEPS);
+    assert_eq!(
+        st["last_checkpoint"],
+        format!("checkpoints/step-{STEPS:06}")
+    );
+    assert_eq!(st["eta_s"], 0.0);
+    assert!(
+        st["run_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("fixture-countdown-")
+    );
+    assert!(st["metrics"]["rewards"]["correct"].is_number());
+    assert!(st["tokens_per_s"].as_f64().unwrap() > 0.0);
+
+    // /history is metrics.jsonl, step for step.
+    let history: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}history", run.url))).unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(history["steps"].as_array().unwrap(), &lines);
+
+    let metrics = get(&format!("{}metrics", run.url));
+    assert!(
+        metrics.contains(&format!("\nrlhost_step {STEPS}.0\n")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rlhost_phase{phase=\"done\"} 1.0"),
+        "{metrics}"
+    );
+
+    let rollouts: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}rollouts/latest?n=3", run.url))).unwrap();
+    let ts = rollouts["trajectories"].as_array().unwrap();
+    assert_eq!(ts.len(), 3);
+    assert!(ts[0]["prompt"].as_str().unwrap().contains("user: "));
+    assert_eq!(ts[0]["spans"][0]["kind"], "model");
+
+    // `rlhost status URL`, for people and for scripts.
+    let text = TestCommand::new(&["status", &run.url]).ok().stdout;
+    assert!(
+        text.contains(&format!("phase done  step {STEPS}/{STEPS} (100%)")),
+        "{text}"
+    );
+    assert!(text.contains("plugin faults: none"), "{text}");
+    let json = TestCommand::new(&["status", "--json", &run.url])
+        .ok()
+        .json();
+    assert_eq!(json["step"], STEPS);
+
+    // The run directory: resolved config, metrics, checkpoints, plugins by sha256,
+    // TensorBoard events.
+    assert!(out.join("config.toml").is_file());
+    let plugins: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plugins.json")).unwrap()).unwrap();
+    let calc = plugins
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "calculator")
+        .expect("calculator in plugins.json");
+    use sha2::Digest;
+    let sha = hex::encode(sha2::Sha256::digest(
+        std::fs::read(plugin("calculator")).unwrap(),
+    ));
+    assert_eq!(calc["sha256"], sha.as_str());
+    let events: Vec<_> = std::fs::read_dir(out.join("tensorboard"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(events.len(), 1);
+    let name = events[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(name.starts_with("events.out.tfevents."), "{name}");
+    let bytes = std::fs::read(&events[0]).unwrap();
+    // One record per step after the file-version record, each carrying reward/mean.
+    let tag = b"reward/mean";
+    let hits = bytes.windows(tag.len()).filter(|w| w == tag).count();
+    assert_eq!(hits as u64, STEPS);
+
+    // A taken address is an error that says what to do, before anything runs.
+    let addr = run.url.trim_start_matches("http://").trim_end_matches('/');
+    let err = fixture_countdown("train")
+        .args(["--status-addr", addr, "--out"])
+        .arg(dir.join("second"))
+        .fails();
+    assert!(
+        err.contains(&format!("cannot listen on --status-addr {addr}")),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------- the browser test
+
+/// Debian's chromedriver driving Debian's chromium, headless. CI installs both
+/// (`.ci/run`); elsewhere the test says how to get them.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = ureq::delete(&format!("{}/session/{}", self.base, self.session)).call();
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn webdriver(method: &str, url: &str, body: Option<serde_json::Value>) -> serde_json::Value {
+    let r = match body {
+        Some(b) => ureq::post(url)
+            .header("content-type", "application/json")
+            .send(b.to_string()),
+        None if method == "GET" => ureq::get(url).call(),
+        None => ureq::delete(url).call(),
+    };
+    let text = r
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .unwrap_or_else(|e| panic!("webdriver {method} {url}: {e}"));
+    serde_json::from_str::<serde_json::Value>(&text).unwrap()["value"].take()
+}
+
+impl Browser {
+    fn start(profile: &Path) -> Browser {
+        let driver_bin = std::env::var("RLHOST_CHROMEDRIVER").unwrap_or("chromedriver".into());
+        let chromium = std::env::var("RLHOST_CHROMIUM").unwrap_or("/usr/bin/chromium".into());
+        let port = free_port();
+        let driver = Command::new(&driver_bin)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {driver_bin} ({e}): the dashboard test needs a headless browser; \
+                     install Debian's `chromium` and `chromium-driver` (as .ci/run does), or point \
+                     RLHOST_CHROMEDRIVER and RLHOST_CHROMIUM at them"
+                )
+            });
+        let base = format!("http://127.0.0.1:{port}");
+        let t0 = Instant::now();
+        while ureq::get(&format!("{base}/status")).call().is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "chromedriver did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The flags the machine notes give for this network: no background connections
+        // (refused here, many at a time), a fresh profile, no sandbox as root.
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1400,2200",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("--user-data-dir={}", profile.display())])
+        .collect::<Vec<_>>();
+        let session = webdriver(
+            "POST",
+            &format!("{base}/session"),
+            Some(serde_json::json!({
+                "capabilities": {"alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {"binary": chromium, "args": args},
+                }}
+            })),
+        );
+        let session = session["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {session}"))
+            .to_string();
+        Browser {
+            driver,
+            base,
+            session,
+        }
+    }
+
+    fn goto(&self, url: &str) {
+        webdriver(
+            "POST",
+            &format!("{}/session/{}/url", self.base, self.session),
+            Some(serde_json::json!({ "url": url })),
+        );
+    }
+
+    fn eval(&self, script: &str) -> serde_json::Value {
+        webdriver(
+            "POST",
+            &format!("{}/session/{}/execute/sync", self.base, self.session),
+            Some(serde_json::json!({ "script": script, "args": [] })),
+        )
+    }
+
+    fn screenshot(&self, path: &Path) {
+        use base64::Engine;
+        let png = webdriver(
+            "GET",
+            &format!("{}/session/{}/screenshot", self.base, self.session),
+            None,
+        );
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        std::fs::write(path, bytes).unwrap();
+    }
+}
+
+/// What the page shows, read from its DOM.
+const PROBE: &str = r#"
+const charts = [...document.querySelectorAll('.chart[data-chart]')];
+const span = (c) => document.querySelectorAll('#rollouts .span-' + c).length;
+return {
+  charts: charts.map(c => c.dataset.chart),
+  points: charts.map(c => Number(c.dataset.points || 0)),
+  canvases: charts.map(c => {
+    const k = c.querySelector('canvas');
+    return k ? k.width * k.height : 0;
+  }),
+  phase: document.querySelector('#phase')?.dataset.phase,
+  conn: document.querySelector('#conn')?.dataset.state,
+  errors: Number(document.documentElement.dataset.jsErrors || 0),
+  cards: document.querySelectorAll('#rollouts article.card').length,
+  model_spans: span('model'),
+  progress: document.querySelector('#progress-text')?.textContent,
+  scripts_in_rollouts: document.querySelectorAll('#rollouts script').length,
+};
+"#;
+
+/// The stylesheet's colours for model text and tool output (checked on spans the
+/// viewer's own CSS classes style, whether or not this run's model called a tool).
+const COLOURS: &str = r#"
+const box = document.querySelector('#rollouts') || document.body;
+const bg = (cls) => {
+  const s = document.createElement('span');
+  s.className = 'span ' + cls;
+  s.textContent = 'x';
+  box.appendChild(s);
+  const c = getComputedStyle(s).backgroundColor + '|' + getComputedStyle(s).color;
+  s.remove();
+  return c;
+};
+return [bg('span-model'), bg('span-tool'), bg('span-env')];
+"#;
+
+#[test]
+fn the_dashboard_renders_live_charts_and_rollouts_in_a_real_browser() {
+    let dir = temp_dir("status-browser");
+    let out = dir.join("run");
+    let browser = Browser::start(&dir.join("chromium-profile"));
+    let run = start(&out);
+    browser.goto(&run.url);
+    // Watch the page while the run trains: the charts must grow step by step from the
+    // event stream, not only show a finished run.
+    let t0 = Instant::now();
+    let mut seen = std::collections::BTreeSet::new();
+    let last = loop {
+        let p = browser.eval(PROBE);
+        assert_eq!(p["errors"], 0, "JavaScript errors on the page: {p}");
+        let points: Vec<u64> = p["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        if let Some(n) = points.first() {
+            seen.insert(*n);
+        }
+        if p["phase"] == "done" && points.iter().all(|n| *n == STEPS) && p["cards"] != 0 {
+            break p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "the dashboard did not show the finished run: {p}\n{}",
+            run.stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    };
+    browser.screenshot(&out.join("dashboard.png"));
+    let charts: Vec<&str> = last["charts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    for want in [
+        "reward",
+        "accuracy",
+        "kl",
+        "response_length",
+        "tool_calls",
+        "throughput",
+        "faults",
+    ] {
+        assert!(charts.contains(&want), "no {want} chart: {last}");
+    }
+    assert!(
+        last["canvases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a.as_u64().unwrap() > 10_000),
+        "a chart has no drawn canvas: {last}"
+    );
+    assert!(
+        seen.len() >= 3,
+        "the charts did not grow live (point counts seen: {seen:?})"
+    );
+    assert_eq!(last["conn"], "live", "{last}");
+    // prompts_per_step x group_size trajectories, each with its model text.
+    assert_eq!(last["cards"], 4, "{last}");
+    assert!(last["model_spans"].as_u64().unwrap() >= 4, "{last}");
+    assert_eq!(last["scripts_in_rollouts"], 0);
+    let progress: Vec<&str> = last["progress"]
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(progress.join(" "), format!("step {STEPS} / {STEPS} (100%)"));
+    let colours = browser.eval(COLOURS);
+    let c: Vec<&str> = colours
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        c[0] != c[1] && c[1] != c[2] && c[0] != c[2],
+        "model, tool and environment spans look alike: {c:?}"
+    );
+    let png = std::fs::read(out.join("dashboard.png")).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 20_000,
+        "{}",
+        png.len()
+    );
+    eprintln!(
+        "dashboard screenshot: {}",
+        out.join("dashboard.png").display()
+    );
+}
