@@ -104,16 +104,14 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         }
         let mut setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
         write_plugins(&out, &setup)?;
-        trainer::train(
-            &mut setup,
-            &train,
-            &out,
-            resume.as_deref(),
-            args.stop_after,
-            handle,
+        let run = trainer::RunOptions {
+            out_dir: &out,
+            resume: resume.as_deref(),
+            stop_after: args.stop_after,
             quiet,
-            &hub,
-        )
+            hub: &hub,
+        };
+        trainer::train(&mut setup, &train, &run, handle)
     })();
     match &result {
         Ok(_) => hub.set_phase(Phase::Done),

@@ -156,18 +156,33 @@ struct Batch {
     cursor: Cursor,
 }
 
-/// Runs `[train]` from `setup` into `out_dir`, from a checkpoint when `resume` is given;
-/// `stop_after` ends this invocation early after that many steps (with a checkpoint).
+/// Where and how one `rlhost train` invocation runs.
+pub struct RunOptions<'a> {
+    /// The run directory (metrics, checkpoints, TensorBoard files).
+    pub out_dir: &'a Path,
+    /// A checkpoint to continue from.
+    pub resume: Option<&'a Path>,
+    /// End this invocation early after this many steps (with a checkpoint).
+    pub stop_after: Option<u64>,
+    pub quiet: bool,
+    /// What the status server shows.
+    pub hub: &'a StatusHub,
+}
+
+/// Runs `[train]` from `setup` as `run` says.
 pub fn train(
     setup: &mut Setup,
     train: &TrainSection,
-    out_dir: &Path,
-    resume: Option<&Path>,
-    stop_after: Option<u64>,
+    run: &RunOptions,
     handle: &Handle,
-    quiet: bool,
-    hub: &StatusHub,
 ) -> Result<Vec<StepMetrics>> {
+    let RunOptions {
+        out_dir,
+        resume,
+        stop_after,
+        quiet,
+        hub,
+    } = *run;
     let seed = setup.loaded.config.run.seed;
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create the run directory {}", out_dir.display()))?;
