@@ -9,6 +9,7 @@ pub mod config;
 pub mod data;
 pub mod model;
 pub mod plugin;
+pub mod progress;
 pub mod rl;
 pub mod rollout;
 pub mod status;

@@ -37,6 +37,10 @@ fn start(out: &Path) -> Run {
             "sampling.max_new_tokens=16",
             "--set",
             "train.save_every=2",
+            "--set",
+            "data.eval_size=3",
+            "--set",
+            "train.eval_every=2",
             "--steps",
             &STEPS.to_string(),
             "--status-addr",
@@ -127,6 +131,14 @@ fn a_training_run_serves_status_metrics_history_and_records_its_run_dir() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(history["steps"].as_array().unwrap(), &lines);
+    // Held-out evaluation on steps 2, 4 and the last.
+    let evaluated: Vec<u64> = lines
+        .iter()
+        .filter(|m| m["eval_accuracy"].is_number())
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evaluated, [2, 4, 5]);
+    assert!(lines[1]["eval_tool_use"].is_number() && lines[1]["eval_s"].is_number());
 
     let metrics = get(&format!("{}metrics", run.url));
     assert!(
@@ -137,6 +149,7 @@ fn a_training_run_serves_status_metrics_history_and_records_its_run_dir() {
         metrics.contains("rlhost_phase{phase=\"done\"} 1.0"),
         "{metrics}"
     );
+    assert!(metrics.contains("\nrlhost_eval_reward "), "{metrics}");
 
     let rollouts: serde_json::Value =
         serde_json::from_str(&get(&format!("{}rollouts/latest?n=3", run.url))).unwrap();

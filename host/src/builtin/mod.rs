@@ -457,14 +457,32 @@ fn warm_start(
         seed,
     };
     let t0 = std::time::Instant::now();
-    let losses = train(&lm.model, &rows, &schedule, |step, total, loss| {
-        if !quiet && (step % 25 == 0 || step == total) {
-            eprintln!(
+    let bar = crate::progress::enabled(quiet).then(|| {
+        crate::progress::bar(
+            0,
+            "  warm start {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
+        )
+    });
+    let losses = train(
+        &lm.model,
+        &rows,
+        &schedule,
+        |step, total, loss| match &bar {
+            Some(bar) => {
+                bar.set_length(total);
+                bar.set_position(step);
+                bar.set_message(format!("loss {loss:.4}"));
+            }
+            None if !quiet && (step % 25 == 0 || step == total) => eprintln!(
                 "  warm start: step {step}/{total}  loss {loss:.4}  {:.0} s",
                 t0.elapsed().as_secs_f64()
-            );
-        }
-    })?;
+            ),
+            None => {}
+        },
+    )?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     if !quiet {
         eprintln!(
             "  warm start: {} conversations ({:.0}% with the tool), loss {:.3} -> {:.3} in {:.0} s",

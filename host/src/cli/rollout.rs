@@ -7,6 +7,7 @@ use crate::config::LoadedConfig;
 use crate::config::setup::{Setup, display};
 use crate::data::Cursor;
 use crate::model::generate::sample_seed;
+use crate::rollout::eval::evaluate;
 use crate::rollout::{BatchStats, Engine, SpanKind, Trajectory};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -274,21 +275,6 @@ pub struct EvalArgs {
     out: Option<PathBuf>,
 }
 
-/// What `rlhost eval` reports.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct EvalReport {
-    pub prompts: usize,
-    pub trajectories: usize,
-    /// Mean of the `correct` reward component, when a reward gives one.
-    pub accuracy: Option<f64>,
-    /// Share of trajectories with at least one tool call.
-    pub tool_use_rate: f64,
-    pub reward_mean: f64,
-    pub rewards: BTreeMap<String, f64>,
-    pub response_tokens: f64,
-    pub wall_s: f64,
-}
-
 pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let mut set = args.set.clone();
     set.push(format!("rollout.group_size={}", args.samples.max(1)));
@@ -311,21 +297,18 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
     }
     samples.truncate(args.prompts.unwrap_or(samples.len()));
     let engine = Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone())?;
-    let per = setup.loaded.config.rollout.prompts_per_step;
-    let mut all = Vec::new();
-    let t0 = std::time::Instant::now();
-    for (b, batch) in samples.chunks(per).enumerate() {
-        let seed = sample_seed(setup.loaded.config.run.seed, b, usize::MAX - 1);
-        let (groups, _) = engine.run(batch, seed, 0, setup.mode())?;
-        all.extend(groups.into_iter().flat_map(|g| g.trajectories));
-        if !quiet {
-            eprintln!(
-                "eval: {}/{} prompts",
-                (b * per + batch.len()).min(samples.len()),
-                samples.len()
-            );
-        }
-    }
+    let (report, all) = evaluate(
+        &engine,
+        &samples,
+        setup.loaded.config.rollout.prompts_per_step,
+        setup.loaded.config.run.seed,
+        setup.mode(),
+        |done, total| {
+            if !quiet {
+                eprintln!("eval: {done}/{total} prompts");
+            }
+        },
+    )?;
     if let Some(out) = &args.out {
         let mut text = String::new();
         for t in &all {
@@ -334,23 +317,6 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
         }
         crate::model::peft::write_atomic(out, text.as_bytes())?;
     }
-    let n = all.len().max(1) as f64;
-    let mut rewards: BTreeMap<String, f64> = BTreeMap::new();
-    for t in &all {
-        for (k, v) in &t.rewards {
-            *rewards.entry(k.clone()).or_default() += v / n;
-        }
-    }
-    let report = EvalReport {
-        prompts: samples.len(),
-        trajectories: all.len(),
-        accuracy: rewards.get("correct").copied(),
-        tool_use_rate: all.iter().filter(|t| t.tool_calls > 0).count() as f64 / n,
-        reward_mean: all.iter().map(|t| t.reward).sum::<f64>() / n,
-        response_tokens: all.iter().map(|t| t.sampled_tokens() as f64).sum::<f64>() / n,
-        rewards,
-        wall_s: t0.elapsed().as_secs_f64(),
-    };
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

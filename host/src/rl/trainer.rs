@@ -18,8 +18,10 @@ use crate::config::setup::Setup;
 use crate::data::Cursor;
 use crate::model::generate::sample_seed;
 use crate::model::lora::seeded;
+use crate::model::sample::SamplingParams;
+use crate::rollout::eval::evaluate;
 use crate::rollout::queue::RolloutQueue;
-use crate::rollout::{BatchStats, Engine, Group};
+use crate::rollout::{BatchStats, Engine, Group, RolloutSettings};
 use crate::status::tensorboard::EventWriter;
 use crate::status::{Phase, StatusHub};
 use anyhow::{Context, Result, bail};
@@ -68,6 +70,12 @@ pub struct TrainSection {
     /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
     pub overlong_cache: usize,
     pub tis_cap: f64,
+    /// Evaluate on the held-out split every this many steps and at the end (0: never):
+    /// greedy, one sample per prompt, with the run's tools and rewards. Adds
+    /// `eval_accuracy`, `eval_reward` and `eval_tool_use` to that step's metrics.
+    pub eval_every: u64,
+    /// Held-out prompts per evaluation (0: the whole split).
+    pub eval_prompts: usize,
     /// Write a checkpoint every this many steps (and at the end).
     pub save_every: u64,
     pub keep_last: usize,
@@ -106,6 +114,8 @@ impl Default for TrainSection {
             overlong: Overlong::None,
             overlong_cache: 0,
             tis_cap: 2.0,
+            eval_every: 0,
+            eval_prompts: 64,
             save_every: 10,
             keep_last: 3,
         }
@@ -144,6 +154,11 @@ pub struct StepMetrics {
     pub rollout_s: f64,
     pub update_s: f64,
     pub step_s: f64,
+    /// Held-out figures, on the steps `train.eval_every` evaluates.
+    pub eval_accuracy: Option<f64>,
+    pub eval_reward: Option<f64>,
+    pub eval_tool_use: Option<f64>,
+    pub eval_s: Option<f64>,
 }
 
 /// A rollout batch as the producer hands it over.
@@ -251,6 +266,31 @@ pub fn train(
         state.step,
     );
     let prompts = c.rollout.prompts_per_step;
+    let eval_samples = if train.eval_every > 0 {
+        let mut s = handle.block_on(setup.dataset.eval_samples())?;
+        if s.is_empty() {
+            bail!(
+                "{}: train.eval_every = {} but the held-out split is empty; set data.eval_size (or eval_fraction, eval_path), or eval_every = 0",
+                setup.loaded.path.display(),
+                train.eval_every
+            );
+        }
+        if train.eval_prompts > 0 {
+            s.truncate(train.eval_prompts);
+        }
+        s
+    } else {
+        Vec::new()
+    };
+    // Evaluation samples one greedy answer per prompt.
+    let eval_settings = RolloutSettings {
+        group_size: 1,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..setup.settings.sampling.clone()
+        },
+        ..setup.settings.clone()
+    };
     let lora_dropout = setup.loaded.config.lora.dropout > 0.0;
     let max_total_tokens = c.rollout.max_total_tokens;
     let setup: &Setup = setup;
@@ -258,7 +298,7 @@ pub fn train(
     let progress = Progress::new(state.step, train.steps, quiet);
     std::thread::scope(|scope| -> Result<()> {
         let producer = scope.spawn(|| {
-            let engine =
+            let mut engine =
                 match Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone()) {
                     Ok(e) => e,
                     Err(e) => {
@@ -266,6 +306,9 @@ pub fn train(
                         return;
                     }
                 };
+            if let Some(bar) = progress.rollout_bar() {
+                engine.set_progress(bar);
+            }
             let mut cursor = state.cursor;
             let _ = queue.produce(state.step, |step, version| {
                 let mut groups = Vec::new();
@@ -307,10 +350,12 @@ pub fn train(
             for step in state.step..last {
                 let t0 = Instant::now();
                 hub.set_phase(Phase::Rollout);
+                progress.phase("waiting for rollouts");
                 let batch = queue.pop().map_err(|e| anyhow::anyhow!("{e}"))?;
                 debug_assert_eq!(batch.step, step);
                 let rollout_s = t0.elapsed().as_secs_f64();
                 hub.set_phase(Phase::Update);
+                progress.phase("updating the adapter");
                 let lr = lr_at(
                     step,
                     train.steps,
@@ -339,6 +384,25 @@ pub fn train(
                 m.lr = lr;
                 m.epoch = batch.cursor.epoch;
                 m.adapter_version = step + 1;
+                let done = step + 1;
+                if train.eval_every > 0 && (done % train.eval_every == 0 || done == last) {
+                    hub.set_phase(Phase::Eval);
+                    progress.phase("evaluating on the held-out split");
+                    let engine =
+                        Engine::new(&setup.lm, &eval_settings, &setup.rewards, handle.clone())?;
+                    let (r, _) = evaluate(
+                        &engine,
+                        &eval_samples,
+                        prompts,
+                        seed,
+                        crate::model::Mode::INFERENCE,
+                        |_, _| {},
+                    )?;
+                    m.eval_accuracy = r.accuracy;
+                    m.eval_reward = Some(r.reward_mean);
+                    m.eval_tool_use = Some(r.tool_use_rate);
+                    m.eval_s = Some(r.wall_s);
+                }
                 serde_json::to_writer(&mut metrics_file, &m)?;
                 metrics_file.write_all(b"\n")?;
                 metrics_file.flush()?;
@@ -346,7 +410,6 @@ pub fn train(
                 tensorboard.flush()?;
                 hub.step(&m, scored.iter().flat_map(|g| &g.trajectories));
                 progress.step(&m, train.steps);
-                let done = step + 1;
                 if done % train.save_every.max(1) == 0 || done == last {
                     let st = TrainerState {
                         step: done,
@@ -374,27 +437,41 @@ pub fn train(
     Ok(all)
 }
 
-/// Step progress: an indicatif bar with reward and ETA on a terminal; one line per step
-/// otherwise (logs and CI keep a readable record).
+/// Step progress: on a terminal, an indicatif bar over steps (reward, loss, ETA, what
+/// the trainer is doing) and one under it counting the batch's finished rollouts; one
+/// line per step otherwise (logs and CI keep a readable record).
 struct Progress {
-    bar: Option<indicatif::ProgressBar>,
+    bars: Option<(indicatif::ProgressBar, indicatif::ProgressBar)>,
     quiet: bool,
 }
 
 impl Progress {
     fn new(done: u64, total: u64, quiet: bool) -> Progress {
-        use std::io::IsTerminal;
-        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
-            let bar = indicatif::ProgressBar::new(total).with_position(done);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "train {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
-                )
-                .expect("a valid template"),
-            );
-            bar
+        let bars = crate::progress::enabled(quiet).then(|| {
+            let multi = indicatif::MultiProgress::new();
+            let steps = multi.add(crate::progress::bar(
+                total,
+                "train   {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
+            ));
+            steps.set_position(done);
+            let rollout = multi.add(crate::progress::bar(
+                0,
+                "rollout {bar:30} {pos}/{len} trajectories  {msg}",
+            ));
+            (steps, rollout)
         });
-        Progress { bar, quiet }
+        Progress { bars, quiet }
+    }
+
+    /// The bar the rollout engine advances, when there is a terminal.
+    fn rollout_bar(&self) -> Option<indicatif::ProgressBar> {
+        self.bars.as_ref().map(|(_, r)| r.clone())
+    }
+
+    fn phase(&self, what: &str) {
+        if let Some((_, rollout)) = &self.bars {
+            rollout.set_message(format!("(trainer: {what})"));
+        }
     }
 
     fn step(&self, m: &StepMetrics, total: u64) {
@@ -410,10 +487,10 @@ impl Progress {
             m.tool_calls,
             m.step_s
         );
-        match &self.bar {
-            Some(bar) => {
-                bar.set_position(m.step);
-                bar.set_message(line);
+        match &self.bars {
+            Some((steps, _)) => {
+                steps.set_position(m.step);
+                steps.set_message(line);
             }
             None if !self.quiet => eprintln!("step {}/{total}  {line}", m.step),
             None => {}
@@ -421,8 +498,9 @@ impl Progress {
     }
 
     fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish();
+        if let Some((steps, rollout)) = &self.bars {
+            rollout.finish_and_clear();
+            steps.finish();
         }
     }
 }

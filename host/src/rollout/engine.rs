@@ -69,6 +69,7 @@ pub struct ToolSpec {
 }
 
 /// What the engine needs besides the model.
+#[derive(Clone)]
 pub struct RolloutSettings {
     pub group_size: usize,
     /// `max_new_tokens` is per assistant turn; stop tokens and strings end a turn.
@@ -120,6 +121,8 @@ pub struct Engine<'a> {
     rewards: &'a Rewards,
     handle: Handle,
     turns: Option<TurnFormat<'a>>,
+    /// Counts finished trajectories of the current batch (a progress bar, or hidden).
+    progress: Option<indicatif::ProgressBar>,
 }
 
 /// What a plugin call sends back to the decode loop.
@@ -213,7 +216,13 @@ impl<'a> Engine<'a> {
             rewards,
             handle,
             turns,
+            progress: None,
         })
+    }
+
+    /// Shows each batch's finished trajectories on `bar` (its length is set per batch).
+    pub fn set_progress(&mut self, bar: indicatif::ProgressBar) {
+        self.progress = Some(bar);
     }
 
     /// The prompt's token ids: the sample's messages rendered with a generation prompt.
@@ -248,6 +257,10 @@ impl<'a> Engine<'a> {
         let tok = &self.lm.tokenizer;
         let s = self.settings;
         let g = s.group_size;
+        if let Some(bar) = &self.progress {
+            bar.reset();
+            bar.set_length((samples.len() * g) as u64);
+        }
         let prompts: Vec<Vec<u32>> = samples
             .iter()
             .map(|(id, sample)| {
@@ -398,6 +411,9 @@ impl<'a> Engine<'a> {
                     stats.sampled_tokens += traj.sampled_tokens();
                     stats.inserted_tokens += traj.completion_tokens().len() - traj.sampled_tokens();
                     trajectories[t] = Some(traj);
+                    if let Some(bar) = &self.progress {
+                        bar.inc(1);
+                    }
                     if self.rewards.fns.is_empty() {
                         let traj = trajectories[t].as_mut().expect("just set");
                         self.rewards.combine(traj, Vec::new(), l.env_reward);

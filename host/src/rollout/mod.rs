@@ -9,6 +9,7 @@
 //!   adapter versions and a staleness bound.
 
 pub mod engine;
+pub mod eval;
 pub mod queue;
 pub mod reward;
 pub mod trajectory;

@@ -15,6 +15,8 @@ use std::sync::atomic::AtomicU64;
 
 type F64 = Gauge<f64, AtomicU64>;
 type Labels = Vec<(String, String)>;
+/// Reads an optional figure (the held-out ones) from a step's metrics.
+type OptField = fn(&StepMetrics) -> Option<f64>;
 
 /// Every figure `/metrics` exposes; the hub sets them, the server encodes them.
 pub struct Metrics {
@@ -25,6 +27,8 @@ pub struct Metrics {
     gauges: Vec<(&'static str, F64)>,
     reward_component: Family<Labels, F64>,
     accuracy: F64,
+    /// Held-out figures: set on the steps that evaluate, kept in between.
+    eval: [(F64, OptField); 3],
     faults: Family<Labels, Counter>,
 }
 
@@ -126,6 +130,29 @@ impl Metrics {
             accuracy.clone(),
         );
         accuracy.set(f64::NAN);
+        let eval_fields: [(&str, &str, OptField); 3] = [
+            (
+                "eval_accuracy",
+                "Held-out accuracy, greedy, at the last evaluation (NaN before one)",
+                |m| m.eval_accuracy,
+            ),
+            (
+                "eval_reward",
+                "Held-out mean reward at the last evaluation",
+                |m| m.eval_reward,
+            ),
+            (
+                "eval_tool_use_ratio",
+                "Held-out share of answers that called a tool, at the last evaluation",
+                |m| m.eval_tool_use,
+            ),
+        ];
+        let eval = eval_fields.map(|(name, help, get)| {
+            let g = F64::default();
+            g.set(f64::NAN);
+            registry.register(name, help, g.clone());
+            (g, get)
+        });
         let reward_component = Family::<Labels, F64>::default();
         registry.register(
             "reward_component",
@@ -146,6 +173,7 @@ impl Metrics {
             gauges,
             reward_component,
             accuracy,
+            eval,
             faults,
         }
     }
@@ -164,6 +192,11 @@ impl Metrics {
             gauge.set(get(m));
         }
         self.accuracy.set(m.accuracy.unwrap_or(f64::NAN));
+        for (gauge, get) in &self.eval {
+            if let Some(v) = get(m) {
+                gauge.set(v);
+            }
+        }
         for (k, v) in &m.rewards {
             self.reward_component
                 .get_or_create(&vec![("component".to_string(), k.clone())])

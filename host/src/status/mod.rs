@@ -387,6 +387,16 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
     if let Some(a) = m.accuracy {
         out.push(("accuracy".into(), a));
     }
+    for (k, v) in [
+        ("eval/accuracy", m.eval_accuracy),
+        ("eval/reward", m.eval_reward),
+        ("eval/tool_use", m.eval_tool_use),
+        ("time/eval_s", m.eval_s),
+    ] {
+        if let Some(v) = v {
+            out.push((k.into(), v));
+        }
+    }
     for (k, v) in &m.rewards {
         out.push((format!("reward/{k}"), *v));
     }

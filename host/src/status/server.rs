@@ -1,5 +1,5 @@
 //! The status server: a read-only axum router over a [`StatusHub`], on its own thread and
-//! tokio runtime so that serving never takes a core the trainer's plugins wait on.
+//! tokio runtime (niced) so that serving never takes a core the trainer needs.
 //!
 //! - `GET /status` JSON, `GET /history` every step's metrics, `GET /metrics` Prometheus,
 //!   `GET /events` server-sent events (one `step` per step, `status` on phase changes),
@@ -172,15 +172,16 @@ pub fn spawn(hub: Arc<StatusHub>, addr: &str) -> Result<Server> {
     })?;
     std_listener.set_nonblocking(true)?;
     let local = std_listener.local_addr()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("rlhost-status")
+    // One thread does all the serving, at a lower CPU priority than training: a flood of
+    // requests takes what the trainer leaves, not the other way round.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the status server's runtime")?;
     std::thread::Builder::new()
         .name("rlhost-status".into())
         .spawn(move || {
+            lower_priority();
             runtime.block_on(async move {
                 let listener = match TcpListener::from_std(std_listener) {
                     Ok(l) => l,
@@ -200,6 +201,18 @@ pub fn spawn(hub: Arc<StatusHub>, addr: &str) -> Result<Server> {
         })
         .context("cannot start the status server's thread")?;
     Ok(Server { addr: local })
+}
+
+/// Nice 10 for the calling thread (Linux applies `setpriority` per thread).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread's own id.
+    unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        if libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0 {
+            tracing::debug!("status server: cannot lower its priority");
+        }
+    }
 }
 
 /// A listener that holds a semaphore permit per open connection: at most

@@ -249,7 +249,12 @@
       bands: [{ series: [2, 3], fill: "rgba(17,24,39,0.07)" }],
     },
     accuracy: {
-      series: () => [{ label: "accuracy", get: field("accuracy"), color: color(2), points: true }],
+      // Training-batch accuracy every step; held-out greedy accuracy every
+      // train.eval_every steps (joined across the steps in between).
+      series: () => [
+        { label: "accuracy", get: field("accuracy"), color: color(2), points: true },
+        { label: "eval_accuracy", get: field("eval_accuracy"), color: color(5), points: true, width: 2, spanGaps: true },
+      ],
     },
     kl: {
       series: () => [{ label: "kl", get: field("kl"), color: color(4) }],
@@ -308,7 +313,7 @@
           stroke: s.color,
           width: s.width ?? 1.5,
           dash: s.dash,
-          spanGaps: false,
+          spanGaps: !!s.spanGaps,
           points: s.points ? { show: true, size: 5 } : undefined,
           value: (u, v) => fmtNum(v),
         })),
