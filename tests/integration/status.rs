@@ -165,6 +165,7 @@ fn a_training_run_serves_status_metrics_history_and_records_its_run_dir() {
         "{text}"
     );
     assert!(text.contains("plugin faults: none"), "{text}");
+    assert!(text.contains("held-out (step 5): reward "), "{text}");
     let json = TestCommand::new(&["status", "--json", &run.url])
         .ok()
         .json();

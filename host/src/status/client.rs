@@ -95,6 +95,19 @@ pub fn render(st: &Status) -> String {
             m.update_s
         ));
     }
+    if let Some(e) = &st.eval {
+        out.push_str(&format!(
+            "held-out (step {}): reward {:.3}{}{}\n",
+            e.step,
+            e.reward,
+            e.accuracy
+                .map(|a| format!("  accuracy {a:.3}"))
+                .unwrap_or_default(),
+            e.tool_use
+                .map(|t| format!("  tool use {:.1}%", 100.0 * t))
+                .unwrap_or_default()
+        ));
+    }
     if st.faults_total.is_empty() {
         out.push_str("plugin faults: none\n");
     } else {

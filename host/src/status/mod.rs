@@ -84,6 +84,17 @@ pub struct Status {
     pub faults_total: BTreeMap<String, u64>,
     /// The last step's figures.
     pub metrics: Option<StepMetrics>,
+    /// The last held-out evaluation (`train.eval_every`).
+    pub eval: Option<EvalPoint>,
+}
+
+/// Held-out figures of one evaluation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalPoint {
+    pub step: u64,
+    pub accuracy: Option<f64>,
+    pub reward: f64,
+    pub tool_use: Option<f64>,
 }
 
 /// A trajectory as the rollout viewer shows it: text in spans, rewards, how it ended.
@@ -208,6 +219,7 @@ impl StatusHub {
                     tokens_per_s: None,
                     faults_total: BTreeMap::new(),
                     metrics: None,
+                    eval: None,
                 },
                 history: Vec::new(),
                 step_times: Vec::new(),
@@ -283,6 +295,14 @@ impl StatusHub {
                 *st.faults_total.entry(k.clone()).or_default() += v;
             }
             st.metrics = Some(m.clone());
+            if let Some(reward) = m.eval_reward {
+                st.eval = Some(EvalPoint {
+                    step: m.step,
+                    accuracy: m.eval_accuracy,
+                    reward,
+                    tool_use: m.eval_tool_use,
+                });
+            }
             s.step_times.push(m.step_s);
             // The ETA follows the recent pace (the first steps include warm-up costs).
             let recent = &s.step_times[s.step_times.len().saturating_sub(10)..];
