@@ -250,6 +250,7 @@ pub fn train(
         max_grad_norm: train.max_grad_norm,
         micro_batch_tokens: train.micro_batch_tokens,
         updates_per_batch: train.updates_per_batch,
+        progress: None,
     };
     let metrics_path = out_dir.join("metrics.jsonl");
     let mut metrics_file = std::fs::OpenOptions::new()
@@ -296,6 +297,10 @@ pub fn train(
     let setup: &Setup = setup;
     let mut all = Vec::new();
     let progress = Progress::new(state.step, train.steps, quiet);
+    let cfg = UpdateConfig {
+        progress: progress.update_bar(),
+        ..cfg
+    };
     std::thread::scope(|scope| -> Result<()> {
         let producer = scope.spawn(|| {
             let mut engine =
@@ -441,7 +446,8 @@ pub fn train(
 /// the trainer is doing) and one under it counting the batch's finished rollouts; one
 /// line per step otherwise (logs and CI keep a readable record).
 struct Progress {
-    bars: Option<(indicatif::ProgressBar, indicatif::ProgressBar)>,
+    /// Steps, the batch's rollouts, the update's micro-batches.
+    bars: Option<[indicatif::ProgressBar; 3]>,
     quiet: bool,
 }
 
@@ -458,18 +464,27 @@ impl Progress {
                 0,
                 "rollout {bar:30} {pos}/{len} trajectories  {msg}",
             ));
-            (steps, rollout)
+            let update = multi.add(crate::progress::bar(
+                0,
+                "update  {bar:30} {pos}/{len} micro-batches",
+            ));
+            [steps, rollout, update]
         });
         Progress { bars, quiet }
     }
 
     /// The bar the rollout engine advances, when there is a terminal.
     fn rollout_bar(&self) -> Option<indicatif::ProgressBar> {
-        self.bars.as_ref().map(|(_, r)| r.clone())
+        self.bars.as_ref().map(|[_, r, _]| r.clone())
+    }
+
+    /// The bar the update advances, when there is a terminal.
+    fn update_bar(&self) -> Option<indicatif::ProgressBar> {
+        self.bars.as_ref().map(|[_, _, u]| u.clone())
     }
 
     fn phase(&self, what: &str) {
-        if let Some((_, rollout)) = &self.bars {
+        if let Some([_, rollout, _]) = &self.bars {
             rollout.set_message(format!("(trainer: {what})"));
         }
     }
@@ -488,7 +503,7 @@ impl Progress {
             m.step_s
         );
         match &self.bars {
-            Some((steps, _)) => {
+            Some([steps, _, _]) => {
                 steps.set_position(m.step);
                 steps.set_message(line);
             }
@@ -498,8 +513,9 @@ impl Progress {
     }
 
     fn finish(&self) {
-        if let Some((steps, rollout)) = &self.bars {
+        if let Some([steps, rollout, update]) = &self.bars {
             rollout.finish_and_clear();
+            update.finish_and_clear();
             steps.finish();
         }
     }

@@ -35,6 +35,9 @@ pub struct UpdateConfig {
     /// Most padded tokens (rows × longest row) per forward/backward.
     pub micro_batch_tokens: usize,
     pub updates_per_batch: usize,
+    /// Counts forward/backward passes over micro-batches (a terminal's progress bar).
+    #[serde(skip)]
+    pub progress: Option<indicatif::ProgressBar>,
 }
 
 /// One trajectory to learn from.
@@ -245,9 +248,16 @@ pub fn update(
         ..Default::default()
     };
     let params = opt.params().to_vec();
+    if let Some(bar) = &cfg.progress {
+        bar.reset();
+        bar.set_length((passes * micros.len()) as u64);
+    }
     for pass in 0..passes {
         let mut acc = Accumulator::new(params.len());
         for (i, m) in micros.iter().enumerate() {
+            if let Some(bar) = &cfg.progress {
+                bar.inc(1);
+            }
             let (lp, entropy) = logps(model, m, train)?;
             let old = match &fixed_old {
                 Some(old) => old[i].clone(),
@@ -361,6 +371,7 @@ mod tests {
             max_grad_norm: 0.0,
             micro_batch_tokens,
             updates_per_batch: 1,
+            progress: None,
         }
     }
 
