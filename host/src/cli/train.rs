@@ -91,18 +91,24 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         &display(&args.config),
         train.steps,
     );
-    let _server = serve_status(&args, &hub)?;
-    let result = (|| -> Result<Vec<trainer::StepMetrics>> {
-        if loaded
-            .config
-            .model
-            .path
-            .to_string_lossy()
-            .starts_with(crate::builtin::SCHEME)
+    let server = serve_status(&args, &hub)?;
+    // The URL is shown once the config, plugins and data have checked out (a bad input
+    // gets its one error line and nothing else), before the slow part.
+    let announced = std::cell::Cell::new(false);
+    let announce = || {
+        if let Some(server) = &server
+            && !announced.replace(true)
         {
-            hub.set_phase(Phase::WarmStart);
+            eprintln!("status: {}", server.url());
         }
-        let mut setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
+    };
+    let result = (|| -> Result<Vec<trainer::StepMetrics>> {
+        let warm_start = || {
+            hub.set_phase(Phase::WarmStart);
+            announce();
+        };
+        let mut setup = Setup::open_announcing(loaded, &args.plugins, handle, quiet, &warm_start)?;
+        announce();
         write_plugins(&out, &setup)?;
         let run = trainer::RunOptions {
             out_dir: &out,
@@ -117,7 +123,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         Ok(_) => hub.set_phase(Phase::Done),
         Err(e) => hub.fail(&format!("{e:#}")),
     }
-    if _server.is_some() && args.status_linger > 0 {
+    if announced.get() && args.status_linger > 0 {
         if !quiet {
             eprintln!(
                 "run ended; the status endpoint stays up for {} s",
@@ -144,8 +150,8 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     Ok(())
 }
 
-/// Starts the status server unless `--no-status`; prints its URL (even with `--quiet`:
-/// with port 0 it is the only way to find it).
+/// Starts the status server unless `--no-status` (the caller prints its URL, even with
+/// `--quiet`: with port 0 it is the only way to find it).
 fn serve_status(
     args: &TrainArgs,
     hub: &std::sync::Arc<StatusHub>,
@@ -160,7 +166,6 @@ fn serve_status(
             server::spawn(hub.clone(), "127.0.0.1:0")
         })?,
     };
-    eprintln!("status: {}", server.url());
     Ok(Some(server))
 }
 

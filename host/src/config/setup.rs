@@ -39,6 +39,19 @@ impl Setup {
         handle: &Handle,
         quiet: bool,
     ) -> Result<Setup> {
+        Setup::open_announcing(loaded, extra_plugins, handle, quiet, &|| {})
+    }
+
+    /// [`Setup::open`], calling `before_builtin` once the config, plugins and data have
+    /// checked out and a built-in model is about to be built or loaded (the slow part:
+    /// `rlhost train` shows its status URL then, not before a config error).
+    pub fn open_announcing(
+        loaded: LoadedConfig,
+        extra_plugins: &[PathBuf],
+        handle: &Handle,
+        quiet: bool,
+        before_builtin: &dyn Fn(),
+    ) -> Result<Setup> {
         let c = &loaded.config;
         let file = loaded.path.display().to_string();
         let plugins = handle.block_on(load_plugins(&loaded, extra_plugins))?;
@@ -121,18 +134,21 @@ impl Setup {
             .with_context(|| format!("{file}: [data]"))?;
 
         let model_dir = match crate::builtin::recipe(&c.model.path)? {
-            Some(recipe) => crate::builtin::ensure(
-                recipe,
-                &dataset,
-                trigger.as_ref(),
-                c.run.seed,
-                handle,
-                &cache::default_dir().context(
-                    "no cache folder for the built-in model: set RLHOST_CACHE_DIR or HOME",
-                )?,
-                quiet,
-            )
-            .with_context(|| format!("{file}: model.path = \"{}\"", c.model.path.display()))?,
+            Some(recipe) => {
+                before_builtin();
+                crate::builtin::ensure(
+                    recipe,
+                    &dataset,
+                    trigger.as_ref(),
+                    c.run.seed,
+                    handle,
+                    &cache::default_dir().context(
+                        "no cache folder for the built-in model: set RLHOST_CACHE_DIR or HOME",
+                    )?,
+                    quiet,
+                )
+                .with_context(|| format!("{file}: model.path = \"{}\"", c.model.path.display()))?
+            }
             None => loaded.resolve(&c.model.path),
         };
         let mut lm = LanguageModel::open(&model_dir, &Device::Cpu)
