@@ -303,7 +303,21 @@
     return {
       width: Math.max(200, div.clientWidth),
       height: CHART_HEIGHT,
-      scales: { x: { time: false } },
+      scales: {
+        x: { time: false },
+        // uPlot's default range for a flat series at 0 is 0..100, which reads as
+        // "something happened"; pad flat series by ±1 (or ±10%) around the value.
+        y: {
+          range: (u, min, max) => {
+            if (min == null || max == null) return [0, 1];
+            if (min === max) {
+              const pad = min === 0 ? 1 : Math.abs(min) * 0.1;
+              return [min - pad, max + pad];
+            }
+            return uPlot.rangeNum(min, max, 0.1, true);
+          },
+        },
+      },
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
       series: [
