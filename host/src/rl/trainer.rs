@@ -411,7 +411,7 @@ pub fn train(
                 serde_json::to_writer(&mut metrics_file, &m)?;
                 metrics_file.write_all(b"\n")?;
                 metrics_file.flush()?;
-                tensorboard.scalars(m.step, &crate::status::scalars(&m))?;
+                tensorboard.scalars(m.step, &crate::status::figures::scalars(&m))?;
                 tensorboard.flush()?;
                 hub.step(&m, scored.iter().flat_map(|g| &g.trajectories));
                 progress.step(&m, train.steps);
@@ -442,9 +442,10 @@ pub fn train(
     Ok(all)
 }
 
-/// Step progress: on a terminal, an indicatif bar over steps (reward, loss, ETA, what
-/// the trainer is doing) and one under it counting the batch's finished rollouts; one
-/// line per step otherwise (logs and CI keep a readable record).
+/// Step progress: on a terminal, an indicatif bar over steps (reward, loss, ETA), one
+/// counting the batch's finished rollouts (with what the trainer is doing) and one the
+/// update's micro-batches; one line per step otherwise (logs and CI keep a readable
+/// record).
 struct Progress {
     /// Steps, the batch's rollouts, the update's micro-batches.
     bars: Option<[indicatif::ProgressBar; 3]>,

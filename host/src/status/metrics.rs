@@ -4,6 +4,7 @@
 //! faults are a counter per plugin and kind, so `rate()` works on them.
 
 use super::Phase;
+use super::figures::{EVERY_STEP, Figure, HELD_OUT};
 use crate::rl::trainer::StepMetrics;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -15,8 +16,6 @@ use std::sync::atomic::AtomicU64;
 
 type F64 = Gauge<f64, AtomicU64>;
 type Labels = Vec<(String, String)>;
-/// Reads an optional figure (the held-out ones) from a step's metrics.
-type OptField = fn(&StepMetrics) -> Option<f64>;
 
 /// Every figure `/metrics` exposes; the hub sets them, the server encodes them.
 pub struct Metrics {
@@ -24,82 +23,14 @@ pub struct Metrics {
     pub step: F64,
     pub total_steps: F64,
     phase: Family<Labels, F64>,
-    gauges: Vec<(&'static str, F64)>,
+    /// One per named figure of [`EVERY_STEP`], in its order.
+    gauges: Vec<(&'static Figure<f64>, F64)>,
     reward_component: Family<Labels, F64>,
     accuracy: F64,
     /// Held-out figures: set on the steps that evaluate, kept in between.
-    eval: [(F64, OptField); 3],
+    held_out: Vec<(&'static Figure<Option<f64>>, F64)>,
     faults: Family<Labels, Counter>,
 }
-
-/// (name, help, the value in a step's metrics). Names follow Prometheus conventions:
-/// base units (seconds), `_ratio` for fractions.
-type Field = (&'static str, &'static str, fn(&StepMetrics) -> f64);
-const FIELDS: &[Field] = &[
-    ("epoch", "Epoch over the training split", |m| m.epoch as f64),
-    ("adapter_version", "Adapter version after the step", |m| {
-        m.adapter_version as f64
-    }),
-    (
-        "reward_mean",
-        "Mean reward of the step's trajectories",
-        |m| m.reward_mean,
-    ),
-    (
-        "reward_std",
-        "Standard deviation of the step's rewards",
-        |m| m.reward_std,
-    ),
-    ("loss", "Training loss", |m| m.loss),
-    ("policy_loss", "Policy (clipped surrogate) loss", |m| {
-        m.policy_loss
-    }),
-    ("kl", "Mean per-token KL to the reference policy", |m| m.kl),
-    ("entropy", "Mean per-token entropy of the policy", |m| {
-        m.entropy
-    }),
-    (
-        "clip_fraction",
-        "Fraction of tokens whose ratio was clipped",
-        |m| m.clip_fraction,
-    ),
-    ("grad_norm", "Gradient norm before clipping", |m| {
-        m.grad_norm
-    }),
-    ("learning_rate", "Learning rate of the step", |m| m.lr),
-    (
-        "response_tokens",
-        "Mean sampled tokens per trajectory",
-        |m| m.response_tokens,
-    ),
-    ("turns", "Mean assistant turns per trajectory", |m| m.turns),
-    ("tool_calls", "Mean tool calls per trajectory", |m| {
-        m.tool_calls
-    }),
-    (
-        "truncated_ratio",
-        "Fraction of trajectories a limit cut off",
-        |m| m.truncated,
-    ),
-    ("trajectories", "Trajectories in the step's batch", |m| {
-        m.trajectories as f64
-    }),
-    ("groups_dropped", "Groups dynamic sampling dropped", |m| {
-        m.groups_dropped as f64
-    }),
-    ("sampled_tokens_per_second", "Rollout throughput", |m| {
-        m.sampled_tokens_per_s
-    }),
-    (
-        "rollout_seconds",
-        "Time the step waited for rollouts",
-        |m| m.rollout_s,
-    ),
-    ("update_seconds", "Time the step's update took", |m| {
-        m.update_s
-    }),
-    ("step_seconds", "Wall time of the step", |m| m.step_s),
-];
 
 impl Metrics {
     pub fn new(run_id: &str) -> Metrics {
@@ -115,12 +46,12 @@ impl Metrics {
         registry.register("total_steps", "Training steps planned", total_steps.clone());
         let phase = Family::<Labels, F64>::default();
         registry.register("phase", "1 for the run's current phase", phase.clone());
-        let gauges: Vec<(&'static str, F64)> = FIELDS
+        let gauges = EVERY_STEP
             .iter()
-            .map(|(name, help, _)| {
+            .filter_map(|f| {
                 let g = F64::default();
-                registry.register(*name, *help, g.clone());
-                (*name, g)
+                registry.register(f.name?, f.help, g.clone());
+                Some((f, g))
             })
             .collect();
         let accuracy = F64::default();
@@ -130,29 +61,15 @@ impl Metrics {
             accuracy.clone(),
         );
         accuracy.set(f64::NAN);
-        let eval_fields: [(&str, &str, OptField); 3] = [
-            (
-                "eval_accuracy",
-                "Held-out accuracy, greedy, at the last evaluation (NaN before one)",
-                |m| m.eval_accuracy,
-            ),
-            (
-                "eval_reward",
-                "Held-out mean reward at the last evaluation",
-                |m| m.eval_reward,
-            ),
-            (
-                "eval_tool_use_ratio",
-                "Held-out share of answers that called a tool, at the last evaluation",
-                |m| m.eval_tool_use,
-            ),
-        ];
-        let eval = eval_fields.map(|(name, help, get)| {
-            let g = F64::default();
-            g.set(f64::NAN);
-            registry.register(name, help, g.clone());
-            (g, get)
-        });
+        let held_out = HELD_OUT
+            .iter()
+            .filter_map(|f| {
+                let g = F64::default();
+                g.set(f64::NAN);
+                registry.register(f.name?, f.help, g.clone());
+                Some((f, g))
+            })
+            .collect();
         let reward_component = Family::<Labels, F64>::default();
         registry.register(
             "reward_component",
@@ -173,7 +90,7 @@ impl Metrics {
             gauges,
             reward_component,
             accuracy,
-            eval,
+            held_out,
             faults,
         }
     }
@@ -188,12 +105,12 @@ impl Metrics {
 
     pub fn record(&self, m: &StepMetrics) {
         self.step.set(m.step as f64);
-        for ((_, _, get), (_, gauge)) in FIELDS.iter().zip(&self.gauges) {
-            gauge.set(get(m));
+        for (f, gauge) in &self.gauges {
+            gauge.set((f.get)(m));
         }
         self.accuracy.set(m.accuracy.unwrap_or(f64::NAN));
-        for (gauge, get) in &self.eval {
-            if let Some(v) = get(m) {
+        for (f, gauge) in &self.held_out {
+            if let Some(v) = (f.get)(m) {
                 gauge.set(v);
             }
         }

@@ -9,6 +9,7 @@
 //! server's own thread.
 
 pub mod client;
+pub mod figures;
 pub mod metrics;
 pub mod server;
 pub mod tensorboard;
@@ -376,54 +377,6 @@ impl StatusHub {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// A step's figures as TensorBoard tags (`reward/mean`, `reward/correct`, `loss/policy`,
-/// `faults/calculator/timeout`, ...).
-pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
-    let mut out: Vec<(String, f64)> = [
-        ("reward/mean", m.reward_mean),
-        ("reward/std", m.reward_std),
-        ("loss/total", m.loss),
-        ("loss/policy", m.policy_loss),
-        ("policy/kl", m.kl),
-        ("policy/entropy", m.entropy),
-        ("policy/clip_fraction", m.clip_fraction),
-        ("optim/grad_norm", m.grad_norm),
-        ("optim/lr", m.lr),
-        ("rollout/response_tokens", m.response_tokens),
-        ("rollout/turns", m.turns),
-        ("rollout/tool_calls", m.tool_calls),
-        ("rollout/truncated", m.truncated),
-        ("rollout/groups_dropped", m.groups_dropped as f64),
-        ("throughput/sampled_tokens_per_s", m.sampled_tokens_per_s),
-        ("time/rollout_s", m.rollout_s),
-        ("time/update_s", m.update_s),
-        ("time/step_s", m.step_s),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    if let Some(a) = m.accuracy {
-        out.push(("accuracy".into(), a));
-    }
-    for (k, v) in [
-        ("eval/accuracy", m.eval_accuracy),
-        ("eval/reward", m.eval_reward),
-        ("eval/tool_use", m.eval_tool_use),
-        ("time/eval_s", m.eval_s),
-    ] {
-        if let Some(v) = v {
-            out.push((k.into(), v));
-        }
-    }
-    for (k, v) in &m.rewards {
-        out.push((format!("reward/{k}"), *v));
-    }
-    for (k, v) in &m.faults {
-        out.push((format!("faults/{k}"), *v as f64));
-    }
-    out
 }
 
 /// `YYYYMMDD-HHMMSS` in UTC (civil-from-days, Howard Hinnant's algorithm).

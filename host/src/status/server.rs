@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
-use axum::response::sse::{KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
@@ -129,10 +129,9 @@ async fn rollouts(State(hub): State<Arc<StatusHub>>, Query(q): Query<RolloutsQue
 }
 
 async fn events(State(hub): State<Arc<StatusHub>>) -> impl IntoResponse {
-    use axum::response::sse::Event as Sse_;
     let rx = hub.subscribe();
     // The current status first, so a client knows where it joined.
-    let first = Sse_::default()
+    let first = SseEvent::default()
         .event("status")
         .data(serde_json::to_string(&hub.status()).unwrap_or_default());
     let stream = futures_util::stream::unfold((rx, Some(first)), |(mut rx, first)| async move {
@@ -140,10 +139,10 @@ async fn events(State(hub): State<Arc<StatusHub>>) -> impl IntoResponse {
             return Some((Ok::<_, Infallible>(ev), (rx, None)));
         }
         let ev = match rx.recv().await {
-            Ok(Event { name, data }) => Sse_::default().event(name).data(&*data),
+            Ok(Event { name, data }) => SseEvent::default().event(name).data(&*data),
             // Fell behind the trainer: the client re-reads `/history`.
             Err(broadcast::error::RecvError::Lagged(n)) => {
-                Sse_::default().event("resync").data(n.to_string())
+                SseEvent::default().event("resync").data(n.to_string())
             }
             Err(broadcast::error::RecvError::Closed) => return None,
         };

@@ -1,0 +1,205 @@
+//! The step figures rlhost exports, in one table: each with its Prometheus name (under
+//! the `rlhost_` prefix; base units, `_ratio` for fractions) and its TensorBoard tag, so
+//! `/metrics` and the event files can never disagree on what a figure is.
+
+use crate::rl::trainer::StepMetrics;
+
+/// One exported figure of a step's metrics.
+pub struct Figure<T> {
+    /// Prometheus name, if `/metrics` exposes it.
+    pub name: Option<&'static str>,
+    /// TensorBoard tag, if the event files carry it.
+    pub tag: Option<&'static str>,
+    pub help: &'static str,
+    pub get: fn(&StepMetrics) -> T,
+}
+
+const fn fig(
+    name: Option<&'static str>,
+    tag: Option<&'static str>,
+    help: &'static str,
+    get: fn(&StepMetrics) -> f64,
+) -> Figure<f64> {
+    Figure {
+        name,
+        tag,
+        help,
+        get,
+    }
+}
+
+/// Figures every step has.
+pub const EVERY_STEP: &[Figure<f64>] = &[
+    fig(Some("epoch"), None, "Epoch over the training split", |m| {
+        m.epoch as f64
+    }),
+    fig(
+        Some("adapter_version"),
+        None,
+        "Adapter version after the step",
+        |m| m.adapter_version as f64,
+    ),
+    fig(
+        Some("reward_mean"),
+        Some("reward/mean"),
+        "Mean reward of the step's trajectories",
+        |m| m.reward_mean,
+    ),
+    fig(
+        Some("reward_std"),
+        Some("reward/std"),
+        "Standard deviation of the step's rewards",
+        |m| m.reward_std,
+    ),
+    fig(Some("loss"), Some("loss/total"), "Training loss", |m| {
+        m.loss
+    }),
+    fig(
+        Some("policy_loss"),
+        Some("loss/policy"),
+        "Policy (clipped surrogate) loss",
+        |m| m.policy_loss,
+    ),
+    fig(
+        Some("kl"),
+        Some("policy/kl"),
+        "Mean per-token KL to the reference policy",
+        |m| m.kl,
+    ),
+    fig(
+        Some("entropy"),
+        Some("policy/entropy"),
+        "Mean per-token entropy of the policy",
+        |m| m.entropy,
+    ),
+    fig(
+        Some("clip_fraction"),
+        Some("policy/clip_fraction"),
+        "Fraction of tokens whose ratio was clipped",
+        |m| m.clip_fraction,
+    ),
+    fig(
+        Some("grad_norm"),
+        Some("optim/grad_norm"),
+        "Gradient norm before clipping",
+        |m| m.grad_norm,
+    ),
+    fig(
+        Some("learning_rate"),
+        Some("optim/lr"),
+        "Learning rate of the step",
+        |m| m.lr,
+    ),
+    fig(
+        Some("response_tokens"),
+        Some("rollout/response_tokens"),
+        "Mean sampled tokens per trajectory",
+        |m| m.response_tokens,
+    ),
+    fig(
+        Some("turns"),
+        Some("rollout/turns"),
+        "Mean assistant turns per trajectory",
+        |m| m.turns,
+    ),
+    fig(
+        Some("tool_calls"),
+        Some("rollout/tool_calls"),
+        "Mean tool calls per trajectory",
+        |m| m.tool_calls,
+    ),
+    fig(
+        Some("truncated_ratio"),
+        Some("rollout/truncated"),
+        "Fraction of trajectories a limit cut off",
+        |m| m.truncated,
+    ),
+    fig(
+        Some("trajectories"),
+        None,
+        "Trajectories in the step's batch",
+        |m| m.trajectories as f64,
+    ),
+    fig(
+        Some("groups_dropped"),
+        Some("rollout/groups_dropped"),
+        "Groups dynamic sampling dropped",
+        |m| m.groups_dropped as f64,
+    ),
+    fig(
+        Some("sampled_tokens_per_second"),
+        Some("throughput/sampled_tokens_per_s"),
+        "Rollout throughput",
+        |m| m.sampled_tokens_per_s,
+    ),
+    fig(
+        Some("rollout_seconds"),
+        Some("time/rollout_s"),
+        "Time the step waited for rollouts",
+        |m| m.rollout_s,
+    ),
+    fig(
+        Some("update_seconds"),
+        Some("time/update_s"),
+        "Time the step's update took",
+        |m| m.update_s,
+    ),
+    fig(
+        Some("step_seconds"),
+        Some("time/step_s"),
+        "Wall time of the step",
+        |m| m.step_s,
+    ),
+];
+
+/// Held-out figures, present on the steps `train.eval_every` evaluates.
+pub const HELD_OUT: &[Figure<Option<f64>>] = &[
+    Figure {
+        name: Some("eval_accuracy"),
+        tag: Some("eval/accuracy"),
+        help: "Held-out accuracy, greedy, at the last evaluation (NaN before one)",
+        get: |m| m.eval_accuracy,
+    },
+    Figure {
+        name: Some("eval_reward"),
+        tag: Some("eval/reward"),
+        help: "Held-out mean reward at the last evaluation",
+        get: |m| m.eval_reward,
+    },
+    Figure {
+        name: Some("eval_tool_use_ratio"),
+        tag: Some("eval/tool_use"),
+        help: "Held-out share of answers that called a tool, at the last evaluation",
+        get: |m| m.eval_tool_use,
+    },
+    Figure {
+        name: None,
+        tag: Some("time/eval_s"),
+        help: "Time the evaluation took",
+        get: |m| m.eval_s,
+    },
+];
+
+/// A step's figures as TensorBoard tags (`reward/mean`, `reward/correct`, `loss/policy`,
+/// `faults/calculator/timeout`, ...).
+pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = EVERY_STEP
+        .iter()
+        .filter_map(|f| Some((f.tag?.to_string(), (f.get)(m))))
+        .collect();
+    if let Some(a) = m.accuracy {
+        out.push(("accuracy".into(), a));
+    }
+    out.extend(
+        HELD_OUT
+            .iter()
+            .filter_map(|f| Some((f.tag?.to_string(), (f.get)(m)?))),
+    );
+    for (k, v) in &m.rewards {
+        out.push((format!("reward/{k}"), *v));
+    }
+    for (k, v) in &m.faults {
+        out.push((format!("faults/{k}"), *v as f64));
+    }
+    out
+}
