@@ -604,12 +604,7 @@ fn learn(
     };
     let reward_mean = mean(&|t| t.reward);
     let reward_std = mean(&|t| (t.reward - reward_mean).powi(2)).sqrt();
-    let mut components: BTreeMap<String, f64> = BTreeMap::new();
-    for t in &trajectories {
-        for (k, v) in &t.rewards {
-            *components.entry(k.clone()).or_default() += v / n;
-        }
-    }
+    let components = crate::rollout::trajectory::component_means(trajectories.iter().copied());
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     for t in &trajectories {
         for f in &t.faults {

@@ -46,12 +46,7 @@ pub fn evaluate(
         on_batch((b * per + batch.len()).min(samples.len()), samples.len());
     }
     let n = all.len().max(1) as f64;
-    let mut rewards: BTreeMap<String, f64> = BTreeMap::new();
-    for t in &all {
-        for (k, v) in &t.rewards {
-            *rewards.entry(k.clone()).or_default() += v / n;
-        }
-    }
+    let rewards = super::trajectory::component_means(all.iter());
     let report = EvalReport {
         prompts: samples.len(),
         trajectories: all.len(),

@@ -170,3 +170,18 @@ pub struct Group {
     pub sample_id: u64,
     pub trajectories: Vec<Trajectory>,
 }
+
+/// Each reward component's mean over `trajectories` (a component a trajectory lacks
+/// counts as 0 for it).
+pub fn component_means<'a>(
+    trajectories: impl ExactSizeIterator<Item = &'a Trajectory>,
+) -> BTreeMap<String, f64> {
+    let n = trajectories.len().max(1) as f64;
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for t in trajectories {
+        for (k, v) in &t.rewards {
+            *out.entry(k.clone()).or_default() += v / n;
+        }
+    }
+    out
+}
