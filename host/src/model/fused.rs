@@ -39,7 +39,7 @@ pub(crate) fn precomputed(value: &Mutex<Option<Tensor>>, op: &str) -> Result<(Cp
     Ok((CpuStorage::F32(data), shape))
 }
 
-fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
+pub(crate) fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
     let CpuStorage::F32(data) = s else {
         bail!("{op}: f32 only")
     };

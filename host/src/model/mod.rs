@@ -12,8 +12,13 @@ pub mod decoder;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod fused;
+// AVX2/FMA kernels for the training step; elsewhere candle's ops do the work.
+#[cfg(target_arch = "x86_64")]
+pub mod gemm;
 pub mod gemv;
 pub mod generate;
+#[cfg(target_arch = "x86_64")]
+pub mod head;
 pub mod lora;
 pub mod ops;
 pub mod peft;

@@ -114,6 +114,25 @@ pub fn target_logprobs(
         bail!("target_logprobs: {n} rows but targets {:?}", targets.dims());
     }
     let targets = targets.to_dtype(DType::U32)?;
+    #[cfg(target_arch = "x86_64")]
+    if super::head::available(hidden, lm_head) {
+        let out = super::head::target_logprobs(hidden, lm_head, &targets.to_vec1::<u32>()?)?;
+        return Ok((
+            out.narrow(1, 0, 1)?.squeeze(1)?,
+            out.narrow(1, 1, 1)?.squeeze(1)?,
+        ));
+    }
+    composed_target_logprobs(hidden, lm_head, &targets, chunk_rows)
+}
+
+/// [`target_logprobs`] from candle ops (any device; the CPU fast path is [`super::head`]).
+fn composed_target_logprobs(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    chunk_rows: usize,
+) -> Result<(Tensor, Tensor)> {
+    let n = hidden.dim(0)?;
     let detached = hidden.detach();
     let mut parts = Vec::new();
     for start in (0..n).step_by(chunk_rows) {
@@ -137,7 +156,7 @@ pub fn target_logprobs(
         hidden.apply_op1(TargetLogprobs {
             value: Mutex::new(Some(value)),
             lm_head: lm_head.clone(),
-            targets,
+            targets: targets.clone(),
             chunk_rows,
         })?
     } else {
@@ -361,8 +380,13 @@ mod tests {
             .sum_all()
             .unwrap();
         let ref_grad = ref_loss.backward().unwrap();
-        for chunk in [1, 3, 7, 100] {
-            let (logp, ent) = target_logprobs(h.as_tensor(), &lm, &targets, chunk).unwrap();
+        // The composed form chunk by chunk, and the public entry (the fused head on AVX2).
+        for chunk in [1, 3, 7, 100, 0] {
+            let (logp, ent) = if chunk == 0 {
+                target_logprobs(h.as_tensor(), &lm, &targets, 3).unwrap()
+            } else {
+                composed_target_logprobs(h.as_tensor(), &lm, &targets, chunk).unwrap()
+            };
             assert!(max_diff(&logp, &ref_logp) < 1e-5);
             assert!(max_diff(&ent, &ref_ent) < 1e-5);
             let loss = ((&logp * &coef).unwrap() + (&ent * 0.3).unwrap())

@@ -1,0 +1,451 @@
+//! Target-token log-probs and entropy through the output head on the CPU, fused: the
+//! logits are produced a vocabulary block at a time by [`super::gemm`] for all rows at
+//! once and reduced on the spot (an online log-sum-exp), so neither the `[rows × vocab]`
+//! logits nor the several same-sized intermediates of the composed form ever exist.
+//!
+//! Why: composed from candle ops, the head ran in 52-row chunks (to keep each chunk's
+//! logits under the heap-block limit, [`super::alloc`]) at ~90 GFLOPS, and each chunk made
+//! five passes over its logits with scalar `exp` (forward) and eight (backward). Here the
+//! product runs over every row (2,048 at a time) and one pass reduces each block.
+//!
+//! Per row with logits `z`, target `t`, `m = max z`, `s = Σ e^{z−m}`, `lse = m + ln s`:
+//! `logp = z_t − lse`, `H = lse − Σ_v p_v z_v` (`p = e^{z−lse}`). Backward, with incoming
+//! `(g_l, g_h)`: `dz_v = g_l (δ_vt − p_v) − g_h p_v (z_v − lse + H)`, `dhidden = dz · W`;
+//! the block's logits are recomputed (a second product) rather than stored.
+
+use super::gemm::{MatRef, gemm};
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor, bail};
+use rayon::prelude::*;
+use std::sync::Mutex;
+
+/// Vocabulary columns per block.
+const VOCAB_BLOCK: usize = 2048;
+/// Rows per pass: a block of logits is `ROWS × VOCAB_BLOCK × 4` = 16 MiB, under the heap
+/// limit so that it is reused rather than page-faulted in each time.
+const ROWS: usize = 2048;
+
+/// Whether [`target_logprobs`] can run here (CPU f32 with AVX2/FMA).
+pub fn available(hidden: &Tensor, lm_head: &Tensor) -> bool {
+    super::gemv::available()
+        && hidden.device().is_cpu()
+        && hidden.dtype() == candle_core::DType::F32
+        && lm_head.dtype() == candle_core::DType::F32
+        && lm_head.is_contiguous()
+}
+
+/// `[N, 2]`: log-prob of `targets[i]` and entropy for each row of `hidden: [N, H]` under
+/// `softmax(hidden · lm_headᵀ)`, `lm_head: [V, H]` frozen; differentiable in `hidden`.
+/// Callers check [`available`].
+pub fn target_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &[u32]) -> Result<Tensor> {
+    let (n, h) = hidden.dims2()?;
+    let (v, h2) = lm_head.dims2()?;
+    if h != h2 || targets.len() != n {
+        bail!(
+            "head: hidden {n}x{h}, lm_head {v}x{h2}, {} targets",
+            targets.len()
+        );
+    }
+    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
+        bail!("head: target id {bad} is outside the vocabulary of {v}");
+    }
+    with_blocks(hidden, lm_head, targets, ROWS, VOCAB_BLOCK)
+}
+
+/// [`target_logprobs`] with the row and vocabulary blocking given (tests use small ones).
+fn with_blocks(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &[u32],
+    rows: usize,
+    vocab_block: usize,
+) -> Result<Tensor> {
+    hidden.contiguous()?.apply_op1(HeadLogprobs {
+        lm_head: lm_head.clone(),
+        targets: targets.to_vec(),
+        lse: Mutex::new(Vec::new()),
+        rows,
+        vocab_block,
+    })
+}
+
+struct HeadLogprobs {
+    lm_head: Tensor,
+    rows: usize,
+    vocab_block: usize,
+    targets: Vec<u32>,
+    /// Each row's log-sum-exp, from the forward for the backward.
+    lse: Mutex<Vec<f32>>,
+}
+
+/// Runs `f` on the head's weights as a slice.
+fn with_weights<R>(w: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    let (guard, layout) = w.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
+        (&*guard, layout.contiguous_offsets())
+    else {
+        bail!("head: lm_head must be contiguous f32 on the CPU")
+    };
+    f(&data[a..b])
+}
+
+/// Each block of rows × vocabulary: the logits `[rows, len]` (row stride `len`) of
+/// `hidden[r0..r0+rows]` for vocabulary ids `v0..v0+len`, handed to `f`.
+#[allow(clippy::too_many_arguments)]
+fn for_each_block(
+    vocab_block: usize,
+    hidden: &[f32],
+    w: &[f32],
+    h: usize,
+    r0: usize,
+    rows: usize,
+    scratch: &mut Vec<f32>,
+    mut f: impl FnMut(usize, usize, &mut [f32]) -> Result<()>,
+) -> Result<()> {
+    let v = w.len() / h;
+    let x = MatRef::row_major(&hidden[r0 * h..(r0 + rows) * h], rows, h);
+    for v0 in (0..v).step_by(vocab_block) {
+        let len = vocab_block.min(v - v0);
+        scratch.resize(rows * len, 0.0);
+        let wb = MatRef::row_major(&w[v0 * h..(v0 + len) * h], len, h).t();
+        gemm(x, wb, scratch, len, false);
+        f(v0, len, &mut scratch[..])?;
+    }
+    Ok(())
+}
+
+impl CustomOp1 for HeadLogprobs {
+    fn name(&self) -> &'static str {
+        "head-logprobs"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, h) = l.shape().dims2()?;
+        let hidden = super::fused::f32_slice(s, l, self.name())?;
+        let mut out = vec![0f32; n * 2];
+        let mut lse_all = vec![0f32; n];
+        with_weights(&self.lm_head, |w| {
+            let mut scratch = Vec::new();
+            for r0 in (0..n).step_by(self.rows) {
+                let rows = self.rows.min(n - r0);
+                // Per row: running max, Σ e^{z−m}, Σ e^{z−m} z, the target's logit.
+                let mut stats = vec![(f32::NEG_INFINITY, 0f64, 0f64, 0f32); rows];
+                let targets = &self.targets[r0..r0 + rows];
+                for_each_block(
+                    self.vocab_block,
+                    hidden,
+                    w,
+                    h,
+                    r0,
+                    rows,
+                    &mut scratch,
+                    |v0, len, z| {
+                        stats
+                            .par_iter_mut()
+                            .zip(z.par_chunks(len))
+                            .zip(targets.par_iter())
+                            .for_each(|((st, zr), &t)| {
+                                // SAFETY: `available()` (checked by the caller) means AVX2+FMA.
+                                let bm = unsafe { simd::max(zr) };
+                                if bm > st.0 {
+                                    let c = ((st.0 - bm) as f64).exp();
+                                    st.1 *= c;
+                                    st.2 *= c;
+                                    st.0 = bm;
+                                }
+                                // SAFETY: as above.
+                                let (se, sez) = unsafe { simd::exp_sums(zr, st.0) };
+                                st.1 += se as f64;
+                                st.2 += sez as f64;
+                                let t = t as usize;
+                                if (v0..v0 + len).contains(&t) {
+                                    st.3 = zr[t - v0];
+                                }
+                            });
+                        Ok(())
+                    },
+                )?;
+                for (i, &(m, s, sz, zt)) in stats.iter().enumerate() {
+                    let lse = m as f64 + s.ln();
+                    lse_all[r0 + i] = lse as f32;
+                    out[(r0 + i) * 2] = (zt as f64 - lse) as f32;
+                    out[(r0 + i) * 2 + 1] = (lse - sz / s) as f32;
+                }
+            }
+            Ok(())
+        })?;
+        *self
+            .lse
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("head: poisoned".into()))? = lse_all;
+        Ok((CpuStorage::F32(out), Shape::from((n, 2))))
+    }
+
+    fn bwd(&self, hidden: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (n, h) = hidden.dims2()?;
+        let hidden_v = hidden.detach().flatten_all()?.to_vec1::<f32>()?;
+        let res = res.detach().flatten_all()?.to_vec1::<f32>()?;
+        let grad = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let lse = self
+            .lse
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("head: poisoned".into()))?
+            .clone();
+        if lse.len() != n {
+            bail!("head: backward before forward");
+        }
+        let mut dh = vec![0f32; n * h];
+        with_weights(&self.lm_head, |w| {
+            let mut scratch = Vec::new();
+            for r0 in (0..n).step_by(self.rows) {
+                let rows = self.rows.min(n - r0);
+                let targets = &self.targets[r0..r0 + rows];
+                let dh_rows = &mut dh[r0 * h..(r0 + rows) * h];
+                for_each_block(
+                    self.vocab_block,
+                    &hidden_v,
+                    w,
+                    h,
+                    r0,
+                    rows,
+                    &mut scratch,
+                    |v0, len, z| {
+                        z.par_chunks_mut(len)
+                            .zip(targets.par_iter())
+                            .enumerate()
+                            .for_each(|(i, (zr, &t))| {
+                                let r = r0 + i;
+                                let (gl, gh) = (grad[r * 2], grad[r * 2 + 1]);
+                                let (lse, ent) = (lse[r], res[r * 2 + 1]);
+                                // SAFETY: `available()` (checked by the caller) means AVX2+FMA.
+                                unsafe { simd::logit_grads(zr, lse, ent, gl, gh) };
+                                let t = t as usize;
+                                if (v0..v0 + len).contains(&t) {
+                                    zr[t - v0] += gl;
+                                }
+                            });
+                        let wb = MatRef::row_major(&w[v0 * h..(v0 + len) * h], len, h);
+                        gemm(MatRef::row_major(z, rows, len), wb, dh_rows, h, true);
+                        Ok(())
+                    },
+                )?;
+            }
+            Ok(())
+        })?;
+        Ok(Some(Tensor::from_vec(dh, (n, h), hidden.device())?))
+    }
+}
+
+/// The row passes, 8 lanes at a time, with `exp` as a polynomial (Cephes' `expf`: range
+/// reduction by ln 2, degree-6 polynomial, exponent by integer add; within 2 ulp of libm
+/// for the arguments here, all ≤ 0). libm's scalar `expf` was 4% of a step's profile.
+mod simd {
+    #[cfg(target_arch = "x86_64")]
+    use std::arch::x86_64::*;
+
+    /// `e^x` lane-wise for `x ≤ 88`; underflows to 0 below −87.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        // r = x − n ln2 in two parts, so that r stays exact.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        // e^r = 1 + r + r² p
+        let er = _mm256_add_ps(
+            _mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r),
+            _mm256_set1_ps(1.0),
+        );
+        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_mul_ps(er, pow2n)
+    }
+
+    fn hsum(v: __m256) -> f32 {
+        let mut a = [0f32; 8];
+        // SAFETY: `a` holds 8 floats.
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+        a.iter().sum()
+    }
+
+    /// The largest element (−∞ for an empty row).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn max(z: &[f32]) -> f32 {
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let chunks = z.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            // SAFETY: `c` holds 8 floats.
+            m = _mm256_max_ps(m, unsafe { _mm256_loadu_ps(c.as_ptr()) });
+        }
+        let mut a = [0f32; 8];
+        // SAFETY: `a` holds 8 floats.
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), m) };
+        a.iter()
+            .chain(tail)
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// `(Σ e^{z−m}, Σ e^{z−m} z)`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sums(z: &[f32], m: f32) -> (f32, f32) {
+        let mv = _mm256_set1_ps(m);
+        let (mut s, mut sz) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let chunks = z.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            // SAFETY: `c` holds 8 floats; AVX2+FMA per this function's contract.
+            unsafe {
+                let zv = _mm256_loadu_ps(c.as_ptr());
+                let e = exp(_mm256_sub_ps(zv, mv));
+                s = _mm256_add_ps(s, e);
+                sz = _mm256_fmadd_ps(e, zv, sz);
+            }
+        }
+        let (mut s, mut sz) = (hsum(s), hsum(sz));
+        for &zv in tail {
+            let e = (zv - m).exp();
+            s += e;
+            sz += e * zv;
+        }
+        (s, sz)
+    }
+
+    /// In place: `z ← −p (g_l + g_h (log p + H))` with `log p = z − lse`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn logit_grads(z: &mut [f32], lse: f32, ent: f32, gl: f32, gh: f32) {
+        let (lv, ev, glv, ghv) = (
+            _mm256_set1_ps(lse),
+            _mm256_set1_ps(ent),
+            _mm256_set1_ps(gl),
+            _mm256_set1_ps(gh),
+        );
+        let mut chunks = z.chunks_exact_mut(8);
+        for c in &mut chunks {
+            // SAFETY: `c` holds 8 floats; AVX2+FMA per this function's contract.
+            unsafe {
+                let logp = _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), lv);
+                let p = exp(logp);
+                let k = _mm256_fmadd_ps(ghv, _mm256_add_ps(logp, ev), glv);
+                _mm256_storeu_ps(
+                    c.as_mut_ptr(),
+                    _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(p, k)),
+                );
+            }
+        }
+        for zv in chunks.into_remainder() {
+            let logp = *zv - lse;
+            let p = logp.exp();
+            *zv = -p * (gl + gh * (logp + ent));
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn vector_exp_matches_libm() {
+            if !crate::model::gemv::available() {
+                return;
+            }
+            let z: Vec<f32> = (0..1000).map(|i| -90.0 + i as f32 * 0.0917).collect();
+            let mut worst = 0f32;
+            for &m in &[0.0f32, 3.5] {
+                // SAFETY: AVX2+FMA checked above.
+                let (s, sz) = unsafe { super::exp_sums(&z, m) };
+                let (ws, wsz) = z.iter().fold((0f64, 0f64), |(a, b), &x| {
+                    let e = ((x - m) as f64).exp();
+                    (a + e, b + e * x as f64)
+                });
+                worst = worst.max(((s as f64 - ws) / ws).abs() as f32);
+                worst = worst.max(((sz as f64 - wsz) / wsz).abs() as f32);
+            }
+            assert!(worst < 1e-5, "{worst}");
+            for (i, &x) in z.iter().enumerate().filter(|(_, x)| **x > -80.0) {
+                let mut one = [x; 8];
+                // SAFETY: AVX2+FMA checked above.
+                unsafe { super::logit_grads(&mut one, 0.0, 0.0, 1.0, 0.0) };
+                let want = -(x as f64).exp();
+                let rel = ((one[0] as f64 - want) / want).abs();
+                assert!(rel < 3e-7, "exp({x}) at {i}: {} vs {want}", one[0]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures::{max_diff, uniform};
+    use candle_core::{D, Device, Var};
+
+    /// Several row passes and vocabulary blocks, both with a partial last one, against
+    /// log-softmax on the full logits: values, and gradients of a mix of both outputs.
+    #[test]
+    fn blocked_head_matches_log_softmax_with_gradients() {
+        if !crate::model::gemv::available() {
+            return;
+        }
+        let (n, h, v) = (23, 20, 300);
+        let hv = Var::from_tensor(&(uniform(&[n, h], 11) * 2.0).unwrap()).unwrap();
+        let lm = (uniform(&[v, h], 12) * 3.0).unwrap();
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 5) % v as u32).collect();
+        let t = Tensor::new(targets.as_slice(), &Device::Cpu).unwrap();
+        let coef = uniform(&[n], 13);
+        let logp_all = candle_nn::ops::log_softmax(
+            &hv.as_tensor().matmul(&lm.t().unwrap()).unwrap(),
+            D::Minus1,
+        )
+        .unwrap();
+        let want_logp = logp_all
+            .gather(&t.unsqueeze(1).unwrap(), 1)
+            .unwrap()
+            .squeeze(1)
+            .unwrap();
+        let want_ent = (logp_all.exp().unwrap() * &logp_all)
+            .unwrap()
+            .sum(1)
+            .unwrap()
+            .neg()
+            .unwrap();
+        let mix = |lp: &Tensor, en: &Tensor| {
+            ((lp * &coef).unwrap() - (en * 0.7).unwrap())
+                .unwrap()
+                .sum_all()
+                .unwrap()
+        };
+        let want_grad = mix(&want_logp, &want_ent).backward().unwrap();
+        let want_grad = want_grad.get(hv.as_tensor()).unwrap();
+        for (rows, block) in [(5, 64), (23, 300), (8, 17), (1, 1000)] {
+            let out = with_blocks(hv.as_tensor(), &lm, &targets, rows, block).unwrap();
+            let (lp, en) = (
+                out.narrow(1, 0, 1).unwrap().squeeze(1).unwrap(),
+                out.narrow(1, 1, 1).unwrap().squeeze(1).unwrap(),
+            );
+            assert!(max_diff(&lp, &want_logp) < 2e-5, "logp {rows}x{block}");
+            assert!(max_diff(&en, &want_ent) < 2e-5, "entropy {rows}x{block}");
+            let g = mix(&lp, &en).backward().unwrap();
+            let d = max_diff(g.get(hv.as_tensor()).unwrap(), want_grad);
+            assert!(d < 2e-5, "grad {rows}x{block}: {d}");
+        }
+        assert!(
+            target_logprobs(hv.as_tensor(), &lm, &[v as u32; 23])
+                .unwrap_err()
+                .to_string()
+                .contains("outside the vocabulary")
+        );
+    }
+}
