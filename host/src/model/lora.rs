@@ -160,6 +160,23 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters && mode.grad)
+            && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
+            && super::lora_op::available(x, &self.weight)
+        {
+            let y = super::lora_op::lora_linear(
+                x,
+                &self.weight,
+                lora.lora_a.as_tensor(),
+                lora.lora_b.as_tensor(),
+                lora.scaling,
+            )?;
+            return match &self.bias {
+                Some(b) => y.broadcast_add(b),
+                None => Ok(y),
+            };
+        }
         let mut y = frozen_linear(x, &self.weight)?;
         if let Some(b) = &self.bias {
             y = y.broadcast_add(b)?;

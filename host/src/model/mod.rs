@@ -20,6 +20,8 @@ pub mod generate;
 #[cfg(target_arch = "x86_64")]
 pub mod head;
 pub mod lora;
+#[cfg(target_arch = "x86_64")]
+pub mod lora_op;
 pub mod ops;
 pub mod peft;
 pub mod sample;

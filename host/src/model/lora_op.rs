@@ -1,0 +1,183 @@
+//! A LoRA projection as one graph node on the CPU: `y = x Wᵀ + s (x Aᵀ) Bᵀ` with the frozen
+//! `W: [out, in]`, `A: [r, in]`, `B: [out, r]`, and a backward that computes exactly
+//! `dx`, `dA`, `dB`.
+//!
+//! Composed from candle ops the adapter is five nodes (two matmuls, a scale, the add, the
+//! frozen product), and candle's backward gives each node's inputs a fresh zero tensor plus
+//! an add, so every `[tokens, out]` gradient was copied several times; its gemm also runs
+//! the rank-16 products at a fraction of its speed. Here the adapter's output is accumulated
+//! straight into `x Wᵀ` by [`super::gemm`], and with `low = s x Aᵀ`, `gl = s g B`:
+//! `dx = g W + gl A`, `dA = glᵀ x`, `dB = gᵀ low` (each a gemm, the second one accumulated).
+//! `dx` is skipped when `x` needs no gradient (the first layer, under frozen embeddings).
+//!
+//! Used for training forwards without LoRA dropout (dropout masks the adapter's input
+//! only, which this node does not model); everything else takes the composed path.
+
+use super::gemm::{MatRef, gemm};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor, bail};
+use std::sync::Mutex;
+
+/// Whether [`lora_linear`] applies to these operands.
+pub fn available(x: &Tensor, w: &Tensor) -> bool {
+    super::gemv::available()
+        && x.device().is_cpu()
+        && x.dtype() == candle_core::DType::F32
+        && w.dtype() == candle_core::DType::F32
+        && w.is_contiguous()
+}
+
+/// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]`; differentiable in `x`, `a`, `b`.
+pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
+    let (out_f, in_f) = w.dims2()?;
+    let (r, in_a) = a.dims2()?;
+    if in_a != in_f || b.dims() != [out_f, r] {
+        bail!(
+            "lora: weight {:?}, A {:?}, B {:?} do not fit",
+            w.dims(),
+            a.dims(),
+            b.dims()
+        );
+    }
+    let mut dims = x.dims().to_vec();
+    let rows = x.elem_count() / in_f;
+    let y = x.reshape((rows, in_f))?.contiguous()?.apply_op3(
+        &a.contiguous()?,
+        &b.contiguous()?,
+        LoraMatmul {
+            w: w.clone(),
+            scaling: scaling as f32,
+            low: Mutex::new(Vec::new()),
+        },
+    )?;
+    *dims.last_mut().expect("x has at least one dim") = out_f;
+    y.reshape(dims)
+}
+
+struct LoraMatmul {
+    w: Tensor,
+    scaling: f32,
+    /// `s x Aᵀ` from the forward, for `dB`.
+    low: Mutex<Vec<f32>>,
+}
+
+fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    super::fused::f32_slice(s, l, "lora")
+}
+
+/// Runs `f` on a contiguous CPU f32 tensor's elements, without copying them.
+fn with_data<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    let t = t.contiguous()?;
+    let (guard, layout) = t.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
+        (&*guard, layout.contiguous_offsets())
+    else {
+        bail!("lora: operands must be f32 on the CPU")
+    };
+    f(&data[a..b])
+}
+
+impl CustomOp3 for LoraMatmul {
+    fn name(&self) -> &'static str {
+        "lora-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        as_: &CpuStorage,
+        al: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (m, k) = xl.shape().dims2()?;
+        let (n, r) = bl.shape().dims2()?;
+        let (x, a, b) = (slice(xs, xl)?, slice(as_, al)?, slice(bs, bl)?);
+        let (w_guard, w_l) = self.w.storage_and_layout();
+        let (Storage::Cpu(CpuStorage::F32(w)), Some((w0, w1))) =
+            (&*w_guard, w_l.contiguous_offsets())
+        else {
+            bail!("lora: weight must be contiguous f32 on the CPU")
+        };
+        let xm = MatRef::row_major(x, m, k);
+        let mut y = vec![0f32; m * n];
+        gemm(
+            xm,
+            MatRef::row_major(&w[w0..w1], n, k).t(),
+            &mut y,
+            n,
+            false,
+        );
+        let mut low = vec![0f32; m * r];
+        gemm(xm, MatRef::row_major(a, r, k).t(), &mut low, r, false);
+        low.iter_mut().for_each(|v| *v *= self.scaling);
+        gemm(
+            MatRef::row_major(&low, m, r),
+            MatRef::row_major(b, n, r).t(),
+            &mut y,
+            n,
+            true,
+        );
+        *self
+            .low
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("lora: poisoned".into()))? = low;
+        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (m, k) = x.dims2()?;
+        let (n, r) = b.dims2()?;
+        let low = std::mem::take(
+            &mut *self
+                .low
+                .lock()
+                .map_err(|_| candle_core::Error::Msg("lora: poisoned".into()))?,
+        );
+        if low.len() != m * r {
+            bail!("lora: backward without a forward (or twice)");
+        }
+        let dev = x.device();
+        let want_dx = x.track_op();
+        let (dx, da, db) = with_data(g, |gv| {
+            with_data(b, |bv| {
+                with_data(a, |av| {
+                    with_data(x, |xv| {
+                        with_data(&self.w, |w| {
+                            let gm = MatRef::row_major(gv, m, n);
+                            // gl = s g B: [m, r]
+                            let mut gl = vec![0f32; m * r];
+                            gemm(gm, MatRef::row_major(bv, n, r), &mut gl, r, false);
+                            gl.iter_mut().for_each(|v| *v *= self.scaling);
+                            let glm = MatRef::row_major(&gl, m, r);
+                            let dx = want_dx.then(|| {
+                                let mut dx = vec![0f32; m * k];
+                                gemm(gm, MatRef::row_major(w, n, k), &mut dx, k, false);
+                                gemm(glm, MatRef::row_major(av, r, k), &mut dx, k, true);
+                                dx
+                            });
+                            let mut da = vec![0f32; r * k];
+                            gemm(glm.t(), MatRef::row_major(xv, m, k), &mut da, k, false);
+                            let mut db = vec![0f32; n * r];
+                            gemm(gm.t(), MatRef::row_major(&low, m, r), &mut db, r, false);
+                            Ok((dx, da, db))
+                        })
+                    })
+                })
+            })
+        })?;
+        let dx = dx.map(|d| Tensor::from_vec(d, (m, k), dev)).transpose()?;
+        Ok((
+            dx,
+            Some(Tensor::from_vec(da, (r, k), dev)?),
+            Some(Tensor::from_vec(db, (n, r), dev)?),
+        ))
+    }
+}
