@@ -119,36 +119,39 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
                 if r0 >= r1 || s0 >= s1 {
                     return;
                 }
+                // Row-major A is read in place (6 row streams); other layouts are packed.
+                let direct = a.cs == 1;
                 A_BLOCK.with(|buf| {
                     let mut buf = buf.borrow_mut();
-                    let ap = buf.get(MC * KC);
+                    let ap = buf.get(if direct { 0 } else { MC * KC });
                     for ic in (r0..r1).step_by(MC) {
                         let mc = MC.min(r1 - ic);
-                        pack_a(a, ic, mc, pc, kc, ap);
+                        if !direct {
+                            pack_a(a, ic, mc, pc, kc, ap);
+                        }
                         for s in s0..s1 {
                             let col = jc + s * NR;
                             let nr = NR.min(n - col);
                             let b_strip = &panel[s * kc * NR..(s + 1) * kc * NR];
-                            for (i, a_strip) in ap[..mc.div_ceil(MR) * MR * kc]
-                                .chunks_exact(MR * kc)
-                                .enumerate()
-                            {
+                            for i in 0..mc.div_ceil(MR) {
                                 let row = ic + i * MR;
                                 let mr = MR.min(r1 - row);
+                                let c_tile = c_ptr.get().wrapping_add(row * ldc + col);
                                 // SAFETY: AVX2/FMA checked above; the tile `[row..row+mr,
                                 // col..col+nr]` is inside `c` (asserted) and only this
-                                // task writes those rows (by_rows) or columns (strips).
+                                // task writes those rows (by_rows) or columns (strips); A's
+                                // rows `row..row+mr` from column `pc` hold `kc` elements
+                                // (in_bounds), as does a packed strip.
                                 unsafe {
-                                    tile(
-                                        kc,
-                                        a_strip,
-                                        b_strip,
-                                        c_ptr.get().add(row * ldc + col),
-                                        ldc,
-                                        mr,
-                                        nr,
-                                        add,
-                                    )
+                                    if direct {
+                                        let a0 = a.data.as_ptr().add(row * a.rs + pc);
+                                        tile::<true>(
+                                            kc, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add,
+                                        )
+                                    } else {
+                                        let a0 = ap.as_ptr().add(i * MR * kc);
+                                        tile::<false>(kc, a0, 0, b_strip, c_tile, ldc, mr, nr, add)
+                                    }
                                 }
                             }
                         }
@@ -237,13 +240,15 @@ fn pack_a(a: MatRef, ic: usize, mc: usize, pc: usize, kc: usize, out: &mut [f32]
         if mr < MR {
             strip.fill(0.0);
         }
-        for i in 0..mr {
-            let base = (r0 + i) * a.rs + pc * a.cs;
-            if a.cs == 1 {
-                for (p, &v) in a.data[base..base + kc].iter().enumerate() {
-                    strip[p * MR + i] = v;
-                }
-            } else {
+        if a.rs == 1 {
+            // A transposed view: the strip's rows are adjacent at each step.
+            for p in 0..kc {
+                let base = r0 + (pc + p) * a.cs;
+                strip[p * MR..p * MR + mr].copy_from_slice(&a.data[base..base + mr]);
+            }
+        } else {
+            for i in 0..mr {
+                let base = (r0 + i) * a.rs + pc * a.cs;
                 for p in 0..kc {
                     strip[p * MR + i] = a.data[base + p * a.cs];
                 }
@@ -252,17 +257,19 @@ fn pack_a(a: MatRef, ic: usize, mc: usize, pc: usize, kc: usize, out: &mut [f32]
     }
 }
 
-/// One `mr × nr` tile of C from packed strips; full tiles go straight to C, edge tiles
-/// through a scratch tile.
+/// One `mr × nr` tile of C from a B strip and either a packed A strip (`DIRECT` false:
+/// element `(i, p)` at `a[p * MR + i]`) or A in place (`DIRECT`: at `a[i * lda + p]`);
+/// full tiles go straight to C, edge tiles through a scratch tile.
 ///
 /// # Safety
 /// AVX2 and FMA must be available; `c` must be valid for `mr` rows of `nr` floats at
-/// stride `ldc`; `a` and `b` hold `kc` packed steps.
+/// stride `ldc`; `a` must hold `kc` steps of `mr` rows; `b` holds `kc` packed steps.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile(
+unsafe fn tile<const DIRECT: bool>(
     kc: usize,
-    a: &[f32],
+    a: *const f32,
+    lda: usize,
     b: &[f32],
     c: *mut f32,
     ldc: usize,
@@ -271,26 +278,64 @@ unsafe fn tile(
     add: bool,
 ) {
     use std::arch::x86_64::*;
-    debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
-    let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
+    debug_assert!(b.len() >= kc * NR);
+    let bp = b.as_ptr();
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    // SAFETY: `a` and `b` hold kc steps of MR and NR floats (asserted in debug).
+    // SAFETY: per the contract above. Rows past `mr` of an in-place A repeat row 0 (their
+    // results are dropped), so no read leaves A.
     unsafe {
         // C's rows are far apart; start fetching the tile while the product runs.
         for i in 0..mr {
             _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + NR - 1) as *const i8);
         }
-        for _ in 0..kc {
-            let b0 = _mm256_loadu_ps(bp);
-            let b1 = _mm256_loadu_ps(bp.add(8));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*ap.add(i));
-                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+        if DIRECT {
+            let rows: [*const f32; MR] =
+                std::array::from_fn(|i| if i < mr { a.add(i * lda) } else { a });
+            let step = |acc: &mut [[__m256; 2]; MR], p: usize| {
+                let b0 = _mm256_loadu_ps(bp.add(p * NR));
+                let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
+                for (row, &ar) in acc.iter_mut().zip(&rows) {
+                    let av = _mm256_broadcast_ss(&*ar.add(p));
+                    row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+                }
+            };
+            // Four steps per iteration: less loop overhead between the FMAs.
+            let mut p = 0;
+            while p + 4 <= kc {
+                step(&mut acc, p);
+                step(&mut acc, p + 1);
+                step(&mut acc, p + 2);
+                step(&mut acc, p + 3);
+                p += 4;
             }
-            ap = ap.add(MR);
-            bp = bp.add(NR);
+            while p < kc {
+                step(&mut acc, p);
+                p += 1;
+            }
+        } else {
+            let step = |acc: &mut [[__m256; 2]; MR], p: usize| {
+                let b0 = _mm256_loadu_ps(bp.add(p * NR));
+                let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = _mm256_broadcast_ss(&*a.add(p * MR + i));
+                    row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+                }
+            };
+            let mut p = 0;
+            while p + 4 <= kc {
+                step(&mut acc, p);
+                step(&mut acc, p + 1);
+                step(&mut acc, p + 2);
+                step(&mut acc, p + 3);
+                p += 4;
+            }
+            while p < kc {
+                step(&mut acc, p);
+                p += 1;
+            }
         }
         if mr == MR && nr == NR {
             for (i, row) in acc.iter().enumerate() {
@@ -364,9 +409,14 @@ mod tests {
         ] {
             let a = data(m * k, 1);
             let w = data(n * k, 2);
-            let am = MatRef::row_major(&a, m, k);
-            // x W^T with W [n, k], and g W with W [k, n].
-            for b in [MatRef::row_major(&w, n, k).t(), MatRef::row_major(&w, k, n)] {
+            // A in place (row-major) and packed (a transposed view); x W^T with W [n, k],
+            // and g W with W [k, n].
+            let a_views = [MatRef::row_major(&a, m, k), MatRef::row_major(&a, k, m).t()];
+            let b_views = [MatRef::row_major(&w, n, k).t(), MatRef::row_major(&w, k, n)];
+            for (am, b) in a_views
+                .iter()
+                .flat_map(|&am| b_views.iter().map(move |&b| (am, b)))
+            {
                 let want = naive(am, b);
                 let mut c = vec![0f32; m * n];
                 gemm(am, b, &mut c, n, false);
