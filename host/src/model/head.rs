@@ -11,7 +11,9 @@
 //! Per row with logits `z`, target `t`, `m = max z`, `s = Σ e^{z−m}`, `lse = m + ln s`:
 //! `logp = z_t − lse`, `H = lse − Σ_v p_v z_v` (`p = e^{z−lse}`). Backward, with incoming
 //! `(g_l, g_h)`: `dz_v = g_l (δ_vt − p_v) − g_h p_v (z_v − lse + H)`, `dhidden = dz · W`;
-//! the block's logits are recomputed (a second product) rather than stored.
+//! the forward keeps the logits for this when they fit in [`KEEP_LOGITS_BYTES`] (PyTorch
+//! keeps them, and their log-softmax, always); otherwise the backward recomputes each block
+//! (a second product over the head).
 
 use super::gemm::{MatRef, gemm};
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor, bail};
@@ -23,6 +25,11 @@ const VOCAB_BLOCK: usize = 2048;
 /// Rows per pass: a block of logits is `ROWS × VOCAB_BLOCK × 4` = 16 MiB, under the heap
 /// limit so that it is reused rather than page-faulted in each time.
 const ROWS: usize = 2048;
+
+/// The most logits memory kept from the forward so that the backward needs one product
+/// over the head instead of two (1,024 tokens of a 151,936-id vocabulary: 622 MB). Larger
+/// batches recompute each block in the backward instead.
+const KEEP_LOGITS_BYTES: usize = 768 << 20;
 
 /// Whether [`target_logprobs`] can run here (CPU f32 with AVX2/FMA).
 pub fn available(hidden: &Tensor, lm_head: &Tensor) -> bool {
@@ -48,7 +55,14 @@ pub fn target_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &[u32]) -> Re
     if let Some(&bad) = targets.iter().find(|&&t| t as usize >= v) {
         bail!("head: target id {bad} is outside the vocabulary of {v}");
     }
-    with_blocks(hidden, lm_head, targets, ROWS, VOCAB_BLOCK)
+    with_blocks(
+        hidden,
+        lm_head,
+        targets,
+        ROWS,
+        VOCAB_BLOCK,
+        KEEP_LOGITS_BYTES,
+    )
 }
 
 /// [`target_logprobs`] with the row and vocabulary blocking given (tests use small ones).
@@ -58,11 +72,13 @@ fn with_blocks(
     targets: &[u32],
     rows: usize,
     vocab_block: usize,
+    keep_bytes: usize,
 ) -> Result<Tensor> {
     hidden.contiguous()?.apply_op1(HeadLogprobs {
         lm_head: lm_head.clone(),
         targets: targets.to_vec(),
-        lse: Mutex::new(Vec::new()),
+        saved: Mutex::new((Vec::new(), None)),
+        keep_bytes: if hidden.track_op() { keep_bytes } else { 0 },
         rows,
         vocab_block,
     })
@@ -73,8 +89,10 @@ struct HeadLogprobs {
     rows: usize,
     vocab_block: usize,
     targets: Vec<u32>,
-    /// Each row's log-sum-exp, from the forward for the backward.
-    lse: Mutex<Vec<f32>>,
+    /// From the forward for the backward: each row's log-sum-exp, and all logits when kept.
+    saved: Mutex<(Vec<f32>, Option<Vec<f32>>)>,
+    /// Logits memory that may be kept for the backward (0 when none will follow).
+    keep_bytes: usize,
 }
 
 /// Runs `f` on the head's weights as a slice.
@@ -88,8 +106,10 @@ fn with_weights<R>(w: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R>
     f(&data[a..b])
 }
 
-/// Each block of rows × vocabulary: the logits `[rows, len]` (row stride `len`) of
-/// `hidden[r0..r0+rows]` for vocabulary ids `v0..v0+len`, handed to `f`.
+/// Each block of rows × vocabulary: the logits of `hidden[r0..r0+rows]` for vocabulary ids
+/// `v0..v0+len`, handed to `f(v0, len, z, ldz)` as `rows` rows of `len` at stride `ldz`.
+/// With `kept` (all `[N, V]` logits) they are read from there (`compute`: first written
+/// there by the product); otherwise computed into `scratch`.
 #[allow(clippy::too_many_arguments)]
 fn for_each_block(
     vocab_block: usize,
@@ -99,16 +119,28 @@ fn for_each_block(
     r0: usize,
     rows: usize,
     scratch: &mut Vec<f32>,
-    mut f: impl FnMut(usize, usize, &mut [f32]) -> Result<()>,
+    mut kept: Option<(&mut [f32], bool)>,
+    mut f: impl FnMut(usize, usize, &mut [f32], usize) -> Result<()>,
 ) -> Result<()> {
     let v = w.len() / h;
     let x = MatRef::row_major(&hidden[r0 * h..(r0 + rows) * h], rows, h);
     for v0 in (0..v).step_by(vocab_block) {
         let len = vocab_block.min(v - v0);
-        scratch.resize(rows * len, 0.0);
         let wb = MatRef::row_major(&w[v0 * h..(v0 + len) * h], len, h).t();
-        gemm(x, wb, scratch, len, false);
-        f(v0, len, &mut scratch[..])?;
+        match kept.as_mut() {
+            Some((all, compute)) => {
+                let z = &mut all[r0 * v + v0..(r0 + rows - 1) * v + v0 + len];
+                if *compute {
+                    gemm(x, wb, z, v, false);
+                }
+                f(v0, len, z, v)?;
+            }
+            None => {
+                scratch.resize(rows * len, 0.0);
+                gemm(x, wb, scratch, len, false);
+                f(v0, len, &mut scratch[..], len)?;
+            }
+        }
     }
     Ok(())
 }
@@ -123,7 +155,13 @@ impl CustomOp1 for HeadLogprobs {
         let hidden = super::fused::f32_slice(s, l, self.name())?;
         let mut out = vec![0f32; n * 2];
         let mut lse_all = vec![0f32; n];
+        let mut kept = None;
         with_weights(&self.lm_head, |w| {
+            let v = w.len() / h;
+            // Keep every logit for the backward when that is allowed and small enough.
+            if n * v * 4 <= self.keep_bytes {
+                kept = Some(vec![0f32; n * v]);
+            }
             let mut scratch = Vec::new();
             for r0 in (0..n).step_by(self.rows) {
                 let rows = self.rows.min(n - r0);
@@ -138,12 +176,14 @@ impl CustomOp1 for HeadLogprobs {
                     r0,
                     rows,
                     &mut scratch,
-                    |v0, len, z| {
+                    kept.as_deref_mut().map(|k| (k, true)),
+                    |v0, len, z, ldz| {
                         stats
                             .par_iter_mut()
-                            .zip(z.par_chunks(len))
+                            .zip(z.par_chunks(ldz))
                             .zip(targets.par_iter())
                             .for_each(|((st, zr), &t)| {
+                                let zr = &zr[..len];
                                 // SAFETY: `available()` (checked by the caller) means AVX2+FMA.
                                 let bm = unsafe { simd::max(zr) };
                                 if bm > st.0 {
@@ -174,9 +214,9 @@ impl CustomOp1 for HeadLogprobs {
             Ok(())
         })?;
         *self
-            .lse
+            .saved
             .lock()
-            .map_err(|_| candle_core::Error::Msg("head: poisoned".into()))? = lse_all;
+            .map_err(|_| candle_core::Error::Msg("head: poisoned".into()))? = (lse_all, kept);
         Ok((CpuStorage::F32(out), Shape::from((n, 2))))
     }
 
@@ -185,11 +225,14 @@ impl CustomOp1 for HeadLogprobs {
         let hidden_v = hidden.detach().flatten_all()?.to_vec1::<f32>()?;
         let res = res.detach().flatten_all()?.to_vec1::<f32>()?;
         let grad = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let lse = self
-            .lse
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("head: poisoned".into()))?
-            .clone();
+        let (lse, mut kept) = {
+            let mut saved = self
+                .saved
+                .lock()
+                .map_err(|_| candle_core::Error::Msg("head: poisoned".into()))?;
+            // The kept logits become the gradients in place: a second backward recomputes.
+            (saved.0.clone(), saved.1.take())
+        };
         if lse.len() != n {
             bail!("head: backward before forward");
         }
@@ -208,11 +251,13 @@ impl CustomOp1 for HeadLogprobs {
                     r0,
                     rows,
                     &mut scratch,
-                    |v0, len, z| {
-                        z.par_chunks_mut(len)
+                    kept.as_deref_mut().map(|k| (k, false)),
+                    |v0, len, z, ldz| {
+                        z.par_chunks_mut(ldz)
                             .zip(targets.par_iter())
                             .enumerate()
                             .for_each(|(i, (zr, &t))| {
+                                let zr = &mut zr[..len];
                                 let r = r0 + i;
                                 let (gl, gh) = (grad[r * 2], grad[r * 2 + 1]);
                                 let (lse, ent) = (lse[r], res[r * 2 + 1]);
@@ -224,7 +269,14 @@ impl CustomOp1 for HeadLogprobs {
                                 }
                             });
                         let wb = MatRef::row_major(&w[v0 * h..(v0 + len) * h], len, h);
-                        gemm(MatRef::row_major(z, rows, len), wb, dh_rows, h, true);
+                        let dz = MatRef {
+                            data: z,
+                            rows,
+                            cols: len,
+                            rs: ldz,
+                            cs: 1,
+                        };
+                        gemm(dz, wb, dh_rows, h, true);
                         Ok(())
                     },
                 )?;
@@ -429,8 +481,14 @@ mod tests {
         };
         let want_grad = mix(&want_logp, &want_ent).backward().unwrap();
         let want_grad = want_grad.get(hv.as_tensor()).unwrap();
-        for (rows, block) in [(5, 64), (23, 300), (8, 17), (1, 1000)] {
-            let out = with_blocks(hv.as_tensor(), &lm, &targets, rows, block).unwrap();
+        // Logits kept for the backward (the first two) or recomputed there.
+        for (rows, block, keep) in [
+            (5, 64, 1 << 20),
+            (8, 17, 1 << 20),
+            (23, 300, 0),
+            (1, 1000, 0),
+        ] {
+            let out = with_blocks(hv.as_tensor(), &lm, &targets, rows, block, keep).unwrap();
             let (lp, en) = (
                 out.narrow(1, 0, 1).unwrap().squeeze(1).unwrap(),
                 out.narrow(1, 1, 1).unwrap().squeeze(1).unwrap(),
