@@ -1,7 +1,7 @@
 //! Target-token log-probs and entropy through the output head on the CPU, fused: the
 //! logits are produced a vocabulary block at a time by [`super::gemm`] for all rows at
-//! once and reduced on the spot (an online log-sum-exp), so neither the `[rows × vocab]`
-//! logits nor the several same-sized intermediates of the composed form ever exist.
+//! once and reduced on the spot (an online log-sum-exp), so none of the composed form's
+//! several `[rows × vocab]` intermediates exist (the logits themselves only when kept).
 //!
 //! Why: composed from candle ops, the head ran in 52-row chunks (to keep each chunk's
 //! logits under the heap-block limit, [`super::alloc`]) at ~90 GFLOPS, and each chunk made
@@ -303,13 +303,13 @@ impl CustomOp1 for HeadLogprobs {
 /// The row passes, 8 lanes at a time, with `exp` as a polynomial (Cephes' `expf`: range
 /// reduction by ln 2, degree-6 polynomial, exponent by integer add; within 2 ulp of libm
 /// for the arguments here, all ≤ 0). libm's scalar `expf` was 4% of a step's profile.
-mod simd {
+pub(crate) mod simd {
     #[cfg(target_arch = "x86_64")]
     use std::arch::x86_64::*;
 
     /// `e^x` lane-wise for `x ≤ 88`; underflows to 0 below −87.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp(x: __m256) -> __m256 {
+    pub(crate) unsafe fn exp(x: __m256) -> __m256 {
         let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
@@ -388,6 +388,72 @@ mod simd {
             sz += e * zv;
         }
         (s, sz)
+    }
+
+    /// `σ(a) = 1 / (1 + e^{−a})` lane-wise (saturating to 0 for `a < −87`).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sigmoid(a: __m256) -> __m256 {
+        let one = _mm256_set1_ps(1.0);
+        // SAFETY: AVX2+FMA per this function's contract.
+        let e = unsafe {
+            exp(_mm256_sub_ps(
+                _mm256_setzero_ps(),
+                _mm256_min_ps(a, _mm256_set1_ps(87.0)),
+            ))
+        };
+        _mm256_div_ps(one, _mm256_add_ps(one, e))
+    }
+
+    /// SwiGLU forward `y = a σ(a) b` over whole 8-lane groups; returns how many elements it
+    /// did (the caller finishes the tail).
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn swiglu(a: &[f32], b: &[f32], y: &mut [f32]) -> usize {
+        let n = a.len().min(b.len()).min(y.len()) / 8 * 8;
+        for i in (0..n).step_by(8) {
+            // SAFETY: i + 8 <= n, within all three slices.
+            unsafe {
+                let av = _mm256_loadu_ps(a.as_ptr().add(i));
+                let bv = _mm256_loadu_ps(b.as_ptr().add(i));
+                let v = _mm256_mul_ps(_mm256_mul_ps(av, sigmoid(av)), bv);
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), v);
+            }
+        }
+        n
+    }
+
+    /// SwiGLU backward: `da = g b σ (1 + a (1 − σ))`, `db = g a σ`, as [`swiglu`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn swiglu_grads(
+        a: &[f32],
+        b: &[f32],
+        g: &[f32],
+        da: &mut [f32],
+        db: &mut [f32],
+    ) -> usize {
+        let n = [a.len(), b.len(), g.len(), da.len(), db.len()]
+            .into_iter()
+            .min()
+            .unwrap_or(0)
+            / 8
+            * 8;
+        let one = _mm256_set1_ps(1.0);
+        for i in (0..n).step_by(8) {
+            // SAFETY: i + 8 <= n, within all five slices.
+            unsafe {
+                let av = _mm256_loadu_ps(a.as_ptr().add(i));
+                let bv = _mm256_loadu_ps(b.as_ptr().add(i));
+                let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+                let s = sigmoid(av);
+                let gs = _mm256_mul_ps(gv, s);
+                let k = _mm256_fmadd_ps(av, _mm256_sub_ps(one, s), one);
+                _mm256_storeu_ps(
+                    da.as_mut_ptr().add(i),
+                    _mm256_mul_ps(_mm256_mul_ps(gs, bv), k),
+                );
+                _mm256_storeu_ps(db.as_mut_ptr().add(i), _mm256_mul_ps(gs, av));
+            }
+        }
+        n
     }
 
     /// In place: `z ← −p (g_l + g_h (log p + H))` with `log p = z − lse`.
