@@ -1,6 +1,6 @@
-//! Probe (not a test): GFLOPS of candle's CPU matmul for each product of a 0.5B-shaped
-//! LoRA training step (1024 tokens): forward `x W^T` (W read as a strided view) and
-//! backward `g W`, to compare with PyTorch on the same machine.
+//! Probe (not a test): GFLOPS of candle's CPU matmul and of ours (`model::gemm`) for each
+//! product of a 0.5B-shaped LoRA training step (1024 tokens): forward `x W^T` (W read as a
+//! strided view), backward `g W`, and the output head.
 //! `RAYON_NUM_THREADS=2 cargo run --release -p rlhost --example gemm_probe`
 use candle_core::{Device, Tensor};
 use rlhost::model::gemm::{MatRef, gemm};
