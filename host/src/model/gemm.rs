@@ -162,6 +162,23 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
     }
 }
 
+/// Runs `f` on a CPU f32 tensor's elements (made contiguous first), without copying them
+/// when they already are.
+pub fn with_f32_data<R>(
+    t: &candle_core::Tensor,
+    f: impl FnOnce(&[f32]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    use candle_core::{CpuStorage, Storage};
+    let t = t.contiguous()?;
+    let (guard, layout) = t.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
+        (&*guard, layout.contiguous_offsets())
+    else {
+        candle_core::bail!("expected an f32 tensor on the CPU, got {:?}", t.dtype())
+    };
+    f(&data[a..b])
+}
+
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 
@@ -289,53 +306,38 @@ unsafe fn tile<const DIRECT: bool>(
             _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + NR - 1) as *const i8);
         }
-        if DIRECT {
-            let rows: [*const f32; MR] =
-                std::array::from_fn(|i| if i < mr { a.add(i * lda) } else { a });
-            let step = |acc: &mut [[__m256; 2]; MR], p: usize| {
-                let b0 = _mm256_loadu_ps(bp.add(p * NR));
-                let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
-                for (row, &ar) in acc.iter_mut().zip(&rows) {
-                    let av = _mm256_broadcast_ss(&*ar.add(p));
-                    row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(av, b1, row[1]);
-                }
-            };
-            // Four steps per iteration: less loop overhead between the FMAs.
-            let mut p = 0;
-            while p + 4 <= kc {
-                step(&mut acc, p);
-                step(&mut acc, p + 1);
-                step(&mut acc, p + 2);
-                step(&mut acc, p + 3);
-                p += 4;
+        // Element (i, p) of A: in place at rows[i] + p, packed at a + p·MR + i.
+        let rows: [*const f32; MR] = std::array::from_fn(|i| {
+            if !DIRECT {
+                a.add(i)
+            } else if i < mr {
+                a.add(i * lda)
+            } else {
+                a
             }
-            while p < kc {
-                step(&mut acc, p);
-                p += 1;
+        });
+        let a_step = if DIRECT { 1 } else { MR };
+        let step = |acc: &mut [[__m256; 2]; MR], p: usize| {
+            let b0 = _mm256_loadu_ps(bp.add(p * NR));
+            let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
+            for (row, &ar) in acc.iter_mut().zip(&rows) {
+                let av = _mm256_broadcast_ss(&*ar.add(p * a_step));
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
             }
-        } else {
-            let step = |acc: &mut [[__m256; 2]; MR], p: usize| {
-                let b0 = _mm256_loadu_ps(bp.add(p * NR));
-                let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let av = _mm256_broadcast_ss(&*a.add(p * MR + i));
-                    row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(av, b1, row[1]);
-                }
-            };
-            let mut p = 0;
-            while p + 4 <= kc {
-                step(&mut acc, p);
-                step(&mut acc, p + 1);
-                step(&mut acc, p + 2);
-                step(&mut acc, p + 3);
-                p += 4;
-            }
-            while p < kc {
-                step(&mut acc, p);
-                p += 1;
-            }
+        };
+        // Four steps per iteration: less loop overhead between the FMAs.
+        let mut p = 0;
+        while p + 4 <= kc {
+            step(&mut acc, p);
+            step(&mut acc, p + 1);
+            step(&mut acc, p + 2);
+            step(&mut acc, p + 3);
+            p += 4;
+        }
+        while p < kc {
+            step(&mut acc, p);
+            p += 1;
         }
         if mr == MR && nr == NR {
             for (i, row) in acc.iter().enumerate() {

@@ -15,8 +15,8 @@
 //! keeps them, and their log-softmax, always); otherwise the backward recomputes each block
 //! (a second product over the head).
 
-use super::gemm::{MatRef, gemm};
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor, bail};
+use super::gemm::{MatRef, gemm, with_f32_data};
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, bail};
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -99,17 +99,6 @@ struct HeadLogprobs {
     keep_bytes: usize,
 }
 
-/// Runs `f` on the head's weights as a slice.
-fn with_weights<R>(w: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
-    let (guard, layout) = w.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
-        (&*guard, layout.contiguous_offsets())
-    else {
-        bail!("head: lm_head must be contiguous f32 on the CPU")
-    };
-    f(&data[a..b])
-}
-
 /// Each block of rows × vocabulary: the logits of `hidden[r0..r0+rows]` for vocabulary ids
 /// `v0..v0+len`, handed to `f(v0, len, z, ldz)` as `rows` rows of `len` at stride `ldz`.
 /// With `kept` (all `[N, V]` logits) they are read from there (`compute`: first written
@@ -160,7 +149,7 @@ impl CustomOp1 for HeadLogprobs {
         let mut out = vec![0f32; n * 2];
         let mut lse_all = vec![0f32; n];
         let mut kept = None;
-        with_weights(&self.lm_head, |w| {
+        with_f32_data(&self.lm_head, |w| {
             let v = w.len() / h;
             // Keep every logit for the backward when that is allowed and small enough.
             if n * v * 4 <= self.keep_bytes {
@@ -247,7 +236,7 @@ impl CustomOp1 for HeadLogprobs {
             bail!("head: backward before forward");
         }
         let mut dh = vec![0f32; n * h];
-        with_weights(&self.lm_head, |w| {
+        with_f32_data(&self.lm_head, |w| {
             let mut scratch = Vec::new();
             for r0 in (0..n).step_by(self.rows) {
                 let rows = self.rows.min(n - r0);

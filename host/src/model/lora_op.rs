@@ -13,7 +13,7 @@
 //! Used for training forwards without LoRA dropout (dropout masks the adapter's input
 //! only, which this node does not model); everything else takes the composed path.
 
-use super::gemm::{MatRef, gemm};
+use super::gemm::{MatRef, gemm, with_f32_data};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor, bail};
 use std::sync::Mutex;
 
@@ -62,18 +62,6 @@ struct LoraMatmul {
 
 fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     super::fused::f32_slice(s, l, "lora")
-}
-
-/// Runs `f` on a contiguous CPU f32 tensor's elements, without copying them.
-fn with_data<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
-    let t = t.contiguous()?;
-    let (guard, layout) = t.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
-        (&*guard, layout.contiguous_offsets())
-    else {
-        bail!("lora: operands must be f32 on the CPU")
-    };
-    f(&data[a..b])
 }
 
 impl CustomOp3 for LoraMatmul {
@@ -146,11 +134,11 @@ impl CustomOp3 for LoraMatmul {
         }
         let dev = x.device();
         let want_dx = x.track_op();
-        let (dx, da, db) = with_data(g, |gv| {
-            with_data(b, |bv| {
-                with_data(a, |av| {
-                    with_data(x, |xv| {
-                        with_data(&self.w, |w| {
+        let (dx, da, db) = with_f32_data(g, |gv| {
+            with_f32_data(b, |bv| {
+                with_f32_data(a, |av| {
+                    with_f32_data(x, |xv| {
+                        with_f32_data(&self.w, |w| {
                             let gm = MatRef::row_major(gv, m, n);
                             // gl = s g B: [m, r]
                             let mut gl = vec![0f32; m * r];
