@@ -162,6 +162,16 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
     }
 }
 
+/// Whether the gemm-based training ops apply: AVX2/FMA, and `x` and the frozen `w` f32 on
+/// the CPU with `w` contiguous.
+pub fn applies(x: &candle_core::Tensor, w: &candle_core::Tensor) -> bool {
+    super::gemv::available()
+        && x.device().is_cpu()
+        && x.dtype() == candle_core::DType::F32
+        && w.dtype() == candle_core::DType::F32
+        && w.is_contiguous()
+}
+
 /// Runs `f` on a CPU f32 tensor's elements (made contiguous first), without copying them
 /// when they already are.
 pub fn with_f32_data<R>(
@@ -226,23 +236,7 @@ thread_local! {
 
 /// Packs `b[pc..pc+kc, col..col+nr]` as `strip[p * NR + j]`, zero beyond `nr`.
 fn pack_b(b: MatRef, pc: usize, kc: usize, col: usize, nr: usize, strip: &mut [f32]) {
-    if nr < NR {
-        strip.fill(0.0);
-    }
-    if b.cs == 1 {
-        for p in 0..kc {
-            let src = (pc + p) * b.rs + col;
-            strip[p * NR..p * NR + nr].copy_from_slice(&b.data[src..src + nr]);
-        }
-    } else {
-        // Column j of the strip is a run along b's rows: read it contiguously when rs == 1.
-        for j in 0..nr {
-            let base = (col + j) * b.cs + pc * b.rs;
-            for p in 0..kc {
-                strip[p * NR + j] = b.data[base + p * b.rs];
-            }
-        }
-    }
+    pack_strip(b.t(), col, nr, pc, kc, NR, strip);
 }
 
 /// Packs `a[ic..ic+mc, pc..pc+kc]` as strips of `MR` rows, `strip[p * MR + i]`, zero beyond
@@ -253,22 +247,35 @@ fn pack_a(a: MatRef, ic: usize, mc: usize, pc: usize, kc: usize, out: &mut [f32]
         .enumerate()
     {
         let r0 = ic + s * MR;
-        let mr = MR.min(ic + mc - r0);
-        if mr < MR {
-            strip.fill(0.0);
+        pack_strip(a, r0, MR.min(ic + mc - r0), pc, kc, MR, strip);
+    }
+}
+
+/// `strip[p * width + i] = m[r0 + i, pc + p]` for `i < rows`, zero for `rows ≤ i < width`.
+fn pack_strip(
+    m: MatRef,
+    r0: usize,
+    rows: usize,
+    pc: usize,
+    kc: usize,
+    width: usize,
+    strip: &mut [f32],
+) {
+    if rows < width {
+        strip.fill(0.0);
+    }
+    if m.rs == 1 {
+        // The strip's rows are adjacent at each step: one copy per step.
+        for p in 0..kc {
+            let base = r0 + (pc + p) * m.cs;
+            strip[p * width..p * width + rows].copy_from_slice(&m.data[base..base + rows]);
         }
-        if a.rs == 1 {
-            // A transposed view: the strip's rows are adjacent at each step.
+    } else {
+        // Each row is a run along m's columns (contiguous when cs == 1).
+        for i in 0..rows {
+            let base = (r0 + i) * m.rs + pc * m.cs;
             for p in 0..kc {
-                let base = r0 + (pc + p) * a.cs;
-                strip[p * MR..p * MR + mr].copy_from_slice(&a.data[base..base + mr]);
-            }
-        } else {
-            for i in 0..mr {
-                let base = (r0 + i) * a.rs + pc * a.cs;
-                for p in 0..kc {
-                    strip[p * MR + i] = a.data[base + p * a.cs];
-                }
+                strip[p * width + i] = m.data[base + p * m.cs];
             }
         }
     }

@@ -35,18 +35,9 @@ const KEEP_LOGITS_BYTES: usize = 768 << 20;
 /// every page faults in and is zeroed by the kernel: 7% of a step's profile on this VM.
 static KEPT_POOL: Mutex<Vec<f32>> = Mutex::new(Vec::new());
 
-/// Whether [`target_logprobs`] can run here (CPU f32 with AVX2/FMA).
-pub fn available(hidden: &Tensor, lm_head: &Tensor) -> bool {
-    super::gemv::available()
-        && hidden.device().is_cpu()
-        && hidden.dtype() == candle_core::DType::F32
-        && lm_head.dtype() == candle_core::DType::F32
-        && lm_head.is_contiguous()
-}
-
 /// `[N, 2]`: log-prob of `targets[i]` and entropy for each row of `hidden: [N, H]` under
 /// `softmax(hidden · lm_headᵀ)`, `lm_head: [V, H]` frozen; differentiable in `hidden`.
-/// Callers check [`available`].
+/// Callers check [`super::gemm::applies`].
 pub fn target_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &[u32]) -> Result<Tensor> {
     let (n, h) = hidden.dims2()?;
     let (v, h2) = lm_head.dims2()?;
@@ -183,7 +174,7 @@ impl CustomOp1 for HeadLogprobs {
                             .zip(targets.par_iter())
                             .for_each(|((st, zr), &t)| {
                                 let zr = &zr[..len];
-                                // SAFETY: `available()` (checked by the caller) means AVX2+FMA.
+                                // SAFETY: `gemm::applies` (checked by the caller) means AVX2+FMA.
                                 let bm = unsafe { simd::max(zr) };
                                 if bm > st.0 {
                                     let c = ((st.0 - bm) as f64).exp();
@@ -260,7 +251,7 @@ impl CustomOp1 for HeadLogprobs {
                                 let r = r0 + i;
                                 let (gl, gh) = (grad[r * 2], grad[r * 2 + 1]);
                                 let (lse, ent) = (lse[r], res[r * 2 + 1]);
-                                // SAFETY: `available()` (checked by the caller) means AVX2+FMA.
+                                // SAFETY: `gemm::applies` (checked by the caller) means AVX2+FMA.
                                 unsafe { simd::logit_grads(zr, lse, ent, gl, gh) };
                                 let t = t as usize;
                                 if (v0..v0 + len).contains(&t) {

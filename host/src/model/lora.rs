@@ -163,7 +163,7 @@ impl Linear {
         #[cfg(target_arch = "x86_64")]
         if let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters && mode.grad)
             && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
-            && super::lora_op::available(x, &self.weight)
+            && super::gemm::applies(x, &self.weight)
         {
             let y = super::lora_op::lora_linear(
                 x,

@@ -17,15 +17,6 @@ use super::gemm::{MatRef, gemm, with_f32_data};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor, bail};
 use std::sync::Mutex;
 
-/// Whether [`lora_linear`] applies to these operands.
-pub fn available(x: &Tensor, w: &Tensor) -> bool {
-    super::gemv::available()
-        && x.device().is_cpu()
-        && x.dtype() == candle_core::DType::F32
-        && w.dtype() == candle_core::DType::F32
-        && w.is_contiguous()
-}
-
 /// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]`; differentiable in `x`, `a`, `b`.
 pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
     let (out_f, in_f) = w.dims2()?;

@@ -115,7 +115,7 @@ pub fn target_logprobs(
     }
     let targets = targets.to_dtype(DType::U32)?;
     #[cfg(target_arch = "x86_64")]
-    if super::head::available(hidden, lm_head) {
+    if super::gemm::applies(hidden, lm_head) {
         let out = super::head::target_logprobs(hidden, lm_head, &targets.to_vec1::<u32>()?)?;
         return Ok((
             out.narrow(1, 0, 1)?.squeeze(1)?,
