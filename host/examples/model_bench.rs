@@ -19,6 +19,7 @@ use std::time::Instant;
 
 fn main() -> Result<()> {
     rlhost::model::alloc::keep_freed_memory();
+    rlhost::model::threads::share_cores_quietly();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args
         .first()

@@ -62,6 +62,7 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.quiet);
     crate::model::alloc::keep_freed_memory();
+    crate::model::threads::share_cores_quietly();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -27,6 +27,12 @@ const MC: usize = 144;
 /// Columns of a packed B panel: 4080 × 256 × 4 = 4.2 MB, in L3.
 const NC: usize = 4080;
 
+/// Tasks per thread in each panel's parallel loop: on a shared VM one thread is often
+/// slowed for a while, and with one task per thread the other then idles at the join
+/// (the step's q, gate, down and backward products, 2 threads, best of 7: mean 130–138
+/// GFLOPS with 1 task per thread, 140–146 with 4).
+const TASKS_PER_THREAD: usize = 4;
+
 /// A read-only matrix view: element `(r, c)` is `data[r * rs + c * cs]`.
 #[derive(Clone, Copy, Debug)]
 pub struct MatRef<'a> {
@@ -92,7 +98,13 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
     }
     let threads = rayon::current_num_threads().max(1);
     let c_ptr = SendPtr(c.as_mut_ptr());
-    let mut bp = Aligned::new(NC.min(n.next_multiple_of(NR)) * KC);
+    let mut bp = B_PANELS
+        .lock()
+        .map(|mut free| free.pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Aligned::new(0));
+    bp.get(NC * KC);
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         let strips = nc.div_ceil(NR);
@@ -107,7 +119,8 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
             let add = accumulate || pc > 0;
             // Few rows: split the strips of the panel instead, so every thread has work.
             let by_rows = m >= threads * MR * 4;
-            let tasks = threads.min(if by_rows { m.div_ceil(MR) } else { strips });
+            let tasks =
+                (threads * TASKS_PER_THREAD).min(if by_rows { m.div_ceil(MR) } else { strips });
             (0..tasks).into_par_iter().for_each(|t| {
                 let (r0, r1, s0, s1) = if by_rows {
                     let per = m.div_ceil(MR).div_ceil(tasks) * MR;
@@ -159,6 +172,9 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
                 });
             });
         }
+    }
+    if let Ok(mut free) = B_PANELS.lock() {
+        free.push(bp);
     }
 }
 
@@ -229,6 +245,12 @@ impl Aligned {
     }
 }
 
+/// Packed B panels (`NC × KC`, 4 MB) kept for the next call instead of a fresh zeroed
+/// allocation each time (a step makes about a thousand calls). A free list rather than a
+/// thread-local: a thread waiting inside `gemm`'s parallel loop may run another task
+/// that calls `gemm` again.
+static B_PANELS: std::sync::Mutex<Vec<Aligned>> = std::sync::Mutex::new(Vec::new());
+
 thread_local! {
     /// Each thread's packed A block, kept between calls.
     static A_BLOCK: std::cell::RefCell<Aligned> = std::cell::RefCell::new(Aligned::new(0));
@@ -270,6 +292,32 @@ fn pack_strip(
             let base = r0 + (pc + p) * m.cs;
             strip[p * width..p * width + rows].copy_from_slice(&m.data[base..base + rows]);
         }
+    } else if m.cs == 1 && rows == width && width.is_multiple_of(8) {
+        // Full strip of contiguous rows (the weight in `x W^T`): 8×8 register transposes,
+        // several times faster than the element-by-element scatter below.
+        let full = kc - kc % 8;
+        for i0 in (0..rows).step_by(8) {
+            let base = (r0 + i0) * m.rs + pc;
+            for p in (0..full).step_by(8) {
+                // SAFETY: AVX2 is checked by `gemm`; rows `r0+i0..+8` hold columns
+                // `pc+p..+8` (in_bounds), and the strip holds step `p+7`'s columns
+                // `i0..i0+8` (`width` floats per step, `kc` steps).
+                unsafe {
+                    transpose8(
+                        m.data.as_ptr().add(base + p),
+                        m.rs,
+                        strip.as_mut_ptr().add(p * width + i0),
+                        width,
+                    )
+                };
+            }
+            for i in i0..i0 + 8 {
+                let row = (r0 + i) * m.rs + pc;
+                for p in full..kc {
+                    strip[p * width + i] = m.data[row + p];
+                }
+            }
+        }
     } else {
         // Each row is a run along m's columns (contiguous when cs == 1).
         for i in 0..rows {
@@ -277,6 +325,50 @@ fn pack_strip(
             for p in 0..kc {
                 strip[p * width + i] = m.data[base + p * m.cs];
             }
+        }
+    }
+}
+
+/// Writes the transpose of the 8×8 block at `src` (row stride `lds`) to `dst` (row stride
+/// `ldd`): `dst[j * ldd + i] = src[i * lds + j]`.
+///
+/// # Safety
+/// AVX2 must be available; both blocks must be valid for 8 rows of 8 floats.
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: per the contract above.
+    unsafe {
+        let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * lds)));
+        // Interleave pairs of rows, then pairs of pairs, then swap 128-bit halves.
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        let out = [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ];
+        for (j, v) in out.into_iter().enumerate() {
+            _mm256_storeu_ps(dst.add(j * ldd), v);
         }
     }
 }

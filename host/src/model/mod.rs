@@ -25,6 +25,7 @@ pub mod lora_op;
 pub mod ops;
 pub mod peft;
 pub mod sample;
+pub mod threads;
 pub mod tokenizer;
 pub mod weights;
 
