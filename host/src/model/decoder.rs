@@ -17,9 +17,7 @@
 
 use super::config::{Arch, ModelConfig};
 use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
-use super::ops::{
-    rms_norm, rope_cos_sin, rope_inv_freq, rope_train, softmax_last, target_logprobs,
-};
+use super::ops::{rms_norm, rope_cos_sin, rope_inv_freq, softmax_last, target_logprobs};
 use super::weights::Weights;
 use anyhow::Context;
 use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
@@ -450,22 +448,28 @@ impl Attention {
         let n_rep = nh / nkv;
         let heads = |lin: &Linear, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
             let y = lin.forward(x, mode)?.reshape((b, t, n, d))?;
-            let y = match norm {
-                Some(w) => rms_norm(&y, w, self.eps)?,
-                None => y,
-            };
-            y.transpose(1, 2)
-        };
-        let rope = |y: Tensor| -> Result<Tensor> {
-            if y.track_op() {
-                rope_train(&y, cos, sin)
-            } else {
-                candle_nn::rotary_emb::rope(&y.contiguous()?, cos, sin)
+            match norm {
+                Some(w) => rms_norm(&y, w, self.eps),
+                None => Ok(y),
             }
         };
-        let q = rope(heads(&self.q_proj, nh, &self.q_norm)?)?;
-        let k = rope(heads(&self.k_proj, nkv, &self.k_norm)?)?.contiguous()?;
-        let v = heads(&self.v_proj, nkv, &None)?.contiguous()?;
+        // `[B, T, n, d]` → `[B, n, T, d]`, rotated for q and k: one differentiable node in
+        // training, candle's fused rope otherwise.
+        let place = |y: Tensor, rotate: bool| -> Result<Tensor> {
+            if y.track_op() {
+                super::fused::heads_rope(&y, rotate.then_some((cos, sin)))
+            } else {
+                let y = y.transpose(1, 2)?.contiguous()?;
+                if rotate {
+                    candle_nn::rotary_emb::rope(&y, cos, sin)
+                } else {
+                    Ok(y)
+                }
+            }
+        };
+        let q = place(heads(&self.q_proj, nh, &self.q_norm)?, true)?;
+        let k = place(heads(&self.k_proj, nkv, &self.k_norm)?, true)?;
+        let v = place(heads(&self.v_proj, nkv, &None)?, false)?;
         // Grouped-query attention without repeating k/v: the n_rep query heads of one kv
         // head are stacked as rows.
         let q = q.contiguous()?.reshape((b, nkv, n_rep * t, d))?;

@@ -49,6 +49,23 @@ pub(crate) fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&
     Ok(&data[a..b])
 }
 
+/// Runs `f` on a CPU f32 tensor's elements (made contiguous first), without copying them
+/// when they already are.
+pub(crate) fn with_f32_data<R>(
+    t: &candle_core::Tensor,
+    f: impl FnOnce(&[f32]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    use candle_core::{CpuStorage, Storage};
+    let t = t.contiguous()?;
+    let (guard, layout) = t.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
+        (&*guard, layout.contiguous_offsets())
+    else {
+        candle_core::bail!("expected an f32 tensor on the CPU, got {:?}", t.dtype())
+    };
+    f(&data[a..b])
+}
+
 fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
     t.contiguous()?.flatten_all()?.to_vec1::<f32>()
 }
@@ -90,24 +107,29 @@ impl CustomOp1 for RmsNorm {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let (xs, gs) = (to_vec(x)?, to_vec(g)?);
         let h = self.w.len();
-        let mut dx = vec![0f32; xs.len()];
-        dx.par_chunks_mut(h)
-            .zip(xs.par_chunks(h).zip(gs.par_chunks(h)))
-            .for_each(|(d, (xr, gr))| {
-                let r = 1.0 / (xr.iter().map(|v| v * v).sum::<f32>() / h as f32 + self.eps).sqrt();
-                let dot: f32 = gr
-                    .iter()
-                    .zip(&self.w)
-                    .zip(xr)
-                    .map(|((g, w), x)| g * w * x)
-                    .sum();
-                let c = r * r * r * dot / h as f32;
-                for i in 0..h {
-                    d[i] = r * gr[i] * self.w[i] - xr[i] * c;
-                }
-            });
+        let mut dx = vec![0f32; x.elem_count()];
+        with_f32_data(x, |xs| {
+            with_f32_data(g, |gs| {
+                dx.par_chunks_mut(h)
+                    .zip(xs.par_chunks(h).zip(gs.par_chunks(h)))
+                    .for_each(|(d, (xr, gr))| {
+                        let r = 1.0
+                            / (xr.iter().map(|v| v * v).sum::<f32>() / h as f32 + self.eps).sqrt();
+                        let dot: f32 = gr
+                            .iter()
+                            .zip(&self.w)
+                            .zip(xr)
+                            .map(|((g, w), x)| g * w * x)
+                            .sum();
+                        let c = r * r * r * dot / h as f32;
+                        for i in 0..h {
+                            d[i] = r * gr[i] * self.w[i] - xr[i] * c;
+                        }
+                    });
+                Ok(())
+            })
+        })?;
         Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
     }
 }
@@ -188,27 +210,124 @@ impl CustomOp2 for SwiGlu {
         _y: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (av, bv, gv) = (to_vec(a)?, to_vec(b)?, to_vec(g)?);
-        let (mut da, mut db) = (vec![0f32; av.len()], vec![0f32; av.len()]);
-        da.par_chunks_mut(CHUNK)
-            .zip(db.par_chunks_mut(CHUNK))
-            .zip(
-                av.par_chunks(CHUNK)
-                    .zip(bv.par_chunks(CHUNK))
-                    .zip(gv.par_chunks(CHUNK)),
-            )
-            .for_each(|((da, db), ((a, b), g))| {
-                let done = simd_swiglu_grads(a, b, g, da, db);
-                for i in done..a.len() {
-                    let s = sigmoid(a[i]);
-                    da[i] = g[i] * b[i] * s * (1.0 + a[i] * (1.0 - s));
-                    db[i] = g[i] * a[i] * s;
-                }
-            });
+        let (mut da, mut db) = (vec![0f32; a.elem_count()], vec![0f32; a.elem_count()]);
+        with_f32_data(a, |av| {
+            with_f32_data(b, |bv| {
+                with_f32_data(g, |gv| {
+                    da.par_chunks_mut(CHUNK)
+                        .zip(db.par_chunks_mut(CHUNK))
+                        .zip(
+                            av.par_chunks(CHUNK)
+                                .zip(bv.par_chunks(CHUNK))
+                                .zip(gv.par_chunks(CHUNK)),
+                        )
+                        .for_each(|((da, db), ((a, b), g))| {
+                            let done = simd_swiglu_grads(a, b, g, da, db);
+                            for i in done..a.len() {
+                                let s = sigmoid(a[i]);
+                                da[i] = g[i] * b[i] * s * (1.0 + a[i] * (1.0 - s));
+                                db[i] = g[i] * a[i] * s;
+                            }
+                        });
+                    Ok(())
+                })
+            })
+        })?;
         Ok((
             Some(Tensor::from_vec(da, a.shape(), a.device())?),
             Some(Tensor::from_vec(db, b.shape(), b.device())?),
         ))
+    }
+}
+
+// ------------------------------------------------------------------ heads and rope
+
+/// `y: [B, T, n, d]` → `[B, n, T, d]` (contiguous), each head vector rotated by rope in
+/// transformers' `rotate_half` form when `rope` gives `cos`, `sin: [B, T, d/2]`:
+/// `o₁ = x₁ cos − x₂ sin`, `o₂ = x₂ cos + x₁ sin` (x₁, x₂ the halves), whose backward is
+/// the opposite rotation of the gradient, `dx₁ = g₁ cos + g₂ sin`, `dx₂ = g₂ cos − g₁ sin`.
+/// One node instead of the transpose, copy and eight-op rope of the composed form.
+pub fn heads_rope(y: &Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    let (b, t, _, d) = y.dims4()?;
+    let rope = match rope {
+        Some((cos, sin)) => {
+            if cos.dims() != [b, t, d / 2] || sin.dims() != cos.dims() || d % 2 != 0 {
+                bail!(
+                    "heads_rope: cos {:?} / sin {:?} do not fit [{b}, {t}, {}]",
+                    cos.dims(),
+                    sin.dims(),
+                    d / 2
+                );
+            }
+            Some((to_vec(cos)?, to_vec(sin)?))
+        }
+        None => None,
+    };
+    y.contiguous()?.apply_op1(HeadsRope { rope })
+}
+
+struct HeadsRope {
+    /// cos and sin, `[B, T, d/2]`; `None`: transpose only.
+    rope: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl HeadsRope {
+    /// Rotates `x` (one head vector) into `o` by the angles at row `bt` of the tables,
+    /// `sign` 1 forward and −1 for the backward's inverse rotation.
+    fn rotate(&self, bt: usize, x: &[f32], o: &mut [f32], sign: f32) {
+        let Some((cos, sin)) = &self.rope else {
+            o.copy_from_slice(x);
+            return;
+        };
+        let half = x.len() / 2;
+        let (c, s) = (&cos[bt * half..][..half], &sin[bt * half..][..half]);
+        let (x1, x2) = x.split_at(half);
+        let (o1, o2) = o.split_at_mut(half);
+        for i in 0..half {
+            let si = sign * s[i];
+            o1[i] = x1[i] * c[i] - x2[i] * si;
+            o2[i] = x2[i] * c[i] + x1[i] * si;
+        }
+    }
+}
+
+impl CustomOp1 for HeadsRope {
+    fn name(&self) -> &'static str {
+        "heads-rope"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s, l, self.name())?;
+        let (b, t, n, d) = l.shape().dims4()?;
+        let mut out = vec![0f32; x.len()];
+        // One task per output plane `[b, h]`: T head vectors gathered from stride n·d.
+        out.par_chunks_mut(t * d)
+            .enumerate()
+            .for_each(|(bh, plane)| {
+                let (bi, h) = (bh / n, bh % n);
+                for (ti, o) in plane.chunks_exact_mut(d).enumerate() {
+                    let src = ((bi * t + ti) * n + h) * d;
+                    self.rotate(bi * t + ti, &x[src..src + d], o, 1.0);
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from((b, n, t, d))))
+    }
+
+    fn bwd(&self, y: &Tensor, _out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let (b, t, n, d) = y.dims4()?;
+        let mut dy = vec![0f32; y.elem_count()];
+        with_f32_data(g, |gv| {
+            // One task per input row `[b, t]`: n head vectors from n planes.
+            dy.par_chunks_mut(n * d).enumerate().for_each(|(bt, row)| {
+                let (bi, ti) = (bt / t, bt % t);
+                for (h, o) in row.chunks_exact_mut(d).enumerate() {
+                    let src = ((bi * n + h) * t + ti) * d;
+                    self.rotate(bt, &gv[src..src + d], o, -1.0);
+                }
+            });
+            Ok(())
+        })?;
+        Ok(Some(Tensor::from_vec(dy, (b, t, n, d), y.device())?))
     }
 }
 
@@ -336,6 +455,43 @@ mod tests {
                     g2.get(v.as_tensor()).unwrap()
                 ) < 1e-4
             );
+        }
+
+        // Heads and rope: [B, T, n, d] → [B, n, T, d] against transpose + composed rope,
+        // and transpose alone.
+        let y = Var::from_tensor(&uniform(&[2, 3, 4, 8], 11)).unwrap();
+        let positions = Tensor::new(&[[0u32, 1, 2], [5, 6, 7]], &Device::Cpu).unwrap();
+        let inv = crate::model::ops::rope_inv_freq(
+            8,
+            10000.0,
+            &crate::model::config::RopeScaling::None,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let (cos, sin) = crate::model::ops::rope_cos_sin(&inv, &positions).unwrap();
+        let c = uniform(&[2, 4, 3, 8], 12);
+        for rotate in [true, false] {
+            let ours = heads_rope(y.as_tensor(), rotate.then_some((&cos, &sin))).unwrap();
+            let moved = y.as_tensor().transpose(1, 2).unwrap();
+            let theirs = if rotate {
+                crate::model::ops::rope_train(&moved, &cos, &sin).unwrap()
+            } else {
+                moved
+            };
+            assert_eq!(ours.dims(), theirs.dims());
+            assert!(max_diff(&ours, &theirs) < 1e-6);
+            let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
+            let g2 = (theirs * &c)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let d = max_diff(
+                g1.get(y.as_tensor()).unwrap(),
+                g2.get(y.as_tensor()).unwrap(),
+            );
+            assert!(d < 1e-5, "rotate {rotate}: {d}");
         }
 
         // Attention: B 2, 2 kv heads, 3 query heads each, T 5, d 8, left padding in row 1.

@@ -188,23 +188,6 @@ pub fn applies(x: &candle_core::Tensor, w: &candle_core::Tensor) -> bool {
         && w.is_contiguous()
 }
 
-/// Runs `f` on a CPU f32 tensor's elements (made contiguous first), without copying them
-/// when they already are.
-pub fn with_f32_data<R>(
-    t: &candle_core::Tensor,
-    f: impl FnOnce(&[f32]) -> candle_core::Result<R>,
-) -> candle_core::Result<R> {
-    use candle_core::{CpuStorage, Storage};
-    let t = t.contiguous()?;
-    let (guard, layout) = t.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
-        (&*guard, layout.contiguous_offsets())
-    else {
-        candle_core::bail!("expected an f32 tensor on the CPU, got {:?}", t.dtype())
-    };
-    f(&data[a..b])
-}
-
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 

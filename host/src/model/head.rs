@@ -15,7 +15,8 @@
 //! keeps them, and their log-softmax, always); otherwise the backward recomputes each block
 //! (a second product over the head).
 
-use super::gemm::{MatRef, gemm, with_f32_data};
+use super::fused::with_f32_data;
+use super::gemm::{MatRef, gemm};
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, bail};
 use rayon::prelude::*;
 use std::sync::Mutex;

@@ -13,7 +13,8 @@
 //! Used for training forwards without LoRA dropout (dropout masks the adapter's input
 //! only, which this node does not model); everything else takes the composed path.
 
-use super::gemm::{MatRef, gemm, with_f32_data};
+use super::fused::with_f32_data;
+use super::gemm::{MatRef, gemm};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor, bail};
 use std::sync::Mutex;
 

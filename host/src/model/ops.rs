@@ -295,9 +295,11 @@ pub fn rope_cos_sin(inv_freq: &Tensor, positions: &Tensor) -> Result<(Tensor, Te
     Ok((freqs.cos()?, freqs.sin()?))
 }
 
-/// Differentiable rotary embedding (transformers' `rotate_half` form) for
-/// `x: [B, heads, T, d]` with per-row `cos`, `sin: [B, T, d/2]`.
-pub fn rope_train(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+/// Rotary embedding composed from differentiable ops (transformers' `rotate_half` form)
+/// for `x: [B, heads, T, d]` with per-row `cos`, `sin: [B, T, d/2]`: the reference that
+/// the training path's fused [`super::fused::heads_rope`] is tested against.
+#[cfg(test)]
+pub(crate) fn rope_train(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
     let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
     let half = x.dim(D::Minus1)? / 2;
