@@ -269,7 +269,11 @@ fn pack_strip(
     if rows < width {
         strip.fill(0.0);
     }
-    if m.rs == 1 {
+    if m.rs == 1 && rows == width && width == NR {
+        copy_steps::<NR>(m, r0, pc, kc, strip);
+    } else if m.rs == 1 && rows == width && width == MR {
+        copy_steps::<MR>(m, r0, pc, kc, strip);
+    } else if m.rs == 1 {
         // The strip's rows are adjacent at each step: one copy per step.
         for p in 0..kc {
             let base = r0 + (pc + p) * m.cs;
@@ -309,6 +313,19 @@ fn pack_strip(
                 strip[p * width + i] = m.data[base + p * m.cs];
             }
         }
+    }
+}
+
+/// `strip[p * W + i] = m[r0 + i, pc + p]` for a full strip whose rows are adjacent in `m`
+/// (`m.rs == 1`): a fixed-size copy per step, which compiles to vector moves where a
+/// `rows`-long one was a `memcpy` call per 64 bytes (most of the packing time).
+fn copy_steps<const W: usize>(m: MatRef, r0: usize, pc: usize, kc: usize, strip: &mut [f32]) {
+    for (p, dst) in strip[..kc * W].chunks_exact_mut(W).enumerate() {
+        let base = r0 + (pc + p) * m.cs;
+        let src: &[f32; W] = m.data[base..base + W]
+            .try_into()
+            .expect("a slice of W elements");
+        dst.copy_from_slice(src);
     }
 }
 
