@@ -337,14 +337,19 @@ impl CustomOp1 for HeadsRope {
 /// query heads of a kv head stacked as rows), `k`, `v: [B, kv, T, d]`, additive
 /// `mask: [B, 1, 1, T, T]`. Returns `[B, kv, R·T, d]`.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
-    let (b, nkv, rt, _d) = q.dims4()?;
+    let (b, _, rt, _) = q.dims4()?;
     let t = k.dim(2)?;
     let n_rep = rt / t;
+    if rt != n_rep * t || mask.dims() != [b, 1, 1, t, t] {
+        bail!(
+            "attention: q {:?}, k {:?} and mask {:?} do not fit",
+            q.dims(),
+            k.dims(),
+            mask.dims()
+        );
+    }
     let (qd, kd, vd) = (q.detach(), k.detach(), v.detach());
-    let scores = (qd.matmul(&kd.t()?)? * scale)?
-        .reshape((b, nkv, n_rep, t, t))?
-        .broadcast_add(mask)?;
-    let p = candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?.reshape((b, nkv, rt, t))?;
+    let p = masked_softmax(&qd.matmul(&kd.t()?)?, mask, scale as f32, t)?;
     let out = p.matmul(&vd)?;
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
@@ -358,6 +363,85 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) 
             scale,
         },
     )
+}
+
+/// Score rows per parallel task in the attention's elementwise passes.
+const SCORE_ROWS: usize = 64;
+
+/// `softmax(scale · s + mask)` over the last dim of the scores `s: [B, kv, R·T, T]` (row
+/// `r` of a kv head is query position `r mod T`; `mask: [B, 1, 1, T, T]` additive), in one
+/// parallel pass where the composed form made three, two of them on one thread.
+fn masked_softmax(s: &Tensor, mask: &Tensor, scale: f32, t: usize) -> Result<Tensor> {
+    let (b, nkv, rt, tk) = s.dims4()?;
+    let mut p = vec![0f32; s.elem_count()];
+    with_f32_data(s, |sv| {
+        with_f32_data(mask, |mv| {
+            p.par_chunks_mut(tk * SCORE_ROWS)
+                .zip(sv.par_chunks(tk * SCORE_ROWS))
+                .enumerate()
+                .for_each(|(task, (pb, sb))| {
+                    for (r, (pr, sr)) in
+                        pb.chunks_exact_mut(tk).zip(sb.chunks_exact(tk)).enumerate()
+                    {
+                        let row = task * SCORE_ROWS + r;
+                        let (bi, i) = (row / (nkv * rt), row % rt % t);
+                        let mr = &mv[(bi * t + i) * tk..][..tk];
+                        let mut max = f32::NEG_INFINITY;
+                        for ((p, &s), &m) in pr.iter_mut().zip(sr).zip(mr) {
+                            *p = s * scale + m;
+                            max = max.max(*p);
+                        }
+                        let mut sum = 0f32;
+                        for p in pr.iter_mut() {
+                            *p = (*p - max).exp();
+                            sum += *p;
+                        }
+                        for p in pr.iter_mut() {
+                            *p /= sum;
+                        }
+                    }
+                });
+            Ok(())
+        })
+    })?;
+    Tensor::from_vec(p, (b, nkv, rt, tk), s.device())
+}
+
+/// The softmax backward scaled for the scores, `dS = s · P ⊙ (dP − rowsum(dO ⊙ O))`, one
+/// parallel pass over `P` and `dP` `[.., rows, T]` with `dO`, `O` `[.., rows, d]`.
+fn softmax_grad(
+    p: &Tensor,
+    dp: &Tensor,
+    d_out: &Tensor,
+    out: &Tensor,
+    scale: f32,
+) -> Result<Tensor> {
+    let tk = p.dim(D::Minus1)?;
+    let d = out.dim(D::Minus1)?;
+    let mut ds = vec![0f32; p.elem_count()];
+    with_f32_data(p, |pv| {
+        with_f32_data(dp, |dpv| {
+            with_f32_data(d_out, |gv| {
+                with_f32_data(out, |ov| {
+                    ds.par_chunks_mut(tk * SCORE_ROWS)
+                        .enumerate()
+                        .for_each(|(task, block)| {
+                            for (r, dsr) in block.chunks_exact_mut(tk).enumerate() {
+                                let row = task * SCORE_ROWS + r;
+                                let (g, o) = (&gv[row * d..][..d], &ov[row * d..][..d]);
+                                let dot: f32 = g.iter().zip(o).map(|(g, o)| g * o).sum();
+                                let (pr, dpr) = (&pv[row * tk..][..tk], &dpv[row * tk..][..tk]);
+                                for ((s, &p), &dp) in dsr.iter_mut().zip(pr).zip(dpr) {
+                                    *s = scale * p * (dp - dot);
+                                }
+                            }
+                        });
+                    Ok(())
+                })
+            })
+        })
+    })?;
+    Tensor::from_vec(ds, p.shape(), p.device())
 }
 
 struct Attention {
@@ -396,10 +480,9 @@ impl CustomOp3 for Attention {
         let d_out = d_out.contiguous()?;
         let dv = self.p.t()?.matmul(&d_out)?;
         let dp = d_out.matmul(&v.t()?)?;
-        let row = (&d_out * &out)?.sum_keepdim(D::Minus1)?;
-        let ds = (&self.p * dp.broadcast_sub(&row)?)?;
-        let dq = (ds.matmul(&k)? * self.scale)?;
-        let dk = (ds.t()?.matmul(&q)? * self.scale)?;
+        let ds = softmax_grad(&self.p, &dp, &d_out, &out, self.scale as f32)?;
+        let dq = ds.matmul(&k)?;
+        let dk = ds.t()?.matmul(&q)?;
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }
