@@ -161,6 +161,17 @@ fn simd_swiglu(a: &[f32], b: &[f32], y: &mut [f32]) -> usize {
     0
 }
 
+/// `z ← e^{z−m}` vectorised where AVX2/FMA exist: `(elements done, their sum)`.
+fn simd_exp(z: &mut [f32], m: f32) -> (usize, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::gemv::available() {
+        // SAFETY: AVX2 and FMA are present.
+        return unsafe { super::head::simd::exp_in_place(z, m) };
+    }
+    let _ = (z, m);
+    (0, 0.0)
+}
+
 /// The vectorised SwiGLU backward, as [`simd_swiglu`].
 fn simd_swiglu_grads(a: &[f32], b: &[f32], g: &[f32], da: &mut [f32], db: &mut [f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
@@ -391,8 +402,8 @@ fn masked_softmax(s: &Tensor, mask: &Tensor, scale: f32, t: usize) -> Result<Ten
                             *p = s * scale + m;
                             max = max.max(*p);
                         }
-                        let mut sum = 0f32;
-                        for p in pr.iter_mut() {
+                        let (done, mut sum) = simd_exp(pr, max);
+                        for p in &mut pr[done..] {
                             *p = (*p - max).exp();
                             sum += *p;
                         }

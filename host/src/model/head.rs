@@ -346,6 +346,24 @@ pub(crate) mod simd {
             .fold(f32::NEG_INFINITY, f32::max)
     }
 
+    /// `z ← e^{z−m}` over the 8-lane part of `z`; returns `(elements done, their sum)`.
+    /// Below −87 the result is e^−87 (≈ 1.6e−38), not 0: masked scores stay negligible.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_in_place(z: &mut [f32], m: f32) -> (usize, f32) {
+        let mv = _mm256_set1_ps(m);
+        let mut s = _mm256_setzero_ps();
+        let done = z.len() - z.len() % 8;
+        for c in z[..done].chunks_exact_mut(8) {
+            // SAFETY: `c` holds 8 floats; AVX2+FMA per this function's contract.
+            unsafe {
+                let e = exp(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv));
+                _mm256_storeu_ps(c.as_mut_ptr(), e);
+                s = _mm256_add_ps(s, e);
+            }
+        }
+        (done, hsum(s))
+    }
+
     /// `(Σ e^{z−m}, Σ e^{z−m} z)`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn exp_sums(z: &[f32], m: f32) -> (f32, f32) {
@@ -494,6 +512,22 @@ pub(crate) mod simd {
                 let rel = ((one[0] as f64 - want) / want).abs();
                 assert!(rel < 3e-7, "exp({x}) at {i}: {} vs {want}", one[0]);
             }
+            // In place, with a tail it leaves to the caller.
+            let mut e = z[..995].to_vec();
+            // SAFETY: AVX2+FMA checked above.
+            let (done, sum) = unsafe { super::exp_in_place(&mut e, 3.5) };
+            assert_eq!(done, 992);
+            let mut want_sum = 0f64;
+            for (i, (&got, &x)) in e.iter().zip(&z).take(done).enumerate() {
+                let want = ((x - 3.5) as f64).exp();
+                want_sum += want;
+                if x > -80.0 {
+                    let rel = ((got as f64 - want) / want).abs();
+                    assert!(rel < 3e-7, "exp_in_place at {i}: {got} vs {want}");
+                }
+            }
+            assert!(((sum as f64 - want_sum) / want_sum).abs() < 1e-5);
+            assert_eq!(e[done..], z[done..995]);
         }
     }
 }
