@@ -507,6 +507,11 @@ mod tests {
 
     /// Each fused op against the same maths composed from candle's differentiable ops:
     /// values and gradients (through a random linear functional of the output).
+    /// Gradients of `Σ y ⊙ c`: a random linear functional of an op's output.
+    fn grads(y: &Tensor, c: &Tensor) -> candle_core::backprop::GradStore {
+        (y * c).unwrap().sum_all().unwrap().backward().unwrap()
+    }
+
     #[test]
     fn fused_ops_match_composed_ops() {
         let x = Var::from_tensor(&uniform(&[3, 5, 16], 1)).unwrap();
@@ -515,13 +520,8 @@ mod tests {
         let ours = rms_norm(x.as_tensor(), &w, 1e-6).unwrap();
         let theirs = candle_nn::ops::rms_norm_slow(x.as_tensor(), &w, 1e-6).unwrap();
         assert!(max_diff(&ours, &theirs) < 1e-5);
-        let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
-        let g2 = (theirs * &c)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g1 = grads(&ours, &c);
+        let g2 = grads(&theirs, &c);
         assert!(
             max_diff(
                 g1.get(x.as_tensor()).unwrap(),
@@ -535,13 +535,8 @@ mod tests {
         let ours = swiglu(a.as_tensor(), b.as_tensor()).unwrap();
         let theirs = (a.as_tensor().silu().unwrap() * b.as_tensor()).unwrap();
         assert!(max_diff(&ours, &theirs) < 1e-5);
-        let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
-        let g2 = (theirs * &c)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g1 = grads(&ours, &c);
+        let g2 = grads(&theirs, &c);
         for v in [&a, &b] {
             assert!(
                 max_diff(
@@ -574,13 +569,8 @@ mod tests {
             };
             assert_eq!(ours.dims(), theirs.dims());
             assert!(max_diff(&ours, &theirs) < 1e-6);
-            let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
-            let g2 = (theirs * &c)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g1 = grads(&ours, &c);
+            let g2 = grads(&theirs, &c);
             let d = max_diff(
                 g1.get(y.as_tensor()).unwrap(),
                 g2.get(y.as_tensor()).unwrap(),
@@ -618,13 +608,8 @@ mod tests {
             .unwrap();
         let theirs = p.matmul(v.as_tensor()).unwrap();
         assert!(max_diff(&ours, &theirs) < 1e-5);
-        let g1 = (ours * &c).unwrap().sum_all().unwrap().backward().unwrap();
-        let g2 = (theirs * &c)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g1 = grads(&ours, &c);
+        let g2 = grads(&theirs, &c);
         for var in [&q, &k, &v] {
             let d = max_diff(
                 g1.get(var.as_tensor()).unwrap(),
