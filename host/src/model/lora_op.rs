@@ -15,7 +15,7 @@
 
 use super::fused::with_f32_data;
 use super::gemm::{MatRef, gemm};
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Storage, Tensor, bail};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
 /// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]`; differentiable in `x`, `a`, `b`.
@@ -73,21 +73,12 @@ impl CustomOp3 for LoraMatmul {
         let (m, k) = xl.shape().dims2()?;
         let (n, r) = bl.shape().dims2()?;
         let (x, a, b) = (slice(xs, xl)?, slice(as_, al)?, slice(bs, bl)?);
-        let (w_guard, w_l) = self.w.storage_and_layout();
-        let (Storage::Cpu(CpuStorage::F32(w)), Some((w0, w1))) =
-            (&*w_guard, w_l.contiguous_offsets())
-        else {
-            bail!("lora: weight must be contiguous f32 on the CPU")
-        };
         let xm = MatRef::row_major(x, m, k);
         let mut y = vec![0f32; m * n];
-        gemm(
-            xm,
-            MatRef::row_major(&w[w0..w1], n, k).t(),
-            &mut y,
-            n,
-            false,
-        );
+        with_f32_data(&self.w, |w| {
+            gemm(xm, MatRef::row_major(w, n, k).t(), &mut y, n, false);
+            Ok(())
+        })?;
         let mut low = vec![0f32; m * r];
         gemm(xm, MatRef::row_major(a, r, k).t(), &mut low, r, false);
         low.iter_mut().for_each(|v| *v *= self.scaling);
