@@ -162,7 +162,7 @@ fn simd_swiglu(a: &[f32], b: &[f32], y: &mut [f32]) -> usize {
 }
 
 /// `z ← e^{z−m}` vectorised where AVX2/FMA exist: `(elements done, their sum)`.
-fn simd_exp(z: &mut [f32], m: f32) -> (usize, f32) {
+pub(crate) fn simd_exp(z: &mut [f32], m: f32) -> (usize, f32) {
     #[cfg(target_arch = "x86_64")]
     if super::gemv::available() {
         // SAFETY: AVX2 and FMA are present.
@@ -346,7 +346,10 @@ impl CustomOp1 for HeadsRope {
 
 /// `softmax(scale · q kᵀ + mask) v` with grouped-query layout: `q: [B, kv, R·T, d]` (the R
 /// query heads of a kv head stacked as rows), `k`, `v: [B, kv, T, d]`, additive
-/// `mask: [B, 1, 1, T, T]`. Returns `[B, kv, R·T, d]`.
+/// `mask: [B, 1, 1, T, T]`, which must hide every key after the query (causal). Returns
+/// `[B, kv, R·T, d]`. On AVX2/FMA CPUs the [`super::attention`] kernels run it, skipping
+/// the causally hidden blocks; a query that sees no key at all (padding) gets zero
+/// weights. Elsewhere candle's matmuls do, and such a query spreads its weight evenly.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
     let (b, _, rt, _) = q.dims4()?;
     let t = k.dim(2)?;
@@ -359,10 +362,58 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) 
             mask.dims()
         );
     }
+    let track = q.track_op() || k.track_op() || v.track_op();
+    #[cfg(target_arch = "x86_64")]
+    if super::gemv::available()
+        && [q, k, v, mask]
+            .iter()
+            .all(|x| x.device().is_cpu() && x.dtype() == candle_core::DType::F32)
+    {
+        let d = k.dim(3)?;
+        let (nkv, dev) = (k.dim(1)?, q.device());
+        let dims = super::attention::Dims {
+            batch: b,
+            kv_heads: nkv,
+            rep: n_rep,
+            t,
+            d,
+        };
+        let (out, p) = with_f32_data(q, |qv| {
+            with_f32_data(k, |kv| {
+                with_f32_data(v, |vv| {
+                    with_f32_data(mask, |mv| {
+                        Ok(super::attention::forward(
+                            qv,
+                            kv,
+                            vv,
+                            mv,
+                            dims,
+                            scale as f32,
+                        ))
+                    })
+                })
+            })
+        })?;
+        let out = Tensor::from_vec(out, q.shape(), dev)?;
+        if !track {
+            return Ok(out);
+        }
+        let p = Tensor::from_vec(p, (b, nkv, rt, t), dev)?;
+        return q.apply_op3(
+            k,
+            v,
+            Attention {
+                out: Mutex::new(Some(out)),
+                p,
+                scale,
+                causal: Some(dims),
+            },
+        );
+    }
     let (qd, kd, vd) = (q.detach(), k.detach(), v.detach());
     let p = masked_softmax(&qd.matmul(&kd.t()?)?, mask, scale as f32, t)?;
     let out = p.matmul(&vd)?;
-    if !(q.track_op() || k.track_op() || v.track_op()) {
+    if !track {
         return Ok(out);
     }
     q.apply_op3(
@@ -372,6 +423,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) 
             out: Mutex::new(Some(out)),
             p,
             scale,
+            causal: None,
         },
     )
 }
@@ -460,7 +512,16 @@ struct Attention {
     /// The attention weights, kept for the backward.
     p: Tensor,
     scale: f64,
+    /// Set when the forward ran [`super::attention`]'s causal kernels (as does the
+    /// backward then); otherwise candle's matmuls.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    causal: Option<AttentionDims>,
 }
+
+#[cfg(target_arch = "x86_64")]
+type AttentionDims = super::attention::Dims;
+#[cfg(not(target_arch = "x86_64"))]
+type AttentionDims = ();
 
 impl CustomOp3 for Attention {
     fn name(&self) -> &'static str {
@@ -487,6 +548,37 @@ impl CustomOp3 for Attention {
         out: &Tensor,
         d_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(dims) = self.causal {
+            let (dq, dk, dv) = with_f32_data(q, |qv| {
+                with_f32_data(k, |kv| {
+                    with_f32_data(v, |vv| {
+                        with_f32_data(out, |ov| {
+                            with_f32_data(&self.p, |pv| {
+                                with_f32_data(d_out, |gv| {
+                                    Ok(super::attention::backward(
+                                        qv,
+                                        kv,
+                                        vv,
+                                        ov,
+                                        pv,
+                                        gv,
+                                        dims,
+                                        self.scale as f32,
+                                    ))
+                                })
+                            })
+                        })
+                    })
+                })
+            })?;
+            let dev = q.device();
+            return Ok((
+                Some(Tensor::from_vec(dq, q.shape(), dev)?),
+                Some(Tensor::from_vec(dk, k.shape(), dev)?),
+                Some(Tensor::from_vec(dv, v.shape(), dev)?),
+            ));
+        }
         let (q, k, v, out) = (q.detach(), k.detach(), v.detach(), out.detach());
         let d_out = d_out.contiguous()?;
         let dv = self.p.t()?.matmul(&d_out)?;
@@ -578,44 +670,55 @@ mod tests {
             assert!(d < 1e-5, "rotate {rotate}: {d}");
         }
 
-        // Attention: B 2, 2 kv heads, 3 query heads each, T 5, d 8, left padding in row 1.
-        let (bsz, nkv, rep, t, d) = (2, 2, 3, 5, 8);
-        let q = Var::from_tensor(&uniform(&[bsz, nkv, rep * t, d], 7)).unwrap();
-        let k = Var::from_tensor(&uniform(&[bsz, nkv, t, d], 8)).unwrap();
-        let v = Var::from_tensor(&uniform(&[bsz, nkv, t, d], 9)).unwrap();
-        let mut m = Vec::new();
-        for row in 0..bsz {
-            for i in 0..t {
-                for j in 0..t {
-                    let pad = row == 1 && j < 2;
-                    m.push(if j <= i && !pad { 0f32 } else { -1e30 });
+        // Attention: B 2, 2 kv heads, 3 query heads each, left padding in row 1 (its first
+        // two queries see no key: zero weights). T 5, d 8, T 37, d 24 (several row
+        // blocks and register tiles, blocks that wrap from one query head to the next), and
+        // T 300 (the depth of P V past one packed block).
+        for (t, d, pad) in [(5, 8, 2), (37, 24, 9), (300, 16, 40)] {
+            let (bsz, nkv, rep) = (2, 2, 3);
+            let q = Var::from_tensor(&uniform(&[bsz, nkv, rep * t, d], 7)).unwrap();
+            let k = Var::from_tensor(&uniform(&[bsz, nkv, t, d], 8)).unwrap();
+            let v = Var::from_tensor(&uniform(&[bsz, nkv, t, d], 9)).unwrap();
+            let (mut m, mut seen) = (Vec::new(), Vec::new());
+            for row in 0..bsz {
+                for i in 0..t {
+                    let hidden = |j: usize| row == 1 && j < pad;
+                    seen.push(if (0..=i).all(hidden) { 0f32 } else { 1.0 });
+                    for j in 0..t {
+                        m.push(if j <= i && !hidden(j) { 0f32 } else { -1e30 });
+                    }
                 }
             }
-        }
-        let mask = Tensor::from_vec(m, (bsz, 1, 1, t, t), &Device::Cpu).unwrap();
-        let scale = 1.0 / (d as f64).sqrt();
-        let c = uniform(&[bsz, nkv, rep * t, d], 10);
-        let ours = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale).unwrap();
-        let s = (q.as_tensor().matmul(&k.as_tensor().t().unwrap()).unwrap() * scale)
-            .unwrap()
-            .reshape((bsz, nkv, rep, t, t))
-            .unwrap()
-            .broadcast_add(&mask)
-            .unwrap();
-        let p = candle_nn::ops::softmax(&s, D::Minus1)
-            .unwrap()
-            .reshape((bsz, nkv, rep * t, t))
-            .unwrap();
-        let theirs = p.matmul(v.as_tensor()).unwrap();
-        assert!(max_diff(&ours, &theirs) < 1e-5);
-        let g1 = grads(&ours, &c);
-        let g2 = grads(&theirs, &c);
-        for var in [&q, &k, &v] {
-            let d = max_diff(
-                g1.get(var.as_tensor()).unwrap(),
-                g2.get(var.as_tensor()).unwrap(),
-            );
-            assert!(d < 1e-4, "{d}");
+            let mask = Tensor::from_vec(m, (bsz, 1, 1, t, t), &Device::Cpu).unwrap();
+            let seen = Tensor::from_vec(seen, (bsz, 1, 1, t, 1), &Device::Cpu).unwrap();
+            let scale = 1.0 / (d as f64).sqrt();
+            let c = uniform(&[bsz, nkv, rep * t, d], 10);
+            let ours =
+                attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale).unwrap();
+            let s = (q.as_tensor().matmul(&k.as_tensor().t().unwrap()).unwrap() * scale)
+                .unwrap()
+                .reshape((bsz, nkv, rep, t, t))
+                .unwrap()
+                .broadcast_add(&mask)
+                .unwrap();
+            let p = candle_nn::ops::softmax(&s, D::Minus1)
+                .unwrap()
+                .broadcast_mul(&seen)
+                .unwrap()
+                .reshape((bsz, nkv, rep * t, t))
+                .unwrap();
+            let theirs = p.matmul(v.as_tensor()).unwrap();
+            let diff = max_diff(&ours, &theirs);
+            assert!(diff < 1e-5, "T {t}: {diff}");
+            let g1 = grads(&ours, &c);
+            let g2 = grads(&theirs, &c);
+            for var in [&q, &k, &v] {
+                let d = max_diff(
+                    g1.get(var.as_tensor()).unwrap(),
+                    g2.get(var.as_tensor()).unwrap(),
+                );
+                assert!(d < 1e-4, "T {t}: {d}");
+            }
         }
     }
 }

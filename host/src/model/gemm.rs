@@ -178,6 +178,129 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
     }
 }
 
+/// B packed once for several [`gemm_packed`] calls: every `KC`-deep block of `NR`-column
+/// strips (zero-padded to whole strips), block `pc` at `pc * strips * NR`.
+pub struct PackedB {
+    data: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedB {
+    /// Packs `b` (any layout); panics where [`super::gemv::available`] is false.
+    pub fn new(b: MatRef) -> PackedB {
+        assert!(super::gemv::available(), "gemm: needs AVX2 and FMA");
+        assert!(b.in_bounds(), "gemm: view out of bounds");
+        let (k, n) = (b.rows, b.cols);
+        let strips = n.div_ceil(NR);
+        let mut data = vec![0f32; k * strips * NR];
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let block = &mut data[pc * strips * NR..(pc + kc) * strips * NR];
+            for (s, strip) in block.chunks_exact_mut(kc * NR).enumerate() {
+                pack_b(b, pc, kc, s * NR, NR.min(n - s * NR), strip);
+            }
+        }
+        PackedB { data, k, n }
+    }
+}
+
+/// The part of a product that a tile of rows `row..row + mr` of C needs, where whole
+/// blocks of an operand are known zero or unused (causal attention).
+#[derive(Clone, Copy)]
+pub enum Band<'f> {
+    /// All of it.
+    Full,
+    /// Only C's columns `..f(row, mr)`; the others may be left unwritten.
+    Cols(&'f (dyn Fn(usize, usize) -> usize + Sync)),
+    /// A's rows are zero outside columns `f(row, mr)`, so only that part of k is summed.
+    Depth(&'f (dyn Fn(usize, usize) -> std::ops::Range<usize> + Sync)),
+}
+
+/// `c = a · b` (or `+=`) on the calling thread with a pre-packed B, for products small
+/// enough to run many at once in parallel (attention heads), skipping what `band` allows.
+/// Panics like [`gemm`].
+pub fn gemm_packed(
+    a: MatRef,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    band: Band,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.n);
+    assert!(super::gemv::available(), "gemm: needs AVX2 and FMA");
+    assert_eq!(b.k, k, "gemm: inner dimensions differ");
+    assert!(a.in_bounds(), "gemm: view out of bounds");
+    assert!(
+        ldc >= n && (m == 0 || (m - 1) * ldc + n <= c.len()),
+        "gemm: c too small"
+    );
+    let strips = n.div_ceil(NR);
+    let direct = a.cs == 1;
+    let mut a_strip = [0f32; MR * KC];
+    // k == 0 still runs one (empty) block, so that C is written.
+    for pc in (0..k.max(1)).step_by(KC) {
+        let kc = KC.min(k - pc);
+        let block = &b.data[pc * strips * NR..(pc + kc) * strips * NR];
+        let add = accumulate || pc > 0;
+        for row in (0..m).step_by(MR) {
+            let mr = MR.min(m - row);
+            let (k0, k1) = match band {
+                Band::Depth(f) => {
+                    let r = f(row, mr);
+                    let k1 = r.end.clamp(pc, pc + kc);
+                    (r.start.max(pc).min(k1), k1)
+                }
+                _ => (pc, pc + kc),
+            };
+            let cols = match band {
+                Band::Cols(f) => f(row, mr).min(n),
+                _ => n,
+            };
+            if !direct && k1 > k0 {
+                pack_strip(a, row, mr, k0, k1 - k0, MR, &mut a_strip[..MR * (k1 - k0)]);
+            }
+            for s in 0..cols.div_ceil(NR) {
+                let col = s * NR;
+                let b_strip = &block[s * kc * NR + (k0 - pc) * NR..(s + 1) * kc * NR];
+                let c_tile = c.as_mut_ptr().wrapping_add(row * ldc + col);
+                // SAFETY: AVX2/FMA checked above; the tile `[row..row+mr, col..col+nr]` is
+                // inside `c` (asserted, nr ≤ n - col); A's rows from column k0 hold k1 - k0
+                // elements (in_bounds), as do the packed strips.
+                unsafe {
+                    if direct {
+                        let a0 = a.data.as_ptr().add(row * a.rs + k0);
+                        tile::<true>(
+                            k1 - k0,
+                            a0,
+                            a.rs,
+                            b_strip,
+                            c_tile,
+                            ldc,
+                            mr,
+                            NR.min(cols - col),
+                            add,
+                        )
+                    } else {
+                        tile::<false>(
+                            k1 - k0,
+                            a_strip.as_ptr(),
+                            0,
+                            b_strip,
+                            c_tile,
+                            ldc,
+                            mr,
+                            NR.min(cols - col),
+                            add,
+                        )
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Whether the gemm-based training ops apply: AVX2/FMA, and `x` and the frozen `w` f32 on
 /// the CPU with `w` contiguous.
 pub fn applies(x: &candle_core::Tensor, w: &candle_core::Tensor) -> bool {
@@ -530,6 +653,68 @@ mod tests {
                 for (x, y) in c.iter().zip(&want) {
                     assert!((x - 2.0 * y).abs() <= 2.0 * tol, "{m}x{k}x{n} accumulate");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_product_with_bands_matches_naive_product() {
+        if !super::super::gemv::available() {
+            return;
+        }
+        // k over two KC blocks; rows and columns off the tile sizes.
+        let (m, k, n) = (29, 300, 37);
+        let a = data(m * k, 5);
+        let b = data(k * n, 6);
+        let (am, bm) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
+        let packed = PackedB::new(bm);
+        // A in place and packed (the transposed copy of A viewed back).
+        let transposed =
+            |x: &[f32]| -> Vec<f32> { (0..k * m).map(|i| x[(i % m) * k + i / m]).collect() };
+        let at = transposed(&a);
+        for am in [am, MatRef::row_major(&at, k, m).t()] {
+            let want = naive(am, bm);
+            let mut c = vec![7f32; m * n];
+            gemm_packed(am, &packed, &mut c, n, false, Band::Full);
+            for (x, y) in c.iter().zip(&want) {
+                assert!((x - y).abs() <= 1e-3, "full: {x} vs {y}");
+            }
+            // Cols: each tile's first `row + 3` columns at least, nothing past its limit.
+            let limit = |row: usize, mr: usize| row + mr + 2;
+            let mut c = vec![7f32; m * n];
+            gemm_packed(am, &packed, &mut c, n, false, Band::Cols(&limit));
+            for i in 0..m {
+                let tile = i - i % 6;
+                for j in 0..n {
+                    let got = c[i * n + j];
+                    if j < tile + 6.min(m - tile) + 2 {
+                        assert!((got - want[i * n + j]).abs() <= 1e-3, "cols ({i}, {j})");
+                    } else {
+                        assert_eq!(got, 7.0, "cols ({i}, {j}) written");
+                    }
+                }
+            }
+        }
+        // Depth: A zero outside each tile's range (here from its first row to 250, across
+        // the KC boundary, empty for some tiles) gives the full product; accumulating adds.
+        let range = |row: usize, _: usize| (row * 11).min(250)..250;
+        let mut banded = a.clone();
+        for i in 0..m {
+            let r = range(i - i % 6, 6);
+            for p in 0..k {
+                if !r.contains(&p) {
+                    banded[i * k + p] = 0.0;
+                }
+            }
+        }
+        let bam = MatRef::row_major(&banded, m, k);
+        let want = naive(bam, bm);
+        let bt = transposed(&banded);
+        for am in [bam, MatRef::row_major(&bt, k, m).t()] {
+            let mut c = vec![1f32; m * n];
+            gemm_packed(am, &packed, &mut c, n, true, Band::Depth(&range));
+            for (x, y) in c.iter().zip(&want) {
+                assert!((x - 1.0 - y).abs() <= 1e-3, "depth: {x} vs {y}");
             }
         }
     }

@@ -5,6 +5,8 @@
 //! for training and log-probs, and a KV-cached path for sampling.
 
 pub mod alloc;
+#[cfg(target_arch = "x86_64")]
+pub mod attention;
 pub mod bundle;
 pub mod chat;
 pub mod config;
