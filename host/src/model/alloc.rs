@@ -21,3 +21,21 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
     }
 }
+
+/// A zeroed f32 buffer, filled by all threads when large. glibc's `calloc` on reused heap
+/// memory is a `memset` on the calling thread, and for the training step's 4–20 MB
+/// outputs the other core waited for it (2% of a 0.5B-shaped step, perf).
+pub fn zeroed(len: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    if len < 4 * CHUNK {
+        return vec![0f32; len];
+    }
+    let mut v = Vec::with_capacity(len);
+    v.spare_capacity_mut()[..len]
+        .par_chunks_mut(CHUNK)
+        .for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
+    // SAFETY: the first `len` elements were just initialised.
+    unsafe { v.set_len(len) };
+    v
+}

@@ -15,6 +15,7 @@
 //! mask `[B, T, T]`. A query row whose every visible key is masked (a padding position)
 //! gets zero weights, so a zero output and no gradient.
 
+use super::alloc::zeroed;
 use super::gemm::{Band, MatRef, PackedB, gemm_packed};
 use rayon::prelude::*;
 
@@ -78,8 +79,8 @@ pub fn forward(
             )
         })
         .collect();
-    let mut out = vec![0f32; dims.pairs() * rows * d];
-    let mut p = vec![0f32; dims.pairs() * rows * t];
+    let mut out = zeroed(dims.pairs() * rows * d);
+    let mut p = zeroed(dims.pairs() * rows * t);
     for_row_blocks(&mut out, d, &mut p, t, rows, |pair, r0, o, pb| {
         let (kt, vb) = &packed[pair];
         let n = o.len() / d;
@@ -132,8 +133,8 @@ pub fn backward(
             )
         })
         .collect();
-    let mut dq = vec![0f32; q.len()];
-    let mut ds = vec![0f32; p.len()];
+    let mut dq = zeroed(q.len());
+    let mut ds = zeroed(p.len());
     for_row_blocks(&mut dq, d, &mut ds, t, rows, |pair, r0, dqb, dsb| {
         let (vt, kb) = &packed[pair];
         let n = dqb.len() / d;
@@ -184,8 +185,8 @@ pub fn backward(
                 .collect()
         })
         .collect();
-    let mut dk = vec![0f32; k.len()];
-    let mut dv = vec![0f32; v.len()];
+    let mut dk = zeroed(k.len());
+    let mut dv = zeroed(v.len());
     for_row_blocks(&mut dk, d, &mut dv, d, t, |pair, j0, dkb, dvb| {
         let n = dkb.len() / d;
         let depth = |row: usize, _: usize| j0 + row..t;

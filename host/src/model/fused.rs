@@ -15,6 +15,7 @@
 //!   `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(dO ⊙ O))`,
 //!   `dQ = s dS K`, `dK = s dSᵀ Q` (FlashAttention's form of the softmax backward).
 
+use super::alloc::zeroed;
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, Device, Layout, Result, Shape, Tensor, bail,
 };
@@ -94,7 +95,7 @@ impl CustomOp1 for RmsNorm {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s, l, self.name())?;
         let h = self.w.len();
-        let mut out = vec![0f32; x.len()];
+        let mut out = zeroed(x.len());
         out.par_chunks_mut(h)
             .zip(x.par_chunks(h))
             .for_each(|(o, xr)| {
@@ -108,7 +109,7 @@ impl CustomOp1 for RmsNorm {
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let h = self.w.len();
-        let mut dx = vec![0f32; x.elem_count()];
+        let mut dx = zeroed(x.elem_count());
         with_f32_data(x, |xs| {
             with_f32_data(g, |gs| {
                 dx.par_chunks_mut(h)
@@ -202,7 +203,7 @@ impl CustomOp2 for SwiGlu {
         if l1.shape() != l2.shape() {
             bail!("swiglu: shapes {:?} and {:?}", l1.shape(), l2.shape());
         }
-        let mut out = vec![0f32; a.len()];
+        let mut out = zeroed(a.len());
         out.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
             .for_each(|(y, (a, b))| {
@@ -221,7 +222,7 @@ impl CustomOp2 for SwiGlu {
         _y: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (mut da, mut db) = (vec![0f32; a.elem_count()], vec![0f32; a.elem_count()]);
+        let (mut da, mut db) = (zeroed(a.elem_count()), zeroed(a.elem_count()));
         with_f32_data(a, |av| {
             with_f32_data(b, |bv| {
                 with_f32_data(g, |gv| {
@@ -310,7 +311,7 @@ impl CustomOp1 for HeadsRope {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s, l, self.name())?;
         let (b, t, n, d) = l.shape().dims4()?;
-        let mut out = vec![0f32; x.len()];
+        let mut out = zeroed(x.len());
         // One task per output plane `[b, h]`: T head vectors gathered from stride n·d.
         out.par_chunks_mut(t * d)
             .enumerate()
@@ -326,7 +327,7 @@ impl CustomOp1 for HeadsRope {
 
     fn bwd(&self, y: &Tensor, _out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let (b, t, n, d) = y.dims4()?;
-        let mut dy = vec![0f32; y.elem_count()];
+        let mut dy = zeroed(y.elem_count());
         with_f32_data(g, |gv| {
             // One task per input row `[b, t]`: n head vectors from n planes.
             dy.par_chunks_mut(n * d).enumerate().for_each(|(bt, row)| {
@@ -436,7 +437,7 @@ const SCORE_ROWS: usize = 64;
 /// parallel pass where the composed form made three, two of them on one thread.
 fn masked_softmax(s: &Tensor, mask: &Tensor, scale: f32, t: usize) -> Result<Tensor> {
     let (b, nkv, rt, tk) = s.dims4()?;
-    let mut p = vec![0f32; s.elem_count()];
+    let mut p = zeroed(s.elem_count());
     with_f32_data(s, |sv| {
         with_f32_data(mask, |mv| {
             p.par_chunks_mut(tk * SCORE_ROWS)
@@ -481,7 +482,7 @@ fn softmax_grad(
 ) -> Result<Tensor> {
     let tk = p.dim(D::Minus1)?;
     let d = out.dim(D::Minus1)?;
-    let mut ds = vec![0f32; p.elem_count()];
+    let mut ds = zeroed(p.elem_count());
     with_f32_data(p, |pv| {
         with_f32_data(dp, |dpv| {
             with_f32_data(d_out, |gv| {

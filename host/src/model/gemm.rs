@@ -77,27 +77,52 @@ impl<'a> MatRef<'a> {
 /// stride `ldc`. Panics on mismatched shapes, out-of-bounds views, or if called where
 /// [`super::gemv::available`] is false.
 pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    assert!(super::gemv::available(), "gemm: needs AVX2 and FMA");
-    assert_eq!(b.rows, k, "gemm: inner dimensions differ");
-    assert!(a.in_bounds() && b.in_bounds(), "gemm: view out of bounds");
+    let (m, n) = (a.rows, b.cols);
     assert!(
         ldc >= n && (m == 0 || (m - 1) * ldc + n <= c.len()),
         "gemm: c too small"
     );
+    // SAFETY: `c` holds the `m` rows of `n` at stride `ldc` (asserted) and is initialised.
+    unsafe { gemm_to(a, b, c.as_mut_ptr(), ldc, accumulate) }
+}
+
+/// `a · b` as a new row-major `[a.rows, b.cols]` buffer. Not zeroed first: the product
+/// writes every element (a zeroed allocation was a single-threaded `memset` of up to
+/// 20 MB per projection, on a path where the other core then waits).
+pub fn product(a: MatRef, b: MatRef) -> Vec<f32> {
+    let len = a.rows * b.cols;
+    let mut c = Vec::with_capacity(len);
+    // SAFETY: the buffer has room for `len` floats; without `accumulate` every element of
+    // the `[rows, cols]` result is written (and none read) before `set_len`.
+    unsafe {
+        gemm_to(a, b, c.as_mut_ptr(), b.cols, false);
+        c.set_len(len);
+    }
+    c
+}
+
+/// [`gemm`] into `c`, which must be valid for `a.rows` rows of `b.cols` floats at stride
+/// `ldc`, and initialised there when `accumulate`.
+unsafe fn gemm_to(a: MatRef, b: MatRef, c: *mut f32, ldc: usize, accumulate: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert!(super::gemv::available(), "gemm: needs AVX2 and FMA");
+    assert_eq!(b.rows, k, "gemm: inner dimensions differ");
+    assert!(a.in_bounds() && b.in_bounds(), "gemm: view out of bounds");
+    assert!(ldc >= n, "gemm: c too small");
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
         if !accumulate {
-            for row in c.chunks_mut(ldc).take(m) {
-                row[..n].fill(0.0);
+            for i in 0..m {
+                // SAFETY: row `i` of `c` holds `n` floats (the contract).
+                unsafe { std::ptr::write_bytes(c.add(i * ldc), 0, n) };
             }
         }
         return;
     }
     let threads = rayon::current_num_threads().max(1);
-    let c_ptr = SendPtr(c.as_mut_ptr());
+    let c_ptr = SendPtr(c);
     let mut bp = B_PANELS
         .lock()
         .map(|mut free| free.pop())

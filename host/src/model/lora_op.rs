@@ -14,7 +14,7 @@
 //! only, which this node does not model); everything else takes the composed path.
 
 use super::fused::with_f32_data;
-use super::gemm::{MatRef, gemm};
+use super::gemm::{MatRef, gemm, product};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
@@ -74,13 +74,8 @@ impl CustomOp3 for LoraMatmul {
         let (n, r) = bl.shape().dims2()?;
         let (x, a, b) = (slice(xs, xl)?, slice(as_, al)?, slice(bs, bl)?);
         let xm = MatRef::row_major(x, m, k);
-        let mut y = vec![0f32; m * n];
-        with_f32_data(&self.w, |w| {
-            gemm(xm, MatRef::row_major(w, n, k).t(), &mut y, n, false);
-            Ok(())
-        })?;
-        let mut low = vec![0f32; m * r];
-        gemm(xm, MatRef::row_major(a, r, k).t(), &mut low, r, false);
+        let mut y = with_f32_data(&self.w, |w| Ok(product(xm, MatRef::row_major(w, n, k).t())))?;
+        let mut low = product(xm, MatRef::row_major(a, r, k).t());
         low.iter_mut().for_each(|v| *v *= self.scaling);
         gemm(
             MatRef::row_major(&low, m, r),
@@ -124,20 +119,16 @@ impl CustomOp3 for LoraMatmul {
                         with_f32_data(&self.w, |w| {
                             let gm = MatRef::row_major(gv, m, n);
                             // gl = s g B: [m, r]
-                            let mut gl = vec![0f32; m * r];
-                            gemm(gm, MatRef::row_major(bv, n, r), &mut gl, r, false);
+                            let mut gl = product(gm, MatRef::row_major(bv, n, r));
                             gl.iter_mut().for_each(|v| *v *= self.scaling);
                             let glm = MatRef::row_major(&gl, m, r);
                             let dx = want_dx.then(|| {
-                                let mut dx = vec![0f32; m * k];
-                                gemm(gm, MatRef::row_major(w, n, k), &mut dx, k, false);
+                                let mut dx = product(gm, MatRef::row_major(w, n, k));
                                 gemm(glm, MatRef::row_major(av, r, k), &mut dx, k, true);
                                 dx
                             });
-                            let mut da = vec![0f32; r * k];
-                            gemm(glm.t(), MatRef::row_major(xv, m, k), &mut da, k, false);
-                            let mut db = vec![0f32; n * r];
-                            gemm(gm.t(), MatRef::row_major(&low, m, r), &mut db, r, false);
+                            let da = product(glm.t(), MatRef::row_major(xv, m, k));
+                            let db = product(gm.t(), MatRef::row_major(&low, m, r));
                             Ok((dx, da, db))
                         })
                     })
