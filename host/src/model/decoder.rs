@@ -445,34 +445,32 @@ impl Attention {
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
-        let n_rep = nh / nkv;
         let heads = |lin: &Linear, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
-            let y = lin.forward(x, mode)?.reshape((b, t, n, d))?;
+            let y = lin.forward(x, mode)?;
             match norm {
-                Some(w) => rms_norm(&y, w, self.eps),
+                Some(w) => rms_norm(&y.reshape((b, t, n, d))?, w, self.eps),
                 None => Ok(y),
             }
         };
-        // `[B, T, n, d]` → `[B, n, T, d]`, rotated for q and k: one differentiable node in
-        // training, candle's fused rope otherwise.
-        let place = |y: Tensor, rotate: bool| -> Result<Tensor> {
+        // `[B, T, n·d]` → `[B, g, (n/g)·T, d]` (see `fused::heads_rope`), rotated for q and
+        // k: one differentiable node in training, candle's fused rope otherwise. Queries
+        // come out with the n_rep query heads of each kv head stacked as rows, the
+        // grouped-query layout of `fused::attention` (no repeated k/v).
+        let place = |y: Tensor, n: usize, groups: usize, rotate: bool| -> Result<Tensor> {
             if y.track_op() {
-                super::fused::heads_rope(&y, rotate.then_some((cos, sin)))
-            } else {
-                let y = y.transpose(1, 2)?.contiguous()?;
-                if rotate {
-                    candle_nn::rotary_emb::rope(&y, cos, sin)
-                } else {
-                    Ok(y)
-                }
+                return super::fused::heads_rope(&y, n, groups, rotate.then_some((cos, sin)));
             }
+            let y = y.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous()?;
+            let y = if rotate {
+                candle_nn::rotary_emb::rope(&y, cos, sin)?
+            } else {
+                y
+            };
+            y.reshape((b, groups, n / groups * t, d))
         };
-        let q = place(heads(&self.q_proj, nh, &self.q_norm)?, true)?;
-        let k = place(heads(&self.k_proj, nkv, &self.k_norm)?, true)?;
-        let v = place(heads(&self.v_proj, nkv, &None)?, false)?;
-        // Grouped-query attention without repeating k/v: the n_rep query heads of one kv
-        // head are stacked as rows.
-        let q = q.contiguous()?.reshape((b, nkv, n_rep * t, d))?;
+        let q = place(heads(&self.q_proj, nh, &self.q_norm)?, nh, nkv, true)?;
+        let k = place(heads(&self.k_proj, nkv, &self.k_norm)?, nkv, nkv, true)?;
+        let v = place(heads(&self.v_proj, nkv, &None)?, nkv, nkv, false)?;
         let out = super::fused::attention(&q, &k, &v, mask, 1.0 / (d as f64).sqrt())?;
         let out = out.reshape((b, nh, t, d))?.transpose(1, 2)?;
         self.o_proj.forward(&out.reshape((b, t, nh * d))?, mode)

@@ -254,16 +254,31 @@ impl CustomOp2 for SwiGlu {
 
 // ------------------------------------------------------------------ heads and rope
 
-/// `y: [B, T, n, d]` → `[B, n, T, d]` (contiguous), each head vector rotated by rope in
-/// transformers' `rotate_half` form when `rope` gives `cos`, `sin: [B, T, d/2]`:
-/// `o₁ = x₁ cos − x₂ sin`, `o₂ = x₂ cos + x₁ sin` (x₁, x₂ the halves), whose backward is
-/// the opposite rotation of the gradient, `dx₁ = g₁ cos + g₂ sin`, `dx₂ = g₂ cos − g₁ sin`.
-/// One node instead of the transpose, copy and eight-op rope of the composed form.
-pub fn heads_rope(y: &Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
-    let (b, t, _, d) = y.dims4()?;
+/// `y: [B, T, n, d]` (or `[B, T, n·d]`) → `[B, g, (n/g)·T, d]` (contiguous; with `g = n`
+/// that is `[B, n, T, d]`, with `g` kv heads the layout [`attention`] takes for queries),
+/// each head vector rotated by rope in transformers' `rotate_half` form when `rope` gives
+/// `cos`, `sin: [B, T, d/2]`: `o₁ = x₁ cos − x₂ sin`, `o₂ = x₂ cos + x₁ sin` (x₁, x₂ the
+/// halves), whose backward is the opposite rotation of the gradient,
+/// `dx₁ = g₁ cos + g₂ sin`, `dx₂ = g₂ cos − g₁ sin`. One node instead of the reshapes,
+/// transpose, copy and eight-op rope of the composed form.
+pub fn heads_rope(
+    y: &Tensor,
+    n: usize,
+    groups: usize,
+    rope: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
+    let dims = y.dims();
+    if dims.len() < 3 || n == 0 || groups == 0 || !n.is_multiple_of(groups) {
+        bail!("heads_rope: {dims:?} with {n} heads in {groups} groups");
+    }
+    let (b, t) = (dims[0], dims[1]);
+    let d = y.elem_count() / (b * t * n).max(1);
+    if b * t * n * d != y.elem_count() {
+        bail!("heads_rope: {dims:?} is not [B, T, {n} heads of d]");
+    }
     let rope = match rope {
         Some((cos, sin)) => {
-            if cos.dims() != [b, t, d / 2] || sin.dims() != cos.dims() || d % 2 != 0 {
+            if cos.dims() != [b, t, d / 2] || sin.dims() != cos.dims() || !d.is_multiple_of(2) {
                 bail!(
                     "heads_rope: cos {:?} / sin {:?} do not fit [{b}, {t}, {}]",
                     cos.dims(),
@@ -275,12 +290,20 @@ pub fn heads_rope(y: &Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor
         }
         None => None,
     };
-    y.contiguous()?.apply_op1(HeadsRope { rope })
+    y.contiguous()?.apply_op1(HeadsRope {
+        rope,
+        dims: (b, t, n, d),
+        groups,
+    })
 }
 
 struct HeadsRope {
     /// cos and sin, `[B, T, d/2]`; `None`: transpose only.
     rope: Option<(Vec<f32>, Vec<f32>)>,
+    /// `(B, T, n, d)`.
+    dims: (usize, usize, usize, usize),
+    /// Head groups of the output.
+    groups: usize,
 }
 
 impl HeadsRope {
@@ -310,7 +333,7 @@ impl CustomOp1 for HeadsRope {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s, l, self.name())?;
-        let (b, t, n, d) = l.shape().dims4()?;
+        let (b, t, n, d) = self.dims;
         let mut out = zeroed(x.len());
         // One task per output plane `[b, h]`: T head vectors gathered from stride n·d.
         out.par_chunks_mut(t * d)
@@ -322,11 +345,12 @@ impl CustomOp1 for HeadsRope {
                     self.rotate(bi * t + ti, &x[src..src + d], o, 1.0);
                 }
             });
-        Ok((CpuStorage::F32(out), Shape::from((b, n, t, d))))
+        let g = self.groups;
+        Ok((CpuStorage::F32(out), Shape::from((b, g, n / g * t, d))))
     }
 
     fn bwd(&self, y: &Tensor, _out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let (b, t, n, d) = y.dims4()?;
+        let (_, t, n, d) = self.dims;
         let mut dy = zeroed(y.elem_count());
         with_f32_data(g, |gv| {
             // One task per input row `[b, t]`: n head vectors from n planes.
@@ -339,7 +363,7 @@ impl CustomOp1 for HeadsRope {
             });
             Ok(())
         })?;
-        Ok(Some(Tensor::from_vec(dy, (b, t, n, d), y.device())?))
+        Ok(Some(Tensor::from_vec(dy, y.shape(), y.device())?))
     }
 }
 
@@ -653,7 +677,7 @@ mod tests {
         let (cos, sin) = crate::model::ops::rope_cos_sin(&inv, &positions).unwrap();
         let c = uniform(&[2, 4, 3, 8], 12);
         for rotate in [true, false] {
-            let ours = heads_rope(y.as_tensor(), rotate.then_some((&cos, &sin))).unwrap();
+            let ours = heads_rope(y.as_tensor(), 4, 4, rotate.then_some((&cos, &sin))).unwrap();
             let moved = y.as_tensor().transpose(1, 2).unwrap();
             let theirs = if rotate {
                 crate::model::ops::rope_train(&moved, &cos, &sin).unwrap()
@@ -662,6 +686,12 @@ mod tests {
             };
             assert_eq!(ours.dims(), theirs.dims());
             assert!(max_diff(&ours, &theirs) < 1e-6);
+            // Flat heads in, two groups of two heads out: the same values, regrouped.
+            let flat = y.as_tensor().reshape((2, 3, 32)).unwrap();
+            let grouped = heads_rope(&flat, 4, 2, rotate.then_some((&cos, &sin))).unwrap();
+            assert_eq!(grouped.dims(), [2, 2, 6, 8]);
+            let regrouped = theirs.reshape((2, 2, 6, 8)).unwrap();
+            assert!(max_diff(&grouped, &regrouped) < 1e-6);
             let g1 = grads(&ours, &c);
             let g2 = grads(&theirs, &c);
             let d = max_diff(

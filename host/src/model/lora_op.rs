@@ -18,7 +18,8 @@ use super::gemm::{MatRef, gemm, product};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
-/// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]`; differentiable in `x`, `a`, `b`.
+/// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]` (out `[..., out]`); differentiable in `x`, `a`,
+/// `b`.
 pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
     let (out_f, in_f) = w.dims2()?;
     let (r, in_a) = a.dims2()?;
@@ -30,9 +31,12 @@ pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64)
             b.dims()
         );
     }
-    let mut dims = x.dims().to_vec();
-    let rows = x.elem_count() / in_f;
-    let y = x.reshape((rows, in_f))?.contiguous()?.apply_op3(
+    if x.dims().last() != Some(&in_f) {
+        bail!("lora: input {:?} does not end in {in_f} features", x.dims());
+    }
+    // N-D in and out: reshapes around the op would be graph nodes, and candle's backward
+    // gives each a zero tensor plus an add of the whole gradient.
+    x.contiguous()?.apply_op3(
         &a.contiguous()?,
         &b.contiguous()?,
         LoraMatmul {
@@ -40,9 +44,7 @@ pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64)
             scaling: scaling as f32,
             low: Mutex::new(Vec::new()),
         },
-    )?;
-    *dims.last_mut().expect("x has at least one dim") = out_f;
-    y.reshape(dims)
+    )
 }
 
 struct LoraMatmul {
@@ -70,8 +72,9 @@ impl CustomOp3 for LoraMatmul {
         bs: &CpuStorage,
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (m, k) = xl.shape().dims2()?;
         let (n, r) = bl.shape().dims2()?;
+        let k = al.shape().dims2()?.1;
+        let m = xl.shape().elem_count() / k;
         let (x, a, b) = (slice(xs, xl)?, slice(as_, al)?, slice(bs, bl)?);
         let xm = MatRef::row_major(x, m, k);
         let mut y = with_f32_data(&self.w, |w| Ok(product(xm, MatRef::row_major(w, n, k).t())))?;
@@ -88,7 +91,9 @@ impl CustomOp3 for LoraMatmul {
             .low
             .lock()
             .map_err(|_| candle_core::Error::Msg("lora: poisoned".into()))? = low;
-        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+        let mut dims = xl.shape().dims().to_vec();
+        *dims.last_mut().expect("x has at least one dim") = n;
+        Ok((CpuStorage::F32(y), Shape::from(dims)))
     }
 
     fn bwd(
@@ -99,8 +104,9 @@ impl CustomOp3 for LoraMatmul {
         _y: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (m, k) = x.dims2()?;
         let (n, r) = b.dims2()?;
+        let k = a.dims2()?.1;
+        let m = x.elem_count() / k;
         let low = std::mem::take(
             &mut *self
                 .low
@@ -135,7 +141,9 @@ impl CustomOp3 for LoraMatmul {
                 })
             })
         })?;
-        let dx = dx.map(|d| Tensor::from_vec(d, (m, k), dev)).transpose()?;
+        let dx = dx
+            .map(|d| Tensor::from_vec(d, x.shape(), dev))
+            .transpose()?;
         Ok((
             dx,
             Some(Tensor::from_vec(da, (r, k), dev)?),
