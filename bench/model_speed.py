@@ -6,7 +6,7 @@ Not a test: run by developers on a quiet machine, numbers go in issue notes.
     python3 -m venv /tmp/benchvenv
     /tmp/benchvenv/bin/pip install torch transformers peft safetensors
     cargo build --release -p rlhost --example model_bench
-    /tmp/benchvenv/bin/python bench/model_speed.py [--threads 2] [--small]
+    /tmp/benchvenv/bin/python bench/model_speed.py [--threads 2] [--small] [--rounds 3]
 
 What it does:
 1. Makes a random model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads,
@@ -16,7 +16,8 @@ What it does:
    transformers `generate` (prefill included in both).
 3. One LoRA r16 training step (all 7 projections) on 4 x 256 tokens: forward, mean
    next-token NLL, backward, AdamW; mean of 2 timed steps after a warm-up, and the peak
-   RSS of the whole process, rlhost vs PyTorch + PEFT.
+   RSS of the whole process, rlhost vs PyTorch + PEFT. The two alternate for --rounds
+   runs each (default 3); the medians are compared, and each round's ratio is printed.
 4. Memory read bandwidth with the same thread count, and batch-1 decode as a fraction of
    the limit it implies (bytes of weights read per token / bandwidth).
 
@@ -27,6 +28,7 @@ and torch.set_num_threads), and its peak RSS comes from wait4().
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -120,6 +122,9 @@ def main():
     ap.add_argument("--worker", choices=["decode", "train"])
     ap.add_argument("--model")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="training step: alternate rlhost and the peer this many times; the "
+                         "medians are compared (this VM's speed drifts by 15-20%% within minutes)")
     args = ap.parse_args()
     if args.worker:
         return torch_worker(args)
@@ -156,11 +161,25 @@ def main():
             print(f"  batch-1 limit {limit:.1f} tokens/s from bandwidth; rlhost reaches {frac:.0%}", flush=True)
             results["decode_b1_fraction_of_limit"] = frac
     if not args.skip_train:
-        ours = run([BIN, "train", "--model", model], t)
-        theirs = run(py + ["--worker", "train"], t)
+        # Alternating runs, so that a slow spell of the machine hits both sides alike; each
+        # round's ratio compares two neighbouring runs.
+        rounds = []
+        for i in range(max(1, args.rounds)):
+            ours = run([BIN, "train", "--model", model], t)
+            theirs = run(py + ["--worker", "train"], t)
+            rounds.append({"rlhost": ours, "peft": theirs})
+            print(f"  round {i + 1}: rlhost {ours['step_seconds']:.2f} s, peer "
+                  f"{theirs['step_seconds']:.2f} s, ratio "
+                  f"{theirs['step_seconds'] / ours['step_seconds']:.2f}x", flush=True)
+        ours = {k: statistics.median([r["rlhost"][k] for r in rounds]) for k in ("step_seconds", "peak_rss_gb")}
+        theirs = {k: statistics.median([r["peft"][k] for r in rounds]) for k in ("step_seconds", "peak_rss_gb")}
         show("LoRA r16 step 4x256, seconds", ours, theirs, "step_seconds", higher_is_better=False)
         show("LoRA r16 step peak RSS, GB", ours, theirs, "peak_rss_gb", higher_is_better=False)
-        results["train"] = {"rlhost": ours, "peft": theirs}
+        ratios = [r["peft"]["step_seconds"] / r["rlhost"]["step_seconds"] for r in rounds]
+        print(f"  per-round step ratios {', '.join(f'{x:.2f}x' for x in ratios)}; median "
+              f"{statistics.median(ratios):.2f}x", flush=True)
+        results["train"] = {"rlhost": ours, "peft": theirs, "rounds": rounds,
+                            "median_round_ratio": statistics.median(ratios)}
     os.makedirs(WORK, exist_ok=True)
     with open(os.path.join(WORK, "model_speed.json"), "w") as f:
         json.dump(results, f, indent=2)
