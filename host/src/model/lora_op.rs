@@ -5,16 +5,17 @@
 //! Composed from candle ops the adapter is five nodes (two matmuls, a scale, the add, the
 //! frozen product), and candle's backward gives each node's inputs a fresh zero tensor plus
 //! an add, so every `[tokens, out]` gradient was copied several times; its gemm also runs
-//! the rank-16 products at a fraction of its speed. Here the adapter's output is accumulated
-//! straight into `x Wᵀ` by [`super::gemm`], and with `low = s x Aᵀ`, `gl = s g B`:
-//! `dx = g W + gl A`, `dA = glᵀ x`, `dB = gᵀ low` (each a gemm, the second one accumulated).
+//! the rank-16 products at a fraction of its speed. Here the adapter's output is added in
+//! the register tiles of `x Wᵀ` ([`super::gemm::product_plus`]), and with `low = s x Aᵀ`,
+//! `gl = s g B`: `dx = g W + gl A`, `dA = glᵀ x`, `dB = gᵀ low` (each a gemm, the two terms
+//! of `dx` in one).
 //! `dx` is skipped when `x` needs no gradient (the first layer, under frozen embeddings).
 //!
 //! Used for training forwards without LoRA dropout (dropout masks the adapter's input
 //! only, which this node does not model); everything else takes the composed path.
 
 use super::fused::with_f32_data;
-use super::gemm::{MatRef, gemm, product};
+use super::gemm::{MatRef, product, product_plus};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
@@ -77,16 +78,16 @@ impl CustomOp3 for LoraMatmul {
         let m = xl.shape().elem_count() / k;
         let (x, a, b) = (slice(xs, xl)?, slice(as_, al)?, slice(bs, bl)?);
         let xm = MatRef::row_major(x, m, k);
-        let mut y = with_f32_data(&self.w, |w| Ok(product(xm, MatRef::row_major(w, n, k).t())))?;
         let mut low = product(xm, MatRef::row_major(a, r, k).t());
         low.iter_mut().for_each(|v| *v *= self.scaling);
-        gemm(
-            MatRef::row_major(&low, m, r),
-            MatRef::row_major(b, n, r).t(),
-            &mut y,
-            n,
-            true,
-        );
+        let y = with_f32_data(&self.w, |w| {
+            Ok(product_plus(
+                xm,
+                MatRef::row_major(w, n, k).t(),
+                MatRef::row_major(&low, m, r),
+                MatRef::row_major(b, n, r).t(),
+            ))
+        })?;
         *self
             .low
             .lock()
@@ -129,9 +130,12 @@ impl CustomOp3 for LoraMatmul {
                             gl.iter_mut().for_each(|v| *v *= self.scaling);
                             let glm = MatRef::row_major(&gl, m, r);
                             let dx = want_dx.then(|| {
-                                let mut dx = product(gm, MatRef::row_major(w, n, k));
-                                gemm(glm, MatRef::row_major(av, r, k), &mut dx, k, true);
-                                dx
+                                product_plus(
+                                    gm,
+                                    MatRef::row_major(w, n, k),
+                                    glm,
+                                    MatRef::row_major(av, r, k),
+                                )
                             });
                             let da = product(glm.t(), MatRef::row_major(xv, m, k));
                             let db = product(gm.t(), MatRef::row_major(&low, m, r));
