@@ -69,20 +69,11 @@ pub fn forward(
     let Dims { kv_heads, t, d, .. } = dims;
     let rows = dims.rows();
     check(q, k, v, mask, dims);
-    let packed: Vec<(PackedB, PackedB)> = (0..dims.pairs())
-        .into_par_iter()
-        .map(|pair| {
-            let (kp, vp) = (&k[pair * t * d..][..t * d], &v[pair * t * d..][..t * d]);
-            (
-                PackedB::new(MatRef::row_major(kp, t, d).t()),
-                PackedB::new(MatRef::row_major(vp, t, d)),
-            )
-        })
-        .collect();
+    let (kt, vb) = (pack_heads(k, dims, true), pack_heads(v, dims, false));
     let mut out = zeroed(dims.pairs() * rows * d);
     let mut p = zeroed(dims.pairs() * rows * t);
     for_row_blocks(&mut out, d, &mut p, t, rows, |pair, r0, o, pb| {
-        let (kt, vb) = &packed[pair];
+        let (kt, vb) = (&kt[pair], &vb[pair]);
         let n = o.len() / d;
         let qm = MatRef::row_major(&q[(pair * rows + r0) * d..][..n * d], n, d);
         let cols = |row: usize, mr: usize| dims.last_pos(r0 + row, mr) + 1;
@@ -123,20 +114,11 @@ pub fn backward(
     let rows = dims.rows();
     assert!(out.len() == q.len() && d_out.len() == q.len() && p.len() == dims.pairs() * rows * t);
     // dS = s P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)) and dQ = dS K, by blocks of query rows.
-    let packed: Vec<(PackedB, PackedB)> = (0..dims.pairs())
-        .into_par_iter()
-        .map(|pair| {
-            let (kp, vp) = (&k[pair * t * d..][..t * d], &v[pair * t * d..][..t * d]);
-            (
-                PackedB::new(MatRef::row_major(vp, t, d).t()),
-                PackedB::new(MatRef::row_major(kp, t, d)),
-            )
-        })
-        .collect();
+    let (vt, kb) = (pack_heads(v, dims, true), pack_heads(k, dims, false));
     let mut dq = zeroed(q.len());
     let mut ds = zeroed(p.len());
     for_row_blocks(&mut dq, d, &mut ds, t, rows, |pair, r0, dqb, dsb| {
-        let (vt, kb) = &packed[pair];
+        let (vt, kb) = (&vt[pair], &kb[pair]);
         let n = dqb.len() / d;
         let at = (pair * rows + r0) * d;
         let (go, o) = (&d_out[at..][..n * d], &out[at..][..n * d]);
@@ -206,6 +188,19 @@ pub fn backward(
         }
     });
     (dq, dk, dv)
+}
+
+/// Each (batch, kv head)'s `[T, d]` keys or values packed as a product's B: transposed
+/// (for `Q Kᵀ`, `dO Vᵀ`) or as they are (for `P V`, `dS K`).
+fn pack_heads(x: &[f32], dims: Dims, transposed: bool) -> Vec<PackedB> {
+    let Dims { t, d, .. } = dims;
+    (0..dims.pairs())
+        .into_par_iter()
+        .map(|pair| {
+            let m = MatRef::row_major(&x[pair * t * d..][..t * d], t, d);
+            PackedB::new(if transposed { m.t() } else { m })
+        })
+        .collect()
 }
 
 /// Runs `f(pair, first_row, a_block, b_block)` in parallel over blocks of [`ROWS`] rows

@@ -361,33 +361,13 @@ pub fn gemm_packed(
                 // inside `c` (asserted, nr ≤ n - col); A's rows from column k0 hold k1 - k0
                 // elements (in_bounds), as do the packed strips.
                 unsafe {
+                    let (depth, nr) = (k1 - k0, NR.min(cols - col));
                     if direct {
                         let a0 = a.data.as_ptr().add(row * a.rs + k0);
-                        tile::<true>(
-                            k1 - k0,
-                            a0,
-                            a.rs,
-                            b_strip,
-                            c_tile,
-                            ldc,
-                            mr,
-                            NR.min(cols - col),
-                            add,
-                            None,
-                        )
+                        tile::<true>(depth, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add, None)
                     } else {
-                        tile::<false>(
-                            k1 - k0,
-                            a_strip.as_ptr(),
-                            0,
-                            b_strip,
-                            c_tile,
-                            ldc,
-                            mr,
-                            NR.min(cols - col),
-                            add,
-                            None,
-                        )
+                        let a0 = a_strip.as_ptr();
+                        tile::<false>(depth, a0, 0, b_strip, c_tile, ldc, mr, nr, add, None)
                     }
                 }
             }
