@@ -76,23 +76,14 @@ pub fn forward(
         let (kt, vb) = (&kt[pair], &vb[pair]);
         let n = o.len() / d;
         let qm = MatRef::row_major(&q[(pair * rows + r0) * d..][..n * d], n, d);
-        let cols = |row: usize, mr: usize| dims.last_pos(r0 + row, mr) + 1;
-        gemm_packed(qm, kt, pb, t, false, Band::Cols(&cols));
+        causal_scores(dims, r0, qm, kt, pb);
         let batch = pair / kv_heads;
         for (r, pr) in pb.chunks_exact_mut(t).enumerate() {
             let i = (r0 + r) % t;
             softmax_row(&mut pr[..=i], &mask[(batch * t + i) * t..][..=i], scale);
             pr[i + 1..].fill(0.0);
         }
-        let depth = |row: usize, mr: usize| 0..dims.last_pos(r0 + row, mr) + 1;
-        gemm_packed(
-            MatRef::row_major(pb, n, t),
-            vb,
-            o,
-            d,
-            false,
-            Band::Depth(&depth),
-        );
+        causal_weighted(dims, r0, pb, vb, o);
     });
     (out, p)
 }
@@ -122,15 +113,7 @@ pub fn backward(
         let n = dqb.len() / d;
         let at = (pair * rows + r0) * d;
         let (go, o) = (&d_out[at..][..n * d], &out[at..][..n * d]);
-        let cols = |row: usize, mr: usize| dims.last_pos(r0 + row, mr) + 1;
-        gemm_packed(
-            MatRef::row_major(go, n, d),
-            vt,
-            dsb,
-            t,
-            false,
-            Band::Cols(&cols),
-        );
+        causal_scores(dims, r0, MatRef::row_major(go, n, d), vt, dsb);
         let pb = &p[(pair * rows + r0) * t..][..n * t];
         for (r, (dsr, pr)) in dsb.chunks_exact_mut(t).zip(pb.chunks_exact(t)).enumerate() {
             let i = (r0 + r) % t;
@@ -141,15 +124,7 @@ pub fn backward(
             }
             dsr[i + 1..].fill(0.0);
         }
-        let depth = |row: usize, mr: usize| 0..dims.last_pos(r0 + row, mr) + 1;
-        gemm_packed(
-            MatRef::row_major(dsb, n, t),
-            kb,
-            dqb,
-            d,
-            false,
-            Band::Depth(&depth),
-        );
+        causal_weighted(dims, r0, dsb, kb, dqb);
     });
     // dK = Σ_g dS_gᵀ Q_g and dV = Σ_g P_gᵀ dO_g over the R query heads, by blocks of keys;
     // query i reaches key j only for i ≥ j.
@@ -188,6 +163,22 @@ pub fn backward(
         }
     });
     (dq, dk, dv)
+}
+
+/// Scores `c = a · b` (`Q Kᵀ`, `dO Vᵀ`) for a block of query rows from `r0`: each tile's
+/// columns up to its last position only, the rest left unwritten.
+fn causal_scores(dims: Dims, r0: usize, a: MatRef, b: &PackedB, c: &mut [f32]) {
+    let cols = |row: usize, mr: usize| dims.last_pos(r0 + row, mr) + 1;
+    gemm_packed(a, b, c, dims.t, false, Band::Cols(&cols));
+}
+
+/// `c = s · b` (`P V`, `dS K`) for the score rows `s` of a block of query rows from `r0`,
+/// summed over the keys up to each tile's last position only (the rest of `s` is zero).
+fn causal_weighted(dims: Dims, r0: usize, s: &[f32], b: &PackedB, c: &mut [f32]) {
+    let depth = |row: usize, mr: usize| 0..dims.last_pos(r0 + row, mr) + 1;
+    let n = c.len() / dims.d;
+    let a = MatRef::row_major(s, n, dims.t);
+    gemm_packed(a, b, c, dims.d, false, Band::Depth(&depth));
 }
 
 /// Each (batch, kv head)'s `[T, d]` keys or values packed as a product's B: transposed
