@@ -4,8 +4,9 @@
 //! 0.5B-shaped LoRA step on this 2-core machine, whose FMA peak is ~182 GFLOPS
 //! (`examples/gemm_probe.rs`), and it re-packs the frozen weight for every call: the
 //! 151,936-row output head in 52-row chunks ran at 90. This is the textbook blocking
-//! (Goto & van de Geijn; BLIS's Haswell parameters): B is packed in `KC × NC` panels of
-//! 16-column strips that stay in L3, A in `MC × KC` blocks of 6-row strips that stay in L2,
+//! (Goto & van de Geijn; BLIS's Haswell parameters): B is packed in 4 MB panels (`KC × NC`,
+//! or several KC blocks deep where k is small) of 16-column strips that stay in L3, A in
+//! `MC × KC` blocks of 6-row strips that stay in L2,
 //! and a 6×16 register tile (12 ymm accumulators) runs over a `KC`-long product with one
 //! B strip in L1. Threads split the rows of C (or its columns when there are few rows)
 //! and share each packed B panel.
@@ -24,8 +25,14 @@ const NR: usize = 16;
 const KC: usize = 256;
 /// Rows of a packed A block: 144 × 256 × 4 = 147 KB, in L2 (512 KB per core).
 const MC: usize = 144;
-/// Columns of a packed B panel: 4080 × 256 × 4 = 4.2 MB, in L3.
+/// Most columns of a packed B panel: 4080 × 256 × 4 = 4.2 MB, in L3.
 const NC: usize = 4080;
+/// Floats in a packed B panel (4.2 MB, in L3): `KC × NC`, or fewer columns and more
+/// depth (several KC blocks) where k is small, see [`panel_shape`].
+const PANEL: usize = KC * NC;
+/// Fewest columns of a panel chosen for its depth: the narrower it is, the more often
+/// A is read again (once per panel).
+const NC_MIN: usize = 1024;
 
 /// Tasks per thread in each panel's parallel loop: on a shared VM one thread is often
 /// slowed for a while, and with one task per thread the other then idles at the join
@@ -178,30 +185,47 @@ unsafe fn gemm_tail(
         .ok()
         .flatten()
         .unwrap_or_else(|| Aligned::new(0));
-    bp.get(NC * (KC + r));
-    for jc in (0..n).step_by(NC) {
-        let nc = NC.min(n - jc);
+    let (nc_max, kg_max) = panel_shape(k, n);
+    bp.get(nc_max.next_multiple_of(NR) * (kg_max + r));
+    let tail_a = tail.map(|(a2, _)| a2);
+    for jc in (0..n).step_by(nc_max) {
+        let nc = nc_max.min(n - jc);
         let strips = nc.div_ceil(NR);
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
-            // The last block's strips carry the tail's `r` steps after their own.
-            let (last, tr) = (pc + kc == k, if pc + kc == k { r } else { 0 });
-            let depth = kc + tr;
-            let panel = &mut bp.as_mut()[..strips * depth * NR];
-            panel
-                .par_chunks_mut(depth * NR)
-                .enumerate()
-                .for_each(|(s, strip)| {
-                    let (col, nr) = (jc + s * NR, NR.min(nc - s * NR));
-                    let (own, rest) = strip.split_at_mut(kc * NR);
-                    pack_b(b, pc, kc, col, nr, own);
-                    if let Some((_, b2)) = tail.filter(|_| last) {
-                        pack_b(b2, 0, tr, col, nr, rest);
-                    }
-                });
+        for pg in (0..k).step_by(kg_max) {
+            let kg = kg_max.min(k - pg);
+            // The group's KC blocks, each `strips` strips of its depth; the block that ends
+            // k carries the tail's `r` steps after its own in each strip.
+            let blocks = || {
+                (pg..pg + kg).step_by(KC).map(move |pc| {
+                    let kc = KC.min(k - pc);
+                    let tr = if pc + kc == k { r } else { 0 };
+                    (pc, kc, tr, (pc - pg) * strips * NR)
+                })
+            };
+            let panel_len = strips * (kg + if pg + kg == k { r } else { 0 }) * NR;
+            let panel = &mut bp.as_mut()[..panel_len];
+            // Every (block, strip) of the group packs in one parallel loop.
+            let mut jobs = Vec::with_capacity(kg.div_ceil(KC) * strips);
+            let mut rest = &mut *panel;
+            for (pc, kc, tr, _) in blocks() {
+                let (block, after) = rest.split_at_mut(strips * (kc + tr) * NR);
+                rest = after;
+                jobs.extend(
+                    block
+                        .chunks_exact_mut((kc + tr) * NR)
+                        .enumerate()
+                        .map(|(s, strip)| (pc, kc, tr, s, strip)),
+                );
+            }
+            jobs.into_par_iter().for_each(|(pc, kc, tr, s, strip)| {
+                let (col, nr) = (jc + s * NR, NR.min(nc - s * NR));
+                let (own, rest) = strip.split_at_mut(kc * NR);
+                pack_b(b, pc, kc, col, nr, own);
+                if let Some((_, b2)) = tail.filter(|_| tr > 0) {
+                    pack_b(b2, 0, tr, col, nr, rest);
+                }
+            });
             let panel = &*panel;
-            let tail_a = tail.filter(|_| last).map(|(a2, _)| a2);
-            let add = accumulate || pc > 0;
             // Few rows: split the strips of the panel instead, so every thread has work.
             let by_rows = m >= threads * MR * 4;
             let tasks =
@@ -222,40 +246,47 @@ unsafe fn gemm_tail(
                 A_BLOCK.with(|buf| {
                     let mut buf = buf.borrow_mut();
                     let ap = buf.get(if direct { 0 } else { MC * KC });
+                    // Each row block of C runs through the whole group before the next, so
+                    // its tiles come back from L2 or L3 for each KC block, not from memory.
                     for ic in (r0..r1).step_by(MC) {
                         let mc = MC.min(r1 - ic);
-                        if !direct {
-                            pack_a(a, ic, mc, pc, kc, ap);
-                        }
-                        for s in s0..s1 {
-                            let col = jc + s * NR;
-                            let nr = NR.min(n - col);
-                            let b_strip = &panel[s * depth * NR..(s + 1) * depth * NR];
-                            for i in 0..mc.div_ceil(MR) {
-                                let row = ic + i * MR;
-                                let mr = MR.min(r1 - row);
-                                let c_tile = c_ptr.get().wrapping_add(row * ldc + col);
-                                // SAFETY: AVX2/FMA checked above; the tile `[row..row+mr,
-                                // col..col+nr]` is inside `c` (asserted) and only this
-                                // task writes those rows (by_rows) or columns (strips); A's
-                                // rows `row..row+mr` from column `pc` hold `kc` elements
-                                // (in_bounds), as does a packed strip.
-                                unsafe {
-                                    if direct {
-                                        let a0 = a.data.as_ptr().add(row * a.rs + pc);
-                                        let t = tail_a.map(|a2| Tail {
-                                            a: a2.data.as_ptr().add(row * a2.rs),
-                                            lda: a2.rs,
-                                            steps: tr,
-                                        });
-                                        tile::<true>(
-                                            kc, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add, t,
-                                        )
-                                    } else {
-                                        let a0 = ap.as_ptr().add(i * MR * kc);
-                                        tile::<false>(
-                                            kc, a0, 0, b_strip, c_tile, ldc, mr, nr, add, None,
-                                        )
+                        for (pc, kc, tr, offset) in blocks() {
+                            let depth = kc + tr;
+                            let add = accumulate || pc > 0;
+                            if !direct {
+                                pack_a(a, ic, mc, pc, kc, ap);
+                            }
+                            for s in s0..s1 {
+                                let col = jc + s * NR;
+                                let nr = NR.min(jc + nc - col);
+                                let b_strip =
+                                    &panel[offset + s * depth * NR..offset + (s + 1) * depth * NR];
+                                for i in 0..mc.div_ceil(MR) {
+                                    let row = ic + i * MR;
+                                    let mr = MR.min(r1 - row);
+                                    let c_tile = c_ptr.get().wrapping_add(row * ldc + col);
+                                    // SAFETY: AVX2/FMA checked above; the tile `[row..row+mr,
+                                    // col..col+nr]` is inside `c` (asserted) and only this
+                                    // task writes those rows (by_rows) or columns (strips);
+                                    // A's rows `row..row+mr` from column `pc` hold `kc`
+                                    // elements (in_bounds), as does a packed strip.
+                                    unsafe {
+                                        if direct {
+                                            let a0 = a.data.as_ptr().add(row * a.rs + pc);
+                                            let t = tail_a.filter(|_| tr > 0).map(|a2| Tail {
+                                                a: a2.data.as_ptr().add(row * a2.rs),
+                                                lda: a2.rs,
+                                                steps: tr,
+                                            });
+                                            tile::<true>(
+                                                kc, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add, t,
+                                            )
+                                        } else {
+                                            let a0 = ap.as_ptr().add(i * MR * kc);
+                                            tile::<false>(
+                                                kc, a0, 0, b_strip, c_tile, ldc, mr, nr, add, None,
+                                            )
+                                        }
                                     }
                                 }
                             }
@@ -268,6 +299,27 @@ unsafe fn gemm_tail(
     if let Ok(mut free) = B_PANELS.lock() {
         free.push(bp);
     }
+}
+
+/// Columns and depth (a multiple of KC, or all of k) of the B panels for a `k × n` B: as
+/// deep as [`PANEL`] allows at [`NC_MIN`] columns or more, with the columns split evenly.
+///
+/// Why deep: C's tiles are read and written once per KC block of a panel. With k = 896 and
+/// `KC × NC` panels, the 20 MB C of a `[1024, 4864]` product (the gate and up projections,
+/// the down projection's backward) went to memory and back four times; with the panel's
+/// depth all of k, each row block of C is done before the next starts and comes back from
+/// L2 or L3 between blocks. Deeper panels are also fewer parallel loops to join.
+fn panel_shape(k: usize, n: usize) -> (usize, usize) {
+    let cols = (PANEL / k.max(1)).clamp(NC_MIN, NC);
+    let panels = n.div_ceil(cols);
+    let nc = if panels == 1 {
+        n
+    } else {
+        n.div_ceil(panels).next_multiple_of(NR)
+    };
+    let fit = PANEL / nc.next_multiple_of(NR);
+    let kg = if k <= fit { k } else { (fit / KC).max(1) * KC };
+    (nc, kg)
 }
 
 /// B packed once for several [`gemm_packed`] calls: every `KC`-deep block of `NR`-column
@@ -425,7 +477,7 @@ impl Aligned {
     }
 }
 
-/// Packed B panels (`NC × KC`, 4 MB) kept for the next call instead of a fresh zeroed
+/// Packed B panels (about 4 MB) kept for the next call instead of a fresh zeroed
 /// allocation each time (a step makes about a thousand calls). A free list rather than a
 /// thread-local: a thread waiting inside `gemm`'s parallel loop may run another task
 /// that calls `gemm` again.
@@ -729,6 +781,10 @@ mod tests {
             (29, 300, 4100),
             (150, 520, 33),
             (300, 257, 40),
+            // Panels of several KC blocks, split in depth (k × NC_MIN past PANEL) and in
+            // columns (n past PANEL / k).
+            (20, 2600, 600),
+            (13, 1100, 2100),
         ] {
             let a = data(m * k, 1);
             let w = data(n * k, 2);
@@ -823,8 +879,14 @@ mod tests {
         if !super::super::gemv::available() {
             return;
         }
-        // One block and several (k past KC), n past NC, rows and columns off the tiles.
-        for &(m, k, n, r) in &[(7, 13, 17, 3), (29, 300, 4100, 16), (150, 520, 33, 5)] {
+        // One block and several (k past KC), n past a panel, panels split in depth, rows and
+        // columns off the tiles.
+        for &(m, k, n, r) in &[
+            (7, 13, 17, 3),
+            (29, 300, 4100, 16),
+            (150, 520, 33, 5),
+            (20, 2600, 600, 16),
+        ] {
             let (a, a2) = (data(m * k, 11), data(m * r, 12));
             let (w, w2) = (data(n * k, 13), data(n * r, 14));
             let (am, a2m) = (MatRef::row_major(&a, m, k), MatRef::row_major(&a2, m, r));
