@@ -566,6 +566,20 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        // Training with an adapter on every projection and no dropout: one node (see
+        // `mlp_op`).
+        #[cfg(target_arch = "x86_64")]
+        if mode.adapters
+            && mode.grad
+            && super::mlp_op::applies(x, &self.gate_proj, &self.up_proj, &self.down_proj)
+            && [&self.gate_proj, &self.up_proj, &self.down_proj]
+                .iter()
+                .all(|l| {
+                    l.lora.as_ref().is_some_and(|a| a.dropout == 0.0) || mode.dropout_rng.is_none()
+                })
+        {
+            return super::mlp_op::lora_mlp(x, &self.gate_proj, &self.up_proj, &self.down_proj);
+        }
         let gate = self.gate_proj.forward(x, mode)?;
         let up = self.up_proj.forward(x, mode)?;
         let h = if gate.track_op() || up.track_op() {

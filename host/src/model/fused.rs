@@ -184,6 +184,37 @@ fn simd_swiglu_grads(a: &[f32], b: &[f32], g: &[f32], da: &mut [f32], db: &mut [
     0
 }
 
+/// `y = silu(a) ⊙ b`, in parallel (all slices the same length).
+pub(crate) fn swiglu_into(a: &[f32], b: &[f32], y: &mut [f32]) {
+    y.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+        .for_each(|(y, (a, b))| {
+            let done = simd_swiglu(a, b, y);
+            for ((y, &a), &b) in y.iter_mut().zip(a).zip(b).skip(done) {
+                *y = a * sigmoid(a) * b;
+            }
+        });
+}
+
+/// SwiGLU's backward: `da = g ⊙ b ⊙ σ(a)(1 + a(1 − σ(a)))`, `db = g ⊙ silu(a)`, in parallel.
+pub(crate) fn swiglu_grads_into(a: &[f32], b: &[f32], g: &[f32], da: &mut [f32], db: &mut [f32]) {
+    da.par_chunks_mut(CHUNK)
+        .zip(db.par_chunks_mut(CHUNK))
+        .zip(
+            a.par_chunks(CHUNK)
+                .zip(b.par_chunks(CHUNK))
+                .zip(g.par_chunks(CHUNK)),
+        )
+        .for_each(|((da, db), ((a, b), g))| {
+            let done = simd_swiglu_grads(a, b, g, da, db);
+            for i in done..a.len() {
+                let s = sigmoid(a[i]);
+                da[i] = g[i] * b[i] * s * (1.0 + a[i] * (1.0 - s));
+                db[i] = g[i] * a[i] * s;
+            }
+        });
+}
+
 impl CustomOp2 for SwiGlu {
     fn name(&self) -> &'static str {
         "swiglu"
@@ -204,14 +235,7 @@ impl CustomOp2 for SwiGlu {
             bail!("swiglu: shapes {:?} and {:?}", l1.shape(), l2.shape());
         }
         let mut out = zeroed(a.len());
-        out.par_chunks_mut(CHUNK)
-            .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-            .for_each(|(y, (a, b))| {
-                let done = simd_swiglu(a, b, y);
-                for ((y, &a), &b) in y.iter_mut().zip(a).zip(b).skip(done) {
-                    *y = a * sigmoid(a) * b;
-                }
-            });
+        swiglu_into(a, b, &mut out);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -226,21 +250,7 @@ impl CustomOp2 for SwiGlu {
         with_f32_data(a, |av| {
             with_f32_data(b, |bv| {
                 with_f32_data(g, |gv| {
-                    da.par_chunks_mut(CHUNK)
-                        .zip(db.par_chunks_mut(CHUNK))
-                        .zip(
-                            av.par_chunks(CHUNK)
-                                .zip(bv.par_chunks(CHUNK))
-                                .zip(gv.par_chunks(CHUNK)),
-                        )
-                        .for_each(|((da, db), ((a, b), g))| {
-                            let done = simd_swiglu_grads(a, b, g, da, db);
-                            for i in done..a.len() {
-                                let s = sigmoid(a[i]);
-                                da[i] = g[i] * b[i] * s * (1.0 + a[i] * (1.0 - s));
-                                db[i] = g[i] * a[i] * s;
-                            }
-                        });
+                    swiglu_grads_into(av, bv, gv, &mut da, &mut db);
                     Ok(())
                 })
             })

@@ -121,15 +121,43 @@ pub fn product_plus(a: MatRef, b: MatRef, a2: MatRef, b2: MatRef) -> Vec<f32> {
     let mut c = Vec::with_capacity(len);
     // SAFETY: as in `product`; the tail only adds to what the first block wrote.
     unsafe {
-        if a.cols > 0 && a.cs == 1 && a2.cs == 1 {
-            gemm_tail(a, b, Some((a2, b2)), c.as_mut_ptr(), b.cols, false);
-        } else {
-            gemm_to(a, b, c.as_mut_ptr(), b.cols, false);
-            gemm_to(a2, b2, c.as_mut_ptr(), b.cols, true);
-        }
+        plus_to(a, b, a2, b2, c.as_mut_ptr(), false);
         c.set_len(len);
     }
     c
+}
+
+/// [`product_plus`] into `c` (row-major `[a.rows, b.cols]`), or added to it with
+/// `accumulate`.
+pub fn product_plus_into(
+    a: MatRef,
+    b: MatRef,
+    a2: MatRef,
+    b2: MatRef,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    assert!(
+        a2.rows == a.rows && b2.cols == b.cols && a2.cols == b2.rows,
+        "gemm: tail does not fit"
+    );
+    assert_eq!(c.len(), a.rows * b.cols, "gemm: c does not fit");
+    // SAFETY: `c` holds the `[a.rows, b.cols]` result and is initialised.
+    unsafe { plus_to(a, b, a2, b2, c.as_mut_ptr(), accumulate) }
+}
+
+/// `c = a · b + a2 · b2` (`+=` with `accumulate`) for row-major `c` of `a.rows × b.cols`
+/// floats, initialised when `accumulate`.
+unsafe fn plus_to(a: MatRef, b: MatRef, a2: MatRef, b2: MatRef, c: *mut f32, acc: bool) {
+    // SAFETY: the same contract as `gemm_to`, twice.
+    unsafe {
+        if a.cols > 0 && a.cs == 1 && a2.cs == 1 {
+            gemm_tail(a, b, Some((a2, b2)), c, b.cols, acc);
+        } else {
+            gemm_to(a, b, c, b.cols, acc);
+            gemm_to(a2, b2, c, b.cols, true);
+        }
+    }
 }
 
 /// [`gemm`] into `c`, which must be valid for `a.rows` rows of `b.cols` floats at stride

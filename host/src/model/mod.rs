@@ -24,6 +24,8 @@ pub mod head;
 pub mod lora;
 #[cfg(target_arch = "x86_64")]
 pub mod lora_op;
+#[cfg(target_arch = "x86_64")]
+pub mod mlp_op;
 pub mod ops;
 pub mod peft;
 pub mod sample;
