@@ -19,15 +19,17 @@ use rayon::prelude::*;
 
 /// Rows of the register tile.
 const MR: usize = 6;
-/// Columns of the register tile (two ymm).
-const NR: usize = 16;
-/// Depth of one packed panel: a 16 KB B strip in L1 (32 KB here).
+/// Columns of the register tile and of a packed B strip: two zmm (AVX-512), or two
+/// 16-column halves of two ymm each, one after the other (AVX2).
+const NR: usize = 32;
+/// Depth of one packed panel: a 32 KB B strip in L1 (48 KB here; the AVX2 kernel reads
+/// one 16 KB half of it at a time).
 const KC: usize = 256;
 /// Rows of a packed A block: 144 × 256 × 4 = 147 KB, in L2 (512 KB per core).
 const MC: usize = 144;
-/// Most columns of a packed B panel: 4080 × 256 × 4 = 4.2 MB, in L3.
-const NC: usize = 4080;
-/// Floats in a packed B panel (4.2 MB, in L3): `KC × NC`, or fewer columns and more
+/// Most columns of a packed B panel: 4096 × 256 × 4 = 4 MB, in L3.
+const NC: usize = 4096;
+/// Floats in a packed B panel (4 MB, in L3): `KC × NC`, or fewer columns and more
 /// depth (several KC blocks) where k is small, see [`panel_shape`].
 const PANEL: usize = KC * NC;
 /// Fewest columns of a panel chosen for its depth: the narrower it is, the more often
@@ -206,6 +208,7 @@ unsafe fn gemm_tail(
         return;
     }
     let threads = rayon::current_num_threads().max(1);
+    let isa = isa();
     let c_ptr = SendPtr(c);
     let mut bp = B_PANELS
         .lock()
@@ -293,7 +296,7 @@ unsafe fn gemm_tail(
                                     let row = ic + i * MR;
                                     let mr = MR.min(r1 - row);
                                     let c_tile = c_ptr.get().wrapping_add(row * ldc + col);
-                                    // SAFETY: AVX2/FMA checked above; the tile `[row..row+mr,
+                                    // SAFETY: `isa`'s features checked above; the tile `[row..row+mr,
                                     // col..col+nr]` is inside `c` (asserted) and only this
                                     // task writes those rows (by_rows) or columns (strips);
                                     // A's rows `row..row+mr` from column `pc` hold `kc`
@@ -307,12 +310,14 @@ unsafe fn gemm_tail(
                                                 steps: tr,
                                             });
                                             tile::<true>(
-                                                kc, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add, t,
+                                                isa, kc, a0, a.rs, b_strip, c_tile, ldc, mr, nr,
+                                                add, t,
                                             )
                                         } else {
                                             let a0 = ap.as_ptr().add(i * MR * kc);
                                             tile::<false>(
-                                                kc, a0, 0, b_strip, c_tile, ldc, mr, nr, add, None,
+                                                isa, kc, a0, 0, b_strip, c_tile, ldc, mr, nr, add,
+                                                None,
                                             )
                                         }
                                     }
@@ -410,6 +415,7 @@ pub fn gemm_packed(
     );
     let strips = n.div_ceil(NR);
     let direct = a.cs == 1;
+    let isa = isa();
     let mut a_strip = [0f32; MR * KC];
     // k == 0 still runs one (empty) block, so that C is written.
     for pc in (0..k.max(1)).step_by(KC) {
@@ -437,17 +443,19 @@ pub fn gemm_packed(
                 let col = s * NR;
                 let b_strip = &block[s * kc * NR + (k0 - pc) * NR..(s + 1) * kc * NR];
                 let c_tile = c.as_mut_ptr().wrapping_add(row * ldc + col);
-                // SAFETY: AVX2/FMA checked above; the tile `[row..row+mr, col..col+nr]` is
+                // SAFETY: `isa`'s features checked above; the tile `[row..row+mr, col..col+nr]` is
                 // inside `c` (asserted, nr ≤ n - col); A's rows from column k0 hold k1 - k0
                 // elements (in_bounds), as do the packed strips.
                 unsafe {
                     let (depth, nr) = (k1 - k0, NR.min(cols - col));
                     if direct {
                         let a0 = a.data.as_ptr().add(row * a.rs + k0);
-                        tile::<true>(depth, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add, None)
+                        tile::<true>(
+                            isa, depth, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add, None,
+                        )
                     } else {
                         let a0 = a_strip.as_ptr();
-                        tile::<false>(depth, a0, 0, b_strip, c_tile, ldc, mr, nr, add, None)
+                        tile::<false>(isa, depth, a0, 0, b_strip, c_tile, ldc, mr, nr, add, None)
                     }
                 }
             }
@@ -650,6 +658,89 @@ unsafe fn transpose8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
     }
 }
 
+/// The instruction set of the tile kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Isa {
+    /// Two 6×16 halves of a tile, one after the other, in 12 ymm accumulators.
+    Avx2,
+    /// The whole 6×32 tile in 12 zmm accumulators: twice the FMA width, half the
+    /// instructions per flop.
+    Avx512,
+}
+
+/// The kernel this machine runs: AVX-512 where present (a 2-core Xeon here ran the step's
+/// products at up to ~2x the AVX2 kernel's rate), else AVX2 (callers check
+/// [`super::gemv::available`]).
+fn isa() -> Isa {
+    #[cfg(test)]
+    if let Some(isa) = tests::FORCE_ISA.get() {
+        return isa;
+    }
+    if std::is_x86_feature_detected!("avx512f") {
+        Isa::Avx512
+    } else {
+        Isa::Avx2
+    }
+}
+
+/// One `mr × nr` tile of C (`mr ≤ MR`, `nr ≤ NR`) from a B strip and either a packed A
+/// strip (`DIRECT` false: element `(i, p)` at `a[p * MR + i]`) or A in place (`DIRECT`:
+/// at `a[i * lda + p]`), on `isa`'s kernel.
+///
+/// # Safety
+/// `isa`'s features (AVX2 and FMA, or AVX-512F) must be available; `c` must be valid for
+/// `mr` rows of `nr` floats at stride `ldc`; `a` must hold `kc` steps of `mr` rows; `b`
+/// holds `kc` packed steps, and the tail's steps after them.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile<const DIRECT: bool>(
+    isa: Isa,
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    add: bool,
+    tail: Option<Tail>,
+) {
+    debug_assert!(b.len() >= (kc + tail.map_or(0, |t| t.steps)) * NR);
+    // SAFETY: per the contract above; each half of an AVX2 tile is inside the tile.
+    unsafe {
+        match isa {
+            Isa::Avx512 => tile512::<DIRECT>(kc, a, lda, b, c, ldc, mr, nr, add, tail),
+            Isa::Avx2 => {
+                tile256::<DIRECT>(kc, a, lda, b, 0, c, ldc, mr, nr.min(16), add, tail);
+                if nr > 16 {
+                    let c = c.add(16);
+                    tile256::<DIRECT>(kc, a, lda, b, 16, c, ldc, mr, nr - 16, add, tail);
+                }
+            }
+        }
+    }
+}
+
+/// Element `(i, p)` of A for each of the tile's rows: in place at `rows[i] + p`, packed at
+/// `rows[i] + p·MR`. Rows past `mr` of an in-place A repeat row 0 (their results are
+/// dropped), so no read leaves A.
+///
+/// # Safety
+/// `a` must hold the tile's rows as in [`tile`].
+#[inline(always)]
+unsafe fn a_rows<const DIRECT: bool>(a: *const f32, lda: usize, mr: usize) -> [*const f32; MR] {
+    std::array::from_fn(|i| {
+        if !DIRECT {
+            a.wrapping_add(i)
+        } else if i < mr {
+            a.wrapping_add(i * lda)
+        } else {
+            a
+        }
+    })
+}
+
 /// Extra steps for a tile: row-major A rows from `a` (stride `lda`), against the B strip's
 /// `steps` steps after the tile's own.
 #[derive(Clone, Copy)]
@@ -659,16 +750,14 @@ struct Tail {
     steps: usize,
 }
 
-/// One `mr × nr` tile of C from a B strip and either a packed A strip (`DIRECT` false:
-/// element `(i, p)` at `a[p * MR + i]`) or A in place (`DIRECT`: at `a[i * lda + p]`);
-/// full tiles go straight to C, edge tiles through a scratch tile.
+/// [`tile`] on AVX-512: 6 rows × 32 columns in 12 zmm accumulators, each step two B loads,
+/// six broadcasts of A and twelve FMAs; edge tiles through masked loads and stores.
 ///
 /// # Safety
-/// AVX2 and FMA must be available; `c` must be valid for `mr` rows of `nr` floats at
-/// stride `ldc`; `a` must hold `kc` steps of `mr` rows; `b` holds `kc` packed steps.
+/// AVX-512F must be available; otherwise as [`tile`].
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const DIRECT: bool>(
+#[target_feature(enable = "avx512f")]
+unsafe fn tile512<const DIRECT: bool>(
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -681,66 +770,132 @@ unsafe fn tile<const DIRECT: bool>(
     tail: Option<Tail>,
 ) {
     use std::arch::x86_64::*;
-    debug_assert!(b.len() >= (kc + tail.map_or(0, |t| t.steps)) * NR);
     let bp = b.as_ptr();
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    // SAFETY: per the contract above. Rows past `mr` of an in-place A repeat row 0 (their
-    // results are dropped), so no read leaves A.
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    // SAFETY: per the contract above.
     unsafe {
         // C's rows are far apart; start fetching the tile while the product runs.
         for i in 0..mr {
-            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + NR - 1) as *const i8);
-        }
-        // Element (i, p) of A: in place at rows[i] + p, packed at a + p·MR + i.
-        let rows: [*const f32; MR] = std::array::from_fn(|i| {
-            if !DIRECT {
-                a.add(i)
-            } else if i < mr {
-                a.add(i * lda)
-            } else {
-                a
+            let row = c.wrapping_add(i * ldc);
+            _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(nr - 1) as *const i8);
+            if nr > 16 {
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(16) as *const i8);
             }
-        });
-        let a_step = if DIRECT { 1 } else { MR };
-        let step = |acc: &mut [[__m256; 2]; MR], p: usize| {
-            let b0 = _mm256_loadu_ps(bp.add(p * NR));
-            let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
-            for (row, &ar) in acc.iter_mut().zip(&rows) {
-                let av = _mm256_broadcast_ss(&*ar.add(p * a_step));
-                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+        }
+        let step = |acc: &mut [[__m512; 2]; MR], rows: &[*const f32; MR], bp: *const f32, p, s| {
+            let b0 = _mm512_loadu_ps(bp.add(p * NR));
+            let b1 = _mm512_loadu_ps(bp.add(p * NR + 16));
+            for (row, &ar) in acc.iter_mut().zip(rows) {
+                let av = _mm512_set1_ps(*ar.add(p * s));
+                row[0] = _mm512_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm512_fmadd_ps(av, b1, row[1]);
             }
         };
+        let rows = a_rows::<DIRECT>(a, lda, mr);
+        let a_step = if DIRECT { 1 } else { MR };
         // Four steps per iteration: less loop overhead between the FMAs.
         let mut p = 0;
         while p + 4 <= kc {
-            step(&mut acc, p);
-            step(&mut acc, p + 1);
-            step(&mut acc, p + 2);
-            step(&mut acc, p + 3);
+            step(&mut acc, &rows, bp, p, a_step);
+            step(&mut acc, &rows, bp, p + 1, a_step);
+            step(&mut acc, &rows, bp, p + 2, a_step);
+            step(&mut acc, &rows, bp, p + 3, a_step);
             p += 4;
         }
         while p < kc {
-            step(&mut acc, p);
+            step(&mut acc, &rows, bp, p, a_step);
             p += 1;
         }
         if let Some(t) = tail {
             // The tail's rows, in place, against the strip's steps after `kc`.
-            let rows: [*const f32; MR] =
-                std::array::from_fn(|i| if i < mr { t.a.add(i * t.lda) } else { t.a });
-            let tb = bp.add(kc * NR);
+            let rows = a_rows::<true>(t.a, t.lda, mr);
             for p in 0..t.steps {
-                let b0 = _mm256_loadu_ps(tb.add(p * NR));
-                let b1 = _mm256_loadu_ps(tb.add(p * NR + 8));
-                for (row, &ar) in acc.iter_mut().zip(&rows) {
-                    let av = _mm256_broadcast_ss(&*ar.add(p));
-                    row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(av, b1, row[1]);
-                }
+                step(&mut acc, &rows, bp.add(kc * NR), p, 1);
             }
         }
-        if mr == MR && nr == NR {
+        let mask = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        let (m0, m1) = (mask(nr), mask(nr.saturating_sub(16)));
+        for (i, row) in acc.iter().enumerate().take(mr) {
+            let (p0, p1) = (c.add(i * ldc), c.wrapping_add(i * ldc + 16));
+            let (mut v0, mut v1) = (row[0], row[1]);
+            if add {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, p0));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, p1));
+            }
+            // Masked-off lanes are neither read nor written (no fault past the tile).
+            _mm512_mask_storeu_ps(p0, m0, v0);
+            _mm512_mask_storeu_ps(p1, m1, v1);
+        }
+    }
+}
+
+/// [`tile`] on AVX2 for the 16 columns of the B strip from `col0` (0 or 16), `nr ≤ 16`:
+/// 6 × 16 in 12 ymm accumulators; full tiles go straight to C, edge tiles through a
+/// scratch tile.
+///
+/// # Safety
+/// AVX2 and FMA must be available; otherwise as [`tile`], with `c` at the half's first
+/// column.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile256<const DIRECT: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: &[f32],
+    col0: usize,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    add: bool,
+    tail: Option<Tail>,
+) {
+    use std::arch::x86_64::*;
+    const H: usize = 16;
+    let bp = b.as_ptr().wrapping_add(col0);
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    // SAFETY: per the contract above.
+    unsafe {
+        // C's rows are far apart; start fetching the tile while the product runs.
+        for i in 0..mr {
+            let row = c.wrapping_add(i * ldc);
+            _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(nr - 1) as *const i8);
+        }
+        let step = |acc: &mut [[__m256; 2]; MR], rows: &[*const f32; MR], bp: *const f32, p, s| {
+            let b0 = _mm256_loadu_ps(bp.add(p * NR));
+            let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
+            for (row, &ar) in acc.iter_mut().zip(rows) {
+                let av = _mm256_broadcast_ss(&*ar.add(p * s));
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
+        };
+        let rows = a_rows::<DIRECT>(a, lda, mr);
+        let a_step = if DIRECT { 1 } else { MR };
+        // Four steps per iteration: less loop overhead between the FMAs.
+        let mut p = 0;
+        while p + 4 <= kc {
+            step(&mut acc, &rows, bp, p, a_step);
+            step(&mut acc, &rows, bp, p + 1, a_step);
+            step(&mut acc, &rows, bp, p + 2, a_step);
+            step(&mut acc, &rows, bp, p + 3, a_step);
+            p += 4;
+        }
+        while p < kc {
+            step(&mut acc, &rows, bp, p, a_step);
+            p += 1;
+        }
+        if let Some(t) = tail {
+            // The tail's rows, in place, against the strip's steps after `kc`.
+            let rows = a_rows::<true>(t.a, t.lda, mr);
+            for p in 0..t.steps {
+                step(&mut acc, &rows, bp.add(kc * NR), p, 1);
+            }
+        }
+        if mr == MR && nr == H {
             for (i, row) in acc.iter().enumerate() {
                 let p = c.add(i * ldc);
                 let (mut v0, mut v1) = (row[0], row[1]);
@@ -752,15 +907,15 @@ unsafe fn tile<const DIRECT: bool>(
                 _mm256_storeu_ps(p.add(8), v1);
             }
         } else {
-            let mut scratch = [0f32; MR * NR];
+            let mut scratch = [0f32; MR * H];
             for (i, row) in acc.iter().enumerate() {
-                _mm256_storeu_ps(scratch.as_mut_ptr().add(i * NR), row[0]);
-                _mm256_storeu_ps(scratch.as_mut_ptr().add(i * NR + 8), row[1]);
+                _mm256_storeu_ps(scratch.as_mut_ptr().add(i * H), row[0]);
+                _mm256_storeu_ps(scratch.as_mut_ptr().add(i * H + 8), row[1]);
             }
             for i in 0..mr {
                 for j in 0..nr {
                     let p = c.add(i * ldc + j);
-                    let v = scratch[i * NR + j];
+                    let v = scratch[i * H + j];
                     *p = if add { *p + v } else { v };
                 }
             }
@@ -771,6 +926,24 @@ unsafe fn tile<const DIRECT: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// The kernel that products started on this thread use, where a test chose one.
+        pub(super) static FORCE_ISA: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Runs `check` once with each kernel this machine has.
+    fn each_isa(check: impl Fn()) {
+        let mut isas = vec![Isa::Avx2];
+        if std::is_x86_feature_detected!("avx512f") {
+            isas.push(Isa::Avx512);
+        }
+        for isa in isas {
+            FORCE_ISA.set(Some(isa));
+            check();
+        }
+        FORCE_ISA.set(None);
+    }
 
     fn naive(a: MatRef, b: MatRef) -> Vec<f32> {
         let mut c = vec![0f32; a.rows * b.cols];
@@ -801,43 +974,46 @@ mod tests {
         if !super::super::gemv::available() {
             return;
         }
-        // Shapes off every block size (MR, NR, KC, MC, NC) and on them.
-        for &(m, k, n) in &[
-            (1, 1, 1),
-            (7, 13, 17),
-            (6, 256, 16),
-            (29, 300, 4100),
-            (150, 520, 33),
-            (300, 257, 40),
-            // Panels of several KC blocks, split in depth (k × NC_MIN past PANEL) and in
-            // columns (n past PANEL / k).
-            (20, 2600, 600),
-            (13, 1100, 2100),
-        ] {
-            let a = data(m * k, 1);
-            let w = data(n * k, 2);
-            // A in place (row-major) and packed (a transposed view); x W^T with W [n, k],
-            // and g W with W [k, n].
-            let a_views = [MatRef::row_major(&a, m, k), MatRef::row_major(&a, k, m).t()];
-            let b_views = [MatRef::row_major(&w, n, k).t(), MatRef::row_major(&w, k, n)];
-            for (am, b) in a_views
-                .iter()
-                .flat_map(|&am| b_views.iter().map(move |&b| (am, b)))
-            {
-                let want = naive(am, b);
-                let mut c = vec![0f32; m * n];
-                gemm(am, b, &mut c, n, false);
-                let tol = 1e-5 * k as f32;
-                for (x, y) in c.iter().zip(&want) {
-                    assert!((x - y).abs() <= tol, "{m}x{k}x{n}: {x} vs {y}");
-                }
-                // Accumulating adds to what is there.
-                gemm(am, b, &mut c, n, true);
-                for (x, y) in c.iter().zip(&want) {
-                    assert!((x - 2.0 * y).abs() <= 2.0 * tol, "{m}x{k}x{n} accumulate");
+        each_isa(|| {
+            // Shapes off every block size (MR, NR, KC, MC, NC) and on them.
+            for &(m, k, n) in &[
+                (1, 1, 1),
+                (7, 13, 17),
+                (6, 256, 16),
+                (12, 256, 64),
+                (29, 300, 4100),
+                (150, 520, 33),
+                (300, 257, 40),
+                // Panels of several KC blocks, split in depth (k × NC_MIN past PANEL) and in
+                // columns (n past PANEL / k).
+                (20, 2600, 600),
+                (13, 1100, 2100),
+            ] {
+                let a = data(m * k, 1);
+                let w = data(n * k, 2);
+                // A in place (row-major) and packed (a transposed view); x W^T with W [n, k],
+                // and g W with W [k, n].
+                let a_views = [MatRef::row_major(&a, m, k), MatRef::row_major(&a, k, m).t()];
+                let b_views = [MatRef::row_major(&w, n, k).t(), MatRef::row_major(&w, k, n)];
+                for (am, b) in a_views
+                    .iter()
+                    .flat_map(|&am| b_views.iter().map(move |&b| (am, b)))
+                {
+                    let want = naive(am, b);
+                    let mut c = vec![0f32; m * n];
+                    gemm(am, b, &mut c, n, false);
+                    let tol = 1e-5 * k as f32;
+                    for (x, y) in c.iter().zip(&want) {
+                        assert!((x - y).abs() <= tol, "{m}x{k}x{n}: {x} vs {y}");
+                    }
+                    // Accumulating adds to what is there.
+                    gemm(am, b, &mut c, n, true);
+                    for (x, y) in c.iter().zip(&want) {
+                        assert!((x - 2.0 * y).abs() <= 2.0 * tol, "{m}x{k}x{n} accumulate");
+                    }
                 }
             }
-        }
+        });
     }
 
     #[test]
@@ -845,61 +1021,63 @@ mod tests {
         if !super::super::gemv::available() {
             return;
         }
-        // k over two KC blocks; rows and columns off the tile sizes.
-        let (m, k, n) = (29, 300, 37);
-        let a = data(m * k, 5);
-        let b = data(k * n, 6);
-        let (am, bm) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
-        let packed = PackedB::new(bm);
-        // A in place and packed (the transposed copy of A viewed back).
-        let transposed =
-            |x: &[f32]| -> Vec<f32> { (0..k * m).map(|i| x[(i % m) * k + i / m]).collect() };
-        let at = transposed(&a);
-        for am in [am, MatRef::row_major(&at, k, m).t()] {
-            let want = naive(am, bm);
-            let mut c = vec![7f32; m * n];
-            gemm_packed(am, &packed, &mut c, n, false, Band::Full);
-            for (x, y) in c.iter().zip(&want) {
-                assert!((x - y).abs() <= 1e-3, "full: {x} vs {y}");
-            }
-            // Cols: each tile's first `row + 3` columns at least, nothing past its limit.
-            let limit = |row: usize, mr: usize| row + mr + 2;
-            let mut c = vec![7f32; m * n];
-            gemm_packed(am, &packed, &mut c, n, false, Band::Cols(&limit));
-            for i in 0..m {
-                let tile = i - i % 6;
-                for j in 0..n {
-                    let got = c[i * n + j];
-                    if j < tile + 6.min(m - tile) + 2 {
-                        assert!((got - want[i * n + j]).abs() <= 1e-3, "cols ({i}, {j})");
-                    } else {
-                        assert_eq!(got, 7.0, "cols ({i}, {j}) written");
+        each_isa(|| {
+            // k over two KC blocks; rows and columns off the tile sizes.
+            let (m, k, n) = (29, 300, 37);
+            let a = data(m * k, 5);
+            let b = data(k * n, 6);
+            let (am, bm) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
+            let packed = PackedB::new(bm);
+            // A in place and packed (the transposed copy of A viewed back).
+            let transposed =
+                |x: &[f32]| -> Vec<f32> { (0..k * m).map(|i| x[(i % m) * k + i / m]).collect() };
+            let at = transposed(&a);
+            for am in [am, MatRef::row_major(&at, k, m).t()] {
+                let want = naive(am, bm);
+                let mut c = vec![7f32; m * n];
+                gemm_packed(am, &packed, &mut c, n, false, Band::Full);
+                for (x, y) in c.iter().zip(&want) {
+                    assert!((x - y).abs() <= 1e-3, "full: {x} vs {y}");
+                }
+                // Cols: each tile's first `row + 3` columns at least, nothing past its limit.
+                let limit = |row: usize, mr: usize| row + mr + 2;
+                let mut c = vec![7f32; m * n];
+                gemm_packed(am, &packed, &mut c, n, false, Band::Cols(&limit));
+                for i in 0..m {
+                    let tile = i - i % 6;
+                    for j in 0..n {
+                        let got = c[i * n + j];
+                        if j < tile + 6.min(m - tile) + 2 {
+                            assert!((got - want[i * n + j]).abs() <= 1e-3, "cols ({i}, {j})");
+                        } else {
+                            assert_eq!(got, 7.0, "cols ({i}, {j}) written");
+                        }
                     }
                 }
             }
-        }
-        // Depth: A zero outside each tile's range (here from its first row to 250, across
-        // the KC boundary, empty for some tiles) gives the full product; accumulating adds.
-        let range = |row: usize, _: usize| (row * 11).min(250)..250;
-        let mut banded = a.clone();
-        for i in 0..m {
-            let r = range(i - i % 6, 6);
-            for p in 0..k {
-                if !r.contains(&p) {
-                    banded[i * k + p] = 0.0;
+            // Depth: A zero outside each tile's range (here from its first row to 250, across
+            // the KC boundary, empty for some tiles) gives the full product; accumulating adds.
+            let range = |row: usize, _: usize| (row * 11).min(250)..250;
+            let mut banded = a.clone();
+            for i in 0..m {
+                let r = range(i - i % 6, 6);
+                for p in 0..k {
+                    if !r.contains(&p) {
+                        banded[i * k + p] = 0.0;
+                    }
                 }
             }
-        }
-        let bam = MatRef::row_major(&banded, m, k);
-        let want = naive(bam, bm);
-        let bt = transposed(&banded);
-        for am in [bam, MatRef::row_major(&bt, k, m).t()] {
-            let mut c = vec![1f32; m * n];
-            gemm_packed(am, &packed, &mut c, n, true, Band::Depth(&range));
-            for (x, y) in c.iter().zip(&want) {
-                assert!((x - 1.0 - y).abs() <= 1e-3, "depth: {x} vs {y}");
+            let bam = MatRef::row_major(&banded, m, k);
+            let want = naive(bam, bm);
+            let bt = transposed(&banded);
+            for am in [bam, MatRef::row_major(&bt, k, m).t()] {
+                let mut c = vec![1f32; m * n];
+                gemm_packed(am, &packed, &mut c, n, true, Band::Depth(&range));
+                for (x, y) in c.iter().zip(&want) {
+                    assert!((x - 1.0 - y).abs() <= 1e-3, "depth: {x} vs {y}");
+                }
             }
-        }
+        });
     }
 
     #[test]
@@ -907,43 +1085,45 @@ mod tests {
         if !super::super::gemv::available() {
             return;
         }
-        // One block and several (k past KC), n past a panel, panels split in depth, rows and
-        // columns off the tiles.
-        for &(m, k, n, r) in &[
-            (7, 13, 17, 3),
-            (29, 300, 4100, 16),
-            (150, 520, 33, 5),
-            (20, 2600, 600, 16),
-        ] {
-            let (a, a2) = (data(m * k, 11), data(m * r, 12));
-            let (w, w2) = (data(n * k, 13), data(n * r, 14));
-            let (am, a2m) = (MatRef::row_major(&a, m, k), MatRef::row_major(&a2, m, r));
-            // x Wᵀ + low Bᵀ (the LoRA forward) and g W + gl A (its backward) layouts.
-            for (b, b2) in [
-                (
-                    MatRef::row_major(&w, n, k).t(),
-                    MatRef::row_major(&w2, n, r).t(),
-                ),
-                (MatRef::row_major(&w, k, n), MatRef::row_major(&w2, r, n)),
+        each_isa(|| {
+            // One block and several (k past KC), n past a panel, panels split in depth, rows and
+            // columns off the tiles.
+            for &(m, k, n, r) in &[
+                (7, 13, 17, 3),
+                (29, 300, 4100, 16),
+                (150, 520, 33, 5),
+                (20, 2600, 600, 16),
             ] {
-                let (p1, p2) = (naive(am, b), naive(a2m, b2));
-                let got = product_plus(am, b, a2m, b2);
-                let tol = 1e-5 * (k + r) as f32;
-                for ((x, y1), y2) in got.iter().zip(&p1).zip(&p2) {
-                    assert!(
-                        (x - y1 - y2).abs() <= tol,
-                        "{m}x{k}x{n}+{r}: {x} vs {}",
-                        y1 + y2
-                    );
-                }
-                // A packed (not row-major) falls back to two products.
-                let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
-                let got = product_plus(MatRef::row_major(&at, k, m).t(), b, a2m, b2);
-                for ((x, y1), y2) in got.iter().zip(&p1).zip(&p2) {
-                    assert!((x - y1 - y2).abs() <= tol, "{m}x{k}x{n}+{r} packed A");
+                let (a, a2) = (data(m * k, 11), data(m * r, 12));
+                let (w, w2) = (data(n * k, 13), data(n * r, 14));
+                let (am, a2m) = (MatRef::row_major(&a, m, k), MatRef::row_major(&a2, m, r));
+                // x Wᵀ + low Bᵀ (the LoRA forward) and g W + gl A (its backward) layouts.
+                for (b, b2) in [
+                    (
+                        MatRef::row_major(&w, n, k).t(),
+                        MatRef::row_major(&w2, n, r).t(),
+                    ),
+                    (MatRef::row_major(&w, k, n), MatRef::row_major(&w2, r, n)),
+                ] {
+                    let (p1, p2) = (naive(am, b), naive(a2m, b2));
+                    let got = product_plus(am, b, a2m, b2);
+                    let tol = 1e-5 * (k + r) as f32;
+                    for ((x, y1), y2) in got.iter().zip(&p1).zip(&p2) {
+                        assert!(
+                            (x - y1 - y2).abs() <= tol,
+                            "{m}x{k}x{n}+{r}: {x} vs {}",
+                            y1 + y2
+                        );
+                    }
+                    // A packed (not row-major) falls back to two products.
+                    let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+                    let got = product_plus(MatRef::row_major(&at, k, m).t(), b, a2m, b2);
+                    for ((x, y1), y2) in got.iter().zip(&p1).zip(&p2) {
+                        assert!((x - y1 - y2).abs() <= tol, "{m}x{k}x{n}+{r} packed A");
+                    }
                 }
             }
-        }
+        });
     }
 
     #[test]
@@ -951,22 +1131,24 @@ mod tests {
         if !super::super::gemv::available() {
             return;
         }
-        let (m, k, n, ldc) = (10, 20, 18, 25);
-        let a = data(m * k, 3);
-        let b = data(k * n, 4);
-        let (am, bm) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
-        let mut c = vec![7f32; m * ldc];
-        gemm(am, bm, &mut c, ldc, false);
-        let want = naive(am, bm);
-        for i in 0..m {
-            for j in 0..ldc {
-                let got = c[i * ldc + j];
-                if j < n {
-                    assert!((got - want[i * n + j]).abs() < 1e-4);
-                } else {
-                    assert_eq!(got, 7.0);
+        each_isa(|| {
+            let (m, k, n, ldc) = (10, 20, 18, 25);
+            let a = data(m * k, 3);
+            let b = data(k * n, 4);
+            let (am, bm) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
+            let mut c = vec![7f32; m * ldc];
+            gemm(am, bm, &mut c, ldc, false);
+            let want = naive(am, bm);
+            for i in 0..m {
+                for j in 0..ldc {
+                    let got = c[i * ldc + j];
+                    if j < n {
+                        assert!((got - want[i * n + j]).abs() < 1e-4);
+                    } else {
+                        assert_eq!(got, 7.0);
+                    }
                 }
             }
-        }
+        });
     }
 }
