@@ -1,15 +1,17 @@
-//! `C = A · B` in f32 for the training step's large products, AVX2/FMA, BLIS-style.
+//! `C = A · B` in f32 for the training step's large products, AVX-512 or AVX2/FMA,
+//! BLIS-style.
 //!
 //! candle's CPU matmul (the `gemm` crate) reached 90–131 GFLOPS on the products of a
-//! 0.5B-shaped LoRA step on this 2-core machine, whose FMA peak is ~182 GFLOPS
-//! (`examples/gemm_probe.rs`), and it re-packs the frozen weight for every call: the
-//! 151,936-row output head in 52-row chunks ran at 90. This is the textbook blocking
-//! (Goto & van de Geijn; BLIS's Haswell parameters): B is packed in 4 MB panels (`KC × NC`,
-//! or several KC blocks deep where k is small) of 16-column strips that stay in L3, A in
-//! `MC × KC` blocks of 6-row strips that stay in L2,
-//! and a 6×16 register tile (12 ymm accumulators) runs over a `KC`-long product with one
-//! B strip in L1. Threads split the rows of C (or its columns when there are few rows)
-//! and share each packed B panel.
+//! 0.5B-shaped LoRA step on a 2-core AVX2 machine whose FMA peak is ~182 GFLOPS, 170–195
+//! on a 2-core AVX-512 Xeon whose peak is ~440 (`examples/gemm_probe.rs`), and it
+//! re-packs the frozen weight for every call: the 151,936-row output head in 52-row chunks
+//! ran at 90. This is the textbook blocking (Goto & van de Geijn; BLIS's Haswell and
+//! Skylake-X parameters): B is packed in 4 MB panels (`KC × NC`, or several KC blocks deep
+//! where k is small) of 32-column strips that stay in L3, A in `MC × KC` blocks of 12-row
+//! strips that stay in L2, and a 12×32 register tile runs over a `KC`-long product with
+//! one B strip in L1: 24 zmm accumulators with AVX-512, or four 6×16 quarters in 12 ymm
+//! each with AVX2 ([`tile`]). Threads split the rows of C (or its columns when there are
+//! few rows) and share each packed B panel.
 //!
 //! Operands are strided views, so `x W^T` (W `[out, in]`, read across its rows) and
 //! `g W` (read along them) both run without copying W. Used only where AVX2 and FMA are
@@ -17,15 +19,18 @@
 
 use rayon::prelude::*;
 
-/// Rows of the register tile.
-const MR: usize = 6;
+/// Rows of the register tile (AVX-512; the AVX2 kernel runs it as two halves of
+/// [`MR2`]).
+const MR: usize = 12;
+/// Rows of the AVX2 kernel's tile.
+const MR2: usize = 6;
 /// Columns of the register tile and of a packed B strip: two zmm (AVX-512), or two
 /// 16-column halves of two ymm each, one after the other (AVX2).
 const NR: usize = 32;
 /// Depth of one packed panel: a 32 KB B strip in L1 (48 KB here; the AVX2 kernel reads
 /// one 16 KB half of it at a time).
 const KC: usize = 256;
-/// Rows of a packed A block: 144 × 256 × 4 = 147 KB, in L2 (512 KB per core).
+/// Rows of a packed A block: 144 × 256 × 4 = 147 KB, in L2 (512 KB per core or more).
 const MC: usize = 144;
 /// Most columns of a packed B panel: 4096 × 256 × 4 = 4 MB, in L3.
 const NC: usize = 4096;
@@ -661,10 +666,10 @@ unsafe fn transpose8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
 /// The instruction set of the tile kernel.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Isa {
-    /// Two 6×16 halves of a tile, one after the other, in 12 ymm accumulators.
+    /// A tile's four 6×16 quarters, one after the other, each in 12 ymm accumulators.
     Avx2,
-    /// The whole 6×32 tile in 12 zmm accumulators: twice the FMA width, half the
-    /// instructions per flop.
+    /// The whole 12×32 tile in 24 zmm accumulators: twice the FMA width, and fewer loads
+    /// per FMA.
     Avx512,
 }
 
@@ -712,10 +717,18 @@ unsafe fn tile<const DIRECT: bool>(
         match isa {
             Isa::Avx512 => tile512::<DIRECT>(kc, a, lda, b, c, ldc, mr, nr, add, tail),
             Isa::Avx2 => {
-                tile256::<DIRECT>(kc, a, lda, b, 0, c, ldc, mr, nr.min(16), add, tail);
-                if nr > 16 {
-                    let c = c.add(16);
-                    tile256::<DIRECT>(kc, a, lda, b, 16, c, ldc, mr, nr - 16, add, tail);
+                // Quarters: rows by halves of MR2, columns by halves of 16.
+                for r0 in (0..mr).step_by(MR2) {
+                    let a = if DIRECT { a.add(r0 * lda) } else { a.add(r0) };
+                    let tail = tail.map(|t| Tail {
+                        a: t.a.add(r0 * t.lda),
+                        ..t
+                    });
+                    let rows = MR2.min(mr - r0);
+                    for col in (0..nr).step_by(16) {
+                        let (c, cols) = (c.add(r0 * ldc + col), 16.min(nr - col));
+                        tile256::<DIRECT>(kc, a, lda, b, col, c, ldc, rows, cols, add, tail);
+                    }
                 }
             }
         }
@@ -729,7 +742,11 @@ unsafe fn tile<const DIRECT: bool>(
 /// # Safety
 /// `a` must hold the tile's rows as in [`tile`].
 #[inline(always)]
-unsafe fn a_rows<const DIRECT: bool>(a: *const f32, lda: usize, mr: usize) -> [*const f32; MR] {
+unsafe fn a_rows<const DIRECT: bool, const R: usize>(
+    a: *const f32,
+    lda: usize,
+    mr: usize,
+) -> [*const f32; R] {
     std::array::from_fn(|i| {
         if !DIRECT {
             a.wrapping_add(i)
@@ -750,8 +767,9 @@ struct Tail {
     steps: usize,
 }
 
-/// [`tile`] on AVX-512: 6 rows × 32 columns in 12 zmm accumulators, each step two B loads,
-/// six broadcasts of A and twelve FMAs; edge tiles through masked loads and stores.
+/// [`tile`] on AVX-512: 12 rows × 32 columns in 24 zmm accumulators, each step two B
+/// loads, twelve broadcasts of A and 24 FMAs (BLIS's Skylake-X sgemm shape, transposed);
+/// edge tiles through masked loads and stores.
 ///
 /// # Safety
 /// AVX-512F must be available; otherwise as [`tile`].
@@ -770,8 +788,9 @@ unsafe fn tile512<const DIRECT: bool>(
     tail: Option<Tail>,
 ) {
     use std::arch::x86_64::*;
+    const R: usize = MR;
     let bp = b.as_ptr();
-    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
     // SAFETY: per the contract above.
     unsafe {
         // C's rows are far apart; start fetching the tile while the product runs.
@@ -783,7 +802,7 @@ unsafe fn tile512<const DIRECT: bool>(
                 _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(16) as *const i8);
             }
         }
-        let step = |acc: &mut [[__m512; 2]; MR], rows: &[*const f32; MR], bp: *const f32, p, s| {
+        let step = |acc: &mut [[__m512; 2]; R], rows: &[*const f32; R], bp: *const f32, p, s| {
             let b0 = _mm512_loadu_ps(bp.add(p * NR));
             let b1 = _mm512_loadu_ps(bp.add(p * NR + 16));
             for (row, &ar) in acc.iter_mut().zip(rows) {
@@ -792,7 +811,7 @@ unsafe fn tile512<const DIRECT: bool>(
                 row[1] = _mm512_fmadd_ps(av, b1, row[1]);
             }
         };
-        let rows = a_rows::<DIRECT>(a, lda, mr);
+        let rows = a_rows::<DIRECT, R>(a, lda, mr);
         let a_step = if DIRECT { 1 } else { MR };
         // Four steps per iteration: less loop overhead between the FMAs.
         let mut p = 0;
@@ -809,7 +828,7 @@ unsafe fn tile512<const DIRECT: bool>(
         }
         if let Some(t) = tail {
             // The tail's rows, in place, against the strip's steps after `kc`.
-            let rows = a_rows::<true>(t.a, t.lda, mr);
+            let rows = a_rows::<true, R>(t.a, t.lda, mr);
             for p in 0..t.steps {
                 step(&mut acc, &rows, bp.add(kc * NR), p, 1);
             }
@@ -830,9 +849,9 @@ unsafe fn tile512<const DIRECT: bool>(
     }
 }
 
-/// [`tile`] on AVX2 for the 16 columns of the B strip from `col0` (0 or 16), `nr ≤ 16`:
-/// 6 × 16 in 12 ymm accumulators; full tiles go straight to C, edge tiles through a
-/// scratch tile.
+/// [`tile`] on AVX2 for up to [`MR2`] rows and the 16 columns of the B strip from `col0`
+/// (0 or 16), `nr ≤ 16`: 6 × 16 in 12 ymm accumulators; full tiles go straight to C, edge
+/// tiles through a scratch tile.
 ///
 /// # Safety
 /// AVX2 and FMA must be available; otherwise as [`tile`], with `c` at the half's first
@@ -854,8 +873,9 @@ unsafe fn tile256<const DIRECT: bool>(
 ) {
     use std::arch::x86_64::*;
     const H: usize = 16;
+    const R: usize = MR2;
     let bp = b.as_ptr().wrapping_add(col0);
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
     // SAFETY: per the contract above.
     unsafe {
         // C's rows are far apart; start fetching the tile while the product runs.
@@ -864,7 +884,7 @@ unsafe fn tile256<const DIRECT: bool>(
             _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(nr - 1) as *const i8);
         }
-        let step = |acc: &mut [[__m256; 2]; MR], rows: &[*const f32; MR], bp: *const f32, p, s| {
+        let step = |acc: &mut [[__m256; 2]; R], rows: &[*const f32; R], bp: *const f32, p, s| {
             let b0 = _mm256_loadu_ps(bp.add(p * NR));
             let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
             for (row, &ar) in acc.iter_mut().zip(rows) {
@@ -873,7 +893,7 @@ unsafe fn tile256<const DIRECT: bool>(
                 row[1] = _mm256_fmadd_ps(av, b1, row[1]);
             }
         };
-        let rows = a_rows::<DIRECT>(a, lda, mr);
+        let rows = a_rows::<DIRECT, R>(a, lda, mr);
         let a_step = if DIRECT { 1 } else { MR };
         // Four steps per iteration: less loop overhead between the FMAs.
         let mut p = 0;
@@ -890,12 +910,12 @@ unsafe fn tile256<const DIRECT: bool>(
         }
         if let Some(t) = tail {
             // The tail's rows, in place, against the strip's steps after `kc`.
-            let rows = a_rows::<true>(t.a, t.lda, mr);
+            let rows = a_rows::<true, R>(t.a, t.lda, mr);
             for p in 0..t.steps {
                 step(&mut acc, &rows, bp.add(kc * NR), p, 1);
             }
         }
-        if mr == MR && nr == H {
+        if mr == R && nr == H {
             for (i, row) in acc.iter().enumerate() {
                 let p = c.add(i * ldc);
                 let (mut v0, mut v1) = (row[0], row[1]);
@@ -907,7 +927,7 @@ unsafe fn tile256<const DIRECT: bool>(
                 _mm256_storeu_ps(p.add(8), v1);
             }
         } else {
-            let mut scratch = [0f32; MR * H];
+            let mut scratch = [0f32; R * H];
             for (i, row) in acc.iter().enumerate() {
                 _mm256_storeu_ps(scratch.as_mut_ptr().add(i * H), row[0]);
                 _mm256_storeu_ps(scratch.as_mut_ptr().add(i * H + 8), row[1]);
@@ -1044,10 +1064,10 @@ mod tests {
                 let mut c = vec![7f32; m * n];
                 gemm_packed(am, &packed, &mut c, n, false, Band::Cols(&limit));
                 for i in 0..m {
-                    let tile = i - i % 6;
+                    let tile = i - i % MR;
                     for j in 0..n {
                         let got = c[i * n + j];
-                        if j < tile + 6.min(m - tile) + 2 {
+                        if j < tile + MR.min(m - tile) + 2 {
                             assert!((got - want[i * n + j]).abs() <= 1e-3, "cols ({i}, {j})");
                         } else {
                             assert_eq!(got, 7.0, "cols ({i}, {j}) written");
@@ -1060,7 +1080,7 @@ mod tests {
             let range = |row: usize, _: usize| (row * 11).min(250)..250;
             let mut banded = a.clone();
             for i in 0..m {
-                let r = range(i - i % 6, 6);
+                let r = range(i - i % MR, MR);
                 for p in 0..k {
                     if !r.contains(&p) {
                         banded[i * k + p] = 0.0;
