@@ -717,15 +717,17 @@ unsafe fn tile<const DIRECT: bool>(
         match isa {
             Isa::Avx512 => tile512::<DIRECT>(kc, a, lda, b, c, ldc, mr, nr, add, tail),
             Isa::Avx2 => {
-                // Quarters: rows by halves of MR2, columns by halves of 16.
-                for r0 in (0..mr).step_by(MR2) {
-                    let a = if DIRECT { a.add(r0 * lda) } else { a.add(r0) };
-                    let tail = tail.map(|t| Tail {
-                        a: t.a.add(r0 * t.lda),
-                        ..t
-                    });
-                    let rows = MR2.min(mr - r0);
-                    for col in (0..nr).step_by(16) {
+                // Quarters: columns by halves of 16, rows by halves of MR2. A half's B lines
+                // (one of each step's two) are used twice in a row, so the strip's two
+                // halves are not both needed in L1 (32 KB on many AVX2 machines) at once.
+                for col in (0..nr).step_by(16) {
+                    for r0 in (0..mr).step_by(MR2) {
+                        let a = if DIRECT { a.add(r0 * lda) } else { a.add(r0) };
+                        let tail = tail.map(|t| Tail {
+                            a: t.a.add(r0 * t.lda),
+                            ..t
+                        });
+                        let rows = MR2.min(mr - r0);
                         let (c, cols) = (c.add(r0 * ldc + col), 16.min(nr - col));
                         tile256::<DIRECT>(kc, a, lda, b, col, c, ldc, rows, cols, add, tail);
                     }
