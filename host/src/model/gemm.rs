@@ -769,6 +769,38 @@ struct Tail {
     steps: usize,
 }
 
+/// Runs a tile's steps through `step(rows, b, p, a_step)`: `kc` steps of A's `rows` (in
+/// place or packed, per `DIRECT`) against the strip at `bp`, then the tail's (rows in
+/// place, their own steps of B).
+#[inline(always)]
+fn run_steps<const DIRECT: bool, const R: usize>(
+    kc: usize,
+    rows: &[*const f32; R],
+    bp: *const f32,
+    tail: Option<([*const f32; R], *const f32, usize)>,
+    mut step: impl FnMut(&[*const f32; R], *const f32, usize, usize),
+) {
+    let a_step = if DIRECT { 1 } else { MR };
+    // Four steps per iteration: less loop overhead between the FMAs.
+    let mut p = 0;
+    while p + 4 <= kc {
+        step(rows, bp, p, a_step);
+        step(rows, bp, p + 1, a_step);
+        step(rows, bp, p + 2, a_step);
+        step(rows, bp, p + 3, a_step);
+        p += 4;
+    }
+    while p < kc {
+        step(rows, bp, p, a_step);
+        p += 1;
+    }
+    if let Some((rows, bp, steps)) = tail {
+        for p in 0..steps {
+            step(&rows, bp, p, 1);
+        }
+    }
+}
+
 /// [`tile`] on AVX-512: 12 rows × 32 columns in 24 zmm accumulators, each step two B
 /// loads, twelve broadcasts of A and 24 FMAs (BLIS's Skylake-X sgemm shape, transposed);
 /// edge tiles through masked loads and stores.
@@ -814,27 +846,10 @@ unsafe fn tile512<const DIRECT: bool>(
             }
         };
         let rows = a_rows::<DIRECT, R>(a, lda, mr);
-        let a_step = if DIRECT { 1 } else { MR };
-        // Four steps per iteration: less loop overhead between the FMAs.
-        let mut p = 0;
-        while p + 4 <= kc {
-            step(&mut acc, &rows, bp, p, a_step);
-            step(&mut acc, &rows, bp, p + 1, a_step);
-            step(&mut acc, &rows, bp, p + 2, a_step);
-            step(&mut acc, &rows, bp, p + 3, a_step);
-            p += 4;
-        }
-        while p < kc {
-            step(&mut acc, &rows, bp, p, a_step);
-            p += 1;
-        }
-        if let Some(t) = tail {
-            // The tail's rows, in place, against the strip's steps after `kc`.
-            let rows = a_rows::<true, R>(t.a, t.lda, mr);
-            for p in 0..t.steps {
-                step(&mut acc, &rows, bp.add(kc * NR), p, 1);
-            }
-        }
+        let tail = tail.map(|t| (a_rows::<true, R>(t.a, t.lda, mr), bp.add(kc * NR), t.steps));
+        run_steps::<DIRECT, R>(kc, &rows, bp, tail, |rows, bp, p, s| {
+            step(&mut acc, rows, bp, p, s)
+        });
         let mask = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
         let (m0, m1) = (mask(nr), mask(nr.saturating_sub(16)));
         for (i, row) in acc.iter().enumerate().take(mr) {
@@ -896,27 +911,10 @@ unsafe fn tile256<const DIRECT: bool>(
             }
         };
         let rows = a_rows::<DIRECT, R>(a, lda, mr);
-        let a_step = if DIRECT { 1 } else { MR };
-        // Four steps per iteration: less loop overhead between the FMAs.
-        let mut p = 0;
-        while p + 4 <= kc {
-            step(&mut acc, &rows, bp, p, a_step);
-            step(&mut acc, &rows, bp, p + 1, a_step);
-            step(&mut acc, &rows, bp, p + 2, a_step);
-            step(&mut acc, &rows, bp, p + 3, a_step);
-            p += 4;
-        }
-        while p < kc {
-            step(&mut acc, &rows, bp, p, a_step);
-            p += 1;
-        }
-        if let Some(t) = tail {
-            // The tail's rows, in place, against the strip's steps after `kc`.
-            let rows = a_rows::<true, R>(t.a, t.lda, mr);
-            for p in 0..t.steps {
-                step(&mut acc, &rows, bp.add(kc * NR), p, 1);
-            }
-        }
+        let tail = tail.map(|t| (a_rows::<true, R>(t.a, t.lda, mr), bp.add(kc * NR), t.steps));
+        run_steps::<DIRECT, R>(kc, &rows, bp, tail, |rows, bp, p, s| {
+            step(&mut acc, rows, bp, p, s)
+        });
         if mr == R && nr == H {
             for (i, row) in acc.iter().enumerate() {
                 let p = c.add(i * ldc);

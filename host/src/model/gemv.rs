@@ -83,14 +83,14 @@ unsafe fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out_t: &m
     // SAFETY (all arms): the caller checked AVX2 and FMA.
     unsafe {
         match m {
-            1 => tile::<1, 4>(x, w, rows, k, out_t),
-            2 => tile::<2, 4>(x, w, rows, k, out_t),
-            3 => tile::<3, 3>(x, w, rows, k, out_t),
-            4 => tile::<4, 2>(x, w, rows, k, out_t),
-            5 => tile::<5, 2>(x, w, rows, k, out_t),
-            6 => tile::<6, 2>(x, w, rows, k, out_t),
-            7 => tile::<7, 1>(x, w, rows, k, out_t),
-            _ => tile::<8, 1>(x, w, rows, k, out_t),
+            1 => tile::<1, 4, false>(x, w, rows, k, out_t),
+            2 => tile::<2, 4, false>(x, w, rows, k, out_t),
+            3 => tile::<3, 3, false>(x, w, rows, k, out_t),
+            4 => tile::<4, 2, false>(x, w, rows, k, out_t),
+            5 => tile::<5, 2, false>(x, w, rows, k, out_t),
+            6 => tile::<6, 2, false>(x, w, rows, k, out_t),
+            7 => tile::<7, 1, false>(x, w, rows, k, out_t),
+            _ => tile::<8, 1, false>(x, w, rows, k, out_t),
         }
     }
 }
@@ -112,14 +112,14 @@ unsafe fn block512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out_t:
     // SAFETY (all arms): the caller checked AVX-512F.
     unsafe {
         match m {
-            1 => tile512::<1, 8>(x, w, rows, k, out_t),
-            2 => tile512::<2, 6>(x, w, rows, k, out_t),
-            3 => tile512::<3, 5>(x, w, rows, k, out_t),
-            4 => tile512::<4, 4>(x, w, rows, k, out_t),
-            5 => tile512::<5, 3>(x, w, rows, k, out_t),
-            6 => tile512::<6, 3>(x, w, rows, k, out_t),
-            7 => tile512::<7, 2>(x, w, rows, k, out_t),
-            _ => tile512::<8, 2>(x, w, rows, k, out_t),
+            1 => tile::<1, 8, true>(x, w, rows, k, out_t),
+            2 => tile::<2, 6, true>(x, w, rows, k, out_t),
+            3 => tile::<3, 5, true>(x, w, rows, k, out_t),
+            4 => tile::<4, 4, true>(x, w, rows, k, out_t),
+            5 => tile::<5, 3, true>(x, w, rows, k, out_t),
+            6 => tile::<6, 3, true>(x, w, rows, k, out_t),
+            7 => tile::<7, 2, true>(x, w, rows, k, out_t),
+            _ => tile::<8, 2, true>(x, w, rows, k, out_t),
         }
     }
 }
@@ -127,32 +127,6 @@ unsafe fn block512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out_t:
 /// How far ahead of the product the weight rows are fetched: 8 KB (best of 512, 1024 and
 /// 2048 floats at eight activation rows, 2048 also at one).
 const PREFETCH: usize = 2048;
-
-/// All `rows` weight rows of the block, `R` at a time (then one at a time for the rest),
-/// against the `M` rows of `x`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tile512<const M: usize, const R: usize>(
-    x: &[f32],
-    w: &[f32],
-    rows: usize,
-    k: usize,
-    out_t: &mut [f32],
-) {
-    let mut j = 0;
-    while j + R <= rows {
-        let out = &mut out_t[j * M..(j + R) * M];
-        // SAFETY: the caller checked AVX-512F.
-        unsafe { tile_rows512::<M, R>(x, &w[j * k..(j + R) * k], k, out) };
-        j += R;
-    }
-    while j < rows {
-        let out = &mut out_t[j * M..(j + 1) * M];
-        // SAFETY: the caller checked AVX-512F.
-        unsafe { tile_rows512::<M, 1>(x, &w[j * k..(j + 1) * k], k, out) };
-        j += 1;
-    }
-}
 
 /// `out[r·M + i] = Σ_q x[i][q] · w[r][q]` for `R` weight rows (row stride `k`); the last
 /// partial 16 columns through masked loads (masked-off lanes read nothing and add zero).
@@ -216,10 +190,12 @@ unsafe fn hsum(v: std::arch::x86_64::__m256) -> f32 {
 }
 
 /// All `rows` weight rows of the block, `R` at a time (then one at a time for the rest),
-/// against the `M` rows of `x`.
+/// against the `M` rows of `x`, on the AVX-512 kernel (`WIDE`) or the AVX2 one.
+///
+/// # Safety
+/// The kernel's features (AVX-512F, or AVX2 and FMA) must be available.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const M: usize, const R: usize>(
+unsafe fn tile<const M: usize, const R: usize, const WIDE: bool>(
     x: &[f32],
     w: &[f32],
     rows: usize,
@@ -227,13 +203,19 @@ unsafe fn tile<const M: usize, const R: usize>(
     out_t: &mut [f32],
 ) {
     let mut j = 0;
-    while j + R <= rows {
-        unsafe { tile_rows::<M, R>(x, &w[j * k..(j + R) * k], k, &mut out_t[j * M..(j + R) * M]) };
-        j += R;
-    }
     while j < rows {
-        unsafe { tile_rows::<M, 1>(x, &w[j * k..(j + 1) * k], k, &mut out_t[j * M..(j + 1) * M]) };
-        j += 1;
+        let r = if j + R <= rows { R } else { 1 };
+        let (w, out) = (&w[j * k..(j + r) * k], &mut out_t[j * M..(j + r) * M]);
+        // SAFETY: per the contract above.
+        unsafe {
+            match (WIDE, r == R) {
+                (true, true) => tile_rows512::<M, R>(x, w, k, out),
+                (true, false) => tile_rows512::<M, 1>(x, w, k, out),
+                (false, true) => tile_rows::<M, R>(x, w, k, out),
+                (false, false) => tile_rows::<M, 1>(x, w, k, out),
+            }
+        }
+        j += r;
     }
 }
 
