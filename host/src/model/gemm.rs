@@ -307,23 +307,34 @@ unsafe fn gemm_tail(
                                     // A's rows `row..row+mr` from column `pc` hold `kc`
                                     // elements (in_bounds), as does a packed strip.
                                     unsafe {
+                                        let t = Tile {
+                                            kc,
+                                            a: ap.as_ptr().add(i * MR * kc),
+                                            lda: 0,
+                                            b: b_strip,
+                                            c: c_tile,
+                                            ldc,
+                                            mr,
+                                            nr,
+                                            add,
+                                            tail: None,
+                                        };
                                         if direct {
-                                            let a0 = a.data.as_ptr().add(row * a.rs + pc);
-                                            let t = tail_a.filter(|_| tr > 0).map(|a2| Tail {
+                                            let tail = tail_a.filter(|_| tr > 0).map(|a2| Tail {
                                                 a: a2.data.as_ptr().add(row * a2.rs),
                                                 lda: a2.rs,
                                                 steps: tr,
                                             });
-                                            tile::<true>(
-                                                isa, kc, a0, a.rs, b_strip, c_tile, ldc, mr, nr,
-                                                add, t,
-                                            )
+                                            let a0 = a.data.as_ptr().add(row * a.rs + pc);
+                                            let t = Tile {
+                                                a: a0,
+                                                lda: a.rs,
+                                                tail,
+                                                ..t
+                                            };
+                                            tile::<true>(isa, t)
                                         } else {
-                                            let a0 = ap.as_ptr().add(i * MR * kc);
-                                            tile::<false>(
-                                                isa, kc, a0, 0, b_strip, c_tile, ldc, mr, nr, add,
-                                                None,
-                                            )
+                                            tile::<false>(isa, t)
                                         }
                                     }
                                 }
@@ -452,15 +463,30 @@ pub fn gemm_packed(
                 // inside `c` (asserted, nr ≤ n - col); A's rows from column k0 hold k1 - k0
                 // elements (in_bounds), as do the packed strips.
                 unsafe {
-                    let (depth, nr) = (k1 - k0, NR.min(cols - col));
+                    let t = Tile {
+                        kc: k1 - k0,
+                        a: a_strip.as_ptr(),
+                        lda: 0,
+                        b: b_strip,
+                        c: c_tile,
+                        ldc,
+                        mr,
+                        nr: NR.min(cols - col),
+                        add,
+                        tail: None,
+                    };
                     if direct {
                         let a0 = a.data.as_ptr().add(row * a.rs + k0);
                         tile::<true>(
-                            isa, depth, a0, a.rs, b_strip, c_tile, ldc, mr, nr, add, None,
+                            isa,
+                            Tile {
+                                a: a0,
+                                lda: a.rs,
+                                ..t
+                            },
                         )
                     } else {
-                        let a0 = a_strip.as_ptr();
-                        tile::<false>(isa, depth, a0, 0, b_strip, c_tile, ldc, mr, nr, add, None)
+                        tile::<false>(isa, t)
                     }
                 }
             }
@@ -688,6 +714,23 @@ fn isa() -> Isa {
     }
 }
 
+/// One tile's operands: `kc` steps of A at `a` (row stride `lda` in place) against the B
+/// strip `b`, into the `mr × nr` tile of C at `c` (row stride `ldc`), added to it with
+/// `add`, with the `tail`'s steps after.
+#[derive(Clone, Copy)]
+struct Tile<'b> {
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: &'b [f32],
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    add: bool,
+    tail: Option<Tail>,
+}
+
 /// One `mr × nr` tile of C (`mr ≤ MR`, `nr ≤ NR`) from a B strip and either a packed A
 /// strip (`DIRECT` false: element `(i, p)` at `a[p * MR + i]`) or A in place (`DIRECT`:
 /// at `a[i * lda + p]`), on `isa`'s kernel.
@@ -696,26 +739,25 @@ fn isa() -> Isa {
 /// `isa`'s features (AVX2 and FMA, or AVX-512F) must be available; `c` must be valid for
 /// `mr` rows of `nr` floats at stride `ldc`; `a` must hold `kc` steps of `mr` rows; `b`
 /// holds `kc` packed steps, and the tail's steps after them.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn tile<const DIRECT: bool>(
-    isa: Isa,
-    kc: usize,
-    a: *const f32,
-    lda: usize,
-    b: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    add: bool,
-    tail: Option<Tail>,
-) {
+unsafe fn tile<const DIRECT: bool>(isa: Isa, t: Tile) {
+    let Tile {
+        kc,
+        a,
+        lda,
+        b,
+        c,
+        ldc,
+        mr,
+        nr,
+        tail,
+        ..
+    } = t;
     debug_assert!(b.len() >= (kc + tail.map_or(0, |t| t.steps)) * NR);
-    // SAFETY: per the contract above; each half of an AVX2 tile is inside the tile.
+    // SAFETY: per the contract above; each quarter of an AVX2 tile is inside the tile.
     unsafe {
         match isa {
-            Isa::Avx512 => tile512::<DIRECT>(kc, a, lda, b, c, ldc, mr, nr, add, tail),
+            Isa::Avx512 => tile512::<DIRECT>(t),
             Isa::Avx2 => {
                 // Quarters: columns by halves of 16, rows by halves of MR2. A half's B lines
                 // (one of each step's two) are used twice in a row, so the strip's two
@@ -727,9 +769,17 @@ unsafe fn tile<const DIRECT: bool>(
                             a: t.a.add(r0 * t.lda),
                             ..t
                         });
-                        let rows = MR2.min(mr - r0);
-                        let (c, cols) = (c.add(r0 * ldc + col), 16.min(nr - col));
-                        tile256::<DIRECT>(kc, a, lda, b, col, c, ldc, rows, cols, add, tail);
+                        let (mr, nr) = (MR2.min(mr - r0), 16.min(nr - col));
+                        let c = c.add(r0 * ldc + col);
+                        let quarter = Tile {
+                            a,
+                            c,
+                            mr,
+                            nr,
+                            tail,
+                            ..t
+                        };
+                        tile256::<DIRECT>(quarter, col);
                     }
                 }
             }
@@ -801,41 +851,51 @@ fn run_steps<const DIRECT: bool, const R: usize>(
     }
 }
 
-/// [`tile`] on AVX-512: 12 rows × 32 columns in 24 zmm accumulators, each step two B
-/// loads, twelve broadcasts of A and 24 FMAs (BLIS's Skylake-X sgemm shape, transposed);
-/// edge tiles through masked loads and stores.
-///
-/// # Safety
-/// AVX-512F must be available; otherwise as [`tile`].
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f")]
-unsafe fn tile512<const DIRECT: bool>(
-    kc: usize,
-    a: *const f32,
-    lda: usize,
-    b: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    add: bool,
-    tail: Option<Tail>,
-) {
+/// Starts fetching the `mr × nr` tile of C at `c` (row stride `ldc`) into L1: its rows are
+/// far apart, and the product runs meanwhile. A prefetch has no effect but on the cache.
+#[inline(always)]
+fn prefetch_c(c: *mut f32, ldc: usize, mr: usize, nr: usize) {
     use std::arch::x86_64::*;
-    const R: usize = MR;
-    let bp = b.as_ptr();
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    // SAFETY: per the contract above.
-    unsafe {
-        // C's rows are far apart; start fetching the tile while the product runs.
-        for i in 0..mr {
-            let row = c.wrapping_add(i * ldc);
+    for i in 0..mr {
+        let row = c.wrapping_add(i * ldc);
+        // SAFETY: prefetching never faults and reads nothing into the program.
+        unsafe {
             _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(nr - 1) as *const i8);
             if nr > 16 {
                 _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(16) as *const i8);
             }
         }
+    }
+}
+
+/// [`tile`] on AVX-512: 12 rows × 32 columns in 24 zmm accumulators, each step two B
+/// loads, twelve broadcasts of A and 24 FMAs (BLIS's Skylake-X sgemm shape, transposed);
+/// edge tiles through masked loads and stores.
+///
+/// # Safety
+/// AVX-512F must be available; otherwise as [`tile`].
+#[target_feature(enable = "avx512f")]
+unsafe fn tile512<const DIRECT: bool>(t: Tile) {
+    use std::arch::x86_64::*;
+    let Tile {
+        kc,
+        a,
+        lda,
+        b,
+        c,
+        ldc,
+        mr,
+        nr,
+        add,
+        tail,
+    } = t;
+    const R: usize = MR;
+    let bp = b.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    // SAFETY: per the contract above.
+    unsafe {
+        prefetch_c(c, ldc, mr, nr);
         let step = |acc: &mut [[__m512; 2]; R], rows: &[*const f32; R], bp: *const f32, p, s| {
             let b0 = _mm512_loadu_ps(bp.add(p * NR));
             let b1 = _mm512_loadu_ps(bp.add(p * NR + 16));
@@ -873,34 +933,28 @@ unsafe fn tile512<const DIRECT: bool>(
 /// # Safety
 /// AVX2 and FMA must be available; otherwise as [`tile`], with `c` at the half's first
 /// column.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile256<const DIRECT: bool>(
-    kc: usize,
-    a: *const f32,
-    lda: usize,
-    b: &[f32],
-    col0: usize,
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    add: bool,
-    tail: Option<Tail>,
-) {
+unsafe fn tile256<const DIRECT: bool>(t: Tile, col0: usize) {
     use std::arch::x86_64::*;
+    let Tile {
+        kc,
+        a,
+        lda,
+        b,
+        c,
+        ldc,
+        mr,
+        nr,
+        add,
+        tail,
+    } = t;
     const H: usize = 16;
     const R: usize = MR2;
     let bp = b.as_ptr().wrapping_add(col0);
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     // SAFETY: per the contract above.
     unsafe {
-        // C's rows are far apart; start fetching the tile while the product runs.
-        for i in 0..mr {
-            let row = c.wrapping_add(i * ldc);
-            _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(nr - 1) as *const i8);
-        }
+        prefetch_c(c, ldc, mr, nr);
         let step = |acc: &mut [[__m256; 2]; R], rows: &[*const f32; R], bp: *const f32, p, s| {
             let b0 = _mm256_loadu_ps(bp.add(p * NR));
             let b1 = _mm256_loadu_ps(bp.add(p * NR + 8));
