@@ -96,7 +96,8 @@ unsafe fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out_t: &m
 }
 
 /// [`block`] with AVX-512: twice the FMA width, 32 registers for more weight rows per pass,
-/// and the weight rows prefetched [`PREFETCH`] floats ahead. With eight activation rows the
+/// and the weight rows prefetched [`PREFETCH`] floats ahead (from [`PREFETCH_FROM_ROWS`]
+/// activation rows). With eight activation rows the
 /// AVX2 kernel read the weights at 11–15 GB/s against 25–27 at one row, waiting on the
 /// weight loads (perf: the FMAs after them); this one reads them at 17–21 GB/s, the same
 /// at one row (`examples/gemv_probe.rs`-style shapes, 2 threads, a 2-core AVX-512 Xeon).
@@ -125,8 +126,15 @@ unsafe fn block512(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out_t:
 }
 
 /// How far ahead of the product the weight rows are fetched: 8 KB (best of 512, 1024 and
-/// 2048 floats at eight activation rows, 2048 also at one).
+/// 2048 floats at eight activation rows on the Xeon).
 const PREFETCH: usize = 2048;
+
+/// Fewest activation rows for which the weight rows are prefetched. With fewer the FMAs
+/// keep far ahead of memory and the hardware prefetcher alone streams faster: on a 2-core
+/// AMD EPYC (Zen 4) the `[151936, 896]` head read at 24–25 GB/s without the prefetches and
+/// 21–23 with them at one and two rows, alike at four, and at 16–17 GB/s with them against
+/// 12–15 without at six and eight rows (two alternating sweeps, 2 threads).
+const PREFETCH_FROM_ROWS: usize = 4;
 
 /// `out[r·M + i] = Σ_q x[i][q] · w[r][q]` for `R` weight rows (row stride `k`); the last
 /// partial 16 columns through masked loads (masked-off lanes read nothing and add zero).
@@ -154,9 +162,11 @@ unsafe fn tile_rows512<const M: usize, const R: usize>(
             let xs: [__m512; M] =
                 std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i * k + kk)));
             for (r, acc) in acc.iter_mut().enumerate() {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    w.as_ptr().wrapping_add(r * k + kk + PREFETCH) as *const i8
-                );
+                if M >= PREFETCH_FROM_ROWS {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        w.as_ptr().wrapping_add(r * k + kk + PREFETCH) as *const i8,
+                    );
+                }
                 let a = _mm512_maskz_loadu_ps(mask, w.as_ptr().add(r * k + kk));
                 for i in 0..M {
                     acc[i] = _mm512_fmadd_ps(a, xs[i], acc[i]);
