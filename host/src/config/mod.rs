@@ -76,7 +76,7 @@ pub struct ModelSection {
     /// A PEFT adapter to start from (sampling uses it; training continues it).
     #[serde(default)]
     pub adapter: Option<PathBuf>,
-    /// `cpu` (CUDA needs a build with the `cuda` feature).
+    /// `cpu`, the only device so far (the CUDA path is not built yet).
     #[serde(default = "cpu")]
     pub device: String,
 }
@@ -354,7 +354,7 @@ impl LoadedConfig {
         }
         if c.model.device != "cpu" {
             bail!(
-                "{file}: model.device = \"{}\": this build runs on the CPU only (device = \"cpu\"); CUDA needs rlhost built with `--features cuda`",
+                "{file}: model.device = \"{}\": rlhost runs models on the CPU only so far (set device = \"cpu\"); the CUDA path is not built yet",
                 c.model.device
             );
         }
