@@ -164,7 +164,7 @@ unsafe fn tile_rows512<const M: usize, const R: usize>(
             for (r, acc) in acc.iter_mut().enumerate() {
                 if M >= PREFETCH_FROM_ROWS {
                     _mm_prefetch::<_MM_HINT_T0>(
-                        w.as_ptr().wrapping_add(r * k + kk + PREFETCH) as *const i8,
+                        w.as_ptr().wrapping_add(r * k + kk + PREFETCH) as *const i8
                     );
                 }
                 let a = _mm512_maskz_loadu_ps(mask, w.as_ptr().add(r * k + kk));
