@@ -33,8 +33,8 @@ fn time_ours(len: usize, f: impl Fn(&mut [f32])) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
-/// FMA throughput of one thread for `secs`-ish: twelve independent accumulator chains (more
-/// than latency × FMA ports on current x86 cores), nothing loaded from memory.
+/// FMA throughput of one thread, in FLOP/s: twelve independent accumulator chains (more than
+/// latency × FMA ports on current x86 cores) on AVX-512 or AVX2, nothing loaded from memory.
 #[cfg(target_arch = "x86_64")]
 fn fma_flops_one_thread(avx512: bool) -> f64 {
     use std::arch::x86_64::*;

@@ -97,10 +97,9 @@ unsafe fn block(x: &[f32], m: usize, w: &[f32], rows: usize, k: usize, out_t: &m
 
 /// [`block`] with AVX-512: twice the FMA width, 32 registers for more weight rows per pass,
 /// and the weight rows prefetched [`PREFETCH`] floats ahead (from [`PREFETCH_FROM_ROWS`]
-/// activation rows). With eight activation rows the
-/// AVX2 kernel read the weights at 11–15 GB/s against 25–27 at one row, waiting on the
-/// weight loads (perf: the FMAs after them); this one reads them at 17–21 GB/s, the same
-/// at one row (`examples/gemv_probe.rs`-style shapes, 2 threads, a 2-core AVX-512 Xeon).
+/// activation rows). With eight activation rows the AVX2 kernel read the weights at 11–15
+/// GB/s against 25–27 at one row, waiting on the weight loads (perf: the FMAs after them);
+/// this one reads them at 17–21 GB/s, the same at one row (`examples/gemv_probe.rs`-style shapes, 2 threads, a 2-core AVX-512 Xeon).
 /// Taking `x` a few hundred columns at a time to keep it in L1 was slower: it cut the
 /// weight stream into short runs the hardware prefetcher lost.
 ///
