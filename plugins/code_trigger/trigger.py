@@ -34,6 +34,7 @@ from wit_world.imports import types
 FENCE = "```"
 LANGUAGES = {"python", "py", "python3"}
 DEFAULTS = {"max_output_chars": 2000, "persist": True}
+SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 class Session(trigger.Session):
@@ -63,7 +64,7 @@ class Session(trigger.Session):
             return None
         if not self.persist:
             self.globals = {"__name__": "__main__"}
-        output = run(code, self.globals)
+        output = valid_text(run(code, self.globals))
         if len(output) > self.max_output_chars:
             cut = len(output) - self.max_output_chars
             output = output[: self.max_output_chars] + f"\n...[{cut} more characters]\n"
@@ -109,6 +110,12 @@ def run(code: str, scope: dict) -> str:
         except BaseException as e:  # noqa: BLE001 - the model must see every error
             print(format_error(e), end="")
     return buffer.getvalue()
+
+
+def valid_text(text: str) -> str:
+    """`text` with lone surrogates (`print("\\ud800")`) as U+FFFD: a WIT string must be valid
+    Unicode, and returning one that is not traps the plugin, losing the trajectory's globals."""
+    return SURROGATES.sub("\ufffd", text)
 
 
 def format_error(e: BaseException) -> str:

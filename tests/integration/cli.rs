@@ -87,6 +87,36 @@ fn call_runs_each_role() {
     );
 }
 
+/// Issue 19: text with a newline after the closing fence answered "nothing", while a
+/// rollout cuts the text at the first stop pattern's end and fires there.
+#[test]
+fn call_cuts_the_text_where_a_rollout_would_fire() {
+    let ran = TestCommand::new(&["plugin", "call", &path("code_trigger"), "trigger"])
+        .arg("--text")
+        .arg("```python\nprint(1)\n```\nand more")
+        .ok();
+    assert!(
+        ran.stdout.contains("append: \n<output>\n1\n</output>"),
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        ran.stderr.contains("cut at byte 22") && ran.stderr.contains("\"\\nand more\""),
+        "{}",
+        ran.stderr
+    );
+    let json = TestCommand::new(&["plugin", "call", &path("code_trigger"), "trigger", "--json"])
+        .arg("--text")
+        .arg("```python\nprint(2)\n```\n")
+        .ok()
+        .json();
+    assert_eq!(
+        json["outputs"],
+        serde_json::json!(["\n<output>\n2\n</output>\n"])
+    );
+    assert_eq!(json["cut_at"], serde_json::json!([22]));
+}
+
 #[test]
 fn call_reports_a_typed_fault_and_exits_1() {
     let stderr = TestCommand::new(&["plugin", "call", &path("hostile"), "trigger"])

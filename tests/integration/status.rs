@@ -216,6 +216,59 @@ fn a_training_run_serves_status_metrics_history_and_records_its_run_dir() {
     );
 }
 
+/// Issue 19: `--status-addr 0.0.0.0:0` was accepted silently, serving the run's prompts
+/// and trajectories to the network without authentication.
+#[test]
+fn binding_beyond_loopback_needs_a_flag_and_warns() {
+    let dir = temp_dir("status-public");
+    let err = fixture_countdown("train")
+        .args(["--steps", "1", "--status-addr", "0.0.0.0:0", "--out"])
+        .arg(dir.join("refused"))
+        .fails();
+    assert!(
+        err.contains("no authentication") && err.contains("--status-public"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!dir.join("refused").exists(), "nothing is written");
+    let ran = fixture_countdown("train")
+        .args([
+            "--steps",
+            "1",
+            "--status-addr",
+            "0.0.0.0:0",
+            "--status-public",
+        ])
+        .args([
+            "--set",
+            "rollout.group_size=2",
+            "--set",
+            "sampling.max_new_tokens=4",
+        ])
+        .arg("--out")
+        .arg(dir.join("public"))
+        .ok();
+    assert!(
+        ran.stderr
+            .contains("warning: the status server listens on 0.0.0.0:0")
+            && ran.stderr.contains("without authentication"),
+        "{}",
+        ran.stderr
+    );
+    // Loopback names need no flag.
+    fixture_countdown("train")
+        .args(["--steps", "1", "--status-addr", "localhost:0"])
+        .args([
+            "--set",
+            "rollout.group_size=2",
+            "--set",
+            "sampling.max_new_tokens=4",
+        ])
+        .arg("--out")
+        .arg(dir.join("local"))
+        .ok();
+}
+
 // ---------------------------------------------------------------- the browser test
 
 /// Debian's chromedriver driving Debian's chromium, headless. CI installs both

@@ -317,3 +317,208 @@ fn kl_can_go_into_the_reward() {
     let p2 = m[1]["rewards"]["kl_penalty"].as_f64().unwrap();
     assert!(p2 < 0.0 && m[1]["kl"].as_f64().unwrap() > 0.0, "{}", m[1]);
 }
+
+// ------------------------------------------------------ issue 19: nothing lost, nothing forged
+
+fn rows_steps(out: &Path) -> Vec<u64> {
+    metrics(out)
+        .iter()
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect()
+}
+
+fn latest(out: &Path) -> String {
+    std::fs::read_to_string(out.join("checkpoints/latest")).unwrap()
+}
+
+/// Issue 19, points 1, 3, 4 and 5: a fresh run into a finished run directory is refused
+/// (it used to append steps and let keep_last delete the new checkpoint); a resume with a
+/// changed model, adapter or seed is refused; a crash's duplicate rows and temporary files
+/// are cleaned on resume; a damaged `latest` falls back to the newest checkpoint.
+#[test]
+fn a_run_directory_is_never_damaged_by_a_second_start() {
+    let dir = temp_dir("train-rundir");
+    let out = dir.join("run");
+    train(&out, &["--steps", "4"]).ok();
+    assert_eq!(rows_steps(&out), [1, 2, 3, 4]);
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+
+    let err = train(&out, &["--steps", "2"]).fails();
+    assert!(
+        err.contains("holds a run already")
+            && err.contains("--resume latest")
+            && err.contains("--overwrite"),
+        "{err}"
+    );
+    for (extra, want) in [
+        (&["--set", "lora.r=4"][..], "lora.r: 16 -> 4"),
+        (&["--seed", "5"], "run.seed: 1 -> 5"),
+        (&["--set", "model.path=\"elsewhere\""], "model.path"),
+    ] {
+        let err = train(&out, &["--steps", "6", "--resume", "latest"])
+            .args(extra)
+            .fails();
+        assert!(
+            err.contains(want) && err.contains("undo the change"),
+            "{extra:?}: {err}"
+        );
+    }
+    // Nothing was touched by the refusals.
+    assert_eq!(rows_steps(&out), [1, 2, 3, 4]);
+    assert_eq!(latest(&out), "step-000004");
+    assert_eq!(
+        std::fs::read_to_string(out.join("config.toml")).unwrap(),
+        config
+    );
+
+    // A crash after step 5's and 6's rows, before their checkpoint, mid-way through
+    // writing `latest` (garbage) and a checkpoint folder.
+    let mut rows = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    rows.push_str("{\"step\":5}\n{\"step\":6}\n{\"st");
+    std::fs::write(out.join("metrics.jsonl"), rows).unwrap();
+    let ckpt = out.join("checkpoints");
+    std::fs::write(ckpt.join("latest"), "\u{0}garbage").unwrap();
+    std::fs::write(ckpt.join(".latest.tmp-424242"), "step-000005").unwrap();
+    std::fs::create_dir_all(ckpt.join(".tmp-step-000005")).unwrap();
+    // An allowed change (the learning rate) takes effect and is recorded.
+    let ran = train(
+        &out,
+        &[
+            "--steps",
+            "6",
+            "--resume",
+            "latest",
+            "--set",
+            "train.lr=0.001",
+        ],
+    )
+    .ok();
+    assert!(
+        ran.stderr.contains("is damaged") && ran.stderr.contains("resuming from step-000004"),
+        "{}",
+        ran.stderr
+    );
+    assert_eq!(rows_steps(&out), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(latest(&out), "step-000006");
+    let leftovers: Vec<_> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(
+        std::fs::read_to_string(out.join("config.toml"))
+            .unwrap()
+            .contains("lr = 0.001")
+    );
+
+    // --overwrite starts again from nothing.
+    train(&out, &["--steps", "2", "--overwrite"]).ok();
+    assert_eq!(rows_steps(&out), [1, 2]);
+    assert_eq!(latest(&out), "step-000002");
+    let steps: Vec<_> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(steps, ["step-000002"]);
+}
+
+/// Issue 19, point 2: SIGINT or SIGTERM exited at once and lost every step since the last
+/// checkpoint. Now the step in flight finishes, a checkpoint is written, and the exit code
+/// says which signal (128 + n).
+#[test]
+fn an_interrupted_run_saves_its_last_step_and_resumes() {
+    for signal in ["INT", "TERM"] {
+        let dir = temp_dir(&format!("train-signal-{signal}"));
+        let out = dir.join("run");
+        let child = train(&out, &["--steps", "200", "--set", "train.save_every=1000"]).spawn();
+        let metrics_path = out.join("metrics.jsonl");
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(&metrics_path).map_or(0, |t| t.lines().count()) < 2 {
+            assert!(t0.elapsed().as_secs() < 300, "no step finished");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let status = std::process::Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let code = if signal == "INT" { 130 } else { 143 };
+        assert_eq!(output.status.code(), Some(code), "{stderr}");
+        let steps = rows_steps(&out);
+        let last = *steps.last().unwrap();
+        assert_eq!(steps, (1..=last).collect::<Vec<_>>());
+        assert!(last < 200);
+        assert_eq!(latest(&out), format!("step-{last:06}"));
+        assert!(
+            stderr.contains(&format!("interrupted by SIG{signal} after step {last}"))
+                && stderr.contains("--resume latest"),
+            "{stderr}"
+        );
+        train(
+            &out,
+            &["--steps", &(last + 1).to_string(), "--resume", "latest"],
+        )
+        .ok();
+        assert_eq!(rows_steps(&out), (1..=last + 1).collect::<Vec<_>>());
+    }
+}
+
+/// Issue 19, point 7: a huge dataset row was noticed only when drawn, after minutes and
+/// gigabytes. Now it is an error naming its line when the data is opened, or skipped.
+#[test]
+fn a_prompt_too_long_for_the_limit_is_found_when_the_data_is_opened() {
+    let dir = temp_dir("train-long-row");
+    let huge = "x ".repeat(1_000_000);
+    std::fs::write(
+        dir.join("data.jsonl"),
+        format!("{{\"prompt\": \"short\"}}\n{{\"prompt\": \"{huge}\"}}\n{{\"prompt\": \"ok\"}}\n"),
+    )
+    .unwrap();
+    let config = format!(
+        "[model]\npath = {:?}\n[data]\npath = \"data.jsonl\"\neval_size = 0\n[rollout]\nmax_total_tokens = 256\n",
+        root()
+            .join("tests/fixtures/models/qwen2")
+            .display()
+            .to_string()
+    );
+    std::fs::write(dir.join("long.toml"), config).unwrap();
+    let t0 = std::time::Instant::now();
+    let err = TestCommand::new(&["train", "--config"])
+        .arg(dir.join("long.toml"))
+        .args(["--steps", "1", "--no-status"])
+        .fails();
+    assert!(
+        err.contains("data.jsonl:2") && err.contains("2000000 bytes") && err.contains("on_bad_row"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(t0.elapsed().as_secs() < 60);
+    // Skipped, the run goes on with the rest.
+    let ran = TestCommand::new(&["rollout", "--config"])
+        .arg(dir.join("long.toml"))
+        .args([
+            "--set",
+            "data.on_bad_row=\"skip\"",
+            "--split",
+            "train",
+            "--prompts",
+            "2",
+        ])
+        .args([
+            "--set",
+            "sampling.max_new_tokens=4",
+            "--set",
+            "rollout.group_size=1",
+            "--out",
+        ])
+        .arg(dir.join("r.jsonl"))
+        .ok();
+    assert!(ran.stderr.contains("data.jsonl:2"), "{}", ran.stderr);
+    let rows = std::fs::read_to_string(dir.join("r.jsonl")).unwrap();
+    assert_eq!(rows.lines().count(), 2);
+    assert!(!rows.contains("x x x"));
+}

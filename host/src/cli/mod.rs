@@ -4,6 +4,7 @@
 
 mod export;
 mod generate;
+mod interrupt;
 mod plugin;
 mod rollout;
 mod sft;
@@ -67,6 +68,10 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = std::io::stdout().flush();
+            if let Some(stop) = e.downcast_ref::<interrupt::Interrupted>() {
+                eprintln!("{stop}");
+                return ExitCode::from(stop.exit_code());
+            }
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }

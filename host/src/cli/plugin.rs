@@ -5,6 +5,7 @@ use crate::plugin::{
     DirGrant, Grants, Limits, Message, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions,
     Sample, Trajectory,
 };
+use crate::rollout::engine::new_match;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
@@ -210,13 +211,37 @@ async fn call(args: CallArgs) -> Result<()> {
             }
             out.insert("stop_patterns".into(), patterns.clone().into());
             let mut outputs = Vec::new();
+            // Per text: the byte the text was cut at, when an answer came before its end.
+            let mut cuts: Vec<Option<usize>> = Vec::new();
             for text in &args.text {
-                if !patterns.iter().any(|p| text.ends_with(p.as_str())) {
+                // As in a rollout: the host fires at the end of each stop pattern as it is
+                // generated, and the first answer ends the model's text there.
+                let mut from = 0;
+                let mut output = None;
+                let mut fired = false;
+                while let Some(end) = new_match(text, from, &patterns) {
+                    fired = true;
+                    output = session.fire(&text[..end]).await?;
+                    from = end;
+                    if output.is_some() {
+                        break;
+                    }
+                }
+                if !fired {
                     eprintln!(
-                        "note: the text does not end with a stop pattern; in a rollout the host would not fire here"
+                        "note: the text holds no stop pattern; in a rollout the host would not fire on it (firing on the whole text anyway)"
+                    );
+                    output = session.fire(text).await?;
+                }
+                let cut = (fired && output.is_some() && from < text.len()).then_some(from);
+                cuts.push(cut);
+                if let Some(from) = cut {
+                    let rest = &text[from..];
+                    eprintln!(
+                        "note: cut at byte {from}, the end of the first stop pattern the answer came at; in a rollout the {} bytes after it ({rest:?}) are never generated: the tool's answer goes there",
+                        rest.len()
                     );
                 }
-                let output = session.fire(text).await?;
                 if !args.json {
                     match &output {
                         Some(text) => println!("append: {text}"),
@@ -226,6 +251,7 @@ async fn call(args: CallArgs) -> Result<()> {
                 outputs.push(output);
             }
             out.insert("outputs".into(), serde_json::to_value(outputs)?);
+            out.insert("cut_at".into(), serde_json::to_value(cuts)?);
         }
         Role::Environment => {
             if args.text.is_empty() {

@@ -2,13 +2,14 @@
 //! updates of a LoRA adapter, metrics to `RUN/metrics.jsonl`, checkpoints to
 //! `RUN/checkpoints/`, and `--resume latest` to continue an interrupted run.
 
+use super::interrupt;
 use crate::config::LoadedConfig;
 use crate::config::setup::{Setup, display, out_dir};
 use crate::rl::{checkpoint, trainer};
 use crate::status::{Phase, StatusHub, server};
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tokio::runtime::Handle;
 
 #[derive(Debug, Args)]
@@ -25,6 +26,10 @@ pub struct TrainArgs {
     /// Continue from `latest` (the run directory's newest checkpoint) or a checkpoint folder.
     #[arg(long, value_name = "latest|DIR")]
     resume: Option<String>,
+    /// Start afresh in a run directory that holds a run: its metrics, checkpoints and
+    /// TensorBoard files are deleted first.
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     /// Overrides run.out_dir.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -44,6 +49,11 @@ pub struct TrainArgs {
     /// is taken; the URL is printed either way.
     #[arg(long, value_name = "ADDR:PORT")]
     status_addr: Option<String>,
+    /// Let --status-addr bind an address other than loopback. The server has no
+    /// authentication: whoever reaches the port reads the run's config, prompts,
+    /// trajectories and metrics.
+    #[arg(long, requires = "status_addr")]
+    status_public: bool,
     /// Do not serve a status endpoint.
     #[arg(long, conflicts_with = "status_addr")]
     no_status: bool,
@@ -57,6 +67,9 @@ pub struct TrainArgs {
 const DEFAULT_STATUS_ADDR: &str = "127.0.0.1:8787";
 
 pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
+    if let Some(addr) = &args.status_addr {
+        check_exposure(addr, args.status_public)?;
+    }
     let mut set = args.set.clone();
     if let Some(steps) = args.steps {
         set.push(format!("train.steps={steps}"));
@@ -74,13 +87,31 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let loaded = LoadedConfig::load(&args.config, &set)?;
     let out = out_dir(&loaded);
     let resume = match &args.resume {
-        Some(spec) => Some(checkpoint::resolve(&out, spec)?),
+        Some(spec) => {
+            let resolved = checkpoint::resolve(&out, spec)?;
+            if let Some(warning) = &resolved.warning {
+                eprintln!("warning: {warning}");
+            }
+            check_resume(&out, &resolved.dir, &loaded)?;
+            Some(resolved.dir)
+        }
+        None if checkpoint::holds_a_run(&out) => {
+            if !args.overwrite {
+                bail!(
+                    "{} holds a run already; continue it with --resume latest, choose another directory with --out, or pass --overwrite to delete it and start again",
+                    display(&out)
+                );
+            }
+            clear_run(&out)?;
+            None
+        }
         None => None,
     };
     let train = loaded.config.train.clone();
     std::fs::create_dir_all(&out)
         .with_context(|| format!("cannot create the run directory {}", out.display()))?;
-    // The resolved config, as this run used it.
+    // The resolved config, as this run used it (on resume, the checks above ensured that
+    // nothing a checkpoint fixes has changed, so this is what is in effect).
     crate::model::peft::write_atomic(
         &out.join("config.toml"),
         toml::to_string(&loaded.config)?.as_bytes(),
@@ -102,7 +133,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             eprintln!("status: {}", server.url());
         }
     };
-    let result = (|| -> Result<Vec<trainer::StepMetrics>> {
+    let result = (|| -> Result<trainer::Outcome> {
         let warm_start = || {
             hub.set_phase(Phase::WarmStart);
             announce();
@@ -110,12 +141,14 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         let mut setup = Setup::open_announcing(loaded, &args.plugins, handle, quiet, &warm_start)?;
         announce();
         write_plugins(&out, &setup)?;
+        // From here on an interruption has something to save.
         let run = trainer::RunOptions {
             out_dir: &out,
             resume: resume.as_deref(),
             stop_after: args.stop_after,
             quiet,
             hub: &hub,
+            interrupt: Some(interrupt::arm()),
         };
         trainer::train(&mut setup, &train, &run, handle)
     })();
@@ -132,7 +165,8 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_secs(args.status_linger));
     }
-    let metrics = result?;
+    let outcome = result?;
+    let metrics = &outcome.metrics;
     if let (Some(first), Some(last)) = (metrics.first(), metrics.last()) {
         println!(
             "trained steps {}..{}: reward {:.3} -> {:.3}{}",
@@ -147,7 +181,121 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         );
     }
     println!("run directory: {}", display(&out));
+    if outcome.interrupted {
+        let signal = interrupt::signal();
+        let saved = match &outcome.checkpoint {
+            Some(dir) => format!(
+                "checkpoint {} is in place; continue with --resume latest",
+                display(dir)
+            ),
+            None => "no step had finished, so there is no checkpoint yet".to_string(),
+        };
+        return Err(interrupt::Interrupted {
+            signal,
+            message: format!(
+                "interrupted by {} after step {}: {saved}",
+                interrupt::signal_name(signal),
+                outcome.steps_done
+            ),
+        }
+        .into());
+    }
     Ok(())
+}
+
+/// Deletes what a run wrote in `out` (for `--overwrite`); other files stay.
+fn clear_run(out: &Path) -> Result<()> {
+    for name in ["metrics.jsonl", "config.toml", "plugins.json"] {
+        let path = out.join(name);
+        if path.exists() {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
+        }
+    }
+    for name in ["checkpoints", "tensorboard"] {
+        let path = out.join(name);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a resume whose config changes what the checkpoint fixes: the model, the
+/// adapter (`[lora]`: its shape and scaling are the checkpoint's) and the seed (every
+/// sampling, data-order and dropout seed derives from it). Such a change would be ignored
+/// or would silently make a different run. Other keys (steps, learning rate, limits) may
+/// change and take effect.
+fn check_resume(out: &Path, checkpoint_dir: &Path, loaded: &LoadedConfig) -> Result<()> {
+    let now = &loaded.config;
+    let state = checkpoint::read_state(checkpoint_dir)?;
+    let mut changes = Vec::new();
+    if state.seed != now.run.seed {
+        changes.push(format!("run.seed: {} -> {}", state.seed, now.run.seed));
+    }
+    let recorded = out.join("config.toml");
+    if let Ok(text) = std::fs::read_to_string(&recorded) {
+        let then: crate::config::RunConfig = toml::from_str(&text).with_context(|| {
+            format!(
+                "{} (the run's recorded config) cannot be read back",
+                recorded.display()
+            )
+        })?;
+        changes.extend(section_changes(
+            "model",
+            &toml::Value::try_from(ModelKeys::of(&then))?,
+            &toml::Value::try_from(ModelKeys::of(now))?,
+        ));
+        changes.extend(section_changes(
+            "lora",
+            &toml::Value::try_from(&then.lora)?,
+            &toml::Value::try_from(&now.lora)?,
+        ));
+    }
+    if !changes.is_empty() {
+        bail!(
+            "--resume {}: the config changes what the checkpoint fixes ({}); a resumed run keeps the model, the adapter's [lora] settings and the seed: undo the change, or start a new run with another --out",
+            display(checkpoint_dir),
+            changes.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The `[model]` keys a checkpoint depends on (the device is free to change).
+#[derive(serde::Serialize)]
+struct ModelKeys<'a> {
+    path: &'a Path,
+    adapter: Option<&'a Path>,
+}
+
+impl<'a> ModelKeys<'a> {
+    fn of(c: &'a crate::config::RunConfig) -> ModelKeys<'a> {
+        ModelKeys {
+            path: &c.model.path,
+            adapter: c.model.adapter.as_deref(),
+        }
+    }
+}
+
+/// `section.key: old -> new` for each key whose value differs.
+fn section_changes(section: &str, then: &toml::Value, now: &toml::Value) -> Vec<String> {
+    let empty = toml::Table::new();
+    let (a, b) = (
+        then.as_table().unwrap_or(&empty),
+        now.as_table().unwrap_or(&empty),
+    );
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| {
+            let show = |v: Option<&toml::Value>| v.map_or("(unset)".to_string(), |v| v.to_string());
+            format!("{section}.{k}: {} -> {}", show(a.get(k)), show(b.get(k)))
+        })
+        .collect()
 }
 
 /// Starts the status server unless `--no-status` (the caller prints its URL, even with
@@ -167,6 +315,39 @@ fn serve_status(
         })?,
     };
     Ok(Some(server))
+}
+
+/// Binding beyond loopback needs `--status-public`, and then a warning says what is
+/// exposed: the server has no authentication.
+fn check_exposure(addr: &str, public: bool) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<std::net::SocketAddr> = addr
+        .to_socket_addrs()
+        .with_context(|| {
+            format!(
+                "--status-addr {addr}: not an address (expected HOST:PORT, e.g. 127.0.0.1:8787)"
+            )
+        })?
+        .collect();
+    let exposed: Vec<String> = resolved
+        .iter()
+        .filter(|a| !a.ip().is_loopback())
+        .map(|a| a.ip().to_string())
+        .collect();
+    if exposed.is_empty() {
+        return Ok(());
+    }
+    if !public {
+        bail!(
+            "--status-addr {addr} listens beyond this machine ({}), and the status server has no authentication: anyone who can reach it reads the run's config, prompts, trajectories and metrics. Use 127.0.0.1 (and an SSH tunnel to watch from elsewhere), or add --status-public to expose it on purpose",
+            exposed.join(", ")
+        );
+    }
+    eprintln!(
+        "warning: the status server listens on {addr} ({}) without authentication: anyone who can reach it reads the run's config, prompts, trajectories, rewards and metrics",
+        exposed.join(", ")
+    );
+    Ok(())
 }
 
 /// `RUN/plugins.json`: each plugin the run loaded, with its file's sha256, so a run

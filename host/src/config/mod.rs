@@ -26,6 +26,7 @@
 //! weights = { correct = 1.0, format = 0.1 }
 //! ```
 
+mod ranges;
 pub mod setup;
 
 use crate::data::DataConfig;
@@ -310,13 +311,8 @@ impl LoadedConfig {
         c.data
             .validate()
             .with_context(|| format!("{file}: [data]"))?;
+        ranges::check_ranges(c).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         let r = &c.rollout;
-        if r.group_size == 0 || r.prompts_per_step == 0 {
-            bail!("{file}: [rollout] group_size and prompts_per_step must be at least 1");
-        }
-        if r.queue_capacity == 0 {
-            bail!("{file}: [rollout] queue_capacity must be at least 1");
-        }
         for (key, name) in [
             ("rollout.trigger", &r.trigger),
             ("rollout.environment", &r.environment),
@@ -339,9 +335,6 @@ impl LoadedConfig {
                     reward.plugin,
                     known(&c.plugins)
                 );
-            }
-            if let Some((k, w)) = reward.weights.iter().find(|(_, w)| !w.is_finite()) {
-                bail!("{file}: rewards[{i}].weights.{k} = {w} is not a finite number");
             }
         }
         for (key, v) in [
@@ -515,6 +508,45 @@ weights = { correct = 1.0 }
         assert!(e.contains("CPU only"), "{e}");
         let e = format!("{:#}", load(BASE, &["rollout.group_size=0"]).unwrap_err());
         assert!(e.contains("group_size"), "{e}");
+    }
+
+    /// Issue 19: `lr = -1` trained by gradient ascent, `lr = nan` failed steps later, and
+    /// `max_new_tokens = 0` still sampled a token.
+    #[test]
+    fn numbers_out_of_range_are_named() {
+        for (set, key) in [
+            ("train.lr=-1", "train.lr = -1 is out of range"),
+            ("train.lr=nan", "train.lr = NaN is out of range"),
+            ("train.lr=0", "train.lr = 0"),
+            ("sampling.max_new_tokens=0", "sampling.max_new_tokens = 0"),
+            ("sampling.temperature=-0.5", "sampling.temperature"),
+            ("sampling.top_p=0", "sampling.top_p"),
+            ("train.clip_low=1", "train.clip_low"),
+            ("train.adv_eps=0", "train.adv_eps"),
+            ("train.min_lr_ratio=2", "train.min_lr_ratio"),
+            ("train.keep_last=0", "train.keep_last"),
+            ("train.max_grad_norm=inf", "train.max_grad_norm"),
+            ("lora.alpha=0", "lora.alpha"),
+            ("rollout.max_total_tokens=1", "rollout.max_total_tokens"),
+            ("rollout.env_reward_weight=nan", "rollout.env_reward_weight"),
+            ("plugins.calc.memory_mib=0", "plugins.calc.memory_mib"),
+            (
+                "rewards=[{plugin=\"calc\", fallback=nan}]",
+                "rewards[0].fallback",
+            ),
+        ] {
+            let e = format!("{:#}", load(BASE, &[set]).unwrap_err());
+            assert!(e.contains(key) && e.contains("expected"), "{set}: {e}");
+        }
+        // The edges that are allowed.
+        for set in [
+            "train.max_grad_norm=0",
+            "sampling.temperature=0",
+            "train.kl_coef=0",
+            "rollout.max_tool_calls=0",
+        ] {
+            load(BASE, &[set]).unwrap_or_else(|e| panic!("{set}: {e:#}"));
+        }
     }
 
     #[test]

@@ -6,11 +6,12 @@
 //! the run at once with a message naming the config key, not after an hour of training.
 
 use super::LoadedConfig;
-use crate::data::Dataset;
+use crate::data::{Dataset, PromptLimit};
 use crate::model::{LanguageModel, Mode, peft};
 use crate::plugin::{
     DirGrant, Grants, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, Sample, cache,
 };
+use crate::rollout::engine::prompt_tokens;
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use anyhow::{Context, Result, bail};
 use candle_core::Device;
@@ -124,7 +125,7 @@ impl Setup {
             Some(name) => Some(role("data.plugin", name, Role::Dataset)?),
             None => None,
         };
-        let dataset = handle
+        let mut dataset = handle
             .block_on(Dataset::open(
                 &c.data,
                 &loaded.base_dir,
@@ -185,6 +186,16 @@ impl Setup {
             trigger,
             environment,
         };
+        // Every prompt is checked against the length limit now, not when it is drawn.
+        let kwargs = &settings.template_kwargs;
+        dataset
+            .check_prompts(&PromptLimit {
+                max_tokens: r.max_total_tokens.saturating_sub(1),
+                max_token_bytes: lm.tokenizer.max_token_bytes(),
+                count: &|sample| Ok(prompt_tokens(&lm, kwargs, sample)?.len()),
+                on_bad_row: c.data.on_bad_row,
+            })
+            .with_context(|| format!("{file}: [data]"))?;
         Ok(Setup {
             loaded,
             lm,

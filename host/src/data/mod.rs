@@ -55,7 +55,26 @@ enum Pool {
 struct Split {
     pool: Pool,
     ids: Vec<u64>,
+    /// Where a file's samples came from (None for a plugin).
+    origins: Option<Arc<rows::Origins>>,
 }
+
+/// Prompts that cannot fit `rollout.max_total_tokens`, found when the data is opened.
+pub struct PromptLimit<'a> {
+    /// The most tokens a prompt may have (one fewer than the whole trajectory's limit).
+    pub max_tokens: usize,
+    /// The most bytes one token stands for: a row whose text is longer than
+    /// `max_tokens` times this cannot fit, and is refused without being tokenized.
+    pub max_token_bytes: usize,
+    /// The prompt's token count (rendered by the chat template).
+    pub count: &'a dyn Fn(&Sample) -> Result<usize>,
+    pub on_bad_row: OnBadRow,
+}
+
+/// Template tokens a prompt is assumed to add to its messages' text when deciding which
+/// rows need counting: each token covers at least one byte, so a row with fewer bytes
+/// than `max_tokens - TEMPLATE_ROOM` fits unless its template adds more than this.
+const TEMPLATE_ROOM: usize = 1024;
 
 impl Dataset {
     /// Opens the source `cfg` names: its file (relative to `base_dir`, the config file's
@@ -77,12 +96,14 @@ impl Dataset {
             max_samples: cfg.max_samples,
         };
         let mut skipped = 0;
+        let mut origins = None;
         let (pool, len) = match (&cfg.path, &cfg.plugin, plugin) {
             (Some(path), _, None) => {
                 let path = base_dir.join(path);
                 let loaded = rows::read_file(&path, Format::of(&path, cfg.format)?, &options)?;
                 skipped += loaded.skipped;
                 let len = loaded.samples.len() as u64;
+                origins = Some(Arc::new(loaded.origins));
                 (Pool::Rows(Arc::new(loaded.samples)), len)
             }
             (None, Some(name), Some(plugin)) => {
@@ -122,10 +143,12 @@ impl Dataset {
                     Split {
                         pool: pool.clone(),
                         ids: (0..len).collect(),
+                        origins,
                     },
                     Split {
                         pool: Pool::Rows(Arc::new(loaded.samples)),
                         ids: eval_ids,
+                        origins: Some(Arc::new(loaded.origins)),
                     },
                 )
             }
@@ -141,10 +164,12 @@ impl Dataset {
                     Split {
                         pool: pool.clone(),
                         ids: train_ids,
+                        origins: origins.clone(),
                     },
                     Split {
                         pool,
                         ids: eval_ids,
+                        origins,
                     },
                 )
             }
@@ -158,6 +183,69 @@ impl Dataset {
             skipped: AtomicU64::new(skipped),
             order: Mutex::new(None),
         })
+    }
+
+    /// Applies `limit` to every sample read from a file, before any is drawn: a prompt
+    /// too long for `rollout.max_total_tokens` is an error naming its file and line, or
+    /// (with `on_bad_row = "skip"`) is dropped and counted. Rows far too long are refused
+    /// from their length in bytes, without tokenizing them, so one huge row costs no more
+    /// memory than its text. (A dataset plugin's samples are checked as they are drawn.)
+    pub fn check_prompts(&mut self, limit: &PromptLimit) -> Result<()> {
+        let system = self.system_prompt.clone();
+        let mut dropped = 0u64;
+        for (side, split) in [("training", &mut self.train), ("held-out", &mut self.eval)] {
+            let (Pool::Rows(samples), Some(origins)) = (&split.pool, &split.origins) else {
+                continue;
+            };
+            let mut kept = Vec::with_capacity(split.ids.len());
+            for &id in &split.ids {
+                let sample = with_system(&system, samples[id as usize].clone());
+                let bytes: usize = sample.messages.iter().map(|m| m.content.len()).sum();
+                let too_long = if bytes > limit.max_tokens.saturating_mul(limit.max_token_bytes) {
+                    Some(format!(
+                        "the prompt's text is {bytes} bytes, more than rollout.max_total_tokens ({}) tokens can hold",
+                        limit.max_tokens + 1
+                    ))
+                } else if bytes + TEMPLATE_ROOM >= limit.max_tokens {
+                    let n = (limit.count)(&sample).with_context(|| {
+                        format!("rendering the prompt of {}", origins.locate(id as usize))
+                    })?;
+                    (n > limit.max_tokens).then(|| {
+                        format!(
+                            "the prompt has {n} tokens, and rollout.max_total_tokens is {} (the answer needs room too)",
+                            limit.max_tokens + 1
+                        )
+                    })
+                } else {
+                    None
+                };
+                match (too_long, limit.on_bad_row) {
+                    (None, _) => kept.push(id),
+                    (Some(why), OnBadRow::Error) => bail!(
+                        "{}: {why}: raise the limit, shorten the prompt, or set data.on_bad_row = \"skip\" to skip such rows",
+                        origins.locate(id as usize)
+                    ),
+                    (Some(why), OnBadRow::Skip) => {
+                        if dropped == 0 {
+                            tracing::warn!(
+                                "skipping {side} rows whose prompt cannot fit; the first: {}: {why}",
+                                origins.locate(id as usize)
+                            );
+                        }
+                        dropped += 1;
+                    }
+                }
+            }
+            split.ids = kept;
+        }
+        if self.train.ids.is_empty() {
+            bail!(
+                "no training sample has a prompt that fits rollout.max_total_tokens ({})",
+                limit.max_tokens + 1
+            );
+        }
+        self.skipped.fetch_add(dropped, Ordering::Relaxed);
+        Ok(())
     }
 
     /// How many samples one training epoch has.
@@ -258,20 +346,25 @@ impl Dataset {
         Some(self.with_system_prompt(sample))
     }
 
-    fn with_system_prompt(&self, mut sample: Sample) -> Sample {
-        if let Some(system) = &self.system_prompt
-            && !sample.messages.iter().any(|m| m.role == "system")
-        {
-            sample.messages.insert(
-                0,
-                Message {
-                    role: "system".into(),
-                    content: system.clone(),
-                },
-            );
-        }
-        sample
+    fn with_system_prompt(&self, sample: Sample) -> Sample {
+        with_system(&self.system_prompt, sample)
     }
+}
+
+/// `sample` with `system` as its first message, unless it has a system message.
+fn with_system(system: &Option<String>, mut sample: Sample) -> Sample {
+    if let Some(system) = system
+        && !sample.messages.iter().any(|m| m.role == "system")
+    {
+        sample.messages.insert(
+            0,
+            Message {
+                role: "system".into(),
+                content: system.clone(),
+            },
+        );
+    }
+    sample
 }
 
 /// A fresh empty directory for one test.
@@ -510,5 +603,69 @@ mod tests {
             err.contains(&dir.join("nope.jsonl").display().to_string()),
             "{err}"
         );
+    }
+
+    /// Issue 19: a 50 MB row was noticed only when drawn, after 100 s and 14.6 GB. Rows
+    /// are checked when the data is opened, huge ones without being tokenized.
+    #[tokio::test]
+    async fn prompts_too_long_are_found_at_open() {
+        let dir = test_dir("long-prompts");
+        let rows = [
+            "a".repeat(150),
+            "b".repeat(5_000),
+            "c".repeat(10),
+            "d".repeat(300),
+        ];
+        let text: String = rows
+            .iter()
+            .map(|r| format!("{{\"prompt\": \"{r}\"}}\n"))
+            .collect();
+        std::fs::write(dir.join("d.jsonl"), text).unwrap();
+        let counted = std::sync::Mutex::new(Vec::new());
+        // Two bytes a token; the 5000-byte row must never reach the tokenizer.
+        let count = |s: &Sample| -> Result<usize> {
+            let bytes = s.messages[0].content.len();
+            counted.lock().unwrap().push(bytes);
+            Ok(bytes / 2)
+        };
+        let cfg = |on_bad_row| DataConfig {
+            path: Some("d.jsonl".into()),
+            eval_size: Some(0),
+            on_bad_row,
+            ..DataConfig::default()
+        };
+        let limit = |on_bad_row| PromptLimit {
+            max_tokens: 100,
+            max_token_bytes: 10,
+            count: &count,
+            on_bad_row,
+        };
+        let mut strict = Dataset::open(&cfg(OnBadRow::Error), &dir, None, 0)
+            .await
+            .unwrap();
+        let e = strict
+            .check_prompts(&limit(OnBadRow::Error))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("d.jsonl:2") && e.contains("5000 bytes") && e.contains("on_bad_row"),
+            "{e}"
+        );
+        assert!(!counted.lock().unwrap().contains(&5_000));
+        let mut lenient = Dataset::open(&cfg(OnBadRow::Skip), &dir, None, 0)
+            .await
+            .unwrap();
+        lenient.check_prompts(&limit(OnBadRow::Skip)).unwrap();
+        assert_eq!((lenient.train_len(), lenient.skipped_rows()), (2, 2));
+        let mut cursor = Cursor::default();
+        let kept: Vec<usize> = lenient
+            .next_batch(&mut cursor, 2)
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, s)| s.messages[0].content.len())
+            .collect();
+        assert_eq!(BTreeSet::from_iter(kept), BTreeSet::from([150, 10]));
+        assert!(!counted.lock().unwrap().contains(&5_000));
     }
 }

@@ -52,6 +52,8 @@ pub struct ReadOptions<'a> {
 #[derive(Debug)]
 pub struct Loaded {
     pub samples: Vec<Sample>,
+    /// Where each sample is in the file, for errors found after reading.
+    pub origins: Origins,
     pub skipped: u64,
     /// The first skipped row's error, with its location.
     pub first_error: Option<String>,
@@ -77,11 +79,30 @@ enum At {
     Row(u64),
 }
 
+/// Where the samples of one file came from: the file, and each sample's line or row.
+#[derive(Debug, Default)]
+pub struct Origins {
+    path: std::path::PathBuf,
+    at: Vec<At>,
+}
+
+impl Origins {
+    /// `FILE:LINE` or `FILE: row N` of sample `i`.
+    pub fn locate(&self, i: usize) -> String {
+        match self.at.get(i) {
+            Some(At::Line(line)) => format!("{}:{line}", self.path.display()),
+            Some(At::Row(row)) => format!("{}: row {row}", self.path.display()),
+            None => format!("{}: sample {i}", self.path.display()),
+        }
+    }
+}
+
 /// Collects samples and bad rows as a reader hands them over.
 struct Rows<'a> {
     path: &'a Path,
     options: &'a ReadOptions<'a>,
     samples: Vec<Sample>,
+    at: Vec<At>,
     skipped: u64,
     first_error: Option<String>,
 }
@@ -92,6 +113,7 @@ impl<'a> Rows<'a> {
             path,
             options,
             samples: Vec::new(),
+            at: Vec::new(),
             skipped: 0,
             first_error: None,
         }
@@ -106,7 +128,10 @@ impl<'a> Rows<'a> {
     /// Takes one row, or its error; fails on a bad row unless bad rows are skipped.
     fn push(&mut self, at: At, row: Result<Value, String>) -> Result<()> {
         match row.and_then(|row| to_sample(row, self.options.keys)) {
-            Ok(sample) => self.samples.push(sample),
+            Ok(sample) => {
+                self.samples.push(sample);
+                self.at.push(at);
+            }
             Err(message) => {
                 let located = format!("{}: {message}", self.locate(at));
                 match self.options.on_bad_row {
@@ -124,10 +149,11 @@ impl<'a> Rows<'a> {
     }
 
     fn locate(&self, at: At) -> String {
-        match at {
-            At::Line(line) => format!("{}:{line}", self.path.display()),
-            At::Row(row) => format!("{}: row {row}", self.path.display()),
+        Origins {
+            path: self.path.to_path_buf(),
+            at: vec![at],
         }
+        .locate(0)
     }
 
     fn finish(self) -> Result<Loaded> {
@@ -150,6 +176,10 @@ impl<'a> Rows<'a> {
         }
         Ok(Loaded {
             samples: self.samples,
+            origins: Origins {
+                path: self.path.to_path_buf(),
+                at: self.at,
+            },
             skipped: self.skipped,
             first_error: self.first_error,
         })

@@ -148,13 +148,21 @@ pub fn conversation_row(
         .context("the model has no EOS token to end a turn with")?;
     let eos_text = lm.tokenizer.decode(&[eos], false)?;
     let turns = TurnFormat::new(chat, kwargs.clone())?;
-    let prompt: Vec<Json> = messages[..first]
+    // As in rollouts: message contents are data, so a special-token string in them stays
+    // plain text, and only the template writes special tokens.
+    let tok = &lm.tokenizer;
+    let escaped: Vec<Message> = messages
+        .iter()
+        .map(|m| Message {
+            role: m.role.clone(),
+            content: tok.escape_specials(&m.content).into_owned(),
+        })
+        .collect();
+    let prompt: Vec<Json> = escaped[..first]
         .iter()
         .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
         .collect();
-    let mut tokens = lm
-        .tokenizer
-        .encode(&chat.render_with_kwargs(&prompt, None, true, kwargs)?)?;
+    let mut tokens = tok.encode_escaped(&chat.render_with_kwargs(&prompt, None, true, kwargs)?)?;
     let mut loss_mask = vec![0u8; tokens.len()];
     let mut k = first;
     while k < messages.len() {
@@ -165,7 +173,7 @@ pub fn conversation_row(
                 m.role
             );
         }
-        let content = lm.tokenizer.encode(&m.content)?;
+        let content = tok.encode_plain(&m.content)?;
         loss_mask.extend(std::iter::repeat_n(1u8, content.len() + 1));
         tokens.extend(content);
         tokens.push(eos);
@@ -175,8 +183,8 @@ pub fn conversation_row(
             .position(|m| m.role == "assistant")
             .map_or(messages.len(), |p| k + 1 + p);
         if next > k + 1 && next < messages.len() {
-            let text = turns.continuation(&messages[..=k], &messages[k + 1..next], &eos_text)?;
-            let ids = lm.tokenizer.encode(&text)?;
+            let text = turns.continuation(&escaped[..=k], &escaped[k + 1..next], &eos_text)?;
+            let ids = tok.encode_escaped(&text)?;
             loss_mask.extend(std::iter::repeat_n(0u8, ids.len()));
             tokens.extend(ids);
         }

@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use tokio::runtime::Handle;
 
@@ -182,6 +183,23 @@ pub struct RunOptions<'a> {
     pub quiet: bool,
     /// What the status server shows.
     pub hub: &'a StatusHub,
+    /// Set by SIGINT/SIGTERM: the step in flight is finished (or, while its rollouts are
+    /// still being sampled, abandoned), a checkpoint is written, and the run ends.
+    pub interrupt: Option<&'a AtomicBool>,
+}
+
+/// How a `train` call ended.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The metrics of the steps this call took.
+    pub metrics: Vec<StepMetrics>,
+    /// Ended early by an interruption (after a checkpoint of the last finished step).
+    pub interrupted: bool,
+    /// The steps the run has completed (this call's and those before it).
+    pub steps_done: u64,
+    /// The newest checkpoint when the call ended: the last one it wrote, else (when
+    /// interrupted before its first step) the one it resumed from.
+    pub checkpoint: Option<PathBuf>,
 }
 
 /// Runs `[train]` from `setup` as `run` says.
@@ -190,14 +208,16 @@ pub fn train(
     train: &TrainSection,
     run: &RunOptions,
     handle: &Handle,
-) -> Result<Vec<StepMetrics>> {
+) -> Result<Outcome> {
     let RunOptions {
         out_dir,
         resume,
         stop_after,
         quiet,
         hub,
+        interrupt,
     } = *run;
+    let interrupted = || interrupt.is_some_and(|f| f.load(Ordering::Relaxed));
     let seed = setup.loaded.config.run.seed;
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create the run directory {}", out_dir.display()))?;
@@ -253,6 +273,12 @@ pub fn train(
         progress: None,
     };
     let metrics_path = out_dir.join("metrics.jsonl");
+    if resume.is_some() {
+        // What a crash left: rows of steps after the checkpoint (they are written before
+        // it, and will be taken again) and half-written temporary files.
+        checkpoint::clean_temporaries(out_dir)?;
+        trim_metrics(&metrics_path, state.step)?;
+    }
     let mut metrics_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -260,6 +286,10 @@ pub fn train(
         .with_context(|| format!("cannot write {}", metrics_path.display()))?;
     // One event file per invocation; TensorBoard merges a resumed run's files by step.
     let mut tensorboard = EventWriter::create(&out_dir.join("tensorboard"))?;
+    if resume.is_some() {
+        // TensorBoard drops the older files' points from this step on.
+        tensorboard.session_start(state.step + 1)?;
+    }
     hub.resume_at(state.step);
     let queue: RolloutQueue<Batch> = RolloutQueue::new(
         c.rollout.queue_capacity,
@@ -295,7 +325,7 @@ pub fn train(
     let lora_dropout = setup.loaded.config.lora.dropout > 0.0;
     let max_total_tokens = c.rollout.max_total_tokens;
     let setup: &Setup = setup;
-    let mut all = Vec::new();
+    let mut outcome = Outcome::default();
     let progress = Progress::new(state.step, train.steps, quiet);
     let cfg = UpdateConfig {
         progress: progress.update_bar(),
@@ -313,6 +343,9 @@ pub fn train(
                 };
             if let Some(bar) = progress.rollout_bar() {
                 engine.set_progress(bar);
+            }
+            if let Some(flag) = interrupt {
+                engine.set_cancel(flag);
             }
             let mut cursor = state.cursor;
             let _ = queue.produce(state.step, |step, version| {
@@ -350,13 +383,51 @@ pub fn train(
                 })
             });
         });
+        // A checkpoint of step `done`, whose batch left the data at `cursor`.
+        let save = |done: u64, cursor: Cursor, opt: &AdamW| -> Result<PathBuf> {
+            let st = TrainerState {
+                step: done,
+                optimizer_step: opt.step,
+                cursor,
+                seed,
+            };
+            let dir = checkpoint::save(out_dir, &setup.lm, opt, &st, train.keep_last)?;
+            hub.checkpoint(
+                &dir.strip_prefix(out_dir)
+                    .unwrap_or(&dir)
+                    .display()
+                    .to_string(),
+            );
+            Ok(dir)
+        };
+        // The last finished step when it has no checkpoint yet.
+        let mut unsaved: Option<(u64, Cursor)> = None;
         let result = (|| -> Result<()> {
             let last = stop_after.map_or(train.steps, |n| (state.step + n).min(train.steps));
             for step in state.step..last {
                 let t0 = Instant::now();
                 hub.set_phase(Phase::Rollout);
                 progress.phase("waiting for rollouts");
-                let batch = queue.pop().map_err(|e| anyhow::anyhow!("{e}"))?;
+                // An interruption while the rollouts are sampled abandons this step: the
+                // last finished one is checkpointed below.
+                let batch = loop {
+                    if interrupted() {
+                        break None;
+                    }
+                    match queue.pop_timeout(std::time::Duration::from_millis(100)) {
+                        Ok(Some(batch)) => break Some(batch),
+                        Ok(None) => {}
+                        Err(e) => bail!("{e}"),
+                    }
+                };
+                let Some(batch) = batch else {
+                    // Abandoned: the last finished step is saved unless it just was.
+                    if let Some((done, cursor)) = unsaved.take() {
+                        outcome.checkpoint = Some(save(done, cursor, &opt)?);
+                    }
+                    outcome.interrupted = true;
+                    break;
+                };
                 debug_assert_eq!(batch.step, step);
                 let rollout_s = t0.elapsed().as_secs_f64();
                 hub.set_phase(Phase::Update);
@@ -415,22 +486,18 @@ pub fn train(
                 tensorboard.flush()?;
                 hub.step(&m, scored.iter().flat_map(|g| &g.trajectories));
                 progress.step(&m, train.steps);
-                if done % train.save_every.max(1) == 0 || done == last {
-                    let st = TrainerState {
-                        step: done,
-                        optimizer_step: opt.step,
-                        cursor: batch.cursor,
-                        seed,
-                    };
-                    let dir = checkpoint::save(out_dir, &setup.lm, &opt, &st, train.keep_last)?;
-                    hub.checkpoint(
-                        &dir.strip_prefix(out_dir)
-                            .unwrap_or(&dir)
-                            .display()
-                            .to_string(),
-                    );
+                outcome.metrics.push(m);
+                let stop = interrupted();
+                if done % train.save_every.max(1) == 0 || done == last || stop {
+                    outcome.checkpoint = Some(save(done, batch.cursor, &opt)?);
+                    unsaved = None;
+                } else {
+                    unsaved = Some((done, batch.cursor));
                 }
-                all.push(m);
+                if stop {
+                    outcome.interrupted = true;
+                    break;
+                }
             }
             Ok(())
         })();
@@ -439,7 +506,37 @@ pub fn train(
         result
     })?;
     progress.finish();
-    Ok(all)
+    outcome.steps_done = outcome.metrics.last().map_or(state.step, |m| m.step);
+    if outcome.interrupted && outcome.checkpoint.is_none() {
+        // Interrupted before a step finished in this call: the last checkpoint is the
+        // one this call resumed from, or none.
+        outcome.checkpoint = resume.map(Path::to_path_buf);
+    }
+    Ok(outcome)
+}
+
+/// Drops the rows of `metrics.jsonl` after `step` (a crash between writing a step's row
+/// and its checkpoint leaves rows the resumed run takes again). A torn last line goes too.
+fn trim_metrics(path: &Path, step: u64) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut kept = String::with_capacity(text.len());
+    for line in text.lines() {
+        let row_step = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+        if row_step.is_some_and(|s| s <= step) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    if kept != text {
+        crate::model::peft::write_atomic(path, kept.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Step progress: on a terminal, an indicatif bar over steps (reward, loss, ETA), one
@@ -642,4 +739,31 @@ fn learn(
 /// The run directory's checkpoint folder.
 pub fn checkpoints_dir(out_dir: &Path) -> PathBuf {
     out_dir.join("checkpoints")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 19: after a crash, rows of steps past the checkpoint were taken again.
+    #[test]
+    fn rows_past_the_checkpoint_and_torn_lines_are_dropped() {
+        let dir = std::env::temp_dir().join(format!("rlhost-trim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        std::fs::write(
+            &path,
+            "{\"step\":1,\"loss\":0.5}\n{\"step\":2}\n{\"step\":3}\n{\"step\":4}\n{\"st",
+        )
+        .unwrap();
+        trim_metrics(&path, 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\":1,\"loss\":0.5}\n{\"step\":2}\n"
+        );
+        // Nothing to drop: the file is left as it is; no file: nothing to do.
+        trim_metrics(&path, 2).unwrap();
+        trim_metrics(&dir.join("none.jsonl"), 2).unwrap();
+        assert!(!dir.join("none.jsonl").exists());
+    }
 }

@@ -31,6 +31,7 @@ use crate::plugin::{
 };
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value as Json};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -123,6 +124,8 @@ pub struct Engine<'a> {
     turns: Option<TurnFormat<'a>>,
     /// Counts finished trajectories of the current batch (a progress bar, or hidden).
     progress: Option<indicatif::ProgressBar>,
+    /// Set when the run is being interrupted: the batch in flight is abandoned.
+    cancel: Option<&'a AtomicBool>,
 }
 
 /// What a plugin call sends back to the decode loop.
@@ -217,6 +220,7 @@ impl<'a> Engine<'a> {
             handle,
             turns,
             progress: None,
+            cancel: None,
         })
     }
 
@@ -225,20 +229,15 @@ impl<'a> Engine<'a> {
         self.progress = Some(bar);
     }
 
+    /// Abandons the batch in flight (with an error) once `flag` is set: an interrupted
+    /// run does not wait for rollouts it will never train on.
+    pub fn set_cancel(&mut self, flag: &'a AtomicBool) {
+        self.cancel = Some(flag);
+    }
+
     /// The prompt's token ids: the sample's messages rendered with a generation prompt.
     pub fn prompt_tokens(&self, sample: &Sample) -> Result<Vec<u32>> {
-        let messages: Vec<Json> = sample
-            .messages
-            .iter()
-            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
-            .collect();
-        let text = self.lm.chat()?.render_with_kwargs(
-            &messages,
-            None,
-            true,
-            &self.settings.template_kwargs,
-        )?;
-        self.lm.tokenizer.encode(&text)
+        prompt_tokens(self.lm, &self.settings.template_kwargs, sample)
     }
 
     /// Samples `group_size` trajectories for each sample and scores them. Trajectory `j` of
@@ -379,6 +378,13 @@ impl<'a> Engine<'a> {
         let mut scoring = 0usize;
         let mut scored = 0usize;
         loop {
+            if self
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
+                bail!("rollouts abandoned: the run is being interrupted");
+            }
             // Plugin answers that arrived meanwhile; block only when nothing can decode.
             loop {
                 let any_active = lives.iter().any(|l| l.state == State::Active);
@@ -629,7 +635,11 @@ impl<'a> Engine<'a> {
                 } else {
                     String::new()
                 };
-                let text = match turns.continuation(&l.messages, &step.messages, &ended_with) {
+                let text = match turns.continuation(
+                    &escaped(&self.lm.tokenizer, &l.messages),
+                    &escaped(&self.lm.tokenizer, &step.messages),
+                    &ended_with,
+                ) {
                     Ok(text) => text,
                     Err(e) => {
                         tracing::warn!("{e:#}");
@@ -663,7 +673,7 @@ impl<'a> Engine<'a> {
     fn insert(&self, l: &mut Live, text: &str, kind: SpanKind) -> Result<()> {
         let lim = &self.settings.limits;
         let tok = &self.lm.tokenizer;
-        let mut ids = tok.encode(text)?;
+        let mut ids = inserted_ids(tok, text, kind)?;
         if kind == SpanKind::Tool && ids.len() > lim.max_tool_output_tokens {
             let marker = tok.encode(&lim.truncation_marker)?;
             let keep = lim.max_tool_output_tokens.saturating_sub(marker.len());
@@ -768,6 +778,51 @@ impl<'a> Engine<'a> {
     }
 }
 
+/// A sample's prompt as token ids: its messages rendered by the chat template with a
+/// generation prompt. The contents are dataset text, not the template's: a special-token
+/// string in them stays plain text (see [`crate::model::tokenizer`]).
+pub fn prompt_tokens(
+    lm: &LanguageModel,
+    template_kwargs: &Map<String, Json>,
+    sample: &Sample,
+) -> Result<Vec<u32>> {
+    let tok = &lm.tokenizer;
+    let messages: Vec<Json> = sample
+        .messages
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": tok.escape_specials(&m.content)}))
+        .collect();
+    let text = lm
+        .chat()?
+        .render_with_kwargs(&messages, None, true, template_kwargs)?;
+    tok.encode_escaped(&text)
+}
+
+/// The ids of text inserted into a trajectory. Tool output is untrusted text; an
+/// environment turn is the template's rendering of [`escaped`] messages: neither can
+/// write a special token of its own (a turn boundary, an end of text).
+pub fn inserted_ids(
+    tok: &crate::model::tokenizer::Tokenizer,
+    text: &str,
+    kind: SpanKind,
+) -> Result<Vec<u32>> {
+    match kind {
+        SpanKind::Env => tok.encode_escaped(text),
+        _ => tok.encode_plain(text),
+    }
+}
+
+/// Messages with their contents escaped for rendering (see [`prompt_tokens`]).
+pub fn escaped(tok: &crate::model::tokenizer::Tokenizer, messages: &[Message]) -> Vec<Message> {
+    messages
+        .iter()
+        .map(|m| Message {
+            role: m.role.clone(),
+            content: tok.escape_specials(&m.content).into_owned(),
+        })
+        .collect()
+}
+
 /// Where a search for `patterns` must start so that it sees every occurrence ending in
 /// the last token's text and nothing before the last insertion: an occurrence that ended
 /// earlier was found by an earlier search. Searching only this tail keeps matching
@@ -787,8 +842,9 @@ fn search_from(l: &Live, patterns: &[String]) -> usize {
 
 /// The end (byte offset) of the first pattern occurrence that starts at or after `from`,
 /// if any. The text before the last token was checked already, and after a match
-/// `from` moves past it, so a pattern matches once.
-fn new_match(text: &str, from: usize, patterns: &[String]) -> Option<usize> {
+/// `from` moves past it, so a pattern matches once. (`rlhost plugin call` cuts an
+/// author's text with it, as a rollout would.)
+pub fn new_match(text: &str, from: usize, patterns: &[String]) -> Option<usize> {
     let hay = text.get(from..)?;
     patterns
         .iter()

@@ -98,6 +98,17 @@ impl<T> RolloutQueue<T> {
     /// Trainer: the next batch, blocking until there is one. Batches queued before a
     /// `close` are still handed out; a failure is reported at once.
     pub fn pop(&self) -> Result<T, QueueError> {
+        loop {
+            if let Some(item) = self.pop_timeout(std::time::Duration::from_secs(3600))? {
+                return Ok(item);
+            }
+        }
+    }
+
+    /// Trainer: [`RolloutQueue::pop`] that gives up after `timeout` with `None` (so the
+    /// trainer can look at an interruption while it waits).
+    pub fn pop_timeout(&self, timeout: std::time::Duration) -> Result<Option<T>, QueueError> {
+        let deadline = std::time::Instant::now() + timeout;
         let mut state = self.lock();
         loop {
             if let Some(e) = &state.error {
@@ -105,12 +116,20 @@ impl<T> RolloutQueue<T> {
             }
             if let Some(item) = state.items.pop_front() {
                 self.changed.notify_all();
-                return Ok(item);
+                return Ok(Some(item));
             }
             if state.closed {
                 return Err(QueueError::Closed);
             }
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 

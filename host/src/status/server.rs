@@ -5,8 +5,11 @@
 //!   `GET /events` server-sent events (one `step` per step, `status` on phase changes),
 //!   `GET /rollouts/latest?n=8` recent trajectories, `GET /` the dashboard.
 //! - Bounded: at most [`MAX_CONNECTIONS`] open connections (more wait in the kernel's
-//!   backlog), and a subscriber that reads too slowly skips events instead of holding
-//!   the trainer (see [`super`]). No CORS headers: other origins cannot read it.
+//!   backlog); a connection that has not sent a whole request header within
+//!   [`HEADER_TIMEOUT`] (a stalled or idle client, or a keep-alive connection with no next
+//!   request) is closed, so idle sockets cannot lock the dashboard out; a subscriber that
+//!   reads too slowly skips events instead of holding the trainer (see [`super`]). No CORS
+//!   headers: other origins cannot read it.
 
 use super::{Event, StatusHub};
 use anyhow::{Context, Result};
@@ -16,20 +19,25 @@ use axum::http::{StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, broadcast};
 
-/// Open connections served at once. A dashboard holds two or three (page, events); the
-/// rest is room for scrapers and `rlhost status`.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Open connections at once. A dashboard holds two or three (page, events) and a scraper
+/// one; the rest is room for clients that stall, until [`HEADER_TIMEOUT`] drops them.
+/// Each costs a small task and buffer.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a connection may take to send a request's header, counted from when the
+/// server starts waiting for it: after accepting, and after each response on a
+/// keep-alive connection. hyper's own timer; a response being streamed (the event
+/// stream) is not waiting for a header, so it is not cut.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Trajectories `/rollouts/latest` returns when `n` is not given.
 const DEFAULT_ROLLOUTS: usize = 8;
 
@@ -166,6 +174,16 @@ impl Server {
 /// Binds `addr` now (so a taken port is an error before the run starts) and serves on a
 /// thread of its own.
 pub fn spawn(hub: Arc<StatusHub>, addr: &str) -> Result<Server> {
+    spawn_with(hub, addr, MAX_CONNECTIONS, HEADER_TIMEOUT)
+}
+
+/// [`spawn`] with other bounds (tests use short timeouts).
+pub fn spawn_with(
+    hub: Arc<StatusHub>,
+    addr: &str,
+    max_connections: usize,
+    header_timeout: Duration,
+) -> Result<Server> {
     let std_listener = std::net::TcpListener::bind(addr).with_context(|| {
         format!("cannot listen on --status-addr {addr} (is the port taken? `127.0.0.1:0` picks a free one)")
     })?;
@@ -182,24 +200,55 @@ pub fn spawn(hub: Arc<StatusHub>, addr: &str) -> Result<Server> {
         .spawn(move || {
             lower_priority();
             runtime.block_on(async move {
-                let listener = match TcpListener::from_std(std_listener) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::error!("status server: {e}");
-                        return;
+                match TcpListener::from_std(std_listener) {
+                    Ok(listener) => {
+                        serve(listener, router(hub), max_connections, header_timeout).await
                     }
-                };
-                let limited = Limited {
-                    listener,
-                    permits: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
-                };
-                if let Err(e) = axum::serve(limited, router(hub)).await {
-                    tracing::error!("status server stopped: {e}");
+                    Err(e) => tracing::error!("status server: {e}"),
                 }
             })
         })
         .context("cannot start the status server's thread")?;
     Ok(Server { addr: local })
+}
+
+/// Accepts connections while fewer than `max_connections` are open and serves each over
+/// HTTP/1.1 with a header timeout.
+async fn serve(
+    listener: TcpListener,
+    app: Router,
+    max_connections: usize,
+    header_timeout: Duration,
+) {
+    let permits = Arc::new(Semaphore::new(max_connections));
+    loop {
+        let permit = permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            // E.g. out of file descriptors: wait rather than spin.
+            Err(e) => {
+                tracing::debug!("status server: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = connection.await {
+                tracing::debug!("status server: connection closed: {e}");
+            }
+            drop(permit);
+        });
+    }
 }
 
 /// Nice 10 for the calling thread (Linux applies `setpriority` per thread).
@@ -211,87 +260,6 @@ fn lower_priority() {
         if libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0 {
             tracing::debug!("status server: cannot lower its priority");
         }
-    }
-}
-
-/// A listener that holds a semaphore permit per open connection: at most
-/// [`MAX_CONNECTIONS`] are served; the next waits until one closes.
-struct Limited {
-    listener: TcpListener,
-    permits: Arc<Semaphore>,
-}
-
-impl axum::serve::Listener for Limited {
-    type Io = LimitedStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        loop {
-            match self.listener.accept().await {
-                Ok((stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    return (
-                        LimitedStream {
-                            stream,
-                            _permit: permit,
-                        },
-                        addr,
-                    );
-                }
-                // E.g. out of file descriptors: wait rather than spin.
-                Err(e) => {
-                    tracing::debug!("status server: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.listener.local_addr()
-    }
-}
-
-/// A connection and its permit (released when the connection is dropped).
-struct LimitedStream {
-    stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl AsyncRead for LimitedStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for LimitedStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -557,40 +525,90 @@ mod tests {
         assert!(r.headers().get("access-control-allow-origin").is_none());
     }
 
-    #[test]
-    fn connections_beyond_the_bound_wait_for_a_free_slot() {
+    /// A raw HTTP/1.1 GET with `Connection: close`; the status line, or the error.
+    fn raw_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<String> {
         use std::io::{Read, Write};
-        let hub = StatusHub::new("run-1", "m", "c", 10);
-        let server = spawn(hub, "127.0.0.1:0").unwrap();
-        // Hold every slot with an idle keep-alive connection.
-        let held: Vec<std::net::TcpStream> = (0..MAX_CONNECTIONS)
-            .map(|_| {
-                let mut s = std::net::TcpStream::connect(server.addr).unwrap();
-                s.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
-                    .unwrap();
-                let mut buf = [0u8; 64];
-                let n = s.read(&mut buf).unwrap();
-                assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(timeout))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Holds `n` connections: idle ones, ones that sent half a header, and keep-alive ones
+    /// that finished a request and sent no next one.
+    fn stalled(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+        use std::io::Write;
+        (0..n)
+            .map(|i| {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                match i % 3 {
+                    0 => {}
+                    1 => s
+                        .write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                        .unwrap(),
+                    _ => s
+                        .write_all(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+                        .unwrap(),
+                }
                 s
             })
-            .collect();
-        let mut extra = std::net::TcpStream::connect(server.addr).unwrap();
-        extra
-            .set_read_timeout(Some(Duration::from_millis(500)))
-            .unwrap();
-        extra
-            .write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut buf = [0u8; 64];
+            .collect()
+    }
+
+    #[test]
+    fn connections_beyond_the_bound_wait_for_a_free_slot() {
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let server = spawn_with(hub, "127.0.0.1:0", 4, Duration::from_secs(30)).unwrap();
+        let held = stalled(server.addr, 4);
+        let e = raw_get(server.addr, "/status", Duration::from_millis(500));
         assert!(
-            extra.read(&mut buf).is_err(),
-            "a connection beyond the bound was served"
+            e.is_err(),
+            "a connection beyond the bound was served: {e:?}"
         );
         drop(held);
-        extra
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let n = extra.read(&mut buf).unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        let r = raw_get(server.addr, "/status", Duration::from_secs(5)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    }
+
+    /// Issue 19: 64 idle or half-sent connections locked `/status` and the dashboard
+    /// out for good (no header or idle timeout).
+    #[test]
+    fn stalled_connections_are_dropped_after_the_header_timeout() {
+        use std::io::Read;
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let timeout = Duration::from_millis(300);
+        let server = spawn_with(hub, "127.0.0.1:0", 6, timeout).unwrap();
+        let mut held = stalled(server.addr, 6);
+        let t0 = std::time::Instant::now();
+        // Every slot is taken, and each is freed by the timeout, not by the client.
+        let r = raw_get(server.addr, "/status", Duration::from_secs(5)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        assert!(
+            t0.elapsed() >= timeout,
+            "served before any stalled client was dropped"
+        );
+        for s in &mut held {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = Vec::new();
+            // The server closed it: read ends (after the response for keep-alive ones).
+            s.read_to_end(&mut buf).unwrap();
+        }
+    }
+
+    /// Issue 19: with 200 idle sockets open, the dashboard and `/status` still load at once.
+    #[test]
+    fn the_dashboard_loads_while_200_idle_sockets_are_open() {
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let server = spawn(hub, "127.0.0.1:0").unwrap();
+        let _held = stalled(server.addr, 200);
+        for path in ["/", "/assets/dashboard.js", "/status"] {
+            let r = raw_get(server.addr, path, Duration::from_secs(2)).unwrap();
+            assert!(r.starts_with("HTTP/1.1 200"), "{path}: {r}");
+        }
     }
 }

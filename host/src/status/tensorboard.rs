@@ -9,7 +9,8 @@
 //! record  = len: u64 LE, masked_crc32c(len bytes): u32 LE, data, masked_crc32c(data): u32 LE
 //! data    = tensorflow.Event   { 1: wall_time double, 2: step int64,
 //!                                3: file_version string  (first record: "brain.Event:2")
-//!                              | 5: summary Summary }
+//!                              | 5: summary Summary
+//!                              | 6: session_log SessionLog { 1: status = START } }
 //! Summary = { 1: repeated value Summary.Value }
 //! Summary.Value = { 1: tag string, 2: simple_value float }
 //! ```
@@ -85,6 +86,21 @@ impl EventWriter {
     /// Several scalars of one step in one event (one record).
     pub fn scalars(&mut self, step: u64, values: &[(String, f64)]) -> io::Result<()> {
         self.write_summary(step, values.iter().map(|(t, v)| (t.as_str(), *v)))
+    }
+
+    /// A `SessionLog` START event at `step`: TensorBoard then drops the points of earlier
+    /// files at this step and after, as it does for a restarted TensorFlow job, so a run
+    /// resumed from a checkpoint shows each step once.
+    pub fn session_start(&mut self, step: u64) -> io::Result<()> {
+        // SessionLog { 1: status = START (1) }
+        let mut session_log = Vec::new();
+        put_tag(&mut session_log, 1, WIRE_VARINT);
+        session_log.push(1);
+        let mut event = Vec::with_capacity(24);
+        put_event_header(&mut event, step);
+        put_bytes(&mut event, 6, &session_log);
+        self.write_record(&event)?;
+        self.flush()
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
@@ -294,12 +310,16 @@ mod tests {
                 (2, Field::Varint(v)) => step = Some(v),
                 (3, Field::Bytes(b)) => version = Some(std::str::from_utf8(b).unwrap()),
                 (5, Field::Bytes(b)) => summary = Some(b),
+                (6, Field::Bytes(b)) => {
+                    assert_eq!(b, [0x08, 0x01], "SessionLog {{ status: START }}");
+                    version = Some("session start");
+                }
                 other => panic!("unexpected event field {other:?}"),
             }
         }
         assert!(wall_time.unwrap() > 1.6e9, "wall_time is unix seconds");
         let Some(summary) = summary else {
-            assert_eq!(version, Some(FILE_VERSION));
+            assert!(matches!(version, Some(FILE_VERSION | "session start")));
             return (step.unwrap_or(0), None);
         };
         let mut values = Vec::new();
@@ -337,6 +357,8 @@ mod tests {
         .unwrap();
         w.scalar("kl", 1 << 40, f64::INFINITY).unwrap();
         w.scalar("reward/mean", 0, -2.0).unwrap();
+        // A resumed run's restart marker: an event with only a step and a session log.
+        w.session_start(7).unwrap();
         w.flush().unwrap();
         let path = w.path().to_path_buf();
         // A second writer in the same directory and second gets its own file.
@@ -345,7 +367,8 @@ mod tests {
 
         let bytes = std::fs::read(&path).unwrap();
         let events: Vec<_> = read_records(&bytes).into_iter().map(decode_event).collect();
-        assert_eq!(events.len(), 5);
+        assert_eq!(events.len(), 6);
+        assert_eq!(events[5], (7, None));
         assert_eq!(events[0], (0, None));
         assert_eq!(
             events[1],
