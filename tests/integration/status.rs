@@ -231,23 +231,22 @@ fn binding_beyond_loopback_needs_a_flag_and_warns() {
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(!dir.join("refused").exists(), "nothing is written");
-    let ran = fixture_countdown("train")
-        .args([
-            "--steps",
-            "1",
-            "--status-addr",
-            "0.0.0.0:0",
-            "--status-public",
-        ])
-        .args([
-            "--set",
-            "rollout.group_size=2",
-            "--set",
-            "sampling.max_new_tokens=4",
-        ])
-        .arg("--out")
-        .arg(dir.join("public"))
-        .ok();
+    // One short step, serving on `addr` with `extra` flags.
+    let one_step = |addr: &str, extra: &[&str], out: &str| {
+        fixture_countdown("train")
+            .args(["--steps", "1", "--status-addr", addr])
+            .args(extra)
+            .args([
+                "--set",
+                "rollout.group_size=2",
+                "--set",
+                "sampling.max_new_tokens=4",
+            ])
+            .arg("--out")
+            .arg(dir.join(out))
+            .ok()
+    };
+    let ran = one_step("0.0.0.0:0", &["--status-public"], "public");
     assert!(
         ran.stderr
             .contains("warning: the status server listens on 0.0.0.0:0")
@@ -256,17 +255,7 @@ fn binding_beyond_loopback_needs_a_flag_and_warns() {
         ran.stderr
     );
     // Loopback names need no flag.
-    fixture_countdown("train")
-        .args(["--steps", "1", "--status-addr", "localhost:0"])
-        .args([
-            "--set",
-            "rollout.group_size=2",
-            "--set",
-            "sampling.max_new_tokens=4",
-        ])
-        .arg("--out")
-        .arg(dir.join("local"))
-        .ok();
+    one_step("localhost:0", &[], "local");
 }
 
 // ---------------------------------------------------------------- the browser test

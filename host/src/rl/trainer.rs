@@ -417,6 +417,8 @@ pub fn train(
                     match queue.pop_timeout(std::time::Duration::from_millis(100)) {
                         Ok(Some(batch)) => break Some(batch),
                         Ok(None) => {}
+                        // The producer gave up its batch because of the interruption.
+                        Err(_) if interrupted() => break None,
                         Err(e) => bail!("{e}"),
                     }
                 };
