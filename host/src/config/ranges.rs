@@ -77,191 +77,41 @@ pub fn check_ranges(c: &RunConfig) -> Result<(), String> {
     let t = &c.train;
     let s = &c.sampling;
     let r = &c.rollout;
+    // A table: one rule a line reads better than rustfmt's five.
+    #[rustfmt::skip]
     let mut checks = vec![
-        check(
-            "train.steps",
-            t.steps as f64,
-            AtLeast(1),
-            "optimizer steps to take",
-        ),
-        check(
-            "train.lr",
-            t.lr,
-            Positive,
-            "the learning rate; a negative one trains by gradient ascent",
-        ),
-        check(
-            "train.min_lr_ratio",
-            t.min_lr_ratio,
-            Fraction,
-            "where the cosine schedule ends, as a share of lr",
-        ),
-        check(
-            "train.weight_decay",
-            t.weight_decay,
-            NonNegative,
-            "AdamW's decoupled weight decay",
-        ),
-        check(
-            "train.max_grad_norm",
-            t.max_grad_norm,
-            NonNegative,
-            "gradient clipping (0: none)",
-        ),
-        check(
-            "train.updates_per_batch",
-            t.updates_per_batch as f64,
-            AtLeast(1),
-            "optimizer steps per rollout batch",
-        ),
-        check(
-            "train.micro_batch_tokens",
-            t.micro_batch_tokens as f64,
-            AtLeast(1),
-            "tokens per forward/backward pass",
-        ),
-        check(
-            "train.adv_eps",
-            t.adv_eps,
-            Positive,
-            "added to the group's reward std; 0 gives NaN advantages when a group's rewards are equal",
-        ),
-        check(
-            "train.clip_low",
-            t.clip_low,
-            FractionBelowOne,
-            "the ratio's lower clip is 1 - clip_low",
-        ),
-        check(
-            "train.clip_high",
-            t.clip_high,
-            NonNegative,
-            "the ratio's upper clip is 1 + clip_high",
-        ),
-        check(
-            "train.norm_constant",
-            t.norm_constant,
-            NonNegative,
-            "Dr. GRPO's constant (0: rollout.max_total_tokens)",
-        ),
-        check(
-            "train.kl_coef",
-            t.kl_coef,
-            NonNegative,
-            "the KL penalty's weight",
-        ),
-        check(
-            "train.tis_cap",
-            t.tis_cap,
-            Positive,
-            "the truncated importance weight's cap",
-        ),
-        check(
-            "train.save_every",
-            t.save_every as f64,
-            AtLeast(1),
-            "steps between checkpoints (the last step always saves)",
-        ),
-        check(
-            "train.keep_last",
-            t.keep_last as f64,
-            AtLeast(1),
-            "checkpoints kept",
-        ),
-        check(
-            "sampling.temperature",
-            s.temperature,
-            NonNegative,
-            "0 samples greedily",
-        ),
-        check(
-            "sampling.top_p",
-            s.top_p,
-            FractionAboveZero,
-            "nucleus sampling's mass (1: off)",
-        ),
-        check(
-            "sampling.min_p",
-            s.min_p,
-            Fraction,
-            "min-p sampling's threshold (0: off)",
-        ),
-        check(
-            "sampling.max_new_tokens",
-            s.max_new_tokens as f64,
-            AtLeast(1),
-            "tokens per assistant turn",
-        ),
-        check(
-            "rollout.group_size",
-            r.group_size as f64,
-            AtLeast(1),
-            "trajectories per prompt",
-        ),
-        check(
-            "rollout.prompts_per_step",
-            r.prompts_per_step as f64,
-            AtLeast(1),
-            "prompts per rollout batch",
-        ),
-        check(
-            "rollout.max_turns",
-            r.max_turns,
-            AtLeast(1),
-            "assistant turns per trajectory",
-        ),
-        check(
-            "rollout.max_tool_output_tokens",
-            r.max_tool_output_tokens as f64,
-            AtLeast(1),
-            "tokens one tool answer may add",
-        ),
-        check(
-            "rollout.max_total_tokens",
-            r.max_total_tokens as f64,
-            AtLeast(2),
-            "prompt and completion tokens together",
-        ),
-        check(
-            "rollout.env_reward_weight",
-            r.env_reward_weight,
-            Finite,
-            "the environment's reward weight",
-        ),
-        check(
-            "rollout.queue_capacity",
-            r.queue_capacity as f64,
-            AtLeast(1),
-            "finished batches that may wait",
-        ),
-        check(
-            "rollout.reward_instances",
-            r.reward_instances as f64,
-            AtLeast(1),
-            "scorer instances per reward plugin",
-        ),
+        check("train.steps", t.steps as f64, AtLeast(1), "optimizer steps to take"),
+        check("train.lr", t.lr, Positive, "the learning rate; a negative one trains by gradient ascent"),
+        check("train.min_lr_ratio", t.min_lr_ratio, Fraction, "where the cosine schedule ends, as a share of lr"),
+        check("train.weight_decay", t.weight_decay, NonNegative, "AdamW's decoupled weight decay"),
+        check("train.max_grad_norm", t.max_grad_norm, NonNegative, "gradient clipping (0: none)"),
+        check("train.updates_per_batch", t.updates_per_batch as f64, AtLeast(1), "optimizer steps per rollout batch"),
+        check("train.micro_batch_tokens", t.micro_batch_tokens as f64, AtLeast(1), "tokens per forward/backward pass"),
+        check("train.adv_eps", t.adv_eps, Positive, "added to the group's reward std; 0 gives NaN advantages when a group's rewards are equal"),
+        check("train.clip_low", t.clip_low, FractionBelowOne, "the ratio's lower clip is 1 - clip_low"),
+        check("train.clip_high", t.clip_high, NonNegative, "the ratio's upper clip is 1 + clip_high"),
+        check("train.norm_constant", t.norm_constant, NonNegative, "Dr. GRPO's constant (0: rollout.max_total_tokens)"),
+        check("train.kl_coef", t.kl_coef, NonNegative, "the KL penalty's weight"),
+        check("train.tis_cap", t.tis_cap, Positive, "the truncated importance weight's cap"),
+        check("train.save_every", t.save_every as f64, AtLeast(1), "steps between checkpoints (the last step always saves)"),
+        check("train.keep_last", t.keep_last as f64, AtLeast(1), "checkpoints kept"),
+        check("sampling.temperature", s.temperature, NonNegative, "0 samples greedily"),
+        check("sampling.top_p", s.top_p, FractionAboveZero, "nucleus sampling's mass (1: off)"),
+        check("sampling.min_p", s.min_p, Fraction, "min-p sampling's threshold (0: off)"),
+        check("sampling.max_new_tokens", s.max_new_tokens as f64, AtLeast(1), "tokens per assistant turn"),
+        check("rollout.group_size", r.group_size as f64, AtLeast(1), "trajectories per prompt"),
+        check("rollout.prompts_per_step", r.prompts_per_step as f64, AtLeast(1), "prompts per rollout batch"),
+        check("rollout.max_turns", r.max_turns, AtLeast(1), "assistant turns per trajectory"),
+        check("rollout.max_tool_output_tokens", r.max_tool_output_tokens as f64, AtLeast(1), "tokens one tool answer may add"),
+        check("rollout.max_total_tokens", r.max_total_tokens as f64, AtLeast(2), "prompt and completion tokens together"),
+        check("rollout.env_reward_weight", r.env_reward_weight, Finite, "the environment's reward weight"),
+        check("rollout.queue_capacity", r.queue_capacity as f64, AtLeast(1), "finished batches that may wait"),
+        check("rollout.reward_instances", r.reward_instances as f64, AtLeast(1), "scorer instances per reward plugin"),
         check("lora.r", c.lora.r as f64, AtLeast(1), "the adapter's rank"),
-        check(
-            "lora.alpha",
-            c.lora.alpha,
-            Positive,
-            "the adapter's scaling numerator",
-        ),
-        check(
-            "lora.dropout",
-            c.lora.dropout,
-            FractionBelowOne,
-            "dropout on the adapter's input",
-        ),
+        check("lora.alpha", c.lora.alpha, Positive, "the adapter's scaling numerator"),
+        check("lora.dropout", c.lora.dropout, FractionBelowOne, "dropout on the adapter's input"),
     ];
-    if let Some(f) = c.data.eval_fraction {
-        checks.push(check(
-            "data.eval_fraction",
-            f,
-            FractionBelowOne,
-            "the held-out share",
-        ));
-    }
+    // data.eval_fraction is checked with the rest of [data] (`DataConfig::validate`).
     for (name, p) in &c.plugins {
         let key = |k: &str| format!("plugins.{name}.{k}");
         let limits = [
