@@ -12,4 +12,5 @@ pub mod plugin;
 pub mod progress;
 pub mod rl;
 pub mod rollout;
+pub mod sample;
 pub mod status;

@@ -17,9 +17,9 @@
 
 use crate::data::{Cursor, Dataset};
 use crate::model::{LanguageModel, LoraConfig, peft};
-use crate::plugin::Sample;
 use crate::rl::sft::{SftRow, SftSchedule, train};
 use crate::rollout::ToolSpec;
+use crate::sample::Sample;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
@@ -142,7 +142,7 @@ pub fn ensure(
 /// One warm-start conversation: the prompt, the model's text before the tool, the tool's
 /// output (not trained on), and the model's text after it.
 struct Trace {
-    messages: Vec<crate::plugin::Message>,
+    messages: Vec<crate::sample::Message>,
     before: String,
     tool: Option<String>,
     after: String,

@@ -9,10 +9,11 @@ use super::LoadedConfig;
 use crate::data::{Dataset, PromptLimit};
 use crate::model::{LanguageModel, Mode, peft};
 use crate::plugin::{
-    DirGrant, Grants, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, Sample, cache,
+    DirGrant, Grants, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache,
 };
 use crate::rollout::engine::prompt_tokens;
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
+use crate::sample::Sample;
 use anyhow::{Context, Result, bail};
 use candle_core::Device;
 use std::collections::BTreeMap;

@@ -15,7 +15,8 @@ pub mod rows;
 
 pub use config::{DataConfig, Format, OnBadRow};
 
-use crate::plugin::{DatasetSource, Message, Plugin, Sample};
+use crate::plugin::{DatasetSource, Plugin};
+use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use rows::{ReadOptions, RowKeys};
 use serde::{Deserialize, Serialize};

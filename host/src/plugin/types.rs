@@ -7,20 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
-
-/// A task instance: the prompt and its metadata (RL2's sample format).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
-    pub messages: Vec<Message>,
-    /// A JSON object, e.g. `{"answer": "42"}`.
-    pub metadata: serde_json::Value,
-}
+pub use crate::sample::{Message, Sample};
 
 /// A finished rollout as reward plugins see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,18 +95,5 @@ impl FromStr for Role {
             .ok_or_else(|| {
                 format!("unknown role `{s}`: expected trigger, environment, dataset or reward")
             })
-    }
-}
-
-impl Sample {
-    /// A sample with one user message and no metadata.
-    pub fn from_prompt(prompt: &str) -> Self {
-        Sample {
-            messages: vec![Message {
-                role: "user".into(),
-                content: prompt.into(),
-            }],
-            metadata: empty_object(),
-        }
     }
 }

@@ -11,8 +11,8 @@
 
 use super::optim::{Accumulator, AdamW as Optim, AdamWConfig, clip_grad_norm, lr_at};
 use crate::model::{LanguageModel, Mode, Model};
-use crate::plugin::Message;
 use crate::rollout::turns::TurnFormat;
+use crate::sample::Message;
 use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};

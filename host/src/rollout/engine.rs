@@ -26,9 +26,9 @@ use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
 use crate::plugin::{
-    Component, EnvironmentEpisode, Fault, FaultKind, Message, Plugin, Sample, StepResult,
-    TriggerSession,
+    Component, EnvironmentEpisode, Fault, FaultKind, Plugin, StepResult, TriggerSession,
 };
+use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value as Json};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,7 +5,7 @@
 use super::{Engine, Trajectory};
 use crate::model::Mode;
 use crate::model::generate::sample_seed;
-use crate::plugin::Sample;
+use crate::sample::Sample;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

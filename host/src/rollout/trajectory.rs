@@ -4,7 +4,8 @@
 //! is covered by `spans`: what the model sampled (trained on, `loss_mask` 1) and what the
 //! host inserted — trigger output and environment turns — (not trained on, mask 0).
 
-use crate::plugin::{Fault, Message};
+use crate::plugin::Fault;
+use crate::sample::Message;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

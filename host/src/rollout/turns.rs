@@ -13,7 +13,7 @@
 //! the *glue*, comes first in what is appended.
 
 use crate::model::chat::ChatTemplate;
-use crate::plugin::Message;
+use crate::sample::Message;
 use anyhow::{Result, bail};
 use serde_json::{Map, Value as Json, json};
 
