@@ -14,3 +14,4 @@ pub mod rl;
 pub mod rollout;
 pub mod sample;
 pub mod status;
+pub mod step;

@@ -22,6 +22,7 @@ use crate::model::sample::SamplingParams;
 use crate::rollout::eval::evaluate;
 use crate::rollout::queue::RolloutQueue;
 use crate::rollout::{BatchStats, Engine, Group, RolloutSettings};
+use crate::step::StepMetrics;
 use crate::status::tensorboard::EventWriter;
 use crate::status::{Phase, StatusHub};
 use anyhow::{Context, Result, bail};
@@ -121,45 +122,6 @@ impl Default for TrainSection {
             keep_last: 3,
         }
     }
-}
-
-/// One step's figures, one line of `metrics.jsonl`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct StepMetrics {
-    pub step: u64,
-    pub epoch: u64,
-    pub adapter_version: u64,
-    pub reward_mean: f64,
-    pub reward_std: f64,
-    /// Mean of each reward component.
-    pub rewards: BTreeMap<String, f64>,
-    /// Mean of the `correct` component when a reward gives one.
-    pub accuracy: Option<f64>,
-    pub loss: f64,
-    pub policy_loss: f64,
-    pub kl: f64,
-    pub entropy: f64,
-    pub clip_fraction: f64,
-    pub grad_norm: f64,
-    pub lr: f64,
-    pub response_tokens: f64,
-    pub turns: f64,
-    pub tool_calls: f64,
-    pub truncated: f64,
-    pub groups: usize,
-    pub groups_dropped: usize,
-    pub trajectories: usize,
-    /// Faults in this step's rollouts, `plugin/kind` → count.
-    pub faults: BTreeMap<String, u64>,
-    pub sampled_tokens_per_s: f64,
-    pub rollout_s: f64,
-    pub update_s: f64,
-    pub step_s: f64,
-    /// Held-out figures, on the steps `train.eval_every` evaluates.
-    pub eval_accuracy: Option<f64>,
-    pub eval_reward: Option<f64>,
-    pub eval_tool_use: Option<f64>,
-    pub eval_s: Option<f64>,
 }
 
 /// A rollout batch as the producer hands it over.

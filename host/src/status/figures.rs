@@ -2,7 +2,7 @@
 //! the `rlhost_` prefix; base units, `_ratio` for fractions) and its TensorBoard tag, so
 //! `/metrics` and the event files can never disagree on what a figure is.
 
-use crate::rl::trainer::StepMetrics;
+use crate::step::StepMetrics;
 
 /// One exported figure of a step's metrics.
 pub struct Figure<T> {

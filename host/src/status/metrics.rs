@@ -5,7 +5,7 @@
 
 use super::Phase;
 use super::figures::{EVERY_STEP, Figure, HELD_OUT};
-use crate::rl::trainer::StepMetrics;
+use crate::step::StepMetrics;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -14,8 +14,8 @@ pub mod metrics;
 pub mod server;
 pub mod tensorboard;
 
-use crate::rl::trainer::StepMetrics;
 use crate::rollout::{SpanKind, Trajectory};
+use crate::step::StepMetrics;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};

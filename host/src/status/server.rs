@@ -266,8 +266,8 @@ fn lower_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rl::trainer::StepMetrics;
     use crate::rollout::{Span, SpanKind, StopReason, Trajectory};
+    use crate::step::StepMetrics;
     use axum::body::Body;
     use axum::http::Request;
     use futures_util::StreamExt;
