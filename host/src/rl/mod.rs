@@ -1,8 +1,14 @@
-//! Training: supervised warm start ([`sft`]); the RL math and the trainer loop join it.
+//! Training: the RL math ([`algorithms`]), the update of a batch ([`update`], [`optim`]),
+//! the trainer loop ([`trainer`], with its rollout producer, learner, run log and progress
+//! bars), checkpoints ([`checkpoint`]), and the supervised warm start ([`sft`]).
 
 pub mod algorithms;
 pub mod checkpoint;
+mod learn;
 pub mod optim;
+mod producer;
+mod progress;
+mod run_log;
 pub mod sft;
 pub mod trainer;
 pub mod update;

@@ -10,29 +10,28 @@
 //! - Every seed is derived from (run seed, step), so a resumed run takes the same next
 //!   step as an uninterrupted one.
 
-use super::algorithms::{self, Aggregation, Estimator, KlEstimator};
+use super::algorithms::{Aggregation, Estimator, KlEstimator};
 use super::checkpoint::{self, TrainerState};
-use super::optim::{AdamW, AdamWConfig, lr_at};
-use super::update::{Row, UpdateConfig, UpdateStats, update};
+use super::learn::Learner;
+use super::optim::{AdamW, AdamWConfig};
+use super::producer::{self, Batch, ProducerOptions};
+use super::progress::Progress;
+use super::run_log::RunLog;
+use super::update::UpdateConfig;
 use crate::config::setup::Setup;
 use crate::data::Cursor;
-use crate::model::generate::sample_seed;
-use crate::model::lora::seeded;
 use crate::model::sample::SamplingParams;
 use crate::rollout::eval::evaluate;
 use crate::rollout::queue::RolloutQueue;
-use crate::rollout::{BatchStats, Engine, Group, RolloutSettings};
-use crate::step::StepMetrics;
-use crate::status::tensorboard::EventWriter;
+use crate::rollout::{Engine, RolloutSettings};
+use crate::sample::Sample;
 use crate::status::{Phase, StatusHub};
-use anyhow::{Context, Result, bail};
+use crate::step::StepMetrics;
+use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 /// `[train]`.
@@ -124,16 +123,6 @@ impl Default for TrainSection {
     }
 }
 
-/// A rollout batch as the producer hands it over.
-struct Batch {
-    step: u64,
-    groups: Vec<Group>,
-    dropped: usize,
-    stats: BatchStats,
-    /// The data position after this batch (what a checkpoint after it records).
-    cursor: Cursor,
-}
-
 /// Where and how one `rlhost train` invocation runs.
 pub struct RunOptions<'a> {
     /// The run directory (metrics, checkpoints, TensorBoard files).
@@ -164,33 +153,149 @@ pub struct Outcome {
     pub checkpoint: Option<PathBuf>,
 }
 
-/// Runs `[train]` from `setup` as `run` says.
+/// Runs `[train]` from `setup` as `run` says: each step samples a batch (the producer
+/// thread), scores it, computes advantages and updates the adapter (the [`Learner`]),
+/// evaluates on the held-out split when due, publishes the step's record, and writes a
+/// checkpoint when due.
 pub fn train(
     setup: &mut Setup,
     train: &TrainSection,
     run: &RunOptions,
     handle: &Handle,
 ) -> Result<Outcome> {
-    let RunOptions {
-        out_dir,
-        resume,
-        stop_after,
-        quiet,
-        hub,
-        interrupt,
-    } = *run;
-    let interrupted = || interrupt.is_some_and(|f| f.load(Ordering::Relaxed));
-    let seed = setup.loaded.config.run.seed;
-    std::fs::create_dir_all(out_dir)
-        .with_context(|| format!("cannot create the run directory {}", out_dir.display()))?;
+    let (state, opt) = restore(setup, train, run.resume)?;
+    let mut log = RunLog::open(run.out_dir, run.resume.map(|_| state.step))?;
+    let held_out = HeldOut::prepare(setup, train, handle)?;
+    run.hub.resume_at(state.step);
+    let setup: &Setup = setup;
+    let c = &setup.loaded.config;
+    let queue = RolloutQueue::new(
+        c.rollout.queue_capacity,
+        c.rollout.max_staleness,
+        state.step,
+    );
+    let progress = Progress::new(state.step, train.steps, run.quiet);
+    let mut learner = Learner::new(
+        &setup.lm.model,
+        opt,
+        train,
+        update_config(setup, train, progress.update_bar()),
+        c.rollout.max_total_tokens,
+        (c.lora.dropout > 0.0).then_some(c.run.seed),
+    );
+    let saver = Saver { setup, run, train };
+    let last = run
+        .stop_after
+        .map_or(train.steps, |n| (state.step + n).min(train.steps));
+    let mut outcome = Outcome::default();
+    // The last finished step when it has no checkpoint yet.
+    let mut unsaved: Option<(u64, Cursor)> = None;
+    std::thread::scope(|scope| -> Result<()> {
+        let producer = scope.spawn(|| {
+            let options = ProducerOptions {
+                step: state.step,
+                cursor: state.cursor,
+                bar: progress.rollout_bar(),
+                cancel: run.interrupt,
+            };
+            producer::produce(setup, train, &queue, options, handle)
+        });
+        let result = (|| -> Result<()> {
+            for step in state.step..last {
+                let t0 = Instant::now();
+                run.hub.set_phase(Phase::Rollout);
+                progress.phase("waiting for rollouts");
+                let Some(batch) = next_batch(&queue, run)? else {
+                    // Interrupted while sampling: the step is abandoned.
+                    if let Some((done, cursor)) = unsaved.take() {
+                        outcome.checkpoint = Some(saver.save(&learner.opt, done, cursor)?);
+                    }
+                    outcome.interrupted = true;
+                    break;
+                };
+                debug_assert_eq!(batch.step, step);
+                let rollout_s = t0.elapsed().as_secs_f64();
+                run.hub.set_phase(Phase::Update);
+                progress.phase("updating the adapter");
+                let (mut m, scored) = learner.learn(&batch, step)?;
+                queue.publish(step + 1);
+                (m.rollout_s, m.step_s) = (rollout_s, t0.elapsed().as_secs_f64());
+                let done = step + 1;
+                if held_out.due(done, last) {
+                    run.hub.set_phase(Phase::Eval);
+                    progress.phase("evaluating on the held-out split");
+                    held_out.evaluate_into(&mut m, setup, handle)?;
+                }
+                log.write(&m)?;
+                run.hub
+                    .step(&m, scored.iter().flat_map(|g| &g.trajectories));
+                progress.step(&m, train.steps);
+                outcome.metrics.push(m);
+                let stop = interrupted(run);
+                if done % train.save_every.max(1) == 0 || done == last || stop {
+                    outcome.checkpoint = Some(saver.save(&learner.opt, done, batch.cursor)?);
+                    unsaved = None;
+                } else {
+                    unsaved = Some((done, batch.cursor));
+                }
+                if stop {
+                    outcome.interrupted = true;
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        queue.close();
+        let _ = producer.join();
+        result
+    })?;
+    progress.finish();
+    outcome.steps_done = outcome.metrics.last().map_or(state.step, |m| m.step);
+    if outcome.interrupted && outcome.checkpoint.is_none() {
+        // Interrupted before a step finished in this call: the newest checkpoint is the
+        // one this call resumed from, or none.
+        outcome.checkpoint = run.resume.map(Path::to_path_buf);
+    }
+    Ok(outcome)
+}
+
+fn interrupted(run: &RunOptions) -> bool {
+    run.interrupt.is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
+/// The batch of the next step, or `None` when the run is interrupted while it is being
+/// sampled (the producer then abandons it).
+fn next_batch(queue: &RolloutQueue<Batch>, run: &RunOptions) -> Result<Option<Batch>> {
+    loop {
+        if interrupted(run) {
+            return Ok(None);
+        }
+        match queue.pop_timeout(Duration::from_millis(100)) {
+            Ok(Some(batch)) => return Ok(Some(batch)),
+            Ok(None) => {}
+            // The producer gave up its batch because of the interruption.
+            Err(_) if interrupted(run) => return Ok(None),
+            Err(e) => bail!("{e}"),
+        }
+    }
+}
+
+/// The adapter, optimizer and position to start from: a checkpoint's, or a fresh adapter
+/// (unless the model came with one) at step 0.
+fn restore(
+    setup: &mut Setup,
+    train: &TrainSection,
+    resume: Option<&Path>,
+) -> Result<(TrainerState, AdamW)> {
     let mut state = TrainerState::default();
     match resume {
-        Some(dir) => {
-            state = checkpoint::load_into(dir, &mut setup.lm.model)?;
-        }
+        Some(dir) => state = checkpoint::load_into(dir, &mut setup.lm.model)?,
         None if setup.lm.model.lora.is_none() => {
-            let lora = setup.loaded.config.lora.to_config();
-            setup.lm.model.attach_lora(&lora, seed)?;
+            let c = &setup.loaded.config;
+            setup
+                .lm
+                .model
+                .attach_lora(&c.lora.to_config(), c.run.seed)?;
         }
         None => {}
     }
@@ -211,15 +316,23 @@ pub fn train(
             train.steps
         );
     }
-    let c = &setup.loaded.config;
-    let cfg = UpdateConfig {
+    Ok((state, opt))
+}
+
+/// `[train]`'s update settings.
+fn update_config(
+    setup: &Setup,
+    train: &TrainSection,
+    progress: Option<indicatif::ProgressBar>,
+) -> UpdateConfig {
+    UpdateConfig {
         clip_low: train.clip_low,
         clip_high: train.clip_high,
         aggregation: train.aggregation,
         norm_constant: if train.norm_constant > 0.0 {
             train.norm_constant
         } else {
-            c.rollout.max_total_tokens as f64
+            setup.loaded.config.rollout.max_total_tokens as f64
         },
         // In the reward or in the loss, never both.
         kl_coef: if train.kl_in_reward {
@@ -232,472 +345,98 @@ pub fn train(
         max_grad_norm: train.max_grad_norm,
         micro_batch_tokens: train.micro_batch_tokens,
         updates_per_batch: train.updates_per_batch,
-        progress: None,
-    };
-    let metrics_path = out_dir.join("metrics.jsonl");
-    if resume.is_some() {
-        // What a crash left: rows of steps after the checkpoint (they are written before
-        // it, and will be taken again) and half-written temporary files.
-        checkpoint::clean_temporaries(out_dir)?;
-        trim_metrics(&metrics_path, state.step)?;
+        progress,
     }
-    let mut metrics_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .with_context(|| format!("cannot write {}", metrics_path.display()))?;
-    // One event file per invocation; TensorBoard merges a resumed run's files by step.
-    let mut tensorboard = EventWriter::create(&out_dir.join("tensorboard"))?;
-    if resume.is_some() {
-        // TensorBoard drops the older files' points from this step on.
-        tensorboard.session_start(state.step + 1)?;
-    }
-    hub.resume_at(state.step);
-    let queue: RolloutQueue<Batch> = RolloutQueue::new(
-        c.rollout.queue_capacity,
-        c.rollout.max_staleness,
-        state.step,
-    );
-    let prompts = c.rollout.prompts_per_step;
-    let eval_samples = if train.eval_every > 0 {
-        let mut s = handle.block_on(setup.dataset.eval_samples())?;
-        if s.is_empty() {
-            bail!(
-                "{}: train.eval_every = {} but the held-out split is empty; set data.eval_size (or eval_fraction, eval_path), or eval_every = 0",
-                setup.loaded.path.display(),
-                train.eval_every
-            );
-        }
-        if train.eval_prompts > 0 {
-            s.truncate(train.eval_prompts);
-        }
-        s
-    } else {
-        Vec::new()
-    };
-    // Evaluation samples one greedy answer per prompt.
-    let eval_settings = RolloutSettings {
-        group_size: 1,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..setup.settings.sampling.clone()
-        },
-        ..setup.settings.clone()
-    };
-    let lora_dropout = setup.loaded.config.lora.dropout > 0.0;
-    let max_total_tokens = c.rollout.max_total_tokens;
-    let setup: &Setup = setup;
-    let mut outcome = Outcome::default();
-    let progress = Progress::new(state.step, train.steps, quiet);
-    let cfg = UpdateConfig {
-        progress: progress.update_bar(),
-        ..cfg
-    };
-    std::thread::scope(|scope| -> Result<()> {
-        let producer = scope.spawn(|| {
-            let mut engine =
-                match Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone()) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        queue.fail(format!("{e:#}"));
-                        return;
-                    }
-                };
-            if let Some(bar) = progress.rollout_bar() {
-                engine.set_progress(bar);
-            }
-            if let Some(flag) = interrupt {
-                engine.set_cancel(flag);
-            }
-            let mut cursor = state.cursor;
-            let _ = queue.produce(state.step, |step, version| {
-                let mut groups = Vec::new();
-                let mut dropped = 0;
-                let mut stats = BatchStats::default();
-                for round in 0..=train.max_resample {
-                    let want = prompts - groups.len();
-                    let samples = handle.block_on(setup.dataset.next_batch(&mut cursor, want))?;
-                    let (got, s) = engine.run(
-                        &samples,
-                        sample_seed(seed, step as usize, round),
-                        version,
-                        crate::model::Mode::INFERENCE,
-                    )?;
-                    stats.add(&s);
-                    for g in got {
-                        let rewards: Vec<f64> = g.trajectories.iter().map(|t| t.reward).collect();
-                        if train.dynamic_sampling && !algorithms::informative(&rewards) {
-                            dropped += 1;
-                        } else {
-                            groups.push(g);
-                        }
-                    }
-                    if !train.dynamic_sampling || groups.len() >= prompts {
-                        break;
-                    }
-                }
-                Ok(Batch {
-                    step,
-                    groups,
-                    dropped,
-                    stats,
-                    cursor,
-                })
-            });
-        });
-        // A checkpoint of step `done`, whose batch left the data at `cursor`.
-        let save = |done: u64, cursor: Cursor, opt: &AdamW| -> Result<PathBuf> {
-            let st = TrainerState {
-                step: done,
-                optimizer_step: opt.step,
-                cursor,
-                seed,
-            };
-            let dir = checkpoint::save(out_dir, &setup.lm, opt, &st, train.keep_last)?;
-            hub.checkpoint(
-                &dir.strip_prefix(out_dir)
-                    .unwrap_or(&dir)
-                    .display()
-                    .to_string(),
-            );
-            Ok(dir)
+}
+
+/// Writes checkpoints of this run and tells the status server.
+struct Saver<'a> {
+    setup: &'a Setup,
+    run: &'a RunOptions<'a>,
+    train: &'a TrainSection,
+}
+
+impl Saver<'_> {
+    /// A checkpoint of step `done`, whose batch left the data at `cursor`.
+    fn save(&self, opt: &AdamW, done: u64, cursor: Cursor) -> Result<PathBuf> {
+        let state = TrainerState {
+            step: done,
+            optimizer_step: opt.step,
+            cursor,
+            seed: self.setup.loaded.config.run.seed,
         };
-        // The last finished step when it has no checkpoint yet.
-        let mut unsaved: Option<(u64, Cursor)> = None;
-        let result = (|| -> Result<()> {
-            let last = stop_after.map_or(train.steps, |n| (state.step + n).min(train.steps));
-            for step in state.step..last {
-                let t0 = Instant::now();
-                hub.set_phase(Phase::Rollout);
-                progress.phase("waiting for rollouts");
-                // An interruption while the rollouts are sampled abandons this step: the
-                // last finished one is checkpointed below.
-                let batch = loop {
-                    if interrupted() {
-                        break None;
-                    }
-                    match queue.pop_timeout(std::time::Duration::from_millis(100)) {
-                        Ok(Some(batch)) => break Some(batch),
-                        Ok(None) => {}
-                        // The producer gave up its batch because of the interruption.
-                        Err(_) if interrupted() => break None,
-                        Err(e) => bail!("{e}"),
-                    }
-                };
-                let Some(batch) = batch else {
-                    // Abandoned: the last finished step is saved unless it just was.
-                    if let Some((done, cursor)) = unsaved.take() {
-                        outcome.checkpoint = Some(save(done, cursor, &opt)?);
-                    }
-                    outcome.interrupted = true;
-                    break;
-                };
-                debug_assert_eq!(batch.step, step);
-                let rollout_s = t0.elapsed().as_secs_f64();
-                hub.set_phase(Phase::Update);
-                progress.phase("updating the adapter");
-                let lr = lr_at(
-                    step,
-                    train.steps,
-                    train.warmup_steps,
-                    train.lr,
-                    train.min_lr_ratio,
+        let out_dir = self.run.out_dir;
+        let dir = checkpoint::save(out_dir, &self.setup.lm, opt, &state, self.train.keep_last)?;
+        let shown = dir.strip_prefix(out_dir).unwrap_or(&dir);
+        self.run.hub.checkpoint(&shown.display().to_string());
+        Ok(dir)
+    }
+}
+
+/// Evaluation on the held-out split every `train.eval_every` steps and at the end:
+/// greedy, one sample per prompt, with the run's tools and rewards.
+struct HeldOut {
+    every: u64,
+    samples: Vec<(u64, Sample)>,
+    settings: RolloutSettings,
+}
+
+impl HeldOut {
+    fn prepare(setup: &Setup, train: &TrainSection, handle: &Handle) -> Result<HeldOut> {
+        let samples = if train.eval_every > 0 {
+            let mut s = handle.block_on(setup.dataset.eval_samples())?;
+            if s.is_empty() {
+                bail!(
+                    "{}: train.eval_every = {} but the held-out split is empty; set data.eval_size (or eval_fraction, eval_path), or eval_every = 0",
+                    setup.loaded.path.display(),
+                    train.eval_every
                 );
-                let u0 = Instant::now();
-                let dropout = lora_dropout
-                    .then(|| Mutex::new(seeded(sample_seed(seed ^ 0xd0, step as usize, 0))));
-                let (_, mut m, scored) = learn(
-                    &setup.lm.model,
-                    &mut opt,
-                    &batch,
-                    train,
-                    &cfg,
-                    lr,
-                    step,
-                    max_total_tokens,
-                    dropout.as_ref(),
-                )?;
-                queue.publish(step + 1);
-                m.update_s = u0.elapsed().as_secs_f64();
-                m.rollout_s = rollout_s;
-                m.step_s = t0.elapsed().as_secs_f64();
-                m.lr = lr;
-                m.epoch = batch.cursor.epoch;
-                m.adapter_version = step + 1;
-                let done = step + 1;
-                if train.eval_every > 0 && (done % train.eval_every == 0 || done == last) {
-                    hub.set_phase(Phase::Eval);
-                    progress.phase("evaluating on the held-out split");
-                    let engine =
-                        Engine::new(&setup.lm, &eval_settings, &setup.rewards, handle.clone())?;
-                    let (r, _) = evaluate(
-                        &engine,
-                        &eval_samples,
-                        prompts,
-                        seed,
-                        crate::model::Mode::INFERENCE,
-                        |_, _| {},
-                    )?;
-                    m.eval_accuracy = r.accuracy;
-                    m.eval_reward = Some(r.reward_mean);
-                    m.eval_tool_use = Some(r.tool_use_rate);
-                    m.eval_s = Some(r.wall_s);
-                }
-                serde_json::to_writer(&mut metrics_file, &m)?;
-                metrics_file.write_all(b"\n")?;
-                metrics_file.flush()?;
-                tensorboard.scalars(m.step, &crate::status::figures::scalars(&m))?;
-                tensorboard.flush()?;
-                hub.step(&m, scored.iter().flat_map(|g| &g.trajectories));
-                progress.step(&m, train.steps);
-                outcome.metrics.push(m);
-                let stop = interrupted();
-                if done % train.save_every.max(1) == 0 || done == last || stop {
-                    outcome.checkpoint = Some(save(done, batch.cursor, &opt)?);
-                    unsaved = None;
-                } else {
-                    unsaved = Some((done, batch.cursor));
-                }
-                if stop {
-                    outcome.interrupted = true;
-                    break;
-                }
             }
-            Ok(())
-        })();
-        queue.close();
-        let _ = producer.join();
-        result
-    })?;
-    progress.finish();
-    outcome.steps_done = outcome.metrics.last().map_or(state.step, |m| m.step);
-    if outcome.interrupted && outcome.checkpoint.is_none() {
-        // Interrupted before a step finished in this call: the last checkpoint is the
-        // one this call resumed from, or none.
-        outcome.checkpoint = resume.map(Path::to_path_buf);
-    }
-    Ok(outcome)
-}
-
-/// Drops the rows of `metrics.jsonl` after `step` (a crash between writing a step's row
-/// and its checkpoint leaves rows the resumed run takes again). A torn last line goes too.
-fn trim_metrics(path: &Path, step: u64) -> Result<()> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    let mut kept = String::with_capacity(text.len());
-    for line in text.lines() {
-        let row_step = serde_json::from_str::<serde_json::Value>(line)
-            .ok()
-            .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
-        if row_step.is_some_and(|s| s <= step) {
-            kept.push_str(line);
-            kept.push('\n');
-        }
-    }
-    if kept != text {
-        crate::model::peft::write_atomic(path, kept.as_bytes())?;
-    }
-    Ok(())
-}
-
-/// Step progress: on a terminal, an indicatif bar over steps (reward, loss, ETA), one
-/// counting the batch's finished rollouts (with what the trainer is doing) and one the
-/// update's micro-batches; one line per step otherwise (logs and CI keep a readable
-/// record).
-struct Progress {
-    /// Steps, the batch's rollouts, the update's micro-batches.
-    bars: Option<[indicatif::ProgressBar; 3]>,
-    quiet: bool,
-}
-
-impl Progress {
-    fn new(done: u64, total: u64, quiet: bool) -> Progress {
-        let bars = crate::progress::enabled(quiet).then(|| {
-            let multi = indicatif::MultiProgress::new();
-            let steps = multi.add(crate::progress::bar(
-                total,
-                "train   {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
-            ));
-            steps.set_position(done);
-            let rollout = multi.add(crate::progress::bar(
-                0,
-                "rollout {bar:30} {pos}/{len} trajectories  {msg}",
-            ));
-            let update = multi.add(crate::progress::bar(
-                0,
-                "update  {bar:30} {pos}/{len} micro-batches",
-            ));
-            [steps, rollout, update]
-        });
-        Progress { bars, quiet }
-    }
-
-    /// The bar the rollout engine advances, when there is a terminal.
-    fn rollout_bar(&self) -> Option<indicatif::ProgressBar> {
-        self.bars.as_ref().map(|[_, r, _]| r.clone())
-    }
-
-    /// The bar the update advances, when there is a terminal.
-    fn update_bar(&self) -> Option<indicatif::ProgressBar> {
-        self.bars.as_ref().map(|[_, _, u]| u.clone())
-    }
-
-    fn phase(&self, what: &str) {
-        if let Some([_, rollout, _]) = &self.bars {
-            rollout.set_message(format!("(trainer: {what})"));
-        }
-    }
-
-    fn step(&self, m: &StepMetrics, total: u64) {
-        let line = format!(
-            "reward {:.3}{}  loss {:.4}  kl {:.4}  len {:.1}  tools {:.2}  {:.1} s/step",
-            m.reward_mean,
-            m.accuracy
-                .map(|a| format!("  acc {a:.3}"))
-                .unwrap_or_default(),
-            m.loss,
-            m.kl,
-            m.response_tokens,
-            m.tool_calls,
-            m.step_s
-        );
-        match &self.bars {
-            Some([steps, _, _]) => {
-                steps.set_position(m.step);
-                steps.set_message(line);
+            if train.eval_prompts > 0 {
+                s.truncate(train.eval_prompts);
             }
-            None if !self.quiet => eprintln!("step {}/{total}  {line}", m.step),
-            None => {}
-        }
-    }
-
-    fn finish(&self) {
-        if let Some([steps, rollout, update]) = &self.bars {
-            rollout.finish_and_clear();
-            update.finish_and_clear();
-            steps.finish();
-        }
-    }
-}
-
-/// Rewards → advantages → update; the step's metrics and the groups as scored (with any
-/// overlong or KL components added).
-#[allow(clippy::too_many_arguments)]
-fn learn(
-    model: &crate::model::Model,
-    opt: &mut AdamW,
-    batch: &Batch,
-    train: &TrainSection,
-    cfg: &UpdateConfig,
-    lr: f64,
-    step: u64,
-    max_total_tokens: usize,
-    dropout: Option<&Mutex<rand::rngs::StdRng>>,
-) -> Result<(UpdateStats, StepMetrics, Vec<Group>)> {
-    let mut groups = batch.groups.clone();
-    if train.overlong == Overlong::Penalty {
-        // Length after the prompt against the room `max_total_tokens` left it.
-        for t in groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()) {
-            let len = t.completion_tokens().len();
-            let room = max_total_tokens.saturating_sub(t.prompt_len);
-            let p = algorithms::overlong_penalty(len, room, train.overlong_cache);
-            t.rewards.insert("overlong".into(), p);
-            t.reward += p;
-        }
-    }
-    let mut kl_mean = None;
-    if train.kl_in_reward && train.kl_coef > 0.0 {
-        let all: Vec<&crate::rollout::Trajectory> = groups
-            .iter()
-            .flat_map(|g| &g.trajectories)
-            .filter(|t| t.tokens.len() >= 2)
-            .collect();
-        let rows: Vec<Row> = all
-            .iter()
-            .map(|t| Row {
-                trajectory: t,
-                advantage: 0.0,
-                stale: false,
-            })
-            .collect();
-        let kls = super::update::sequence_kl(model, &rows, cfg)?;
-        let tokens: usize = all.iter().map(|t| t.sampled_tokens()).sum();
-        kl_mean = Some(kls.iter().sum::<f64>() / tokens.max(1) as f64);
-        let by_key: std::collections::HashMap<(u64, usize), f64> = all
-            .iter()
-            .zip(&kls)
-            .map(|(t, k)| ((t.sample_id, t.index), *k))
-            .collect();
-        for t in groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()) {
-            let k = by_key.get(&(t.sample_id, t.index)).copied().unwrap_or(0.0);
-            t.rewards.insert("kl_penalty".into(), -train.kl_coef * k);
-            t.reward -= train.kl_coef * k;
-        }
-    }
-    let rewards: Vec<Vec<f64>> = groups
-        .iter()
-        .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
-        .collect();
-    let advantages = algorithms::advantages(&rewards, train.estimator, train.adv_eps);
-    let trajectories: Vec<_> = groups.iter().flat_map(|g| &g.trajectories).collect();
-    let rows: Vec<Row> = trajectories
-        .iter()
-        .zip(&advantages)
-        .filter(|(t, _)| !(train.overlong == Overlong::Filter && t.truncated))
-        .filter(|(t, _)| t.sampled_tokens() > 0)
-        .map(|(t, a)| Row {
-            trajectory: t,
-            advantage: *a,
-            stale: t.version < step,
+            s
+        } else {
+            Vec::new()
+        };
+        let settings = RolloutSettings {
+            group_size: 1,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..setup.settings.sampling.clone()
+            },
+            ..setup.settings.clone()
+        };
+        Ok(HeldOut {
+            every: train.eval_every,
+            samples,
+            settings,
         })
-        .collect();
-    let stats = if rows.is_empty() {
-        UpdateStats::default()
-    } else {
-        update(model, opt, &rows, cfg, lr, dropout)?
-    };
-    let n = trajectories.len().max(1) as f64;
-    let mean = |f: &dyn Fn(&crate::rollout::Trajectory) -> f64| {
-        trajectories.iter().map(|t| f(t)).sum::<f64>() / n
-    };
-    let reward_mean = mean(&|t| t.reward);
-    let reward_std = mean(&|t| (t.reward - reward_mean).powi(2)).sqrt();
-    let components = crate::rollout::trajectory::component_means(trajectories.iter().copied());
-    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
-    for t in &trajectories {
-        for f in &t.faults {
-            *faults
-                .entry(format!("{}/{}", f.plugin, f.kind))
-                .or_default() += 1;
-        }
     }
-    let m = StepMetrics {
-        step: step + 1,
-        reward_mean,
-        reward_std,
-        accuracy: components.get("correct").copied(),
-        rewards: components,
-        loss: stats.loss,
-        policy_loss: stats.policy_loss,
-        kl: kl_mean.unwrap_or(stats.kl),
-        entropy: stats.entropy,
-        clip_fraction: stats.clip_fraction,
-        grad_norm: stats.grad_norm,
-        response_tokens: mean(&|t| t.sampled_tokens() as f64),
-        turns: mean(&|t| t.turns as f64),
-        tool_calls: mean(&|t| t.tool_calls as f64),
-        truncated: mean(&|t| f64::from(u8::from(t.truncated))),
-        groups: groups.len(),
-        groups_dropped: batch.dropped,
-        trajectories: trajectories.len(),
-        faults,
-        sampled_tokens_per_s: batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9),
-        ..Default::default()
-    };
-    Ok((stats, m, groups))
+
+    /// Whether step `done` (1-based) evaluates; `last` is this call's last step.
+    fn due(&self, done: u64, last: u64) -> bool {
+        self.every > 0 && (done % self.every == 0 || done == last)
+    }
+
+    /// Adds `eval_accuracy`, `eval_reward`, `eval_tool_use` and `eval_s` to `m`.
+    fn evaluate_into(&self, m: &mut StepMetrics, setup: &Setup, handle: &Handle) -> Result<()> {
+        let engine = Engine::new(&setup.lm, &self.settings, &setup.rewards, handle.clone())?;
+        let c = &setup.loaded.config;
+        let (r, _) = evaluate(
+            &engine,
+            &self.samples,
+            c.rollout.prompts_per_step,
+            c.run.seed,
+            crate::model::Mode::INFERENCE,
+            |_, _| {},
+        )?;
+        m.eval_accuracy = r.accuracy;
+        m.eval_reward = Some(r.reward_mean);
+        m.eval_tool_use = Some(r.tool_use_rate);
+        m.eval_s = Some(r.wall_s);
+        Ok(())
+    }
 }
 
 /// The run directory's checkpoint folder.
@@ -709,25 +448,49 @@ pub fn checkpoints_dir(out_dir: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    /// Issue 19: after a crash, rows of steps past the checkpoint were taken again.
     #[test]
-    fn rows_past_the_checkpoint_and_torn_lines_are_dropped() {
-        let dir = std::env::temp_dir().join(format!("rlhost-trim-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("metrics.jsonl");
-        std::fs::write(
-            &path,
-            "{\"step\":1,\"loss\":0.5}\n{\"step\":2}\n{\"step\":3}\n{\"step\":4}\n{\"st",
-        )
-        .unwrap();
-        trim_metrics(&path, 2).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "{\"step\":1,\"loss\":0.5}\n{\"step\":2}\n"
-        );
-        // Nothing to drop: the file is left as it is; no file: nothing to do.
-        trim_metrics(&path, 2).unwrap();
-        trim_metrics(&dir.join("none.jsonl"), 2).unwrap();
-        assert!(!dir.join("none.jsonl").exists());
+    fn held_out_evaluation_is_due_every_n_steps_and_at_the_end() {
+        let held_out = |every| HeldOut {
+            every,
+            samples: Vec::new(),
+            settings: RolloutSettings {
+                group_size: 1,
+                sampling: SamplingParams::default(),
+                limits: Default::default(),
+                template_kwargs: Default::default(),
+                trigger: None,
+                environment: None,
+            },
+        };
+        let due: Vec<u64> = (1..=7).filter(|&d| held_out(3).due(d, 7)).collect();
+        assert_eq!(due, [3, 6, 7]);
+        assert!((1..=7).all(|d| !held_out(0).due(d, 7)));
+    }
+
+    #[test]
+    fn an_interruption_while_waiting_abandons_the_step() {
+        let queue: RolloutQueue<Batch> = RolloutQueue::new(1, 0, 0);
+        let flag = AtomicBool::new(false);
+        let hub = StatusHub::new("r", "m", "c", 1);
+        let run = RunOptions {
+            out_dir: Path::new("."),
+            resume: None,
+            stop_after: None,
+            quiet: true,
+            hub: &hub,
+            interrupt: Some(&flag),
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(150));
+                flag.store(true, Ordering::Relaxed);
+            });
+            assert!(next_batch(&queue, &run).unwrap().is_none());
+        });
+        // A producer that failed for another reason is an error.
+        flag.store(false, Ordering::Relaxed);
+        queue.fail("the dataset plugin died".into());
+        let e = next_batch(&queue, &run).err().unwrap().to_string();
+        assert!(e.contains("the dataset plugin died"), "{e}");
     }
 }

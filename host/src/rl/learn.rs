@@ -1,0 +1,254 @@
+//! One step's learning from a rollout batch: reward shaping (DAPO's overlong penalty, KL
+//! in the reward) → advantages per group → the clipped-surrogate update of the adapter;
+//! and the step's figures.
+
+use super::algorithms;
+use super::optim::{AdamW, lr_at};
+use super::producer::Batch;
+use super::trainer::{Overlong, TrainSection};
+use super::update::{Row, UpdateConfig, UpdateStats, sequence_kl, update};
+use crate::model::Model;
+use crate::model::generate::sample_seed;
+use crate::model::lora::seeded;
+use crate::rollout::{Group, Trajectory};
+use crate::step::StepMetrics;
+use anyhow::Result;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// The policy being trained, its optimizer, and how each step updates it.
+pub struct Learner<'a> {
+    model: &'a Model,
+    pub opt: AdamW,
+    train: &'a TrainSection,
+    cfg: UpdateConfig,
+    max_total_tokens: usize,
+    /// Seeds LoRA dropout per step (when `lora.dropout > 0`).
+    dropout_seed: Option<u64>,
+}
+
+impl<'a> Learner<'a> {
+    pub fn new(
+        model: &'a Model,
+        opt: AdamW,
+        train: &'a TrainSection,
+        cfg: UpdateConfig,
+        max_total_tokens: usize,
+        dropout_seed: Option<u64>,
+    ) -> Learner<'a> {
+        Learner {
+            model,
+            opt,
+            train,
+            cfg,
+            max_total_tokens,
+            dropout_seed,
+        }
+    }
+
+    /// Rewards → advantages → update for `batch` at `step` (0-based); the step's figures
+    /// and the groups as scored (with any overlong or KL components added).
+    pub fn learn(&mut self, batch: &Batch, step: u64) -> Result<(StepMetrics, Vec<Group>)> {
+        let t0 = Instant::now();
+        let t = self.train;
+        let lr = lr_at(step, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
+        let mut groups = batch.groups.clone();
+        if t.overlong == Overlong::Penalty {
+            overlong_penalty(&mut groups, self.max_total_tokens, t.overlong_cache);
+        }
+        let kl_in_reward = if t.kl_in_reward && t.kl_coef > 0.0 {
+            Some(self.kl_into_rewards(&mut groups)?)
+        } else {
+            None
+        };
+        let rewards: Vec<Vec<f64>> = groups
+            .iter()
+            .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
+            .collect();
+        let advantages = algorithms::advantages(&rewards, t.estimator, t.adv_eps);
+        let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
+        let rows: Vec<Row> = trajectories
+            .iter()
+            .zip(&advantages)
+            .filter(|(tr, _)| !(t.overlong == Overlong::Filter && tr.truncated))
+            .filter(|(tr, _)| tr.sampled_tokens() > 0)
+            .map(|(tr, a)| Row {
+                trajectory: tr,
+                advantage: *a,
+                stale: tr.version < step,
+            })
+            .collect();
+        let stats = if rows.is_empty() {
+            UpdateStats::default()
+        } else {
+            let dropout = self
+                .dropout_seed
+                .map(|seed| Mutex::new(seeded(sample_seed(seed ^ 0xd0, step as usize, 0))));
+            update(
+                self.model,
+                &mut self.opt,
+                &rows,
+                &self.cfg,
+                lr,
+                dropout.as_ref(),
+            )?
+        };
+        let mut m = step_metrics(&trajectories, &stats, kl_in_reward);
+        m.step = step + 1;
+        m.adapter_version = step + 1;
+        m.lr = lr;
+        m.epoch = batch.cursor.epoch;
+        m.groups = groups.len();
+        m.groups_dropped = batch.dropped;
+        m.sampled_tokens_per_s = batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9);
+        m.update_s = t0.elapsed().as_secs_f64();
+        Ok((m, groups))
+    }
+
+    /// r ← r − β·Σ_t KL_t (component `kl_penalty`); returns the mean KL per token.
+    fn kl_into_rewards(&self, groups: &mut [Group]) -> Result<f64> {
+        let all: Vec<&Trajectory> = groups
+            .iter()
+            .flat_map(|g| &g.trajectories)
+            .filter(|t| t.tokens.len() >= 2)
+            .collect();
+        let rows: Vec<Row> = all
+            .iter()
+            .map(|t| Row {
+                trajectory: t,
+                advantage: 0.0,
+                stale: false,
+            })
+            .collect();
+        let kls = sequence_kl(self.model, &rows, &self.cfg)?;
+        let tokens: usize = all.iter().map(|t| t.sampled_tokens()).sum();
+        let mean = kls.iter().sum::<f64>() / tokens.max(1) as f64;
+        let by_key: HashMap<(u64, usize), f64> = all
+            .iter()
+            .zip(&kls)
+            .map(|(t, k)| ((t.sample_id, t.index), *k))
+            .collect();
+        let beta = self.train.kl_coef;
+        for t in groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()) {
+            let k = by_key.get(&(t.sample_id, t.index)).copied().unwrap_or(0.0);
+            t.rewards.insert("kl_penalty".into(), -beta * k);
+            t.reward -= beta * k;
+        }
+        Ok(mean)
+    }
+}
+
+/// DAPO's soft overlong punishment (component `overlong`): the length after the prompt
+/// against the room `max_total_tokens` left it.
+fn overlong_penalty(groups: &mut [Group], max_total_tokens: usize, cache: usize) {
+    for t in groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()) {
+        let len = t.completion_tokens().len();
+        let room = max_total_tokens.saturating_sub(t.prompt_len);
+        let p = algorithms::overlong_penalty(len, room, cache);
+        t.rewards.insert("overlong".into(), p);
+        t.reward += p;
+    }
+}
+
+/// The batch's figures: means over its trajectories, the update's statistics, faults
+/// by `plugin/kind`. The KL is the reward's when it went there, else the loss's.
+fn step_metrics(
+    trajectories: &[&Trajectory],
+    stats: &UpdateStats,
+    kl_in_reward: Option<f64>,
+) -> StepMetrics {
+    let n = trajectories.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&Trajectory) -> f64| trajectories.iter().map(|t| f(t)).sum::<f64>() / n;
+    let reward_mean = mean(&|t| t.reward);
+    let reward_std = mean(&|t| (t.reward - reward_mean).powi(2)).sqrt();
+    let components = crate::rollout::trajectory::component_means(trajectories.iter().copied());
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    for f in trajectories.iter().flat_map(|t| &t.faults) {
+        *faults
+            .entry(format!("{}/{}", f.plugin, f.kind))
+            .or_default() += 1;
+    }
+    StepMetrics {
+        reward_mean,
+        reward_std,
+        accuracy: components.get("correct").copied(),
+        rewards: components,
+        loss: stats.loss,
+        policy_loss: stats.policy_loss,
+        kl: kl_in_reward.unwrap_or(stats.kl),
+        entropy: stats.entropy,
+        clip_fraction: stats.clip_fraction,
+        grad_norm: stats.grad_norm,
+        response_tokens: mean(&|t| t.sampled_tokens() as f64),
+        turns: mean(&|t| t.turns as f64),
+        tool_calls: mean(&|t| t.tool_calls as f64),
+        truncated: mean(&|t| f64::from(u8::from(t.truncated))),
+        trajectories: trajectories.len(),
+        faults,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A scored trajectory of `sampled` model tokens after a 2-token prompt.
+    pub(crate) fn trajectory(reward: f64, sampled: usize, faults: &[(&str, &str)]) -> Trajectory {
+        serde_json::from_value(serde_json::json!({
+            "sample_id": 0, "index": 0, "version": 0,
+            "tokens": vec![1u32; 2 + sampled], "prompt_len": 2,
+            "logps": vec![Some(-1.0f32); sampled], "spans": [], "messages": [],
+            "completion": "", "metadata": {}, "turns": 1, "tool_calls": sampled % 2,
+            "tool_truncations": 0, "stop": "end_of_turn", "truncated": false,
+            "faults": faults.iter().map(|(p, k)| serde_json::json!({
+                "plugin": p, "call": "fire", "kind": k, "message": "x"})).collect::<Vec<_>>(),
+            "rewards": {"correct": reward}, "reward": reward,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn step_figures_are_means_over_the_batch() {
+        let ts = [
+            trajectory(1.0, 4, &[]),
+            trajectory(0.0, 2, &[("calc", "timeout")]),
+            trajectory(0.5, 3, &[("calc", "timeout"), ("judge", "trap")]),
+        ];
+        let refs: Vec<&Trajectory> = ts.iter().collect();
+        let stats = UpdateStats {
+            loss: 0.25,
+            kl: 0.125,
+            ..Default::default()
+        };
+        let m = step_metrics(&refs, &stats, None);
+        assert_eq!(m.reward_mean, 0.5);
+        assert!((m.reward_std - (1.0f64 / 6.0).sqrt()).abs() < 1e-12);
+        assert_eq!(m.accuracy, Some(0.5));
+        assert_eq!(
+            (m.response_tokens, m.tool_calls, m.turns),
+            (3.0, 1.0 / 3.0, 1.0)
+        );
+        assert_eq!((m.loss, m.kl, m.trajectories), (0.25, 0.125, 3));
+        assert_eq!(m.faults["calc/timeout"], 2);
+        assert_eq!(m.faults["judge/trap"], 1);
+        // KL that went into the reward is the one reported.
+        assert_eq!(step_metrics(&refs, &stats, Some(0.5)).kl, 0.5);
+    }
+
+    #[test]
+    fn overlong_penalty_is_a_component_added_to_the_reward() {
+        let mut groups = vec![Group {
+            sample_id: 0,
+            trajectories: vec![trajectory(1.0, 10, &[]), trajectory(1.0, 2, &[])],
+        }];
+        // 12 tokens of room, the last 4 a ramp: 10 tokens is 2 into it, 2 is clear.
+        overlong_penalty(&mut groups, 14, 4);
+        let t = &groups[0].trajectories;
+        let p = algorithms::overlong_penalty(10, 12, 4);
+        assert!(p < 0.0);
+        assert_eq!((t[0].rewards["overlong"], t[0].reward), (p, 1.0 + p));
+        assert_eq!((t[1].rewards["overlong"], t[1].reward), (0.0, 1.0));
+    }
+}

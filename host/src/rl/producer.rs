@@ -1,0 +1,132 @@
+//! The rollout side of the trainer: a thread that samples one batch per step, as far
+//! ahead of the trainer as `rollout.max_staleness` lets it, and hands each to the trainer
+//! through the bounded [`RolloutQueue`].
+//!
+//! With `train.dynamic_sampling` (DAPO), groups whose rewards are all equal teach nothing
+//! and are dropped, and more prompts are sampled for up to `train.max_resample` extra
+//! rounds.
+
+use super::algorithms;
+use super::trainer::TrainSection;
+use crate::config::setup::Setup;
+use crate::data::Cursor;
+use crate::model::Mode;
+use crate::model::generate::sample_seed;
+use crate::rollout::queue::RolloutQueue;
+use crate::rollout::{BatchStats, Engine, Group};
+use std::sync::atomic::AtomicBool;
+use tokio::runtime::Handle;
+
+/// A rollout batch as the producer hands it over.
+pub struct Batch {
+    pub step: u64,
+    pub groups: Vec<Group>,
+    /// Groups dynamic sampling dropped.
+    pub dropped: usize,
+    pub stats: BatchStats,
+    /// The data position after this batch (what a checkpoint after it records).
+    pub cursor: Cursor,
+}
+
+/// Where the producer starts and what it reports to.
+pub struct ProducerOptions<'a> {
+    /// The first step to sample, and the data position before it.
+    pub step: u64,
+    pub cursor: Cursor,
+    /// Counts each batch's finished trajectories.
+    pub bar: Option<indicatif::ProgressBar>,
+    /// Set when the run is interrupted: the batch in flight is abandoned.
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+/// Samples batches into `queue` until it closes or sampling fails (the trainer then sees
+/// the error at its next `pop`).
+pub fn produce(
+    setup: &Setup,
+    train: &TrainSection,
+    queue: &RolloutQueue<Batch>,
+    options: ProducerOptions,
+    handle: &Handle,
+) {
+    let mut engine = match Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone()) {
+        Ok(e) => e,
+        Err(e) => {
+            queue.fail(format!("{e:#}"));
+            return;
+        }
+    };
+    if let Some(bar) = options.bar {
+        engine.set_progress(bar);
+    }
+    if let Some(flag) = options.cancel {
+        engine.set_cancel(flag);
+    }
+    let seed = setup.loaded.config.run.seed;
+    let prompts = setup.loaded.config.rollout.prompts_per_step;
+    let mut cursor = options.cursor;
+    let _ = queue.produce(options.step, |step, version| {
+        let mut batch = Batch {
+            step,
+            groups: Vec::new(),
+            dropped: 0,
+            stats: BatchStats::default(),
+            cursor,
+        };
+        for round in 0..=train.max_resample {
+            let want = prompts - batch.groups.len();
+            let samples = handle.block_on(setup.dataset.next_batch(&mut cursor, want))?;
+            let seed = sample_seed(seed, step as usize, round);
+            let (got, stats) = engine.run(&samples, seed, version, Mode::INFERENCE)?;
+            batch.stats.add(&stats);
+            let (kept, dropped) = keep_groups(got, train.dynamic_sampling);
+            batch.groups.extend(kept);
+            batch.dropped += dropped;
+            if !train.dynamic_sampling || batch.groups.len() >= prompts {
+                break;
+            }
+        }
+        batch.cursor = cursor;
+        Ok(batch)
+    });
+}
+
+/// The groups worth training on, and how many were dropped: with dynamic sampling, only
+/// groups whose rewards differ (an equal-reward group has zero advantages everywhere).
+fn keep_groups(groups: Vec<Group>, dynamic_sampling: bool) -> (Vec<Group>, usize) {
+    if !dynamic_sampling {
+        return (groups, 0);
+    }
+    let n = groups.len();
+    let kept: Vec<Group> = groups
+        .into_iter()
+        .filter(|g| {
+            let rewards: Vec<f64> = g.trajectories.iter().map(|t| t.reward).collect();
+            algorithms::informative(&rewards)
+        })
+        .collect();
+    let dropped = n - kept.len();
+    (kept, dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rl::learn::tests::trajectory;
+
+    fn group(rewards: &[f64]) -> Group {
+        Group {
+            sample_id: 0,
+            trajectories: rewards.iter().map(|&r| trajectory(r, 1, &[])).collect(),
+        }
+    }
+
+    #[test]
+    fn dynamic_sampling_drops_groups_whose_rewards_are_equal() {
+        let groups = || vec![group(&[1.0, 0.0]), group(&[1.0, 1.0]), group(&[0.0, 0.0])];
+        let (kept, dropped) = keep_groups(groups(), true);
+        assert_eq!((kept.len(), dropped), (1, 2));
+        assert_eq!(kept[0].trajectories[1].reward, 0.0);
+        let (kept, dropped) = keep_groups(groups(), false);
+        assert_eq!((kept.len(), dropped), (3, 0));
+    }
+}

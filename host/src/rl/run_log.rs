@@ -1,0 +1,108 @@
+//! The run directory's step records: `metrics.jsonl` (one JSON line per step) and a
+//! TensorBoard event file per invocation. On resume, what a crash left is cleaned first:
+//! rows past the checkpoint's step (written before it), a torn last line, temporary files
+//! of interrupted writes; and TensorBoard is told to drop the older files' points from the
+//! resumed step on.
+
+use super::checkpoint;
+use crate::status::figures::scalars;
+use crate::status::tensorboard::EventWriter;
+use crate::step::StepMetrics;
+use anyhow::{Context, Result};
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+pub struct RunLog {
+    metrics: File,
+    tensorboard: EventWriter,
+}
+
+impl RunLog {
+    /// Opens the records of `out_dir` for appending; `resumed_at` is the checkpoint's
+    /// step when the run resumes.
+    pub fn open(out_dir: &Path, resumed_at: Option<u64>) -> Result<RunLog> {
+        std::fs::create_dir_all(out_dir)
+            .with_context(|| format!("cannot create the run directory {}", out_dir.display()))?;
+        let path = out_dir.join("metrics.jsonl");
+        if let Some(step) = resumed_at {
+            checkpoint::clean_temporaries(out_dir)?;
+            trim_metrics(&path, step)?;
+        }
+        let metrics = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        // One event file per invocation; TensorBoard merges a resumed run's files by step.
+        let mut tensorboard = EventWriter::create(&out_dir.join("tensorboard"))?;
+        if let Some(step) = resumed_at {
+            tensorboard.session_start(step + 1)?;
+        }
+        Ok(RunLog {
+            metrics,
+            tensorboard,
+        })
+    }
+
+    /// One step's record, flushed (a crash loses no finished step's row).
+    pub fn write(&mut self, m: &StepMetrics) -> Result<()> {
+        serde_json::to_writer(&mut self.metrics, m)?;
+        self.metrics.write_all(b"\n")?;
+        self.metrics.flush()?;
+        self.tensorboard.scalars(m.step, &scalars(m))?;
+        self.tensorboard.flush()?;
+        Ok(())
+    }
+}
+
+/// Drops the rows of `metrics.jsonl` after `step` (a crash between writing a step's row
+/// and its checkpoint leaves rows the resumed run takes again). A torn last line goes too.
+fn trim_metrics(path: &Path, step: u64) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut kept = String::with_capacity(text.len());
+    for line in text.lines() {
+        let row_step = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+        if row_step.is_some_and(|s| s <= step) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    if kept != text {
+        crate::model::peft::write_atomic(path, kept.as_bytes())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 19: after a crash, rows of steps past the checkpoint were taken again.
+    #[test]
+    fn rows_past_the_checkpoint_and_torn_lines_are_dropped() {
+        let dir = std::env::temp_dir().join(format!("rlhost-trim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        std::fs::write(
+            &path,
+            "{\"step\":1,\"loss\":0.5}\n{\"step\":2}\n{\"step\":3}\n{\"step\":4}\n{\"st",
+        )
+        .unwrap();
+        trim_metrics(&path, 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\":1,\"loss\":0.5}\n{\"step\":2}\n"
+        );
+        // Nothing to drop: the file is left as it is; no file: nothing to do.
+        trim_metrics(&path, 2).unwrap();
+        trim_metrics(&dir.join("none.jsonl"), 2).unwrap();
+        assert!(!dir.join("none.jsonl").exists());
+    }
+}
