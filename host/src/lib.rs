@@ -1,7 +1,8 @@
 //! rlhost: train LLM agents with reinforcement learning, with tools, environments,
 //! datasets and rewards as sandboxed WebAssembly plugins.
 //!
-//! The binary is a thin wrapper around [`cli::run`].
+//! The binary's `main` calls [`cli::main`], which parses the arguments, runs one command
+//! and prints one error chain; everything else is this library.
 
 pub mod builtin;
 pub mod cli;

@@ -23,7 +23,8 @@ pub struct GenerateArgs {
     /// System message (with --chat).
     #[arg(long, requires = "chat")]
     system: Option<String>,
-    /// The prompt text.
+    /// The prompt text. Without --chat it is encoded as transformers' `tokenizer(text)`
+    /// does, with the tokenizer's post-processor (Llama 3's `<|begin_of_text|>`).
     #[arg(long)]
     prompt: String,
     /// Samples to draw (they share the prompt's prefill).
@@ -73,7 +74,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         args.prompt.clone()
     };
-    let prompt = lm.tokenizer.encode(&text)?;
+    // A raw prompt goes through the tokenizer's post-processor (Llama 3's
+    // `<|begin_of_text|>`), as `tokenizer(text)` does; a chat template writes its own.
+    let prompt = if args.chat {
+        lm.tokenizer.encode(&text)?
+    } else {
+        lm.tokenizer.encode_raw_prompt(&text)?
+    };
     if prompt.is_empty() {
         anyhow::bail!("the prompt encodes to no tokens");
     }

@@ -122,6 +122,17 @@ impl Tokenizer {
         })
     }
 
+    /// Encodes a raw (not chat-templated) prompt as transformers' `tokenizer(text)` does:
+    /// with the tokenizer's post-processor, which adds e.g. Llama 3's `<|begin_of_text|>`.
+    /// A rendered chat template writes its own specials and uses [`Tokenizer::encode`].
+    pub fn encode_raw_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode_fast(text, true)
+            .map_err(|err| anyhow!("encoding {} bytes of text: {err}", text.len()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// The most bytes of text one token stands for: the longest vocabulary entry in
     /// UTF-8. Entries spell their text with at least one byte per byte they stand for
     /// (byte-level BPE maps each byte to a character; sentencepiece writes a space as
@@ -528,6 +539,40 @@ pub(crate) mod tests {
         // Nothing to escape: borrowed, and the same ids as a plain encode.
         assert!(matches!(tok.escape_specials("hi"), Cow::Borrowed("hi")));
         assert!(tok.encode_escaped("\u{E000}9999\u{E001}").is_err());
+    }
+
+    /// Issue 22: `rlhost generate --prompt` on a Llama model skipped the post-processor
+    /// (no `<|begin_of_text|>`), unlike `tokenizer(text)` in transformers.
+    #[test]
+    fn a_raw_prompt_gets_the_post_processors_tokens() {
+        let dir = Scratch::new("post-processor");
+        let mut json: Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures().join("tokenizer.json")).unwrap(),
+        )
+        .unwrap();
+        let bos = json["added_tokens"][0]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let bos_id = json["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+        json["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos.clone(): {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+        });
+        std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let plain = tok.encode("hello").unwrap();
+        let raw = tok.encode_raw_prompt("hello").unwrap();
+        assert_eq!(raw[0], bos_id);
+        assert_eq!(&raw[1..], &plain[..]);
+        // Without a post-processor that adds anything, the two agree.
+        let fixture = tokenizer();
+        assert_eq!(
+            fixture.encode_raw_prompt("hello").unwrap(),
+            fixture.encode("hello").unwrap()
+        );
     }
 
     #[test]
