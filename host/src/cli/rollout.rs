@@ -3,8 +3,8 @@
 //! every trajectory to a JSONL file and prints a readable view of a few, tool spans
 //! marked. `eval` reports accuracy, tool-use rate and rewards on the held-out split.
 
-use crate::config::LoadedConfig;
 use crate::config::setup::{Setup, display};
+use crate::config::{LoadedConfig, set_path, set_value};
 use crate::data::Cursor;
 use crate::model::generate::sample_seed;
 use crate::rollout::eval::evaluate;
@@ -59,17 +59,13 @@ pub struct RolloutArgs {
 pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let mut set = args.set.clone();
     if let Some(seed) = args.seed {
-        set.push(format!("run.seed={seed}"));
+        set.push(set_value("run.seed", seed as i64));
     }
     if let Some(g) = args.group_size {
-        set.push(format!("rollout.group_size={g}"));
+        set.push(set_value("rollout.group_size", g as i64));
     }
     if let Some(adapter) = &args.adapter {
-        let abs = std::path::absolute(adapter)?;
-        set.push(format!(
-            "model.adapter={}",
-            toml_string(&abs.to_string_lossy())
-        ));
+        set.push(set_path("model.adapter", adapter)?);
     }
     let loaded = LoadedConfig::load(&args.config, &set)?;
     let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
@@ -131,10 +127,6 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
     print!("{}", summary(&all, &total, &setup));
     println!("wrote {} trajectories to {}", all.len(), display(&args.out));
     Ok(())
-}
-
-fn toml_string(s: &str) -> String {
-    toml::Value::String(s.to_string()).to_string()
 }
 
 /// One trajectory for a human: its header, then the completion with inserted spans
@@ -277,14 +269,13 @@ pub struct EvalArgs {
 
 pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let mut set = args.set.clone();
-    set.push(format!("rollout.group_size={}", args.samples.max(1)));
-    set.push(format!("sampling.temperature={}", args.temperature));
+    set.push(set_value("rollout.group_size", args.samples.max(1) as i64));
+    set.push(set_value(
+        "sampling.temperature",
+        f64::from(args.temperature),
+    ));
     if let Some(adapter) = &args.adapter {
-        let abs = std::path::absolute(adapter)?;
-        set.push(format!(
-            "model.adapter={}",
-            toml_string(&abs.to_string_lossy())
-        ));
+        set.push(set_path("model.adapter", adapter)?);
     }
     let loaded = LoadedConfig::load(&args.config, &set)?;
     let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;

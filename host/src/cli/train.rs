@@ -3,8 +3,8 @@
 //! `RUN/checkpoints/`, and `--resume latest` to continue an interrupted run.
 
 use super::interrupt;
-use crate::config::LoadedConfig;
 use crate::config::setup::{Setup, display, out_dir};
+use crate::config::{LoadedConfig, set_path, set_value};
 use crate::rl::{checkpoint, trainer};
 use crate::status::{Phase, StatusHub, server};
 use anyhow::{Context, Result, bail};
@@ -72,17 +72,13 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     }
     let mut set = args.set.clone();
     if let Some(steps) = args.steps {
-        set.push(format!("train.steps={steps}"));
+        set.push(set_value("train.steps", steps as i64));
     }
     if let Some(seed) = args.seed {
-        set.push(format!("run.seed={seed}"));
+        set.push(set_value("run.seed", seed as i64));
     }
     if let Some(out) = &args.out {
-        let abs = std::path::absolute(out)?;
-        set.push(format!(
-            "run.out_dir={}",
-            toml::Value::String(abs.display().to_string())
-        ));
+        set.push(set_path("run.out_dir", out)?);
     }
     let loaded = LoadedConfig::load(&args.config, &set)?;
     let out = out_dir(&loaded);

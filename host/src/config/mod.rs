@@ -370,6 +370,20 @@ fn known(plugins: &BTreeMap<String, PluginSection>) -> String {
     }
 }
 
+/// A `--set` override that a command-line flag stands for: `key=value` with the value
+/// in TOML syntax (`--steps 3` is `train.steps=3`).
+pub fn set_value(key: &str, value: impl Into<toml::Value>) -> String {
+    format!("{key}={}", value.into())
+}
+
+/// A `--set` override for a path flag: made absolute, since the config resolves relative
+/// paths against its own folder, not the current directory the user typed it in.
+pub fn set_path(key: &str, path: &Path) -> Result<String> {
+    let abs = std::path::absolute(path)
+        .with_context(|| format!("{key}: cannot make {} absolute", path.display()))?;
+    Ok(set_value(key, abs.to_string_lossy().into_owned()))
+}
+
 /// Parses the file, then the file with the overrides: errors in the file itself keep its
 /// own line numbers.
 fn parse(text: &str, overrides: &[String]) -> Result<RunConfig> {
