@@ -830,6 +830,7 @@ mod tests {
                 adapters: true,
                 grad: true,
                 dropout_rng: None,
+                adapter: None,
             };
             let diff_h = model
                 .forward_batch(&args.0, &args.1, &args.2, train_mode)

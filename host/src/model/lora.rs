@@ -7,9 +7,10 @@
 //! per forward: that is the reference policy for KL, with no second copy of the weights.
 
 use super::ops::frozen_linear;
-use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, TensorId, Var};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// The projections LoRA can target, by their checkpoint names.
@@ -120,6 +121,9 @@ pub struct Mode<'a> {
     pub grad: bool,
     /// Dropout on the LoRA input, drawn from this generator (training only).
     pub dropout_rng: Option<&'a Mutex<StdRng>>,
+    /// Read the adapter from this snapshot instead of the live tensors (sampling while
+    /// the optimizer may be writing them; without grad only).
+    pub adapter: Option<&'a AdapterSnapshot>,
 }
 
 impl Mode<'_> {
@@ -127,12 +131,45 @@ impl Mode<'_> {
         adapters: true,
         grad: false,
         dropout_rng: None,
+        adapter: None,
     };
     pub const BASE: Mode<'static> = Mode {
         adapters: false,
         grad: false,
         dropout_rng: None,
+        adapter: None,
     };
+}
+
+/// A consistent copy of every adapter tensor, labelled with the adapter version it holds.
+/// The optimizer writes the live `lora_A`/`lora_B` in place; a sampler running ahead of
+/// the trainer (`rollout.max_staleness > 0`) reads a snapshot instead, so a batch labelled
+/// version v is version v in every layer, not v in some and v + 1 in others. An adapter
+/// is small (r · (in + out) floats per projection): a copy per step costs little.
+pub struct AdapterSnapshot {
+    pub version: u64,
+    /// Keyed by the live `lora_A` tensor's id (the optimizer updates it in place, so the
+    /// id stays).
+    tensors: HashMap<TensorId, (Tensor, Tensor)>,
+}
+
+impl AdapterSnapshot {
+    /// Copies every adapter of `model` as it is now.
+    pub fn take(model: &super::Model, version: u64) -> Result<AdapterSnapshot> {
+        let mut tensors = HashMap::new();
+        for (_, _, lin) in model.projections() {
+            if let Some(l) = &lin.lora {
+                let a = l.lora_a.as_tensor();
+                let copy = |t: &Tensor| t.copy().map(|c| c.detach());
+                tensors.insert(a.id(), (copy(a)?, copy(l.lora_b.as_tensor())?));
+            }
+        }
+        Ok(AdapterSnapshot { version, tensors })
+    }
+
+    fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {
+        self.tensors.get(&lora.lora_a.as_tensor().id())
+    }
 }
 
 /// A projection: frozen `weight: [out, in]`, optional `bias`, optional `lora`.
@@ -184,7 +221,13 @@ impl Linear {
         let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters) else {
             return Ok(y);
         };
-        let (a, b) = if mode.grad {
+        let snapshot = mode
+            .adapter
+            .filter(|_| !mode.grad)
+            .and_then(|s| s.get(lora));
+        let (a, b) = if let Some((a, b)) = snapshot {
+            (a.clone(), b.clone())
+        } else if mode.grad {
             (
                 lora.lora_a.as_tensor().clone(),
                 lora.lora_b.as_tensor().clone(),

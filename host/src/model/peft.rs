@@ -376,6 +376,7 @@ mod tests {
                 adapters: true,
                 grad: true,
                 dropout_rng: None,
+                adapter: None,
             };
             let hidden = model.forward_batch(&ids, &mask, &pos, mode).unwrap();
             // Targets are the next tokens; positions t where t and t+1 are real count.

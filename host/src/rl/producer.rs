@@ -12,9 +12,11 @@ use crate::config::setup::Setup;
 use crate::data::Cursor;
 use crate::model::Mode;
 use crate::model::generate::sample_seed;
+use crate::model::lora::AdapterSnapshot;
 use crate::rollout::queue::RolloutQueue;
 use crate::rollout::{BatchStats, Engine, Group};
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 
 /// A rollout batch as the producer hands it over.
@@ -28,6 +30,25 @@ pub struct Batch {
     pub cursor: Cursor,
 }
 
+/// The adapter the producer samples with: the trainer publishes a snapshot of each new
+/// version here before it lets the producer use it (see [`AdapterSnapshot`]).
+pub struct AdapterBoard(Mutex<Arc<AdapterSnapshot>>);
+
+impl AdapterBoard {
+    pub fn new(first: AdapterSnapshot) -> AdapterBoard {
+        AdapterBoard(Mutex::new(Arc::new(first)))
+    }
+
+    pub fn publish(&self, snapshot: AdapterSnapshot) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(snapshot);
+    }
+
+    /// The newest snapshot.
+    pub fn latest(&self) -> Arc<AdapterSnapshot> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// Where the producer starts and what it reports to.
 pub struct ProducerOptions<'a> {
     /// The first step to sample, and the data position before it.
@@ -37,6 +58,8 @@ pub struct ProducerOptions<'a> {
     pub bar: Option<indicatif::ProgressBar>,
     /// Set when the run is interrupted: the batch in flight is abandoned.
     pub cancel: Option<&'a AtomicBool>,
+    /// Where the trainer publishes each adapter version.
+    pub adapters: &'a AdapterBoard,
 }
 
 /// Samples batches into `queue` until it closes or sampling fails (the trainer then sees
@@ -65,6 +88,14 @@ pub fn produce(
     let prompts = setup.loaded.config.rollout.prompts_per_step;
     let mut cursor = options.cursor;
     let _ = queue.produce(options.step, |step, version| {
+        // One snapshot for the whole batch (all resampling rounds): every trajectory is
+        // labelled with the version it was sampled with, and is that version throughout.
+        let adapter = options.adapters.latest();
+        debug_assert!(adapter.version >= version);
+        let mode = Mode {
+            adapter: Some(&adapter),
+            ..Mode::INFERENCE
+        };
         let mut batch = Batch {
             step,
             groups: Vec::new(),
@@ -76,7 +107,7 @@ pub fn produce(
             let want = prompts - batch.groups.len();
             let samples = handle.block_on(setup.dataset.next_batch(&mut cursor, want))?;
             let seed = sample_seed(seed, step as usize, round);
-            let (got, stats) = engine.run(&samples, seed, version, Mode::INFERENCE)?;
+            let (got, stats) = engine.run(&samples, seed, adapter.version, mode)?;
             batch.stats.add(&stats);
             let (kept, dropped) = keep_groups(got, train.dynamic_sampling);
             batch.groups.extend(kept);

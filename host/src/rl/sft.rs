@@ -110,6 +110,7 @@ pub fn fit(model: &Model, rows: &[SftRow], opts: &SftOptions) -> Result<Vec<f32>
         adapters: true,
         grad: true,
         dropout_rng: None,
+        adapter: None,
     };
     let mut losses = Vec::new();
     for _ in 0..opts.steps {
@@ -229,6 +230,7 @@ pub fn train(
         adapters: true,
         grad: true,
         dropout_rng: None,
+        adapter: None,
     };
     let params = opt.params().to_vec();
     let mut losses = Vec::new();

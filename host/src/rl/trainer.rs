@@ -1,8 +1,10 @@
 //! The GRPO-family trainer: rollouts → rewards → advantages → update, step after step.
 //!
 //! How this trainer simplifies the textbook (nanochat's habit of saying so up front):
-//! - One process: the rollout producer (a thread) and the trainer share the model; the
-//!   producer sees each new adapter the moment the trainer publishes it.
+//! - One process: the rollout producer (a thread) and the trainer share the model; after
+//!   each update the trainer publishes a snapshot of the adapter, and the producer samples
+//!   each batch from one snapshot (so a batch is exactly the version it is labelled with,
+//!   while the optimizer writes the live adapter).
 //! - The reference policy is the same weights with adapters off: no second model.
 //! - With `max_staleness = 0` (the default) step s trains on rollouts sampled by the
 //!   adapter of step s exactly (ratio 1 on the first pass); larger values let the
@@ -14,12 +16,13 @@ use super::algorithms::{Aggregation, Estimator, KlEstimator};
 use super::checkpoint::{self, TrainerState};
 use super::learn::Learner;
 use super::optim::{AdamW, AdamWConfig};
-use super::producer::{self, Batch, ProducerOptions};
+use super::producer::{self, AdapterBoard, Batch, ProducerOptions};
 use super::progress::Progress;
 use super::run_log::RunLog;
 use super::update::UpdateConfig;
 use crate::config::setup::Setup;
 use crate::data::Cursor;
+use crate::model::lora::AdapterSnapshot;
 use crate::model::sample::SamplingParams;
 use crate::rollout::eval::evaluate;
 use crate::rollout::queue::RolloutQueue;
@@ -184,6 +187,7 @@ pub fn train(
         (c.lora.dropout > 0.0).then_some(c.run.seed),
     );
     let saver = Saver { setup, run, train };
+    let adapters = AdapterBoard::new(AdapterSnapshot::take(&setup.lm.model, state.step)?);
     let last = run
         .stop_after
         .map_or(train.steps, |n| (state.step + n).min(train.steps));
@@ -197,6 +201,7 @@ pub fn train(
                 cursor: state.cursor,
                 bar: progress.rollout_bar(),
                 cancel: run.interrupt,
+                adapters: &adapters,
             };
             producer::produce(setup, train, &queue, options, handle)
         });
@@ -218,6 +223,7 @@ pub fn train(
                 run.hub.set_phase(Phase::Update);
                 progress.phase("updating the adapter");
                 let (mut m, scored) = learner.learn(&batch, step)?;
+                adapters.publish(AdapterSnapshot::take(&setup.lm.model, step + 1)?);
                 queue.publish(step + 1);
                 (m.rollout_s, m.step_s) = (rollout_s, t0.elapsed().as_secs_f64());
                 let done = step + 1;

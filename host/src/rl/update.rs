@@ -221,6 +221,7 @@ pub fn update(
         adapters: true,
         grad: true,
         dropout_rng: dropout,
+        adapter: None,
     };
     // The policy before any update, when more than one pass needs it fixed.
     let fixed_old: Option<Vec<Tensor>> = if passes > 1 {

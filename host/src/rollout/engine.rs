@@ -932,6 +932,61 @@ mod tests {
         assert!(g.iter().all(|t| t.loss_mask().iter().all(|&m| m == 1)));
     }
 
+    /// Issue 22: with `max_staleness > 0` AdamW wrote the adapter in place while the
+    /// producer decoded, so a batch labelled version v could mix v and v + 1 across
+    /// layers. Sampling from a snapshot gives exactly the tokens of version v, however
+    /// the live adapter changes meanwhile.
+    #[test]
+    fn a_batch_sampled_from_a_snapshot_is_that_version_exactly() {
+        use crate::model::lora::AdapterSnapshot;
+        let mut lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        lm.model
+            .attach_lora(&crate::model::LoraConfig::default(), 3)
+            .unwrap();
+        let vars = lm.model.lora_vars();
+        let shift = |by: f64| {
+            for (name, v) in &vars {
+                if name.ends_with("lora_B") {
+                    v.set(&(v.as_tensor() + by).unwrap()).unwrap();
+                }
+            }
+        };
+        shift(0.05);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let rewards = Rewards::none();
+        let s = settings(&lm, 2);
+        let engine = Engine::new(&lm, &s, &rewards, rt.handle().clone()).unwrap();
+        let samples = [(1, Sample::from_prompt("Tell me a story."))];
+        let (v0, _) = engine.run(&samples, 5, 0, Mode::INFERENCE).unwrap();
+        let snapshot = AdapterSnapshot::take(&lm.model, 0).unwrap();
+        let from_snapshot = Mode {
+            adapter: Some(&snapshot),
+            ..Mode::INFERENCE
+        };
+        // The optimizer steps again and again while the batch is sampled.
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (during, _) = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    shift(0.01);
+                }
+            });
+            let r = engine.run(&samples, 5, 0, from_snapshot).unwrap();
+            done.store(true, Ordering::Relaxed);
+            r
+        });
+        assert_eq!(tokens(&during), tokens(&v0));
+        let logps = |g: &[Group]| g[0].trajectories[0].logps.clone();
+        assert_eq!(logps(&during), logps(&v0));
+        // The live adapter has moved on: sampling from it gives other tokens.
+        shift(0.5);
+        let (live, _) = engine.run(&samples, 5, 0, Mode::INFERENCE).unwrap();
+        assert_ne!(logps(&live), logps(&v0));
+    }
+
     #[test]
     fn stop_patterns_match_once_and_only_in_new_text() {
         let p = vec!["</calc>".to_string()];
