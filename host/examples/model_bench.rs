@@ -140,6 +140,7 @@ fn train(dir: &Path, batch: usize, seq: usize, rank: usize, steps: usize) -> Res
         adapters: true,
         grad: true,
         dropout_rng: None,
+        adapter: None,
     };
     let mut times = Vec::new();
     for step in 0..steps + 1 {

@@ -126,11 +126,7 @@ impl Tokenizer {
     /// with the tokenizer's post-processor, which adds e.g. Llama 3's `<|begin_of_text|>`.
     /// A rendered chat template writes its own specials and uses [`Tokenizer::encode`].
     pub fn encode_raw_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode_fast(text, true)
-            .map_err(|err| anyhow!("encoding {} bytes of text: {err}", text.len()))?;
-        Ok(encoding.get_ids().to_vec())
+        ids(&self.inner, text, true)
     }
 
     /// The most bytes of text one token stands for: the longest vocabulary entry in
@@ -154,11 +150,7 @@ impl Tokenizer {
         if self.specials.matcher.find(text).is_none() {
             return self.encode(text);
         }
-        let encoding = self
-            .plain()
-            .encode_fast(text, false)
-            .map_err(|err| anyhow!("encoding {} bytes of text: {err}", text.len()))?;
-        Ok(encoding.get_ids().to_vec())
+        ids(self.plain(), text, false)
     }
 
     fn plain(&self) -> &tokenizers::Tokenizer {
@@ -218,11 +210,7 @@ impl Tokenizer {
     /// Encode text exactly as HF `tokenizer(text, add_special_tokens=False)`:
     /// special/added tokens written in the text (e.g. `<|im_start|>`) map to their ids.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|err| anyhow!("encoding {} bytes of text: {err}", text.len()))?;
-        Ok(encoding.get_ids().to_vec())
+        ids(&self.inner, text, false)
     }
 
     /// Text of `ids`. Ids outside the vocabulary are dropped, as `tokenizers` does.
@@ -261,6 +249,14 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// The ids of `text`; `post_process` adds what the tokenizer's post-processor adds.
+fn ids(tokenizer: &tokenizers::Tokenizer, text: &str, post_process: bool) -> Result<Vec<u32>> {
+    let encoding = tokenizer
+        .encode_fast(text, post_process)
+        .map_err(|err| anyhow!("encoding {} bytes of text: {err}", text.len()))?;
+    Ok(encoding.get_ids().to_vec())
 }
 
 /// Streaming detokenizer for generated tokens: the prefix_offset/read_offset algorithm

@@ -238,7 +238,7 @@ pub fn train(
                 progress.step(&m, train.steps);
                 outcome.metrics.push(m);
                 let stop = interrupted(run);
-                if done % train.save_every.max(1) == 0 || done == last || stop {
+                if done.is_multiple_of(train.save_every.max(1)) || done == last || stop {
                     outcome.checkpoint = Some(saver.save(&learner.opt, done, batch.cursor)?);
                     unsaved = None;
                 } else {
@@ -422,7 +422,7 @@ impl HeldOut {
 
     /// Whether step `done` (1-based) evaluates; `last` is this call's last step.
     fn due(&self, done: u64, last: u64) -> bool {
-        self.every > 0 && (done % self.every == 0 || done == last)
+        self.every > 0 && (done.is_multiple_of(self.every) || done == last)
     }
 
     /// Adds `eval_accuracy`, `eval_reward`, `eval_tool_use` and `eval_s` to `m`.
