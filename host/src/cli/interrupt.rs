@@ -61,6 +61,17 @@ pub fn arm() -> &'static AtomicBool {
     &REQUESTED
 }
 
+/// Gives SIGINT and SIGTERM their default action back (the run is over: nothing is left
+/// to save, and a Ctrl-C during `--status-linger` should end the process).
+pub fn disarm() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: restoring the default disposition of a signal is always valid.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+        }
+    }
+}
+
 /// The signal that set the flag (SIGINT when none was recorded).
 pub fn signal() -> i32 {
     match SIGNAL.load(Ordering::SeqCst) {

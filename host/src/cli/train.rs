@@ -146,13 +146,16 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             hub: &hub,
             interrupt: Some(interrupt::arm()),
         };
-        trainer::train(&mut setup, &train, &run, handle)
+        let outcome = trainer::train(&mut setup, &train, &run, handle);
+        interrupt::disarm();
+        outcome
     })();
     match &result {
         Ok(_) => hub.set_phase(Phase::Done),
         Err(e) => hub.fail(&format!("{e:#}")),
     }
-    if announced.get() && args.status_linger > 0 {
+    let interrupted = result.as_ref().is_ok_and(|o| o.interrupted);
+    if announced.get() && args.status_linger > 0 && !interrupted {
         if !quiet {
             eprintln!(
                 "run ended; the status endpoint stays up for {} s",

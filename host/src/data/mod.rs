@@ -239,6 +239,9 @@ impl Dataset {
             }
             split.ids = kept;
         }
+        // An epoch order computed before (the built-in model's warm start draws samples)
+        // holds the dropped ids: the next draw computes it again from the kept ones.
+        *self.order.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if self.train.ids.is_empty() {
             bail!(
                 "no training sample has a prompt that fits rollout.max_total_tokens ({})",
@@ -656,16 +659,20 @@ mod tests {
         let mut lenient = Dataset::open(&cfg(OnBadRow::Skip), &dir, None, 0)
             .await
             .unwrap();
+        // A draw before the check (the built-in model's warm start does one) must not
+        // leave the dropped rows in the epoch's order.
+        lenient.next_batch(&mut Cursor::default(), 1).await.unwrap();
         lenient.check_prompts(&limit(OnBadRow::Skip)).unwrap();
         assert_eq!((lenient.train_len(), lenient.skipped_rows()), (2, 2));
         let mut cursor = Cursor::default();
         let kept: Vec<usize> = lenient
-            .next_batch(&mut cursor, 2)
+            .next_batch(&mut cursor, 6)
             .await
             .unwrap()
             .iter()
             .map(|(_, s)| s.messages[0].content.len())
             .collect();
+        assert_eq!(kept.len(), 6);
         assert_eq!(BTreeSet::from_iter(kept), BTreeSet::from([150, 10]));
         assert!(!counted.lock().unwrap().contains(&5_000));
     }

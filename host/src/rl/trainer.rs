@@ -24,6 +24,7 @@ use crate::config::setup::Setup;
 use crate::data::Cursor;
 use crate::model::lora::AdapterSnapshot;
 use crate::model::sample::SamplingParams;
+use crate::rollout::engine::ABANDONED;
 use crate::rollout::eval::evaluate;
 use crate::rollout::queue::RolloutQueue;
 use crate::rollout::{Engine, RolloutSettings};
@@ -273,14 +274,13 @@ fn interrupted(run: &RunOptions) -> bool {
 /// sampled (the producer then abandons it).
 fn next_batch(queue: &RolloutQueue<Batch>, run: &RunOptions) -> Result<Option<Batch>> {
     loop {
-        if interrupted(run) {
-            return Ok(None);
-        }
         match queue.pop_timeout(Duration::from_millis(100)) {
             Ok(Some(batch)) => return Ok(Some(batch)),
+            Ok(None) if interrupted(run) => return Ok(None),
             Ok(None) => {}
-            // The producer gave up its batch because of the interruption.
-            Err(_) if interrupted(run) => return Ok(None),
+            // The producer gave up its batch because of the interruption; any other
+            // failure is reported as it is, interrupted or not.
+            Err(e) if e.to_string().ends_with(ABANDONED) => return Ok(None),
             Err(e) => bail!("{e}"),
         }
     }
@@ -493,10 +493,20 @@ mod tests {
             });
             assert!(next_batch(&queue, &run).unwrap().is_none());
         });
-        // A producer that failed for another reason is an error.
-        flag.store(false, Ordering::Relaxed);
+        // The producer giving its batch up is the interruption, not a failure.
+        let abandoned: RolloutQueue<Batch> = RolloutQueue::new(1, 0, 0);
+        abandoned.fail(ABANDONED.into());
+        assert!(next_batch(&abandoned, &run).unwrap().is_none());
+        // A producer that failed for another reason is an error, interrupted or not.
         queue.fail("the dataset plugin died".into());
-        let e = next_batch(&queue, &run).err().unwrap().to_string();
-        assert!(e.contains("the dataset plugin died"), "{e}");
+        for interrupted in [false, true] {
+            flag.store(interrupted, Ordering::Relaxed);
+            let e = next_batch(&queue, &run).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|e| e.contains("the dataset plugin died")),
+                "{e:?}"
+            );
+        }
     }
 }

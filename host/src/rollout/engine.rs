@@ -36,6 +36,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
+/// The error of a batch abandoned through [`Engine::set_cancel`]: the trainer tells it
+/// from a real failure by this text, which reaches it through the queue.
+pub const ABANDONED: &str = "rollouts abandoned: the run is being interrupted";
+
 /// Per-trajectory limits.
 #[derive(Debug, Clone)]
 pub struct RolloutLimits {
@@ -383,7 +387,7 @@ impl<'a> Engine<'a> {
                 .as_ref()
                 .is_some_and(|c| c.load(Ordering::Relaxed))
             {
-                bail!("rollouts abandoned: the run is being interrupted");
+                bail!("{ABANDONED}");
             }
             // Plugin answers that arrived meanwhile; block only when nothing can decode.
             loop {
