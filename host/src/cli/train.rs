@@ -204,19 +204,16 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
 
 /// Deletes what a run wrote in `out` (for `--overwrite`); other files stay.
 fn clear_run(out: &Path) -> Result<()> {
-    for name in ["metrics.jsonl", "config.toml", "plugins.json"] {
+    for name in [
+        "metrics.jsonl",
+        "config.toml",
+        "plugins.json",
+        "checkpoints",
+        "tensorboard",
+    ] {
         let path = out.join(name);
-        if path.exists() {
-            std::fs::remove_file(&path)
-                .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
-        }
-    }
-    for name in ["checkpoints", "tensorboard"] {
-        let path = out.join(name);
-        if path.exists() {
-            std::fs::remove_dir_all(&path)
-                .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
-        }
+        checkpoint::remove(&path)
+            .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
     }
     Ok(())
 }

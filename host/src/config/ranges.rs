@@ -107,11 +107,10 @@ pub fn check_ranges(c: &RunConfig) -> Result<(), String> {
         check("rollout.env_reward_weight", r.env_reward_weight, Finite, "the environment's reward weight"),
         check("rollout.queue_capacity", r.queue_capacity as f64, AtLeast(1), "finished batches that may wait"),
         check("rollout.reward_instances", r.reward_instances as f64, AtLeast(1), "scorer instances per reward plugin"),
-        check("lora.r", c.lora.r as f64, AtLeast(1), "the adapter's rank"),
         check("lora.alpha", c.lora.alpha, Positive, "the adapter's scaling numerator"),
-        check("lora.dropout", c.lora.dropout, FractionBelowOne, "dropout on the adapter's input"),
     ];
-    // data.eval_fraction is checked with the rest of [data] (`DataConfig::validate`).
+    // data.eval_fraction, lora.r and lora.dropout are checked with the rest of their
+    // section (`DataConfig::validate`, `LoraConfig::validate`).
     for (name, p) in &c.plugins {
         let key = |k: &str| format!("plugins.{name}.{k}");
         let limits = [

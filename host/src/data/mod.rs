@@ -200,14 +200,25 @@ impl Dataset {
             };
             let mut kept = Vec::with_capacity(split.ids.len());
             for &id in &split.ids {
-                let sample = with_system(&system, samples[id as usize].clone());
-                let bytes: usize = sample.messages.iter().map(|m| m.content.len()).sum();
+                let sample = &samples[id as usize];
+                let has_system = sample.messages.iter().any(|m| m.role == "system");
+                let bytes: usize = sample
+                    .messages
+                    .iter()
+                    .map(|m| m.content.len())
+                    .sum::<usize>()
+                    + system
+                        .as_ref()
+                        .filter(|_| !has_system)
+                        .map_or(0, String::len);
                 let too_long = if bytes > limit.max_tokens.saturating_mul(limit.max_token_bytes) {
                     Some(format!(
                         "the prompt's text is {bytes} bytes, more than rollout.max_total_tokens ({}) tokens can hold",
                         limit.max_tokens + 1
                     ))
                 } else if bytes + TEMPLATE_ROOM >= limit.max_tokens {
+                    // The prompt as it is drawn, with the system prompt in.
+                    let sample = with_system(&system, sample.clone());
                     let n = (limit.count)(&sample).with_context(|| {
                         format!("rendering the prompt of {}", origins.locate(id as usize))
                     })?;

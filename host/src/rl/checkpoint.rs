@@ -175,20 +175,28 @@ pub fn clean_temporaries(out_dir: &Path) -> Result<()> {
         };
         for e in entries.filter_map(|e| e.ok()) {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with(".tmp-step-") || name.starts_with('.') && name.contains(".tmp-"))
-            {
-                continue;
+            // `.tmp-step-N` folders and `.NAME.tmp-PID` files.
+            if name.starts_with('.') && name.contains(".tmp-") {
+                let path = e.path();
+                remove(&path)
+                    .with_context(|| format!("cannot remove the leftover {}", path.display()))?;
             }
-            let path = e.path();
-            let removed = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            removed.with_context(|| format!("cannot remove the leftover {}", path.display()))?;
         }
     }
     Ok(())
+}
+
+/// Removes a file or a folder with what it holds; one that is not there is no error.
+pub fn remove(path: &Path) -> std::io::Result<()> {
+    let removed = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match removed {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 /// Whether `out_dir` holds a run already: metrics rows or checkpoints.

@@ -11,6 +11,7 @@
 
 use super::optim::{Accumulator, AdamW as Optim, AdamWConfig, clip_grad_norm, lr_at};
 use crate::model::{LanguageModel, Mode, Model};
+use crate::rollout::engine::escaped;
 use crate::rollout::turns::TurnFormat;
 use crate::sample::Message;
 use anyhow::{Context, Result, bail};
@@ -152,13 +153,7 @@ pub fn conversation_row(
     // As in rollouts: message contents are data, so a special-token string in them stays
     // plain text, and only the template writes special tokens.
     let tok = &lm.tokenizer;
-    let escaped: Vec<Message> = messages
-        .iter()
-        .map(|m| Message {
-            role: m.role.clone(),
-            content: tok.escape_specials(&m.content).into_owned(),
-        })
-        .collect();
+    let escaped = escaped(tok, messages);
     let prompt: Vec<Json> = escaped[..first]
         .iter()
         .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
