@@ -7,6 +7,18 @@
 
 use std::path::PathBuf;
 
+/// Role combinations the contract's worlds do not list, built from its worlds. They live
+/// in the SDK, not in `wit/`: a released contract is frozen, and the host reads the roles a
+/// component exports, not the name of the world it was built from.
+const SDK_WORLDS: &str = "package rlhost:sdk;
+
+/// A task whose tool is whatever the run chooses: samples and their reward.
+world dataset-reward-plugin {
+    include rlhost:plugin/dataset-plugin@0.1.0;
+    include rlhost:plugin/reward-plugin@0.1.0;
+}
+";
+
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let wit = manifest.join("../wit/v0.1.0");
@@ -20,9 +32,21 @@ fn main() {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __generate_world {{
-    ($world:tt) => {{
+    ($world:literal) => {{
         ::rlhost_sdk::__wit_bindgen::generate!({{
             path: {wit:?},
+            world: $world,
+            runtime_path: "::rlhost_sdk::__wit_bindgen::rt",
+            with: {{
+                "rlhost:plugin/types@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::types,
+                "rlhost:plugin/host@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::host,
+            }},
+        }});
+    }};
+    (sdk $world:literal) => {{
+        ::rlhost_sdk::__wit_bindgen::generate!({{
+            path: {wit:?},
+            inline: {SDK_WORLDS:?},
             world: $world,
             runtime_path: "::rlhost_sdk::__wit_bindgen::rt",
             with: {{

@@ -190,6 +190,7 @@ pub mod __glue {
 /// rlhost_sdk::export!(environment: MyEnv);
 /// rlhost_sdk::export!(dataset: MyData);
 /// rlhost_sdk::export!(reward: MyScore);
+/// rlhost_sdk::export!(dataset: MyData, reward: MyScore); // a task for any tool
 /// rlhost_sdk::export!(dataset: MyData, reward: MyScore, trigger: MyTool); // a task
 /// ```
 ///
@@ -198,29 +199,32 @@ pub mod __glue {
 #[macro_export]
 macro_rules! export {
     (trigger: $t:ty $(,)?) => {
-        $crate::__export_world!("trigger-plugin"; trigger: $t);
+        $crate::__export_world!(["trigger-plugin"]; trigger: $t);
     };
     (environment: $t:ty $(,)?) => {
-        $crate::__export_world!("environment-plugin"; environment: $t);
+        $crate::__export_world!(["environment-plugin"]; environment: $t);
     };
     (dataset: $t:ty $(,)?) => {
-        $crate::__export_world!("dataset-plugin"; dataset: $t);
+        $crate::__export_world!(["dataset-plugin"]; dataset: $t);
     };
     (reward: $t:ty $(,)?) => {
-        $crate::__export_world!("reward-plugin"; reward: $t);
+        $crate::__export_world!(["reward-plugin"]; reward: $t);
+    };
+    (dataset: $d:ty, reward: $r:ty $(,)?) => {
+        $crate::__export_world!([sdk "dataset-reward-plugin"]; dataset: $d, reward: $r);
     };
     (dataset: $d:ty, reward: $r:ty, trigger: $t:ty $(,)?) => {
-        $crate::__export_world!("task-plugin"; dataset: $d, reward: $r, trigger: $t);
+        $crate::__export_world!(["task-plugin"]; dataset: $d, reward: $r, trigger: $t);
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __export_world {
-    ($world:tt; $($role:ident : $ty:ty),+) => {
+    ([$($world:tt)+]; $($role:ident : $ty:ty),+) => {
         #[doc(hidden)]
         mod __rlhost_bindings {
-            $crate::__generate_world!($world);
+            $crate::__generate_world!($($world)+);
         }
 
         // Private, so that the plugin's own types may stay private too.

@@ -3,7 +3,7 @@
 //! (`builtin:multiply`) is measured in the README.
 
 use super::load;
-use rlhost::builtin::{MULTIPLY, Recipe, ensure};
+use rlhost::builtin::{Inputs, MULTIPLY, Recipe, ensure};
 use rlhost::data::{DataConfig, Dataset};
 use rlhost::model::LanguageModel;
 use rlhost::rollout::ToolSpec;
@@ -46,16 +46,13 @@ fn a_small_builtin_model_is_built_loaded_and_cached() {
     };
     // A private cache, so that the test builds for real.
     let cache = rlhost_tests::temp_dir("builtin-cache");
-    let dir = ensure(
-        &recipe,
-        &dataset,
-        Some(&trigger),
-        1,
-        rt.handle(),
-        &cache,
-        true,
-    )
-    .unwrap();
+    let inputs = Inputs {
+        dataset: &dataset,
+        task: "multiply",
+        trigger: Some(&trigger),
+        seed: 1,
+    };
+    let dir = ensure(&recipe, &inputs, rt.handle(), &cache, true).unwrap();
     let lm = LanguageModel::open(&dir, &candle_core::Device::Cpu).unwrap();
     assert_eq!(lm.model.cfg.hidden_size, 32);
     // Digits are single tokens, so numbers can be copied digit by digit.
@@ -81,16 +78,7 @@ fn a_small_builtin_model_is_built_loaded_and_cached() {
         .unwrap()
         .modified()
         .unwrap();
-    let again = ensure(
-        &recipe,
-        &dataset,
-        Some(&trigger),
-        1,
-        rt.handle(),
-        &cache,
-        true,
-    )
-    .unwrap();
+    let again = ensure(&recipe, &inputs, rt.handle(), &cache, true).unwrap();
     assert_eq!(dir, again);
     assert_eq!(
         std::fs::metadata(again.join("model.safetensors"))

@@ -12,6 +12,7 @@
 
 mod builtin;
 mod cli;
+mod code_task;
 mod data;
 mod model_cli;
 mod plugins;

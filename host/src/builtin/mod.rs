@@ -1,25 +1,28 @@
-//! rlhost's self-made default model, for runs with nothing downloaded:
-//! `model.path = "builtin:multiply"`.
+//! rlhost's self-made models, for runs with nothing downloaded: `model.path =
+//! "builtin:multiply"` (the calculator demo) and `"builtin:code"` (the Python code tool's
+//! task). [`runs`] holds the built-in runs that use them.
 //!
 //! Built once per (recipe, dataset, seed) and cached as an ordinary Hugging Face model
 //! directory under the cache folder:
 //! 1. a byte-level BPE tokenizer (digits split one by one, so that numbers can be copied
 //!    digit by digit) trained with the `tokenizers` crate on the task's conversations;
 //! 2. a small Qwen2-architecture model with seeded random weights;
-//! 3. a supervised warm start on synthetic traces from the run's own training samples:
-//!    some call the calculator (the real trigger plugin writes the tool output) and copy
-//!    its result, the rest skip the tool and guess. The warm start is imperfect on
-//!    purpose — the model calls the tool only sometimes — so that RL has room to teach
-//!    it that the tool is what makes answers right.
+//! 3. a supervised warm start on synthetic traces from the run's own training samples
+//!    ([`traces`]): some write the task's reference call for the run's tool (the real
+//!    trigger plugin writes the tool output) and copy its result, the rest skip the tool
+//!    and guess. The warm start knows no tool's syntax, and is imperfect on purpose — the
+//!    model calls the tool only sometimes — so that RL has room to teach it that the tool
+//!    is what makes answers right.
 //!
 //! The warm start trains a full-rank LoRA on the frozen random base and merges it in, so
 //! the directory is a plain model that RL then adapts with a fresh adapter.
+
+mod traces;
 
 use crate::data::{Cursor, Dataset};
 use crate::model::{LanguageModel, LoraConfig, peft};
 use crate::rl::sft::{SftRow, SftSchedule, train};
 use crate::rollout::ToolSpec;
-use crate::sample::Sample;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
@@ -27,6 +30,8 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tokio::runtime::Handle;
+use traces::Trace;
+pub use traces::answered_style;
 
 pub const SCHEME: &str = "builtin:";
 
@@ -69,6 +74,24 @@ pub const MULTIPLY: Recipe = Recipe {
     sft_batch: 32,
 };
 
+/// The Python code tool's task: longer prompts (seven problem families) and calls of a few
+/// lines, so a larger vocabulary and more warm-start conversations.
+pub const CODE: Recipe = Recipe {
+    name: "code",
+    version: 1,
+    vocab_size: 512,
+    hidden: 128,
+    layers: 4,
+    heads: 4,
+    kv_heads: 2,
+    intermediate: 384,
+    sft_examples: 4000,
+    tool_share: 0.4,
+    sft_epochs: 5,
+    sft_lr: 3e-3,
+    sft_batch: 32,
+};
+
 /// The recipe a `builtin:NAME` path names, if it is one.
 pub fn recipe(path: &Path) -> Result<Option<&'static Recipe>> {
     let Some(name) = path.to_str().and_then(|p| p.strip_prefix(SCHEME)) else {
@@ -76,31 +99,46 @@ pub fn recipe(path: &Path) -> Result<Option<&'static Recipe>> {
     };
     match name {
         "multiply" => Ok(Some(&MULTIPLY)),
+        "code" => Ok(Some(&CODE)),
         other => {
-            bail!("unknown built-in model `{SCHEME}{other}`; built-in models: {SCHEME}multiply")
+            bail!(
+                "unknown built-in model `{SCHEME}{other}`; built-in models: {SCHEME}multiply, {SCHEME}code"
+            )
         }
     }
+}
+
+/// What a built-in model is warm-started on: the task's first training samples, with the
+/// run's tool writing the tool output.
+pub struct Inputs<'a> {
+    pub dataset: &'a Dataset,
+    /// The task's name for messages (its dataset plugin or file).
+    pub task: &'a str,
+    pub trigger: Option<&'a ToolSpec>,
+    pub seed: u64,
 }
 
 /// The built model's directory under `cache_dir/models`, building it first if the cache
 /// has none.
 pub fn ensure(
     recipe: &Recipe,
-    dataset: &Dataset,
-    trigger: Option<&ToolSpec>,
-    seed: u64,
+    inputs: &Inputs,
     handle: &Handle,
     cache_dir: &Path,
     quiet: bool,
 ) -> Result<PathBuf> {
-    let trigger = trigger.with_context(|| {
+    let seed = inputs.seed;
+    let trigger = inputs.trigger.with_context(|| {
         format!(
-            "{SCHEME}{} is warm-started on tool-use traces: set rollout.trigger (the calculator)",
+            "{SCHEME}{} is warm-started on tool-use traces: set rollout.trigger (or pass --plugin TOOL.wasm)",
             recipe.name
         )
     })?;
-    let samples =
-        handle.block_on(dataset.next_batch(&mut Cursor::default(), recipe.sft_examples))?;
+    let samples = handle.block_on(
+        inputs
+            .dataset
+            .next_batch(&mut Cursor::default(), recipe.sft_examples),
+    )?;
     let mut key = Sha256::new();
     key.update(serde_json::to_vec(recipe)?);
     key.update(seed.to_le_bytes());
@@ -125,7 +163,11 @@ pub fn ensure(
     let tmp = root.join(format!(".tmp-{}-{key}-{}", recipe.name, std::process::id()));
     let base = tmp.join("base");
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    let traces = traces(recipe, &samples, trigger, seed, handle)?;
+    let source = traces::Source {
+        task: inputs.task,
+        trigger,
+    };
+    let traces = traces::write(&source, &samples, recipe.tool_share, seed, handle)?;
     write_tokenizer(recipe, &traces, &base)?;
     write_model(recipe, &base, seed)?;
     let merged = tmp.join("model");
@@ -137,73 +179,6 @@ pub fn ensure(
         .with_context(|| format!("moving the model to {}", dir.display()))?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(dir)
-}
-
-/// One warm-start conversation: the prompt, the model's text before the tool, the tool's
-/// output (not trained on), and the model's text after it.
-struct Trace {
-    messages: Vec<crate::sample::Message>,
-    before: String,
-    tool: Option<String>,
-    after: String,
-}
-
-fn traces(
-    recipe: &Recipe,
-    samples: &[(u64, Sample)],
-    trigger: &ToolSpec,
-    seed: u64,
-    handle: &Handle,
-) -> Result<Vec<Trace>> {
-    let mut rng = seed ^ 0x7472_6163_6573;
-    let mut next = || {
-        rng = rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let mut out = Vec::new();
-    for (id, s) in samples {
-        let field = |k: &str| {
-            s.metadata[k].as_u64().with_context(|| {
-                format!(
-                    "{SCHEME}{} needs the multiply dataset: sample {id}'s metadata has no integer `{k}`",
-                    recipe.name
-                )
-            })
-        };
-        let (a, b, answer) = (field("a")?, field("b")?, field("answer")?);
-        let use_tool = (next() % 1000) as f64 / 1000.0 < recipe.tool_share;
-        if use_tool {
-            let call = format!("<calc>{a}*{b}</calc>");
-            let mut session = handle
-                .block_on(trigger.plugin.open_trigger(&trigger.config, s, 0))
-                .context("opening the trigger for the warm-start traces")?;
-            let tool = handle
-                .block_on(session.fire(&call))
-                .map_err(|f| anyhow::anyhow!("{f}"))?
-                .context("the trigger returned nothing for a calculator call")?;
-            out.push(Trace {
-                messages: s.messages.clone(),
-                before: call,
-                tool: Some(tool),
-                after: format!("<answer>{answer}</answer>"),
-            });
-        } else {
-            // A guess: the right number of digits, wrong somewhere.
-            let digits = answer.to_string().len() as u32;
-            let lo = 10u64.pow(digits - 1);
-            let guess = lo + next() % (9 * lo);
-            out.push(Trace {
-                messages: s.messages.clone(),
-                before: format!("<answer>{guess}</answer>"),
-                tool: None,
-                after: String::new(),
-            });
-        }
-    }
-    Ok(out)
 }
 
 fn render(trace: &Trace) -> String {

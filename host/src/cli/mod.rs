@@ -94,6 +94,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The run config: `--config`'s file, or the built-in run the `--plugin` files call for.
+fn load_config(
+    config: Option<&std::path::Path>,
+    plugins: &[std::path::PathBuf],
+    overrides: &[String],
+    handle: &tokio::runtime::Handle,
+) -> anyhow::Result<crate::config::LoadedConfig> {
+    match config {
+        Some(path) => crate::config::LoadedConfig::load(path, overrides),
+        None => handle.block_on(crate::config::builtin::choose(plugins, overrides)),
+    }
+}
+
 /// Logs go to stderr. The default shows warnings and what plugins print; `RUST_LOG`
 /// (e.g. `RUST_LOG=debug`) overrides it.
 fn init_logging(quiet: bool) {

@@ -4,7 +4,7 @@
 //! marked. `eval` reports accuracy, tool-use rate and rewards on the held-out split.
 
 use crate::config::setup::{Setup, display};
-use crate::config::{LoadedConfig, set_path, set_value};
+use crate::config::{set_path, set_value};
 use crate::data::Cursor;
 use crate::model::generate::sample_seed;
 use crate::rollout::eval::evaluate;
@@ -24,9 +24,10 @@ pub enum Split {
 
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
-    /// The run config (TOML).
+    /// The run config (TOML). Without it, a built-in run: the calculator task, or the
+    /// task that suits the --plugin tool (the code task for the Python tool).
     #[arg(long)]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// A plugin component to load; a trigger or environment replaces the config's.
     #[arg(long = "plugin", value_name = "FILE.wasm")]
     plugins: Vec<PathBuf>,
@@ -67,7 +68,7 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(adapter) = &args.adapter {
         set.push(set_path("model.adapter", adapter)?);
     }
-    let loaded = LoadedConfig::load(&args.config, &set)?;
+    let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
     let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
     let c = &setup.loaded.config;
     let samples = match args.split {
@@ -241,9 +242,10 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// The run config (TOML).
+    /// The run config (TOML). Without it, a built-in run: the calculator task, or the
+    /// task that suits the --plugin tool (the code task for the Python tool).
     #[arg(long)]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// A PEFT adapter to evaluate (overrides model.adapter); none: the base model.
     #[arg(long)]
     adapter: Option<PathBuf>,
@@ -277,7 +279,7 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(adapter) = &args.adapter {
         set.push(set_path("model.adapter", adapter)?);
     }
-    let loaded = LoadedConfig::load(&args.config, &set)?;
+    let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
     let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
     let mut samples = handle.block_on(setup.dataset.eval_samples())?;
     if samples.is_empty() {

@@ -14,9 +14,10 @@ use tokio::runtime::Handle;
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// The run config (TOML).
+    /// The run config (TOML). Without it, a built-in run: the calculator task, or the
+    /// task that suits the --plugin tool (the code task for the Python tool).
     #[arg(long)]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// A plugin component to load; a trigger or environment replaces the config's.
     #[arg(long = "plugin", value_name = "FILE.wasm")]
     plugins: Vec<PathBuf>,
@@ -80,7 +81,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(out) = &args.out {
         set.push(set_path("run.out_dir", out)?);
     }
-    let loaded = LoadedConfig::load(&args.config, &set)?;
+    let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
     let out = out_dir(&loaded);
     let resume = match &args.resume {
         Some(spec) => {
@@ -113,9 +114,9 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         toml::to_string(&loaded.config)?.as_bytes(),
     )?;
     let hub = StatusHub::new(
-        &StatusHub::run_id(&args.config),
+        &StatusHub::run_id(&loaded.path),
         &loaded.config.model.path.display().to_string(),
-        &display(&args.config),
+        &display(&loaded.path),
         train.steps,
     );
     let server = serve_status(&args, &hub)?;
@@ -168,7 +169,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let metrics = &outcome.metrics;
     if let (Some(first), Some(last)) = (metrics.first(), metrics.last()) {
         println!(
-            "trained steps {}..{}: reward {:.3} -> {:.3}{}",
+            "trained steps {}..{}: training-batch reward {:.3} -> {:.3}{}",
             first.step,
             last.step,
             first.reward_mean,
@@ -178,6 +179,9 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
                 _ => String::new(),
             }
         );
+    }
+    if let Some(line) = held_out_line(&outcome) {
+        println!("{line}");
     }
     println!("run directory: {}", display(&out));
     if outcome.interrupted {
@@ -202,10 +206,34 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     Ok(())
 }
 
+/// "held-out (N prompts, greedy): accuracy A% -> B%, tool use C% -> D%, reward E -> F",
+/// from the evaluation before the first update to the run's last one.
+fn held_out_line(outcome: &trainer::Outcome) -> Option<String> {
+    let start = outcome.eval_start.as_ref()?;
+    let end = outcome
+        .metrics
+        .iter()
+        .rev()
+        .find(|m| m.eval_reward.is_some())?;
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
+    Some(format!(
+        "held-out ({} prompts, greedy), start -> step {}: accuracy {} -> {}, tool use {} -> {}, reward {:.3} -> {:.3}",
+        start.prompts,
+        end.step,
+        pct(start.accuracy),
+        pct(end.eval_accuracy),
+        pct(Some(start.tool_use_rate)),
+        pct(end.eval_tool_use),
+        start.reward_mean,
+        end.eval_reward.unwrap_or(f64::NAN)
+    ))
+}
+
 /// Deletes what a run wrote in `out` (for `--overwrite`); other files stay.
 fn clear_run(out: &Path) -> Result<()> {
     for name in [
         "metrics.jsonl",
+        trainer::EVAL_START,
         "config.toml",
         "plugins.json",
         "checkpoints",

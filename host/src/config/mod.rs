@@ -26,6 +26,7 @@
 //! weights = { correct = 1.0, format = 0.1 }
 //! ```
 
+pub mod builtin;
 mod ranges;
 pub mod setup;
 
@@ -273,8 +274,6 @@ impl LoadedConfig {
     pub fn load(path: &Path, overrides: &[String]) -> Result<LoadedConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        let config = parse(&text, overrides)
-            .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
         let base_dir = path
             .parent()
             .map(|p| {
@@ -286,10 +285,26 @@ impl LoadedConfig {
             })
             .unwrap_or(Path::new("."))
             .to_path_buf();
+        LoadedConfig::from_text(&text, path, &base_dir, overrides, |_| Ok(()))
+    }
+
+    /// A config from `text`, shown as `path` in messages, with relative paths starting at
+    /// `base_dir`; `adjust` may change it after the overrides and before the checks (the
+    /// built-in runs point their plugins at the files found on this machine).
+    pub fn from_text(
+        text: &str,
+        path: &Path,
+        base_dir: &Path,
+        overrides: &[String],
+        adjust: impl FnOnce(&mut RunConfig) -> Result<()>,
+    ) -> Result<LoadedConfig> {
+        let mut config = parse(text, overrides)
+            .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+        adjust(&mut config)?;
         let loaded = LoadedConfig {
             config,
             path: path.to_path_buf(),
-            base_dir,
+            base_dir: base_dir.to_path_buf(),
         };
         loaded.check()?;
         Ok(loaded)

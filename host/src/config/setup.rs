@@ -138,11 +138,20 @@ impl Setup {
         let model_dir = match crate::builtin::recipe(&c.model.path)? {
             Some(recipe) => {
                 before_builtin();
+                let task = match (&data_plugin, &c.data.path) {
+                    (Some(plugin), _) => plugin.name().to_string(),
+                    (None, Some(path)) => path.display().to_string(),
+                    (None, None) => "data".to_string(),
+                };
+                let inputs = crate::builtin::Inputs {
+                    dataset: &dataset,
+                    task: &task,
+                    trigger: trigger.as_ref(),
+                    seed: c.run.seed,
+                };
                 crate::builtin::ensure(
                     recipe,
-                    &dataset,
-                    trigger.as_ref(),
-                    c.run.seed,
+                    &inputs,
                     handle,
                     &cache::default_dir().context(
                         "no cache folder for the built-in model: set RLHOST_CACHE_DIR or HOME",

@@ -25,11 +25,11 @@ use crate::data::Cursor;
 use crate::model::lora::AdapterSnapshot;
 use crate::model::sample::SamplingParams;
 use crate::rollout::engine::ABANDONED;
-use crate::rollout::eval::evaluate;
+use crate::rollout::eval::{EvalReport, evaluate};
 use crate::rollout::queue::RolloutQueue;
 use crate::rollout::{Engine, RolloutSettings};
 use crate::sample::Sample;
-use crate::status::{Phase, StatusHub};
+use crate::status::{EvalPoint, Phase, StatusHub};
 use crate::step::StepMetrics;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
@@ -155,6 +155,9 @@ pub struct Outcome {
     /// The newest checkpoint when the call ended: the last one it wrote, else (when
     /// interrupted before its first step) the one it resumed from.
     pub checkpoint: Option<PathBuf>,
+    /// The held-out evaluation of the model before the run's first update (also when
+    /// this call resumed the run), when the run evaluates.
+    pub eval_start: Option<EvalReport>,
 }
 
 /// Runs `[train]` from `setup` as `run` says: each step samples a batch (the producer
@@ -171,6 +174,7 @@ pub fn train(
     let mut log = RunLog::open(run.out_dir, run.resume.map(|_| state.step))?;
     let held_out = HeldOut::prepare(setup, train, handle)?;
     run.hub.resume_at(state.step);
+    let eval_start = held_out.at_start(setup, run, state.step, handle)?;
     let setup: &Setup = setup;
     let c = &setup.loaded.config;
     let queue = RolloutQueue::new(
@@ -192,7 +196,10 @@ pub fn train(
     let last = run
         .stop_after
         .map_or(train.steps, |n| (state.step + n).min(train.steps));
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome {
+        eval_start,
+        ..Outcome::default()
+    };
     // The last finished step when it has no checkpoint yet.
     let mut unsaved: Option<(u64, Cursor)> = None;
     std::thread::scope(|scope| -> Result<()> {
@@ -425,8 +432,46 @@ impl HeldOut {
         self.every > 0 && (done.is_multiple_of(self.every) || done == last)
     }
 
-    /// Adds `eval_accuracy`, `eval_reward`, `eval_tool_use` and `eval_s` to `m`.
-    fn evaluate_into(&self, m: &mut StepMetrics, setup: &Setup, handle: &Handle) -> Result<()> {
+    /// The model before the first update, evaluated when the run starts at step 0 and
+    /// kept in `RUN/eval_start.json`, so that the run can end with "before → after" also
+    /// when it was resumed.
+    fn at_start(
+        &self,
+        setup: &Setup,
+        run: &RunOptions,
+        step: u64,
+        handle: &Handle,
+    ) -> Result<Option<EvalReport>> {
+        let path = run.out_dir.join(EVAL_START);
+        if self.every == 0 {
+            return Ok(None);
+        }
+        if step > 0 {
+            // Resumed: what the first call measured, if it got that far.
+            return Ok(std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok()));
+        }
+        run.hub.set_phase(Phase::Eval);
+        if !run.quiet {
+            eprintln!(
+                "evaluating the starting model on {} held-out prompts",
+                self.samples.len()
+            );
+        }
+        let report = self.evaluate(setup, handle)?;
+        run.hub.eval_start(&EvalPoint {
+            step: 0,
+            accuracy: report.accuracy,
+            reward: report.reward_mean,
+            tool_use: Some(report.tool_use_rate),
+        });
+        crate::model::peft::write_atomic(&path, &serde_json::to_vec_pretty(&report)?)?;
+        Ok(Some(report))
+    }
+
+    /// Greedy rollouts of the held-out prompts with the current adapter.
+    fn evaluate(&self, setup: &Setup, handle: &Handle) -> Result<EvalReport> {
         let engine = Engine::new(&setup.lm, &self.settings, &setup.rewards, handle.clone())?;
         let c = &setup.loaded.config;
         let (r, _) = evaluate(
@@ -437,6 +482,12 @@ impl HeldOut {
             crate::model::Mode::INFERENCE,
             |_, _| {},
         )?;
+        Ok(r)
+    }
+
+    /// Adds `eval_accuracy`, `eval_reward`, `eval_tool_use` and `eval_s` to `m`.
+    fn evaluate_into(&self, m: &mut StepMetrics, setup: &Setup, handle: &Handle) -> Result<()> {
+        let r = self.evaluate(setup, handle)?;
         m.eval_accuracy = r.accuracy;
         m.eval_reward = Some(r.reward_mean);
         m.eval_tool_use = Some(r.tool_use_rate);
@@ -444,6 +495,9 @@ impl HeldOut {
         Ok(())
     }
 }
+
+/// The run directory's record of the held-out evaluation before the first update.
+pub const EVAL_START: &str = "eval_start.json";
 
 /// The run directory's checkpoint folder.
 pub fn checkpoints_dir(out_dir: &Path) -> PathBuf {

@@ -87,6 +87,8 @@ pub struct Status {
     pub metrics: Option<StepMetrics>,
     /// The last held-out evaluation (`train.eval_every`).
     pub eval: Option<EvalPoint>,
+    /// The held-out evaluation before the first update.
+    pub eval_start: Option<EvalPoint>,
 }
 
 /// Held-out figures of one evaluation.
@@ -221,6 +223,7 @@ impl StatusHub {
                     faults_total: BTreeMap::new(),
                     metrics: None,
                     eval: None,
+                    eval_start: None,
                 },
                 history: Vec::new(),
                 step_times: Vec::new(),
@@ -252,6 +255,11 @@ impl StatusHub {
         s.status.step = step;
         s.status.adapter_version = step;
         self.metrics.step.set(step as f64);
+    }
+
+    /// The held-out evaluation of the starting model (shown as the "before" figures).
+    pub fn eval_start(&self, point: &EvalPoint) {
+        self.write().status.eval_start = Some(point.clone());
     }
 
     pub fn set_phase(&self, phase: Phase) {

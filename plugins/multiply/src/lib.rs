@@ -3,7 +3,8 @@
 //! the tool is what makes answers right: the task of rlhost's built-in demo.
 //!
 //! One plugin, three roles:
-//! - dataset: seeded problems; each sample's metadata holds `a`, `b` and `answer`;
+//! - dataset: seeded problems; each sample's metadata holds `a`, `b`, `answer` and a
+//!   `reference` solution (a tool call by tool style, and the answer text);
 //! - reward: `format` (the completion ends its answer as `<answer>INTEGER</answer>`) and
 //!   `correct` (that integer is the product);
 //! - trigger: the calculator (`<calc>EXPR</calc>` → `<result>VALUE</result>`).
@@ -43,6 +44,21 @@ struct Problem {
     a: u64,
     b: u64,
     answer: u64,
+}
+
+/// A sample's metadata: the problem, and a `reference` that solves it with a tool call in
+/// each style a tool may take (the calculator's `<calc>`, a fenced python block) and the
+/// final answer text. rlhost's built-in warm start writes the call of the run's tool.
+fn metadata(p: &Problem) -> Result<String, String> {
+    let mut value = serde_json::to_value(p).map_err(|e| e.to_string())?;
+    value["reference"] = serde_json::json!({
+        "tool_calls": {
+            "calc": format!("<calc>{}*{}</calc>", p.a, p.b),
+            "python": format!("```python\nprint({} * {})\n```", p.a, p.b),
+        },
+        "answer": format!("<answer>{}</answer>", p.answer),
+    });
+    Ok(value.to_string())
 }
 
 /// SplitMix64, seeded per sample so that `get(i)` is independent of other draws.
@@ -106,7 +122,7 @@ impl Dataset for Problems {
         let p = self.problem(index);
         Ok(Sample {
             messages: vec![Message::new("user", prompt(p.a, p.b))],
-            metadata: serde_json::to_string(&p).map_err(|e| e.to_string())?,
+            metadata: metadata(&p)?,
         })
     }
 }

@@ -1,0 +1,211 @@
+//! The built-in runs: what `rlhost train`, `eval` and `rollout` do without `--config`.
+//!
+//! Each is a config from `configs/` compiled into the binary, with a built-in model
+//! (`builtin:NAME`) and its task plugin. With no `--plugin` the default is the calculator
+//! run (`configs/multiply.toml`). A `--plugin` that is a trigger picks the first run whose
+//! task has a reference call the tool answers (the code task for the Python tool, the
+//! multiply task for the calculator), the same test the warm start uses to write traces in
+//! the tool's style. The task plugins are found beside the `--plugin` files, in
+//! `$RLHOST_PLUGIN_DIR`, in `plugins/dist/` under the current folder, or in the
+//! `plugins/dist/` of the checkout the binary was built in.
+
+use super::{LoadedConfig, RunConfig};
+use crate::builtin::answered_style;
+use crate::plugin::{Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+
+/// A config compiled into the binary.
+pub struct BuiltinRun {
+    pub name: &'static str,
+    toml: &'static str,
+}
+
+pub const MULTIPLY: BuiltinRun = BuiltinRun {
+    name: "multiply",
+    toml: include_str!("../../../configs/multiply.toml"),
+};
+
+pub const CODE: BuiltinRun = BuiltinRun {
+    name: "code",
+    toml: include_str!("../../../configs/code.toml"),
+};
+
+/// The run without `--config` and without a tool among the `--plugin` files.
+pub const DEFAULT: &BuiltinRun = &MULTIPLY;
+
+/// The runs a `--plugin` tool may pick, in the order they are tried.
+pub const BY_TOOL: [&BuiltinRun; 2] = [&CODE, &MULTIPLY];
+
+impl BuiltinRun {
+    /// The run's config with `overrides` applied, its plugins pointed at the files found
+    /// on this machine (see the module's header), writing to `runs/NAME` unless
+    /// `run.out_dir` is set.
+    pub fn load(&self, extra_plugins: &[PathBuf], overrides: &[String]) -> Result<LoadedConfig> {
+        let label = PathBuf::from(format!("configs/{}.toml (built in)", self.name));
+        let dirs = plugin_dirs(extra_plugins);
+        LoadedConfig::from_text(
+            self.toml,
+            &label,
+            Path::new("."),
+            overrides,
+            |c: &mut RunConfig| {
+                if c.run.out_dir.is_none() {
+                    c.run.out_dir = Some(Path::new("runs").join(self.name));
+                }
+                for (name, section) in &mut c.plugins {
+                    let file = section
+                        .path
+                        .file_name()
+                        .context("a built-in plugin path has a file name")?
+                        .to_owned();
+                    section.path = dirs
+                        .iter()
+                        .map(|d| d.join(&file))
+                        .find(|p| p.is_file())
+                        .with_context(|| {
+                            format!(
+                                "the built-in `{}` run needs its plugin `{name}` ({}), which is in none of: {}; build the plugins with `bash plugins/build.sh`, or set RLHOST_PLUGIN_DIR to the folder that holds them",
+                                self.name,
+                                file.to_string_lossy(),
+                                dirs.iter()
+                                    .map(|d| d.display().to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        })?;
+                }
+                Ok(())
+            },
+        )
+    }
+}
+
+/// Where the built-in runs' plugins are looked for, in this order.
+fn plugin_dirs(extra_plugins: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = extra_plugins
+        .iter()
+        .filter_map(|p| p.parent())
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                p.to_path_buf()
+            }
+        })
+        .collect();
+    if let Some(dir) = std::env::var_os("RLHOST_PLUGIN_DIR") {
+        dirs.push(PathBuf::from(dir));
+    }
+    dirs.push(PathBuf::from("plugins/dist"));
+    // The checkout this binary was built from (target/{debug,release}/rlhost).
+    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist"));
+    let mut seen = Vec::new();
+    dirs.retain(|d| {
+        let key = d.canonicalize().unwrap_or_else(|_| d.clone());
+        !seen.contains(&key) && {
+            seen.push(key);
+            true
+        }
+    });
+    dirs
+}
+
+/// The built-in run for these `--plugin` files: the default without a tool among them,
+/// else the first of [`BY_TOOL`] whose task's reference calls the tool answers.
+pub async fn choose(extra_plugins: &[PathBuf], overrides: &[String]) -> Result<LoadedConfig> {
+    let runtime = PluginRuntime::new(&RuntimeOptions {
+        cache_dir: cache::default_dir(),
+        ..RuntimeOptions::default()
+    })?;
+    let mut tool: Option<Plugin> = None;
+    for path in extra_plugins {
+        let plugin = load(&runtime, path)
+            .await
+            .with_context(|| format!("--plugin {}", path.display()))?;
+        if plugin.roles().contains(&Role::Trigger) {
+            tool = Some(plugin);
+        }
+    }
+    let Some(tool) = tool else {
+        return DEFAULT.load(extra_plugins, overrides);
+    };
+    let mut tried = Vec::new();
+    for run in BY_TOOL {
+        let loaded = run.load(extra_plugins, overrides)?;
+        let c = &loaded.config;
+        let task = c
+            .data
+            .plugin
+            .as_ref()
+            .context("a built-in run's data comes from its task plugin")?;
+        let data = load(&runtime, &loaded.resolve(&c.plugins[task].path)).await?;
+        let mut source = data
+            .open_dataset(&c.data.plugin_config.to_string(), c.run.seed)
+            .await
+            .with_context(|| format!("opening the built-in `{}` run's task", run.name))?;
+        let sample = source
+            .get(0)
+            .await
+            .map_err(|f| anyhow::anyhow!("the built-in `{}` run's task: {f}", run.name))?;
+        let spec = crate::rollout::ToolSpec {
+            plugin: tool.clone(),
+            config: c.rollout.trigger_config.to_string(),
+        };
+        match answered_style(&spec, &sample).await? {
+            (Some(_), _) => return Ok(loaded),
+            (None, styles) => tried.push(format!(
+                "`{}` (task {task}, reference calls in styles {styles})",
+                run.name
+            )),
+        }
+    }
+    bail!(
+        "no built-in run can use the tool `{}` ({}): it answers none of the reference calls of {}; write a run config whose task suits this tool and pass it with --config",
+        tool.name(),
+        tool.spec().path.display(),
+        tried.join(" or ")
+    )
+}
+
+async fn load(runtime: &std::sync::Arc<PluginRuntime>, path: &Path) -> Result<Plugin> {
+    runtime
+        .load(PluginSpec {
+            path: path.to_path_buf(),
+            limits: Default::default(),
+            grants: Default::default(),
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builtin_configs_parse_and_write_under_runs() {
+        // The plugins may not be built in a unit test's checkout: point the lookup at a
+        // folder holding empty stand-ins (only the paths are checked here).
+        let dir = std::env::temp_dir().join(format!("rlhost-builtin-runs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["multiply.wasm", "code_task.wasm", "code_trigger.wasm"] {
+            std::fs::write(dir.join(f), b"").unwrap();
+        }
+        let probe = dir.join("code_trigger.wasm");
+        for run in BY_TOOL {
+            let loaded = run.load(std::slice::from_ref(&probe), &[]).unwrap();
+            let c = &loaded.config;
+            assert_eq!(
+                c.run.out_dir.as_deref(),
+                Some(Path::new("runs").join(run.name).as_path())
+            );
+            assert_eq!(c.model.path, PathBuf::from(format!("builtin:{}", run.name)));
+            assert!(c.plugins.values().all(|p| p.path.starts_with(&dir)));
+            let over = run
+                .load(std::slice::from_ref(&probe), &["train.steps=3".into()])
+                .unwrap();
+            assert_eq!(over.config.train.steps, 3);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
