@@ -34,6 +34,13 @@ pub struct StepMetrics {
     /// Faults in this step's rollouts, `plugin/kind` → count.
     pub faults: BTreeMap<String, u64>,
     pub sampled_tokens_per_s: f64,
+    /// Seconds the decoder sat idle while sampling this step's batch because every live
+    /// trajectory waited on a tool or environment call.
+    #[serde(default)]
+    pub tool_wait_s: f64,
+    /// `tool_wait_s` over the batch's sampling time: the tools' share of the critical path.
+    #[serde(default)]
+    pub tool_wait_share: f64,
     pub rollout_s: f64,
     pub update_s: f64,
     pub step_s: f64,

@@ -1,6 +1,6 @@
 //! rlhost's self-made models, for runs with nothing downloaded: `model.path =
 //! "builtin:multiply"` (the calculator demo) and `"builtin:code"` (the Python code tool's
-//! task). [`runs`] holds the built-in runs that use them.
+//! task). [`crate::config::builtin`] holds the built-in runs that use them.
 //!
 //! Built once per (recipe, dataset, seed) and cached as an ordinary Hugging Face model
 //! directory under the cache folder:
@@ -78,13 +78,13 @@ pub const MULTIPLY: Recipe = Recipe {
 /// lines, so a larger vocabulary and more warm-start conversations.
 pub const CODE: Recipe = Recipe {
     name: "code",
-    version: 1,
+    version: 2,
     vocab_size: 512,
-    hidden: 128,
+    hidden: 192,
     layers: 4,
-    heads: 4,
+    heads: 6,
     kv_heads: 2,
-    intermediate: 384,
+    intermediate: 512,
     sft_examples: 4000,
     tool_share: 0.4,
     sft_epochs: 5,

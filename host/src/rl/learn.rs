@@ -102,6 +102,8 @@ impl<'a> Learner<'a> {
         m.groups = groups.len();
         m.groups_dropped = batch.dropped;
         m.sampled_tokens_per_s = batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9);
+        m.tool_wait_s = batch.stats.plugin_wait_s;
+        m.tool_wait_share = batch.stats.plugin_wait_s / batch.stats.wall_s.max(1e-9);
         m.update_s = t0.elapsed().as_secs_f64();
         Ok((m, groups))
     }

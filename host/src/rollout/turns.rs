@@ -3,10 +3,15 @@
 //! After an assistant turn, an environment's messages must be appended as tokens without
 //! re-encoding the history. The text to append is the difference between two renderings
 //! by the chat template: the conversation with the new messages and a generation prompt,
-//! minus the conversation so far without one (verl's and slime's "delta" rendering). That
-//! is only sound when the template is *prefix-stable* — rendering more messages never
-//! changes the text of earlier ones — so every continuation checks it and refuses
-//! otherwise (Qwen3's template, for one, rewrites earlier turns' `<think>` blocks).
+//! minus the conversation so far without one (verl's and slime's "delta" rendering).
+//!
+//! Some templates are not *prefix-stable*: rendering more messages changes the text of
+//! earlier ones (Qwen3's drops the `<think>` blocks of assistant turns before the last
+//! user message). The tokens the model saw are the truth, not a re-render, so the history
+//! is never re-rendered: the new messages are rendered after a stand-in conversation
+//! (the history's system message, a user message and an assistant message without any
+//! thinking) that the template does render stably, which is what such templates write
+//! for them. A template for which even that fails is refused with the place it changed.
 //!
 //! The model ends its turn by sampling a stop token (`<|im_end|>`), but the template
 //! closes an assistant message with more (`<|im_end|>\n`): the rest of that closing text,
@@ -92,17 +97,20 @@ impl<'a> TurnFormat<'a> {
         let old = self.render(history, false)?;
         let all: Vec<Message> = history.iter().chain(new).cloned().collect();
         let full = self.render(&all, true)?;
-        let Some(delta) = full.strip_prefix(old.as_str()) else {
-            let at = old
-                .char_indices()
-                .zip(full.chars())
-                .find(|((_, a), b)| a != b)
-                .map_or(old.len().min(full.len()), |((i, _), _)| i);
-            bail!(
-                "the chat template is not prefix-stable: adding the environment's messages changed earlier text at byte {at} ({:?} became {:?}); its turns cannot be appended as tokens",
-                snippet(&old, at),
-                snippet(&full, at)
-            );
+        let (old, delta) = match full.strip_prefix(old.as_str()) {
+            Some(delta) => (old.clone(), delta.to_string()),
+            None => self.anchored(history, new).ok_or_else(|| {
+                let at = old
+                    .char_indices()
+                    .zip(full.chars())
+                    .find(|((_, a), b)| a != b)
+                    .map_or(old.len().min(full.len()), |((i, _), _)| i);
+                anyhow::anyhow!(
+                    "the chat template is not prefix-stable: adding the environment's messages changed earlier text at byte {at} ({:?} became {:?}), also after a plain stand-in history; its turns cannot be appended as tokens",
+                    snippet(&old, at),
+                    snippet(&full, at)
+                )
+            })?,
         };
         let glue = if !ended_with.is_empty() && old.ends_with(&self.glue) {
             self.glue.strip_prefix(ended_with).unwrap_or(&self.glue)
@@ -111,6 +119,31 @@ impl<'a> TurnFormat<'a> {
         };
         // `old` ends with the full glue; the model's tokens end with its stop token only.
         Ok(format!("{glue}{delta}"))
+    }
+
+    /// `new` rendered after a stand-in history that the template renders stably: the
+    /// history's system message (if it starts with one), a user message and an assistant
+    /// message with no thinking. Returns the stand-in's rendering and the delta.
+    fn anchored(&self, history: &[Message], new: &[Message]) -> Option<(String, String)> {
+        let mut anchor: Vec<Message> = history
+            .iter()
+            .take_while(|m| m.role == "system")
+            .take(1)
+            .cloned()
+            .collect();
+        anchor.push(Message {
+            role: "user".into(),
+            content: "hi".into(),
+        });
+        anchor.push(Message {
+            role: "assistant".into(),
+            content: PROBE.into(),
+        });
+        let old = self.render(&anchor, false).ok()?;
+        let all: Vec<Message> = anchor.iter().chain(new).cloned().collect();
+        let full = self.render(&all, true).ok()?;
+        let delta = full.strip_prefix(old.as_str())?.to_string();
+        Some((old, delta))
     }
 }
 
@@ -164,6 +197,41 @@ mod tests {
             cont.starts_with("<|im_end|>\n<|im_start|>user\ngo on"),
             "{cont:?}"
         );
+    }
+
+    /// Qwen3's rule: the thinking of assistant turns before the last user message is
+    /// dropped when the conversation is rendered again.
+    const DROPS_THINKING: &str = "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}{%- for m in messages %}{%- set c = m.content %}{%- if m.role == 'assistant' and loop.index0 < ns.last and '</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{- '<|im_start|>' + m.role + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+    #[test]
+    fn a_template_that_drops_earlier_thinking_continues_the_tokens_the_model_saw() {
+        let chat = ChatTemplate::from_str(DROPS_THINKING, None, None).unwrap();
+        let fmt = TurnFormat::new(&chat, Map::new()).unwrap();
+        assert_eq!(fmt.glue(), "<|im_end|>\n");
+        let mut history = vec![msg("system", "Guess."), msg("user", "Pick a number")];
+        let mut text = fmt.render(&history, true).unwrap();
+        for (answer, reply) in [
+            ("<think>\nhalf of 100</think>\n\n50", "higher"),
+            ("<think>\nbetween 50 and 100</think>\n\n75", "lower"),
+        ] {
+            text.push_str(answer);
+            text.push_str("<|im_end|>");
+            history.push(msg("assistant", answer));
+            let new = [msg("user", reply)];
+            let cont = fmt.continuation(&history, &new, "<|im_end|>").unwrap();
+            // Exactly the new message and the next header, the history kept as it was.
+            assert_eq!(
+                cont,
+                format!("\n<|im_start|>user\n{reply}<|im_end|>\n<|im_start|>assistant\n")
+            );
+            text.push_str(&cont);
+            history.extend(new);
+        }
+        // The whole re-render has dropped the first turn's thinking; what the model saw
+        // still holds it.
+        let rerender = fmt.render(&history, true).unwrap();
+        assert!(!rerender.contains("half of 100") && text.contains("half of 100"));
+        assert!(text.contains("<think>\nbetween 50 and 100</think>"));
     }
 
     #[test]

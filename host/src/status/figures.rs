@@ -133,6 +133,18 @@ pub const EVERY_STEP: &[Figure<f64>] = &[
         |m| m.sampled_tokens_per_s,
     ),
     fig(
+        Some("tool_wait_seconds"),
+        Some("time/tool_wait_s"),
+        "Time the decoder sat idle waiting on tool and environment calls while sampling the step's batch",
+        |m| m.tool_wait_s,
+    ),
+    fig(
+        Some("tool_wait_share"),
+        Some("time/tool_wait_share"),
+        "Share of the batch's sampling time the decoder waited on tools",
+        |m| m.tool_wait_share,
+    ),
+    fig(
         Some("rollout_seconds"),
         Some("time/rollout_s"),
         "Time the step waited for rollouts",

@@ -281,6 +281,7 @@
       series: () => [
         { label: "rollout_s", get: field("rollout_s"), color: color(0) },
         { label: "update_s", get: field("update_s"), color: color(1) },
+        { label: "tool_wait_s", get: field("tool_wait_s"), color: color(4) },
         { label: "step_s", get: field("step_s"), color: "#111827" },
       ],
     },
