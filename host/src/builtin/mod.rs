@@ -78,13 +78,13 @@ pub const MULTIPLY: Recipe = Recipe {
 /// lines, so a larger vocabulary and more warm-start conversations.
 pub const CODE: Recipe = Recipe {
     name: "code",
-    version: 2,
+    version: 1,
     vocab_size: 512,
-    hidden: 192,
+    hidden: 128,
     layers: 4,
-    heads: 6,
+    heads: 4,
     kv_heads: 2,
-    intermediate: 512,
+    intermediate: 384,
     sft_examples: 4000,
     tool_share: 0.4,
     sft_epochs: 5,
