@@ -139,6 +139,13 @@ fn a_training_run_serves_status_metrics_history_and_records_its_run_dir() {
         .collect();
     assert_eq!(evaluated, [2, 4, 5]);
     assert!(lines[1]["eval_tool_use"].is_number() && lines[1]["eval_s"].is_number());
+    assert!(lines[1]["tool_wait_share"].is_number());
+    // And once before the first update: the "before" of the run's last line.
+    assert_eq!(st["eval_start"]["step"], 0);
+    let start: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("eval_start.json")).unwrap()).unwrap();
+    assert_eq!(start["prompts"], 3);
+    assert_eq!(st["eval_start"]["reward"], start["reward_mean"]);
 
     let metrics = get(&format!("{}metrics", run.url));
     assert!(
