@@ -139,7 +139,7 @@ pub const EVERY_STEP: &[Figure<f64>] = &[
         |m| m.tool_wait_s,
     ),
     fig(
-        Some("tool_wait_share"),
+        Some("tool_wait_ratio"),
         Some("time/tool_wait_share"),
         "Share of the batch's sampling time the decoder waited on tools",
         |m| m.tool_wait_share,
