@@ -2,7 +2,7 @@
 //! model directory, and the cache is reused. A small recipe keeps this fast; the real one
 //! (`builtin:multiply`) is measured in the README.
 
-use super::load;
+use super::{load, tokio_runtime};
 use rlhost::builtin::{Inputs, MULTIPLY, Recipe, ensure};
 use rlhost::data::{DataConfig, Dataset};
 use rlhost::model::LanguageModel;
@@ -10,11 +10,7 @@ use rlhost::rollout::ToolSpec;
 
 #[test]
 fn a_small_builtin_model_is_built_loaded_and_cached() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio_runtime();
     let plugin = rt.block_on(load("multiply"));
     let cfg = DataConfig {
         plugin: Some("multiply".into()),

@@ -3,21 +3,13 @@
 //! the tool (whose output is never trained on), the `--plugin`-only command line picks
 //! the run that suits the tool, and a tool no task can use is one clear error.
 
-use super::load;
+use super::{load, tokio_runtime};
 use rlhost::builtin::{CODE, Inputs, Recipe, ensure};
 use rlhost::data::{DataConfig, Dataset};
 use rlhost::rollout::ToolSpec;
 use rlhost_tests::{TestCommand, plugin, temp_dir};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-
-fn tokio_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn the_code_tasks_answers_are_what_the_python_tool_prints() {
@@ -131,11 +123,7 @@ save_every = 100
         .arg("--out")
         .arg(&out)
         .ok();
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = super::train_cli::metrics(&out);
     let calls = |r: &[serde_json::Value]| {
         r.iter()
             .map(|x| x["tool_calls"].as_f64().unwrap())

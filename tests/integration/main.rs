@@ -25,6 +25,16 @@ mod train_cli;
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};
 use std::sync::{Arc, OnceLock};
 
+/// A multi-threaded runtime for one test (plugin calls run on its workers while the
+/// test's thread decodes).
+fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// One runtime for all in-process tests (and one with fuel metering), sharing the
 /// compile cache with the CLI tests.
 fn runtime(fuel: bool) -> Arc<PluginRuntime> {

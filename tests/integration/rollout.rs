@@ -7,7 +7,7 @@
 //! tests check — which tokens are inserted, the loss mask, resuming from the cache, the
 //! log-probs — comes from the real engine, model and plugins.
 
-use super::load_with;
+use super::{load_with, tokio_runtime};
 use candle_core::{DType, Device, Tensor};
 use rlhost::model::{LanguageModel, LoraConfig, Mode};
 use rlhost::plugin::{Limits, Message, Sample};
@@ -146,14 +146,6 @@ fn settings(trigger: Option<ToolSpec>, environment: Option<ToolSpec>) -> Rollout
         trigger,
         environment,
     }
-}
-
-fn tokio_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn tool(rt: &tokio::runtime::Runtime, name: &str, config: &str, limits: Limits) -> ToolSpec {

@@ -26,7 +26,8 @@ fn train(out: &Path, extra: &[&str]) -> TestCommand {
         .args(extra)
 }
 
-fn metrics(out: &Path) -> Vec<serde_json::Value> {
+/// The rows of `out/metrics.jsonl`.
+pub(super) fn metrics(out: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()

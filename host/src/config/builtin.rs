@@ -100,14 +100,8 @@ fn plugin_dirs(extra_plugins: &[PathBuf]) -> Vec<PathBuf> {
     dirs.push(PathBuf::from("plugins/dist"));
     // The checkout this binary was built from (target/{debug,release}/rlhost).
     dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist"));
-    let mut seen = Vec::new();
-    dirs.retain(|d| {
-        let key = d.canonicalize().unwrap_or_else(|_| d.clone());
-        !seen.contains(&key) && {
-            seen.push(key);
-            true
-        }
-    });
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.canonicalize().unwrap_or_else(|_| d.clone())));
     dirs
 }
 

@@ -442,10 +442,10 @@ impl HeldOut {
         step: u64,
         handle: &Handle,
     ) -> Result<Option<EvalReport>> {
-        let path = run.out_dir.join(EVAL_START);
         if self.every == 0 {
             return Ok(None);
         }
+        let path = run.out_dir.join(EVAL_START);
         if step > 0 {
             // Resumed: what the first call measured, if it got that far.
             return Ok(std::fs::read(&path)

@@ -97,8 +97,9 @@ impl<'a> TurnFormat<'a> {
         let old = self.render(history, false)?;
         let all: Vec<Message> = history.iter().chain(new).cloned().collect();
         let full = self.render(&all, true)?;
-        let (old, delta) = match full.strip_prefix(old.as_str()) {
-            Some(delta) => (old.clone(), delta.to_string()),
+        let stable = full.strip_prefix(old.as_str()).map(str::to_string);
+        let (old, delta) = match stable {
+            Some(delta) => (old, delta),
             None => self.anchored(history, new).ok_or_else(|| {
                 let at = old
                     .char_indices()
