@@ -167,8 +167,8 @@ fn run(
 
 /// The ids a fresh full forward over the final sequence predicts at each sampled
 /// position (greedy), and its log-probs of the sampled tokens.
-fn full_forward(t: &Trajectory) -> (Vec<u32>, Vec<f32>) {
-    let model = &taught().model;
+fn full_forward(lm: &LanguageModel, t: &Trajectory) -> (Vec<u32>, Vec<f32>) {
+    let model = &lm.model;
     let n = t.tokens.len() - 1;
     let dev = Device::Cpu;
     let input = Tensor::new(&t.tokens[..n], &dev)
@@ -206,7 +206,11 @@ fn full_forward(t: &Trajectory) -> (Vec<u32>, Vec<f32>) {
 /// predicts is what was sampled, with the same log-probs (the cache and the inserted
 /// tokens' resumption are right).
 fn assert_consistent(t: &Trajectory) {
-    let (argmax, logp) = full_forward(t);
+    assert_consistent_with(taught(), t);
+}
+
+fn assert_consistent_with(lm: &LanguageModel, t: &Trajectory) {
+    let (argmax, logp) = full_forward(lm, t);
     let completion = t.completion_tokens();
     assert_eq!(t.logps.len(), completion.len());
     for (i, (&id, lp)) in completion.iter().zip(&t.logps).enumerate() {
@@ -232,7 +236,7 @@ fn assert_consistent(t: &Trajectory) {
         at = s.end;
     }
     assert_eq!(at, completion.len());
-    let decoded = taught().tokenizer.decode(completion, false).unwrap();
+    let decoded = lm.tokenizer.decode(completion, false).unwrap();
     assert_eq!(t.completion, decoded);
 }
 
@@ -327,6 +331,87 @@ fn environment_episode_renders_exactly_as_the_chat_template() {
     assert_eq!(format!("{decoded}\n"), rendered);
     assert!(inserted(t).iter().all(|(k, _)| *k == SpanKind::Env));
     assert_consistent(t);
+}
+
+/// Qwen3's rule for earlier thinking, written for this test: an assistant turn before the
+/// last user message loses its `<think>` block when the conversation is rendered again.
+const DROPS_THINKING: &str = "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}{%- for m in messages %}{%- set c = m.content %}{%- if m.role == 'assistant' and loop.index0 < ns.last and '</think>' in c %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{- '<|im_start|>' + m.role + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/// An environment episode on a model whose template rewrites earlier turns (Qwen3's drops
+/// their thinking): the episode runs, and its tokens are the history as the model saw it
+/// (every `<think>` block kept), not a re-render of the conversation, which would drop
+/// them. The model is the qwen2 fixture with that template, taught the episode as
+/// `sft::conversation_row` writes it: the same tokens rollouts produce.
+#[test]
+fn an_episode_keeps_the_thinking_a_template_would_drop() {
+    let dir = rlhost_tests::temp_dir("drops-thinking");
+    for entry in std::fs::read_dir(fixture_dir()).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+    std::fs::write(dir.join("chat_template.jinja"), DROPS_THINKING).unwrap();
+    let mut lm = LanguageModel::open(&dir, &Device::Cpu).unwrap();
+    let episode = vec![
+        msg("user", GUESS),
+        msg("assistant", "<think>\nstart in the middle\n</think>\n50"),
+        msg("user", "50 is too high. Lower."),
+        msg("assistant", "<think>\nhalve it\n</think>\n25"),
+        msg("user", "25 is too low. Higher."),
+        msg("assistant", "<think>\nbetween them\n</think>\n37"),
+    ];
+    // The template does drop the earlier thinking when it renders the whole episode.
+    let as_json: Vec<_> = episode
+        .iter()
+        .map(|m| json!({"role": m.role, "content": m.content}))
+        .collect();
+    let rerendered = lm.chat().unwrap().render(&as_json, None, false).unwrap();
+    assert_eq!(rerendered.matches("<think>").count(), 1, "{rerendered}");
+
+    let row = sft::conversation_row(&lm, &episode, &Default::default()).unwrap();
+    let cfg = LoraConfig {
+        r: 16,
+        alpha: 32.0,
+        ..LoraConfig::default()
+    };
+    lm.model.attach_lora(&cfg, 0).unwrap();
+    let opts = SftOptions {
+        steps: 400,
+        lr: 1e-2,
+        target_loss: 2e-3,
+    };
+    let losses = sft::fit(&lm.model, std::slice::from_ref(&row), &opts).unwrap();
+    assert!(*losses.last().unwrap() < 0.05, "not learnt: {losses:?}");
+
+    let rt = tokio_runtime();
+    let mut sampling = lm.default_sampling().unwrap();
+    sampling.temperature = 0.0;
+    sampling.max_new_tokens = 48;
+    let s = RolloutSettings {
+        group_size: 1,
+        sampling,
+        limits: RolloutLimits::default(),
+        template_kwargs: Default::default(),
+        trigger: None,
+        environment: Some(tool(&rt, "guess_number", "{}", Limits::default())),
+    };
+    let rewards = Rewards::none();
+    let engine = Engine::new(&lm, &s, &rewards, rt.handle().clone()).unwrap();
+    let samples = [(1, sample(GUESS, json!({"secret": 37})))];
+    let groups = engine.run(&samples, 7, 0, Mode::INFERENCE).unwrap().0;
+    let t = &groups[0].trajectories[0];
+    assert_eq!(t.messages, episode);
+    assert_eq!((t.stop, t.turns, t.tool_calls), (StopReason::EnvDone, 3, 2));
+    assert_eq!(t.rewards.get("env"), Some(&1.0));
+    // Token for token what the model was taught, every thinking block in place, which no
+    // rendering of the conversation gives.
+    assert_eq!(t.tokens, row.tokens);
+    let decoded = lm.tokenizer.decode(&t.tokens, false).unwrap();
+    assert_eq!(decoded.matches("<think>").count(), 3, "{decoded}");
+    assert_ne!(format!("{decoded}\n"), rerendered);
+    assert!(inserted(t).iter().all(|(k, _)| *k == SpanKind::Env));
+    assert_consistent_with(&lm, t);
 }
 
 #[test]
