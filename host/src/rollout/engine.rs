@@ -153,9 +153,20 @@ enum Event {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
+    /// Its plugin sessions (this many) are still opening; it joins the decode once they
+    /// are open, while the trajectories whose sessions are open already decode.
+    Opening(u8),
     Active,
+    /// A plugin call of its is in flight.
     Waiting,
     Done(StopReason),
+}
+
+impl State {
+    /// Waiting on a plugin: the decode loop may block for it when nothing can decode.
+    fn on_plugin(self) -> bool {
+        matches!(self, State::Opening(_) | State::Waiting)
+    }
 }
 
 /// One trajectory while it is being sampled.
@@ -187,6 +198,17 @@ struct Live<'t> {
     tool_truncations: u32,
     faults: Vec<FaultRecord>,
     env_reward: Option<f64>,
+}
+
+impl Live<'_> {
+    /// One of its sessions has opened (or failed to): once all have, it decodes.
+    fn opened(&mut self) {
+        self.state = match self.state {
+            State::Opening(n) if n > 1 => State::Opening(n - 1),
+            State::Opening(_) => State::Active,
+            other => other,
+        };
+    }
 }
 
 impl<'a> Engine<'a> {
@@ -285,17 +307,18 @@ impl<'a> Engine<'a> {
             stats.prompt_tokens += p.len();
         }
 
-        // Plugin sessions open on the worker pool while the prompts prefill.
+        // Plugin sessions open on the worker pool while the prompts prefill; a trajectory
+        // starts decoding once its own are open, not when all are (opening 64 Python
+        // sessions takes longer than a prefill on two cores).
         let (tx, rx) = mpsc::channel::<Event>();
         let n = samples.len() * g;
-        let mut opening = 0;
+        let opening = u8::from(s.trigger.is_some()) + u8::from(s.environment.is_some());
         for (i, (id, sample)) in samples.iter().enumerate() {
             for j in 0..g {
                 let t = i * g + j;
                 let plugin_seed = sample_seed(seed ^ 0x706c_7567, *id as usize, j);
                 if let Some(spec) = &s.trigger {
                     let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
-                    opening += 1;
                     self.handle.spawn(async move {
                         let r = spec
                             .plugin
@@ -307,7 +330,6 @@ impl<'a> Engine<'a> {
                 }
                 if let Some(spec) = &s.environment {
                     let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
-                    opening += 1;
                     self.handle.spawn(async move {
                         let r = spec
                             .plugin
@@ -337,7 +359,11 @@ impl<'a> Engine<'a> {
                     index: j,
                     seq,
                     dec: IncrementalDecoder::new(tok, false),
-                    state: State::Active,
+                    state: if opening > 0 {
+                        State::Opening(opening)
+                    } else {
+                        State::Active
+                    },
                     trigger: None,
                     patterns: Vec::new(),
                     episode: None,
@@ -358,26 +384,6 @@ impl<'a> Engine<'a> {
         }
         drop(heads);
 
-        let wait0 = Instant::now();
-        while opening > 0 {
-            let event = rx.recv().context("plugin worker pool stopped")?;
-            opening -= 1;
-            match event {
-                Event::TriggerOpened(t, Ok(session)) => {
-                    lives[t].patterns = session.stop_patterns().to_vec();
-                    lives[t].trigger = Some(session);
-                }
-                Event::EpisodeOpened(t, Ok(episode)) => lives[t].episode = Some(episode),
-                // Without its session the trajectory runs without the tool; without its
-                // episode, as a single turn. Either way the fault is on record.
-                Event::TriggerOpened(t, Err(f)) | Event::EpisodeOpened(t, Err(f)) => {
-                    lives[t].faults.push(FaultRecord::from(&f));
-                }
-                _ => unreachable!("only opens are in flight"),
-            }
-        }
-        stats.plugin_wait_s += wait0.elapsed().as_secs_f64();
-
         let mut trajectories: Vec<Option<Trajectory>> = (0..n).map(|_| None).collect();
         let mut scoring = 0usize;
         let mut scored = 0usize;
@@ -392,7 +398,7 @@ impl<'a> Engine<'a> {
             // Plugin answers that arrived meanwhile; block only when nothing can decode.
             loop {
                 let any_active = lives.iter().any(|l| l.state == State::Active);
-                let any_waiting = lives.iter().any(|l| l.state == State::Waiting);
+                let any_waiting = lives.iter().any(|l| l.state.on_plugin());
                 let event = if any_active || !any_waiting {
                     match rx.try_recv() {
                         Ok(e) => e,
@@ -442,7 +448,7 @@ impl<'a> Engine<'a> {
                 .filter(|l| l.state == State::Active)
                 .collect();
             if active.is_empty() {
-                if lives.iter().any(|l| l.state == State::Waiting) {
+                if lives.iter().any(|l| l.state.on_plugin()) {
                     continue;
                 }
                 break;
@@ -666,8 +672,27 @@ impl<'a> Engine<'a> {
                 self.rewards.combine(traj, results, lives[t].env_reward);
                 *scored += 1;
             }
-            Event::TriggerOpened(..) | Event::EpisodeOpened(..) => {
-                unreachable!("sessions open before decoding starts")
+            Event::TriggerOpened(t, result) => {
+                let l = &mut lives[t];
+                match result {
+                    Ok(session) => {
+                        l.patterns = session.stop_patterns().to_vec();
+                        l.trigger = Some(session);
+                    }
+                    // Without its session the trajectory runs without the tool; the fault
+                    // is on record.
+                    Err(f) => l.faults.push(FaultRecord::from(&f)),
+                }
+                l.opened();
+            }
+            Event::EpisodeOpened(t, result) => {
+                let l = &mut lives[t];
+                match result {
+                    Ok(episode) => l.episode = Some(episode),
+                    // Without its episode the trajectory runs as a single turn.
+                    Err(f) => l.faults.push(FaultRecord::from(&f)),
+                }
+                l.opened();
             }
         }
         Ok(())
