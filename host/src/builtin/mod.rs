@@ -78,20 +78,23 @@ pub const MULTIPLY: Recipe = Recipe {
 
 /// The Python code tool's task: longer prompts (seven problem families) and calls of a few
 /// lines, so a larger vocabulary and more warm-start conversations. What limits it is
-/// copying the problem's numbers into the call digit for digit: with 4000 conversations
-/// (625 steps) the warm-started model writes 17 of 100 unseen calls exactly, with 8000
-/// (1250 steps) 53 (seed 7, all seven families; a batch of 16 instead of 32 learnt no
-/// copying at all).
+/// copying: the problem's numbers into the call and the tool's output into the answer,
+/// digit for digit. Measured on 100 unseen problems (seed 7, all seven families), calls
+/// written exactly / outputs copied: 4 layers and 4000 conversations (625 steps) 17 / —;
+/// 4 layers and 8000 (1250 steps, 9 min) 53 / ~35% sampled; **2 layers and 16000 (2500
+/// steps, 9 min) 90 / 100**: two layers are enough for the copying heads and learn them
+/// far sooner (loss 0.47 vs 0.95 at step 275), at half the cost per step. A batch of 16
+/// learnt no copying at all, nor did a learning rate of 6e-3 by step 300.
 pub const CODE: Recipe = Recipe {
     name: "code",
-    version: 2,
+    version: 3,
     vocab_size: 512,
     hidden: 128,
-    layers: 4,
+    layers: 2,
     heads: 4,
     kv_heads: 2,
     intermediate: 384,
-    sft_examples: 8000,
+    sft_examples: 16000,
     tool_share: 0.4,
     sft_epochs: 5,
     sft_lr: 3e-3,
@@ -140,10 +143,12 @@ pub fn ensure(
             recipe.name
         )
     })?;
+    // The probe only informs the person watching: a quiet build skips it.
+    let probe_examples = if quiet { 0 } else { PROBE_EXAMPLES };
     let mut samples = handle.block_on(
         inputs
             .dataset
-            .next_batch(&mut Cursor::default(), recipe.sft_examples + PROBE_EXAMPLES),
+            .next_batch(&mut Cursor::default(), recipe.sft_examples + probe_examples),
     )?;
     let probe_samples = samples.split_off(recipe.sft_examples.min(samples.len()));
     let mut key = Sha256::new();
@@ -175,7 +180,11 @@ pub fn ensure(
         trigger,
     };
     let traces = traces::write(&source, &samples, recipe.tool_share, seed, handle)?;
-    let probe = traces::write(&source, &probe_samples, 1.0, seed, handle)?;
+    let probe = if probe_samples.is_empty() {
+        Vec::new()
+    } else {
+        traces::write(&source, &probe_samples, 1.0, seed, handle)?
+    };
     write_tokenizer(recipe, &traces, &base)?;
     write_model(recipe, &base, seed)?;
     let merged = tmp.join("model");
