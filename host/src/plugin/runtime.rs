@@ -53,8 +53,12 @@ pub const MAX_LIVE_INSTANCES: u32 = 512;
 /// instance dirtied, so the next one starts with its pages resident. Measured with
 /// `cargo bench --bench plugin_calls`: a fresh calculator session drops from ~50–110 µs
 /// to ~16–65 µs, and page faults per fresh Python session from ~350 to ~240. A fresh
-/// Python session stays at ~2 ms: instantiation (~1 ms) and CPython's first call in a new
-/// instance, not page faults.
+/// Python session plus its first call stays at ~2.6 ms (open 1.7 ms, about half of it
+/// instantiation; first call 0.95 ms against 0.34 for a later one). perf over 600
+/// such sessions: guest code 38% of cycles, the kernel 33% (copy-on-write faults in guest
+/// code, ~460 a session whatever `linear_memory_keep_resident`, `table_keep_resident` or
+/// `async_stack_keep_resident` is), wasmtime 26% (a half of it initialising funcrefs
+/// lazily). The pool does not keep CPython's dirty pages resident; why is still open.
 fn pooling(pagemap_scan: bool) -> PoolingAllocationConfig {
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(MAX_LIVE_INSTANCES)
