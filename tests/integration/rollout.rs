@@ -134,7 +134,15 @@ fn fit(lm: &LanguageModel, rows: &[(usize, Vec<u32>)], steps: usize) {
 }
 
 fn settings(trigger: Option<ToolSpec>, environment: Option<ToolSpec>) -> RolloutSettings {
-    let lm = taught();
+    settings_for(taught(), trigger, environment)
+}
+
+/// Greedy sampling of `lm`, two trajectories a prompt.
+fn settings_for(
+    lm: &LanguageModel,
+    trigger: Option<ToolSpec>,
+    environment: Option<ToolSpec>,
+) -> RolloutSettings {
     let mut sampling = lm.default_sampling().unwrap();
     sampling.temperature = 0.0;
     sampling.max_new_tokens = 48;
@@ -385,17 +393,12 @@ fn an_episode_keeps_the_thinking_a_template_would_drop() {
     assert!(*losses.last().unwrap() < 0.05, "not learnt: {losses:?}");
 
     let rt = tokio_runtime();
-    let mut sampling = lm.default_sampling().unwrap();
-    sampling.temperature = 0.0;
-    sampling.max_new_tokens = 48;
-    let s = RolloutSettings {
-        group_size: 1,
-        sampling,
-        limits: RolloutLimits::default(),
-        template_kwargs: Default::default(),
-        trigger: None,
-        environment: Some(tool(&rt, "guess_number", "{}", Limits::default())),
-    };
+    let mut s = settings_for(
+        &lm,
+        None,
+        Some(tool(&rt, "guess_number", "{}", Limits::default())),
+    );
+    s.group_size = 1;
     let rewards = Rewards::none();
     let engine = Engine::new(&lm, &s, &rewards, rt.handle().clone()).unwrap();
     let samples = [(1, sample(GUESS, json!({"secret": 37})))];

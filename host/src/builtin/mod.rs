@@ -415,19 +415,15 @@ fn warm_start(
     let eos = *lm.eos_token_ids.first().context("no EOS id")?;
     let mut rows = Vec::with_capacity(traces.len());
     for t in traces {
-        let mut tokens = lm.tokenizer.encode(&prompt_text(t))?;
-        let mut mask = vec![0u8; tokens.len()];
-        for (text, learn) in [
-            (t.before.as_str(), 1u8),
-            (t.tool.as_deref().unwrap_or(""), 0),
-            (t.after.as_str(), 1),
-        ] {
-            let ids = lm.tokenizer.encode(text)?;
+        let p = Pieces::encode(&lm, t)?;
+        let mut mask = vec![0u8; p.prompt.len()];
+        for (ids, learn) in [(&p.call, 1u8), (&p.tool, 0), (&p.after, 1)] {
             mask.extend(std::iter::repeat_n(learn, ids.len()));
-            tokens.extend(ids);
         }
-        tokens.push(eos);
         mask.push(1);
+        let mut tokens = p.prompt;
+        tokens.extend(p.call.into_iter().chain(p.tool).chain(p.after));
+        tokens.push(eos);
         rows.push(SftRow {
             tokens,
             loss_mask: mask,
@@ -496,6 +492,28 @@ fn warm_start(
     peft::export_merged(&lm.model, base, out, DType::F32)
 }
 
+/// A trace's token ids, part by part, each part encoded on its own as the warm start
+/// trains on them.
+struct Pieces {
+    prompt: Vec<u32>,
+    /// The model's text before the tool: its call, or the whole guess.
+    call: Vec<u32>,
+    tool: Vec<u32>,
+    after: Vec<u32>,
+}
+
+impl Pieces {
+    fn encode(lm: &LanguageModel, t: &Trace) -> Result<Pieces> {
+        let tok = &lm.tokenizer;
+        Ok(Pieces {
+            prompt: tok.encode(&prompt_text(t))?,
+            call: tok.encode(&t.before)?,
+            tool: tok.encode(t.tool.as_deref().unwrap_or(""))?,
+            after: tok.encode(&t.after)?,
+        })
+    }
+}
+
 /// How well the model does a tool trace's two copying jobs, on `probe`'s traces, greedy:
 /// how many calls it writes token for token given the call's first token (copying the
 /// problem into the call), and how many answers given the call and the tool's output
@@ -503,45 +521,48 @@ fn warm_start(
 /// training loss (the guesses' random digits weigh on it) nor sampling (which mostly
 /// skips the tool) can say how well it does.
 fn copies(lm: &LanguageModel, probe: &[Trace]) -> Result<(usize, usize)> {
-    let mut calls = Vec::with_capacity(probe.len());
-    let mut answers = Vec::with_capacity(probe.len());
+    let (mut call_heads, mut calls) = (Vec::new(), Vec::new());
+    let (mut answer_heads, mut answers) = (Vec::new(), Vec::new());
     for t in probe {
-        let prompt = lm.tokenizer.encode(&prompt_text(t))?;
-        let call = lm.tokenizer.encode(&t.before)?;
-        let Some(&first) = call.first() else {
+        let p = Pieces::encode(lm, t)?;
+        let Some((&first, rest)) = p.call.split_first() else {
             continue;
         };
-        let mut head = prompt.clone();
+        let mut head = p.prompt.clone();
         head.push(first);
-        calls.push((head, call[1..].to_vec()));
-        let mut head = prompt;
-        head.extend(&call);
-        head.extend(lm.tokenizer.encode(t.tool.as_deref().unwrap_or(""))?);
-        answers.push((head, lm.tokenizer.encode(&t.after)?));
+        call_heads.push(head);
+        calls.push(rest.to_vec());
+        let mut head = p.prompt;
+        head.extend(&p.call);
+        head.extend(p.tool);
+        answer_heads.push(head);
+        answers.push(p.after);
     }
-    Ok((exact(lm, &calls)?, exact(lm, &answers)?))
+    Ok((
+        exact(lm, &call_heads, &calls)?,
+        exact(lm, &answer_heads, &answers)?,
+    ))
 }
 
-/// How many of the `(prompt, want)` pairs the model continues greedily with `want`.
-fn exact(lm: &LanguageModel, cases: &[(Vec<u32>, Vec<u32>)]) -> Result<usize> {
+/// How many of `prompts` the model continues greedily with the matching `wants`.
+fn exact(lm: &LanguageModel, prompts: &[Vec<u32>], wants: &[Vec<u32>]) -> Result<usize> {
     let params = SamplingParams {
         temperature: 0.0,
-        max_new_tokens: cases.iter().map(|c| c.1.len()).max().unwrap_or(0).max(1),
+        max_new_tokens: wants.iter().map(Vec::len).max().unwrap_or(0).max(1),
         ..SamplingParams::default()
     };
-    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.0.clone()).collect();
     let out = generate(
         &lm.model,
         &lm.tokenizer,
-        &prompts,
+        prompts,
         1,
         &params,
         Mode::INFERENCE,
     )?;
     let mut n = 0;
-    for (completion, (_, want)) in out.iter().zip(cases) {
+    for (completion, want) in out.iter().zip(wants) {
         let got = &completion[0].tokens;
-        if got.len() >= want.len() && got[..want.len()] == want[..] {
+        if got.starts_with(want) {
             n += 1;
         } else {
             tracing::debug!(
