@@ -484,7 +484,7 @@ fn warm_start(
         if !probe.is_empty() {
             let (calls, answers) = copies(&lm, probe)?;
             eprintln!(
-                "  warm start, on {} unseen problems (greedy): writes the reference tool call exactly for {calls} (given its first token), copies the tool's output into the answer for {answers}",
+                "  warm start, on {} unseen problems (greedy): writes the reference tool call exactly for {calls} (once it has chosen to call), copies the tool's output into the answer for {answers}",
                 probe.len()
             );
         }
@@ -515,7 +515,7 @@ impl Pieces {
 }
 
 /// How well the model does a tool trace's two copying jobs, on `probe`'s traces, greedy:
-/// how many calls it writes token for token given the call's first token (copying the
+/// how many calls it writes token for token once it has chosen to call (copying the
 /// problem into the call), and how many answers given the call and the tool's output
 /// (copying the output into the answer). That is what a warm start is for, and neither the
 /// training loss (the guesses' random digits weigh on it) nor sampling (which mostly
@@ -525,13 +525,21 @@ fn copies(lm: &LanguageModel, probe: &[Trace]) -> Result<(usize, usize)> {
     let (mut answer_heads, mut answers) = (Vec::new(), Vec::new());
     for t in probe {
         let p = Pieces::encode(lm, t)?;
-        let Some((&first, rest)) = p.call.split_first() else {
+        // The call's tokens up to the first that tells it from an answer (`<calc>` and
+        // `<answer>` may share their first token): the choice to call is not probed.
+        let shared = p
+            .call
+            .iter()
+            .zip(&p.after)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if shared >= p.call.len() {
             continue;
-        };
+        }
         let mut head = p.prompt.clone();
-        head.push(first);
+        head.extend(&p.call[..=shared]);
         call_heads.push(head);
-        calls.push(rest.to_vec());
+        calls.push(p.call[shared + 1..].to_vec());
         let mut head = p.prompt;
         head.extend(&p.call);
         head.extend(p.tool);
