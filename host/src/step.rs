@@ -22,6 +22,10 @@ pub struct StepMetrics {
     pub kl: f64,
     pub entropy: f64,
     pub clip_fraction: f64,
+    /// Mean per-token KL of the policy before the batch's first step to the policy at
+    /// each step (k3): how far the batch's epochs and mini-batches moved it.
+    #[serde(default)]
+    pub approx_kl: f64,
     pub grad_norm: f64,
     pub lr: f64,
     pub response_tokens: f64,

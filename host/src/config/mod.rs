@@ -328,6 +328,9 @@ impl LoadedConfig {
             .with_context(|| format!("{file}: [data]"))?;
         ranges::check_ranges(c).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         let r = &c.rollout;
+        c.train
+            .check(r.prompts_per_step * r.group_size)
+            .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         for (key, name) in [
             ("rollout.trigger", &r.trigger),
             ("rollout.environment", &r.environment),
@@ -552,6 +555,9 @@ weights = { correct = 1.0 }
             ("sampling.top_p=0", "sampling.top_p"),
             ("train.clip_low=1", "train.clip_low"),
             ("train.adv_eps=0", "train.adv_eps"),
+            ("train.adv_eps=-1e-4", "train.adv_eps"),
+            ("train.mini_batches=0", "train.mini_batches"),
+            ("train.epochs_per_batch=0", "train.epochs_per_batch"),
             ("train.min_lr_ratio=2", "train.min_lr_ratio"),
             ("train.keep_last=0", "train.keep_last"),
             ("train.max_grad_norm=inf", "train.max_grad_norm"),
@@ -576,6 +582,44 @@ weights = { correct = 1.0 }
         ] {
             load(BASE, &[set]).unwrap_or_else(|e| panic!("{set}: {e:#}"));
         }
+    }
+
+    /// Issue 21: settings that contradict each other are named with the fix; the defaults
+    /// are TRL's (adv_eps 1e-4) and RL2's (k1 in the reward); the former name of
+    /// `epochs_per_batch` still reads.
+    #[test]
+    fn update_settings_are_checked_together() {
+        use crate::rl::algorithms::{KlEstimator, Scale};
+        let c = load(BASE, &[]).unwrap().config;
+        assert_eq!(c.train.adv_eps, 1e-4);
+        assert_eq!(c.train.kl_reward_estimator, KlEstimator::K1);
+        assert_eq!(c.train.scale(), Scale::Group);
+        let e = format!(
+            "{:#}",
+            load(
+                BASE,
+                &[
+                    "train.estimator=\"dr-grpo\"",
+                    "train.scale_rewards=\"batch\""
+                ]
+            )
+            .unwrap_err()
+        );
+        assert!(
+            e.contains("dr-grpo") && e.contains("estimator = \"grpo\""),
+            "{e}"
+        );
+        let batch = c.rollout.prompts_per_step * c.rollout.group_size;
+        let too_many = format!("train.mini_batches={}", batch + 1);
+        let e = format!("{:#}", load(BASE, &[&too_many]).unwrap_err());
+        assert!(
+            e.contains("train.mini_batches") && e.contains("lower it"),
+            "{e}"
+        );
+        let ok = format!("train.mini_batches={batch}");
+        load(BASE, &[&ok, "train.scale_rewards=\"batch\""]).unwrap();
+        let c = load(BASE, &["train.updates_per_batch=3"]).unwrap().config;
+        assert_eq!(c.train.epochs_per_batch, 3);
     }
 
     #[test]

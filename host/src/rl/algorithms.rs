@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Estimator {
-    /// GRPO: (r_i − mean(r)) / (std(r) + ε), std unbiased as `torch.std`.
+    /// GRPO: (r_i − mean(r)) / (std(r) + ε), std unbiased as `torch.std` (the group's, or
+    /// the batch's with `scale_rewards = "batch"`).
     Grpo,
     /// Dr. GRPO: r_i − mean(r) (no std: it biases towards easy and hard prompts).
     DrGrpo,
@@ -23,31 +24,64 @@ pub enum Estimator {
     Reinforce,
 }
 
+/// What the baseline-centred rewards are divided by (TRL's `scale_rewards`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scale {
+    /// The group's reward std (GRPO).
+    Group,
+    /// The std of every reward in the batch (TRL `scale_rewards = "batch"`; with the
+    /// `reinforce` baseline it is RL2's `global_norm` with `norm_var`).
+    Batch,
+    /// No division (Dr. GRPO, RLOO, REINFORCE as published).
+    None,
+}
+
+impl Estimator {
+    /// The scale each estimator is published with.
+    pub fn default_scale(self) -> Scale {
+        match self {
+            Estimator::Grpo => Scale::Group,
+            Estimator::DrGrpo | Estimator::Rloo | Estimator::Reinforce => Scale::None,
+        }
+    }
+}
+
 /// Advantages for `groups` (each a group's rewards, in order), flattened in the same
-/// order. `eps` guards GRPO's division when a group's rewards are all equal.
+/// order: the estimator's baseline is subtracted, then the result is divided by
+/// `std + eps` where `scale` says whose std. `eps` guards the division when the rewards
+/// are all equal.
 ///
 /// TRL (`GRPOTrainer._generate_and_score_completions`):
 /// ```python
 /// mean = rewards.view(-1, G).mean(dim=1).repeat_interleave(G)
-/// std = rewards.view(-1, G).std(dim=1).repeat_interleave(G)
-/// advantages = (rewards - mean) / (std + 1e-4)
+/// advantages = rewards - mean
+/// if scale_rewards == "group": std = rewards.view(-1, G).std(dim=1).repeat_interleave(G)
+/// elif scale_rewards == "batch": std = rewards.std().expand_as(rewards)
+/// if scale_rewards != "none": advantages = advantages / (std + 1e-4)
 /// ```
-pub fn advantages(groups: &[Vec<f64>], estimator: Estimator, eps: f64) -> Vec<f64> {
+pub fn advantages(groups: &[Vec<f64>], estimator: Estimator, scale: Scale, eps: f64) -> Vec<f64> {
     let all: Vec<f64> = groups.iter().flatten().copied().collect();
     let batch_mean = mean(&all);
+    let batch_std = std_unbiased(&all);
     let mut out = Vec::with_capacity(all.len());
     for g in groups {
         let m = mean(g);
         let n = g.len() as f64;
+        let divisor = match scale {
+            Scale::Group => std_unbiased(g) + eps,
+            Scale::Batch => batch_std + eps,
+            Scale::None => 1.0,
+        };
         for &r in g {
-            out.push(match estimator {
-                Estimator::Grpo => (r - m) / (std_unbiased(g) + eps),
-                Estimator::DrGrpo => r - m,
+            let centred = match estimator {
+                Estimator::Grpo | Estimator::DrGrpo => r - m,
                 // mean of the others = (n·m − r) / (n − 1); a group of one has no baseline.
                 Estimator::Rloo if g.len() > 1 => r - (n * m - r) / (n - 1.0),
                 Estimator::Rloo => 0.0,
                 Estimator::Reinforce => r - batch_mean,
-            });
+            };
+            out.push(centred / divisor);
         }
     }
     out
@@ -118,6 +152,9 @@ pub enum Aggregation {
     TokenMean,
     /// GRPO: mean over sequences of each sequence's token mean.
     SeqMeanTokenMean,
+    /// verl's `seq-mean-token-sum`: mean over sequences of each sequence's token sum
+    /// (a sequence-level objective: every sampled token counts fully).
+    SeqMeanTokenSum,
     /// Dr. GRPO: Σ loss·mask / (B · C) with a constant C (e.g. the max response length),
     /// so that length does not rescale the gradient.
     SeqMeanTokenSumNorm,
@@ -136,6 +173,7 @@ pub fn aggregate(values: &Tensor, mask: &Tensor, how: Aggregation, norm: f64) ->
             let lens = mask.sum(1)?.clamp(1f32, f32::MAX)?;
             (per_seq / lens)?.mean_all()
         }
+        Aggregation::SeqMeanTokenSum => masked.sum(1)?.mean_all(),
         Aggregation::SeqMeanTokenSumNorm => {
             let b = values.dim(0)? as f64;
             masked.sum_all()? / (b * norm)
@@ -200,7 +238,7 @@ mod tests {
     #[test]
     fn advantages_match_the_reference_formulas() {
         let g = vec![vec![1.0, 0.0, 0.0, 1.0], vec![0.5, 0.25, 1.0]];
-        let grpo = advantages(&g, Estimator::Grpo, 1e-4);
+        let grpo = advantages(&g, Estimator::Grpo, Scale::Group, 1e-4);
         let want = 0.5 / (0.5773502691896257 + 1e-4);
         assert!(close(grpo[0], want, 1e-12) && close(grpo[1], -want, 1e-12));
         // Group 2: mean 0.5833333, stdev 0.3818813079129867.
@@ -209,18 +247,204 @@ mod tests {
             (1.0 - 0.5833333333333334) / (0.3818813079129867 + 1e-4),
             1e-12
         ));
-        let rloo = advantages(&g, Estimator::Rloo, 0.0);
+        let rloo = advantages(&g, Estimator::Rloo, Scale::None, 0.0);
         for (a, b) in rloo[4..].iter().zip([-0.125, -0.5, 0.625]) {
             assert!(close(*a, b, 1e-12), "{rloo:?}");
         }
-        let dr = advantages(&g, Estimator::DrGrpo, 0.0);
+        let dr = advantages(&g, Estimator::DrGrpo, Scale::None, 0.0);
         assert_eq!(dr[..4], [0.5, -0.5, -0.5, 0.5]);
         // Batch mean of all seven rewards = 3.75 / 7.
-        let re = advantages(&g, Estimator::Reinforce, 0.0);
+        let re = advantages(&g, Estimator::Reinforce, Scale::None, 0.0);
         assert!(close(re[0], 1.0 - 3.75 / 7.0, 1e-12));
         // All-equal group: GRPO gives zeros, not NaN.
-        assert_eq!(advantages(&[vec![1.0; 4]], Estimator::Grpo, 1e-6), [0.0; 4]);
+        assert_eq!(
+            advantages(&[vec![1.0; 4]], Estimator::Grpo, Scale::Group, 1e-4),
+            [0.0; 4]
+        );
         assert!(!informative(&[1.0, 1.0]) && informative(&[1.0, 0.0]));
+    }
+
+    /// Batch scaling: the group's mean is subtracted, the batch's std divides (TRL
+    /// `scale_rewards = "batch"`); with the batch mean as baseline and float epsilon it is
+    /// RL2's `_compute_reinforce_adv(global_norm=True, norm_var=True)`:
+    /// ```python
+    /// import statistics as s
+    /// g = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.25, 1.0]]; rs = [r for x in g for r in x]
+    /// sd = s.stdev(rs)                                          # 0.46611361786790223
+    /// [(r - s.mean(x)) / (sd + 1e-4) for x in g for r in x]     # TRL "batch"
+    /// # [1.072469745278163, -1.072469745278163, -1.072469745278163, 1.072469745278163,
+    /// #  -0.1787449575463606, -0.7149798301854422, 0.8937247877318025]
+    /// eps = 1.1920928955078125e-07                              # torch.finfo(float32).eps
+    /// [(r - s.mean(rs)) / (sd + eps) for r in rs]               # RL2 global_norm
+    /// # [0.9960781615171004, -1.1493209555966541, -1.1493209555966541, 0.9960781615171004,
+    /// #  -0.07662139703977691, -0.6129711763182156, 0.9960781615171004]
+    /// ```
+    #[test]
+    fn batch_scaling_matches_trl_and_rl2() {
+        let g = vec![vec![1.0, 0.0, 0.0, 1.0], vec![0.5, 0.25, 1.0]];
+        let trl = advantages(&g, Estimator::Grpo, Scale::Batch, 1e-4);
+        let want = [
+            1.072469745278163,
+            -1.072469745278163,
+            -1.072469745278163,
+            1.072469745278163,
+            -0.1787449575463606,
+            -0.7149798301854422,
+            0.8937247877318025,
+        ];
+        for (a, b) in trl.iter().zip(want) {
+            assert!(close(*a, b, 1e-12), "{trl:?}");
+        }
+        let rl2 = advantages(&g, Estimator::Reinforce, Scale::Batch, f32::EPSILON as f64);
+        let want = [
+            0.9960781615171004,
+            -1.1493209555966541,
+            -1.1493209555966541,
+            0.9960781615171004,
+            -0.07662139703977691,
+            -0.6129711763182156,
+            0.9960781615171004,
+        ];
+        for (a, b) in rl2.iter().zip(want) {
+            assert!(close(*a, b, 1e-12), "{rl2:?}");
+        }
+        // Group scaling of the reinforce baseline divides each group by its own std.
+        let re = advantages(&g, Estimator::Reinforce, Scale::Group, 1e-4);
+        assert!(close(
+            re[0],
+            (1.0 - 3.75 / 7.0) / (0.5773502691896257 + 1e-4),
+            1e-12
+        ));
+    }
+
+    /// `tests/fixtures/rl_reference.json`, made by `scripts/rl_reference.py` with verl's
+    /// and RL2's own functions (and TRL's batch scaling) on one fixed batch.
+    fn peers() -> serde_json::Value {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/rl_reference.json"
+        );
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    fn floats(v: &serde_json::Value) -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    }
+
+    fn matrix(v: &serde_json::Value) -> Tensor {
+        let rows: Vec<Vec<f32>> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| floats(r).into_iter().map(|x| x as f32).collect())
+            .collect();
+        let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+        t2(&refs)
+    }
+
+    fn assert_all_close(ours: &[f64], theirs: &[f64], tol: f64, what: &str) {
+        assert_eq!(ours.len(), theirs.len(), "{what}");
+        for (a, b) in ours.iter().zip(theirs) {
+            assert!(
+                close(*a, *b, tol),
+                "{what}: ours {ours:?}, theirs {theirs:?}"
+            );
+        }
+    }
+
+    /// Advantages, the clipped surrogate under every aggregation, and the KL estimators
+    /// against the peers' functions on the same batch (f64 there; the losses run in f32
+    /// here, hence 1e-6).
+    #[test]
+    fn the_math_matches_verl_rl2_and_trl_on_one_batch() {
+        let p = peers();
+        let groups: Vec<Vec<f64>> = p["rewards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(floats)
+            .collect();
+        let adv = &p["advantages"];
+        for (estimator, scale, eps, key) in [
+            (Estimator::Grpo, Scale::Group, 1e-4, "grpo"),
+            (Estimator::DrGrpo, Scale::None, 1e-4, "dr_grpo"),
+            (Estimator::Rloo, Scale::None, 1e-4, "rloo"),
+            (Estimator::Grpo, Scale::Batch, 1e-4, "trl_batch_scale"),
+            // RL2's ε is its dtype's epsilon; the script runs in f64.
+            (
+                Estimator::Reinforce,
+                Scale::Batch,
+                f64::EPSILON,
+                "rl2_reinforce_global_norm",
+            ),
+        ] {
+            let ours = advantages(&groups, estimator, scale, eps);
+            assert_all_close(&ours, &floats(&adv[key]), 1e-12, key);
+        }
+        let (old, logps, refs, mask) = (
+            matrix(&p["old_logps"]),
+            matrix(&p["logps"]),
+            matrix(&p["ref_logps"]),
+            matrix(&p["mask"]),
+        );
+        let grpo: Vec<f32> = floats(&adv["grpo"]).into_iter().map(|a| a as f32).collect();
+        let a = Tensor::from_vec(grpo, (8, 1), &Device::Cpu).unwrap();
+        let (lo, hi) = (
+            p["clip_low"].as_f64().unwrap(),
+            p["clip_high"].as_f64().unwrap(),
+        );
+        let (loss, clipped) = clipped_surrogate(&logps, &old, &a, lo, hi).unwrap();
+        let norm = p["norm_constant"].as_f64().unwrap();
+        for (how, key) in [
+            (Aggregation::TokenMean, "token-mean"),
+            (Aggregation::SeqMeanTokenMean, "seq-mean-token-mean"),
+            (Aggregation::SeqMeanTokenSum, "seq-mean-token-sum"),
+            (Aggregation::SeqMeanTokenSumNorm, "seq-mean-token-sum-norm"),
+        ] {
+            let ours = aggregate(&loss, &mask, how, norm)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let theirs = p["policy_loss"][key].as_f64().unwrap();
+            assert!(
+                close(ours as f64, theirs, 1e-6),
+                "{key}: ours {ours}, verl {theirs}"
+            );
+        }
+        let frac = aggregate(&clipped, &mask, Aggregation::TokenMean, 0.0).unwrap();
+        let theirs = p["clip_fraction"].as_f64().unwrap();
+        assert!(close(frac.to_scalar::<f32>().unwrap() as f64, theirs, 1e-6));
+        assert!(
+            theirs > 0.1 && theirs < 0.9,
+            "the batch clips some tokens, not all"
+        );
+        let flat = |t: Tensor| -> Vec<f64> {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f64::from)
+                .collect()
+        };
+        let kls = &p["kl"];
+        let flat_ref =
+            |k: &str| -> Vec<f64> { kls[k].as_array().unwrap().iter().flat_map(floats).collect() };
+        for (est, keys) in [
+            (KlEstimator::K1, &["rl2_k1", "verl_k1"][..]),
+            (KlEstimator::K2, &["rl2_k2"][..]),
+            // verl's low_var_kl is k3 clamped to [-10, 10]; nothing here reaches the clamp.
+            (KlEstimator::K3, &["rl2_k3", "verl_low_var_kl"][..]),
+        ] {
+            let ours = flat(kl(&logps, &refs, est).unwrap());
+            for key in keys {
+                assert_all_close(&ours, &flat_ref(key), 1e-5, key);
+            }
+        }
     }
 
     #[test]
@@ -260,6 +484,7 @@ mod tests {
     /// tm = sum(L[i][t] * mask[i][t] for i in range(2) for t in range(3)) / 5
     /// sm = sum(sum(L[i][t] * mask[i][t] for t in range(3)) / sum(mask[i]) for i in range(2)) / 2
     /// sn = sum(L[i][t] * mask[i][t] for i in range(2) for t in range(3)) / (2 * 4)
+    /// ss = sum(sum(L[i][t] * mask[i][t] for t in range(3)) for i in range(2)) / 2  # verl
     /// # L = [[-1.2214027581601699, -1.0, -0.36787944117144233], [2.0, 1.6, 2.0]]
     /// ```
     /// (row 1, token 1: ratio e^-0.5 = 0.607 < 0.8 with A < 0, so the clipped term wins.)
@@ -316,6 +541,13 @@ mod tests {
         assert!(close(
             sm.to_scalar::<f32>().unwrap() as f64,
             (seq0 + seq1) / 2.0,
+            1e-6
+        ));
+        // verl's seq-mean-token-sum: each row's masked sum, averaged over rows.
+        let ss = aggregate(&loss, &mask, Aggregation::SeqMeanTokenSum, 0.0).unwrap();
+        assert!(close(
+            ss.to_scalar::<f32>().unwrap() as f64,
+            (seq0 * 3.0 + seq1 * 2.0) / 2.0,
             1e-6
         ));
         let sn = aggregate(&loss, &mask, Aggregation::SeqMeanTokenSumNorm, 4.0).unwrap();

@@ -24,8 +24,10 @@ pub struct Learner<'a> {
     train: &'a TrainSection,
     cfg: UpdateConfig,
     max_total_tokens: usize,
-    /// Seeds LoRA dropout per step (when `lora.dropout > 0`).
-    dropout_seed: Option<u64>,
+    /// The run's seed: each step's mini-batch shuffle and LoRA dropout derive from it.
+    seed: u64,
+    /// LoRA dropout is on (`lora.dropout > 0`).
+    dropout: bool,
 }
 
 impl<'a> Learner<'a> {
@@ -35,7 +37,8 @@ impl<'a> Learner<'a> {
         train: &'a TrainSection,
         cfg: UpdateConfig,
         max_total_tokens: usize,
-        dropout_seed: Option<u64>,
+        seed: u64,
+        dropout: bool,
     ) -> Learner<'a> {
         Learner {
             model,
@@ -43,7 +46,8 @@ impl<'a> Learner<'a> {
             train,
             cfg,
             max_total_tokens,
-            dropout_seed,
+            seed,
+            dropout,
         }
     }
 
@@ -66,7 +70,7 @@ impl<'a> Learner<'a> {
             .iter()
             .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
             .collect();
-        let advantages = algorithms::advantages(&rewards, t.estimator, t.adv_eps);
+        let advantages = algorithms::advantages(&rewards, t.estimator, t.scale(), t.adv_eps);
         let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
         let rows: Vec<Row> = trajectories
             .iter()
@@ -83,8 +87,8 @@ impl<'a> Learner<'a> {
             UpdateStats::default()
         } else {
             let dropout = self
-                .dropout_seed
-                .map(|seed| Mutex::new(seeded(sample_seed(seed ^ 0xd0, step as usize, 0))));
+                .dropout
+                .then(|| Mutex::new(seeded(sample_seed(self.seed ^ 0xd0, step as usize, 0))));
             update(
                 self.model,
                 &mut self.opt,
@@ -92,6 +96,7 @@ impl<'a> Learner<'a> {
                 &self.cfg,
                 lr,
                 dropout.as_ref(),
+                sample_seed(self.seed ^ 0x5b, step as usize, 0),
             )?
         };
         let mut m = step_metrics(&trajectories, &stats, kl_in_reward);
@@ -181,6 +186,7 @@ fn step_metrics(
         kl: kl_in_reward.unwrap_or(stats.kl),
         entropy: stats.entropy,
         clip_fraction: stats.clip_fraction,
+        approx_kl: stats.approx_kl,
         grad_norm: stats.grad_norm,
         response_tokens: mean(&|t| t.sampled_tokens() as f64),
         turns: mean(&|t| t.turns as f64),

@@ -12,14 +12,14 @@
 //! - Every seed is derived from (run seed, step), so a resumed run takes the same next
 //!   step as an uninterrupted one.
 
-use super::algorithms::{Aggregation, Estimator, KlEstimator};
+use super::algorithms::{Aggregation, Estimator, KlEstimator, Scale};
 use super::checkpoint::{self, TrainerState};
 use super::learn::Learner;
 use super::optim::{AdamW, AdamWConfig};
 use super::producer::{self, AdapterBoard, Batch, ProducerOptions};
 use super::progress::Progress;
 use super::run_log::RunLog;
-use super::update::UpdateConfig;
+use super::update::{OldLogps, UpdateConfig};
 use crate::config::setup::Setup;
 use crate::data::Cursor;
 use crate::model::lora::AdapterSnapshot;
@@ -50,10 +50,21 @@ pub struct TrainSection {
     pub min_lr_ratio: f64,
     pub weight_decay: f64,
     pub max_grad_norm: f64,
-    /// Passes (optimizer steps) over each rollout batch.
-    pub updates_per_batch: usize,
+    /// Passes over each rollout batch (`updates_per_batch` is its former name).
+    #[serde(alias = "updates_per_batch")]
+    pub epochs_per_batch: usize,
+    /// Optimizer steps per pass: the batch is shuffled (seeded by run seed and step) into
+    /// this many nearly equal mini-batches.
+    pub mini_batches: usize,
+    /// The ratio's denominator when a batch takes more than one step: `recompute` (a
+    /// forward pass before the first step) or `sampler` (the log-probs the sampler kept).
+    pub old_logps: OldLogps,
     pub micro_batch_tokens: usize,
     pub estimator: Estimator,
+    /// What the baseline-centred rewards are divided by: `group` std, `batch` std or
+    /// `none` (default: the estimator's own, `group` for grpo and `none` for the others).
+    pub scale_rewards: Option<Scale>,
+    /// Added to the std before dividing (TRL's 1e-4).
     pub adv_eps: f64,
     pub clip_low: f64,
     pub clip_high: f64,
@@ -61,7 +72,11 @@ pub struct TrainSection {
     /// Dr. GRPO's constant for `seq-mean-token-sum-norm` (0: rollout.max_total_tokens).
     pub norm_constant: f64,
     pub kl_coef: f64,
+    /// The KL estimator in the loss (k3, TRL's and RL2's loss default).
     pub kl_estimator: KlEstimator,
+    /// The KL estimator in the reward when `kl_in_reward` (k1, as RL2, TRL's RLOO and
+    /// verl put in the reward).
+    pub kl_reward_estimator: KlEstimator,
     /// Put the KL penalty in the reward (r − β·Σ_t KL_t, component `kl_penalty`, before
     /// advantages) instead of the loss.
     pub kl_in_reward: bool,
@@ -86,6 +101,35 @@ pub struct TrainSection {
     pub keep_last: usize,
 }
 
+impl TrainSection {
+    /// The advantages' scale: the one set, else the estimator's own.
+    pub fn scale(&self) -> Scale {
+        self.scale_rewards
+            .unwrap_or_else(|| self.estimator.default_scale())
+    }
+
+    /// What serde and the ranges cannot check: settings that contradict each other or
+    /// the rollout batch of `batch` trajectories.
+    pub fn check(&self, batch: usize) -> std::result::Result<(), String> {
+        if self.estimator == Estimator::DrGrpo && self.scale() != Scale::None {
+            return Err(format!(
+                "train.estimator = \"dr-grpo\" with scale_rewards = \"{}\": Dr. GRPO is GRPO without the std; use estimator = \"grpo\" to divide by it, or drop scale_rewards",
+                serde_json::to_value(self.scale())
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ));
+        }
+        if self.mini_batches > batch {
+            return Err(format!(
+                "train.mini_batches = {} is more than the {batch} trajectories of a rollout batch (rollout.prompts_per_step × group_size); lower it",
+                self.mini_batches
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Overlong {
@@ -103,16 +147,20 @@ impl Default for TrainSection {
             min_lr_ratio: 0.0,
             weight_decay: 0.0,
             max_grad_norm: 1.0,
-            updates_per_batch: 1,
+            epochs_per_batch: 1,
+            mini_batches: 1,
+            old_logps: OldLogps::Recompute,
             micro_batch_tokens: 4096,
             estimator: Estimator::Grpo,
-            adv_eps: 1e-6,
+            scale_rewards: None,
+            adv_eps: 1e-4,
             clip_low: 0.2,
             clip_high: 0.28,
             aggregation: Aggregation::TokenMean,
             norm_constant: 0.0,
             kl_coef: 0.0,
             kl_estimator: KlEstimator::K3,
+            kl_reward_estimator: KlEstimator::K1,
             kl_in_reward: false,
             dynamic_sampling: false,
             max_resample: 2,
@@ -189,7 +237,8 @@ pub fn train(
         train,
         update_config(setup, train, progress.update_bar()),
         c.rollout.max_total_tokens,
-        (c.lora.dropout > 0.0).then_some(c.run.seed),
+        c.run.seed,
+        c.lora.dropout > 0.0,
     );
     let saver = Saver { setup, run, train };
     let adapters = AdapterBoard::new(AdapterSnapshot::take(&setup.lm.model, state.step)?);
@@ -354,10 +403,18 @@ fn update_config(
             train.kl_coef
         },
         kl_estimator: train.kl_estimator,
+        reward_kl_estimator: train.kl_reward_estimator,
+        // The sampler records log-probs at its temperature, and at 1 when greedy.
+        temperature: match setup.settings.sampling.temperature {
+            t if t > 0.0 => f64::from(t),
+            _ => 1.0,
+        },
         tis_cap: train.tis_cap,
         max_grad_norm: train.max_grad_norm,
         micro_batch_tokens: train.micro_batch_tokens,
-        updates_per_batch: train.updates_per_batch,
+        mini_batches: train.mini_batches,
+        epochs: train.epochs_per_batch,
+        old_logps: train.old_logps,
         progress,
     }
 }

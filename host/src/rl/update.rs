@@ -1,14 +1,23 @@
-//! One policy update from a batch of scored trajectories: the rows become padded
-//! micro-batches sized by tokens, each micro-batch's loss is weighted so that the
-//! accumulated gradient equals the whole batch's aggregated loss exactly, then gradients
-//! are clipped and AdamW steps once per pass over the batch (`updates_per_batch` passes).
+//! One policy update from a batch of scored trajectories. The batch is split into
+//! `mini_batches` (shuffled with a seed, anew each epoch) and passed over `epochs` times;
+//! each mini-batch is one optimizer step. Within a mini-batch the rows become padded
+//! micro-batches sized by tokens, each micro-batch's loss weighted so that the
+//! accumulated gradient equals the mini-batch's aggregated loss exactly; gradients are
+//! then clipped and AdamW steps.
 //!
 //! Per token t of trajectory i (only tokens the model sampled, `loss_mask` 1):
 //! loss_it = −min(ρ·A_i, clip(ρ, 1 − ε_low, 1 + ε_high)·A_i) · w_it + β · KL_it,
 //! ρ = exp(logps − old_logps), w_it = min(exp(old_logps − behavior_logps), cap) for
 //! trajectories sampled by an older adapter (1 otherwise). `old_logps` is the policy
-//! before this batch's first update: with one pass it is `logps` itself (detached), so
-//! ρ = 1 and the update is the plain policy gradient.
+//! before this batch's first step: recomputed once before it (`old_logps = "recompute"`,
+//! RL2's and verl's way), or what the sampler recorded (`"sampler"`; then w = 1). With one
+//! mini-batch and one epoch the recomputation would equal `logps`, so `logps` itself is
+//! used, detached: ρ = 1 and the step is the plain policy gradient.
+//!
+//! Every log-prob here is scored at the sampling temperature T, log softmax(z / T): the
+//! distribution the sampler drew from and recorded its log-probs under (TRL's
+//! `_get_per_token_logps_and_entropies` and verl's actor divide the logits by T the same
+//! way), so that ratios, truncated-IS weights and KL compare one distribution with itself.
 
 use super::algorithms::{Aggregation, KlEstimator, clipped_surrogate, kl, truncated_is};
 use super::optim::{Accumulator, AdamW, clip_grad_norm};
@@ -16,9 +25,22 @@ use crate::model::{Mode, Model};
 use crate::rollout::Trajectory;
 use anyhow::{Result, bail};
 use candle_core::{Device, Tensor};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
+
+/// Where the ratio's denominator comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OldLogps {
+    /// A forward pass with the adapter as it was before the batch's first step.
+    Recompute,
+    /// The log-probs the sampler recorded (no extra pass; they differ from a recomputation
+    /// by the decode kernels' rounding, and for stale rows by the adapter version).
+    Sampler,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UpdateConfig {
@@ -29,18 +51,28 @@ pub struct UpdateConfig {
     pub norm_constant: f64,
     /// KL coefficient in the loss (0: no reference forward at all).
     pub kl_coef: f64,
+    /// The KL estimator in the loss.
     pub kl_estimator: KlEstimator,
+    /// The KL estimator in the reward ([`sequence_kl`]).
+    pub reward_kl_estimator: KlEstimator,
+    /// The temperature the trajectories were sampled at: every log-prob is scored at it.
+    pub temperature: f64,
     pub tis_cap: f64,
     pub max_grad_norm: f64,
     /// Most padded tokens (rows × longest row) per forward/backward.
     pub micro_batch_tokens: usize,
-    pub updates_per_batch: usize,
+    /// Optimizer steps per pass over the batch (each on a share of the rows).
+    pub mini_batches: usize,
+    /// Passes over the batch.
+    pub epochs: usize,
+    pub old_logps: OldLogps,
     /// Counts forward/backward passes over micro-batches (a terminal's progress bar).
     #[serde(skip)]
     pub progress: Option<indicatif::ProgressBar>,
 }
 
 /// One trajectory to learn from.
+#[derive(Clone, Copy)]
 pub struct Row<'t> {
     pub trajectory: &'t Trajectory,
     pub advantage: f64,
@@ -50,37 +82,51 @@ pub struct Row<'t> {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct UpdateStats {
-    /// The aggregated loss of the first pass (what the first step descended).
+    /// Mean over the first epoch's mini-batches of their aggregated loss (each measured
+    /// before its own step).
     pub loss: f64,
-    /// Mean over trained tokens of the surrogate alone.
+    /// Mean over trained tokens of the surrogate alone (first epoch).
     pub policy_loss: f64,
+    /// Mean per-token KL to the reference in the loss (first epoch).
     pub kl: f64,
     pub entropy: f64,
+    /// Share of trained tokens whose ratio was clipped, over every step.
     pub clip_fraction: f64,
-    /// Gradient norm before clipping, last pass.
+    /// Mean per-token k3 estimate of KL(old ‖ current) over every step, each measured
+    /// before its step: how far the epochs moved the policy from the sampled one.
+    pub approx_kl: f64,
+    /// Mean over the steps of the gradient norm before clipping.
     pub grad_norm: f64,
     pub tokens: usize,
     pub micro_batches: usize,
     pub optimizer_steps: usize,
+    /// Each optimizer step in order.
+    pub steps: Vec<MiniStats>,
 }
 
-/// A padded micro-batch, `[B, T]`.
-struct Micro {
-    input: Tensor,
-    target: Tensor,
-    attn: Tensor,
-    pos: Tensor,
-    mask: Tensor,
-    /// Per-token weight making Σ over micro-batches the batch aggregate.
-    weight: Tensor,
-    advantages: Tensor,
-    behavior: Vec<Vec<f32>>,
-    stale: Vec<bool>,
+/// One optimizer step of an update.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MiniStats {
+    pub epoch: usize,
+    /// Its rows, as indices into the update's rows.
+    pub rows: Vec<usize>,
+    /// The mini-batch's aggregated loss before the step.
+    pub loss: f64,
+    pub clip_fraction: f64,
+    pub approx_kl: f64,
+    pub grad_norm: f64,
 }
 
-/// Inputs, targets and masks of one row: target k is token k + 1; it is trained on when
-/// the model sampled it.
-fn row_arrays(t: &Trajectory) -> (Vec<u32>, Vec<u32>, Vec<f32>, Vec<f32>) {
+/// Inputs, targets, loss mask and sampler log-probs of one row, each `tokens − 1` long:
+/// target k is token k + 1; it is trained on when the model sampled it.
+struct RowArrays {
+    input: Vec<u32>,
+    target: Vec<u32>,
+    mask: Vec<f32>,
+    behavior: Vec<f32>,
+}
+
+fn row_arrays(t: &Trajectory) -> RowArrays {
     let n = t.tokens.len();
     let mut mask = vec![0f32; n - 1];
     let mut behavior = vec![0f32; n - 1];
@@ -91,70 +137,104 @@ fn row_arrays(t: &Trajectory) -> (Vec<u32>, Vec<u32>, Vec<f32>, Vec<f32>) {
             behavior[k] = *lp;
         }
     }
-    (
-        t.tokens[..n - 1].to_vec(),
-        t.tokens[1..].to_vec(),
+    RowArrays {
+        input: t.tokens[..n - 1].to_vec(),
+        target: t.tokens[1..].to_vec(),
         mask,
         behavior,
-    )
+    }
 }
 
-fn micro_batches(rows: &[Row], cfg: &UpdateConfig, device: &Device) -> Result<Vec<Micro>> {
-    let arrays: Vec<_> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
-    let total_tokens: f32 = arrays.iter().map(|a| a.2.iter().sum::<f32>()).sum();
-    let b_total = rows.len() as f64;
+/// A padded micro-batch, `[B, T]`.
+struct Micro {
+    /// Its rows, as indices into the update's rows, in order.
+    rows: Vec<usize>,
+    input: Tensor,
+    target: Tensor,
+    attn: Tensor,
+    pos: Tensor,
+    mask: Tensor,
+    /// Per-token weight making Σ over the mini-batch's micro-batches its aggregate.
+    weight: Tensor,
+    advantages: Tensor,
+}
+
+impl Micro {
+    /// `[B, T]` of per-row values (each `tokens − 1` long, indexed like the update's
+    /// rows), zero-padded.
+    fn pad(&self, per_row: &[Vec<f32>], device: &Device) -> Result<Tensor> {
+        let longest = self.input.dim(1)?;
+        let mut out = Vec::with_capacity(self.rows.len() * longest);
+        for &i in &self.rows {
+            let v = &per_row[i];
+            out.extend(
+                v.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0.0, longest - v.len())),
+            );
+        }
+        Ok(Tensor::from_vec(out, (self.rows.len(), longest), device)?)
+    }
+}
+
+/// The micro-batches of the mini-batch `subset` (indices into `rows`), its loss weights
+/// aggregating over the subset alone.
+fn micro_batches(
+    rows: &[Row],
+    arrays: &[RowArrays],
+    subset: &[usize],
+    cfg: &UpdateConfig,
+    device: &Device,
+) -> Result<Vec<Micro>> {
+    let total_tokens: f32 = subset
+        .iter()
+        .map(|&i| arrays[i].mask.iter().sum::<f32>())
+        .sum();
+    let b_total = subset.len() as f64;
     let weight_of = |mask: &[f32]| -> Vec<f32> {
         let len: f32 = mask.iter().sum();
         let w = match cfg.aggregation {
             Aggregation::TokenMean => 1.0 / total_tokens.max(1.0) as f64,
             Aggregation::SeqMeanTokenMean => 1.0 / (len.max(1.0) as f64 * b_total),
+            Aggregation::SeqMeanTokenSum => 1.0 / b_total,
             Aggregation::SeqMeanTokenSumNorm => 1.0 / (b_total * cfg.norm_constant),
         } as f32;
         mask.iter().map(|m| m * w).collect()
     };
     let mut out = Vec::new();
     let mut start = 0;
-    while start < rows.len() {
+    while start < subset.len() {
         let mut end = start + 1;
-        let mut longest = arrays[start].0.len();
-        while end < rows.len() {
-            let l = longest.max(arrays[end].0.len());
+        let mut longest = arrays[subset[start]].input.len();
+        while end < subset.len() {
+            let l = longest.max(arrays[subset[end]].input.len());
             if l * (end + 1 - start) > cfg.micro_batch_tokens {
                 break;
             }
             longest = l;
             end += 1;
         }
-        let b = end - start;
+        let members = &subset[start..end];
+        let b = members.len();
         let (mut input, mut target, mut attn, mut pos, mut mask, mut weight) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
-        let mut behavior = vec![];
-        for (inp, tgt, m, beh) in &arrays[start..end] {
-            let w = weight_of(m);
-            let pad = longest - inp.len();
-            input.extend(inp.iter().copied().chain(std::iter::repeat_n(0, pad)));
-            target.extend(tgt.iter().copied().chain(std::iter::repeat_n(0, pad)));
-            attn.extend((0..longest).map(|i| u32::from(i < inp.len())));
+        for &i in members {
+            let a = &arrays[i];
+            let pad = longest - a.input.len();
+            input.extend(a.input.iter().copied().chain(std::iter::repeat_n(0, pad)));
+            target.extend(a.target.iter().copied().chain(std::iter::repeat_n(0, pad)));
+            attn.extend((0..longest).map(|k| u32::from(k < a.input.len())));
             pos.extend(0..longest as u32);
-            let m_row: Vec<f32> = m
-                .iter()
-                .copied()
-                .chain(std::iter::repeat_n(0.0, pad))
-                .collect();
-            mask.extend(m_row);
-            weight.extend(w.into_iter().chain(std::iter::repeat_n(0.0, pad)));
-            behavior.push(
-                beh.iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(0.0, pad))
-                    .collect(),
+            mask.extend(a.mask.iter().copied().chain(std::iter::repeat_n(0.0, pad)));
+            weight.extend(
+                weight_of(&a.mask)
+                    .into_iter()
+                    .chain(std::iter::repeat_n(0.0, pad)),
             );
         }
-        let adv: Vec<f32> = rows[start..end]
-            .iter()
-            .map(|r| r.advantage as f32)
-            .collect();
+        let adv: Vec<f32> = members.iter().map(|&i| rows[i].advantage as f32).collect();
         out.push(Micro {
+            rows: members.to_vec(),
             input: Tensor::from_vec(input, (b, longest), device)?,
             target: Tensor::from_vec(target, (b, longest), device)?,
             attn: Tensor::from_vec(attn, (b, longest), device)?,
@@ -162,17 +242,39 @@ fn micro_batches(rows: &[Row], cfg: &UpdateConfig, device: &Device) -> Result<Ve
             mask: Tensor::from_vec(mask, (b, longest), device)?,
             weight: Tensor::from_vec(weight, (b, longest), device)?,
             advantages: Tensor::from_vec(adv, (b, 1), device)?,
-            behavior,
-            stale: rows[start..end].iter().map(|r| r.stale).collect(),
         });
         start = end;
     }
     Ok(out)
 }
 
-fn logps(model: &Model, m: &Micro, mode: Mode) -> Result<(Tensor, Tensor)> {
-    let hidden = model.forward_batch(&m.input, &m.attn, &m.pos, mode)?;
+/// Log-probs of the targets and entropies, `[B, T]` each, at temperature `temperature`:
+/// log softmax(h·Wᵀ / T) = log softmax((h / T)·Wᵀ), so the hidden state is scaled before
+/// the head (one `[B, T, H]` multiply instead of one over `[B, T, V]` logits).
+fn logps(model: &Model, m: &Micro, mode: Mode, temperature: f64) -> Result<(Tensor, Tensor)> {
+    let mut hidden = model.forward_batch(&m.input, &m.attn, &m.pos, mode)?;
+    if temperature != 1.0 {
+        hidden = (hidden / temperature)?;
+    }
     Ok(model.logprobs(&hidden, &m.target)?)
+}
+
+/// Log-probs of every row (each `tokens − 1` long) under `mode`, without gradients.
+fn per_row_logps(
+    model: &Model,
+    micros: &[&Micro],
+    mode: Mode,
+    temperature: f64,
+    lens: &[usize],
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = vec![Vec::new(); lens.len()];
+    for m in micros {
+        let (lp, _) = logps(model, m, mode, temperature)?;
+        for (&i, row) in m.rows.iter().zip(lp.to_vec2::<f32>()?) {
+            out[i] = row[..lens[i]].to_vec();
+        }
+    }
+    Ok(out)
 }
 
 fn masked_sum(x: &Tensor, mask: &Tensor) -> Result<f64> {
@@ -180,23 +282,55 @@ fn masked_sum(x: &Tensor, mask: &Tensor) -> Result<f64> {
 }
 
 /// Each row's summed KL to the reference over its sampled tokens, estimated from the
-/// sampler's log-probs: Σ_t KL(behavior_logps_t, ref_logps_t). For KL in the reward
+/// sampler's log-probs with `reward_kl_estimator` (k1 by default, as RL2, TRL's RLOO and
+/// verl put in the reward): Σ_t KL(behavior_logps_t, ref_logps_t). For KL in the reward
 /// (the reward of row i becomes r_i − β · KL_i, before advantages).
 pub fn sequence_kl(model: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Vec<f64>> {
-    let micros = micro_batches(rows, cfg, model.device())?;
-    let mut out = Vec::with_capacity(rows.len());
-    for m in &micros {
-        let (ref_logps, _) = logps(model, m, Mode::BASE)?;
-        let behavior: Vec<f32> = m.behavior.iter().flatten().copied().collect();
-        let behavior = Tensor::from_vec(behavior, ref_logps.shape(), model.device())?;
-        let k = kl(&behavior, &ref_logps, cfg.kl_estimator)?;
+    let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+    let all: Vec<usize> = (0..rows.len()).collect();
+    let device = model.device();
+    let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
+    let mut out = vec![0.0; rows.len()];
+    for m in &micro_batches(rows, &arrays, &all, cfg, device)? {
+        let (ref_logps, _) = logps(model, m, Mode::BASE, cfg.temperature)?;
+        let k = kl(
+            &m.pad(&behavior, device)?,
+            &ref_logps,
+            cfg.reward_kl_estimator,
+        )?;
         let per_row = (k * &m.mask)?.sum(1)?.to_vec1::<f32>()?;
-        out.extend(per_row.into_iter().map(f64::from));
+        for (&i, v) in m.rows.iter().zip(per_row) {
+            out[i] = f64::from(v);
+        }
     }
     Ok(out)
 }
 
-/// Updates the adapter from `rows`; `lr` is this step's learning rate.
+/// The mini-batches of each epoch, in order: `k` nearly equal shares of the shuffled rows
+/// (in batch order within a share). One mini-batch is the batch as it is.
+fn plan(n: usize, k: usize, epochs: usize, seed: u64) -> Vec<(usize, Vec<usize>)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for epoch in 0..epochs {
+        let mut order: Vec<usize> = (0..n).collect();
+        if k > 1 {
+            order.shuffle(&mut rng);
+        }
+        let mut rest = &order[..];
+        for j in 0..k {
+            let size = n / k + usize::from(j < n % k);
+            let (share, tail) = rest.split_at(size);
+            let mut share = share.to_vec();
+            share.sort_unstable();
+            out.push((epoch, share));
+            rest = tail;
+        }
+    }
+    out
+}
+
+/// Updates the adapter from `rows`; `lr` is this step's learning rate, `seed` shuffles
+/// the mini-batches.
 pub fn update(
     model: &Model,
     opt: &mut AdamW,
@@ -204,6 +338,7 @@ pub fn update(
     cfg: &UpdateConfig,
     lr: f64,
     dropout: Option<&Mutex<StdRng>>,
+    seed: u64,
 ) -> Result<UpdateStats> {
     if rows.is_empty() {
         bail!("no trajectories to learn from");
@@ -215,73 +350,89 @@ pub fn update(
         );
     }
     let device = model.device();
-    let micros = micro_batches(rows, cfg, device)?;
-    let passes = cfg.updates_per_batch.max(1);
+    let temperature = cfg.temperature;
+    let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+    let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
+    let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
+    let k = cfg.mini_batches.clamp(1, rows.len());
+    let epochs = cfg.epochs.max(1);
+    let steps: Vec<(usize, Vec<usize>, Vec<Micro>)> = plan(rows.len(), k, epochs, seed)
+        .into_iter()
+        .map(|(e, share)| {
+            let micros = micro_batches(rows, &arrays, &share, cfg, device)?;
+            Ok((e, share, micros))
+        })
+        .collect::<Result<_>>()?;
     let train = Mode {
         adapters: true,
         grad: true,
         dropout_rng: dropout,
         adapter: None,
     };
-    // The policy before any update, when more than one pass needs it fixed.
-    let fixed_old: Option<Vec<Tensor>> = if passes > 1 {
-        Some(
-            micros
-                .iter()
-                .map(|m| Ok(logps(model, m, Mode::INFERENCE)?.0))
-                .collect::<Result<_>>()?,
-        )
-    } else {
-        None
+    // The first epoch covers every row once: its micro-batches give the passes that need
+    // the whole batch (the policy before any step, the reference).
+    let first_epoch: Vec<&Micro> = steps
+        .iter()
+        .take_while(|(e, _, _)| *e == 0)
+        .flat_map(|(_, _, m)| m)
+        .collect();
+    let whole = |mode| per_row_logps(model, &first_epoch, mode, temperature, &lens);
+    let one_step = steps.len() == 1;
+    // `None`: the step's own log-probs, detached (one step, nothing to recompute).
+    let old: Option<Vec<Vec<f32>>> = match cfg.old_logps {
+        OldLogps::Sampler => Some(behavior.clone()),
+        OldLogps::Recompute if one_step => None,
+        OldLogps::Recompute => Some(whole(Mode::INFERENCE)?),
     };
-    let refs: Option<Vec<Tensor>> = if cfg.kl_coef > 0.0 {
-        Some(
-            micros
-                .iter()
-                .map(|m| Ok(logps(model, m, Mode::BASE)?.0))
-                .collect::<Result<_>>()?,
-        )
+    let refs = if cfg.kl_coef > 0.0 {
+        Some(whole(Mode::BASE)?)
     } else {
         None
     };
     let mut stats = UpdateStats {
-        micro_batches: micros.len(),
+        micro_batches: first_epoch.len(),
         ..Default::default()
     };
     let params = opt.params().to_vec();
     if let Some(bar) = &cfg.progress {
         bar.reset();
-        bar.set_length((passes * micros.len()) as u64);
+        bar.set_length(steps.iter().map(|(_, _, m)| m.len() as u64).sum());
     }
-    for pass in 0..passes {
+    let (mut clipped_tokens, mut kl_old_sum, mut step_tokens_sum) = (0.0, 0.0, 0.0);
+    for (epoch, share, micros) in &steps {
         let mut acc = Accumulator::new(params.len());
-        for (i, m) in micros.iter().enumerate() {
+        let mut step = MiniStats {
+            epoch: *epoch,
+            rows: share.clone(),
+            ..Default::default()
+        };
+        let (mut tokens, mut clipped_sum, mut kl_sum) = (0.0, 0.0, 0.0);
+        for m in micros {
             if let Some(bar) = &cfg.progress {
                 bar.inc(1);
             }
-            let (lp, entropy) = logps(model, m, train)?;
-            let old = match &fixed_old {
-                Some(old) => old[i].clone(),
+            let (lp, entropy) = logps(model, m, train, temperature)?;
+            let old = match &old {
+                Some(old) => m.pad(old, device)?,
                 None => lp.detach(),
             };
             let (surrogate, clipped) =
                 clipped_surrogate(&lp, &old, &m.advantages, cfg.clip_low, cfg.clip_high)?;
             let mut per_token = surrogate.clone();
-            if m.stale.iter().any(|s| *s) {
-                // Fresh rows get their own old log-probs as behavior: weight 1.
-                let old_rows = old.to_vec2::<f32>()?;
-                let behavior: Vec<f32> = m
-                    .behavior
-                    .iter()
-                    .zip(&old_rows)
-                    .zip(&m.stale)
-                    .flat_map(|((b, o), stale)| if *stale { b.clone() } else { o.clone() })
-                    .collect();
-                let behavior = Tensor::from_vec(behavior, old.shape(), device)?;
-                per_token = (per_token * truncated_is(&old, &behavior, cfg.tis_cap)?)?;
+            let stale: Vec<f32> = m
+                .rows
+                .iter()
+                .map(|&i| f32::from(u8::from(rows[i].stale)))
+                .collect();
+            if cfg.old_logps == OldLogps::Recompute && stale.iter().any(|s| *s > 0.0) {
+                // w = 1 + stale·(min(e^{old − behavior}, cap) − 1): fresh rows weigh 1.
+                let stale = Tensor::from_vec(stale, (m.rows.len(), 1), device)?;
+                let tis = truncated_is(&old, &m.pad(&behavior, device)?, cfg.tis_cap)?;
+                let w = (tis - 1.0)?.broadcast_mul(&stale)? + 1.0;
+                per_token = (per_token * w?)?;
             }
             let kl_tok = match &refs {
-                Some(refs) => Some(kl(&lp, &refs[i], cfg.kl_estimator)?),
+                Some(refs) => Some(kl(&lp, &m.pad(refs, device)?, cfg.kl_estimator)?),
                 None => None,
             };
             if let Some(k) = &kl_tok {
@@ -290,33 +441,50 @@ pub fn update(
             let loss = (&per_token * &m.weight)?.sum_all()?;
             let grads = loss.backward()?;
             acc.add(&params, &grads)?;
-            if pass == 0 {
-                stats.loss += loss.to_scalar::<f32>()? as f64;
-                stats.tokens += m.mask.sum_all()?.to_scalar::<f32>()? as usize;
+            let n = m.mask.sum_all()?.to_scalar::<f32>()? as f64;
+            tokens += n;
+            step.loss += loss.to_scalar::<f32>()? as f64;
+            clipped_sum += masked_sum(&clipped, &m.mask)?;
+            // k3 with samples from the old policy: r − 1 − log r, r = π / π_old.
+            kl_sum += masked_sum(&kl(&old, &lp.detach(), KlEstimator::K3)?, &m.mask)?;
+            if *epoch == 0 {
+                stats.tokens += n as usize;
                 stats.policy_loss += masked_sum(&surrogate, &m.mask)?;
                 stats.entropy += masked_sum(&entropy, &m.mask)?;
-                stats.clip_fraction += masked_sum(&clipped, &m.mask)?;
                 if let Some(k) = &kl_tok {
                     stats.kl += masked_sum(k, &m.mask)?;
                 }
             }
         }
         let mut grads = acc.take(&params)?;
-        stats.grad_norm = clip_grad_norm(&mut grads, cfg.max_grad_norm)?;
-        if !stats.grad_norm.is_finite() {
+        step.grad_norm = clip_grad_norm(&mut grads, cfg.max_grad_norm)?;
+        if !step.grad_norm.is_finite() {
             bail!(
                 "the gradient norm is {}: skipping would hide a diverging run",
-                stats.grad_norm
+                step.grad_norm
             );
         }
         opt.update(&grads, lr)?;
+        step.clip_fraction = clipped_sum / tokens.max(1.0);
+        step.approx_kl = kl_sum / tokens.max(1.0);
+        (clipped_tokens, kl_old_sum, step_tokens_sum) = (
+            clipped_tokens + clipped_sum,
+            kl_old_sum + kl_sum,
+            step_tokens_sum + tokens,
+        );
+        if *epoch == 0 {
+            stats.loss += step.loss / k as f64;
+        }
+        stats.grad_norm += step.grad_norm / steps.len() as f64;
         stats.optimizer_steps += 1;
+        stats.steps.push(step);
     }
     let n = stats.tokens.max(1) as f64;
     stats.policy_loss /= n;
     stats.entropy /= n;
-    stats.clip_fraction /= n;
     stats.kl /= n;
+    stats.clip_fraction = clipped_tokens / step_tokens_sum.max(1.0);
+    stats.approx_kl = kl_old_sum / step_tokens_sum.max(1.0);
     Ok(stats)
 }
 
@@ -368,10 +536,14 @@ mod tests {
             norm_constant: 64.0,
             kl_coef: 0.05,
             kl_estimator: KlEstimator::K3,
+            reward_kl_estimator: KlEstimator::K1,
+            temperature: 1.0,
             tis_cap: 2.0,
             max_grad_norm: 0.0,
             micro_batch_tokens,
-            updates_per_batch: 1,
+            mini_batches: 1,
+            epochs: 1,
+            old_logps: OldLogps::Recompute,
             progress: None,
         }
     }
@@ -400,6 +572,16 @@ mod tests {
             .collect()
     }
 
+    /// Every row's log-probs (`tokens − 1` each) under `mode` at `temperature`.
+    fn scored(m: &Model, rows: &[Row], mode: Mode, temperature: f64) -> Vec<Vec<f32>> {
+        let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+        let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let micros = micro_batches(rows, &arrays, &all, &cfg(1000), m.device()).unwrap();
+        let refs: Vec<&Micro> = micros.iter().collect();
+        per_row_logps(m, &refs, mode, temperature, &lens).unwrap()
+    }
+
     fn lora_values(m: &Model) -> Vec<Vec<f32>> {
         m.lora_vars()
             .iter()
@@ -426,7 +608,7 @@ mod tests {
         for tokens in [10_000, 1] {
             let m = model();
             let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
-            let s = update(&m, &mut opt, &rows, &cfg(tokens), 1e-3, None).unwrap();
+            let s = update(&m, &mut opt, &rows, &cfg(tokens), 1e-3, None, 0).unwrap();
             assert_eq!(s.micro_batches, if tokens == 1 { 3 } else { 1 });
             assert_eq!(s.tokens, 12 + 8 + 17);
             assert!(s.kl > 0.0 && s.entropy > 0.0);
@@ -456,9 +638,7 @@ mod tests {
         let m = model();
         let mut t = trajectory((1..16).collect(), 5, &[2]);
         let rows = rows_of(std::slice::from_ref(&t), &[0.0]);
-        let micro = micro_batches(&rows, &cfg(1000), m.device()).unwrap();
-        let (ref_lp, _) = logps(&m, &micro[0], Mode::BASE).unwrap();
-        let ref_lp = ref_lp.to_vec2::<f32>().unwrap()[0].clone();
+        let ref_lp = scored(&m, &rows, Mode::BASE, 1.0).remove(0);
         // The sampler's log-probs = the reference's: no KL.
         for (c, lp) in t.logps.iter_mut().enumerate() {
             if lp.is_some() {
@@ -467,14 +647,14 @@ mod tests {
         }
         let rows = rows_of(std::slice::from_ref(&t), &[0.0]);
         let mut c = cfg(1000);
-        c.kl_estimator = KlEstimator::K3;
+        c.reward_kl_estimator = KlEstimator::K3;
         assert!(sequence_kl(&m, &rows, &c).unwrap()[0].abs() < 1e-6);
         // Shift the sampler's log-probs by 0.1: k1 sums 0.1 per sampled token (9 of 10).
         for lp in t.logps.iter_mut().flatten() {
             *lp += 0.1;
         }
         let rows = rows_of(std::slice::from_ref(&t), &[0.0]);
-        c.kl_estimator = KlEstimator::K1;
+        c.reward_kl_estimator = KlEstimator::K1;
         let k1 = sequence_kl(&m, &rows, &c).unwrap()[0];
         assert!((k1 - 0.9).abs() < 1e-4, "{k1}");
     }
@@ -489,25 +669,181 @@ mod tests {
         let rows = rows_of(&ts, &[1.0, -1.0]);
         let m = model();
         let seq_logp = |m: &Model, t: &Trajectory| -> f64 {
-            let micro = micro_batches(
-                &rows_of(std::slice::from_ref(t), &[0.0]),
-                &cfg(1000),
-                m.device(),
-            )
-            .unwrap();
-            let (lp, _) = logps(m, &micro[0], Mode::INFERENCE).unwrap();
-            masked_sum(&lp, &micro[0].mask).unwrap()
+            let rows = rows_of(std::slice::from_ref(t), &[0.0]);
+            let lp = scored(m, &rows, Mode::INFERENCE, 1.0).remove(0);
+            let mask = row_arrays(t).mask;
+            lp.iter().zip(mask).map(|(l, m)| f64::from(l * m)).sum()
         };
         let before: Vec<f64> = ts.iter().map(|t| seq_logp(&m, t)).collect();
         let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
         let mut c = cfg(1000);
         c.kl_coef = 0.0;
-        c.updates_per_batch = 3;
-        let s = update(&m, &mut opt, &rows, &c, 1e-3, None).unwrap();
+        c.epochs = 3;
+        let s = update(&m, &mut opt, &rows, &c, 1e-3, None, 0).unwrap();
         assert_eq!(s.optimizer_steps, 3);
-        assert_eq!(s.clip_fraction, 0.0, "ratio is 1 on the first pass");
+        assert_eq!(
+            s.steps[0].clip_fraction, 0.0,
+            "ratio is 1 at the first step"
+        );
         let after: Vec<f64> = ts.iter().map(|t| seq_logp(&m, t)).collect();
         assert!(after[0] > before[0], "{before:?} -> {after:?}");
         assert!(after[1] < before[1], "{before:?} -> {after:?}");
+    }
+
+    /// Mini-batch epochs: the second epoch's steps see ratios away from 1, clipping acts,
+    /// and each later step's loss is the reference formula at those ratios. The reference
+    /// replays the first epoch alone on a second model (same seed, same shuffle), so it
+    /// holds the adapter the full run had before its third step, and computes
+    /// verl's seq-mean-token-sum of −min(ρA, clip(ρ, 0.8, 1.28)A) in f64 from that
+    /// model's log-probs and the untouched model's (the old policy).
+    #[test]
+    fn mini_batch_epochs_clip_and_match_the_reference_loss() {
+        let ts = vec![
+            trajectory((1..20).collect(), 5, &[3, 4]),
+            trajectory((30..42).collect(), 4, &[]),
+            trajectory((50..77).collect(), 9, &[0]),
+            trajectory((80..95).collect(), 3, &[]),
+            trajectory((100..110).collect(), 2, &[1]),
+        ];
+        let adv = [1.0, -1.0, 0.5, -0.5, 1.5];
+        let rows = rows_of(&ts, &adv);
+        let mut c = cfg(64);
+        c.kl_coef = 0.0;
+        c.aggregation = Aggregation::SeqMeanTokenSum;
+        c.mini_batches = 2;
+        c.epochs = 2;
+        let lr = 0.0005;
+        let seed = 11;
+        let m = model();
+        let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
+        let s = update(&m, &mut opt, &rows, &c, lr, None, seed).unwrap();
+        assert_eq!(s.optimizer_steps, 4);
+        let shares: Vec<usize> = s.steps.iter().map(|st| st.rows.len()).collect();
+        assert_eq!(shares, [3, 2, 3, 2], "five rows in two nearly equal shares");
+        for e in 0..2 {
+            let mut seen: Vec<usize> = s.steps[2 * e..2 * e + 2]
+                .iter()
+                .flat_map(|st| st.rows.clone())
+                .collect();
+            seen.sort_unstable();
+            assert_eq!(seen, [0, 1, 2, 3, 4], "each epoch covers every row once");
+        }
+        assert_ne!(
+            s.steps[0].rows, s.steps[2].rows,
+            "each epoch is shuffled anew"
+        );
+        assert!(s.steps[0].clip_fraction == 0.0 && s.steps[0].approx_kl < 1e-6);
+        // lr 5e-4 moves this tiny model's ratios past 1 ± 0.2 for some tokens, not all
+        // (measured: 17% and 53% of the second epoch's tokens clipped).
+        assert!(
+            s.steps[2..]
+                .iter()
+                .all(|st| st.clip_fraction > 0.0 && st.clip_fraction < 1.0),
+            "clipping acts in the second epoch: {:?}",
+            s.steps
+        );
+        assert!(s.clip_fraction > 0.0 && s.approx_kl > 0.0);
+
+        // The adapter before step 3: the first epoch alone, replayed.
+        let replay = model();
+        let mut opt2 = AdamW::new(replay.lora_vars(), AdamWConfig::default()).unwrap();
+        let mut c1 = c.clone();
+        c1.epochs = 1;
+        let s1 = update(&replay, &mut opt2, &rows, &c1, lr, None, seed).unwrap();
+        assert_eq!(s1.steps[0].rows, s.steps[0].rows);
+        let current = scored(&replay, &rows, Mode::INFERENCE, 1.0);
+        let old = scored(&model(), &rows, Mode::INFERENCE, 1.0);
+        let step = &s.steps[2];
+        let (mut loss, mut clipped, mut tokens) = (0.0f64, 0usize, 0usize);
+        for &i in &step.rows {
+            let mask = row_arrays(&ts[i]).mask;
+            for (k, &on) in mask.iter().enumerate() {
+                if on == 0.0 {
+                    continue;
+                }
+                let ratio = (f64::from(current[i][k]) - f64::from(old[i][k])).exp();
+                let a = adv[i];
+                let unclipped = ratio * a;
+                let clip = ratio.clamp(0.8, 1.28) * a;
+                loss += -unclipped.min(clip);
+                clipped += usize::from(clip < unclipped);
+                tokens += 1;
+            }
+        }
+        loss /= step.rows.len() as f64;
+        assert!(
+            (step.loss - loss).abs() < 1e-4 * (1.0 + loss.abs()),
+            "step 3 loss {} vs reference {loss}",
+            step.loss
+        );
+        let reference_clip = clipped as f64 / tokens as f64;
+        assert!(
+            (step.clip_fraction - reference_clip).abs() <= 1.0 / tokens as f64,
+            "clip fraction {} vs reference {reference_clip}",
+            step.clip_fraction
+        );
+    }
+
+    /// Sampled at T = 0.7, a trajectory's recorded log-probs are what the update scores
+    /// at T = 0.7: with the sampler's log-probs as the old policy every ratio is 1 and
+    /// nothing is clipped. Scored at T = 1 (the former behaviour) the same batch reads as
+    /// a different policy.
+    #[test]
+    fn the_update_scores_at_the_sampling_temperature() {
+        use crate::model::generate::{Sequence, advance};
+        use crate::model::sample::SamplingParams;
+        let m = model();
+        let params = SamplingParams {
+            temperature: 0.7,
+            max_new_tokens: 16,
+            seed: 5,
+            ..SamplingParams::default()
+        };
+        let mut seq = Sequence::new(&m, vec![1, 40, 41, 42, 43], 5);
+        for _ in 0..16 {
+            advance(&m, &mut [&mut seq], Mode::INFERENCE).unwrap();
+            seq.sample_next(&params).unwrap();
+        }
+        let mut t = trajectory(seq.tokens.clone(), seq.prompt_len, &[]);
+        t.logps = seq.logprobs.clone();
+        let rows = rows_of(std::slice::from_ref(&t), &[1.0]);
+        let at_07 = scored(&m, &rows, Mode::INFERENCE, 0.7).remove(0);
+        for (c, lp) in t.logps.iter().enumerate() {
+            let lp = lp.unwrap();
+            let full = at_07[t.prompt_len + c - 1];
+            assert!(
+                (lp - full).abs() < 1e-4,
+                "token {c}: sampled {lp}, scored {full}"
+            );
+        }
+        let mut c = cfg(1000);
+        c.kl_coef = 0.0;
+        c.old_logps = OldLogps::Sampler;
+        let mut approx = Vec::new();
+        for temperature in [0.7, 1.0] {
+            c.temperature = temperature;
+            let m = model();
+            let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
+            let s = update(&m, &mut opt, &rows, &c, 1e-3, None, 0).unwrap();
+            approx.push((s.approx_kl, s.clip_fraction));
+        }
+        assert!(approx[0].0 < 1e-8 && approx[0].1 == 0.0, "{approx:?}");
+        assert!(approx[1].0 > 1e-3, "scored at T = 1: {approx:?}");
+    }
+
+    /// The mini-batch plan: `k` shares of sizes differing by at most one, every row once
+    /// per epoch, the same for the same seed.
+    #[test]
+    fn the_plan_splits_each_epoch_into_near_equal_shares() {
+        let p = plan(7, 3, 2, 9);
+        assert_eq!(p.len(), 6);
+        let sizes: Vec<usize> = p.iter().map(|(_, s)| s.len()).collect();
+        assert_eq!(sizes, [3, 2, 2, 3, 2, 2]);
+        assert_eq!(p, plan(7, 3, 2, 9));
+        assert_ne!(p, plan(7, 3, 2, 10));
+        assert_eq!(
+            plan(4, 1, 2, 9),
+            [(0, vec![0, 1, 2, 3]), (1, vec![0, 1, 2, 3])]
+        );
     }
 }

@@ -79,6 +79,12 @@ pub const EVERY_STEP: &[Figure<f64>] = &[
         |m| m.clip_fraction,
     ),
     fig(
+        Some("approx_kl"),
+        Some("policy/approx_kl"),
+        "Mean per-token KL of the sampled policy to the policy at each step",
+        |m| m.approx_kl,
+    ),
+    fig(
         Some("grad_norm"),
         Some("optim/grad_norm"),
         "Gradient norm before clipping",
