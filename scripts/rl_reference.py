@@ -13,6 +13,9 @@ and what these compute from it:
 * RL2 (`RL2/utils/algorithms.py`, from a checkout given with --rl2): REINFORCE with the
   batch baseline and std (`_compute_reinforce_adv(global_norm=True, norm_var=True)`),
   and `compute_approx_kl` with k1, k2, k3.
+* PPO: GAE and returns over the action tokens only (verl's
+  `compute_gae_advantage_return` with `masked_whiten`, RL2's `_compute_gae` on packed
+  action tokens) and verl's clipped `compute_value_loss`.
 * TRL's `scale_rewards = "batch"` (group mean subtracted, the batch's std + 1e-4
   dividing) has no function of its own in TRL (it is inline in
   `GRPOTrainer._generate_and_score_completions`), so it is computed here with torch from
@@ -79,6 +82,43 @@ def batch():
     mask[6, 3:6] = 0
     mask[7, 6] = 0
     return rewards, old, logps, ref, mask
+
+
+def ppo(verl, rl2, rewards, logps, ref, mask):
+    """GAE, returns and the clipped value loss on the batch's action tokens (mask 1; the
+    masked spans stand for prompt and tool output, which are not actions). Token rewards:
+    the outcome reward on each row's last action, and −β·k1 to the reference on every
+    action (KL in the reward)."""
+    g = torch.Generator().manual_seed(5)
+    flat = torch.tensor([r for grp in rewards for r in grp])
+    b, t = mask.shape
+    gamma, lam, beta, clip = 0.99, 0.95, 0.05, 0.2
+    values = torch.rand(b, t, generator=g) - 0.5
+    new_values = values + (torch.rand(b, t, generator=g) - 0.5) * 0.8
+    token_rewards = -beta * verl.kl_penalty(logps, ref, "k1") * mask
+    last = [max(i for i in range(t) if mask[row, i] > 0) for row in range(b)]
+    for row, i in enumerate(last):
+        token_rewards[row, i] += flat[row]
+    whitened, returns = verl.compute_gae_advantage_return(token_rewards, values, mask, torch.tensor(gamma), torch.tensor(lam))
+    # RL2 runs GAE on each row's action tokens packed together (right-padded).
+    packed = lambda x: torch.nn.utils.rnn.pad_sequence([x[r][mask[r] > 0] for r in range(b)], batch_first=True)
+    rl2_out = rl2._compute_gae(
+        {"old_values": packed(values), "rewards": packed(token_rewards), "action_mask": packed(mask)}, gamma, lam
+    )
+    vf_loss, vf_clipfrac = verl.compute_value_loss(new_values, returns, values, mask, clip, loss_agg_mode="token-mean")
+    return {
+        "gamma": gamma,
+        "lam": lam,
+        "value_clip": clip,
+        "token_rewards": token_rewards.tolist(),
+        "old_values": values.tolist(),
+        "values": new_values.tolist(),
+        "verl_returns": returns.tolist(),
+        "verl_whitened_advantages": whitened.tolist(),
+        "rl2_returns_packed": rl2_out["returns"].tolist(),
+        "verl_value_loss_token_mean": float(vf_loss),
+        "verl_value_clip_fraction": float(vf_clipfrac),
+    }
 
 
 def main():
@@ -150,6 +190,7 @@ def main():
         "rl2_k2": rl2.compute_approx_kl(logps, ref, "k2").tolist(),
         "rl2_k3": rl2.compute_approx_kl(logps, ref, "k3").tolist(),
     }
+    out["ppo"] = ppo(verl, rl2, rewards, logps, ref, mask)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
 

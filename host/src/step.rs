@@ -26,6 +26,9 @@ pub struct StepMetrics {
     /// each step (k3): how far the batch's epochs and mini-batches moved it.
     #[serde(default)]
     pub approx_kl: f64,
+    /// PPO: the critic's mean per-token clipped value loss.
+    #[serde(default)]
+    pub value_loss: Option<f64>,
     pub grad_norm: f64,
     pub lr: f64,
     pub response_tokens: f64,

@@ -193,6 +193,101 @@ fn a_simple_reward_is_learned() {
     );
 }
 
+/// PPO (a value head on the shared adapter, GAE over token rewards) learns the same
+/// reward as the GRPO run above, within the same 15 steps (measured: 2.6 → 11.5 per
+/// answer).
+#[test]
+fn ppo_learns_a_simple_reward() {
+    let dir = temp_dir("train-learn-ppo");
+    let config = learn_config(&dir);
+    let out = dir.join("run");
+    TestCommand::new(&["train", "--config"])
+        .arg(&config)
+        .args(["--set", "train.algorithm=\"ppo\"", "--out"])
+        .arg(&out)
+        .ok();
+    let m = metrics(&out);
+    assert!(
+        m.iter()
+            .all(|r| r["value_loss"].as_f64().is_some_and(f64::is_finite))
+    );
+    let reward = |r: &[serde_json::Value]| {
+        r.iter()
+            .map(|x| x["reward_mean"].as_f64().unwrap())
+            .sum::<f64>()
+            / r.len() as f64
+    };
+    let (first, last) = (reward(&m[..3]), reward(&m[m.len() - 3..]));
+    assert!(
+        last > first + 5.0,
+        "reward did not rise: first 3 steps {first:.2}, last 3 {last:.2}"
+    );
+}
+
+/// PPO with two mini-batches and two epochs per batch and a separate critic adapter on
+/// the `e`-counting reward: clipping acts, the value head is saved beside the adapter, and
+/// a run interrupted after step 2 and resumed takes the same steps (the head, its adapter
+/// and their optimizer moments come back). A GRPO checkpoint resumed as PPO is one clear error.
+#[test]
+fn ppo_with_mini_batch_epochs_resumes_exactly() {
+    let dir = temp_dir("train-cli-ppo");
+    let config = learn_config(&dir);
+    let run = |out: &Path, extra: &[&str]| {
+        TestCommand::new(&["train", "--config"])
+            .arg(&config)
+            .args([
+                "--set",
+                "train.mini_batches=2",
+                "--set",
+                "train.epochs_per_batch=2",
+                "--set",
+                "train.save_every=2",
+                "--steps",
+                "4",
+                "--out",
+            ])
+            .arg(out)
+            .args(extra)
+    };
+    // The critic with an adapter of its own: its tensors and moments resume too.
+    let ppo = [
+        "--set",
+        "train.algorithm=\"ppo\"",
+        "--set",
+        "train.critic=\"separate\"",
+    ];
+    let straight = dir.join("straight");
+    run(&straight, &ppo).ok();
+    let m = metrics(&straight);
+    assert!(
+        m.iter().all(|r| r["clip_fraction"].as_f64().unwrap() > 0.0),
+        "the later mini-batches clip: {m:?}"
+    );
+    let resumed = dir.join("resumed");
+    run(&resumed, &[&ppo[..], &["--stop-after", "2"]].concat()).ok();
+    run(&resumed, &[&ppo[..], &["--resume", "latest"]].concat()).ok();
+    let r = metrics(&resumed);
+    assert_eq!(r.len(), 4);
+    for i in 0..4 {
+        assert_eq!(key(&m[i]), key(&r[i]), "step {}", i + 1);
+        for k in ["value_loss", "clip_fraction", "approx_kl"] {
+            assert_eq!(m[i][k], r[i][k], "{k} at step {}", i + 1);
+        }
+    }
+    let file =
+        |d: &Path, f: &str| std::fs::read(d.join("checkpoints/step-000004").join(f)).unwrap();
+    for f in ["value_head.safetensors", "adapter_model.safetensors"] {
+        assert!(file(&straight, f) == file(&resumed, f), "{f} differs");
+    }
+    let grpo = dir.join("grpo");
+    run(&grpo, &["--stop-after", "1"]).ok();
+    let err = run(&grpo, &[&ppo[..], &["--resume", "latest"]].concat()).fails();
+    assert!(
+        err.contains("value_head.safetensors") && err.contains("no value head"),
+        "{err}"
+    );
+}
+
 #[test]
 fn sft_learns_assistant_turns_and_writes_an_adapter_and_a_merged_model() {
     let dir = temp_dir("sft-cli");

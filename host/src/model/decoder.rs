@@ -566,11 +566,13 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        // Training with an adapter on every projection and no dropout: one node (see
-        // `mlp_op`).
+        // Training with the live adapter on every projection and no dropout: one node
+        // (see `mlp_op`, which reads the live adapter; another set, PPO's critic, takes
+        // the projections one by one).
         #[cfg(target_arch = "x86_64")]
         if mode.adapters
             && mode.grad
+            && mode.adapter.is_none()
             && super::mlp_op::applies(x, &self.gate_proj, &self.up_proj, &self.down_proj)
             && [&self.gate_proj, &self.up_proj, &self.down_proj]
                 .iter()

@@ -121,8 +121,9 @@ pub struct Mode<'a> {
     pub grad: bool,
     /// Dropout on the LoRA input, drawn from this generator (training only).
     pub dropout_rng: Option<&'a Mutex<StdRng>>,
-    /// Read the adapter from this snapshot instead of the live tensors (sampling while
-    /// the optimizer may be writing them; without grad only).
+    /// Read the adapter from this set instead of the live tensors: a snapshot while
+    /// sampling (the optimizer may be writing the live ones), or PPO's critic adapter,
+    /// whose tensors are variables of their own and train with `grad`.
     pub adapter: Option<&'a AdapterSnapshot>,
 }
 
@@ -167,6 +168,44 @@ impl AdapterSnapshot {
         Ok(AdapterSnapshot { version, tensors })
     }
 
+    /// A second, trainable adapter on the same projections, initialised as PEFT does (A
+    /// Kaiming-uniform from `seed`, B zero) with the live adapter's rank and scaling: PPO's
+    /// critic when it does not share the policy's adapter. Returns the set and its
+    /// variables, named `<module path>.lora_A` / `.lora_B`.
+    pub fn trainable(
+        model: &super::Model,
+        seed: u64,
+    ) -> anyhow::Result<(AdapterSnapshot, Vec<(String, Var)>)> {
+        let cfg = model
+            .lora
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the model has no adapter to mirror"))?;
+        let mut rng = seeded(seed);
+        let (mut tensors, mut vars) = (HashMap::new(), Vec::new());
+        for (path, _, lin) in model.projections() {
+            if let Some(live) = &lin.lora {
+                let l = Lora::init(
+                    lin.in_features(),
+                    lin.out_features(),
+                    cfg,
+                    &mut rng,
+                    model.device(),
+                )?;
+                let pair = (l.lora_a.as_tensor().clone(), l.lora_b.as_tensor().clone());
+                tensors.insert(live.lora_a.as_tensor().id(), pair);
+                vars.push((format!("{path}.lora_A"), l.lora_a));
+                vars.push((format!("{path}.lora_B"), l.lora_b));
+            }
+        }
+        Ok((
+            AdapterSnapshot {
+                version: 0,
+                tensors,
+            },
+            vars,
+        ))
+    }
+
     fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {
         self.tensors.get(&lora.lora_a.as_tensor().id())
     }
@@ -202,13 +241,11 @@ impl Linear {
             && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
             && super::gemm::applies(x, &self.weight)
         {
-            let y = super::lora_op::lora_linear(
-                x,
-                &self.weight,
-                lora.lora_a.as_tensor(),
-                lora.lora_b.as_tensor(),
-                lora.scaling,
-            )?;
+            let (a, b) = match mode.adapter.and_then(|s| s.get(lora)) {
+                Some((a, b)) => (a, b),
+                None => (lora.lora_a.as_tensor(), lora.lora_b.as_tensor()),
+            };
+            let y = super::lora_op::lora_linear(x, &self.weight, a, b, lora.scaling)?;
             return match &self.bias {
                 Some(b) => y.broadcast_add(b),
                 None => Ok(y),
@@ -221,12 +258,13 @@ impl Linear {
         let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters) else {
             return Ok(y);
         };
-        let snapshot = mode
-            .adapter
-            .filter(|_| !mode.grad)
-            .and_then(|s| s.get(lora));
-        let (a, b) = if let Some((a, b)) = snapshot {
-            (a.clone(), b.clone())
+        let (a, b) = if let Some((a, b)) = mode.adapter.and_then(|s| s.get(lora)) {
+            // A trainable set builds a graph only when asked to.
+            if mode.grad {
+                (a.clone(), b.clone())
+            } else {
+                (a.detach(), b.detach())
+            }
         } else if mode.grad {
             (
                 lora.lora_a.as_tensor().clone(),

@@ -211,6 +211,80 @@ pub fn truncated_is(old_logps: &Tensor, behavior_logps: &Tensor, cap: f64) -> Re
     Ok(w.detach())
 }
 
+/// Generalised advantage estimation over one trajectory, positions in order, with
+/// `actions[t]` marking the tokens the policy chose. Only actions are steps of the MDP:
+/// the prompt and tool output in between are skipped, so that the value after an action
+/// is the value at the next action, and the TD error never lands on a token the policy
+/// did not choose (verl's `compute_gae_advantage_return` carries `nextvalues` and
+/// `lastgaelam` across observation tokens; RL2's `compute_advantages` packs the action
+/// tokens first; both give this):
+///
+/// δ_t = r_t + γ·V(s_next) − V(s_t),  A_t = δ_t + γλ·A_next,  R_t = A_t + V(s_t),
+///
+/// with V and A after the last action 0. Returns `(A, R)`; non-action positions hold 0.
+pub fn gae(
+    rewards: &[f64],
+    values: &[f64],
+    actions: &[bool],
+    gamma: f64,
+    lam: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let n = rewards.len();
+    let (mut adv, mut ret) = (vec![0.0; n], vec![0.0; n]);
+    let (mut next_value, mut next_adv) = (0.0, 0.0);
+    for t in (0..n).rev().filter(|&t| actions[t]) {
+        let delta = rewards[t] + gamma * next_value - values[t];
+        next_adv = delta + gamma * lam * next_adv;
+        next_value = values[t];
+        adv[t] = next_adv;
+        ret[t] = next_adv + values[t];
+    }
+    (adv, ret)
+}
+
+/// Whitens the action positions of every row together, as verl's `masked_whiten`:
+/// (A − mean) / sqrt(var + 1e-8), var unbiased; other positions stay as they are.
+pub fn whiten(advantages: &mut [Vec<f64>], actions: &[Vec<bool>]) {
+    let picked = || {
+        advantages
+            .iter()
+            .zip(actions)
+            .flat_map(|(a, m)| a.iter().zip(m).filter(|(_, on)| **on).map(|(x, _)| *x))
+    };
+    let n = picked().count() as f64;
+    if n < 2.0 {
+        return;
+    }
+    let mean = picked().sum::<f64>() / n;
+    let var = picked().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    let scale = 1.0 / (var + 1e-8).sqrt();
+    for (a, m) in advantages.iter_mut().zip(actions) {
+        for (x, on) in a.iter_mut().zip(m) {
+            if *on {
+                *x = (*x - mean) * scale;
+            }
+        }
+    }
+}
+
+/// PPO's clipped value loss per token (verl's `compute_value_loss`, TRL's PPO):
+/// 0.5 · max((V − R)², (clip(V, V_old − c, V_old + c) − R)²). Returns the per-token loss
+/// and a 0/1 tensor marking tokens where the clipped term was the larger.
+pub fn value_loss(
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    clip: f64,
+) -> Result<(Tensor, Tensor)> {
+    let clipped = values
+        .maximum(&(old_values - clip)?)?
+        .minimum(&(old_values + clip)?)?;
+    let l1 = (values - returns)?.sqr()?;
+    let l2 = (clipped - returns)?.sqr()?;
+    let used = l2.gt(&l1)?.to_dtype(candle_core::DType::F32)?;
+    Ok(((l1.maximum(&l2)? * 0.5)?, used))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,6 +519,78 @@ mod tests {
                 assert_all_close(&ours, &flat_ref(key), 1e-5, key);
             }
         }
+    }
+
+    /// GAE over action tokens with masked spans, verl's whitening and the clipped value
+    /// loss, against verl's and RL2's functions on the fixture batch.
+    #[test]
+    fn gae_and_the_value_loss_match_verl_and_rl2() {
+        let p = peers();
+        let q = &p["ppo"];
+        let rows =
+            |k: &str| -> Vec<Vec<f64>> { q[k].as_array().unwrap().iter().map(floats).collect() };
+        let mask: Vec<Vec<bool>> = p["mask"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| floats(r).into_iter().map(|x| x > 0.0).collect())
+            .collect();
+        let (rewards, values) = (rows("token_rewards"), rows("old_values"));
+        let (gamma, lam) = (q["gamma"].as_f64().unwrap(), q["lam"].as_f64().unwrap());
+        let (mut advs, mut rets) = (Vec::new(), Vec::new());
+        for i in 0..rewards.len() {
+            let (a, r) = gae(&rewards[i], &values[i], &mask[i], gamma, lam);
+            advs.push(a);
+            rets.push(r);
+        }
+        let verl_returns = rows("verl_returns");
+        let rl2_returns = rows("rl2_returns_packed");
+        for i in 0..rets.len() {
+            let ours: Vec<f64> = (0..rets[i].len())
+                .filter(|&t| mask[i][t])
+                .map(|t| rets[i][t])
+                .collect();
+            let verl: Vec<f64> = (0..rets[i].len())
+                .filter(|&t| mask[i][t])
+                .map(|t| verl_returns[i][t])
+                .collect();
+            assert_all_close(&ours, &verl, 1e-12, "returns vs verl");
+            assert_all_close(
+                &ours,
+                &rl2_returns[i][..ours.len()],
+                1e-12,
+                "returns vs RL2",
+            );
+        }
+        whiten(&mut advs, &mask);
+        let verl_adv = rows("verl_whitened_advantages");
+        for i in 0..advs.len() {
+            for t in (0..advs[i].len()).filter(|&t| mask[i][t]) {
+                assert!(close(advs[i][t], verl_adv[i][t], 1e-9), "row {i} token {t}");
+            }
+        }
+        let (v, old) = (matrix(&q["values"]), matrix(&q["old_values"]));
+        let ret = matrix(&q["verl_returns"]);
+        let m = matrix(&p["mask"]);
+        let (loss, used) = value_loss(&v, &old, &ret, q["value_clip"].as_f64().unwrap()).unwrap();
+        let ours = aggregate(&loss, &m, Aggregation::TokenMean, 0.0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let verl = q["verl_value_loss_token_mean"].as_f64().unwrap();
+        assert!(
+            close(ours as f64, verl, 1e-6),
+            "value loss ours {ours}, verl {verl}"
+        );
+        let frac = aggregate(&used, &m, Aggregation::TokenMean, 0.0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let verl = q["verl_value_clip_fraction"].as_f64().unwrap();
+        assert!(
+            close(frac as f64, verl, 1e-6) && verl > 0.0,
+            "clip fraction {frac} vs {verl}"
+        );
     }
 
     #[test]

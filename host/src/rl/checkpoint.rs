@@ -4,11 +4,13 @@
 //!
 //! ```text
 //! RUN/checkpoints/step-000010/adapter_config.json, adapter_model.safetensors,
-//!                             optimizer.safetensors, trainer_state.json
+//!                             optimizer.safetensors, trainer_state.json,
+//!                             value_head.safetensors (PPO runs: the critic's head)
 //! RUN/checkpoints/latest      the name of the newest complete checkpoint
 //! ```
 
 use super::optim::AdamW;
+use super::value_head::ValueHead;
 use crate::data::Cursor;
 use crate::model::peft::{self, write_atomic};
 use crate::model::{LanguageModel, Model};
@@ -35,6 +37,7 @@ pub struct TrainerState {
 pub fn save(
     out_dir: &Path,
     lm: &LanguageModel,
+    critic: Option<&ValueHead>,
     opt: &AdamW,
     state: &TrainerState,
     keep_last: usize,
@@ -48,6 +51,9 @@ pub fn save(
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     peft::save_adapter(&lm.model, &tmp, Some(&lm.dir.display().to_string()))?;
+    if let Some(head) = critic {
+        head.save(&tmp)?;
+    }
     let tensors: Vec<(String, candle_core::Tensor)> = opt.state();
     candle_core::safetensors::save(
         &tensors

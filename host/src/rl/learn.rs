@@ -5,8 +5,9 @@
 use super::algorithms;
 use super::optim::{AdamW, lr_at};
 use super::producer::Batch;
-use super::trainer::{Overlong, TrainSection};
-use super::update::{Row, UpdateConfig, UpdateStats, sequence_kl, update};
+use super::trainer::{Algorithm, Overlong, TrainSection};
+use super::update::{Row, StepInputs, UpdateConfig, UpdateStats, sequence_kl, update};
+use super::value_head::ValueHead;
 use crate::model::Model;
 use crate::model::generate::sample_seed;
 use crate::model::lora::seeded;
@@ -20,34 +21,34 @@ use std::time::Instant;
 /// The policy being trained, its optimizer, and how each step updates it.
 pub struct Learner<'a> {
     model: &'a Model,
+    /// PPO's value head.
+    critic: Option<&'a ValueHead>,
     pub opt: AdamW,
     train: &'a TrainSection,
     cfg: UpdateConfig,
     max_total_tokens: usize,
     /// The run's seed: each step's mini-batch shuffle and LoRA dropout derive from it.
     seed: u64,
-    /// LoRA dropout is on (`lora.dropout > 0`).
-    dropout: bool,
 }
 
 impl<'a> Learner<'a> {
     pub fn new(
         model: &'a Model,
+        critic: Option<&'a ValueHead>,
         opt: AdamW,
         train: &'a TrainSection,
         cfg: UpdateConfig,
         max_total_tokens: usize,
         seed: u64,
-        dropout: bool,
     ) -> Learner<'a> {
         Learner {
             model,
+            critic,
             opt,
             train,
             cfg,
             max_total_tokens,
             seed,
-            dropout,
         }
     }
 
@@ -61,7 +62,8 @@ impl<'a> Learner<'a> {
         if t.overlong == Overlong::Penalty {
             overlong_penalty(&mut groups, self.max_total_tokens, t.overlong_cache);
         }
-        let kl_in_reward = if t.kl_in_reward && t.kl_coef > 0.0 {
+        // PPO puts the KL into its token rewards itself (the update's GAE reads it there).
+        let kl_in_reward = if t.kl_in_reward && t.kl_coef > 0.0 && t.algorithm == Algorithm::Grpo {
             Some(self.kl_into_rewards(&mut groups)?)
         } else {
             None
@@ -70,7 +72,11 @@ impl<'a> Learner<'a> {
             .iter()
             .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
             .collect();
-        let advantages = algorithms::advantages(&rewards, t.estimator, t.scale(), t.adv_eps);
+        // PPO's advantages are per token, from the critic (the update computes them).
+        let advantages = match t.algorithm {
+            Algorithm::Grpo => algorithms::advantages(&rewards, t.estimator, t.scale(), t.adv_eps),
+            Algorithm::Ppo => vec![0.0; rewards.iter().map(Vec::len).sum()],
+        };
         let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
         let rows: Vec<Row> = trajectories
             .iter()
@@ -87,16 +93,23 @@ impl<'a> Learner<'a> {
             UpdateStats::default()
         } else {
             let dropout = self
-                .dropout
+                .model
+                .lora
+                .as_ref()
+                .is_some_and(|l| l.dropout > 0.0)
                 .then(|| Mutex::new(seeded(sample_seed(self.seed ^ 0xd0, step as usize, 0))));
+            let inputs = StepInputs {
+                lr,
+                seed: sample_seed(self.seed ^ 0x5b, step as usize, 0),
+                dropout: dropout.as_ref(),
+            };
             update(
                 self.model,
+                self.critic,
                 &mut self.opt,
                 &rows,
                 &self.cfg,
-                lr,
-                dropout.as_ref(),
-                sample_seed(self.seed ^ 0x5b, step as usize, 0),
+                &inputs,
             )?
         };
         let mut m = step_metrics(&trajectories, &stats, kl_in_reward);
@@ -187,6 +200,7 @@ fn step_metrics(
         entropy: stats.entropy,
         clip_fraction: stats.clip_fraction,
         approx_kl: stats.approx_kl,
+        value_loss: stats.value_loss,
         grad_norm: stats.grad_norm,
         response_tokens: mean(&|t| t.sampled_tokens() as f64),
         turns: mean(&|t| t.turns as f64),

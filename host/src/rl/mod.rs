@@ -12,3 +12,4 @@ mod run_log;
 pub mod sft;
 pub mod trainer;
 pub mod update;
+pub mod value_head;

@@ -19,7 +19,8 @@ use super::optim::{AdamW, AdamWConfig};
 use super::producer::{self, AdapterBoard, Batch, ProducerOptions};
 use super::progress::Progress;
 use super::run_log::RunLog;
-use super::update::{OldLogps, UpdateConfig};
+use super::update::{OldLogps, PpoConfig, UpdateConfig};
+use super::value_head::ValueHead;
 use crate::config::setup::Setup;
 use crate::data::Cursor;
 use crate::model::lora::AdapterSnapshot;
@@ -42,6 +43,9 @@ use tokio::runtime::Handle;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
+    /// `grpo`: the group-baseline family (`estimator` says which); `ppo`: a value head
+    /// and GAE over token rewards.
+    pub algorithm: Algorithm,
     /// Optimizer steps (one rollout batch each).
     pub steps: u64,
     pub lr: f64,
@@ -90,6 +94,18 @@ pub struct TrainSection {
     /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
     pub overlong_cache: usize,
     pub tis_cap: f64,
+    /// PPO: GAE's discount γ and λ.
+    pub gamma: f64,
+    pub lam: f64,
+    /// PPO: the value loss's weight (the critic trains through the shared adapter).
+    pub vf_coef: f64,
+    /// PPO: how far a value may move from the old value before its loss is clipped.
+    pub value_clip: f64,
+    /// PPO: whiten advantages over the batch's action tokens.
+    pub whiten_advantages: bool,
+    /// PPO: the critic trains through the policy's adapter (`shared`) or one of its own
+    /// (`separate`: a second forward pass per micro-batch).
+    pub critic: Critic,
     /// Evaluate on the held-out split every this many steps and at the end (0: never):
     /// greedy, one sample per prompt, with the run's tools and rewards. Adds
     /// `eval_accuracy`, `eval_reward` and `eval_tool_use` to that step's metrics.
@@ -132,6 +148,20 @@ impl TrainSection {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    Grpo,
+    Ppo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Critic {
+    Shared,
+    Separate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Overlong {
     None,
     Filter,
@@ -141,6 +171,7 @@ pub enum Overlong {
 impl Default for TrainSection {
     fn default() -> Self {
         TrainSection {
+            algorithm: Algorithm::Grpo,
             steps: 100,
             lr: 1e-5,
             warmup_steps: 0,
@@ -167,6 +198,13 @@ impl Default for TrainSection {
             overlong: Overlong::None,
             overlong_cache: 0,
             tis_cap: 2.0,
+            // TRL's PPO defaults.
+            gamma: 1.0,
+            lam: 0.95,
+            vf_coef: 0.1,
+            value_clip: 0.2,
+            whiten_advantages: true,
+            critic: Critic::Shared,
             eval_every: 0,
             eval_prompts: 64,
             save_every: 10,
@@ -218,7 +256,7 @@ pub fn train(
     run: &RunOptions,
     handle: &Handle,
 ) -> Result<Outcome> {
-    let (state, opt) = restore(setup, train, run.resume)?;
+    let (state, opt, critic) = restore(setup, train, run.resume)?;
     let mut log = RunLog::open(run.out_dir, run.resume.map(|_| state.step))?;
     let held_out = HeldOut::prepare(setup, train, handle)?;
     run.hub.resume_at(state.step);
@@ -233,14 +271,19 @@ pub fn train(
     let progress = Progress::new(state.step, train.steps, run.quiet);
     let mut learner = Learner::new(
         &setup.lm.model,
+        critic.as_ref(),
         opt,
         train,
         update_config(setup, train, progress.update_bar()),
         c.rollout.max_total_tokens,
         c.run.seed,
-        c.lora.dropout > 0.0,
     );
-    let saver = Saver { setup, run, train };
+    let saver = Saver {
+        setup,
+        run,
+        train,
+        critic: critic.as_ref(),
+    };
     let adapters = AdapterBoard::new(AdapterSnapshot::take(&setup.lm.model, state.step)?);
     let last = run
         .stop_after
@@ -342,13 +385,13 @@ fn next_batch(queue: &RolloutQueue<Batch>, run: &RunOptions) -> Result<Option<Ba
     }
 }
 
-/// The adapter, optimizer and position to start from: a checkpoint's, or a fresh adapter
-/// (unless the model came with one) at step 0.
+/// The adapter, optimizer, position and (PPO) value head to start from: a checkpoint's,
+/// or a fresh adapter (unless the model came with one) at step 0.
 fn restore(
     setup: &mut Setup,
     train: &TrainSection,
     resume: Option<&Path>,
-) -> Result<(TrainerState, AdamW)> {
+) -> Result<(TrainerState, AdamW, Option<ValueHead>)> {
     let mut state = TrainerState::default();
     match resume {
         Some(dir) => state = checkpoint::load_into(dir, &mut setup.lm.model)?,
@@ -361,8 +404,22 @@ fn restore(
         }
         None => {}
     }
+    let model = &setup.lm.model;
+    let critic = match train.algorithm {
+        Algorithm::Ppo => {
+            let seed = setup.loaded.config.run.seed ^ 0xc1;
+            let head = ValueHead::new(model, train.critic == Critic::Separate, seed)?;
+            if let Some(dir) = resume {
+                head.load(dir)?;
+            }
+            Some(head)
+        }
+        Algorithm::Grpo => None,
+    };
+    let mut params = model.lora_vars();
+    params.extend(critic.iter().flat_map(ValueHead::vars));
     let mut opt = AdamW::new(
-        setup.lm.model.lora_vars(),
+        params,
         AdamWConfig {
             weight_decay: train.weight_decay,
             ..AdamWConfig::default()
@@ -378,7 +435,7 @@ fn restore(
             train.steps
         );
     }
-    Ok((state, opt))
+    Ok((state, opt, critic))
 }
 
 /// `[train]`'s update settings.
@@ -415,6 +472,18 @@ fn update_config(
         mini_batches: train.mini_batches,
         epochs: train.epochs_per_batch,
         old_logps: train.old_logps,
+        ppo: (train.algorithm == Algorithm::Ppo).then_some(PpoConfig {
+            gamma: train.gamma,
+            lam: train.lam,
+            vf_coef: train.vf_coef,
+            value_clip: train.value_clip,
+            whiten: train.whiten_advantages,
+            kl_reward_coef: if train.kl_in_reward {
+                train.kl_coef
+            } else {
+                0.0
+            },
+        }),
         progress,
     }
 }
@@ -424,6 +493,7 @@ struct Saver<'a> {
     setup: &'a Setup,
     run: &'a RunOptions<'a>,
     train: &'a TrainSection,
+    critic: Option<&'a ValueHead>,
 }
 
 impl Saver<'_> {
@@ -436,7 +506,14 @@ impl Saver<'_> {
             seed: self.setup.loaded.config.run.seed,
         };
         let out_dir = self.run.out_dir;
-        let dir = checkpoint::save(out_dir, &self.setup.lm, opt, &state, self.train.keep_last)?;
+        let dir = checkpoint::save(
+            out_dir,
+            &self.setup.lm,
+            self.critic,
+            opt,
+            &state,
+            self.train.keep_last,
+        )?;
         let shown = dir.strip_prefix(out_dir).unwrap_or(&dir);
         self.run.hub.checkpoint(&shown.display().to_string());
         Ok(dir)

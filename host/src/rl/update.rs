@@ -19,8 +19,11 @@
 //! `_get_per_token_logps_and_entropies` and verl's actor divide the logits by T the same
 //! way), so that ratios, truncated-IS weights and KL compare one distribution with itself.
 
-use super::algorithms::{Aggregation, KlEstimator, clipped_surrogate, kl, truncated_is};
+use super::algorithms::{
+    Aggregation, KlEstimator, clipped_surrogate, gae, kl, truncated_is, value_loss, whiten,
+};
 use super::optim::{Accumulator, AdamW, clip_grad_norm};
+use super::value_head::ValueHead;
 use crate::model::{Mode, Model};
 use crate::rollout::Trajectory;
 use anyhow::{Result, bail};
@@ -66,9 +69,36 @@ pub struct UpdateConfig {
     /// Passes over the batch.
     pub epochs: usize,
     pub old_logps: OldLogps,
+    /// PPO with a critic instead of the batch's advantages (`train.algorithm = "ppo"`).
+    pub ppo: Option<PpoConfig>,
     /// Counts forward/backward passes over micro-batches (a terminal's progress bar).
     #[serde(skip)]
     pub progress: Option<indicatif::ProgressBar>,
+}
+
+/// PPO's settings: GAE(γ, λ) over token rewards, the clipped value loss and its weight.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PpoConfig {
+    pub gamma: f64,
+    pub lam: f64,
+    /// The value loss's weight in the one loss the shared adapter descends.
+    pub vf_coef: f64,
+    /// The value's clip range around the old value.
+    pub value_clip: f64,
+    /// Whiten the advantages over the batch's action tokens (verl always does).
+    pub whiten: bool,
+    /// β of the per-token KL penalty in the token rewards (0: none), estimated with
+    /// `reward_kl_estimator` from the sampler's log-probs.
+    pub kl_reward_coef: f64,
+}
+
+/// What changes from one step's update to the next.
+pub struct StepInputs<'a> {
+    pub lr: f64,
+    /// Shuffles the mini-batches.
+    pub seed: u64,
+    /// LoRA dropout's generator (training only, when `lora.dropout > 0`).
+    pub dropout: Option<&'a Mutex<StdRng>>,
 }
 
 /// One trajectory to learn from.
@@ -100,6 +130,10 @@ pub struct UpdateStats {
     pub tokens: usize,
     pub micro_batches: usize,
     pub optimizer_steps: usize,
+    /// PPO: mean per-token clipped value loss (first epoch) and the share of tokens where
+    /// the clipped value term was the larger (every step).
+    pub value_loss: Option<f64>,
+    pub value_clip_fraction: Option<f64>,
     /// Each optimizer step in order.
     pub steps: Vec<MiniStats>,
 }
@@ -252,11 +286,86 @@ fn micro_batches(
 /// log softmax(h·Wᵀ / T) = log softmax((h / T)·Wᵀ), so the hidden state is scaled before
 /// the head (one `[B, T, H]` multiply instead of one over `[B, T, V]` logits).
 fn logps(model: &Model, m: &Micro, mode: Mode, temperature: f64) -> Result<(Tensor, Tensor)> {
-    let mut hidden = model.forward_batch(&m.input, &m.attn, &m.pos, mode)?;
+    let hidden = model.forward_batch(&m.input, &m.attn, &m.pos, mode)?;
+    score(model, &hidden, m, temperature)
+}
+
+/// [`logps`] from the last hidden state `[B, T, H]`.
+fn score(model: &Model, hidden: &Tensor, m: &Micro, temperature: f64) -> Result<(Tensor, Tensor)> {
     if temperature != 1.0 {
-        hidden = (hidden / temperature)?;
+        return Ok(model.logprobs(&(hidden / temperature)?, &m.target)?);
     }
-    Ok(model.logprobs(&hidden, &m.target)?)
+    Ok(model.logprobs(hidden, &m.target)?)
+}
+
+/// PPO's per-token targets, fixed for the whole update (each row `tokens − 1` long).
+struct PpoTargets {
+    advantages: Vec<Vec<f32>>,
+    returns: Vec<Vec<f32>>,
+    old_values: Vec<Vec<f32>>,
+    /// Mean per-token KL put into the rewards (0 without KL in the reward).
+    kl: f64,
+}
+
+/// Token rewards (the outcome reward on each row's last action, −β·KL on every action),
+/// GAE over the action tokens from the critic's values before any step (`old_values`)
+/// and, optionally, whitening over the batch.
+#[allow(clippy::too_many_arguments)]
+fn ppo_targets(
+    model: &Model,
+    rows: &[Row],
+    arrays: &[RowArrays],
+    behavior: &[Vec<f32>],
+    micros: &[&Micro],
+    old_values: Vec<Vec<f32>>,
+    p: &PpoConfig,
+    cfg: &UpdateConfig,
+) -> Result<PpoTargets> {
+    let device = model.device();
+    // Per-token KL of the sampler's policy to the reference, for KL in the reward.
+    let mut kls = vec![Vec::new(); rows.len()];
+    for m in micros.iter().filter(|_| p.kl_reward_coef > 0.0) {
+        let (r, _) = logps(model, m, Mode::BASE, cfg.temperature)?;
+        let k = kl(&m.pad(behavior, device)?, &r, cfg.reward_kl_estimator)?;
+        for (&i, row) in m.rows.iter().zip(k.to_vec2::<f32>()?) {
+            kls[i] = row[..arrays[i].input.len()].to_vec();
+        }
+    }
+    let (mut advantages, mut returns, mut actions) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut kl_sum, mut tokens) = (0.0, 0.0);
+    for (i, a) in arrays.iter().enumerate() {
+        let on: Vec<bool> = a.mask.iter().map(|m| *m > 0.0).collect();
+        let mut r = vec![0.0; on.len()];
+        if p.kl_reward_coef > 0.0 {
+            for t in (0..on.len()).filter(|&t| on[t]) {
+                r[t] -= p.kl_reward_coef * f64::from(kls[i][t]);
+                kl_sum += f64::from(kls[i][t]);
+                tokens += 1.0;
+            }
+        }
+        if let Some(last) = on.iter().rposition(|x| *x) {
+            r[last] += rows[i].trajectory.reward;
+        }
+        let values: Vec<f64> = old_values[i].iter().map(|v| f64::from(*v)).collect();
+        let (adv, ret) = gae(&r, &values, &on, p.gamma, p.lam);
+        advantages.push(adv);
+        returns.push(ret);
+        actions.push(on);
+    }
+    if p.whiten {
+        whiten(&mut advantages, &actions);
+    }
+    let to_f32 = |v: Vec<Vec<f64>>| -> Vec<Vec<f32>> {
+        v.into_iter()
+            .map(|r| r.into_iter().map(|x| x as f32).collect())
+            .collect()
+    };
+    Ok(PpoTargets {
+        advantages: to_f32(advantages),
+        returns: to_f32(returns),
+        old_values,
+        kl: kl_sum / f64::max(tokens, 1.0),
+    })
 }
 
 /// Log-probs of every row (each `tokens − 1` long) under `mode`, without gradients.
@@ -267,14 +376,48 @@ fn per_row_logps(
     temperature: f64,
     lens: &[usize],
 ) -> Result<Vec<Vec<f32>>> {
-    let mut out = vec![Vec::new(); lens.len()];
-    for m in micros {
-        let (lp, _) = logps(model, m, mode, temperature)?;
-        for (&i, row) in m.rows.iter().zip(lp.to_vec2::<f32>()?) {
+    Ok(per_row_pass(model, micros, mode, temperature, lens, true, None)?.0)
+}
+
+/// One `tokens − 1`-long vector per row of the update.
+type PerRow = Vec<Vec<f32>>;
+
+/// One pass over every row without gradients: each row's log-probs under `mode` (when
+/// `want_logps`) and, given a value head, its values from the same hidden states.
+fn per_row_pass(
+    model: &Model,
+    micros: &[&Micro],
+    mode: Mode,
+    temperature: f64,
+    lens: &[usize],
+    want_logps: bool,
+    head: Option<&ValueHead>,
+) -> Result<(PerRow, PerRow)> {
+    let (mut logps, mut values) = (vec![Vec::new(); lens.len()], vec![Vec::new(); lens.len()]);
+    let keep = |out: &mut Vec<Vec<f32>>, m: &Micro, t: Tensor| -> Result<()> {
+        for (&i, row) in m.rows.iter().zip(t.to_vec2::<f32>()?) {
             out[i] = row[..lens[i]].to_vec();
         }
+        Ok(())
+    };
+    // A critic with its own adapter runs its own pass; the policy's is needed for
+    // log-probs or a shared critic only.
+    let policy_pass = want_logps || head.is_some_and(|h| !h.separate());
+    for m in micros {
+        let hidden = if policy_pass {
+            Some(model.forward_batch(&m.input, &m.attn, &m.pos, mode)?)
+        } else {
+            None
+        };
+        if let Some(hidden) = hidden.as_ref().filter(|_| want_logps) {
+            keep(&mut logps, m, score(model, hidden, m, temperature)?.0)?;
+        }
+        if let Some(head) = head {
+            let v = head.values(model, (&m.input, &m.attn, &m.pos), hidden.as_ref(), false)?;
+            keep(&mut values, m, v)?;
+        }
     }
-    Ok(out)
+    Ok((logps, values))
 }
 
 fn masked_sum(x: &Tensor, mask: &Tensor) -> Result<f64> {
@@ -329,17 +472,16 @@ fn plan(n: usize, k: usize, epochs: usize, seed: u64) -> Vec<(usize, Vec<usize>)
     out
 }
 
-/// Updates the adapter from `rows`; `lr` is this step's learning rate, `seed` shuffles
-/// the mini-batches.
+/// Updates the adapter (and with PPO the value head `critic`) from `rows`.
 pub fn update(
     model: &Model,
+    critic: Option<&ValueHead>,
     opt: &mut AdamW,
     rows: &[Row],
     cfg: &UpdateConfig,
-    lr: f64,
-    dropout: Option<&Mutex<StdRng>>,
-    seed: u64,
+    inputs: &StepInputs,
 ) -> Result<UpdateStats> {
+    let StepInputs { lr, seed, dropout } = *inputs;
     if rows.is_empty() {
         bail!("no trajectories to learn from");
     }
@@ -376,18 +518,60 @@ pub fn update(
         .take_while(|(e, _, _)| *e == 0)
         .flat_map(|(_, _, m)| m)
         .collect();
-    let whole = |mode| per_row_logps(model, &first_epoch, mode, temperature, &lens);
-    let one_step = steps.len() == 1;
-    // `None`: the step's own log-probs, detached (one step, nothing to recompute).
+    let critic = match (&cfg.ppo, critic) {
+        (Some(p), Some(head)) => Some((p, head)),
+        (Some(_), None) => bail!("PPO needs a value head and none was given"),
+        (None, _) => None,
+    };
+    // The policy before any step needs a pass of its own unless one step is all there
+    // is (then it is the step's own log-probs, detached) or the sampler's stand in; the
+    // critic's values before any step come from the same pass.
+    let recompute = cfg.old_logps == OldLogps::Recompute && steps.len() > 1;
+    let (recomputed, old_values) = if recompute || critic.is_some() {
+        let head = critic.map(|(_, h)| h);
+        per_row_pass(
+            model,
+            &first_epoch,
+            Mode::INFERENCE,
+            temperature,
+            &lens,
+            recompute,
+            head,
+        )?
+    } else {
+        Default::default()
+    };
+    // `None`: the step's own log-probs, detached.
     let old: Option<Vec<Vec<f32>>> = match cfg.old_logps {
         OldLogps::Sampler => Some(behavior.clone()),
-        OldLogps::Recompute if one_step => None,
-        OldLogps::Recompute => Some(whole(Mode::INFERENCE)?),
+        OldLogps::Recompute => recompute.then_some(recomputed),
     };
     let refs = if cfg.kl_coef > 0.0 {
-        Some(whole(Mode::BASE)?)
+        Some(per_row_logps(
+            model,
+            &first_epoch,
+            Mode::BASE,
+            temperature,
+            &lens,
+        )?)
     } else {
         None
+    };
+    let ppo = match critic {
+        Some((p, head)) => {
+            let t = ppo_targets(
+                model,
+                rows,
+                &arrays,
+                &behavior,
+                &first_epoch,
+                old_values,
+                p,
+                cfg,
+            )?;
+            Some((p, head, t))
+        }
+        None => None,
     };
     let mut stats = UpdateStats {
         micro_batches: first_epoch.len(),
@@ -399,6 +583,7 @@ pub fn update(
         bar.set_length(steps.iter().map(|(_, _, m)| m.len() as u64).sum());
     }
     let (mut clipped_tokens, mut kl_old_sum, mut step_tokens_sum) = (0.0, 0.0, 0.0);
+    let (mut value_loss_sum, mut value_clipped) = (0.0, 0.0);
     for (epoch, share, micros) in &steps {
         let mut acc = Accumulator::new(params.len());
         let mut step = MiniStats {
@@ -411,13 +596,19 @@ pub fn update(
             if let Some(bar) = &cfg.progress {
                 bar.inc(1);
             }
-            let (lp, entropy) = logps(model, m, train, temperature)?;
+            let hidden = model.forward_batch(&m.input, &m.attn, &m.pos, train)?;
+            let (lp, entropy) = score(model, &hidden, m, temperature)?;
             let old = match &old {
                 Some(old) => m.pad(old, device)?,
                 None => lp.detach(),
             };
+            // PPO: each token's own advantage; otherwise its row's.
+            let advantages = match &ppo {
+                Some((_, _, t)) => m.pad(&t.advantages, device)?,
+                None => m.advantages.clone(),
+            };
             let (surrogate, clipped) =
-                clipped_surrogate(&lp, &old, &m.advantages, cfg.clip_low, cfg.clip_high)?;
+                clipped_surrogate(&lp, &old, &advantages, cfg.clip_low, cfg.clip_high)?;
             let mut per_token = surrogate.clone();
             let stale: Vec<f32> = m
                 .rows
@@ -437,6 +628,21 @@ pub fn update(
             };
             if let Some(k) = &kl_tok {
                 per_token = (per_token + (k * cfg.kl_coef)?)?;
+            }
+            // The critic's loss, never importance-weighted: it regresses returns.
+            if let Some((p, head, t)) = &ppo {
+                let v = head.values(model, (&m.input, &m.attn, &m.pos), Some(&hidden), true)?;
+                let (vl, used) = value_loss(
+                    &v,
+                    &m.pad(&t.old_values, device)?,
+                    &m.pad(&t.returns, device)?,
+                    p.value_clip,
+                )?;
+                per_token = (per_token + (&vl * p.vf_coef)?)?;
+                value_clipped += masked_sum(&used, &m.mask)?;
+                if *epoch == 0 {
+                    value_loss_sum += masked_sum(&vl, &m.mask)?;
+                }
             }
             let loss = (&per_token * &m.weight)?.sum_all()?;
             let grads = loss.backward()?;
@@ -485,6 +691,13 @@ pub fn update(
     stats.kl /= n;
     stats.clip_fraction = clipped_tokens / step_tokens_sum.max(1.0);
     stats.approx_kl = kl_old_sum / step_tokens_sum.max(1.0);
+    if let Some((p, _, t)) = &ppo {
+        stats.value_loss = Some(value_loss_sum / n);
+        stats.value_clip_fraction = Some(value_clipped / step_tokens_sum.max(1.0));
+        if p.kl_reward_coef > 0.0 {
+            stats.kl = t.kl;
+        }
+    }
     Ok(stats)
 }
 
@@ -544,6 +757,7 @@ mod tests {
             mini_batches: 1,
             epochs: 1,
             old_logps: OldLogps::Recompute,
+            ppo: None,
             progress: None,
         }
     }
@@ -582,6 +796,14 @@ mod tests {
         per_row_logps(m, &refs, mode, temperature, &lens).unwrap()
     }
 
+    fn at(lr: f64, seed: u64) -> StepInputs<'static> {
+        StepInputs {
+            lr,
+            seed,
+            dropout: None,
+        }
+    }
+
     fn lora_values(m: &Model) -> Vec<Vec<f32>> {
         m.lora_vars()
             .iter()
@@ -608,7 +830,7 @@ mod tests {
         for tokens in [10_000, 1] {
             let m = model();
             let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
-            let s = update(&m, &mut opt, &rows, &cfg(tokens), 1e-3, None, 0).unwrap();
+            let s = update(&m, None, &mut opt, &rows, &cfg(tokens), &at(1e-3, 0)).unwrap();
             assert_eq!(s.micro_batches, if tokens == 1 { 3 } else { 1 });
             assert_eq!(s.tokens, 12 + 8 + 17);
             assert!(s.kl > 0.0 && s.entropy > 0.0);
@@ -679,7 +901,7 @@ mod tests {
         let mut c = cfg(1000);
         c.kl_coef = 0.0;
         c.epochs = 3;
-        let s = update(&m, &mut opt, &rows, &c, 1e-3, None, 0).unwrap();
+        let s = update(&m, None, &mut opt, &rows, &c, &at(1e-3, 0)).unwrap();
         assert_eq!(s.optimizer_steps, 3);
         assert_eq!(
             s.steps[0].clip_fraction, 0.0,
@@ -716,7 +938,7 @@ mod tests {
         let seed = 11;
         let m = model();
         let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
-        let s = update(&m, &mut opt, &rows, &c, lr, None, seed).unwrap();
+        let s = update(&m, None, &mut opt, &rows, &c, &at(lr, seed)).unwrap();
         assert_eq!(s.optimizer_steps, 4);
         let shares: Vec<usize> = s.steps.iter().map(|st| st.rows.len()).collect();
         assert_eq!(shares, [3, 2, 3, 2], "five rows in two nearly equal shares");
@@ -749,7 +971,7 @@ mod tests {
         let mut opt2 = AdamW::new(replay.lora_vars(), AdamWConfig::default()).unwrap();
         let mut c1 = c.clone();
         c1.epochs = 1;
-        let s1 = update(&replay, &mut opt2, &rows, &c1, lr, None, seed).unwrap();
+        let s1 = update(&replay, None, &mut opt2, &rows, &c1, &at(lr, seed)).unwrap();
         assert_eq!(s1.steps[0].rows, s.steps[0].rows);
         let current = scored(&replay, &rows, Mode::INFERENCE, 1.0);
         let old = scored(&model(), &rows, Mode::INFERENCE, 1.0);
@@ -824,7 +1046,7 @@ mod tests {
             c.temperature = temperature;
             let m = model();
             let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
-            let s = update(&m, &mut opt, &rows, &c, 1e-3, None, 0).unwrap();
+            let s = update(&m, None, &mut opt, &rows, &c, &at(1e-3, 0)).unwrap();
             approx.push((s.approx_kl, s.clip_fraction));
         }
         assert!(approx[0].0 < 1e-8 && approx[0].1 == 0.0, "{approx:?}");
@@ -845,5 +1067,104 @@ mod tests {
             plan(4, 1, 2, 9),
             [(0, vec![0, 1, 2, 3]), (1, vec![0, 1, 2, 3])]
         );
+    }
+
+    /// PPO: the critic regresses the returns (its loss falls from one update to the
+    /// next on the same batch), the value head moves, and the rewarded trajectory becomes
+    /// more likely while the unrewarded one becomes less likely. Tool-output tokens (the
+    /// masked span) are not actions: they get no advantage and no value loss.
+    #[test]
+    fn ppo_trains_the_critic_and_follows_the_rewards() {
+        ppo_on_a_fixed_batch(false);
+    }
+
+    /// The same with a critic adapter of its own: the policy's adapter then learns from
+    /// the advantages alone.
+    #[test]
+    fn ppo_with_a_separate_critic_adapter_trains_both() {
+        ppo_on_a_fixed_batch(true);
+    }
+
+    fn ppo_on_a_fixed_batch(separate: bool) {
+        let mut ts = vec![
+            trajectory((1..16).collect(), 5, &[3, 4]),
+            trajectory((100..115).collect(), 5, &[3, 4]),
+        ];
+        ts[0].reward = 1.0;
+        ts[1].reward = 0.0;
+        let rows = rows_of(&ts, &[0.0, 0.0]);
+        let m = model();
+        let head = ValueHead::new(&m, separate, 0).unwrap();
+        let mut params = m.lora_vars();
+        params.extend(head.vars());
+        let mut opt = AdamW::new(params, AdamWConfig::default()).unwrap();
+        let mut c = cfg(1000);
+        c.kl_coef = 0.0;
+        c.epochs = 2;
+        c.ppo = Some(PpoConfig {
+            gamma: 1.0,
+            lam: 0.95,
+            vf_coef: 0.5,
+            value_clip: 0.2,
+            whiten: true,
+            kl_reward_coef: 0.0,
+        });
+        let seq = |m: &Model, t: &Trajectory| -> f64 {
+            let lp = scored(
+                m,
+                &rows_of(std::slice::from_ref(t), &[0.0]),
+                Mode::INFERENCE,
+                1.0,
+            );
+            let mask = row_arrays(t).mask;
+            lp[0].iter().zip(mask).map(|(l, k)| f64::from(l * k)).sum()
+        };
+        let before = [seq(&m, &ts[0]), seq(&m, &ts[1])];
+        let mut value_losses = Vec::new();
+        for step in 0..4 {
+            let s = update(&m, Some(&head), &mut opt, &rows, &c, &at(1e-3, step)).unwrap();
+            value_losses.push(s.value_loss.unwrap());
+        }
+        assert!(
+            value_losses.windows(2).all(|w| w[1] < w[0]),
+            "the critic's loss falls: {value_losses:?}"
+        );
+        let w = head.weight.as_tensor().abs().unwrap().sum_all().unwrap();
+        assert!(w.to_scalar::<f32>().unwrap() > 0.0, "the value head moved");
+        let after = [seq(&m, &ts[0]), seq(&m, &ts[1])];
+        assert!(
+            after[0] > before[0] && after[1] < before[1],
+            "{before:?} -> {after:?}"
+        );
+
+        // The masked span's positions: zero advantage, return and value loss.
+        let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+        let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let micros = micro_batches(&rows, &arrays, &all, &c, m.device()).unwrap();
+        let refs: Vec<&Micro> = micros.iter().collect();
+        let p = c.ppo.clone().unwrap();
+        let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
+        let (_, values) =
+            per_row_pass(&m, &refs, Mode::INFERENCE, 1.0, &lens, false, Some(&head)).unwrap();
+        let t = ppo_targets(&m, &rows, &arrays, &behavior, &refs, values.clone(), &p, &c).unwrap();
+        for span in [ts[0].prompt_len + 3 - 1, ts[0].prompt_len + 4 - 1] {
+            assert_eq!(arrays[0].mask[span], 0.0);
+            assert_eq!((t.advantages[0][span], t.returns[0][span]), (0.0, 0.0));
+        }
+        // KL in the token rewards: the last action's return is its own reward,
+        // r − β·k1 with k1 = behavior − ref (the sampler recorded −1 for every token).
+        let mut p = p;
+        p.kl_reward_coef = 0.1;
+        let t = ppo_targets(&m, &rows, &arrays, &behavior, &refs, values, &p, &c).unwrap();
+        let reference = scored(&m, &rows, Mode::BASE, 1.0);
+        let last = arrays[0].mask.iter().rposition(|x| *x > 0.0).unwrap();
+        let want = 1.0 - 0.1 * (-1.0 - f64::from(reference[0][last]));
+        assert!(
+            (f64::from(t.returns[0][last]) - want).abs() < 1e-5,
+            "{} vs {want}",
+            t.returns[0][last]
+        );
+        assert!(t.kl > 0.0);
     }
 }
