@@ -26,6 +26,7 @@ pub mod lora;
 pub mod lora_op;
 #[cfg(target_arch = "x86_64")]
 pub mod mlp_op;
+pub mod nf4;
 pub mod ops;
 pub mod peft;
 pub mod sample;

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Reference NF4 quantizations made by bitsandbytes itself, for rlhost's QLoRA tests.
+
+It writes tests/fixtures/nf4_reference.safetensors: a few f32 weight matrices (shapes
+whose element count is and is not a multiple of the 64-value block) and, for each, what
+`bitsandbytes.functional.quantize_4bit(..., quant_type="nf4", blocksize=64)` makes of it
+and what `dequantize_4bit` gives back, without and with double quantization of the absmax
+values (`compress_statistics=True`: the absmax values less their mean, quantized to 8 bits
+with bitsandbytes' signed dynamic map in blocks of 256):
+
+    <name>.weight                 the f32 input, [out, in]
+    <name>.packed                 NF4 codes, two per byte (first value in the high nibble)
+    <name>.absmax                 f32 per 64-value block
+    <name>.dequantized            dequantize_4bit of the above
+    <name>.dq.packed / .dq.absmax (u8 codes of absmax − offset) / .dq.offset ([1] f32)
+    <name>.dq.nested_absmax       f32 per 256 absmax values
+    <name>.dq.nested_quant_map    the 256-value dynamic map
+    <name>.dq.dequantized         dequantize_4bit with the nested statistics
+    nf4.quant_map                 the 16 NF4 values
+
+It is run by developers, not by CI:
+
+    /tmp/refvenv/bin/pip install torch bitsandbytes safetensors
+    /tmp/refvenv/bin/python scripts/nf4_reference.py [--out FILE]
+
+Last run with: torch==2.15.0 bitsandbytes==0.50.2 (Python 3.11.7, CPU).
+"""
+
+import argparse
+from pathlib import Path
+
+import bitsandbytes.functional as F
+import torch
+from safetensors.torch import save_file
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests/fixtures/nf4_reference.safetensors")
+    args = ap.parse_args()
+    g = torch.Generator().manual_seed(4)
+    out = {"nf4.quant_map": F.get_4bit_type("nf4", device="cpu").float().contiguous()}
+    # Weights at the scale of a trained projection (std 0.02), with a few outliers, one
+    # all-zero block, and a shape whose size leaves a partial last block.
+    shapes = {"a": (128, 64), "b": (96, 200), "c": (7, 45)}
+    for name, (rows, cols) in shapes.items():
+        w = torch.randn(rows, cols, generator=g) * 0.02
+        w.view(-1)[5] = 0.31
+        if name == "a":
+            w.view(-1)[64:128] = 0.0
+        out[f"{name}.weight"] = w.contiguous()
+        q, st = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=False)
+        out[f"{name}.packed"] = q.view(-1).contiguous()
+        out[f"{name}.absmax"] = st.absmax.contiguous()
+        out[f"{name}.dequantized"] = F.dequantize_4bit(q, st).contiguous()
+        q, st = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+        out[f"{name}.dq.packed"] = q.view(-1).contiguous()
+        out[f"{name}.dq.absmax"] = st.absmax.contiguous()
+        out[f"{name}.dq.offset"] = st.offset.view(1).float().contiguous()
+        out[f"{name}.dq.nested_absmax"] = st.state2.absmax.contiguous()
+        out[f"{name}.dq.nested_quant_map"] = st.state2.code.contiguous()
+        out[f"{name}.dq.dequantized"] = F.dequantize_4bit(q, st).contiguous()
+    save_file(out, str(args.out))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
