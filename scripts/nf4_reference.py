@@ -17,21 +17,69 @@ with bitsandbytes' signed dynamic map in blocks of 256):
     <name>.dq.nested_quant_map    the 256-value dynamic map
     <name>.dq.dequantized         dequantize_4bit with the nested statistics
     nf4.quant_map                 the 16 NF4 values
+    qwen2.qlora_logits[_nodq]     logits of the qwen2 fixture model loaded in 4 bits by
+                                  transformers (BitsAndBytesConfig nf4, f32 compute, with
+                                  and without double quantization) with the fixture's PEFT
+                                  adapter, on the fixture's reference batch
+
+and tests/fixtures/models/qwen2-nf4/: the same 4-bit base model as `save_pretrained`
+writes it (bitsandbytes' serialized layout: `weight` u8, `weight.absmax`,
+`weight.quant_map`, `weight.nested_absmax`, `weight.nested_quant_map`,
+`weight.quant_state.bitsandbytes__nf4`, and `quantization_config` in config.json), for
+loading pre-quantized checkpoints.
 
 It is run by developers, not by CI:
 
-    /tmp/refvenv/bin/pip install torch bitsandbytes safetensors
+    /tmp/refvenv/bin/pip install torch bitsandbytes safetensors transformers peft
     /tmp/refvenv/bin/python scripts/nf4_reference.py [--out FILE]
 
-Last run with: torch==2.15.0 bitsandbytes==0.50.2 (Python 3.11.7, CPU).
+Last run with: torch==2.15.0 bitsandbytes==0.50.2 transformers==5.24.0 peft (see the
+printed versions) (Python 3.11.7, CPU).
 """
 
 import argparse
+import shutil
 from pathlib import Path
 
 import bitsandbytes.functional as F
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests/fixtures"
+
+
+def qlora(out):
+    """Logits of the 4-bit qwen2 fixture with its PEFT adapter, and the saved 4-bit base."""
+    import peft
+    import transformers
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    print("transformers", transformers.__version__, "peft", peft.__version__)
+    src = FIXTURES / "models/qwen2"
+    r = load_file(str(src / "reference.safetensors"))
+    for suffix, double in [("", True), ("_nodq", False)]:
+        config = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=double,
+            bnb_4bit_compute_dtype=torch.float32,
+        )
+        model = AutoModelForCausalLM.from_pretrained(src, quantization_config=config, device_map="cpu", dtype=torch.float32)
+        if double:
+            dest = FIXTURES / "models/qwen2-nf4"
+            shutil.rmtree(dest, ignore_errors=True)
+            model.save_pretrained(dest)
+            for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"]:
+                shutil.copy(src / f, dest / f)
+        model = PeftModel.from_pretrained(model, src / "adapter")
+        with torch.no_grad():
+            logits = model(
+                input_ids=r["input_ids"].long(),
+                attention_mask=r["attention_mask"].long(),
+                position_ids=r["position_ids"].long(),
+            ).logits
+        out[f"qwen2.qlora_logits{suffix}"] = logits.float().contiguous()
 
 
 def main():
@@ -60,6 +108,7 @@ def main():
         out[f"{name}.dq.nested_absmax"] = st.state2.absmax.contiguous()
         out[f"{name}.dq.nested_quant_map"] = st.state2.code.contiguous()
         out[f"{name}.dq.dequantized"] = F.dequantize_4bit(q, st).contiguous()
+    qlora(out)
     save_file(out, str(args.out))
     print(f"wrote {args.out}")
 

@@ -197,6 +197,16 @@ impl Model {
         Ok(())
     }
 
+    /// Quantizes every projection's frozen weight to NF4 in bitsandbytes' layout (QLoRA;
+    /// double-quantized absmax values when `nested`). The embedding, norms and output head
+    /// stay dense, as bitsandbytes leaves them; adapters train as before.
+    pub fn quantize_nf4(&mut self, nested: bool) -> anyhow::Result<()> {
+        for (_, lin) in self.projections_mut() {
+            lin.quantize_nf4(nested)?;
+        }
+        Ok(())
+    }
+
     /// Every projection with its module path (`model.layers.3.mlp.up_proj`) and short name.
     pub fn projections(&self) -> Vec<(String, &'static str, &Linear)> {
         let mut out = Vec::new();
@@ -300,10 +310,11 @@ impl Model {
             }
         }
         for (path, _, lin) in self.projections() {
+            // An NF4 base is exported dequantized (f32).
             let w = if merged {
-                lin.merged_weight()?
+                lin.merged_weight(&self.device)?
             } else {
-                lin.weight.clone()
+                lin.weight.to_dense(&self.device)?
             };
             out.push((format!("{path}.weight"), w));
             if let Some(b) = &lin.bias {

@@ -6,11 +6,13 @@
 //! unchanged. `s = alpha / r`, or `alpha / √r` with rsLoRA. Adapters can be switched off
 //! per forward: that is the reference policy for KL, with no second copy of the weights.
 
+use super::nf4::Nf4Linear;
 use super::ops::frozen_linear;
 use candle_core::{DType, Device, Result, Tensor, TensorId, Var};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 
 /// The projections LoRA can target, by their checkpoint names.
@@ -211,9 +213,54 @@ impl AdapterSnapshot {
     }
 }
 
+/// A projection's frozen base weight `[out, in]`: a dense tensor, or NF4 (QLoRA), which is
+/// dequantized a block at a time and never kept whole.
+#[derive(Clone)]
+pub enum Weight {
+    Dense(Tensor),
+    Nf4(Arc<Nf4Linear>),
+}
+
+impl Weight {
+    /// `(out, in)`.
+    pub fn dims2(&self) -> (usize, usize) {
+        match self {
+            Weight::Dense(w) => {
+                let d = w.dims();
+                (d[0], d[1])
+            }
+            Weight::Nf4(q) => q.dims(),
+        }
+    }
+
+    /// The dense tensor, when the weight is one (the fused kernels read it directly).
+    pub fn dense(&self) -> Option<&Tensor> {
+        match self {
+            Weight::Dense(w) => Some(w),
+            Weight::Nf4(_) => None,
+        }
+    }
+
+    /// The weight in f32, dequantized when it is NF4 (for a merged export).
+    pub fn to_dense(&self, device: &Device) -> Result<Tensor> {
+        match self {
+            Weight::Dense(w) => Ok(w.clone()),
+            Weight::Nf4(q) => q.dense(device),
+        }
+    }
+
+    /// `x · Wᵀ`, differentiable in `x`.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Weight::Dense(w) => frozen_linear(x, w),
+            Weight::Nf4(q) => q.forward(x),
+        }
+    }
+}
+
 /// A projection: frozen `weight: [out, in]`, optional `bias`, optional `lora`.
 pub struct Linear {
-    pub weight: Tensor,
+    pub weight: Weight,
     pub bias: Option<Tensor>,
     pub lora: Option<Lora>,
 }
@@ -221,37 +268,50 @@ pub struct Linear {
 impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
         Linear {
-            weight,
+            weight: Weight::Dense(weight),
             bias,
             lora: None,
         }
     }
 
     pub fn in_features(&self) -> usize {
-        self.weight.dims()[1]
+        self.weight.dims2().1
     }
 
     pub fn out_features(&self) -> usize {
-        self.weight.dims()[0]
+        self.weight.dims2().0
+    }
+
+    /// Replaces a dense base weight by its NF4 quantization (double-quantized absmax when
+    /// `nested`); an NF4 weight stays as it is.
+    pub fn quantize_nf4(&mut self, nested: bool) -> anyhow::Result<()> {
+        if let Weight::Dense(w) = &self.weight {
+            let (rows, cols) = w.dims2()?;
+            let values = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let q = super::nf4::Nf4::quantize(&values, rows, cols, nested)?;
+            self.weight = Weight::Nf4(Arc::new(Nf4Linear::new(q)));
+        }
+        Ok(())
     }
 
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         #[cfg(target_arch = "x86_64")]
         if let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters && mode.grad)
             && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
-            && super::gemm::applies(x, &self.weight)
+            && let Some(weight) = self.weight.dense()
+            && super::gemm::applies(x, weight)
         {
             let (a, b) = match mode.adapter.and_then(|s| s.get(lora)) {
                 Some((a, b)) => (a, b),
                 None => (lora.lora_a.as_tensor(), lora.lora_b.as_tensor()),
             };
-            let y = super::lora_op::lora_linear(x, &self.weight, a, b, lora.scaling)?;
+            let y = super::lora_op::lora_linear(x, weight, a, b, lora.scaling)?;
             return match &self.bias {
                 Some(b) => y.broadcast_add(b),
                 None => Ok(y),
             };
         }
-        let mut y = frozen_linear(x, &self.weight)?;
+        let mut y = self.weight.apply(x)?;
         if let Some(b) = &self.bias {
             y = y.broadcast_add(b)?;
         }
@@ -286,12 +346,13 @@ impl Linear {
     }
 
     /// `W + s · B A`: the weight with the adapter folded in (for a merged export).
-    pub fn merged_weight(&self) -> Result<Tensor> {
+    pub fn merged_weight(&self, device: &Device) -> Result<Tensor> {
+        let weight = self.weight.to_dense(device)?;
         match &self.lora {
-            None => Ok(self.weight.clone()),
+            None => Ok(weight),
             Some(l) => {
                 let delta = l.lora_b.as_tensor().matmul(l.lora_a.as_tensor())?;
-                &self.weight + (delta * l.scaling)?
+                &weight + (delta * l.scaling)?
             }
         }
     }

@@ -21,25 +21,32 @@ use super::lora::Linear;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
-/// Whether [`lora_mlp`] applies: all three projections with an adapter and no bias, and
-/// the gemm ops usable for `x` and every frozen weight.
+/// Whether [`lora_mlp`] applies: all three projections with an adapter, no bias and a
+/// dense weight, and the gemm ops usable for `x` and every frozen weight.
 pub fn applies(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> bool {
-    [gate, up, down]
-        .iter()
-        .all(|l| l.lora.is_some() && l.bias.is_none() && super::gemm::applies(x, &l.weight))
+    [gate, up, down].iter().all(|l| {
+        l.lora.is_some()
+            && l.bias.is_none()
+            && l.weight.dense().is_some_and(|w| super::gemm::applies(x, w))
+    })
 }
 
 /// `down(silu(gate(x)) ⊙ up(x))` with every adapter applied, for `x: [..., hidden]`;
 /// differentiable in `x` and the adapters. Callers check [`applies`] and that no adapter
 /// needs dropout.
 pub fn lora_mlp(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> Result<Tensor> {
-    let (inter, hidden) = gate.weight.dims2()?;
-    if up.weight.dims() != [inter, hidden] || down.weight.dims() != [hidden, inter] {
+    let (Some(gw), Some(uw), Some(dw)) =
+        (gate.weight.dense(), up.weight.dense(), down.weight.dense())
+    else {
+        bail!("mlp: the fused op needs dense weights")
+    };
+    let (inter, hidden) = gw.dims2()?;
+    if uw.dims() != [inter, hidden] || dw.dims() != [hidden, inter] {
         bail!(
             "mlp: gate {:?}, up {:?}, down {:?} do not fit",
-            gate.weight.dims(),
-            up.weight.dims(),
-            down.weight.dims()
+            gw.dims(),
+            uw.dims(),
+            dw.dims()
         );
     }
     if x.dims().last() != Some(&hidden) {
@@ -69,7 +76,7 @@ pub fn lora_mlp(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> Result
     x.contiguous()?.apply_op2(
         &adapters,
         LoraMlp {
-            w: [gate.weight.clone(), up.weight.clone(), down.weight.clone()],
+            w: [gw.clone(), uw.clone(), dw.clone()],
             ranks,
             scaling,
             saved: Mutex::new(None),

@@ -16,6 +16,8 @@
 //! that the codes agree byte for byte.
 
 use anyhow::{Result, bail};
+use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
+use std::sync::Arc;
 
 /// The 16 NF4 levels (bitsandbytes `get_4bit_type("nf4")`, as f32).
 pub const NF4: [f32; 16] = [
@@ -133,7 +135,7 @@ impl Nf4 {
         for (k, o) in out[..(r1 - r0) * self.cols].iter_mut().enumerate() {
             let i = start + k;
             let byte = self.packed[i / 2];
-            let code = if i % 2 == 0 { byte >> 4 } else { byte & 0x0f };
+            let code = if i.is_multiple_of(2) { byte >> 4 } else { byte & 0x0f };
             *o = NF4[code as usize] * absmax[i / BLOCK];
         }
     }
@@ -244,6 +246,118 @@ fn lut_index(v: f32) -> usize {
     ((v + 1.0) * 0.5 * (LUT_SIZE - 1) as f32 + 0.5) as u16 as usize
 }
 
+/// Output rows of the weight dequantized at a time: `ROW_BLOCK × in` f32 of scratch (2 MB
+/// for a 1,024-wide layer) instead of the whole weight.
+const ROW_BLOCK: usize = 512;
+
+/// A frozen NF4 projection `[out, in]`: `y = x · Wᵀ` with W dequantized a block of rows
+/// at a time, forward and backward (which recomputes each block rather than keeping the
+/// dequantized weight alive), so that the f32 weight never exists whole.
+#[derive(Debug)]
+pub struct Nf4Linear {
+    pub q: Nf4,
+    /// The per-block absmax in f32 (1/64 of the weight's values; decoded once).
+    absmax: Vec<f32>,
+}
+
+impl Nf4Linear {
+    pub fn new(q: Nf4) -> Nf4Linear {
+        let absmax = q.absmax_f32();
+        Nf4Linear { q, absmax }
+    }
+
+    /// `(out, in)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.q.rows, self.q.cols)
+    }
+
+    /// Rows `r0..r1` of the weight, dequantized.
+    pub fn rows(&self, r0: usize, r1: usize, device: &Device) -> candle_core::Result<Tensor> {
+        let mut out = vec![0f32; (r1 - r0) * self.q.cols];
+        self.q.dequantize_rows(&self.absmax, r0, r1, &mut out);
+        Tensor::from_vec(out, (r1 - r0, self.q.cols), device)
+    }
+
+    /// The whole weight in f32 (for a merged export).
+    pub fn dense(&self, device: &Device) -> candle_core::Result<Tensor> {
+        self.rows(0, self.q.rows, device)
+    }
+
+    /// `x · Wᵀ` for `x: [..., in]`; differentiable in `x`.
+    pub fn forward(self: &Arc<Self>, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (out_f, in_f) = self.dims();
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / in_f;
+        let y = x
+            .reshape((rows, in_f))?
+            .contiguous()?
+            .apply_op1(Nf4Matmul { w: self.clone() })?;
+        *dims.last_mut().expect("x has at least one dim") = out_f;
+        y.reshape(dims)
+    }
+
+    /// `x · Wᵀ`, block by block, for `x: [n, in]`.
+    fn matmul_t(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let out_f = self.q.rows;
+        let mut parts = Vec::with_capacity(out_f.div_ceil(ROW_BLOCK));
+        for r0 in (0..out_f).step_by(ROW_BLOCK) {
+            let r1 = (r0 + ROW_BLOCK).min(out_f);
+            parts.push(x.matmul(&self.rows(r0, r1, x.device())?.t()?)?);
+        }
+        Tensor::cat(&parts, 1)
+    }
+
+    /// `g · W` for `g: [n, out]`, block by block.
+    fn matmul(&self, g: &Tensor) -> candle_core::Result<Tensor> {
+        let out_f = self.q.rows;
+        let mut acc: Option<Tensor> = None;
+        for r0 in (0..out_f).step_by(ROW_BLOCK) {
+            let r1 = (r0 + ROW_BLOCK).min(out_f);
+            let part = g
+                .narrow(1, r0, r1 - r0)?
+                .matmul(&self.rows(r0, r1, g.device())?)?;
+            acc = Some(match acc {
+                Some(a) => (a + part)?,
+                None => part,
+            });
+        }
+        acc.ok_or_else(|| candle_core::Error::Msg("nf4: a weight with no rows".into()))
+    }
+}
+
+struct Nf4Matmul {
+    w: Arc<Nf4Linear>,
+}
+
+impl CustomOp1 for Nf4Matmul {
+    fn name(&self) -> &'static str {
+        "nf4-matmul"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, k) = l.shape().dims2()?;
+        let CpuStorage::F32(data) = x else {
+            candle_core::bail!("nf4-matmul: the input is not f32");
+        };
+        let (start, end) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("nf4-matmul: input not contiguous".into()))?;
+        let x = Tensor::from_slice(&data[start..end], (n, k), &Device::Cpu)?;
+        let y = self.w.matmul_t(&x)?.contiguous()?;
+        let out = y.flatten_all()?.to_vec1::<f32>()?;
+        Ok((CpuStorage::F32(out), Shape::from((n, self.w.q.rows))))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _y: &Tensor,
+        grad_y: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(self.w.matmul(&grad_y.contiguous()?)?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,7 +400,11 @@ mod tests {
             let (rows, cols) = w.dims2().unwrap();
             let w = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let q = Nf4::quantize(&w, rows, cols, false).unwrap();
-            assert_eq!(q.packed, bytes(&r, &format!("{name}.packed")), "{name} codes");
+            assert_eq!(
+                q.packed,
+                bytes(&r, &format!("{name}.packed")),
+                "{name} codes"
+            );
             assert_eq!(q.absmax, Absmax::F32(f32s(&r, &format!("{name}.absmax"))));
             assert_eq!(q.dequantize(), f32s(&r, &format!("{name}.dequantized")));
             let q = Nf4::quantize(&w, rows, cols, true).unwrap();
@@ -296,7 +414,10 @@ mod tests {
             };
             // The offset is a mean whose last bit depends on the summation order.
             let theirs = f32s(&r, &format!("{name}.dq.offset"))[0];
-            assert!((offset - theirs).abs() <= 2.0 * f32::EPSILON * theirs, "{name} offset");
+            assert!(
+                (offset - theirs).abs() <= 2.0 * f32::EPSILON * theirs,
+                "{name} offset"
+            );
             // Around bitsandbytes' own offset, the codes and scales are its own.
             let absmax = f32s(&r, &format!("{name}.absmax"));
             let nested = nest_around(&absmax, theirs);
@@ -304,8 +425,15 @@ mod tests {
                 unreachable!()
             };
             assert_eq!(*scales, f32s(&r, &format!("{name}.dq.nested_absmax")));
-            assert_eq!(*codes, bytes(&r, &format!("{name}.dq.absmax")), "{name} nested codes");
-            let q = Nf4 { absmax: nested, ..q };
+            assert_eq!(
+                *codes,
+                bytes(&r, &format!("{name}.dq.absmax")),
+                "{name} nested codes"
+            );
+            let q = Nf4 {
+                absmax: nested,
+                ..q
+            };
             let ours = q.dequantize();
             let theirs = f32s(&r, &format!("{name}.dq.dequantized"));
             let worst = ours
@@ -314,23 +442,114 @@ mod tests {
                 .map(|(a, b)| (a - b).abs() / b.abs().max(1e-6))
                 .fold(0f32, f32::max);
             // bitsandbytes adds the offset after a multiply its kernel may fuse.
-            assert!(worst <= 1e-6, "{name}: dequantized differ by {worst} (relative)");
+            assert!(
+                worst <= 1e-6,
+                "{name}: dequantized differ by {worst} (relative)"
+            );
         }
     }
 
     #[test]
     fn quantization_error_is_bounded_by_the_level_spacing() {
-        let w: Vec<f32> = (0..640).map(|i| ((i * 37 % 101) as f32 - 50.0) / 1000.0).collect();
+        let w: Vec<f32> = (0..640)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 1000.0)
+            .collect();
         let q = Nf4::quantize(&w, 10, 64, false).unwrap();
         let d = q.dequantize();
         let absmax = q.absmax_f32();
         for (i, (a, b)) in w.iter().zip(&d).enumerate() {
             // Half the widest gap between levels (−1 → −0.696) times the block's absmax.
-            assert!((a - b).abs() <= 0.153 * absmax[i / BLOCK], "{i}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 0.153 * absmax[i / BLOCK],
+                "{i}: {a} vs {b}"
+            );
         }
         let t = Tensor::from_vec(d, (10, 64), &Device::Cpu).unwrap();
         assert_eq!(t.dtype(), DType::F32);
         let e = Nf4::quantize(&[f32::NAN, 0.0], 1, 2, false).unwrap_err();
         assert!(e.to_string().contains("not finite"));
+    }
+
+    /// The op equals a matmul with the dequantized weight, forward and backward, across
+    /// row blocks (700 output rows: two blocks, the second partial).
+    #[test]
+    fn the_projection_is_the_dequantized_matmul_both_ways() {
+        let dev = Device::Cpu;
+        let (out_f, in_f) = (700, 96);
+        let w: Vec<f32> = (0..out_f * in_f)
+            .map(|i| (((i * 7919) % 1000) as f32 - 500.0) / 20_000.0)
+            .collect();
+        let lin = Arc::new(Nf4Linear::new(
+            Nf4::quantize(&w, out_f, in_f, true).unwrap(),
+        ));
+        let dense = lin.dense(&dev).unwrap();
+        let x =
+            candle_core::Var::from_tensor(&Tensor::randn(0f32, 1.0, (2, 3, in_f), &dev).unwrap())
+                .unwrap();
+        let y = lin.forward(x.as_tensor()).unwrap();
+        let want = x.as_tensor().broadcast_matmul(&dense.t().unwrap()).unwrap();
+        let diff = |a: &Tensor, b: &Tensor| {
+            (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        assert_eq!(y.dims(), [2, 3, out_f]);
+        assert!(diff(&y, &want) < 1e-5);
+        let g = Tensor::randn(0f32, 1.0, (2, 3, out_f), &dev).unwrap();
+        let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+        let dx = grads.get(x.as_tensor()).unwrap();
+        let want_dx = g.broadcast_matmul(&dense).unwrap();
+        assert!(diff(dx, &want_dx) < 1e-4, "{}", diff(dx, &want_dx));
+    }
+
+    /// The fixture model with every projection quantized here and the fixture's PEFT
+    /// adapter gives the logits that transformers + bitsandbytes + PEFT give for the same
+    /// model loaded in 4 bits (with and without double quantization), and the adapter
+    /// still trains: its gradients exist and the loss moves.
+    #[test]
+    fn qlora_logits_match_peft_with_bitsandbytes() {
+        use crate::model::fixtures::{self, Reference, masked_max_diff};
+        use crate::model::{Mode, peft};
+        let r = reference();
+        let fixture = Reference::load("qwen2");
+        for (key, nested) in [
+            ("qwen2.qlora_logits", true),
+            ("qwen2.qlora_logits_nodq", false),
+        ] {
+            let mut model = fixtures::load("qwen2");
+            peft::load_adapter(&mut model, &fixtures::model_dir("qwen2").join("adapter")).unwrap();
+            model.quantize_nf4(nested).unwrap();
+            let logits = fixture.logits(&model, Mode::INFERENCE);
+            let d = masked_max_diff(&logits, &r[key], &fixture.attention_mask());
+            let dense = fixture.get("lora_logits");
+            let moved = masked_max_diff(dense, &r[key], &fixture.attention_mask());
+            eprintln!(
+                "{key}: ours vs PEFT+bitsandbytes {d:.2e} (4-bit vs f32 logits: {moved:.2e})"
+            );
+            assert!(d <= 1e-4, "{key}: {d}");
+            assert!(moved > 100.0 * d, "the check can tell 4-bit from f32");
+            // The adapter trains on the 4-bit base: every LoRA tensor gets a gradient.
+            let train = Mode {
+                adapters: true,
+                grad: true,
+                dropout_rng: None,
+                adapter: None,
+            };
+            let h = model
+                .forward_batch(
+                    &fixture.input_ids(),
+                    &fixture.attention_mask(),
+                    &fixture.position_ids(),
+                    train,
+                )
+                .unwrap();
+            let grads = h.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            assert_eq!(model.missing_grads(&grads), Vec::<String>::new());
+        }
     }
 }
