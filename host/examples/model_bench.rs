@@ -2,8 +2,8 @@
 //! the driver can read each one's peak RSS. Prints one JSON line.
 //!
 //! ```text
-//! model_bench decode    --model DIR --batch B [--prompt-len 32] [--new 64]
-//! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2]
+//! model_bench decode    --model DIR --batch B [--prompt-len 32] [--new 64] [--quantize nf4]
+//! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2] [--quantize nf4]
 //! model_bench bandwidth [--mib 1024] [--threads 2]
 //! ```
 
@@ -38,15 +38,27 @@ fn main() -> Result<()> {
         opts.get(k)
             .map_or(Ok(default), |v| v.parse().with_context(|| format!("--{k}")))
     };
+    let nf4 = match opts.get("quantize").map(String::as_str) {
+        None => false,
+        Some("nf4") => true,
+        Some(other) => bail!("--quantize {other}: only nf4"),
+    };
+    let load = |dir: &Path| -> Result<Model> {
+        let mut model = Model::load(dir, &Device::Cpu)?;
+        if nf4 {
+            model.quantize_nf4(true)?;
+        }
+        Ok(model)
+    };
     match mode.as_str() {
         "decode" => decode(
-            &PathBuf::from(opts.get("model").context("--model")?),
+            load(&PathBuf::from(opts.get("model").context("--model")?))?,
             num("batch", 1)?,
             num("prompt-len", 32)?,
             num("new", 64)?,
         ),
         "train" => train(
-            &PathBuf::from(opts.get("model").context("--model")?),
+            load(&PathBuf::from(opts.get("model").context("--model")?))?,
             num("batch", 4)?,
             num("seq", 256)?,
             num("rank", 16)?,
@@ -72,8 +84,7 @@ fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
 
 /// Greedy decoding of `new` tokens after a `prompt_len` prompt for `batch` sequences,
 /// timed like transformers' `generate` (prefill included).
-fn decode(dir: &Path, batch: usize, prompt_len: usize, new: usize) -> Result<()> {
-    let model = Model::load(dir, &Device::Cpu)?;
+fn decode(model: Model, batch: usize, prompt_len: usize, new: usize) -> Result<()> {
     let vocab = model.cfg.vocab_size.min(500);
     let params = SamplingParams {
         temperature: 0.0,
@@ -98,11 +109,13 @@ fn decode(dir: &Path, batch: usize, prompt_len: usize, new: usize) -> Result<()>
         Ok(t.elapsed().as_secs_f64())
     };
     run(2)?; // warm-up: page in the weights, spin up the thread pool
+    reset_peak_rss();
     let secs = run(new)?;
     println!(
         "{}",
         serde_json::json!({"impl": "rlhost", "mode": "decode", "batch": batch, "new_tokens": new,
-            "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs})
+            "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs,
+            "phase_peak_rss_gb": peak_rss_gb()})
     );
     Ok(())
 }
@@ -110,9 +123,8 @@ fn decode(dir: &Path, batch: usize, prompt_len: usize, new: usize) -> Result<()>
 /// LoRA training steps on `batch × seq` tokens: forward with adapters, mean negative
 /// log-likelihood of the next token, backward, AdamW. Reports the mean of the timed steps
 /// after one warm-up step.
-fn train(dir: &Path, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
+fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
     let dev = Device::Cpu;
-    let mut model = Model::load(dir, &dev)?;
     model.attach_lora(
         &LoraConfig {
             r: rank,
@@ -143,6 +155,9 @@ fn train(dir: &Path, batch: usize, seq: usize, rank: usize, steps: usize) -> Res
         adapter: None,
     };
     let mut times = Vec::new();
+    // The measured phase's own peak: loading (an f32 checkpoint, quantized after) is not
+    // part of a step.
+    reset_peak_rss();
     for step in 0..steps + 1 {
         let t = Instant::now();
         let hidden = model.forward_batch(&input, &mask, &pos, mode)?;
@@ -179,9 +194,27 @@ fn train(dir: &Path, batch: usize, seq: usize, rank: usize, steps: usize) -> Res
     println!(
         "{}",
         serde_json::json!({"impl": "rlhost", "mode": "train", "batch": batch, "seq": seq, "rank": rank,
-            "step_seconds": mean, "steps": times})
+            "step_seconds": mean, "steps": times, "phase_peak_rss_gb": peak_rss_gb()})
     );
     Ok(())
+}
+
+/// Resets the process's peak RSS (`VmHWM`) to its current RSS (Linux: `clear_refs` 5).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The peak RSS since the last reset, in GB (`VmHWM` of `/proc/self/status`; 0 where
+/// there is none).
+fn peak_rss_gb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb * 1024.0 / 1e9)
 }
 
 /// Memory read bandwidth: `threads` threads each summing its share of a large buffer.

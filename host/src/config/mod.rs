@@ -81,6 +81,24 @@ pub struct ModelSection {
     /// `cpu`, the only device so far (the CUDA path is not built yet).
     #[serde(default = "cpu")]
     pub device: String,
+    /// `"nf4"`: QLoRA, the frozen projections quantized to 4 bits on load in
+    /// bitsandbytes' NF4 layout (a checkpoint bitsandbytes saved in NF4 is 4-bit already).
+    #[serde(default)]
+    pub quantize: Option<QuantizeKind>,
+    /// With `quantize = "nf4"`: quantize the absmax values too (QLoRA's double
+    /// quantization; another ~0.4 bits per weight saved).
+    #[serde(default = "yes")]
+    pub double_quant: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantizeKind {
+    Nf4,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn cpu() -> String {

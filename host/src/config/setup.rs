@@ -5,7 +5,7 @@
 //! a plugin without the role it is used for, or a plugin configuration it refuses stops
 //! the run at once with a message naming the config key, not after an hour of training.
 
-use super::LoadedConfig;
+use super::{LoadedConfig, QuantizeKind};
 use crate::data::{Dataset, PromptLimit};
 use crate::model::{LanguageModel, Mode, peft};
 use crate::plugin::{
@@ -164,6 +164,11 @@ impl Setup {
         };
         let mut lm = LanguageModel::open(&model_dir, &Device::Cpu)
             .with_context(|| format!("{file}: model.path"))?;
+        if let Some(QuantizeKind::Nf4) = c.model.quantize {
+            lm.model
+                .quantize_nf4(c.model.double_quant)
+                .with_context(|| format!("{file}: model.quantize = \"nf4\""))?;
+        }
         if let Some(adapter) = &c.model.adapter {
             let adapter = loaded.resolve(adapter);
             peft::load_adapter(&mut lm.model, &adapter)

@@ -80,6 +80,61 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// The dtype the weights were saved in (`dtype` in v5, `torch_dtype` in v4), as written.
     pub stored_dtype: Option<String>,
+    /// How the checkpoint's projections are quantized (`quantization_config`), if at all.
+    pub quantization: Option<Quantization>,
+}
+
+/// A checkpoint quantization rlhost loads: bitsandbytes NF4, QLoRA's 4-bit base.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Quantization {
+    /// `bnb_4bit_use_double_quant` says whether the absmax values are themselves quantized.
+    Nf4 { double: bool },
+}
+
+/// `quantization_config`: bitsandbytes NF4 loads; any other quantization is refused by
+/// name (its weights are not in a layout rlhost reads).
+fn quantization(value: Option<&Value>) -> Result<Option<Quantization>> {
+    let Some(v) = value else {
+        return Ok(None);
+    };
+    let q = v
+        .as_object()
+        .context("field `quantization_config` must be a JSON object")?;
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("bitsandbytes");
+    let refuse = |what: &str| -> Result<Option<Quantization>> {
+        bail!(
+            "field `quantization_config` describes {what}; rlhost loads bitsandbytes NF4 checkpoints only (QLoRA's 4-bit base): use the unquantized model, with model.quantize = \"nf4\" for a 4-bit base"
+        )
+    };
+    let flag = |k: &str| q.get(k).and_then(Value::as_bool).unwrap_or(false);
+    if method != "bitsandbytes" {
+        return refuse(&format!(
+            "a {method} quantization (quant_method = {method:?})"
+        ));
+    }
+    if flag("load_in_8bit") {
+        return refuse("bitsandbytes 8-bit weights (LLM.int8, load_in_8bit)");
+    }
+    if !flag("load_in_4bit") {
+        return refuse("a bitsandbytes quantization that is neither 4-bit nor 8-bit");
+    }
+    // bitsandbytes' default 4-bit type is FP4.
+    match q
+        .get("bnb_4bit_quant_type")
+        .and_then(Value::as_str)
+        .unwrap_or("fp4")
+    {
+        "nf4" => Ok(Some(Quantization::Nf4 {
+            double: flag("bnb_4bit_use_double_quant"),
+        })),
+        other => refuse(&format!(
+            "bitsandbytes 4-bit {} weights (bnb_4bit_quant_type = {other:?})",
+            other.to_uppercase()
+        )),
+    }
 }
 
 impl ModelConfig {
@@ -184,6 +239,7 @@ impl ModelConfig {
                 .or_else(|| obj.get("torch_dtype"))
                 .and_then(Value::as_str)
                 .map(str::to_owned),
+            quantization: quantization(obj.get("quantization_config"))?,
         };
         Ok(cfg)
     }
@@ -483,6 +539,44 @@ mod tests {
                     ..cfg
                 }
             );
+        }
+    }
+
+    /// bitsandbytes NF4 is read; FP4, 8-bit, GPTQ and AWQ are each one error that names
+    /// what was found.
+    #[test]
+    fn quantization_configs_are_read_or_named() {
+        let nf4 = ModelConfig::from_dir(&fixtures().join("qwen2-nf4")).unwrap();
+        assert_eq!(nf4.quantization, Some(Quantization::Nf4 { double: true }));
+        assert_eq!(
+            ModelConfig::from_dir(&fixtures().join("qwen2"))
+                .unwrap()
+                .quantization,
+            None
+        );
+        let base: Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures().join("qwen2/config.json")).unwrap(),
+        )
+        .unwrap();
+        for (q, named) in [
+            (
+                serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "fp4"}),
+                "FP4",
+            ),
+            (
+                serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true}),
+                "8-bit",
+            ),
+            (
+                serde_json::json!({"quant_method": "gptq", "bits": 4}),
+                "gptq",
+            ),
+            (serde_json::json!({"quant_method": "awq", "bits": 4}), "awq"),
+        ] {
+            let mut v = base.clone();
+            v["quantization_config"] = q;
+            let e = format!("{:#}", ModelConfig::from_json(&v).unwrap_err());
+            assert!(e.contains(named) && e.contains("model.quantize"), "{e}");
         }
     }
 

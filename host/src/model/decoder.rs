@@ -16,7 +16,8 @@
 //!   is how a group of samples shares its prompt's prefill.
 
 use super::config::{Arch, ModelConfig};
-use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
+use super::lora::{Linear, Lora, LoraConfig, Mode, Weight, seeded};
+use super::nf4::Nf4Linear;
 use super::ops::{rms_norm, rope_cos_sin, rope_inv_freq, softmax_last, target_logprobs};
 use super::weights::Weights;
 use anyhow::Context;
@@ -81,13 +82,18 @@ fn linear(
     in_f: usize,
     bias: bool,
 ) -> anyhow::Result<Linear> {
-    let weight = w.get(&format!("{prefix}.weight"), &[out_f, in_f])?;
+    let name = format!("{prefix}.weight");
     let bias = if bias {
         Some(w.get(&format!("{prefix}.bias"), &[out_f])?)
     } else {
         None
     };
-    Ok(Linear::new(weight, bias))
+    // A checkpoint bitsandbytes saved in 4 bits keeps its projections quantized.
+    if let Some(q) = super::nf4::read_bnb(w, &name, out_f, in_f)? {
+        let weight = Weight::Nf4(std::sync::Arc::new(Nf4Linear::new(q)));
+        return Ok(Linear::with_weight(weight, bias));
+    }
+    Ok(Linear::new(w.get(&name, &[out_f, in_f])?, bias))
 }
 
 impl Model {

@@ -267,8 +267,12 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Self::with_weight(Weight::Dense(weight), bias)
+    }
+
+    pub fn with_weight(weight: Weight, bias: Option<Tensor>) -> Linear {
         Linear {
-            weight: Weight::Dense(weight),
+            weight,
             bias,
             lora: None,
         }

@@ -15,7 +15,8 @@
 //! uniform grid over [−1, 1], not by exact midpoints; this file builds the same table so
 //! that the codes agree byte for byte.
 
-use anyhow::{Result, bail};
+use super::weights::Weights;
+use anyhow::{Context, Result, bail};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use std::sync::Arc;
 
@@ -135,7 +136,11 @@ impl Nf4 {
         for (k, o) in out[..(r1 - r0) * self.cols].iter_mut().enumerate() {
             let i = start + k;
             let byte = self.packed[i / 2];
-            let code = if i.is_multiple_of(2) { byte >> 4 } else { byte & 0x0f };
+            let code = if i.is_multiple_of(2) {
+                byte >> 4
+            } else {
+                byte & 0x0f
+            };
             *o = NF4[code as usize] * absmax[i / BLOCK];
         }
     }
@@ -246,6 +251,115 @@ fn lut_index(v: f32) -> usize {
     ((v + 1.0) * 0.5 * (LUT_SIZE - 1) as f32 + 0.5) as u16 as usize
 }
 
+/// The NF4 weight `name` (`[out, in]`) of a checkpoint bitsandbytes serialized
+/// (transformers' `save_pretrained` of a 4-bit model): `name` holds the packed codes,
+/// `name.absmax` the absmax values (u8 codes with `name.nested_absmax`,
+/// `name.nested_quant_map` and the offset when double-quantized), `name.quant_map` the 16
+/// levels and `name.quant_state.bitsandbytes__nf4` a JSON record of shape, block sizes and
+/// offset. `None` when `name` is stored dense (bitsandbytes skips some modules).
+pub fn read_bnb(w: &Weights, name: &str, out_f: usize, in_f: usize) -> Result<Option<Nf4>> {
+    let state_key = format!("{name}.quant_state.bitsandbytes__nf4");
+    if w.contains(&format!("{name}.quant_state.bitsandbytes__fp4")) {
+        bail!("{name} is bitsandbytes FP4: rlhost reads NF4 only");
+    }
+    if !w.contains(&state_key) {
+        return Ok(None);
+    }
+    let where_ = || format!("{name} in {}", w.dir().display());
+    let bytes = |k: &str| -> Result<Vec<u8>> {
+        Ok(w.raw(k)?
+            .flatten_all()?
+            .to_dtype(candle_core::DType::U8)?
+            .to_vec1::<u8>()?)
+    };
+    let floats = |k: &str| -> Result<Vec<f32>> {
+        Ok(w.raw(k)?
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1::<f32>()?)
+    };
+    let state: serde_json::Value = serde_json::from_slice(&bytes(&state_key)?)
+        .with_context(|| format!("{}: the quant state is not JSON", where_()))?;
+    let field = |k: &str| {
+        state
+            .get(k)
+            .with_context(|| format!("{}: quant state has no `{k}`", where_()))
+    };
+    let shape: Vec<usize> = serde_json::from_value(field("shape")?.clone())
+        .with_context(|| format!("{}: quant state `shape`", where_()))?;
+    if shape != [out_f, in_f] {
+        bail!(
+            "{}: quantized shape {shape:?}, config.json implies [{out_f}, {in_f}]",
+            where_()
+        );
+    }
+    let block = field("blocksize")?.as_u64().unwrap_or(0) as usize;
+    if block != BLOCK {
+        bail!(
+            "{}: NF4 block size {block}; rlhost reads blocks of {BLOCK} (bitsandbytes' default)",
+            where_()
+        );
+    }
+    if floats(&format!("{name}.quant_map"))? != NF4 {
+        bail!("{}: its quant_map is not the NF4 levels", where_());
+    }
+    let packed = bytes(name)?;
+    let n = out_f * in_f;
+    if packed.len() != n.div_ceil(2) {
+        bail!("{}: {} packed bytes for {n} values", where_(), packed.len());
+    }
+    let blocks = n.div_ceil(BLOCK);
+    let absmax_key = format!("{name}.absmax");
+    let absmax = match state
+        .get("nested_offset")
+        .and_then(serde_json::Value::as_f64)
+    {
+        Some(offset) => {
+            let codes = bytes(&absmax_key)?;
+            let scales = floats(&format!("{name}.nested_absmax"))?;
+            let map = floats(&format!("{name}.nested_quant_map"))?;
+            let nested_block = state
+                .get("nested_blocksize")
+                .and_then(serde_json::Value::as_u64);
+            if codes.len() != blocks
+                || map.len() != 256
+                || scales.len() != blocks.div_ceil(NESTED_BLOCK)
+                || nested_block != Some(NESTED_BLOCK as u64)
+            {
+                bail!(
+                    "{}: the double-quantized absmax does not fit the weight ({} codes, {} scales, nested block {nested_block:?})",
+                    where_(),
+                    codes.len(),
+                    scales.len()
+                );
+            }
+            Absmax::Nested {
+                codes,
+                scales,
+                map,
+                offset: offset as f32,
+            }
+        }
+        None => {
+            let v = floats(&absmax_key)?;
+            if v.len() != blocks {
+                bail!(
+                    "{}: {} absmax values for {blocks} blocks",
+                    where_(),
+                    v.len()
+                );
+            }
+            Absmax::F32(v)
+        }
+    };
+    Ok(Some(Nf4 {
+        rows: out_f,
+        cols: in_f,
+        packed,
+        absmax,
+    }))
+}
+
 /// Output rows of the weight dequantized at a time: `ROW_BLOCK × in` f32 of scratch (2 MB
 /// for a 1,024-wide layer) instead of the whole weight.
 const ROW_BLOCK: usize = 512;
@@ -283,17 +397,53 @@ impl Nf4Linear {
         self.rows(0, self.q.rows, device)
     }
 
-    /// `x · Wᵀ` for `x: [..., in]`; differentiable in `x`.
+    /// `x · Wᵀ` for `x: [..., in]`; differentiable in `x`. Decoding (a few rows, no
+    /// gradient) reads the packed codes directly; everything else goes a block at a time.
     pub fn forward(self: &Arc<Self>, x: &Tensor) -> candle_core::Result<Tensor> {
         let (out_f, in_f) = self.dims();
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / in_f;
-        let y = x
-            .reshape((rows, in_f))?
-            .contiguous()?
-            .apply_op1(Nf4Matmul { w: self.clone() })?;
+        let x2 = x.reshape((rows, in_f))?.contiguous()?;
+        let y = if !x.track_op()
+            && rows <= GEMV_ROWS
+            && in_f.is_multiple_of(BLOCK)
+            && x.dtype() == candle_core::DType::F32
+            && x.device().is_cpu()
+        {
+            let xs = x2.flatten_all()?.to_vec1::<f32>()?;
+            Tensor::from_vec(self.gemv(&xs, rows), (rows, out_f), x.device())?
+        } else {
+            x2.apply_op1(Nf4Matmul { w: self.clone() })?
+        };
         *dims.last_mut().expect("x has at least one dim") = out_f;
         y.reshape(dims)
+    }
+
+    /// `x · Wᵀ` for `rows` rows of `x` (row-major `[rows, in]`, `in` a multiple of 64):
+    /// each weight row's codes are decoded once and used for every row of `x`, so the
+    /// weight is read once per call at half a byte per value.
+    fn gemv(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        use rayon::prelude::*;
+        let (out_f, in_f) = self.dims();
+        // [out, rows], transposed at the end: each task owns whole weight rows.
+        let mut t = vec![0f32; out_f * rows];
+        t.par_chunks_mut(rows * 64)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                for (jj, out) in chunk.chunks_mut(rows).enumerate() {
+                    let j = c * 64 + jj;
+                    let codes = &self.q.packed[j * in_f / 2..(j + 1) * in_f / 2];
+                    let absmax = &self.absmax[j * in_f / BLOCK..(j + 1) * in_f / BLOCK];
+                    row_dots(codes, absmax, x, in_f, out);
+                }
+            });
+        let mut y = vec![0f32; rows * out_f];
+        for j in 0..out_f {
+            for r in 0..rows {
+                y[r * out_f + j] = t[j * rows + r];
+            }
+        }
+        y
     }
 
     /// `x · Wᵀ`, block by block, for `x: [n, in]`.
@@ -322,6 +472,111 @@ impl Nf4Linear {
             });
         }
         acc.ok_or_else(|| candle_core::Error::Msg("nf4: a weight with no rows".into()))
+    }
+}
+
+/// Rows of `x` that decoding sends through [`Nf4Linear::gemv`] (the batched path's
+/// block-at-a-time products win beyond this, as for the dense weights).
+const GEMV_ROWS: usize = 16;
+
+/// `out[r] = Σ_k x[r·in + k] · NF4[code_k] · absmax[k / 64]` for one weight row.
+fn row_dots(codes: &[u8], absmax: &[f32], x: &[f32], in_f: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::gemv::available() {
+        // Groups of 4, 2 and 1 rows of `x`, each with its accumulators in registers.
+        let mut r0 = 0;
+        while r0 < out.len() {
+            let g = match out.len() - r0 {
+                n if n >= 4 => 4,
+                n if n >= 2 => 2,
+                _ => 1,
+            };
+            let (xs, os) = (&x[r0 * in_f..(r0 + g) * in_f], &mut out[r0..r0 + g]);
+            // SAFETY: AVX2 and FMA are present (checked above); `xs` holds `g` rows.
+            unsafe {
+                match g {
+                    4 => row_dots_avx2::<4>(codes, absmax, xs, in_f, os),
+                    2 => row_dots_avx2::<2>(codes, absmax, xs, in_f, os),
+                    _ => row_dots_avx2::<1>(codes, absmax, xs, in_f, os),
+                }
+            }
+            r0 += g;
+        }
+        return;
+    }
+    let mut vals = [0f32; BLOCK];
+    for (b, &a) in absmax.iter().enumerate() {
+        for (k, v) in vals.iter_mut().enumerate() {
+            let byte = codes[b * BLOCK / 2 + k / 2];
+            let code = if k.is_multiple_of(2) {
+                byte >> 4
+            } else {
+                byte & 0x0f
+            };
+            *v = NF4[code as usize] * a;
+        }
+        for (r, o) in out.iter_mut().enumerate() {
+            let xs = &x[r * in_f + b * BLOCK..r * in_f + (b + 1) * BLOCK];
+            *o += vals.iter().zip(xs).map(|(v, x)| v * x).sum::<f32>();
+        }
+    }
+}
+
+/// [`row_dots`] for `R` rows of `x` with AVX2: 16 codes at a time are split into nibbles
+/// in order, looked up in the 16 levels with two 8-lane permutes and a blend, scaled by
+/// the block's absmax, and multiplied into two accumulators per row (one per 8-lane half,
+/// so that consecutive FMAs do not wait on each other), all in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_dots_avx2<const R: usize>(
+    codes: &[u8],
+    absmax: &[f32],
+    x: &[f32],
+    in_f: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller guarantees AVX2 and FMA; every load reads inside `codes`
+    // (`in / 2` bytes, 8 at a time at offsets below that), `NF4` (16 values) and the `R`
+    // rows of `x` (`in` values each, 8 at a time).
+    unsafe {
+        use std::arch::x86_64::*;
+        debug_assert!(out.len() == R && codes.len() * 2 == in_f && x.len() >= R * in_f);
+        let lo = _mm256_loadu_ps(NF4.as_ptr());
+        let hi = _mm256_loadu_ps(NF4.as_ptr().add(8));
+        let seven = _mm256_set1_epi32(7);
+        let nibble = _mm_set1_epi8(0x0f);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (b, &a) in absmax.iter().enumerate() {
+            let scale = _mm256_set1_ps(a);
+            for q in 0..BLOCK / 16 {
+                // 8 bytes = 16 codes, the first in each byte's high nibble.
+                let bytes = _mm_loadl_epi64(codes.as_ptr().add(b * 32 + q * 8) as *const __m128i);
+                let high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+                let low = _mm_and_si128(bytes, nibble);
+                let ordered = _mm_unpacklo_epi8(high, low);
+                for half in 0..2 {
+                    let idx = _mm256_cvtepu8_epi32(if half == 0 {
+                        ordered
+                    } else {
+                        _mm_srli_si128(ordered, 8)
+                    });
+                    let from_lo = _mm256_permutevar8x32_ps(lo, idx);
+                    let from_hi = _mm256_permutevar8x32_ps(hi, idx);
+                    let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, seven));
+                    let w = _mm256_mul_ps(_mm256_blendv_ps(from_lo, from_hi, upper), scale);
+                    let k = b * BLOCK + q * 16 + half * 8;
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_ps(x.as_ptr().add(r * in_f + k));
+                        acc[half] = _mm256_fmadd_ps(w, xv, acc[half]);
+                    }
+                }
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(&acc) {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
+            *o = lanes.iter().sum();
+        }
     }
 }
 
@@ -550,6 +805,51 @@ mod tests {
                 .unwrap();
             let grads = h.sqr().unwrap().sum_all().unwrap().backward().unwrap();
             assert_eq!(model.missing_grads(&grads), Vec::<String>::new());
+        }
+    }
+
+    /// The fixture saved 4-bit by transformers (`tests/fixtures/models/qwen2-nf4`) loads
+    /// as NF4 and, with the fixture adapter, gives PEFT + bitsandbytes' logits.
+    #[test]
+    fn a_checkpoint_bitsandbytes_saved_in_4_bits_loads() {
+        use crate::model::fixtures::{self, Reference, masked_max_diff};
+        use crate::model::lora::Weight;
+        use crate::model::{Mode, Model, peft};
+        let r = reference();
+        let fixture = Reference::load("qwen2");
+        let mut model = Model::load(&fixtures::model_dir("qwen2-nf4"), &Device::Cpu).unwrap();
+        assert!(
+            model
+                .projections()
+                .iter()
+                .all(|(_, _, l)| matches!(l.weight, Weight::Nf4(_))),
+            "every projection stays 4-bit"
+        );
+        peft::load_adapter(&mut model, &fixtures::model_dir("qwen2").join("adapter")).unwrap();
+        let logits = fixture.logits(&model, Mode::INFERENCE);
+        let d = masked_max_diff(&logits, &r["qwen2.qlora_logits"], &fixture.attention_mask());
+        assert!(d <= 1e-5, "pre-quantized logits differ from PEFT's by {d}");
+    }
+
+    /// Decoding's direct read of the codes equals the product with the dequantized weight
+    /// for 1 to 16 rows (the AVX2 kernel where present).
+    #[test]
+    fn decoding_reads_the_codes_directly_and_exactly() {
+        let dev = Device::Cpu;
+        let (out_f, in_f) = (130, 192);
+        let w: Vec<f32> = (0..out_f * in_f)
+            .map(|i| (((i * 7919) % 1000) as f32 - 500.0) / 20_000.0)
+            .collect();
+        let lin = Arc::new(Nf4Linear::new(
+            Nf4::quantize(&w, out_f, in_f, true).unwrap(),
+        ));
+        let dense = lin.dense(&dev).unwrap();
+        for rows in [1, 3, 8, 16] {
+            let x = Tensor::randn(0f32, 1.0, (rows, in_f), &dev).unwrap();
+            let y = lin.forward(&x).unwrap();
+            let want = x.matmul(&dense.t().unwrap()).unwrap();
+            let d = (y - want).unwrap().abs().unwrap().max_all().unwrap();
+            assert!(d.to_scalar::<f32>().unwrap() < 1e-5, "{rows} rows");
         }
     }
 }

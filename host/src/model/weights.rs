@@ -59,6 +59,21 @@ impl Weights {
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
+
+    /// A tensor as stored (in the compute dtype), any shape; a missing name is an error.
+    pub fn raw(&self, name: &str) -> Result<&Tensor> {
+        self.tensors.get(name).with_context(|| {
+            format!(
+                "tensor `{name}` missing from the safetensors in {}",
+                self.dir.display()
+            )
+        })
+    }
+
+    /// The folder the weights came from (for error messages).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
 }
 
 /// The weight files of a model directory, in a fixed order.
