@@ -636,6 +636,15 @@ weights = { correct = 1.0 }
         );
         let ok = format!("train.mini_batches={batch}");
         load(BASE, &[&ok, "train.scale_rewards=\"batch\""]).unwrap();
+        let e = format!(
+            "{:#}",
+            load(
+                BASE,
+                &["train.algorithm=\"ppo\"", "train.scale_rewards=\"group\""]
+            )
+            .unwrap_err()
+        );
+        assert!(e.contains("drop scale_rewards") && e.contains("ppo"), "{e}");
         let c = load(BASE, &["train.updates_per_batch=3"]).unwrap().config;
         assert_eq!(c.train.epochs_per_batch, 3);
     }

@@ -127,13 +127,18 @@ impl TrainSection {
     /// What serde and the ranges cannot check: settings that contradict each other or
     /// the rollout batch of `batch` trajectories.
     pub fn check(&self, batch: usize) -> std::result::Result<(), String> {
-        if self.estimator == Estimator::DrGrpo && self.scale() != Scale::None {
+        let scale = format!("{:?}", self.scale()).to_lowercase();
+        if self.algorithm == Algorithm::Ppo && self.scale_rewards.is_some() {
             return Err(format!(
-                "train.estimator = \"dr-grpo\" with scale_rewards = \"{}\": Dr. GRPO is GRPO without the std; use estimator = \"grpo\" to divide by it, or drop scale_rewards",
-                serde_json::to_value(self.scale())
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
+                "train.scale_rewards = \"{scale}\" with algorithm = \"ppo\": PPO's advantages come from the critic (whiten them with whiten_advantages); drop scale_rewards"
+            ));
+        }
+        if self.algorithm == Algorithm::Grpo
+            && self.estimator == Estimator::DrGrpo
+            && self.scale() != Scale::None
+        {
+            return Err(format!(
+                "train.estimator = \"dr-grpo\" with scale_rewards = \"{scale}\": Dr. GRPO is GRPO without the std; use estimator = \"grpo\" to divide by it, or drop scale_rewards"
             ));
         }
         if self.mini_batches > batch {
