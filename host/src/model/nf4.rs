@@ -725,18 +725,23 @@ mod tests {
         assert!(e.to_string().contains("not finite"));
     }
 
+    /// A double-quantized NF4 weight of values spread evenly over ±0.025.
+    fn spread_weight(out_f: usize, in_f: usize) -> Arc<Nf4Linear> {
+        let w: Vec<f32> = (0..out_f * in_f)
+            .map(|i| (((i * 7919) % 1000) as f32 - 500.0) / 20_000.0)
+            .collect();
+        Arc::new(Nf4Linear::new(
+            Nf4::quantize(&w, out_f, in_f, true).unwrap(),
+        ))
+    }
+
     /// The op equals a matmul with the dequantized weight, forward and backward, across
     /// row blocks (700 output rows: two blocks, the second partial).
     #[test]
     fn the_projection_is_the_dequantized_matmul_both_ways() {
         let dev = Device::Cpu;
         let (out_f, in_f) = (700, 96);
-        let w: Vec<f32> = (0..out_f * in_f)
-            .map(|i| (((i * 7919) % 1000) as f32 - 500.0) / 20_000.0)
-            .collect();
-        let lin = Arc::new(Nf4Linear::new(
-            Nf4::quantize(&w, out_f, in_f, true).unwrap(),
-        ));
+        let lin = spread_weight(out_f, in_f);
         let dense = lin.dense(&dev).unwrap();
         let x =
             candle_core::Var::from_tensor(&Tensor::randn(0f32, 1.0, (2, 3, in_f), &dev).unwrap())
@@ -837,12 +842,7 @@ mod tests {
     fn decoding_reads_the_codes_directly_and_exactly() {
         let dev = Device::Cpu;
         let (out_f, in_f) = (130, 192);
-        let w: Vec<f32> = (0..out_f * in_f)
-            .map(|i| (((i * 7919) % 1000) as f32 - 500.0) / 20_000.0)
-            .collect();
-        let lin = Arc::new(Nf4Linear::new(
-            Nf4::quantize(&w, out_f, in_f, true).unwrap(),
-        ));
+        let lin = spread_weight(out_f, in_f);
         let dense = lin.dense(&dev).unwrap();
         for rows in [1, 3, 8, 16] {
             let x = Tensor::randn(0f32, 1.0, (rows, in_f), &dev).unwrap();

@@ -321,12 +321,10 @@ fn ppo_targets(
     p: &PpoConfig,
     cfg: &UpdateConfig,
 ) -> Result<PpoTargets> {
-    let device = model.device();
     // Per-token KL of the sampler's policy to the reference, for KL in the reward.
     let mut kls = vec![Vec::new(); rows.len()];
     for m in micros.iter().filter(|_| p.kl_reward_coef > 0.0) {
-        let (r, _) = logps(model, m, Mode::BASE, cfg.temperature)?;
-        let k = kl(&m.pad(behavior, device)?, &r, cfg.reward_kl_estimator)?;
+        let k = reward_kl(model, m, behavior, cfg)?;
         for (&i, row) in m.rows.iter().zip(k.to_vec2::<f32>()?) {
             kls[i] = row[..arrays[i].input.len()].to_vec();
         }
@@ -435,18 +433,32 @@ pub fn sequence_kl(model: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Ve
     let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
     let mut out = vec![0.0; rows.len()];
     for m in &micro_batches(rows, &arrays, &all, cfg, device)? {
-        let (ref_logps, _) = logps(model, m, Mode::BASE, cfg.temperature)?;
-        let k = kl(
-            &m.pad(&behavior, device)?,
-            &ref_logps,
-            cfg.reward_kl_estimator,
-        )?;
-        let per_row = (k * &m.mask)?.sum(1)?.to_vec1::<f32>()?;
+        let per_row = reward_kl(model, m, &behavior, cfg)?
+            .sum(1)?
+            .to_vec1::<f32>()?;
         for (&i, v) in m.rows.iter().zip(per_row) {
             out[i] = f64::from(v);
         }
     }
     Ok(out)
+}
+
+/// `[B, T]` per-token KL(behavior_logps, ref_logps) of one micro-batch with
+/// `reward_kl_estimator`, 0 off the sampled tokens: KL in the reward, summed per row for
+/// GRPO ([`sequence_kl`]), per token for PPO's token rewards.
+fn reward_kl(
+    model: &Model,
+    m: &Micro,
+    behavior: &[Vec<f32>],
+    cfg: &UpdateConfig,
+) -> Result<Tensor> {
+    let (ref_logps, _) = logps(model, m, Mode::BASE, cfg.temperature)?;
+    let k = kl(
+        &m.pad(behavior, model.device())?,
+        &ref_logps,
+        cfg.reward_kl_estimator,
+    )?;
+    Ok((k * &m.mask)?)
 }
 
 /// The mini-batches of each epoch, in order: `k` nearly equal shares of the shuffled rows
