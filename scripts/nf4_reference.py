@@ -21,6 +21,9 @@ with bitsandbytes' signed dynamic map in blocks of 256):
                                   transformers (BitsAndBytesConfig nf4, f32 compute, with
                                   and without double quantization) with the fixture's PEFT
                                   adapter, on the fixture's reference batch
+    qwen2.qlora_loss              with double quantization, the fixtures' `lora_loss` (mean
+                                  next-token NLL over the batch's real tokens)
+    qwen2.qlora_grad.<PEFT name>  and its gradient for every lora_A / lora_B weight
 
 and tests/fixtures/models/qwen2-nf4/: the same 4-bit base model as `save_pretrained`
 writes it (bitsandbytes' serialized layout: `weight` u8, `weight.absmax`,
@@ -41,9 +44,14 @@ import argparse
 import shutil
 from pathlib import Path
 
+import sys
+
 import bitsandbytes.functional as F
 import torch
 from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_fixtures import lora_loss  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests/fixtures"
 
@@ -72,14 +80,18 @@ def qlora(out):
             model.save_pretrained(dest)
             for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"]:
                 shutil.copy(src / f, dest / f)
-        model = PeftModel.from_pretrained(model, src / "adapter")
-        with torch.no_grad():
-            logits = model(
-                input_ids=r["input_ids"].long(),
-                attention_mask=r["attention_mask"].long(),
-                position_ids=r["position_ids"].long(),
-            ).logits
-        out[f"qwen2.qlora_logits{suffix}"] = logits.float().contiguous()
+        model = PeftModel.from_pretrained(model, src / "adapter", is_trainable=True)
+        ids, mask = r["input_ids"].long(), r["attention_mask"].long()
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=r["position_ids"].long()).logits
+        out[f"qwen2.qlora_logits{suffix}"] = logits.detach().float().contiguous()
+        if double:
+            # The adapter's gradients through the 4-bit base (bitsandbytes' own backward).
+            loss = lora_loss(logits, ids, mask)
+            loss.backward()
+            out["qwen2.qlora_loss"] = loss.detach().float().reshape(())
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    out[f"qwen2.qlora_grad.{name}"] = p.grad.float().contiguous()
 
 
 def main():

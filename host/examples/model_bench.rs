@@ -4,6 +4,7 @@
 //! ```text
 //! model_bench decode    --model DIR --batch B [--prompt-len 32] [--new 64] [--quantize nf4]
 //! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2] [--quantize nf4]
+//!                       [--checkpointing 1]
 //! model_bench bandwidth [--mib 1024] [--threads 2]
 //! ```
 
@@ -43,11 +44,13 @@ fn main() -> Result<()> {
         Some("nf4") => true,
         Some(other) => bail!("--quantize {other}: only nf4"),
     };
+    let checkpointing = num("checkpointing", 0)? != 0;
     let load = |dir: &Path| -> Result<Model> {
         let mut model = Model::load(dir, &Device::Cpu)?;
         if nf4 {
             model.quantize_nf4(true)?;
         }
+        model.gradient_checkpointing = checkpointing;
         Ok(model)
     };
     match mode.as_str() {
@@ -158,10 +161,12 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
     // The measured phase's own peak: loading (an f32 checkpoint, quantized after) is not
     // part of a step.
     reset_peak_rss();
+    let start_rss = rss_gb();
     for step in 0..steps + 1 {
         let t = Instant::now();
         let hidden = model.forward_batch(&input, &mask, &pos, mode)?;
         let t_fwd = t.elapsed().as_secs_f64();
+        let rss_fwd = rss_gb();
         let (logp, _) = model.logprobs(
             &hidden.narrow(1, 0, seq - 1)?,
             &input.narrow(1, 1, seq - 1)?,
@@ -171,9 +176,10 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
         let grads = loss.backward()?;
         let t_bwd = t.elapsed().as_secs_f64();
         eprintln!(
-            "  forward {t_fwd:.2} s, log-probs {:.2} s, backward {:.2} s",
+            "  forward {t_fwd:.2} s, log-probs {:.2} s, backward {:.2} s; RSS after the forward {rss_fwd:.2} GB, peak so far {:.2} GB",
             t_logp - t_fwd,
-            t_bwd - t_logp
+            t_bwd - t_logp,
+            peak_rss_gb()
         );
         let missing = model.missing_grads(&grads);
         if !missing.is_empty() {
@@ -194,7 +200,8 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
     println!(
         "{}",
         serde_json::json!({"impl": "rlhost", "mode": "train", "batch": batch, "seq": seq, "rank": rank,
-            "step_seconds": mean, "steps": times, "phase_peak_rss_gb": peak_rss_gb()})
+            "step_seconds": mean, "steps": times, "phase_peak_rss_gb": peak_rss_gb(),
+            "start_rss_gb": start_rss})
     );
     Ok(())
 }
@@ -207,11 +214,21 @@ fn reset_peak_rss() {
 /// The peak RSS since the last reset, in GB (`VmHWM` of `/proc/self/status`; 0 where
 /// there is none).
 fn peak_rss_gb() -> f64 {
+    status_gb("VmHWM:")
+}
+
+/// The RSS now, in GB.
+fn rss_gb() -> f64 {
+    status_gb("VmRSS:")
+}
+
+/// A `kB` field of `/proc/self/status` in GB (0 where there is none).
+fn status_gb(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb * 1024.0 / 1e9)

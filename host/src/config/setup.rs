@@ -169,6 +169,7 @@ impl Setup {
                 .quantize_nf4(c.model.double_quant)
                 .with_context(|| format!("{file}: model.quantize = \"nf4\""))?;
         }
+        lm.model.gradient_checkpointing = c.train.gradient_checkpointing;
         if let Some(adapter) = &c.model.adapter {
             let adapter = loaded.resolve(adapter);
             peft::load_adapter(&mut lm.model, &adapter)

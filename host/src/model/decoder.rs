@@ -22,6 +22,7 @@ use super::ops::{rms_norm, rope_cos_sin, rope_inv_freq, softmax_last, target_log
 use super::weights::Weights;
 use anyhow::Context;
 use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
+use rand::RngExt;
 use std::path::Path;
 
 /// Large negative instead of -inf for masked scores: a row with every key masked (a pad
@@ -35,6 +36,7 @@ pub fn logprob_chunk_rows(vocab: usize) -> usize {
     (super::alloc::HEAP_BLOCK_LIMIT / 4 / vocab.max(1)).clamp(1, 256)
 }
 
+#[derive(Clone)]
 pub struct Attention {
     pub q_proj: Linear,
     pub k_proj: Linear,
@@ -49,12 +51,14 @@ pub struct Attention {
     eps: f64,
 }
 
+#[derive(Clone)]
 pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
 }
 
+#[derive(Clone)]
 pub struct DecoderLayer {
     pub self_attn: Attention,
     pub mlp: Mlp,
@@ -72,6 +76,9 @@ pub struct Model {
     inv_freq: Tensor,
     /// The adapter's shape, once one is attached.
     pub lora: Option<LoraConfig>,
+    /// Recompute each layer's activations in the backward instead of keeping them
+    /// (`train.gradient_checkpointing`, see [`super::checkpoint`]).
+    pub gradient_checkpointing: bool,
     device: Device,
 }
 
@@ -171,6 +178,7 @@ impl Model {
             layers,
             inv_freq,
             lora: None,
+            gradient_checkpointing: false,
             device: device.clone(),
             cfg,
         })
@@ -210,6 +218,8 @@ impl Model {
         for (_, lin) in self.projections_mut() {
             lin.quantize_nf4(nested)?;
         }
+        // The f32 weights just dropped are not needed again.
+        super::alloc::release_freed_memory();
         Ok(())
     }
 
@@ -347,21 +357,40 @@ impl Model {
         mode: Mode,
     ) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
-        let mask = batch_mask(attention_mask)?;
         let (cos, sin) = rope_cos_sin(&self.inv_freq, position_ids)?;
+        let ctx = BatchContext {
+            mask: batch_mask(attention_mask)?,
+            cos,
+            sin,
+            eps: self.cfg.rms_norm_eps,
+        };
         let mut x = self
             .embed_tokens
             .index_select(&input_ids.flatten_all()?, 0)?
             .reshape((b, t, self.cfg.hidden_size))?;
-        let eps = self.cfg.rms_norm_eps;
         for layer in &self.layers {
-            let h = rms_norm(&x, &layer.input_layernorm, eps)?;
-            let a = layer.self_attn.forward_batch(&h, &mask, &cos, &sin, mode)?;
-            x = (x + a)?;
-            let h = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
-            x = (&x + layer.mlp.forward(&h, mode)?)?;
+            // LoRA dropout: each layer draws its masks from a generator of its own, seeded
+            // from the run's, so that a recomputed layer can draw them again.
+            let seed = match mode.dropout_rng {
+                Some(r) => Some(
+                    r.lock()
+                        .map_err(|_| candle_core::Error::Msg("dropout rng poisoned".into()))?
+                        .random::<u64>(),
+                ),
+                None => None,
+            };
+            x = if self.gradient_checkpointing {
+                super::checkpoint::layer_forward(layer, &x, &ctx, mode, seed)?
+            } else {
+                let rng = seed.map(|s| std::sync::Mutex::new(seeded(s)));
+                let mode = Mode {
+                    dropout_rng: rng.as_ref(),
+                    ..mode
+                };
+                layer.forward_batch(&x, &ctx, mode)?
+            };
         }
-        rms_norm(&x, &self.norm, eps)
+        rms_norm(&x, &self.norm, ctx.eps)
     }
 
     /// Full logits `[.., vocab]` from hidden states (small vocabularies and tests; training
@@ -379,6 +408,7 @@ impl Model {
             &self.lm_head,
             &targets.flatten_all()?,
             logprob_chunk_rows(self.cfg.vocab_size),
+            !self.gradient_checkpointing,
         )?;
         Ok((logp.reshape((b, t))?, ent.reshape((b, t))?))
     }
@@ -448,6 +478,43 @@ impl Model {
         }
         let x = rms_norm(&x, &self.norm, eps)?;
         super::ops::frozen_linear(&x, &self.lm_head)
+    }
+}
+
+/// What every layer of a batch forward shares: the attention mask, the rope tables and
+/// the norms' epsilon.
+#[derive(Clone)]
+pub struct BatchContext {
+    mask: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    eps: f64,
+}
+
+impl DecoderLayer {
+    /// One layer of the batch path: `x + attn(norm(x))`, then that plus `mlp(norm(·))`.
+    pub fn forward_batch(&self, x: &Tensor, ctx: &BatchContext, mode: Mode) -> Result<Tensor> {
+        let h = rms_norm(x, &self.input_layernorm, ctx.eps)?;
+        let a = self
+            .self_attn
+            .forward_batch(&h, &ctx.mask, &ctx.cos, &ctx.sin, mode)?;
+        let x = (x + a)?;
+        let h = rms_norm(&x, &self.post_attention_layernorm, ctx.eps)?;
+        &x + self.mlp.forward(&h, mode)?
+    }
+
+    /// The layer's projections.
+    pub fn projections(&self) -> [&Linear; 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &m.gate_proj,
+            &m.up_proj,
+            &m.down_proj,
+        ]
     }
 }
 
@@ -583,13 +650,11 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        // Training with the live adapter on every projection and no dropout: one node
-        // (see `mlp_op`, which reads the live adapter; another set, PPO's critic, takes
-        // the projections one by one).
+        // Training with an adapter on every projection (the live one or `mode.adapter`'s)
+        // and no dropout: one node (see `mlp_op`).
         #[cfg(target_arch = "x86_64")]
         if mode.adapters
             && mode.grad
-            && mode.adapter.is_none()
             && super::mlp_op::applies(x, &self.gate_proj, &self.up_proj, &self.down_proj)
             && [&self.gate_proj, &self.up_proj, &self.down_proj]
                 .iter()
@@ -597,7 +662,13 @@ impl Mlp {
                     l.lora.as_ref().is_some_and(|a| a.dropout == 0.0) || mode.dropout_rng.is_none()
                 })
         {
-            return super::mlp_op::lora_mlp(x, &self.gate_proj, &self.up_proj, &self.down_proj);
+            return super::mlp_op::lora_mlp(
+                x,
+                &self.gate_proj,
+                &self.up_proj,
+                &self.down_proj,
+                mode.adapter,
+            );
         }
         let gate = self.gate_proj.forward(x, mode)?;
         let up = self.up_proj.forward(x, mode)?;

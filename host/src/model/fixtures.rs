@@ -79,6 +79,21 @@ impl Reference {
         model.logits(&h).unwrap()
     }
 
+    /// `make_fixtures.py`'s `lora_loss` of `model` on this batch: the mean negative
+    /// log-likelihood of each next token over positions where it and its target are real.
+    pub fn lora_loss(&self, model: &Model, mode: Mode) -> Tensor {
+        let (ids, mask, pos) = (self.input_ids(), self.attention_mask(), self.position_ids());
+        let hidden = model.forward_batch(&ids, &mask, &pos, mode).unwrap();
+        let t = ids.dim(1).unwrap();
+        let hidden = hidden.narrow(1, 0, t - 1).unwrap();
+        let targets = ids.narrow(1, 1, t - 1).unwrap();
+        let (logp, _) = model.logprobs(&hidden, &targets).unwrap();
+        let m = mask.to_dtype(candle_core::DType::F32).unwrap();
+        let valid = (m.narrow(1, 0, t - 1).unwrap() * m.narrow(1, 1, t - 1).unwrap()).unwrap();
+        let count = valid.sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+        ((logp * &valid).unwrap().sum_all().unwrap().neg().unwrap() / count).unwrap()
+    }
+
     /// Index of the first real token of each row (rows are left-padded).
     pub fn first_real(&self) -> Vec<usize> {
         let mask = self.attention_mask().to_vec2::<u32>().unwrap();
@@ -144,4 +159,21 @@ pub fn max_abs(a: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+/// The worst difference, relative to the reference's largest magnitude, between the
+/// gradient of every LoRA tensor of `model` and `reference(PEFT name)`, where the PEFT name
+/// is `base_model.model.<path>.default.weight`.
+pub fn worst_lora_grad_diff<'a>(
+    model: &Model,
+    grads: &candle_core::backprop::GradStore,
+    reference: impl Fn(&str) -> &'a Tensor,
+) -> f32 {
+    let mut worst = 0f32;
+    for (path, var) in model.lora_vars() {
+        let want = reference(&format!("base_model.model.{path}.default.weight"));
+        let got = grads.get(var.as_tensor()).unwrap();
+        worst = worst.max(max_diff(got, want) / max_abs(want));
+    }
+    worst
 }

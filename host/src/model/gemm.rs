@@ -80,6 +80,20 @@ impl<'a> MatRef<'a> {
         }
     }
 
+    /// Columns `c0..c1` (no copy).
+    pub fn cols_range(self, c0: usize, c1: usize) -> MatRef<'a> {
+        assert!(c0 <= c1 && c1 <= self.cols, "gemm: columns out of range");
+        MatRef {
+            data: if c1 > c0 {
+                &self.data[c0 * self.cs..]
+            } else {
+                &[]
+            },
+            cols: c1 - c0,
+            ..self
+        }
+    }
+
     fn in_bounds(&self) -> bool {
         self.rows == 0
             || self.cols == 0
@@ -98,6 +112,40 @@ pub fn gemm(a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool) {
     );
     // SAFETY: `c` holds the `m` rows of `n` at stride `ldc` (asserted) and is initialised.
     unsafe { gemm_to(a, b, c.as_mut_ptr(), ldc, accumulate) }
+}
+
+/// [`gemm`] plus an optional low-rank `tail` product (`a2 · b2`, see [`product_plus`]; `a`
+/// and `a2` row-major): `c = a · b + a2 · b2` or `+=` with `accumulate`, at row stride
+/// `ldc`. For products built a block of columns (or of depth) at a time, as NF4 weights
+/// are.
+pub fn gemm_plus(
+    a: MatRef,
+    b: MatRef,
+    tail: Option<(MatRef, MatRef)>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let (m, n) = (a.rows, b.cols);
+    assert!(
+        ldc >= n && (m == 0 || (m - 1) * ldc + n <= c.len()),
+        "gemm: c too small"
+    );
+    // SAFETY: `c` holds the `m` rows of `n` at stride `ldc` (asserted) and is initialised;
+    // `gemm_tail` checks the tail's shapes and layout.
+    unsafe {
+        match tail {
+            Some(t) if a.cols > 0 && a.cs == 1 && t.0.cs == 1 => {
+                gemm_tail(a, b, Some(t), c.as_mut_ptr(), ldc, accumulate)
+            }
+            Some((a2, b2)) => {
+                assert!(a2.rows == m && b2.cols == n, "gemm: tail does not fit");
+                gemm_to(a, b, c.as_mut_ptr(), ldc, accumulate);
+                gemm_to(a2, b2, c.as_mut_ptr(), ldc, true);
+            }
+            None => gemm_to(a, b, c.as_mut_ptr(), ldc, accumulate),
+        }
+    }
 }
 
 /// `a · b` as a new row-major `[a.rows, b.cols]` buffer. Not zeroed first: the product

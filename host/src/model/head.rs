@@ -38,8 +38,15 @@ static KEPT_POOL: Mutex<Vec<f32>> = Mutex::new(Vec::new());
 
 /// `[N, 2]`: log-prob of `targets[i]` and entropy for each row of `hidden: [N, H]` under
 /// `softmax(hidden · lm_headᵀ)`, `lm_head: [V, H]` frozen; differentiable in `hidden`.
-/// Callers check [`super::gemm::applies`].
-pub fn target_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &[u32]) -> Result<Tensor> {
+/// With `keep_logits` the forward keeps the logits for the backward (up to
+/// [`KEEP_LOGITS_BYTES`]); without, the backward recomputes them (gradient checkpointing
+/// trades that product for the memory). Callers check [`super::gemm::applies`].
+pub fn target_logprobs(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &[u32],
+    keep_logits: bool,
+) -> Result<Tensor> {
     let (n, h) = hidden.dims2()?;
     let (v, h2) = lm_head.dims2()?;
     if h != h2 || targets.len() != n {
@@ -57,7 +64,7 @@ pub fn target_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &[u32]) -> Re
         targets,
         ROWS,
         VOCAB_BLOCK,
-        KEEP_LOGITS_BYTES,
+        if keep_logits { KEEP_LOGITS_BYTES } else { 0 },
     )
 }
 
@@ -594,7 +601,7 @@ mod tests {
             assert!(d < 2e-5, "grad {rows}x{block}: {d}");
         }
         assert!(
-            target_logprobs(hv.as_tensor(), &lm, &[v as u32; 23])
+            target_logprobs(hv.as_tensor(), &lm, &[v as u32; 23], true)
                 .unwrap_err()
                 .to_string()
                 .contains("outside the vocabulary")

@@ -84,6 +84,7 @@ impl LoraConfig {
 }
 
 /// One adapter's trainable pair.
+#[derive(Clone)]
 pub struct Lora {
     pub lora_a: Var,
     pub lora_b: Var,
@@ -92,6 +93,15 @@ pub struct Lora {
 }
 
 impl Lora {
+    /// The `(A, B)` tensors a forward reads: from `set` when it holds this adapter (a
+    /// snapshot, PPO's critic), the live variables otherwise.
+    pub fn pair<'s>(&'s self, set: Option<&'s AdapterSnapshot>) -> (&'s Tensor, &'s Tensor) {
+        match set.and_then(|s| s.get(self)) {
+            Some((a, b)) => (a, b),
+            None => (self.lora_a.as_tensor(), self.lora_b.as_tensor()),
+        }
+    }
+
     /// PEFT's initialisation: A Kaiming-uniform, B zero.
     pub fn init(
         in_f: usize,
@@ -208,6 +218,17 @@ impl AdapterSnapshot {
         ))
     }
 
+    /// A set of `(A, B)` pairs keyed by the live `lora_A` tensors they stand in for.
+    pub fn from_pairs(
+        version: u64,
+        pairs: impl IntoIterator<Item = (TensorId, Tensor, Tensor)>,
+    ) -> Self {
+        AdapterSnapshot {
+            version,
+            tensors: pairs.into_iter().map(|(id, a, b)| (id, (a, b))).collect(),
+        }
+    }
+
     fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {
         self.tensors.get(&lora.lora_a.as_tensor().id())
     }
@@ -233,14 +254,6 @@ impl Weight {
         }
     }
 
-    /// The dense tensor, when the weight is one (the fused kernels read it directly).
-    pub fn dense(&self) -> Option<&Tensor> {
-        match self {
-            Weight::Dense(w) => Some(w),
-            Weight::Nf4(_) => None,
-        }
-    }
-
     /// The weight in f32, dequantized when it is NF4 (for a merged export).
     pub fn to_dense(&self, device: &Device) -> Result<Tensor> {
         match self {
@@ -259,6 +272,7 @@ impl Weight {
 }
 
 /// A projection: frozen `weight: [out, in]`, optional `bias`, optional `lora`.
+#[derive(Clone)]
 pub struct Linear {
     pub weight: Weight,
     pub bias: Option<Tensor>,
@@ -298,18 +312,26 @@ impl Linear {
         Ok(())
     }
 
+    /// Whether the fused CPU kernels ([`super::lora_op`], [`super::mlp_op`]) can run this
+    /// projection on `x`: f32 on a CPU with AVX2, the weight dense f32 or NF4.
+    #[cfg(target_arch = "x86_64")]
+    pub fn fused_applies(&self, x: &Tensor) -> bool {
+        match &self.weight {
+            Weight::Dense(w) => super::gemm::applies(x, w),
+            Weight::Nf4(_) => {
+                super::gemv::available() && x.device().is_cpu() && x.dtype() == DType::F32
+            }
+        }
+    }
+
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         #[cfg(target_arch = "x86_64")]
         if let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters && mode.grad)
             && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
-            && let Some(weight) = self.weight.dense()
-            && super::gemm::applies(x, weight)
+            && self.fused_applies(x)
         {
-            let (a, b) = match mode.adapter.and_then(|s| s.get(lora)) {
-                Some((a, b)) => (a, b),
-                None => (lora.lora_a.as_tensor(), lora.lora_b.as_tensor()),
-            };
-            let y = super::lora_op::lora_linear(x, weight, a, b, lora.scaling)?;
+            let (a, b) = lora.pair(mode.adapter);
+            let y = super::lora_op::lora_linear(x, &self.weight, a, b, lora.scaling)?;
             return match &self.bias {
                 Some(b) => y.broadcast_add(b),
                 None => Ok(y),

@@ -10,24 +10,28 @@
 //! `gl = s g B`: `dx = g W + gl A`, `dA = glᵀ x`, `dB = gᵀ low` (each a gemm, the two terms
 //! of `dx` in one).
 //! `dx` is skipped when `x` needs no gradient (the first layer, under frozen embeddings).
+//! The frozen weight may be NF4 (QLoRA): its products then go a dequantized block at a time
+//! ([`super::frozen`]).
 //!
 //! Used for training forwards without LoRA dropout (dropout masks the adapter's input
 //! only, which this node does not model); everything else takes the composed path.
 
+use super::frozen::with_frozen;
 use super::fused::with_f32_data;
-use super::gemm::{MatRef, product, product_plus};
+use super::gemm::{MatRef, product};
+use super::lora::Weight;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
 /// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]` (out `[..., out]`); differentiable in `x`, `a`,
 /// `b`.
-pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
-    let (out_f, in_f) = w.dims2()?;
+pub fn lora_linear(x: &Tensor, w: &Weight, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
+    let (out_f, in_f) = w.dims2();
     let (r, in_a) = a.dims2()?;
     if in_a != in_f || b.dims() != [out_f, r] {
         bail!(
             "lora: weight {:?}, A {:?}, B {:?} do not fit",
-            w.dims(),
+            (out_f, in_f),
             a.dims(),
             b.dims()
         );
@@ -49,7 +53,7 @@ pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scaling: f64)
 }
 
 struct LoraMatmul {
-    w: Tensor,
+    w: Weight,
     scaling: f32,
     /// `s x Aᵀ` from the forward, for `dB`.
     low: Mutex<Vec<f32>>,
@@ -80,10 +84,9 @@ impl CustomOp3 for LoraMatmul {
         let xm = MatRef::row_major(x, m, k);
         let mut low = product(xm, MatRef::row_major(a, r, k).t());
         low.iter_mut().for_each(|v| *v *= self.scaling);
-        let y = with_f32_data(&self.w, |w| {
-            Ok(product_plus(
+        let y = with_frozen(&self.w, |w| {
+            Ok(w.forward_plus(
                 xm,
-                MatRef::row_major(w, n, k).t(),
                 MatRef::row_major(&low, m, r),
                 MatRef::row_major(b, n, r).t(),
             ))
@@ -123,20 +126,14 @@ impl CustomOp3 for LoraMatmul {
             with_f32_data(b, |bv| {
                 with_f32_data(a, |av| {
                     with_f32_data(x, |xv| {
-                        with_f32_data(&self.w, |w| {
+                        with_frozen(&self.w, |w| {
                             let gm = MatRef::row_major(gv, m, n);
                             // gl = s g B: [m, r]
                             let mut gl = product(gm, MatRef::row_major(bv, n, r));
                             gl.iter_mut().for_each(|v| *v *= self.scaling);
                             let glm = MatRef::row_major(&gl, m, r);
-                            let dx = want_dx.then(|| {
-                                product_plus(
-                                    gm,
-                                    MatRef::row_major(w, n, k),
-                                    glm,
-                                    MatRef::row_major(av, r, k),
-                                )
-                            });
+                            let dx = want_dx
+                                .then(|| w.backward_plus(gm, glm, MatRef::row_major(av, r, k)));
                             let da = product(glm.t(), MatRef::row_major(xv, m, k));
                             let db = product(gm.t(), MatRef::row_major(&low, m, r));
                             Ok((dx, da, db))

@@ -10,43 +10,47 @@
 //! gradient was summed from two; here `dh`, `dgate` and `dup` are written once each and
 //! `dx = dgate W_g + dup W_u` (plus the adapters' terms) is one accumulated product.
 //!
+//! The frozen weights may be NF4 (QLoRA): their products then go a dequantized block at a
+//! time ([`super::frozen`]).
+//!
 //! The adapters come in as one flat tensor (`[A_g, B_g, A_u, B_u, A_d, B_d]`, see
 //! [`lora_mlp`]), so that the node has two inputs; candle's backward of that
 //! concatenation hands each adapter its slice of the gradient.
 
 use super::alloc::zeroed;
+use super::frozen::{Frozen, with_frozen, with_frozen3};
 use super::fused::{swiglu_grads_into, swiglu_into, with_f32_data};
-use super::gemm::{MatRef, product, product_plus, product_plus_into};
-use super::lora::Linear;
+use super::gemm::{MatRef, product};
+use super::lora::{AdapterSnapshot, Linear, Weight};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
-/// Whether [`lora_mlp`] applies: all three projections with an adapter, no bias and a
-/// dense weight, and the gemm ops usable for `x` and every frozen weight.
+/// Whether [`lora_mlp`] applies: all three projections with an adapter and no bias, and
+/// the gemm ops usable for `x` and every frozen weight.
 pub fn applies(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> bool {
-    [gate, up, down].iter().all(|l| {
-        l.lora.is_some()
-            && l.bias.is_none()
-            && l.weight.dense().is_some_and(|w| super::gemm::applies(x, w))
-    })
+    [gate, up, down]
+        .iter()
+        .all(|l| l.lora.is_some() && l.bias.is_none() && l.fused_applies(x))
 }
 
 /// `down(silu(gate(x)) ⊙ up(x))` with every adapter applied, for `x: [..., hidden]`;
-/// differentiable in `x` and the adapters. Callers check [`applies`] and that no adapter
-/// needs dropout.
-pub fn lora_mlp(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> Result<Tensor> {
-    let (Some(gw), Some(uw), Some(dw)) =
-        (gate.weight.dense(), up.weight.dense(), down.weight.dense())
-    else {
-        bail!("mlp: the fused op needs dense weights")
-    };
-    let (inter, hidden) = gw.dims2()?;
-    if uw.dims() != [inter, hidden] || dw.dims() != [hidden, inter] {
+/// differentiable in `x` and the adapters, which are the live ones or those of `set` (a
+/// snapshot, PPO's critic, a recomputed layer's). Callers check [`applies`] and that no
+/// adapter needs dropout.
+pub fn lora_mlp(
+    x: &Tensor,
+    gate: &Linear,
+    up: &Linear,
+    down: &Linear,
+    set: Option<&AdapterSnapshot>,
+) -> Result<Tensor> {
+    let (inter, hidden) = gate.weight.dims2();
+    if up.weight.dims2() != (inter, hidden) || down.weight.dims2() != (hidden, inter) {
         bail!(
             "mlp: gate {:?}, up {:?}, down {:?} do not fit",
-            gw.dims(),
-            uw.dims(),
-            dw.dims()
+            gate.weight.dims2(),
+            up.weight.dims2(),
+            down.weight.dims2()
         );
     }
     if x.dims().last() != Some(&hidden) {
@@ -62,7 +66,7 @@ pub fn lora_mlp(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> Result
         let Some(lora) = &l.lora else {
             bail!("mlp: projection {i} has no adapter")
         };
-        let (a, b) = (lora.lora_a.as_tensor(), lora.lora_b.as_tensor());
+        let (a, b) = lora.pair(set);
         let (r, in_f) = a.dims2()?;
         if in_f != l.in_features() || b.dims() != [l.out_features(), r] {
             bail!("mlp: adapter {i} is A {:?}, B {:?}", a.dims(), b.dims());
@@ -76,7 +80,7 @@ pub fn lora_mlp(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> Result
     x.contiguous()?.apply_op2(
         &adapters,
         LoraMlp {
-            w: [gw.clone(), uw.clone(), dw.clone()],
+            w: [gate.weight.clone(), up.weight.clone(), down.weight.clone()],
             ranks,
             scaling,
             saved: Mutex::new(None),
@@ -86,7 +90,7 @@ pub fn lora_mlp(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> Result
 
 struct LoraMlp {
     /// Frozen `W_g [I, H]`, `W_u [I, H]`, `W_d [H, I]`.
-    w: [Tensor; 3],
+    w: [Weight; 3],
     ranks: [usize; 3],
     scaling: [f32; 3],
     saved: Mutex<Option<Saved>>,
@@ -123,7 +127,7 @@ fn offsets(ranks: [usize; 3], hidden: usize, inter: usize) -> ([usize; 6], usize
 
 impl LoraMlp {
     fn dims(&self) -> Result<(usize, usize)> {
-        self.w[0].dims2()
+        Ok(self.w[0].dims2())
     }
 
     fn poisoned() -> candle_core::Error {
@@ -153,26 +157,22 @@ impl CustomOp2 for LoraMlp {
         let m = x.len() / hidden;
         let xm = MatRef::row_major(x, m, hidden);
         // One projection with its adapter: `(s x Aᵀ, x Wᵀ + s x Aᵀ Bᵀ)`.
-        let project = |i: usize, xm: MatRef, w: &[f32]| {
-            let (r, (n, k)) = (self.ranks[i], (w.len() / xm.cols, xm.cols));
+        let project = |i: usize, xm: MatRef, w: Frozen| {
+            let (r, (n, k)) = (self.ranks[i], w.dims());
             let a = MatRef::row_major(&p[at[2 * i]..at[2 * i] + r * k], r, k);
             let b = MatRef::row_major(&p[at[2 * i + 1]..at[2 * i + 1] + n * r], n, r);
             let mut low = product(xm, a.t());
             low.iter_mut().for_each(|v| *v *= self.scaling[i]);
-            let y = product_plus(
-                xm,
-                MatRef::row_major(w, n, k).t(),
-                MatRef::row_major(&low, m, r),
-                b.t(),
-            );
+            let y = w.forward_plus(xm, MatRef::row_major(&low, m, r), b.t());
             (low, y)
         };
-        let (low_g, gate) = with_f32_data(&self.w[0], |w| Ok(project(0, xm, w)))?;
-        let (low_u, up) = with_f32_data(&self.w[1], |w| Ok(project(1, xm, w)))?;
+        let w = &self.w;
+        let (low_g, gate) = with_frozen(&w[0], |w| Ok(project(0, xm, w)))?;
+        let (low_u, up) = with_frozen(&w[1], |w| Ok(project(1, xm, w)))?;
         let mut h = zeroed(gate.len());
         swiglu_into(&gate, &up, &mut h);
         let hm = MatRef::row_major(&h, m, inter);
-        let (low_d, y) = with_f32_data(&self.w[2], |w| Ok(project(2, hm, w)))?;
+        let (low_d, y) = with_frozen(&w[2], |w| Ok(project(2, hm, w)))?;
         *self.saved.lock().map_err(|_| Self::poisoned())? = Some(Saved {
             gate,
             up,
@@ -200,74 +200,61 @@ impl CustomOp2 for LoraMlp {
         let dx = with_f32_data(g, |gv| {
             with_f32_data(x, |xv| {
                 with_f32_data(adapters, |p| {
-                    with_f32_data(&self.w[0], |wg| {
-                        with_f32_data(&self.w[1], |wu| {
-                            with_f32_data(&self.w[2], |wd| {
-                                let xm = MatRef::row_major(xv, m, hidden);
-                                // One projection's adapter gradients into `dp` and its
-                                // `(gl, A)` for the input gradient: with `gl = s g B`,
-                                // `dA = glᵀ x`, `dB = gᵀ low`.
-                                let mut adapter = |i: usize, gm: MatRef, xm: MatRef| {
-                                    let (r, n, k) = (self.ranks[i], gm.cols, xm.cols);
-                                    let b = &p[at[2 * i + 1]..at[2 * i + 1] + n * r];
-                                    let mut gl = product(gm, MatRef::row_major(b, n, r));
-                                    gl.iter_mut().for_each(|v| *v *= self.scaling[i]);
-                                    let glm = MatRef::row_major(&gl, m, r);
-                                    let da = product(glm.t(), xm);
-                                    let low = MatRef::row_major(&saved.low[i], m, r);
-                                    let db = product(gm.t(), low);
-                                    dp[at[2 * i]..at[2 * i] + r * k].copy_from_slice(&da);
-                                    dp[at[2 * i + 1]..at[2 * i + 1] + n * r].copy_from_slice(&db);
-                                    gl
-                                };
-                                let a_of = |i: usize, k: usize| {
-                                    let r = self.ranks[i];
-                                    MatRef::row_major(&p[at[2 * i]..at[2 * i] + r * k], r, k)
-                                };
-                                // Down: dh = g W_d + gl_d A_d.
-                                let gm = MatRef::row_major(gv, m, hidden);
-                                let hm = MatRef::row_major(&saved.h, m, inter);
-                                let gl_d = adapter(2, gm, hm);
-                                let dh = product_plus(
-                                    gm,
-                                    MatRef::row_major(wd, hidden, inter),
-                                    MatRef::row_major(&gl_d, m, self.ranks[2]),
-                                    a_of(2, inter),
-                                );
-                                // SwiGLU.
-                                let (mut dgate, mut dup) = (zeroed(dh.len()), zeroed(dh.len()));
-                                swiglu_grads_into(
-                                    &saved.gate,
-                                    &saved.up,
-                                    &dh,
-                                    &mut dgate,
-                                    &mut dup,
-                                );
-                                drop(dh);
-                                // Gate and up, their input gradients summed in one buffer.
-                                let dgm = MatRef::row_major(&dgate, m, inter);
-                                let dum = MatRef::row_major(&dup, m, inter);
-                                let gl_g = adapter(0, dgm, xm);
-                                let gl_u = adapter(1, dum, xm);
-                                Ok(want_dx.then(|| {
-                                    let mut dx = product_plus(
-                                        dgm,
-                                        MatRef::row_major(wg, inter, hidden),
-                                        MatRef::row_major(&gl_g, m, self.ranks[0]),
-                                        a_of(0, hidden),
-                                    );
-                                    product_plus_into(
-                                        dum,
-                                        MatRef::row_major(wu, inter, hidden),
-                                        MatRef::row_major(&gl_u, m, self.ranks[1]),
-                                        a_of(1, hidden),
-                                        &mut dx,
-                                        true,
-                                    );
-                                    dx
-                                }))
-                            })
-                        })
+                    with_frozen3([&self.w[0], &self.w[1], &self.w[2]], |[wg, wu, wd]| {
+                        let xm = MatRef::row_major(xv, m, hidden);
+                        // One projection's adapter gradients into `dp` and its
+                        // `(gl, A)` for the input gradient: with `gl = s g B`,
+                        // `dA = glᵀ x`, `dB = gᵀ low`.
+                        let mut adapter = |i: usize, gm: MatRef, xm: MatRef| {
+                            let (r, n, k) = (self.ranks[i], gm.cols, xm.cols);
+                            let b = &p[at[2 * i + 1]..at[2 * i + 1] + n * r];
+                            let mut gl = product(gm, MatRef::row_major(b, n, r));
+                            gl.iter_mut().for_each(|v| *v *= self.scaling[i]);
+                            let glm = MatRef::row_major(&gl, m, r);
+                            let da = product(glm.t(), xm);
+                            let low = MatRef::row_major(&saved.low[i], m, r);
+                            let db = product(gm.t(), low);
+                            dp[at[2 * i]..at[2 * i] + r * k].copy_from_slice(&da);
+                            dp[at[2 * i + 1]..at[2 * i + 1] + n * r].copy_from_slice(&db);
+                            gl
+                        };
+                        let a_of = |i: usize, k: usize| {
+                            let r = self.ranks[i];
+                            MatRef::row_major(&p[at[2 * i]..at[2 * i] + r * k], r, k)
+                        };
+                        // Down: dh = g W_d + gl_d A_d.
+                        let gm = MatRef::row_major(gv, m, hidden);
+                        let hm = MatRef::row_major(&saved.h, m, inter);
+                        let gl_d = adapter(2, gm, hm);
+                        let dh = wd.backward_plus(
+                            gm,
+                            MatRef::row_major(&gl_d, m, self.ranks[2]),
+                            a_of(2, inter),
+                        );
+                        // SwiGLU.
+                        let (mut dgate, mut dup) = (zeroed(dh.len()), zeroed(dh.len()));
+                        swiglu_grads_into(&saved.gate, &saved.up, &dh, &mut dgate, &mut dup);
+                        drop(dh);
+                        // Gate and up, their input gradients summed in one buffer.
+                        let dgm = MatRef::row_major(&dgate, m, inter);
+                        let dum = MatRef::row_major(&dup, m, inter);
+                        let gl_g = adapter(0, dgm, xm);
+                        let gl_u = adapter(1, dum, xm);
+                        Ok(want_dx.then(|| {
+                            let mut dx = wg.backward_plus(
+                                dgm,
+                                MatRef::row_major(&gl_g, m, self.ranks[0]),
+                                a_of(0, hidden),
+                            );
+                            wu.backward_plus_into(
+                                dum,
+                                MatRef::row_major(&gl_u, m, self.ranks[1]),
+                                a_of(1, hidden),
+                                &mut dx,
+                                true,
+                            );
+                            dx
+                        }))
                     })
                 })
             })

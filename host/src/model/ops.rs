@@ -101,12 +101,14 @@ impl CustomOp1 for FrozenMatmul {
 ///
 /// `hidden: [N, H]`, `lm_head: [V, H]` (frozen), `targets: [N]` u32. Returns `[N]` log-probs
 /// and `[N]` entropies; both have a backward to `hidden` when it tracks gradients. At most
-/// `chunk_rows × V` logits exist at any time, forward or backward.
+/// `chunk_rows × V` logits exist at any time, forward or backward, except that the CPU
+/// kernel keeps the logits for the backward with `keep_logits` ([`super::head`]).
 pub fn target_logprobs(
     hidden: &Tensor,
     lm_head: &Tensor,
     targets: &Tensor,
     chunk_rows: usize,
+    keep_logits: bool,
 ) -> Result<(Tensor, Tensor)> {
     let chunk_rows = chunk_rows.max(1);
     let (n, _h) = hidden.dims2()?;
@@ -116,7 +118,8 @@ pub fn target_logprobs(
     let targets = targets.to_dtype(DType::U32)?;
     #[cfg(target_arch = "x86_64")]
     if super::gemm::applies(hidden, lm_head) {
-        let out = super::head::target_logprobs(hidden, lm_head, &targets.to_vec1::<u32>()?)?;
+        let out =
+            super::head::target_logprobs(hidden, lm_head, &targets.to_vec1::<u32>()?, keep_logits)?;
         return Ok((
             out.narrow(1, 0, 1)?.squeeze(1)?,
             out.narrow(1, 1, 1)?.squeeze(1)?,
@@ -385,7 +388,7 @@ mod tests {
         // The composed form chunk by chunk, and the public entry (the fused head on AVX2).
         for chunk in [1, 3, 7, 100, 0] {
             let (logp, ent) = if chunk == 0 {
-                target_logprobs(h.as_tensor(), &lm, &targets, 3).unwrap()
+                target_logprobs(h.as_tensor(), &lm, &targets, 3, true).unwrap()
             } else {
                 composed_target_logprobs(h.as_tensor(), &lm, &targets, chunk).unwrap()
             };

@@ -371,24 +371,13 @@ mod tests {
         for name in MODELS {
             let model = with_adapter(name);
             let r = Reference::load(name);
-            let (ids, mask, pos) = (r.input_ids(), r.attention_mask(), r.position_ids());
             let mode = Mode {
                 adapters: true,
                 grad: true,
                 dropout_rng: None,
                 adapter: None,
             };
-            let hidden = model.forward_batch(&ids, &mask, &pos, mode).unwrap();
-            // Targets are the next tokens; positions t where t and t+1 are real count.
-            let t = ids.dim(1).unwrap();
-            let hidden = hidden.narrow(1, 0, t - 1).unwrap();
-            let targets = ids.narrow(1, 1, t - 1).unwrap();
-            let (logp, _) = model.logprobs(&hidden, &targets).unwrap();
-            let m = mask.to_dtype(DType::F32).unwrap();
-            let valid = (m.narrow(1, 0, t - 1).unwrap() * m.narrow(1, 1, t - 1).unwrap()).unwrap();
-            let loss = ((logp * &valid).unwrap().sum_all().unwrap().neg().unwrap()
-                / valid.sum_all().unwrap().to_scalar::<f32>().unwrap() as f64)
-                .unwrap();
+            let loss = r.lora_loss(&model, mode);
             let want = r.get("lora_loss").to_scalar::<f32>().unwrap();
             let got = loss.to_scalar::<f32>().unwrap();
             assert!(
@@ -397,16 +386,9 @@ mod tests {
             );
             let grads = loss.backward().unwrap();
             assert!(model.missing_grads(&grads).is_empty());
-            let mut worst = 0f32;
-            let vars = model.lora_vars();
-            assert_eq!(vars.len(), 28);
-            for (path, var) in vars {
-                let key = format!("grad.base_model.model.{path}.default.weight");
-                let want = r.get(&key);
-                let got = grads.get(var.as_tensor()).unwrap();
-                let scale = fixtures::max_abs(want);
-                worst = worst.max(max_diff(got, want) / scale);
-            }
+            assert_eq!(model.lora_vars().len(), 28);
+            let worst =
+                fixtures::worst_lora_grad_diff(&model, &grads, |k| r.get(&format!("grad.{k}")));
             eprintln!(
                 "{name}: LoRA gradients vs PEFT, worst relative diff {worst:.2e}; loss {got} vs {want}"
             );

@@ -64,6 +64,9 @@ pub struct TrainSection {
     /// forward pass before the first step) or `sampler` (the log-probs the sampler kept).
     pub old_logps: OldLogps,
     pub micro_batch_tokens: usize,
+    /// Recompute each layer's activations in the backward instead of keeping them: about
+    /// a third more compute for most of the step's activation memory.
+    pub gradient_checkpointing: bool,
     pub estimator: Estimator,
     /// What the baseline-centred rewards are divided by: `group` std, `batch` std or
     /// `none` (default: the estimator's own, `group` for grpo and `none` for the others).
@@ -187,6 +190,7 @@ impl Default for TrainSection {
             mini_batches: 1,
             old_logps: OldLogps::Recompute,
             micro_batch_tokens: 4096,
+            gradient_checkpointing: false,
             estimator: Estimator::Grpo,
             scale_rewards: None,
             adv_eps: 1e-4,
