@@ -12,10 +12,12 @@ Not a test: run by developers on a quiet machine, numbers go in the README and n
 
 The model and the measurements are those of bench/model_speed.py (same random model
 under bench/.work, same worker, each measurement in its own process with its peak RSS
-from wait4). The NF4 process loads the f32 checkpoint and quantizes it, so its peak RSS
-includes the f32 weights it read; the worker therefore also reports the peak of the
-measured phase alone (`VmHWM` reset through /proc/self/clear_refs after loading), which
-is the figure compared.
+from wait4). The NF4 process loads the f32 checkpoint and quantizes it; the figure
+compared is the peak of the measured phase alone (`VmHWM` reset through
+/proc/self/clear_refs after loading, which resets wait4's peak too), with the RSS when
+the phase starts (the weights). The training
+step is measured with activations kept and with `gradient_checkpointing` (each layer
+recomputed in the backward, the head's logits too), both sides alike.
 """
 
 import argparse
@@ -48,21 +50,24 @@ def main():
         nf4 = run([BIN, "decode", "--model", model, "--batch", str(b), "--quantize", "nf4"], t)
         show(f"greedy decode tokens/s, batch {b}", f32, nf4, "tokens_per_s")
         show(f"  peak RSS while decoding, GB", f32, nf4, "phase_peak_rss_gb")
-        show(f"  peak RSS of the process, GB", f32, nf4, "peak_rss_gb")
-    rounds = []
-    for i in range(max(1, args.rounds)):
-        f32 = run([BIN, "train", "--model", model], t)
-        nf4 = run([BIN, "train", "--model", model, "--quantize", "nf4"], t)
-        rounds.append((f32, nf4))
-        print(f"  round {i + 1}: f32 {f32['step_seconds']:.2f} s {f32['phase_peak_rss_gb']:.2f} GB, "
-              f"nf4 {nf4['step_seconds']:.2f} s {nf4['phase_peak_rss_gb']:.2f} GB", flush=True)
-    keys = ("step_seconds", "phase_peak_rss_gb", "peak_rss_gb")
-    med = lambda side, k: statistics.median(r[side][k] for r in rounds)  # noqa: E731
-    f32 = {k: med(0, k) for k in keys}
-    nf4 = {k: med(1, k) for k in keys}
-    show("LoRA r16 step 4x256, seconds", f32, nf4, "step_seconds")
-    show("LoRA r16 step, peak RSS of the steps, GB", f32, nf4, "phase_peak_rss_gb")
-    show("  peak RSS of the process (with loading), GB", f32, nf4, "peak_rss_gb")
+    for ckpt in (0, 1):
+        label = "recomputed (gradient_checkpointing)" if ckpt else "activations kept"
+        rounds = []
+        for i in range(max(1, args.rounds)):
+            extra = ["--checkpointing", str(ckpt)]
+            f32 = run([BIN, "train", "--model", model] + extra, t)
+            nf4 = run([BIN, "train", "--model", model, "--quantize", "nf4"] + extra, t)
+            rounds.append((f32, nf4))
+            print(f"  {label}, round {i + 1}: f32 {f32['step_seconds']:.2f} s {f32['phase_peak_rss_gb']:.2f} GB, "
+                  f"nf4 {nf4['step_seconds']:.2f} s {nf4['phase_peak_rss_gb']:.2f} GB", flush=True)
+        keys = ("step_seconds", "phase_peak_rss_gb", "start_rss_gb")
+        med = lambda side, k: statistics.median(r[side][k] for r in rounds)  # noqa: E731
+        f32 = {k: med(0, k) for k in keys}
+        nf4 = {k: med(1, k) for k in keys}
+        print(f"LoRA r16 step 4x256, {label}:")
+        show("  seconds", f32, nf4, "step_seconds")
+        show("  peak RSS of the steps, GB", f32, nf4, "phase_peak_rss_gb")
+        show("  RSS before the steps (weights), GB", f32, nf4, "start_rss_gb")
 
 
 if __name__ == "__main__":

@@ -10,28 +10,31 @@
 //! time, for a second forward of every layer (about a third more compute). The unit is
 //! the decoder layer, as in transformers' `gradient_checkpointing_enable()`.
 //!
-//! The op is `y = layer(x; adapters)` with the layer's adapters (the live ones or
+//! The op is `y = block(x; adapters)` for any block of the model (the decoder passes each
+//! layer's forward) with the adapters of its projections (the live ones or
 //! `mode.adapter`'s) as one flat input, as in [`super::mlp_op`]. The forward runs the
-//! layer on detached copies, through the same kernels as training, and builds no graph.
+//! block on detached copies, through the same kernels as training, and builds no graph.
 //! The backward makes fresh variables of `x` and the adapters, runs the layer on them,
 //! backpropagates `Σ y ⊙ g` and returns their gradients. LoRA dropout draws the same masks
 //! both times: each layer draws them from its own generator, seeded from the run's (see
 //! [`super::Model::forward_batch`]), which is made again from its seed for the second run.
 
-use super::decoder::{BatchContext, DecoderLayer};
-use super::lora::{AdapterSnapshot, Mode, seeded};
+use super::lora::{AdapterSnapshot, Linear, Mode, seeded};
 use candle_core::{
     CpuStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor, TensorId, Var, bail,
 };
 use std::sync::Mutex;
 
-/// `layer.forward_batch(x, ctx, mode)` with LoRA dropout drawn from a generator seeded
-/// with `dropout_seed` (when `mode` has one), recomputed in the backward when the forward
-/// builds a graph through adapters; otherwise the plain forward.
-pub fn layer_forward(
-    layer: &DecoderLayer,
+/// A block's forward, `block(x, mode)`, that can run again in the backward.
+pub type Block = Box<dyn Fn(&Tensor, Mode<'_>) -> Result<Tensor> + Send + Sync>;
+
+/// `block(x, mode)` with LoRA dropout drawn from a generator seeded with `dropout_seed`
+/// (when `mode` has one), recomputed in the backward when the forward builds a graph
+/// through the adapters of `projections` (the block's); otherwise the plain forward.
+pub fn recomputed(
+    block: Block,
+    projections: &[&Linear],
     x: &Tensor,
-    ctx: &BatchContext,
     mode: Mode,
     dropout_seed: Option<u64>,
 ) -> Result<Tensor> {
@@ -41,9 +44,8 @@ pub fn layer_forward(
         ..mode
     };
     let adapters: Vec<(TensorId, Tensor, Tensor)> = if mode.adapters && mode.grad {
-        layer
-            .projections()
-            .into_iter()
+        projections
+            .iter()
             .filter_map(|lin| lin.lora.as_ref())
             .map(|l| {
                 let (a, b) = l.pair(mode.adapter);
@@ -54,7 +56,7 @@ pub fn layer_forward(
         Vec::new()
     };
     if adapters.is_empty() || !x.device().is_cpu() {
-        return layer.forward_batch(x, ctx, mode);
+        return block(x, mode);
     }
     let detached = AdapterSnapshot::from_pairs(
         0,
@@ -62,9 +64,8 @@ pub fn layer_forward(
             .iter()
             .map(|(id, a, b)| (*id, a.detach(), b.detach())),
     );
-    let y = layer.forward_batch(
+    let y = block(
         &x.detach(),
-        ctx,
         Mode {
             adapter: Some(&detached),
             ..mode
@@ -79,8 +80,7 @@ pub fn layer_forward(
     x.apply_op2(
         &params,
         Recompute {
-            layer: layer.clone(),
-            ctx: ctx.clone(),
+            block,
             adapters: adapters
                 .iter()
                 .map(|(id, a, b)| (*id, a.shape().clone(), b.shape().clone()))
@@ -92,14 +92,13 @@ pub fn layer_forward(
 }
 
 struct Recompute {
-    layer: DecoderLayer,
-    ctx: BatchContext,
+    block: Block,
     /// Each adapter's live `lora_A` id and the shapes of `A` and `B`, in the order of the
     /// flat input.
     adapters: Vec<(TensorId, Shape, Shape)>,
     /// The seed of the layer's dropout generator.
     dropout_seed: Option<u64>,
-    /// The forward's output, computed outside the op (it runs whole layers) and handed
+    /// The forward's output, computed outside the op (it runs whole blocks) and handed
     /// over once.
     y: Mutex<Option<Tensor>>,
 }
@@ -175,7 +174,7 @@ impl CustomOp2 for Recompute {
             dropout_rng: rng.as_ref(),
             adapter: Some(&set),
         };
-        let y = self.layer.forward_batch(&x_in, &self.ctx, mode)?;
+        let y = (self.block)(&x_in, mode)?;
         let grads = (y * g.detach())?.sum_all()?.backward()?;
         let grad_or_zero = |v: &Var| -> Result<Tensor> {
             match grads.get(v.as_tensor()) {

@@ -16,7 +16,8 @@
 //!   is how a group of samples shares its prompt's prefill.
 
 use super::config::{Arch, ModelConfig};
-use super::lora::{Linear, Lora, LoraConfig, Mode, Weight, seeded};
+use super::frozen::Weight;
+use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
 use super::nf4::Nf4Linear;
 use super::ops::{rms_norm, rope_cos_sin, rope_inv_freq, softmax_last, target_logprobs};
 use super::weights::Weights;
@@ -380,7 +381,10 @@ impl Model {
                 None => None,
             };
             x = if self.gradient_checkpointing {
-                super::checkpoint::layer_forward(layer, &x, &ctx, mode, seed)?
+                let (l, c) = (layer.clone(), ctx.clone());
+                let block: super::checkpoint::Block =
+                    Box::new(move |x, mode| l.forward_batch(x, &c, mode));
+                super::checkpoint::recomputed(block, &layer.projections(), &x, mode, seed)?
             } else {
                 let rng = seed.map(|s| std::sync::Mutex::new(seeded(s)));
                 let mode = Mode {

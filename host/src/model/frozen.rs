@@ -1,5 +1,6 @@
-//! The fused LoRA ops' products with a projection's frozen weight `W: [out, in]`, dense f32
-//! or NF4 (QLoRA), so that a 4-bit base trains through the same kernels as an f32 one.
+//! A projection's frozen base weight `W: [out, in]`, dense or NF4 (QLoRA), and the fused
+//! LoRA ops' products with it, so that a 4-bit base trains through the same kernels as an
+//! f32 one.
 //!
 //! An NF4 weight is dequantized a block of output rows at a time into a scratch buffer of
 //! at most [`BLOCK_FLOATS`] values and multiplied from there: the forward writes the
@@ -8,17 +9,60 @@
 //! keeping anything, so the f32 weight never exists whole; dequantizing costs `out · in`
 //! operations against the product's `tokens · out · in`.
 
-use super::alloc::zeroed;
-use super::fused::with_f32_data;
-use super::gemm::{MatRef, gemm_plus, product_plus, product_plus_into};
-use super::lora::Weight;
 use super::nf4::Nf4Linear;
-use candle_core::Result;
+use super::ops::frozen_linear;
+use candle_core::{Device, Result, Tensor};
+use std::sync::Arc;
+#[cfg(target_arch = "x86_64")]
+use {
+    super::alloc::zeroed,
+    super::fused::with_f32_data,
+    super::gemm::{MatRef, gemm_plus, product_plus, product_plus_into},
+};
 
+/// A projection's frozen base weight `[out, in]`: a dense tensor, or NF4 (QLoRA), which is
+/// dequantized a block at a time and never kept whole.
+#[derive(Clone)]
+pub enum Weight {
+    Dense(Tensor),
+    Nf4(Arc<Nf4Linear>),
+}
+
+impl Weight {
+    /// `(out, in)`.
+    pub fn dims2(&self) -> (usize, usize) {
+        match self {
+            Weight::Dense(w) => {
+                let d = w.dims();
+                (d[0], d[1])
+            }
+            Weight::Nf4(q) => q.dims(),
+        }
+    }
+
+    /// The weight in f32, dequantized when it is NF4 (for a merged export).
+    pub fn to_dense(&self, device: &Device) -> Result<Tensor> {
+        match self {
+            Weight::Dense(w) => Ok(w.clone()),
+            Weight::Nf4(q) => q.dense(device),
+        }
+    }
+
+    /// `x · Wᵀ`, differentiable in `x`.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Weight::Dense(w) => frozen_linear(x, w),
+            Weight::Nf4(q) => q.forward(x),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
 /// Most values of a dequantized block (8 MB: in L3, and small beside the activations).
 /// Tests use small blocks, so that small weights cross several.
 const BLOCK_FLOATS: usize = if cfg!(test) { 1 << 13 } else { 2 << 20 };
 
+#[cfg(target_arch = "x86_64")]
 /// A frozen weight's values as the fused ops read them.
 #[derive(Clone, Copy)]
 pub enum Frozen<'a> {
@@ -27,6 +71,7 @@ pub enum Frozen<'a> {
     Nf4(&'a Nf4Linear),
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Runs `f` on `w`'s values (a dense weight made contiguous first, without a copy when it
 /// is).
 pub fn with_frozen<R>(w: &Weight, f: impl FnOnce(Frozen) -> Result<R>) -> Result<R> {
@@ -39,6 +84,7 @@ pub fn with_frozen<R>(w: &Weight, f: impl FnOnce(Frozen) -> Result<R>) -> Result
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Runs `f` on three weights' values.
 pub fn with_frozen3<R>(w: [&Weight; 3], f: impl FnOnce([Frozen; 3]) -> Result<R>) -> Result<R> {
     with_frozen(w[0], |a| {
@@ -46,6 +92,7 @@ pub fn with_frozen3<R>(w: [&Weight; 3], f: impl FnOnce([Frozen; 3]) -> Result<R>
     })
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Output rows per dequantized block of an `[out, in]` weight: evenly split blocks of at
 /// most [`BLOCK_FLOATS`] values, a multiple of 64 rows (whole strips of the gemm).
 fn block_rows(out_f: usize, in_f: usize) -> usize {
@@ -54,6 +101,7 @@ fn block_rows(out_f: usize, in_f: usize) -> usize {
     out_f.div_ceil(blocks).next_multiple_of(64)
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Frozen<'_> {
     /// `(out, in)`.
     pub fn dims(&self) -> (usize, usize) {
@@ -131,7 +179,7 @@ impl Frozen<'_> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
     use crate::model::nf4::Nf4;

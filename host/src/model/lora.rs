@@ -6,8 +6,8 @@
 //! unchanged. `s = alpha / r`, or `alpha / √r` with rsLoRA. Adapters can be switched off
 //! per forward: that is the reference policy for KL, with no second copy of the weights.
 
+use super::frozen::Weight;
 use super::nf4::Nf4Linear;
-use super::ops::frozen_linear;
 use candle_core::{DType, Device, Result, Tensor, TensorId, Var};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -231,43 +231,6 @@ impl AdapterSnapshot {
 
     fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {
         self.tensors.get(&lora.lora_a.as_tensor().id())
-    }
-}
-
-/// A projection's frozen base weight `[out, in]`: a dense tensor, or NF4 (QLoRA), which is
-/// dequantized a block at a time and never kept whole.
-#[derive(Clone)]
-pub enum Weight {
-    Dense(Tensor),
-    Nf4(Arc<Nf4Linear>),
-}
-
-impl Weight {
-    /// `(out, in)`.
-    pub fn dims2(&self) -> (usize, usize) {
-        match self {
-            Weight::Dense(w) => {
-                let d = w.dims();
-                (d[0], d[1])
-            }
-            Weight::Nf4(q) => q.dims(),
-        }
-    }
-
-    /// The weight in f32, dequantized when it is NF4 (for a merged export).
-    pub fn to_dense(&self, device: &Device) -> Result<Tensor> {
-        match self {
-            Weight::Dense(w) => Ok(w.clone()),
-            Weight::Nf4(q) => q.dense(device),
-        }
-    }
-
-    /// `x · Wᵀ`, differentiable in `x`.
-    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Weight::Dense(w) => frozen_linear(x, w),
-            Weight::Nf4(q) => q.forward(x),
-        }
     }
 }
 

@@ -16,10 +16,9 @@
 //! Used for training forwards without LoRA dropout (dropout masks the adapter's input
 //! only, which this node does not model); everything else takes the composed path.
 
-use super::frozen::with_frozen;
+use super::frozen::{Weight, with_frozen};
 use super::fused::with_f32_data;
 use super::gemm::{MatRef, product};
-use super::lora::Weight;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 

@@ -18,10 +18,10 @@
 //! concatenation hands each adapter its slice of the gradient.
 
 use super::alloc::zeroed;
-use super::frozen::{Frozen, with_frozen, with_frozen3};
+use super::frozen::{Frozen, Weight, with_frozen, with_frozen3};
 use super::fused::{swiglu_grads_into, swiglu_into, with_f32_data};
 use super::gemm::{MatRef, product};
-use super::lora::{AdapterSnapshot, Linear, Weight};
+use super::lora::{AdapterSnapshot, Linear};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 

@@ -14,7 +14,6 @@ pub mod config;
 pub mod decoder;
 #[cfg(test)]
 pub(crate) mod fixtures;
-#[cfg(target_arch = "x86_64")]
 pub mod frozen;
 pub mod fused;
 // AVX2/FMA kernels for the training step; elsewhere candle's ops do the work.
