@@ -220,9 +220,9 @@ fn ppo_learns_a_simple_reward() {
     assert_reward_rose(&m);
 }
 
-/// QLoRA: the same run with the base model's projections quantized to NF4 on load
-/// learns the same reward (measured: 3.0 → 15.5 per answer in 15 steps), and the adapter
-/// it saves is a plain PEFT adapter.
+/// QLoRA as its recipe runs it: the same run with the base model's projections quantized
+/// to NF4 on load and every layer recomputed in the backward (`gradient_checkpointing`)
+/// learns the same reward, and the adapter it saves is a plain PEFT adapter.
 #[test]
 fn qlora_learns_a_simple_reward() {
     let dir = temp_dir("train-learn-qlora");
@@ -230,7 +230,13 @@ fn qlora_learns_a_simple_reward() {
     let out = dir.join("run");
     TestCommand::new(&["train", "--config"])
         .arg(&config)
-        .args(["--set", "model.quantize=\"nf4\"", "--out"])
+        .args([
+            "--set",
+            "model.quantize=\"nf4\"",
+            "--set",
+            "train.gradient_checkpointing=true",
+            "--out",
+        ])
         .arg(&out)
         .ok();
     let m = metrics(&out);
