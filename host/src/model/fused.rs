@@ -215,6 +215,34 @@ pub(crate) fn swiglu_grads_into(a: &[f32], b: &[f32], g: &[f32], da: &mut [f32],
         });
 }
 
+/// [`swiglu_grads_into`] in place: `a` becomes `da` and `b` becomes `db`, so that a
+/// backward that owns its saved inputs needs no two more buffers of their size. Each
+/// 256-value piece is copied aside (L1) and its gradients written over it.
+pub(crate) fn swiglu_grads_in_place(a: &mut [f32], b: &mut [f32], g: &[f32]) {
+    const PIECE: usize = 256;
+    a.par_chunks_mut(CHUNK)
+        .zip(b.par_chunks_mut(CHUNK))
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|((a, b), g)| {
+            let (mut ta, mut tb) = ([0f32; PIECE], [0f32; PIECE]);
+            for ((a, b), g) in a
+                .chunks_mut(PIECE)
+                .zip(b.chunks_mut(PIECE))
+                .zip(g.chunks(PIECE))
+            {
+                let n = a.len();
+                ta[..n].copy_from_slice(a);
+                tb[..n].copy_from_slice(b);
+                let done = simd_swiglu_grads(&ta[..n], &tb[..n], g, a, b);
+                for i in done..n {
+                    let s = sigmoid(ta[i]);
+                    a[i] = g[i] * tb[i] * s * (1.0 + ta[i] * (1.0 - s));
+                    b[i] = g[i] * ta[i] * s;
+                }
+            }
+        });
+}
+
 impl CustomOp2 for SwiGlu {
     fn name(&self) -> &'static str {
         "swiglu"
@@ -637,6 +665,25 @@ mod tests {
     /// Gradients of `Σ y ⊙ c`: a random linear functional of an op's output.
     fn grads(y: &Tensor, c: &Tensor) -> candle_core::backprop::GradStore {
         (y * c).unwrap().sum_all().unwrap().backward().unwrap()
+    }
+
+    /// The in-place SwiGLU backward writes what the out-of-place one does, over a length
+    /// that crosses parallel chunks and copied pieces and leaves short tails of both.
+    #[test]
+    fn swiglu_grads_in_place_equal_the_out_of_place_ones() {
+        let n = CHUNK + 256 * 3 + 13;
+        let spread = |salt: u32| -> Vec<f32> {
+            (0..n as u32)
+                .map(|i| ((i.wrapping_mul(2654435761) ^ salt) % 2000) as f32 / 250.0 - 4.0)
+                .collect()
+        };
+        let (a, b, g) = (spread(1), spread(2), spread(3));
+        let (mut da, mut db) = (vec![0f32; n], vec![0f32; n]);
+        swiglu_grads_into(&a, &b, &g, &mut da, &mut db);
+        let (mut a2, mut b2) = (a.clone(), b.clone());
+        swiglu_grads_in_place(&mut a2, &mut b2, &g);
+        assert_eq!(a2, da);
+        assert_eq!(b2, db);
     }
 
     #[test]
