@@ -14,15 +14,13 @@
 //! layer's forward) with the adapters of its projections (the live ones or
 //! `mode.adapter`'s) as one flat input, as in [`super::mlp_op`]. The forward runs the
 //! block on detached copies, through the same kernels as training, and builds no graph.
-//! The backward makes fresh variables of `x` and the adapters, runs the layer on them,
+//! The backward makes fresh variables of `x` and the adapters, runs the block on them,
 //! backpropagates `Σ y ⊙ g` and returns their gradients. LoRA dropout draws the same masks
 //! both times: each layer draws them from its own generator, seeded from the run's (see
 //! [`super::Model::forward_batch`]), which is made again from its seed for the second run.
 
 use super::lora::{AdapterSnapshot, Linear, Mode, seeded};
-use candle_core::{
-    CpuStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor, TensorId, Var, bail,
-};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, TensorId, Var, bail};
 use std::sync::Mutex;
 
 /// A block's forward, `block(x, mode)`, that can run again in the backward.
@@ -55,6 +53,8 @@ pub fn recomputed(
     } else {
         Vec::new()
     };
+    // The op has a CPU forward only; the model runs on the CPU only (`model.device` is
+    // checked when a config is read).
     if adapters.is_empty() || !x.device().is_cpu() {
         return block(x, mode);
     }
@@ -122,16 +122,9 @@ impl CustomOp2 for Recompute {
         let Some(y) = self.y.lock().map_err(|_| poisoned())?.take() else {
             bail!("checkpoint: the forward ran twice")
         };
-        let y = y.contiguous()?;
-        let (storage, layout) = y.storage_and_layout();
-        let Storage::Cpu(data) = &*storage else {
-            bail!("checkpoint: the layer's output is not on the CPU")
-        };
-        let out = if layout.start_offset() == 0 && data_len(data) == y.elem_count() {
-            data.clone()
-        } else {
-            bail!("checkpoint: the layer's output is a view")
-        };
+        // The model computes in f32 (other dtypes arrive with the GPU path).
+        let out = super::fused::with_f32_data(&y, |d| Ok(d.to_vec()))?;
+        let out = CpuStorage::F32(out);
         Ok((out, y.shape().clone()))
     }
 
@@ -195,20 +188,6 @@ impl CustomOp2 for Recompute {
             parts.push(grad_or_zero(b)?);
         }
         Ok((dx, Some(Tensor::cat(&parts, 0)?)))
-    }
-}
-
-/// Elements in a CPU storage.
-fn data_len(s: &CpuStorage) -> usize {
-    match s {
-        CpuStorage::U8(v) => v.len(),
-        CpuStorage::U32(v) => v.len(),
-        CpuStorage::I64(v) => v.len(),
-        CpuStorage::BF16(v) => v.len(),
-        CpuStorage::F16(v) => v.len(),
-        CpuStorage::F32(v) => v.len(),
-        CpuStorage::F64(v) => v.len(),
-        _ => usize::MAX,
     }
 }
 

@@ -114,18 +114,36 @@ impl Nf4 {
 
     /// The f32 absmax of every block.
     pub fn absmax_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.absmax_count()];
+        self.absmax_range(0, &mut out);
+        out
+    }
+
+    /// The number of 64-value blocks.
+    pub fn absmax_count(&self) -> usize {
         match &self.absmax {
-            Absmax::F32(v) => v.clone(),
+            Absmax::F32(v) => v.len(),
+            Absmax::Nested { codes, .. } => codes.len(),
+        }
+    }
+
+    /// The f32 absmax of blocks `first..first + out.len()` into `out`, decoded from the
+    /// 8-bit codes when double-quantized (the kernels decode them as they go rather than
+    /// keep an f32 copy, 0.5 bits per weight that bitsandbytes' layout saves).
+    pub fn absmax_range(&self, first: usize, out: &mut [f32]) {
+        match &self.absmax {
+            Absmax::F32(v) => out.copy_from_slice(&v[first..first + out.len()]),
             Absmax::Nested {
                 codes,
                 scales,
                 map,
                 offset,
-            } => codes
-                .iter()
-                .enumerate()
-                .map(|(i, &c)| map[c as usize] * scales[i / NESTED_BLOCK] + offset)
-                .collect(),
+            } => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let i = first + i;
+                    *o = map[codes[i] as usize] * scales[i / NESTED_BLOCK] + offset;
+                }
+            }
         }
     }
 
@@ -370,14 +388,11 @@ const ROW_BLOCK: usize = 512;
 #[derive(Debug)]
 pub struct Nf4Linear {
     pub q: Nf4,
-    /// The per-block absmax in f32 (1/64 of the weight's values; decoded once).
-    absmax: Vec<f32>,
 }
 
 impl Nf4Linear {
     pub fn new(q: Nf4) -> Nf4Linear {
-        let absmax = q.absmax_f32();
-        Nf4Linear { q, absmax }
+        Nf4Linear { q }
     }
 
     /// `(out, in)`.
@@ -400,15 +415,17 @@ impl Nf4Linear {
         let cols = self.q.cols;
         let out = &mut out[..(r1 - r0) * cols];
         if !cols.is_multiple_of(BLOCK) {
-            return self.q.dequantize_rows(&self.absmax, r0, r1, out);
+            return self.q.dequantize_rows(&self.q.absmax_f32(), r0, r1, out);
         }
         let pairs = code_pairs();
         out.par_chunks_mut(BLOCK * 64)
             .enumerate()
             .for_each(|(c, chunk)| {
                 let first = r0 * cols / BLOCK + c * 64;
-                for (b, vals) in chunk.chunks_mut(BLOCK).enumerate() {
-                    let a = self.absmax[first + b];
+                let mut absmax = [0f32; 64];
+                let absmax = &mut absmax[..chunk.len() / BLOCK];
+                self.q.absmax_range(first, absmax);
+                for (b, (vals, &a)) in chunk.chunks_mut(BLOCK).zip(absmax.iter()).enumerate() {
                     let codes =
                         &self.q.packed[(first + b) * BLOCK / 2..(first + b + 1) * BLOCK / 2];
                     for (v, &byte) in vals.chunks_exact_mut(2).zip(codes) {
@@ -467,11 +484,12 @@ impl Nf4Linear {
         t.par_chunks_mut(rows * 64)
             .enumerate()
             .for_each(|(c, chunk)| {
+                let mut absmax = vec![0f32; in_f / BLOCK];
                 for (jj, out) in chunk.chunks_mut(rows).enumerate() {
                     let j = c * 64 + jj;
                     let codes = &self.q.packed[j * in_f / 2..(j + 1) * in_f / 2];
-                    let absmax = &self.absmax[j * in_f / BLOCK..(j + 1) * in_f / BLOCK];
-                    row_dots(codes, absmax, x, in_f, out, avx512);
+                    self.q.absmax_range(j * in_f / BLOCK, &mut absmax);
+                    row_dots(codes, &absmax, x, in_f, out, avx512);
                 }
             });
         let mut y = vec![0f32; rows * out_f];
