@@ -18,7 +18,7 @@
 //!   minijinja-contrib's pycompat;
 //! - `{% generation %}` blocks (transformers' assistant-mask tag) render their body.
 //!
-//! Known gaps: `strftime_now` formats UTC, not the local time zone; `~` concatenation
+//! Known gaps: `~` concatenation
 //! of a list or float keeps minijinja's spelling; Python `str()` of strings with unusual
 //! non-printable characters is approximated.
 
@@ -322,137 +322,46 @@ fn raise_exception(message: Value) -> Result<Value, Error> {
     ))
 }
 
+/// transformers' `strftime_now`: `datetime.now().strftime(format)`, the local time.
 fn strftime_now(format: &str) -> Result<String, Error> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|err| Error::new(ErrorKind::InvalidOperation, err.to_string()))?;
-    let secs = i64::try_from(now.as_secs())
-        .map_err(|err| Error::new(ErrorKind::InvalidOperation, err.to_string()))?;
-    Ok(strftime(format, secs))
+    strftime(format, chrono::Local::now().naive_local())
 }
 
-/// Python's `datetime.strftime` for a UTC time given as Unix seconds: the directives
-/// chat templates use (`"%d %b %Y"` in Llama 3.1) and the glibc `-` flag that drops
-/// padding (`%-d`). Unknown directives are kept as written.
-fn strftime(format: &str, unix_secs: i64) -> String {
-    const DAYS: [&str; 7] = [
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-    ];
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    let days = unix_secs.div_euclid(86_400);
-    let secs_of_day = unix_secs.rem_euclid(86_400);
-    let (hour, minute, second) = (secs_of_day / 3600, secs_of_day / 60 % 60, secs_of_day % 60);
-    let (year, month, day) = civil_from_days(days);
-    // 1970-01-01 was a Thursday.
-    let weekday = (days + 4).rem_euclid(7) as usize;
-    let year_day = days - days_from_civil(year, 1, 1) + 1;
-    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
-    let day_name = DAYS[weekday];
-    let month_name = MONTHS[(month - 1) as usize];
-
-    let mut out = String::new();
-    let mut chars = format.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        let unpadded = chars.next_if_eq(&'-').is_some();
-        let number = |out: &mut String, value: i64, width: usize| {
-            if unpadded {
-                let _ = write!(out, "{value}");
-            } else {
-                let _ = write!(out, "{value:0width$}");
+/// Python's `strftime` of a naive datetime, by chrono's strftime (the C directives,
+/// glibc's `-` flag that drops padding as in Llama 3.1's `"%-d %b %Y"`). A naive datetime
+/// has no zone, so `%Z` and `%z` print nothing, as in Python; a directive chrono does not
+/// know is an error naming the format (Python would print it as written).
+fn strftime(format: &str, at: chrono::NaiveDateTime) -> Result<String, Error> {
+    use chrono::format::{Fixed, Item, StrftimeItems};
+    let mut items = Vec::new();
+    for item in StrftimeItems::new(format) {
+        match item {
+            Item::Error => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("strftime_now: {format:?} has a directive that cannot be formatted"),
+                ));
             }
-        };
-        match chars.next() {
-            Some('a') => out.push_str(&day_name[..3]),
-            Some('A') => out.push_str(day_name),
-            Some('b') | Some('h') => out.push_str(&month_name[..3]),
-            Some('B') => out.push_str(month_name),
-            Some('d') => number(&mut out, day, 2),
-            Some('e') => {
-                let _ = write!(out, "{day:>2}");
-            }
-            Some('m') => number(&mut out, month, 2),
-            Some('y') => number(&mut out, year.rem_euclid(100), 2),
-            Some('Y') => {
-                let _ = write!(out, "{year}");
-            }
-            Some('H') => number(&mut out, hour, 2),
-            Some('I') => number(&mut out, hour12, 2),
-            Some('M') => number(&mut out, minute, 2),
-            Some('S') => number(&mut out, second, 2),
-            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
-            Some('j') => number(&mut out, year_day, 3),
-            Some('w') => {
-                let _ = write!(out, "{weekday}");
-            }
-            Some('F') => {
-                let _ = write!(out, "{year}-{month:02}-{day:02}");
-            }
-            Some('T') => {
-                let _ = write!(out, "{hour:02}:{minute:02}:{second:02}");
-            }
-            // A naive datetime has no zone: Python prints nothing for these.
-            Some('Z') | Some('z') => {}
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                if unpadded {
-                    out.push('-');
-                }
-                out.push(other);
-            }
-            None => out.push('%'),
+            Item::Fixed(
+                Fixed::TimezoneName
+                | Fixed::TimezoneOffset
+                | Fixed::TimezoneOffsetColon
+                | Fixed::TimezoneOffsetColonZ
+                | Fixed::TimezoneOffsetDoubleColon
+                | Fixed::TimezoneOffsetTripleColon
+                | Fixed::TimezoneOffsetZ,
+            ) => {}
+            item => items.push(item),
         }
     }
-    out
-}
-
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// The inverse of [`civil_from_days`].
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year.rem_euclid(400);
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let mut out = String::new();
+    write!(out, "{}", at.format_with_items(items.into_iter())).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: {format:?} cannot be formatted"),
+        )
+    })?;
+    Ok(out)
 }
 
 /// `{{ x }}` as Jinja2 prints it: `str(x)`.
@@ -1177,16 +1086,21 @@ mod tests {
 
     #[test]
     fn strftime_like_python() {
-        // datetime.fromtimestamp(1700000000, timezone.utc).strftime(fmt)
+        // datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None).strftime(fmt)
+        let at = |t: i64| chrono::DateTime::from_timestamp(t, 0).unwrap().naive_utc();
+        let f = |fmt: &str, t: i64| strftime(fmt, at(t)).unwrap();
         let t = 1_700_000_000;
-        assert_eq!(strftime("%d %b %Y", t), "14 Nov 2023");
+        assert_eq!(f("%d %b %Y", t), "14 Nov 2023");
         assert_eq!(
-            strftime("%A %B %-d, %Y %H:%M:%S %p %I %j %y %m %a %%", t),
+            f("%A %B %-d, %Y %H:%M:%S %p %I %j %y %m %a %%", t),
             "Tuesday November 14, 2023 22:13:20 PM 10 318 23 11 Tue %"
         );
-        assert_eq!(strftime("%Y-%m-%d %w", 951_782_400), "2000-02-29 2");
-        assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
-        assert_eq!(strftime("%Y-%m-%d %j", 1_704_067_199), "2023-12-31 365");
+        assert_eq!(f("%Y-%m-%d %w", 951_782_400), "2000-02-29 2");
+        assert_eq!(f("%Y-%m-%d", 0), "1970-01-01");
+        assert_eq!(f("%Y-%m-%d %j", 1_704_067_199), "2023-12-31 365");
+        // A naive time has no zone: Python prints nothing for these.
+        assert_eq!(f("%H:%M%Z%z", t), "22:13");
+        assert!(strftime("%Q", at(t)).is_err());
         let today = ChatTemplate::from_str("{{ strftime_now('%Y') }}", None, None)
             .unwrap()
             .render(&[], None, false)
