@@ -151,12 +151,7 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
     let pos = Tensor::arange(0u32, seq as u32, &dev)?
         .unsqueeze(0)?
         .repeat((batch, 1))?;
-    let mode = Mode {
-        adapters: true,
-        grad: true,
-        dropout_rng: None,
-        adapter: None,
-    };
+    let mode = Mode::TRAIN;
     let mut times = Vec::new();
     // The measured phase's own peak: loading (an f32 checkpoint, quantized after) is not
     // part of a step.

@@ -262,12 +262,7 @@ mod tests {
     fn recomputed_layers_give_the_same_loss_and_gradients() {
         let mut model = fixtures::load("qwen2");
         peft::load_adapter(&mut model, &fixtures::model_dir("qwen2").join("adapter")).unwrap();
-        let train = Mode {
-            adapters: true,
-            grad: true,
-            dropout_rng: None,
-            adapter: None,
-        };
+        let train = Mode::TRAIN;
         let vars = model.lora_vars();
         let kept = loss_and_grads(&mut model, false, train, &vars);
         let recomputed = loss_and_grads(&mut model, true, train, &vars);

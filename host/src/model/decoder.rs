@@ -920,12 +920,7 @@ mod tests {
             let fused = model
                 .forward_batch(&args.0, &args.1, &args.2, Mode::INFERENCE)
                 .unwrap();
-            let train_mode = Mode {
-                adapters: true,
-                grad: true,
-                dropout_rng: None,
-                adapter: None,
-            };
+            let train_mode = Mode::TRAIN;
             let diff_h = model
                 .forward_batch(&args.0, &args.1, &args.2, train_mode)
                 .unwrap();

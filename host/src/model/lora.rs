@@ -146,6 +146,13 @@ impl Mode<'_> {
         dropout_rng: None,
         adapter: None,
     };
+    /// Training with the live adapter and no dropout.
+    pub const TRAIN: Mode<'static> = Mode {
+        adapters: true,
+        grad: true,
+        dropout_rng: None,
+        adapter: None,
+    };
     pub const BASE: Mode<'static> = Mode {
         adapters: false,
         grad: false,

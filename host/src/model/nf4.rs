@@ -483,15 +483,18 @@ impl Nf4Linear {
         let mut t = vec![0f32; out_f * rows];
         t.par_chunks_mut(rows * 64)
             .enumerate()
-            .for_each(|(c, chunk)| {
-                let mut absmax = vec![0f32; in_f / BLOCK];
-                for (jj, out) in chunk.chunks_mut(rows).enumerate() {
-                    let j = c * 64 + jj;
-                    let codes = &self.q.packed[j * in_f / 2..(j + 1) * in_f / 2];
-                    self.q.absmax_range(j * in_f / BLOCK, &mut absmax);
-                    row_dots(codes, &absmax, x, in_f, out, avx512);
-                }
-            });
+            // One absmax buffer per worker, not per chunk of rows.
+            .for_each_init(
+                || vec![0f32; in_f / BLOCK],
+                |absmax, (c, chunk)| {
+                    for (jj, out) in chunk.chunks_mut(rows).enumerate() {
+                        let j = c * 64 + jj;
+                        let codes = &self.q.packed[j * in_f / 2..(j + 1) * in_f / 2];
+                        self.q.absmax_range(j * in_f / BLOCK, absmax);
+                        row_dots(codes, absmax, x, in_f, out, avx512);
+                    }
+                },
+            );
         let mut y = vec![0f32; rows * out_f];
         for j in 0..out_f {
             for r in 0..rows {
@@ -581,10 +584,10 @@ fn row_dots(codes: &[u8], absmax: &[f32], x: &[f32], in_f: usize, out: &mut [f32
             // SAFETY: AVX2 and FMA are present (checked above); `xs` holds `g` rows.
             unsafe {
                 match g {
-                    8 => row_dots8_avx2(codes, absmax, xs, in_f, os),
-                    4 => row_dots_avx2::<4>(codes, absmax, xs, in_f, os),
-                    2 => row_dots_avx2::<2>(codes, absmax, xs, in_f, os),
-                    _ => row_dots_avx2::<1>(codes, absmax, xs, in_f, os),
+                    8 => row_dots_avx2::<8, 1>(codes, absmax, xs, in_f, os),
+                    4 => row_dots_avx2::<4, 2>(codes, absmax, xs, in_f, os),
+                    2 => row_dots_avx2::<2, 2>(codes, absmax, xs, in_f, os),
+                    _ => row_dots_avx2::<1, 2>(codes, absmax, xs, in_f, os),
                 }
             }
             r0 += g;
@@ -653,63 +656,16 @@ unsafe fn row_dots_avx512<const R: usize>(
     }
 }
 
-/// [`row_dots`] for 8 rows of `x` with AVX2: as [`row_dots_avx2`], with one accumulator
-/// per row (8 independent chains are enough to hide the FMA latency, and 16 would not fit
-/// in the registers), so that each code is decoded once for the 8 rows. Decoding per
-/// group of four rows decoded everything twice: batch-8 decoding ran at 0.84× f32.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_dots8_avx2(codes: &[u8], absmax: &[f32], x: &[f32], in_f: usize, out: &mut [f32]) {
-    // SAFETY: the caller guarantees AVX2 and FMA; every load reads inside `codes`
-    // (`in / 2` bytes, 8 at a time at offsets below that), `NF4` (16 values) and the 8
-    // rows of `x` (`in` values each, 8 at a time).
-    unsafe {
-        use std::arch::x86_64::*;
-        debug_assert!(out.len() == 8 && codes.len() * 2 == in_f && x.len() >= 8 * in_f);
-        let lo = _mm256_loadu_ps(NF4.as_ptr());
-        let hi = _mm256_loadu_ps(NF4.as_ptr().add(8));
-        let seven = _mm256_set1_epi32(7);
-        let nibble = _mm_set1_epi8(0x0f);
-        let mut acc = [_mm256_setzero_ps(); 8];
-        let xp = x.as_ptr();
-        for (b, &a) in absmax.iter().enumerate() {
-            let scale = _mm256_set1_ps(a);
-            for q in 0..BLOCK / 16 {
-                let bytes = _mm_loadl_epi64(codes.as_ptr().add(b * 32 + q * 8) as *const __m128i);
-                let high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
-                let low = _mm_and_si128(bytes, nibble);
-                let ordered = _mm_unpacklo_epi8(high, low);
-                let decode = |idx: __m256i| {
-                    let from_lo = _mm256_permutevar8x32_ps(lo, idx);
-                    let from_hi = _mm256_permutevar8x32_ps(hi, idx);
-                    let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, seven));
-                    _mm256_mul_ps(_mm256_blendv_ps(from_lo, from_hi, upper), scale)
-                };
-                let w0 = decode(_mm256_cvtepu8_epi32(ordered));
-                let w1 = decode(_mm256_cvtepu8_epi32(_mm_srli_si128(ordered, 8)));
-                let k = b * BLOCK + q * 16;
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let row = xp.add(r * in_f + k);
-                    *acc = _mm256_fmadd_ps(w0, _mm256_loadu_ps(row), *acc);
-                    *acc = _mm256_fmadd_ps(w1, _mm256_loadu_ps(row.add(8)), *acc);
-                }
-            }
-        }
-        for (o, acc) in out.iter_mut().zip(&acc) {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-            *o = lanes.iter().sum();
-        }
-    }
-}
-
 /// [`row_dots`] for `R` rows of `x` with AVX2: 16 codes at a time are split into nibbles
 /// in order, looked up in the 16 levels with two 8-lane permutes and a blend, scaled by
-/// the block's absmax, and multiplied into two accumulators per row (one per 8-lane half,
-/// so that consecutive FMAs do not wait on each other), all in registers.
+/// the block's absmax, and multiplied into `A` accumulators per row, all in registers.
+/// With `A = 2` (up to 4 rows) each 8-lane half has its own, so that consecutive FMAs do
+/// not wait on each other; 8 rows take `A = 1` (8 independent chains hide the latency,
+/// and 16 accumulators would not fit), so that each code is decoded once for all 8 rows
+/// (decoding per group of four rows ran batch-8 decoding at 0.84× f32).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn row_dots_avx2<const R: usize>(
+unsafe fn row_dots_avx2<const R: usize, const A: usize>(
     codes: &[u8],
     absmax: &[f32],
     x: &[f32],
@@ -726,7 +682,8 @@ unsafe fn row_dots_avx2<const R: usize>(
         let hi = _mm256_loadu_ps(NF4.as_ptr().add(8));
         let seven = _mm256_set1_epi32(7);
         let nibble = _mm_set1_epi8(0x0f);
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut acc = [[_mm256_setzero_ps(); A]; R];
+        let xp = x.as_ptr();
         for (b, &a) in absmax.iter().enumerate() {
             let scale = _mm256_set1_ps(a);
             for q in 0..BLOCK / 16 {
@@ -735,27 +692,32 @@ unsafe fn row_dots_avx2<const R: usize>(
                 let high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
                 let low = _mm_and_si128(bytes, nibble);
                 let ordered = _mm_unpacklo_epi8(high, low);
-                for half in 0..2 {
-                    let idx = _mm256_cvtepu8_epi32(if half == 0 {
-                        ordered
-                    } else {
-                        _mm_srli_si128(ordered, 8)
-                    });
+                let decode = |idx: __m256i| {
                     let from_lo = _mm256_permutevar8x32_ps(lo, idx);
                     let from_hi = _mm256_permutevar8x32_ps(hi, idx);
                     let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, seven));
-                    let w = _mm256_mul_ps(_mm256_blendv_ps(from_lo, from_hi, upper), scale);
-                    let k = b * BLOCK + q * 16 + half * 8;
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let xv = _mm256_loadu_ps(x.as_ptr().add(r * in_f + k));
-                        acc[half] = _mm256_fmadd_ps(w, xv, acc[half]);
+                    _mm256_mul_ps(_mm256_blendv_ps(from_lo, from_hi, upper), scale)
+                };
+                let w = [
+                    decode(_mm256_cvtepu8_epi32(ordered)),
+                    decode(_mm256_cvtepu8_epi32(_mm_srli_si128(ordered, 8))),
+                ];
+                let k = b * BLOCK + q * 16;
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let row = xp.add(r * in_f + k);
+                    for (half, w) in w.iter().enumerate() {
+                        let xv = _mm256_loadu_ps(row.add(half * 8));
+                        acc[half % A] = _mm256_fmadd_ps(*w, xv, acc[half % A]);
                     }
                 }
             }
         }
         for (o, acc) in out.iter_mut().zip(&acc) {
+            let sum = acc
+                .iter()
+                .fold(_mm256_setzero_ps(), |s, a| _mm256_add_ps(s, *a));
             let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1]));
+            _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
             *o = lanes.iter().sum();
         }
     }
@@ -989,12 +951,7 @@ mod tests {
         let mut model = fixtures::load("qwen2");
         peft::load_adapter(&mut model, &fixtures::model_dir("qwen2").join("adapter")).unwrap();
         model.quantize_nf4(true).unwrap();
-        let train = Mode {
-            adapters: true,
-            grad: true,
-            dropout_rng: None,
-            adapter: None,
-        };
+        let train = Mode::TRAIN;
         let loss = fixture.lora_loss(&model, train);
         let (got, want) = (
             loss.to_scalar::<f32>().unwrap(),

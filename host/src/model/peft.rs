@@ -371,12 +371,7 @@ mod tests {
         for name in MODELS {
             let model = with_adapter(name);
             let r = Reference::load(name);
-            let mode = Mode {
-                adapters: true,
-                grad: true,
-                dropout_rng: None,
-                adapter: None,
-            };
+            let mode = Mode::TRAIN;
             let loss = r.lora_loss(&model, mode);
             let want = r.get("lora_loss").to_scalar::<f32>().unwrap();
             let got = loss.to_scalar::<f32>().unwrap();

@@ -107,12 +107,7 @@ pub fn fit(model: &Model, rows: &[SftRow], opts: &SftOptions) -> Result<Vec<f32>
             ..Default::default()
         },
     )?;
-    let mode = Mode {
-        adapters: true,
-        grad: true,
-        dropout_rng: None,
-        adapter: None,
-    };
+    let mode = Mode::TRAIN;
     let mut losses = Vec::new();
     for _ in 0..opts.steps {
         let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
@@ -221,12 +216,7 @@ pub fn train(
     let bs = schedule.batch_rows.max(1);
     let per_epoch = rows.len().div_ceil(bs) as u64;
     let total = per_epoch * schedule.epochs as u64;
-    let mode = Mode {
-        adapters: true,
-        grad: true,
-        dropout_rng: None,
-        adapter: None,
-    };
+    let mode = Mode::TRAIN;
     let params = opt.params().to_vec();
     let mut losses = Vec::new();
     let mut step = 0u64;
