@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds every plugin into plugins/dist/*.wasm:
-# the Rust ones with cargo (target wasm32-wasip2), the Python code tool with componentize-py.
-# Needs: rustup target add wasm32-wasip2; pip install componentize-py==0.25.1
+# Builds every plugin into plugins/dist/*.wasm: the Rust ones with cargo (target
+# wasm32-wasip2), the Python code tool with componentize-py, the JavaScript code tool with
+# componentize-qjs, the C reward with clang + wasi-libc and jco (the WASI preview-1 adapter).
+# Needs: rustup target add wasm32-wasip2; pip install componentize-py==0.25.1;
+#        apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32 nodejs npm
+# (the npm packages, pinned in package-lock.json, are installed here with `npm ci`).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -15,13 +18,55 @@ for plugin in calculator none countdown hostile guess_number pattern_reward mult
   mv -f "dist/$plugin.wasm.tmp" "dist/$plugin.wasm"
 done
 
+# True when $1 is missing or older than any file under the other arguments.
+stale() {
+  local out="$1"
+  shift
+  [ ! -f "$out" ] || [ -n "$(find "$@" -newer "$out" -type f -not -path '*/__pycache__/*' | head -1)" ]
+}
+
+need() {
+  if ! command -v "$1" >/dev/null; then
+    echo "plugins/build.sh: $1 not found: $2" >&2
+    exit 1
+  fi
+}
+
 # componentize-py takes ~20 s: rebuild only when a source or the WIT changed.
 py_out=dist/code_trigger.wasm
-if [ ! -f "$py_out" ] || [ -n "$(find code_trigger ../wit -newer "$py_out" -type f -not -path '*/__pycache__/*' | head -1)" ]; then
+if stale "$py_out" code_trigger ../wit; then
   if ! command -v componentize-py >/dev/null; then
     echo "componentize-py not found: pip install componentize-py==0.25.1" >&2
     exit 1
   fi
   (cd code_trigger && componentize-py -d ../../wit/v0.1.0 -w trigger-plugin componentize app -o "../$py_out.tmp" >/dev/null)
   mv -f "$py_out.tmp" "$py_out"
+fi
+
+# JavaScript and C: componentize-qjs and jco from npm, at the versions package-lock.json pins.
+if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  need npm "apt-get install nodejs npm"
+  npm ci --no-audit --no-fund --loglevel=error >/dev/null
+fi
+
+# The JavaScript code tool (QuickJS; --sync: the host calls exports synchronously).
+js_out=dist/js_trigger.wasm
+if stale "$js_out" js_trigger ../wit; then
+  node_modules/.bin/componentize-qjs --sync --wit ../wit/v0.1.0 --world trigger-plugin \
+    --js js_trigger/app.js -o "$js_out.tmp" >/dev/null
+  mv -f "$js_out.tmp" "$js_out"
+fi
+
+# The C reward: a wasm32-wasi (preview 1) reactor module from clang and wasi-libc, with
+# the component type wit-bindgen's C bindings carry; jco wraps it with the preview-1
+# adapter into a component.
+c_out=dist/c_reward.wasm
+if stale "$c_out" c_reward ../wit; then
+  need clang "apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32"
+  mkdir -p target/c
+  clang --target=wasm32-wasi -mexec-model=reactor -O2 -Wall -Wextra -Werror \
+    -o target/c/c_reward.core.wasm c_reward/c_reward.c c_reward/bindings/reward_plugin.c \
+    c_reward/bindings/reward_plugin_component_type.o
+  node_modules/.bin/jco new target/c/c_reward.core.wasm --wasi-reactor -o "$c_out.tmp" >/dev/null
+  mv -f "$c_out.tmp" "$c_out"
 fi

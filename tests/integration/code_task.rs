@@ -1,48 +1,57 @@
-//! The Python code tool meets the trainer: the code task's answers are what the sandboxed
-//! Python prints, a small built-in model warm-started on the task learns by GRPO to call
-//! the tool (whose output is never trained on), the `--plugin`-only command line picks
-//! the run that suits the tool, and a tool no task can use is one clear error.
+//! The code tools meet the trainer: the code task's answers are what the sandboxed Python
+//! and JavaScript print, a small built-in model warm-started on the task learns by GRPO
+//! to call either tool (whose output is never trained on; the JavaScript run is scored by
+//! the C reward too), the `--plugin`-only command line picks the run that suits the tool,
+//! and a tool no task can use is one clear error.
 
 use super::{load, tokio_runtime};
 use rlhost::builtin::{CODE, Inputs, Recipe, ensure};
 use rlhost::data::{DataConfig, Dataset};
 use rlhost::rollout::ToolSpec;
 use rlhost_tests::{TestCommand, plugin, temp_dir};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 #[test]
-fn the_code_tasks_answers_are_what_the_python_tool_prints() {
+fn the_code_tasks_answers_are_what_the_python_and_javascript_tools_print() {
     let rt = tokio_runtime();
-    let (task, tool) = rt.block_on(async { (load("code_task").await, load("code_trigger").await) });
-    let mut data = rt.block_on(task.open_dataset("{}", 11)).unwrap();
-    let mut families = std::collections::BTreeSet::new();
-    for i in 0..42 {
-        let sample = rt.block_on(data.get(i)).unwrap();
-        let meta = &sample.metadata;
-        families.insert(meta["family"].as_str().unwrap().to_string());
-        let call = meta["reference"]["tool_calls"]["python"].as_str().unwrap();
-        let mut session = rt.block_on(tool.open_trigger("{}", &sample, 0)).unwrap();
-        let output = rt.block_on(session.fire(call)).unwrap();
-        assert_eq!(
-            output.as_deref(),
-            Some(format!("\n<output>\n{}\n</output>\n", meta["answer"]).as_str()),
-            "{call}"
-        );
+    let task = rt.block_on(load("code_task"));
+    for (tool, style) in [("code_trigger", "python"), ("js_trigger", "js")] {
+        let tool = rt.block_on(load(tool));
+        let mut data = rt.block_on(task.open_dataset("{}", 11)).unwrap();
+        let mut families = std::collections::BTreeSet::new();
+        for i in 0..42 {
+            let sample = rt.block_on(data.get(i)).unwrap();
+            let meta = &sample.metadata;
+            families.insert(meta["family"].as_str().unwrap().to_string());
+            let call = meta["reference"]["tool_calls"][style].as_str().unwrap();
+            let mut session = rt.block_on(tool.open_trigger("{}", &sample, 0)).unwrap();
+            let output = rt.block_on(session.fire(call)).unwrap();
+            assert_eq!(
+                output.as_deref(),
+                Some(format!("\n<output>\n{}\n</output>\n", meta["answer"]).as_str()),
+                "{call}"
+            );
+        }
+        assert_eq!(families.len(), 7, "{families:?}");
     }
-    assert_eq!(families.len(), 7, "{families:?}");
 }
 
-/// A small `builtin:code` model, warm-started on the `modpow` family (the shortest call),
-/// in a private cache; built once for the tests of this module.
-fn small_code_model() -> &'static Path {
-    static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| build_small_code_model(&temp_dir("code-model")))
+/// A small `builtin:code` model warm-started with `tool` on the `modpow` family (the
+/// shortest call), in a private cache; built once per tool for the tests of this module.
+fn small_code_model(tool: &str) -> PathBuf {
+    static MODELS: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut models = MODELS.lock().unwrap_or_else(|e| e.into_inner());
+    models
+        .entry(tool.to_string())
+        .or_insert_with(|| build_small_code_model(&temp_dir(&format!("code-model-{tool}")), tool))
+        .clone()
 }
 
-fn build_small_code_model(dir: &Path) -> PathBuf {
+fn build_small_code_model(dir: &Path, tool: &str) -> PathBuf {
     let rt = tokio_runtime();
-    let (task, tool) = rt.block_on(async { (load("code_task").await, load("code_trigger").await) });
+    let (task, tool) = rt.block_on(async { (load("code_task").await, load(tool).await) });
     let cfg = DataConfig {
         plugin: Some("code_task".into()),
         plugin_config: serde_json::json!({"families": ["modpow"]}),
@@ -79,10 +88,46 @@ fn build_small_code_model(dir: &Path) -> PathBuf {
 
 #[test]
 fn the_python_tool_is_learned_and_its_output_is_never_trained_on() {
-    let dir = temp_dir("code-learn");
-    let model = small_code_model();
-    // The reward is the tool's use alone: a reward sign error drives the rate down, a tool
-    // that never fires leaves it at zero.
+    tool_is_learned("code_trigger", "");
+}
+
+/// The JavaScript tool learned the same way, and the run scored by the C reward beside
+/// the task's own: its `format` and `correct` (exact, `rel_tol = 0`) agree with the Rust
+/// task's on every step, so the C plugin read every trajectory as the task did.
+#[test]
+fn the_javascript_tool_is_learned_and_the_c_reward_scores_the_run() {
+    let c_reward = format!(
+        r#"
+[plugins.c_reward]
+path = {:?}
+[[rewards]]
+plugin = "c_reward"
+config = {{ rel_tol = 0 }}
+weights = {{ correct = 0.0, format = 0.0 }}
+"#,
+        plugin("c_reward").display().to_string()
+    );
+    let rows = tool_is_learned("js_trigger", &c_reward);
+    let mut formatted = 0.0;
+    for row in &rows {
+        let r = &row["rewards"];
+        assert_eq!(r["c_reward/format"], r["format"], "step {}", row["step"]);
+        assert_eq!(r["c_reward/correct"], r["correct"], "step {}", row["step"]);
+        formatted += r["format"].as_f64().unwrap();
+    }
+    assert!(
+        formatted > 0.0,
+        "no trajectory gave an answer: the rewards' agreement says nothing"
+    );
+}
+
+/// Trains the small code model warm-started with `tool` for 10 GRPO steps on the tool's
+/// use alone (a reward sign error drives the rate down, a tool that never fires leaves it
+/// at zero), with `extra` appended to the config; checks that tool use rose and that the
+/// tool's output is never trained on; returns the metrics rows.
+fn tool_is_learned(tool: &str, extra: &str) -> Vec<serde_json::Value> {
+    let dir = temp_dir(&format!("code-learn-{tool}"));
+    let model = small_code_model(tool);
     let config = format!(
         r#"
 [run]
@@ -98,12 +143,12 @@ max_new_tokens = 48
 [rollout]
 group_size = 8
 prompts_per_step = 4
-trigger = "code_trigger"
+trigger = "{tool}"
 max_total_tokens = 160
 [plugins.code_task]
 path = {task:?}
-[plugins.code_trigger]
-path = {tool:?}
+[plugins.{tool}]
+path = {tool_path:?}
 [[rewards]]
 plugin = "code_task"
 weights = {{ tool_use = 1.0, correct = 0.0, format = 0.0 }}
@@ -111,10 +156,10 @@ weights = {{ tool_use = 1.0, correct = 0.0, format = 0.0 }}
 steps = 10
 lr = 0.004
 save_every = 100
-"#,
+{extra}"#,
         model = model.display().to_string(),
         task = plugin("code_task").display().to_string(),
-        tool = plugin("code_trigger").display().to_string(),
+        tool_path = plugin(tool).display().to_string(),
     );
     std::fs::write(dir.join("learn.toml"), config).unwrap();
     let out = dir.join("run");
@@ -176,6 +221,7 @@ save_every = 100
         tool_spans > 0,
         "no tool output in the trained model's rollouts"
     );
+    rows
 }
 
 #[test]
@@ -186,7 +232,7 @@ fn the_plugin_alone_picks_the_run_and_an_unusable_tool_is_one_clear_error() {
         .fails();
     assert!(
         err.contains("no built-in run can use the tool `none`")
-            && err.contains("`code` (task code_task, reference calls in styles python)")
+            && err.contains("`code` (task code_task, reference calls in styles js, python)")
             && err.contains("`multiply` (task multiply, reference calls in styles calc, python)"),
         "{err}"
     );
@@ -206,14 +252,13 @@ fn the_plugin_alone_picks_the_run_and_an_unusable_tool_is_one_clear_error() {
             ),
         "{err}"
     );
-    // The tool alone picks the run: the Python tool the code task, the calculator the
-    // multiply task (sampled here with the small model, to keep the test short).
+    // The tool alone picks the run: the Python and JavaScript tools the code task, the
+    // calculator the multiply task (sampled here with the small model, to keep the test
+    // short).
+    let modpow = "data.plugin_config={families=[\"modpow\"]}";
     for (tool, data, asks) in [
-        (
-            "code_trigger",
-            "data.plugin_config={families=[\"modpow\"]}",
-            " to the power ",
-        ),
+        ("code_trigger", modpow, " to the power "),
+        ("js_trigger", modpow, " to the power "),
         ("calculator", "data.eval_size=10", " * "),
     ] {
         let dir = temp_dir(&format!("code-pick-{tool}"));
@@ -222,7 +267,7 @@ fn the_plugin_alone_picks_the_run_and_an_unusable_tool_is_one_clear_error() {
             .arg("--set")
             .arg(format!(
                 "model.path={:?}",
-                small_code_model().display().to_string()
+                small_code_model("code_trigger").display().to_string()
             ))
             .args(["--set", data, "--prompts", "2", "--out"])
             .arg(dir.join("r.jsonl"))

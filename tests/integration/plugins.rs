@@ -387,6 +387,81 @@ async fn code_tool_survives_a_runaway_block() {
     assert_eq!(plugin.faults().get(FaultKind::OutOfMemory), 1);
 }
 
+fn js(code: &str) -> String {
+    format!("Let me compute.\n```js\n{code}\n```")
+}
+
+/// The JavaScript tool (QuickJS through componentize-qjs): logs, last values and errors as
+/// Node's REPL shows them, and one trajectory's declarations kept between its blocks.
+#[tokio::test]
+async fn js_tool_runs_javascript_and_keeps_a_trajectorys_state() {
+    let plugin = load("js_trigger").await;
+    assert_eq!(plugin.roles(), &[Role::Trigger]);
+    let mut session = plugin.open_trigger("{}", &no_sample(), 7).await.unwrap();
+    assert_eq!(session.stop_patterns(), &["```".to_string()]);
+    assert_eq!(session.fire("Let me compute.\n```").await.unwrap(), None);
+    let out = |s: &str| Some(format!("\n<output>\n{s}\n</output>\n"));
+
+    let got = session
+        .fire(&js("for (let i = 0; i < 3; i++) console.log(i * i);"))
+        .await
+        .unwrap();
+    assert_eq!(got, out("0\n1\n4"));
+    // Top-level let, const, class and function declarations outlive their block.
+    let got = session
+        .fire(&js(
+            "let a = 6 * 7;\nconst f = (n) => n + 1;\nclass P { constructor(x) { this.x = x; } }\nfunction g() { return 'g'; }\na",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(got, out("42"));
+    let got = session
+        .fire(&js(
+            "console.log(f(a), new P(3).x, g(), [1, 'b', { c: 2 }], new Map([[1, 2]]))",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(got, out("43 3 g [ 1, 'b', { c: 2 } ] Map(1) { 1 => 2 }"));
+    // BigInt for exact big numbers; a string result is shown quoted.
+    let got = session.fire(&js("2n ** 100n")).await.unwrap();
+    assert_eq!(got, out("1267650600228229401496703205376n"));
+    assert_eq!(session.fire(&js("'x' + 1")).await.unwrap(), out("'x1'"));
+    // Errors are output the model sees, with the line they came from.
+    let got = session.fire(&js("null.x")).await.unwrap();
+    assert_eq!(
+        got,
+        out("Uncaught TypeError: cannot read property 'x' of null\n    at <eval> (<input>:1:1)")
+    );
+    let got = session.fire(&js("function (")).await.unwrap().unwrap();
+    assert!(got.contains("Uncaught SyntaxError"), "{got}");
+    assert_eq!(
+        session.fire(&js("throw 5")).await.unwrap(),
+        out("Uncaught 5")
+    );
+    // A lone surrogate becomes U+FFFD (a WIT string must be valid Unicode).
+    assert_eq!(
+        session.fire(&js("console.log('a\\ud800b')")).await.unwrap(),
+        out("a\u{fffd}b")
+    );
+    // Blocks in another language are not run; state survived all of the above.
+    assert_eq!(session.fire(&block("print(1)")).await.unwrap(), None);
+    assert_eq!(session.fire(&js("a + 1")).await.unwrap(), out("43"));
+    // Another trajectory's session starts clean.
+    let mut other = plugin.open_trigger("{}", &no_sample(), 7).await.unwrap();
+    assert_eq!(
+        other.fire(&js("typeof a")).await.unwrap(),
+        out("'undefined'")
+    );
+    // Its config is checked.
+    let err = plugin
+        .open_trigger(r#"{"max_chars": 5}"#, &no_sample(), 7)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("unknown field `max_chars`"), "{err}");
+}
+
 #[tokio::test]
 async fn calculator_cannot_play_a_role_it_does_not_export() {
     let plugin = load("calculator").await;

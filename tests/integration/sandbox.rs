@@ -317,3 +317,49 @@ async fn randomness_is_seeded() {
     assert_eq!(a, draw(1).await);
     assert_ne!(a, draw(2).await);
 }
+
+/// The JavaScript tool under model-written abuse, through the real host: an endless loop
+/// times out, a memory bomb hits the cap, a flood of output is cut by the tool, and
+/// nothing of the host (files, environment, Node's or QuickJS's system modules) is
+/// reachable. After each fault the next call gets a fresh instance.
+#[tokio::test]
+async fn javascript_tool_contains_hostile_code() {
+    let plugin = load_with("js_trigger", limits()).await;
+    let mut session = plugin
+        .open_trigger("{}", &Sample::from_prompt(""), 1)
+        .await
+        .unwrap();
+    let js = |code: &str| format!("```js\n{code}\n```");
+    let started = Instant::now();
+    let fault = session.fire(&js("while (true) {}")).await.unwrap_err();
+    assert_eq!(fault.kind, FaultKind::Timeout, "{fault}");
+    assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS) + SLACK);
+    let bomb = "const a = []; while (true) a.push(new Array(1e6).fill(1.5));";
+    let fault = session.fire(&js(bomb)).await.unwrap_err();
+    assert_eq!(fault.kind, FaultKind::OutOfMemory, "{fault}");
+    let out = session
+        .fire(&js("console.log('y'.repeat(1e6))"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.len() < 2_200, "{} bytes", out.len());
+    assert!(out.contains("...[998000 more characters]"), "{out}");
+    let probe = "[typeof require, typeof process, typeof std, typeof os, typeof fetch].join(' ')";
+    let out = session.fire(&js(probe)).await.unwrap().unwrap();
+    assert!(
+        out.contains("'undefined undefined undefined undefined undefined'"),
+        "{out}"
+    );
+    // A dynamic import of a host file never resolves to its content.
+    let out = session
+        .fire(&js(
+            "let got = 'nothing'; import('/etc/passwd').then((m) => { got = String(m); }, (e) => { got = String(e); }); got",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.contains("root:"), "{out}");
+    assert_eq!(plugin.faults().get(FaultKind::Timeout), 1);
+    assert_eq!(plugin.faults().get(FaultKind::OutOfMemory), 1);
+    assert_eq!(plugin.faults().total(), 2);
+}

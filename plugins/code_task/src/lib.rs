@@ -1,12 +1,14 @@
 //! The code task: problems that a small model cannot do in its head but a few lines of
-//! Python answer exactly, answered in `<answer>N</answer>`. The task of
-//! `rlhost train --plugin code_trigger.wasm`: the Python tool is what makes answers right.
+//! code answer exactly, answered in `<answer>N</answer>`. The task of
+//! `rlhost train --plugin code_trigger.wasm` (Python) and `--plugin js_trigger.wasm`
+//! (JavaScript): the code tool is what makes answers right.
 //!
 //! Two roles:
 //! - dataset: seeded problems from several families (below); each sample's metadata holds
 //!   the family, the integer answer and a `reference`: a tool call that solves it, by
-//!   tool style (`python`: a fenced block), and the final answer text. rlhost's built-in
-//!   warm start writes such calls for the tool a run uses, and the real tool answers them;
+//!   tool style (`python` and `js`: a fenced block in that language), and the final
+//!   answer text. rlhost's built-in warm start writes such calls for the tool a run uses,
+//!   and the real tool answers them;
 //! - reward: `format` (the completion ends its answer as `<answer>INTEGER</answer>`),
 //!   `correct` (that integer is the answer) and `tool_use` (a tool's output is in the
 //!   completion: one of the `tool_outputs` markers, by default the code tool's `<output>`
@@ -75,12 +77,15 @@ impl SplitMix {
 struct Problem {
     family: &'static str,
     prompt: String,
+    /// The Python that prints the answer.
     code: String,
+    /// The JavaScript that prints it.
+    js: String,
     answer: u64,
 }
 
 fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
-    let (prompt, code, answer) = match family {
+    let (prompt, code, js, answer) = match family {
         "sum_multiples" => {
             let k = r.range(3, 19);
             let a = r.range(10, 999);
@@ -88,6 +93,9 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("What is the sum of the multiples of {k} from {a} to {b}?"),
                 format!("print(sum(i for i in range({a}, {b} + 1) if i % {k} == 0))"),
+                format!(
+                    "let s = 0;\nfor (let i = {a}; i <= {b}; i++) if (i % {k} === 0) s += i;\nconsole.log(s);"
+                ),
                 (a..=b).filter(|i| i.is_multiple_of(k)).sum(),
             )
         }
@@ -103,6 +111,9 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("How many integers from 1 to {n} are divisible by {p} or {q}?"),
                 format!("print(sum(1 for i in range(1, {n} + 1) if i % {p} == 0 or i % {q} == 0))"),
+                format!(
+                    "let c = 0;\nfor (let i = 1; i <= {n}; i++) if (i % {p} === 0 || i % {q} === 0) c++;\nconsole.log(c);"
+                ),
                 (1..=n)
                     .filter(|i| i.is_multiple_of(p) || i.is_multiple_of(q))
                     .count() as u64,
@@ -115,6 +126,9 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("What is {a} to the power {b} modulo {m}?"),
                 format!("print(pow({a}, {b}, {m}))"),
+                format!(
+                    "let r = 1;\nfor (let i = 0; i < {b}; i++) r = r * {a} % {m};\nconsole.log(r);"
+                ),
                 modpow(a, b, m),
             )
         }
@@ -124,6 +138,9 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("What is the digit sum of {a} to the power {b}?"),
                 format!("print(sum(int(d) for d in str({a} ** {b})))"),
+                format!(
+                    "console.log([...String({a}n ** {b}n)].reduce((s, d) => s + Number(d), 0));"
+                ),
                 power_digit_sum(a, b),
             )
         }
@@ -132,6 +149,9 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("How many divisors does {n} have?"),
                 format!("print(sum(1 for d in range(1, {n} + 1) if {n} % d == 0))"),
+                format!(
+                    "let c = 0;\nfor (let d = 1; d <= {n}; d++) if ({n} % d === 0) c++;\nconsole.log(c);"
+                ),
                 (1..=n).filter(|d| n.is_multiple_of(*d)).count() as u64,
             )
         }
@@ -140,6 +160,9 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("What is the least common multiple of {a}, {b} and {c}?"),
                 format!("import math\nprint(math.lcm({a}, {b}, {c}))"),
+                format!(
+                    "const gcd = (x, y) => (y ? gcd(y, x % y) : x);\nconst lcm = (x, y) => (x / gcd(x, y)) * y;\nconsole.log(lcm(lcm({a}, {b}), {c}));"
+                ),
                 lcm(lcm(a, b), c),
             )
         }
@@ -153,6 +176,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("How many times does {letter} occur in \"{text}\"?"),
                 format!("print(\"{text}\".count(\"{letter}\"))"),
+                format!("console.log(\"{text}\".split(\"{letter}\").length - 1);"),
                 text.chars().filter(|&c| c == letter).count() as u64,
             )
         }
@@ -162,6 +186,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
         family,
         prompt,
         code,
+        js,
         answer,
     }
 }
@@ -218,7 +243,8 @@ fn lcm(a: u64, b: u64) -> u64 {
 struct Metadata {
     family: String,
     answer: u64,
-    /// `{"tool_calls": {"python": "```python\n…\n```"}, "answer": "<answer>N</answer>"}`.
+    /// `{"tool_calls": {"python": "```python\n…\n```", "js": "```js\n…\n```"},
+    /// "answer": "<answer>N</answer>"}`.
     reference: serde_json::Value,
 }
 
@@ -277,7 +303,10 @@ impl Dataset for Problems {
             family: p.family.to_string(),
             answer: p.answer,
             reference: json!({
-                "tool_calls": {"python": format!("```python\n{}\n```", p.code)},
+                "tool_calls": {
+                    "python": format!("```python\n{}\n```", p.code),
+                    "js": format!("```js\n{}\n```", p.js),
+                },
                 "answer": format!("<answer>{}</answer>", p.answer),
             }),
         };
@@ -367,6 +396,8 @@ mod tests {
             assert_eq!(meta.answer, q.answer);
             let call = meta.reference["tool_calls"]["python"].as_str().unwrap();
             assert!(call.starts_with("```python\n") && call.ends_with("\n```"));
+            let js = meta.reference["tool_calls"]["js"].as_str().unwrap();
+            assert!(js.starts_with("```js\n") && js.ends_with("\n```"));
             assert_eq!(
                 meta.reference["answer"],
                 format!("<answer>{}</answer>", q.answer)
