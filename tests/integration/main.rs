@@ -4,6 +4,7 @@
 //! - `builtin`: the self-made default model, built small.
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
+//! - `conformance`: `rlhost plugin test` on every example plugin, in every language.
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
 //! - `data`: the dataset module with a real dataset plugin.
@@ -13,6 +14,7 @@
 mod builtin;
 mod cli;
 mod code_task;
+mod conformance;
 mod data;
 mod model_cli;
 mod plugins;

@@ -1,6 +1,7 @@
-//! `rlhost plugin inspect` and `rlhost plugin call`: the plugin author's quick loop.
+//! `rlhost plugin inspect`, `call` and `test`: the plugin author's quick loop.
 
 use crate::plugin::cache;
+use crate::plugin::conformance::{self, Outcome};
 use crate::plugin::{
     DirGrant, Grants, Limits, Message, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions,
     Sample, Trajectory,
@@ -24,6 +25,35 @@ pub enum PluginCommand {
     },
     /// Call one role of a plugin and show the result or the typed fault.
     Call(CallArgs),
+    /// Check that a plugin keeps the contract, role by role: a pass/fail table; exits
+    /// non-zero when a check fails.
+    Test(TestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// The plugin component (.wasm).
+    file: PathBuf,
+    /// A configuration the plugin accepts, as JSON, for the checks that need an opened
+    /// role (the checks of `{}` and of a malformed config run anyway).
+    #[arg(long, default_value = "{}")]
+    config: String,
+    /// A JSON file with one sample, or a JSONL file with one per line, to open triggers
+    /// and environments with and to build reward trajectories from (default: the plugin's
+    /// own dataset when it exports one, else a plain prompt).
+    #[arg(long)]
+    sample: Option<PathBuf>,
+    /// How many random inputs each role gets.
+    #[arg(long, default_value_t = 200)]
+    inputs: usize,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
 }
 
 #[derive(Debug, Args)]
@@ -129,7 +159,119 @@ pub async fn run(command: PluginCommand) -> Result<()> {
             sandbox,
         } => inspect(&file, json, &sandbox).await,
         PluginCommand::Call(args) => call(args).await,
+        PluginCommand::Test(args) => test(args).await,
     }
+}
+
+async fn test(args: TestArgs) -> Result<()> {
+    if let Err(e) = serde_json::from_str::<serde_json::Value>(&args.config) {
+        bail!("--config is not valid JSON ({e}); pass an object such as '{{}}'");
+    }
+    if args.inputs == 0 {
+        bail!("--inputs must be at least 1");
+    }
+    let samples = match &args.sample {
+        Some(path) => read_samples(path)?,
+        None => Vec::new(),
+    };
+    let plugin = args.sandbox.load(&args.file).await?;
+    let options = conformance::Options {
+        config: args.config.clone(),
+        samples,
+        inputs: args.inputs,
+        seed: args.seed,
+    };
+    let report = conformance::run(&plugin, &options).await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&args.file, &plugin, &report);
+    }
+    let failed = report.count(Outcome::Fail);
+    if failed > 0 {
+        bail!(
+            "plugin `{}` failed {failed} of {} checks",
+            report.plugin,
+            report.checks.len()
+        );
+    }
+    Ok(())
+}
+
+/// One sample (a JSON object) or several (JSONL).
+fn read_samples(path: &Path) -> Result<Vec<Sample>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read sample file {}", path.display()))?;
+    if let Ok(sample) = serde_json::from_str::<Sample>(&text) {
+        return Ok(vec![sample]);
+    }
+    let mut samples = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let sample = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{} line {}: not a sample {{\"messages\": [...], \"metadata\": {{...}}}}",
+                path.display(),
+                i + 1
+            )
+        })?;
+        samples.push(sample);
+    }
+    if samples.is_empty() {
+        bail!("{} holds no sample", path.display());
+    }
+    Ok(samples)
+}
+
+fn print_report(file: &Path, plugin: &Plugin, report: &conformance::Report) {
+    let info = plugin.info();
+    println!(
+        "plugin test: {} {} ({})",
+        info.name,
+        info.version,
+        file.display()
+    );
+    let role = |c: &conformance::Check| c.role.map_or("-".to_string(), |r| r.to_string());
+    let width = report
+        .checks
+        .iter()
+        .map(|c| c.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    println!(
+        "  {:<11} {:<width$}  {:<6} detail",
+        "role", "check", "result"
+    );
+    for c in &report.checks {
+        let outcome = match c.outcome {
+            Outcome::Pass => "pass",
+            Outcome::Warn => "warn",
+            Outcome::Fail => "FAIL",
+            Outcome::Skip => "skip",
+        };
+        println!(
+            "  {:<11} {:<width$}  {outcome:<6} {}",
+            role(c),
+            c.name,
+            c.detail
+        );
+    }
+    println!("time per call:");
+    for t in &report.timings {
+        println!(
+            "  {:<18} {:>5} calls  median {:.3} ms  max {:.3} ms",
+            t.call, t.calls, t.median_ms, t.max_ms
+        );
+    }
+    println!(
+        "{} passed, {} failed, {} warnings, {} skipped",
+        report.count(Outcome::Pass),
+        report.count(Outcome::Fail),
+        report.count(Outcome::Warn),
+        report.count(Outcome::Skip)
+    );
 }
 
 async fn inspect(file: &Path, json: bool, sandbox: &SandboxArgs) -> Result<()> {

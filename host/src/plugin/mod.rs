@@ -7,10 +7,12 @@
 //! - `session`: per-trajectory trigger sessions and episodes, dataset and reward handles.
 //! - [`fault`]: typed, counted plugin faults.
 //! - [`inspect`]: what a component file is, checked before it runs.
+//! - [`conformance`]: `rlhost plugin test`, the contract checked role by role.
 //! - [`bindings`]: generated bindings, one module per WIT version.
 
 pub mod bindings;
 pub mod cache;
+pub mod conformance;
 pub mod fault;
 pub mod inspect;
 mod output;

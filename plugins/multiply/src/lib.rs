@@ -162,8 +162,16 @@ impl Reward for Score {
 
 struct Calculator;
 
+/// The calculator takes no configuration: a config that is not JSON, or names a field,
+/// is a mistake to report rather than to ignore.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoConfig {}
+
 impl Trigger for Calculator {
-    fn open(_config: &str, _sample: Sample) -> Result<Self, String> {
+    fn open(config: &str, _sample: Sample) -> Result<Self, String> {
+        serde_json::from_str::<NoConfig>(config)
+            .map_err(|e| format!("multiply calculator config: {e} (it takes none: pass {{}})"))?;
         Ok(Calculator)
     }
 

@@ -1,0 +1,850 @@
+//! `rlhost plugin test`: does a component keep the contract, role by role?
+//!
+//! The checks a plugin author needs before a training run meets the plugin: `about` is well
+//! formed; opening with `{}` works or is a guest error and a malformed config is a guest
+//! error (never a trap or a silent default); datasets give the same samples for a seed, and
+//! their samples are well formed; rewards return finite, named, distinct components, the
+//! same ones for the same trajectory; triggers stay silent on text that does not end with
+//! one of their stop patterns and return bounded output on text that does; environments
+//! answer with `tool` or `user` messages; and no call faults over a few hundred seeded
+//! random inputs. Each call is timed.
+//!
+//! The inputs are drawn from a fixed seed, so a report repeats exactly for the same file.
+
+use crate::plugin::{Fault, FaultKind, Message, Plugin, Role, Sample, Trajectory};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// What to test with.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The plugin's configuration for the checks that need an opened role (JSON).
+    pub config: String,
+    /// Samples to open triggers and environments with and to build reward trajectories
+    /// from. Empty: the plugin's own dataset's samples if it exports one, else a prompt.
+    pub samples: Vec<Sample>,
+    /// How many random inputs each role gets.
+    pub inputs: usize,
+    /// Seed of the random inputs and of the plugin's randomness.
+    pub seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            config: "{}".into(),
+            samples: Vec::new(),
+            inputs: 200,
+            seed: 0,
+        }
+    }
+}
+
+/// How one check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Pass,
+    /// Not against the contract, but likely a mistake (e.g. an unknown config field
+    /// accepted in silence).
+    Warn,
+    Fail,
+    /// Could not run: an earlier check it depends on failed.
+    Skip,
+}
+
+/// One row of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// The role checked, or `None` for the plugin as a whole.
+    pub role: Option<Role>,
+    pub name: String,
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+/// The time calls of one kind took.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timing {
+    /// The call, e.g. `trigger.fire`.
+    pub call: String,
+    pub calls: usize,
+    pub median_ms: f64,
+    pub max_ms: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub plugin: String,
+    pub checks: Vec<Check>,
+    pub timings: Vec<Timing>,
+}
+
+impl Report {
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.checks.iter().filter(|c| c.outcome == outcome).count()
+    }
+
+    pub fn passed(&self) -> bool {
+        self.count(Outcome::Fail) == 0
+    }
+}
+
+/// Runs every check that applies to `plugin`'s roles.
+pub async fn run(plugin: &Plugin, options: &Options) -> Report {
+    let mut t = Tester {
+        plugin,
+        options,
+        rng: SplitMix(options.seed ^ 0x5eed_c0de),
+        checks: Vec::new(),
+        times: BTreeMap::new(),
+    };
+    t.about();
+    let samples = t.samples().await;
+    for role in plugin.roles().to_vec() {
+        if !t.opens(role, &samples).await {
+            continue;
+        }
+        match role {
+            Role::Dataset => t.dataset().await,
+            Role::Reward => t.reward(&samples).await,
+            Role::Trigger => t.trigger(&samples).await,
+            Role::Environment => t.environment(&samples).await,
+        }
+    }
+    let timings = t
+        .times
+        .into_iter()
+        .map(|(call, mut times)| {
+            times.sort();
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            Timing {
+                call: call.to_string(),
+                calls: times.len(),
+                median_ms: ms(times[times.len() / 2]),
+                max_ms: ms(*times.last().expect("timed at least once")),
+            }
+        })
+        .collect();
+    Report {
+        plugin: plugin.id().to_string(),
+        checks: t.checks,
+        timings,
+    }
+}
+
+struct Tester<'a> {
+    plugin: &'a Plugin,
+    options: &'a Options,
+    rng: SplitMix,
+    checks: Vec<Check>,
+    times: BTreeMap<&'static str, Vec<Duration>>,
+}
+
+/// A JSON text that does not parse.
+const MALFORMED: &str = r#"{"config": "#;
+/// A config no plugin knows.
+const UNKNOWN_FIELD: &str = r#"{"surely_not_a_field": 1}"#;
+
+impl Tester<'_> {
+    fn check(&mut self, role: Option<Role>, name: &str, outcome: Outcome, detail: String) {
+        self.checks.push(Check {
+            role,
+            name: name.to_string(),
+            outcome,
+            detail,
+        });
+    }
+
+    /// Runs `call`, timing it under `name`.
+    async fn timed<T>(&mut self, name: &'static str, call: impl AsyncFnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = call().await;
+        self.times.entry(name).or_default().push(started.elapsed());
+        out
+    }
+
+    fn about(&mut self) {
+        let info = self.plugin.info().clone();
+        let name_ok = !info.name.is_empty()
+            && info.name.len() <= 64
+            && info
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+        let version_ok = info.version.split('.').count() >= 2
+            && info
+                .version
+                .split(['.', '-', '+'])
+                .next()
+                .is_some_and(|major| major.parse::<u64>().is_ok());
+        let one_line = !info.description.contains('\n') && info.description.len() <= 200;
+        let problems: Vec<String> = [
+            (!name_ok).then(|| {
+                format!(
+                    "name {:?} is not 1-64 lowercase letters, digits, `_` or `-`",
+                    info.name
+                )
+            }),
+            (!version_ok).then(|| format!("version {:?} is not MAJOR.MINOR[.PATCH]", info.version)),
+            (!one_line).then(|| "description is not one line of at most 200 bytes".to_string()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let (outcome, detail) = if problems.is_empty() {
+            (Outcome::Pass, format!("{} {}", info.name, info.version))
+        } else {
+            (Outcome::Fail, problems.join("; "))
+        };
+        self.check(None, "about is well formed", outcome, detail);
+        // Loading refuses any other version, so a loaded plugin's is supported.
+        self.check(
+            None,
+            "WIT version is supported",
+            Outcome::Pass,
+            format!("rlhost:plugin@{}", self.plugin.wit_version()),
+        );
+    }
+
+    /// The samples to test the roles with: given ones, else the plugin's own dataset's
+    /// first ones (opened with the config), else one plain prompt.
+    async fn samples(&mut self) -> Vec<Sample> {
+        if !self.options.samples.is_empty() {
+            return self.options.samples.clone();
+        }
+        if self.plugin.roles().contains(&Role::Dataset)
+            && let Ok(mut source) = self
+                .plugin
+                .open_dataset(&self.options.config, self.options.seed)
+                .await
+        {
+            let mut samples = Vec::new();
+            for i in 0..source.len().min(8) {
+                if let Ok(sample) = source.get(i).await {
+                    samples.push(sample);
+                }
+            }
+            if !samples.is_empty() {
+                return samples;
+            }
+        }
+        vec![Sample::from_prompt("What is 6 times 7?")]
+    }
+
+    /// Opens `role` with `{}`, with a malformed config and with an unknown field, then
+    /// with the configuration under test; true when the last one opened.
+    async fn opens(&mut self, role: Role, samples: &[Sample]) -> bool {
+        let sample = &samples[0];
+        let r = Some(role);
+        let opened = match self.open(role, "{}", sample).await {
+            Ok(()) => {
+                self.check(r, "open with {}", Outcome::Pass, "opened".into());
+                true
+            }
+            Err(f) if f.kind == FaultKind::GuestError => {
+                let detail = format!("guest error: {}", f.message);
+                self.check(r, "open with {}", Outcome::Pass, detail);
+                false
+            }
+            Err(f) => {
+                self.check(r, "open with {}", Outcome::Fail, f.to_string());
+                false
+            }
+        };
+        let (outcome, detail) = match self.open(role, MALFORMED, sample).await {
+            Err(f) if f.kind == FaultKind::GuestError => {
+                (Outcome::Pass, format!("guest error: {}", f.message))
+            }
+            Err(f) => (Outcome::Fail, f.to_string()),
+            Ok(()) => (
+                Outcome::Fail,
+                format!("opened with {MALFORMED:?}: a config that is not JSON must be an error"),
+            ),
+        };
+        self.check(r, "open with a malformed config", outcome, detail);
+        if opened {
+            let (outcome, detail) = match self.open(role, UNKNOWN_FIELD, sample).await {
+                Err(f) if f.kind == FaultKind::GuestError => {
+                    (Outcome::Pass, format!("guest error: {}", f.message))
+                }
+                Err(f) => (Outcome::Fail, f.to_string()),
+                Ok(()) => (
+                    Outcome::Warn,
+                    format!("opened with {UNKNOWN_FIELD}: a misspelt field goes unnoticed"),
+                ),
+            };
+            self.check(r, "open with an unknown field", outcome, detail);
+        }
+        if self.options.config.trim() == "{}" {
+            if !opened {
+                let detail = "it does not open with {} and the samples tested: pass --config with a config it accepts, or --sample with samples it can open";
+                self.check(r, "the remaining checks", Outcome::Skip, detail.into());
+            }
+            return opened;
+        }
+        let config = self.options.config.clone();
+        match self.open(role, &config, sample).await {
+            Ok(()) => {
+                self.check(
+                    r,
+                    "open with the given config",
+                    Outcome::Pass,
+                    String::new(),
+                );
+                true
+            }
+            Err(f) => {
+                self.check(
+                    r,
+                    "open with the given config",
+                    Outcome::Fail,
+                    f.to_string(),
+                );
+                false
+            }
+        }
+    }
+
+    async fn open(&mut self, role: Role, config: &str, sample: &Sample) -> Result<(), Fault> {
+        let plugin = self.plugin;
+        let seed = self.options.seed;
+        let result = match role {
+            Role::Trigger => {
+                self.timed("trigger.open", async || {
+                    plugin.open_trigger(config, sample, seed).await.map(drop)
+                })
+                .await
+            }
+            Role::Environment => {
+                self.timed("environment.open", async || {
+                    plugin
+                        .open_environment(config, sample, seed)
+                        .await
+                        .map(drop)
+                })
+                .await
+            }
+            Role::Dataset => {
+                self.timed("dataset.open", async || {
+                    plugin.open_dataset(config, seed).await.map(drop)
+                })
+                .await
+            }
+            Role::Reward => {
+                self.timed("reward.open", async || {
+                    plugin.open_reward(config).await.map(drop)
+                })
+                .await
+            }
+        };
+        result.map_err(as_fault)
+    }
+
+    /// Tallies `n` calls' results into one check: pass when none faulted.
+    fn faults_check(&mut self, role: Role, name: &str, n: usize, faults: &[Fault], extra: &str) {
+        let (outcome, detail) = match faults.first() {
+            None => (Outcome::Pass, format!("{n} calls{extra}")),
+            Some(first) => (
+                Outcome::Fail,
+                format!("{} of {n} calls faulted; the first: {first}", faults.len()),
+            ),
+        };
+        self.check(Some(role), name, outcome, detail);
+    }
+
+    async fn dataset(&mut self) {
+        let role = Some(Role::Dataset);
+        let (config, seed) = (self.options.config.clone(), self.options.seed);
+        let (mut a, mut b) = match (
+            self.plugin.open_dataset(&config, seed).await,
+            self.plugin.open_dataset(&config, seed).await,
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                let detail = format!("{e:#}");
+                return self.check(role, "opens", Outcome::Fail, detail);
+            }
+        };
+        let len = a.len();
+        if len == 0 || b.len() != len {
+            let detail = format!("len {len} then {}: must be the same and above 0", b.len());
+            return self.check(role, "len", Outcome::Fail, detail);
+        }
+        self.check(role, "len", Outcome::Pass, format!("{len} samples"));
+        let mut indices = vec![0, len - 1];
+        for _ in 0..self.options.inputs.saturating_sub(2) {
+            indices.push(self.rng.below(len));
+        }
+        let (mut faults, mut differ, mut malformed) = (Vec::new(), Vec::new(), Vec::new());
+        for &i in &indices {
+            let first = self.timed("dataset.get", async || a.get(i).await).await;
+            let again = b.get(i).await;
+            match (first, again) {
+                (Ok(x), Ok(y)) => {
+                    if x != y {
+                        differ.push(i);
+                    }
+                    if let Some(problem) = sample_problem(&x) {
+                        malformed.push(format!("sample {i}: {problem}"));
+                    }
+                }
+                (Err(f), _) | (_, Err(f)) => faults.push(f),
+            }
+        }
+        let n = indices.len();
+        self.faults_check(Role::Dataset, "get: no fault", n, &faults, "");
+        let (outcome, detail) = if differ.is_empty() {
+            (
+                Outcome::Pass,
+                format!("{n} indices, opened twice with seed {seed}"),
+            )
+        } else {
+            (
+                Outcome::Fail,
+                format!(
+                    "{} of {n} indices gave another sample the second time (first: {})",
+                    differ.len(),
+                    differ[0]
+                ),
+            )
+        };
+        self.check(role, "deterministic for a seed", outcome, detail);
+        let (outcome, detail) = match malformed.first() {
+            None => (Outcome::Pass, format!("{n} samples")),
+            Some(first) => (
+                Outcome::Fail,
+                format!("{} malformed; {first}", malformed.len()),
+            ),
+        };
+        self.check(role, "samples are well formed", outcome, detail);
+    }
+
+    async fn reward(&mut self, samples: &[Sample]) {
+        let role = Some(Role::Reward);
+        let config = self.options.config.clone();
+        let mut scorer = match self.plugin.open_reward(&config).await {
+            Ok(s) => s,
+            Err(e) => return self.check(role, "opens", Outcome::Fail, format!("{e:#}")),
+        };
+        let (mut faults, mut guest_errors, mut problems, mut unstable) =
+            (Vec::new(), Vec::new(), Vec::new(), 0);
+        let mut scored = 0;
+        for i in 0..self.options.inputs {
+            let sample = &samples[i % samples.len()];
+            let completion = self.rng.text(&[]);
+            let trajectory = trajectory(sample, completion, &mut self.rng);
+            match self
+                .timed("reward.score", async || scorer.score(&trajectory).await)
+                .await
+            {
+                Ok(components) => {
+                    scored += 1;
+                    if let Some(problem) = components_problem(&components) {
+                        problems.push(problem);
+                    }
+                    if i % 8 == 0 && scorer.score(&trajectory).await.ok() != Some(components) {
+                        unstable += 1;
+                    }
+                }
+                Err(f) if f.kind == FaultKind::GuestError => guest_errors.push(f),
+                Err(f) => faults.push(f),
+            }
+        }
+        let n = self.options.inputs;
+        let extra = format!(", {} guest errors", guest_errors.len());
+        self.faults_check(Role::Reward, "score: no fault", n, &faults, &extra);
+        let (outcome, detail) = if scored == 0 {
+            let first = guest_errors
+                .first()
+                .map_or(String::new(), |f| format!(": {}", f.message));
+            (
+                Outcome::Fail,
+                format!(
+                    "no trajectory was scored{first}; pass --sample with samples this reward can score"
+                ),
+            )
+        } else if let Some(first) = problems.first() {
+            (
+                Outcome::Fail,
+                format!("{} of {scored}: {first}", problems.len()),
+            )
+        } else {
+            (Outcome::Pass, format!("{scored} scored"))
+        };
+        self.check(role, "finite, named, distinct components", outcome, detail);
+        let (outcome, detail) = if scored == 0 {
+            (Outcome::Skip, "nothing was scored".to_string())
+        } else if unstable == 0 {
+            (Outcome::Pass, "scored twice, the same".to_string())
+        } else {
+            (
+                Outcome::Warn,
+                format!("{unstable} trajectories got other components the second time"),
+            )
+        };
+        self.check(role, "deterministic", outcome, detail);
+    }
+
+    async fn trigger(&mut self, samples: &[Sample]) {
+        let role = Some(Role::Trigger);
+        let (config, seed) = (self.options.config.clone(), self.options.seed);
+        let mut session = match self.plugin.open_trigger(&config, &samples[0], seed).await {
+            Ok(s) => s,
+            Err(e) => return self.check(role, "opens", Outcome::Fail, format!("{e:#}")),
+        };
+        let patterns = session.stop_patterns().to_vec();
+        self.check(
+            role,
+            "stop patterns",
+            Outcome::Pass,
+            format!("{patterns:?}"),
+        );
+        if patterns.is_empty() {
+            let detail = "none: a trigger the host never fires (single-turn)".to_string();
+            return self.check(role, "fire", Outcome::Pass, detail);
+        }
+        let limit = self.plugin.spec().limits.max_output_bytes;
+        let n = self.options.inputs;
+        // Text that does not end with a pattern: the host never fires on it, and the
+        // plugin must not answer it either (it checks what it was given).
+        let (mut answered, mut faults) = (Vec::new(), Vec::new());
+        for _ in 0..n / 2 {
+            let mut text = self.rng.text(&patterns);
+            while patterns.iter().any(|p| text.ends_with(p.as_str())) {
+                text.push('.');
+            }
+            match self
+                .timed("trigger.fire", async || session.fire(&text).await)
+                .await
+            {
+                Ok(Some(_)) => answered.push(text),
+                Ok(None) => {}
+                Err(f) => faults.push(f),
+            }
+        }
+        let (outcome, detail) = match answered.first() {
+            None => (Outcome::Pass, format!("{} texts", n / 2)),
+            Some(first) => (
+                Outcome::Fail,
+                format!(
+                    "answered {} of {} texts that end with no stop pattern, e.g. {:?}",
+                    answered.len(),
+                    n / 2,
+                    clip(first)
+                ),
+            ),
+        };
+        self.check(role, "silent without a stop pattern", outcome, detail);
+        // Text that ends with a pattern: any answer, bounded (the host refuses more than
+        // its limit as bad output), and no fault; a fresh session now and then.
+        let mut largest = 0;
+        let mut fired = 0;
+        for i in 0..n - n / 2 {
+            if i % 16 == 15 {
+                let plugin = self.plugin;
+                match self
+                    .timed("trigger.open", async || {
+                        plugin
+                            .open_trigger(&config, &samples[i % samples.len()], seed)
+                            .await
+                    })
+                    .await
+                {
+                    Ok(s) => session = s,
+                    Err(e) => faults.push(as_fault(e)),
+                }
+            }
+            let text = self.rng.call_text(&patterns);
+            match self
+                .timed("trigger.fire", async || session.fire(&text).await)
+                .await
+            {
+                Ok(Some(out)) => {
+                    fired += 1;
+                    largest = largest.max(out.len());
+                }
+                Ok(None) => {}
+                Err(f) => faults.push(f),
+            }
+        }
+        let extra = format!("; {fired} answered, the largest {largest} bytes (limit {limit})");
+        self.faults_check(
+            Role::Trigger,
+            "fire: no fault, bounded output",
+            n,
+            &faults,
+            &extra,
+        );
+    }
+
+    async fn environment(&mut self, samples: &[Sample]) {
+        let (config, seed) = (self.options.config.clone(), self.options.seed);
+        let (mut faults, mut problems) = (Vec::new(), Vec::new());
+        let (mut steps, mut episodes) = (0, 0);
+        while steps < self.options.inputs {
+            let sample = &samples[episodes % samples.len()];
+            episodes += 1;
+            let plugin = self.plugin;
+            let mut episode = match self
+                .timed("environment.open", async || {
+                    plugin.open_environment(&config, sample, seed).await
+                })
+                .await
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    faults.push(as_fault(e));
+                    steps += 1;
+                    continue;
+                }
+            };
+            for _ in 0..8 {
+                steps += 1;
+                let turn = self.rng.text(&[]);
+                match self
+                    .timed("environment.step", async || episode.step(&turn).await)
+                    .await
+                {
+                    Ok(step) => {
+                        if let Some(m) = step
+                            .messages
+                            .iter()
+                            .find(|m| m.role != "tool" && m.role != "user")
+                        {
+                            problems.push(format!("a message with role {:?}", m.role));
+                        }
+                        if step.reward.is_some_and(|r| !r.is_finite()) {
+                            problems.push(format!("step reward {:?}", step.reward));
+                        }
+                        if step.done {
+                            break;
+                        }
+                    }
+                    Err(f) if f.kind == FaultKind::GuestError => break,
+                    Err(f) => {
+                        faults.push(f);
+                        break;
+                    }
+                }
+            }
+        }
+        let extra = format!(" in {episodes} episodes");
+        self.faults_check(Role::Environment, "step: no fault", steps, &faults, &extra);
+        let (outcome, detail) = match problems.first() {
+            None => (
+                Outcome::Pass,
+                "tool or user messages, finite rewards".into(),
+            ),
+            Some(first) => (
+                Outcome::Fail,
+                format!("{} steps gave {first}", problems.len()),
+            ),
+        };
+        self.check(
+            Some(Role::Environment),
+            "steps are well formed",
+            outcome,
+            detail,
+        );
+    }
+}
+
+/// An `anyhow` error from opening a role, as the fault it carries (opening fails only
+/// with one once the role is known to be exported).
+fn as_fault(e: anyhow::Error) -> Fault {
+    match e.downcast::<Fault>() {
+        Ok(f) => f,
+        Err(e) => Fault {
+            plugin: String::new(),
+            call: "open",
+            kind: FaultKind::Incompatible,
+            message: format!("{e:#}"),
+        },
+    }
+}
+
+fn sample_problem(sample: &Sample) -> Option<String> {
+    const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+    if sample.messages.is_empty() {
+        return Some("no messages".into());
+    }
+    if let Some(m) = sample
+        .messages
+        .iter()
+        .find(|m| !ROLES.contains(&m.role.as_str()))
+    {
+        return Some(format!("a message with role {:?}", m.role));
+    }
+    if !sample.messages.iter().any(|m| m.role == "user") {
+        return Some("no user message".into());
+    }
+    None
+}
+
+fn components_problem(components: &[crate::plugin::Component]) -> Option<String> {
+    if components.is_empty() {
+        return Some("no components".into());
+    }
+    let mut names: Vec<&str> = components.iter().map(|c| c.name.as_str()).collect();
+    names.sort_unstable();
+    names
+        .windows(2)
+        .find(|w| w[0] == w[1])
+        .map(|w| format!("component `{}` twice", w[0]))
+}
+
+/// A trajectory of `sample` answered by `completion`.
+fn trajectory(sample: &Sample, completion: String, rng: &mut SplitMix) -> Trajectory {
+    let mut messages = sample.messages.clone();
+    messages.push(Message {
+        role: "assistant".into(),
+        content: completion.clone(),
+    });
+    Trajectory {
+        messages,
+        completion,
+        metadata: sample.metadata.clone(),
+        turns: 1,
+        truncated: rng.below(8) == 0,
+    }
+}
+
+fn clip(text: &str) -> String {
+    match text.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+/// SplitMix64: the inputs depend on the seed alone.
+struct SplitMix(u64);
+
+/// What random text is made of: words a model writes, digits and operators, markup,
+/// whitespace, and characters outside ASCII.
+const PIECES: [&str; 24] = [
+    "the",
+    "answer",
+    " ",
+    " ",
+    "\n",
+    "42",
+    "7",
+    "-3.5",
+    "+",
+    "*",
+    "/",
+    "(",
+    ")",
+    "=",
+    "<answer>",
+    "</answer>",
+    "print(",
+    "é",
+    "中文",
+    "🙂",
+    "\t",
+    "```",
+    "'",
+    "\"",
+];
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Up to ~60 random pieces, now and then one of `patterns` among them.
+    fn text(&mut self, patterns: &[String]) -> String {
+        let n = self.below(60);
+        let mut text = String::new();
+        for _ in 0..n {
+            if !patterns.is_empty() && self.below(20) == 0 {
+                text.push_str(&patterns[self.below(patterns.len() as u64) as usize]);
+            } else if self.below(6) == 0 {
+                // A random scalar value from the first planes.
+                let c = char::from_u32(self.below(0x3_0000) as u32).unwrap_or('?');
+                text.push(c);
+            } else {
+                text.push_str(PIECES[self.below(PIECES.len() as u64) as usize]);
+            }
+        }
+        text
+    }
+
+    /// Random text ending with one of `patterns`, often with another pattern before it
+    /// and a language tag after that (so that open/close pairs such as code fences get a
+    /// random body to run).
+    fn call_text(&mut self, patterns: &[String]) -> String {
+        const TAGS: [&str; 5] = ["", "python\n", "js\n", "c\n", " "];
+        let pick = |r: &mut SplitMix| patterns[r.below(patterns.len() as u64) as usize].clone();
+        // Free of the patterns: a stray one would close the call early or unbalance it.
+        let plain = |r: &mut SplitMix| {
+            let mut text = r.text(&[]);
+            for p in patterns {
+                text = text.replace(p.as_str(), "");
+            }
+            text
+        };
+        let mut text = plain(self);
+        if self.below(2) == 0 {
+            text.push_str(&pick(self));
+            text.push_str(TAGS[self.below(TAGS.len() as u64) as usize]);
+            text.push_str(&plain(self));
+            text.push('\n');
+        }
+        text.push_str(&pick(self));
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_text_repeats_for_a_seed_and_call_text_ends_with_a_pattern() {
+        let patterns = vec!["</calc>".to_string(), "```".to_string()];
+        let (mut a, mut b) = (SplitMix(3), SplitMix(3));
+        for _ in 0..50 {
+            assert_eq!(a.text(&patterns), b.text(&patterns));
+            let call = a.call_text(&patterns);
+            assert_eq!(call, b.call_text(&patterns));
+            assert!(
+                patterns.iter().any(|p| call.ends_with(p.as_str())),
+                "{call:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn component_and_sample_problems_are_named() {
+        let c = |name: &str| crate::plugin::Component {
+            name: name.into(),
+            value: 1.0,
+        };
+        assert_eq!(components_problem(&[c("a"), c("b")]), None);
+        assert_eq!(
+            components_problem(&[c("a"), c("b"), c("a")]).as_deref(),
+            Some("component `a` twice")
+        );
+        assert_eq!(components_problem(&[]).as_deref(), Some("no components"));
+        let mut sample = Sample::from_prompt("hi");
+        assert_eq!(sample_problem(&sample), None);
+        sample.messages[0].role = "robot".into();
+        assert_eq!(
+            sample_problem(&sample).as_deref(),
+            Some("a message with role \"robot\"")
+        );
+    }
+}

@@ -1,0 +1,133 @@
+//! `rlhost plugin test`, the conformance runner: every plugin that `plugins/build.sh`
+//! builds passes it (Rust, Python, JavaScript and C), the hostile plugin fails it with
+//! its faults named, and a file that is not a plugin gets `plugin inspect`'s one line.
+
+use rlhost_tests::{TestCommand, plugin_dir, temp_dir};
+
+/// The plugins that are not meant to pass: the hostile one (its faults are the point) and
+/// the two components that test the host's loading errors.
+const NOT_PLUGINS: [&str; 3] = ["hostile", "future_version", "not_a_plugin"];
+
+#[test]
+fn every_example_plugin_passes_the_conformance_test() {
+    let dir = temp_dir("conformance");
+    // The C reward scores numeric answers: it needs samples that have one.
+    let samples = dir.join("answers.jsonl");
+    std::fs::write(
+        &samples,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 6 times 7?\"}], \"metadata\": {\"answer\": 42}}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"Half of 5?\"}], \"metadata\": {\"answer\": \"2.5\"}}\n",
+    )
+    .unwrap();
+    let secrets = dir.join("secrets.jsonl");
+    std::fs::write(
+        &secrets,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Guess my number.\"}], \"metadata\": {\"secret\": 37}}\n",
+    )
+    .unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(plugin_dir())
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".wasm").map(str::to_string)
+        })
+        .filter(|n| !NOT_PLUGINS.contains(&n.as_str()))
+        .collect();
+    names.sort();
+    for lang in ["code_trigger", "js_trigger", "c_reward", "calculator"] {
+        assert!(names.iter().any(|n| n == lang), "{lang} missing: {names:?}");
+    }
+    for name in &names {
+        let file = plugin_dir().join(format!("{name}.wasm"));
+        let mut cmd = TestCommand::new(&["plugin", "test", "--json"]).arg(&file);
+        match name.as_str() {
+            "pattern_reward" => {
+                cmd = cmd.args(["--config", r#"{"patterns": {"calc": "<calc>"}}"#]);
+            }
+            "c_reward" => cmd = cmd.arg("--sample").arg(&samples),
+            // The guessing game's samples hold the secret number.
+            "guess_number" => cmd = cmd.arg("--sample").arg(&secrets),
+            _ => {}
+        }
+        let ran = cmd.run();
+        let report: serde_json::Value = serde_json::from_str(&ran.stdout)
+            .unwrap_or_else(|e| panic!("{name}: {e}: {}{}", ran.stdout, ran.stderr));
+        let failed: Vec<&serde_json::Value> = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["outcome"] == "fail" || c["outcome"] == "skip")
+            .collect();
+        assert!(failed.is_empty(), "{name}: {failed:#?}");
+        assert_eq!(ran.code, Some(0), "{name}: {}", ran.stderr);
+        // Each exported role was exercised and timed.
+        let timed: Vec<&str> = report["timings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["call"].as_str().unwrap())
+            .collect();
+        assert!(
+            timed.iter().any(|c| c.ends_with(".open")),
+            "{name}: {timed:?}"
+        );
+    }
+}
+
+#[test]
+fn the_hostile_plugin_fails_with_its_faults_named_and_a_non_plugin_gets_one_line() {
+    // With `{}` it echoes whatever it is given, also text without its stop pattern.
+    let ran = TestCommand::new(&["plugin", "test", "--inputs", "20"])
+        .arg(plugin_dir().join("hostile.wasm"))
+        .run();
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout.contains("plugin test: hostile 0.1.0"),
+        "{}",
+        ran.stdout
+    );
+    let fails = |stdout: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .filter(|l| l.contains(" FAIL "))
+            .map(str::to_string)
+            .collect()
+    };
+    let rows = fails(&ran.stdout);
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("silent without a stop pattern") && r.contains("answered 10 of 10")),
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        ran.stderr.contains("error: plugin `hostile@0.1.0` failed"),
+        "{}",
+        ran.stderr
+    );
+    // Configured to loop, every role's calls time out, and the table says so.
+    let ran = TestCommand::new(&["plugin", "test", "--inputs", "4", "--timeout-ms", "200"])
+        .arg(plugin_dir().join("hostile.wasm"))
+        .args(["--config", r#"{"mode": "loop"}"#])
+        .run();
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    for role in ["trigger", "dataset", "reward"] {
+        assert!(
+            fails(&ran.stdout)
+                .iter()
+                .any(|r| r.trim_start().starts_with(role) && r.contains("timeout")),
+            "{role}: {}",
+            ran.stdout
+        );
+    }
+
+    let dir = temp_dir("conformance-not-a-plugin");
+    let text = dir.join("notes.wasm");
+    std::fs::write(&text, "just text").unwrap();
+    for file in [text, plugin_dir().join("not_a_plugin.wasm")] {
+        let test = TestCommand::new(&["plugin", "test"]).arg(&file).fails();
+        let inspect = TestCommand::new(&["plugin", "inspect"]).arg(&file).fails();
+        assert_eq!(test, inspect);
+        assert_eq!(test.trim_end().lines().count(), 1, "{test}");
+    }
+}
