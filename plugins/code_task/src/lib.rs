@@ -94,7 +94,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
                 format!("What is the sum of the multiples of {k} from {a} to {b}?"),
                 format!("print(sum(i for i in range({a}, {b} + 1) if i % {k} == 0))"),
                 format!(
-                    "let s = 0;\nfor (let i = {a}; i <= {b}; i++) if (i % {k} === 0) s += i;\nconsole.log(s);"
+                    "let s = 0\nfor (let i = {a}; i <= {b}; i++) if (i % {k} == 0) s += i\ns"
                 ),
                 (a..=b).filter(|i| i.is_multiple_of(k)).sum(),
             )
@@ -112,7 +112,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
                 format!("How many integers from 1 to {n} are divisible by {p} or {q}?"),
                 format!("print(sum(1 for i in range(1, {n} + 1) if i % {p} == 0 or i % {q} == 0))"),
                 format!(
-                    "let c = 0;\nfor (let i = 1; i <= {n}; i++) if (i % {p} === 0 || i % {q} === 0) c++;\nconsole.log(c);"
+                    "let c = 0\nfor (let i = 1; i <= {n}; i++) if (i % {p} == 0 || i % {q} == 0) c++\nc"
                 ),
                 (1..=n)
                     .filter(|i| i.is_multiple_of(p) || i.is_multiple_of(q))
@@ -127,7 +127,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
                 format!("What is {a} to the power {b} modulo {m}?"),
                 format!("print(pow({a}, {b}, {m}))"),
                 format!(
-                    "let r = 1;\nfor (let i = 0; i < {b}; i++) r = r * {a} % {m};\nconsole.log(r);"
+                    "let r = 1\nfor (let i = 0; i < {b}; i++) r = r * {a} % {m}\nr"
                 ),
                 modpow(a, b, m),
             )
@@ -139,7 +139,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
                 format!("What is the digit sum of {a} to the power {b}?"),
                 format!("print(sum(int(d) for d in str({a} ** {b})))"),
                 format!(
-                    "console.log([...String({a}n ** {b}n)].reduce((s, d) => s + Number(d), 0));"
+                    "[...String({a}n ** {b}n)].reduce((s, d) => s + +d, 0)"
                 ),
                 power_digit_sum(a, b),
             )
@@ -150,7 +150,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
                 format!("How many divisors does {n} have?"),
                 format!("print(sum(1 for d in range(1, {n} + 1) if {n} % d == 0))"),
                 format!(
-                    "let c = 0;\nfor (let d = 1; d <= {n}; d++) if ({n} % d === 0) c++;\nconsole.log(c);"
+                    "let c = 0\nfor (let d = 1; d <= {n}; d++) if ({n} % d == 0) c++\nc"
                 ),
                 (1..=n).filter(|d| n.is_multiple_of(*d)).count() as u64,
             )
@@ -161,7 +161,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
                 format!("What is the least common multiple of {a}, {b} and {c}?"),
                 format!("import math\nprint(math.lcm({a}, {b}, {c}))"),
                 format!(
-                    "const gcd = (x, y) => (y ? gcd(y, x % y) : x);\nconst lcm = (x, y) => (x / gcd(x, y)) * y;\nconsole.log(lcm(lcm({a}, {b}), {c}));"
+                    "const gcd = (x, y) => (y ? gcd(y, x % y) : x);\n[{a}, {b}, {c}].reduce((x, y) => (x / gcd(x, y)) * y)"
                 ),
                 lcm(lcm(a, b), c),
             )
@@ -176,7 +176,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("How many times does {letter} occur in \"{text}\"?"),
                 format!("print(\"{text}\".count(\"{letter}\"))"),
-                format!("console.log(\"{text}\".split(\"{letter}\").length - 1);"),
+                format!("\"{text}\".split(\"{letter}\").length - 1"),
                 text.chars().filter(|&c| c == letter).count() as u64,
             )
         }
