@@ -5,6 +5,7 @@
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
 //! - `conformance`: `rlhost plugin test` on every example plugin, in every language.
+//! - `scaffold`: `rlhost plugin new` in every language and role: builds, passes the test.
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
 //! - `data`: the dataset module with a real dataset plugin.
@@ -21,6 +22,7 @@ mod plugins;
 mod rollout;
 mod rollout_cli;
 mod sandbox;
+mod scaffold;
 mod status;
 mod train_cli;
 

@@ -1,7 +1,8 @@
-//! `rlhost plugin inspect`, `call` and `test`: the plugin author's quick loop.
+//! `rlhost plugin new`, `inspect`, `call` and `test`: the plugin author's quick loop.
 
 use crate::plugin::cache;
 use crate::plugin::conformance::{self, Outcome};
+use crate::plugin::scaffold::{self, Lang};
 use crate::plugin::{
     DirGrant, Grants, Limits, Message, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions,
     Sample, Trajectory,
@@ -13,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
+    /// Make a plugin project that builds at once and passes `rlhost plugin test`.
+    New(NewArgs),
     /// Show a plugin's WIT version, roles, imports, size and sha256.
     Inspect {
         /// The plugin component (.wasm).
@@ -28,6 +31,25 @@ pub enum PluginCommand {
     /// Check that a plugin keeps the contract, role by role: a pass/fail table; exits
     /// non-zero when a check fails.
     Test(TestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NewArgs {
+    /// The plugin's name (lowercase letters, digits, `_`): its folder, package and name.
+    name: String,
+    /// rust, python, js or c.
+    #[arg(long)]
+    lang: Lang,
+    /// trigger, environment, dataset or reward.
+    #[arg(long)]
+    role: Role,
+    /// The folder to make the project in.
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Rust: the `sdk` folder of an rlhost checkout (default: the one this binary was
+    /// built from).
+    #[arg(long)]
+    sdk: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -160,7 +182,37 @@ pub async fn run(command: PluginCommand) -> Result<()> {
         } => inspect(&file, json, &sandbox).await,
         PluginCommand::Call(args) => call(args).await,
         PluginCommand::Test(args) => test(args).await,
+        PluginCommand::New(args) => new(args),
     }
+}
+
+fn new(args: NewArgs) -> Result<()> {
+    let dir = scaffold::create(&scaffold::Request {
+        name: args.name.clone(),
+        lang: args.lang,
+        role: args.role,
+        parent: args.dir,
+        sdk: args.sdk,
+    })?;
+    let readme = std::fs::read_to_string(dir.join("README.md"))
+        .with_context(|| format!("cannot read {}", dir.join("README.md").display()))?;
+    // The README's first fenced block is the build command.
+    let build = readme
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .unwrap_or("")
+        .trim();
+    println!(
+        "made the {} {} plugin `{}` in {}",
+        args.lang,
+        args.role,
+        args.name,
+        dir.display()
+    );
+    println!("build it:  cd {} && {build}", dir.display());
+    println!("test it:   rlhost plugin test <the .wasm it builds> (see its README.md)");
+    Ok(())
 }
 
 async fn test(args: TestArgs) -> Result<()> {

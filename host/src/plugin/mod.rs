@@ -8,6 +8,7 @@
 //! - [`fault`]: typed, counted plugin faults.
 //! - [`inspect`]: what a component file is, checked before it runs.
 //! - [`conformance`]: `rlhost plugin test`, the contract checked role by role.
+//! - [`scaffold`]: `rlhost plugin new`, a project in Rust, Python, JavaScript or C.
 //! - [`bindings`]: generated bindings, one module per WIT version.
 
 pub mod bindings;
@@ -20,6 +21,7 @@ mod output;
 pub mod plugin;
 pub mod runtime;
 pub mod sandbox;
+pub mod scaffold;
 mod session;
 pub mod types;
 
