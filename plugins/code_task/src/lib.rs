@@ -93,9 +93,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("What is the sum of the multiples of {k} from {a} to {b}?"),
                 format!("print(sum(i for i in range({a}, {b} + 1) if i % {k} == 0))"),
-                format!(
-                    "let s = 0\nfor (let i = {a}; i <= {b}; i++) if (i % {k} == 0) s += i\ns"
-                ),
+                format!("let s = 0\nfor (let i = {a}; i <= {b}; i++) if (i % {k} == 0) s += i\ns"),
                 (a..=b).filter(|i| i.is_multiple_of(k)).sum(),
             )
         }
@@ -126,9 +124,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("What is {a} to the power {b} modulo {m}?"),
                 format!("print(pow({a}, {b}, {m}))"),
-                format!(
-                    "let r = 1\nfor (let i = 0; i < {b}; i++) r = r * {a} % {m}\nr"
-                ),
+                format!("let r = 1\nfor (let i = 0; i < {b}; i++) r = r * {a} % {m}\nr"),
                 modpow(a, b, m),
             )
         }
@@ -138,9 +134,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("What is the digit sum of {a} to the power {b}?"),
                 format!("print(sum(int(d) for d in str({a} ** {b})))"),
-                format!(
-                    "[...String({a}n ** {b}n)].reduce((s, d) => s + +d, 0)"
-                ),
+                format!("[...String({a}n ** {b}n)].reduce((s, d) => s + +d, 0)"),
                 power_digit_sum(a, b),
             )
         }
@@ -149,9 +143,7 @@ fn problem(family: &'static str, r: &mut SplitMix) -> Problem {
             (
                 format!("How many divisors does {n} have?"),
                 format!("print(sum(1 for d in range(1, {n} + 1) if {n} % d == 0))"),
-                format!(
-                    "let c = 0\nfor (let d = 1; d <= {n}; d++) if ({n} % d == 0) c++\nc"
-                ),
+                format!("let c = 0\nfor (let d = 1; d <= {n}; d++) if ({n} % d == 0) c++\nc"),
                 (1..=n).filter(|d| n.is_multiple_of(*d)).count() as u64,
             )
         }
