@@ -101,7 +101,8 @@ fn the_hostile_plugin_fails_with_its_faults_named_and_a_non_plugin_gets_one_line
         ran.stdout
     );
     assert!(
-        ran.stderr.contains("error: plugin `hostile@0.1.0` failed"),
+        ran.stderr.contains("error: plugin `hostile@0.1.0`: ")
+            && ran.stderr.contains("checks failed"),
         "{}",
         ran.stderr
     );

@@ -187,31 +187,22 @@ pub async fn run(command: PluginCommand) -> Result<()> {
 }
 
 fn new(args: NewArgs) -> Result<()> {
-    let dir = scaffold::create(&scaffold::Request {
+    let made = scaffold::create(&scaffold::Request {
         name: args.name.clone(),
         lang: args.lang,
         role: args.role,
         parent: args.dir,
         sdk: args.sdk,
     })?;
-    let readme = std::fs::read_to_string(dir.join("README.md"))
-        .with_context(|| format!("cannot read {}", dir.join("README.md").display()))?;
-    // The README's first fenced block is the build command.
-    let build = readme
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .unwrap_or("")
-        .trim();
     println!(
         "made the {} {} plugin `{}` in {}",
         args.lang,
         args.role,
         args.name,
-        dir.display()
+        made.dir.display()
     );
-    println!("build it:  cd {} && {build}", dir.display());
-    println!("test it:   rlhost plugin test <the .wasm it builds> (see its README.md)");
+    println!("build it: cd {} && {}", made.dir.display(), made.build);
+    println!("test it:  rlhost plugin test {}", made.component);
     Ok(())
 }
 
@@ -239,12 +230,13 @@ async fn test(args: TestArgs) -> Result<()> {
     } else {
         print_report(&args.file, &plugin, &report);
     }
-    let failed = report.count(Outcome::Fail);
-    if failed > 0 {
+    if !report.passed() {
         bail!(
-            "plugin `{}` failed {failed} of {} checks",
+            "plugin `{}`: {} of {} checks failed and {} could not run",
             report.plugin,
-            report.checks.len()
+            report.count(Outcome::Fail),
+            report.checks.len(),
+            report.count(Outcome::Skip)
         );
     }
     Ok(())

@@ -87,8 +87,9 @@ impl Report {
         self.checks.iter().filter(|c| c.outcome == outcome).count()
     }
 
+    /// No check failed and every check ran.
     pub fn passed(&self) -> bool {
-        self.count(Outcome::Fail) == 0
+        self.count(Outcome::Fail) == 0 && self.count(Outcome::Skip) == 0
     }
 }
 

@@ -85,9 +85,19 @@ const WIT: [(&str, &str); 3] = [
     ),
 ];
 
-/// Makes the project; returns its folder. Nothing is written when it fails, and an
-/// existing folder is never touched.
-pub fn create(request: &Request) -> Result<PathBuf> {
+/// A project made.
+#[derive(Debug, Clone)]
+pub struct Made {
+    pub dir: PathBuf,
+    /// The command that builds it, run in `dir` (its README says the same).
+    pub build: String,
+    /// Where the build writes the component, relative to `dir`.
+    pub component: String,
+}
+
+/// Makes the project. Nothing is written when it fails, and an existing folder is never
+/// touched.
+pub fn create(request: &Request) -> Result<Made> {
     check_name(&request.name)?;
     let dir = request.parent.join(&request.name);
     if dir.exists() {
@@ -109,7 +119,30 @@ pub fn create(request: &Request) -> Result<PathBuf> {
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
-    result.map(|()| dir)
+    result.map(|()| Made {
+        dir,
+        build: build_command(request.lang, request.role, &request.name),
+        component: component(request.lang, &request.name),
+    })
+}
+
+/// The one command that builds a project.
+fn build_command(lang: Lang, role: Role, name: &str) -> String {
+    match lang {
+        Lang::Rust => "cargo build --release".into(),
+        Lang::Python => {
+            format!("componentize-py -d wit -w {role}-plugin componentize app -o {name}.wasm")
+        }
+        Lang::Js | Lang::C => "npm install && npm run build".into(),
+    }
+}
+
+/// Where the build writes the component, relative to the project.
+fn component(lang: Lang, name: &str) -> String {
+    match lang {
+        Lang::Rust => format!("target/wasm32-wasip2/release/{name}.wasm"),
+        _ => format!("{name}.wasm"),
+    }
 }
 
 fn write_all(staging: &Path, files: &[(String, String)], request: &Request) -> Result<()> {
@@ -197,6 +230,11 @@ fn files(request: &Request) -> Result<Vec<(String, String)>> {
         ("{{call_example}}", call_example(role).to_string()),
         ("{{wit_version}}", WIT_VERSION.to_string()),
         ("{{sdk}}", sdk),
+        (
+            "{{build}}",
+            build_command(request.lang, role, &request.name),
+        ),
+        ("{{component}}", component(request.lang, &request.name)),
     ];
     Ok(files
         .into_iter()
@@ -332,7 +370,8 @@ mod tests {
                     parent: parent.clone(),
                     sdk: None,
                 };
-                let dir = create(&request).unwrap();
+                let made = create(&request).unwrap();
+                let dir = made.dir;
                 for entry in walk(&dir) {
                     if entry.extension().is_some_and(|e| e == "o") {
                         continue;
@@ -345,7 +384,11 @@ mod tests {
                     );
                 }
                 let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
-                assert!(readme.contains("rlhost plugin test "), "{readme}");
+                assert!(
+                    readme.contains(&format!("```sh\n{}\n```", made.build))
+                        && readme.contains(&format!("rlhost plugin test {}", made.component)),
+                    "{readme}"
+                );
             }
         }
         std::fs::remove_dir_all(parent).unwrap();
