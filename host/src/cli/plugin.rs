@@ -4,8 +4,8 @@ use crate::plugin::cache;
 use crate::plugin::conformance::{self, Outcome};
 use crate::plugin::scaffold::{self, Lang};
 use crate::plugin::{
-    DirGrant, Grants, Limits, Message, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions,
-    Sample, Trajectory,
+    DirGrant, Grants, Limits, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, Sample,
+    Trajectory,
 };
 use crate::rollout::engine::new_match;
 use anyhow::{Context, Result, bail};
@@ -482,22 +482,7 @@ async fn call(args: CallArgs) -> Result<()> {
         Role::Reward => {
             let trajectory = match &args.trajectory {
                 Some(path) => read_json::<Trajectory>(path, "trajectory")?,
-                None => {
-                    let sample = args.sample()?;
-                    let completion = args.text.concat();
-                    let mut messages = sample.messages;
-                    messages.push(Message {
-                        role: "assistant".into(),
-                        content: completion.clone(),
-                    });
-                    Trajectory {
-                        messages,
-                        completion,
-                        metadata: sample.metadata,
-                        turns: 1,
-                        truncated: false,
-                    }
-                }
+                None => Trajectory::single_turn(&args.sample()?, args.text.concat()),
             };
             let mut scorer = plugin.open_reward(&args.config).await?;
             let components = scorer.score(&trajectory).await?;

@@ -11,7 +11,7 @@
 //!
 //! The inputs are drawn from a fixed seed, so a report repeats exactly for the same file.
 
-use crate::plugin::{Fault, FaultKind, Message, Plugin, Role, Sample, Trajectory};
+use crate::plugin::{Fault, FaultKind, Plugin, Role, Sample, Trajectory};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -697,19 +697,11 @@ fn components_problem(components: &[crate::plugin::Component]) -> Option<String>
         .map(|w| format!("component `{}` twice", w[0]))
 }
 
-/// A trajectory of `sample` answered by `completion`.
+/// A trajectory of `sample` answered by `completion`, now and then cut off.
 fn trajectory(sample: &Sample, completion: String, rng: &mut SplitMix) -> Trajectory {
-    let mut messages = sample.messages.clone();
-    messages.push(Message {
-        role: "assistant".into(),
-        content: completion.clone(),
-    });
     Trajectory {
-        messages,
-        completion,
-        metadata: sample.metadata.clone(),
-        turns: 1,
         truncated: rng.below(8) == 0,
+        ..Trajectory::single_turn(sample, completion)
     }
 }
 

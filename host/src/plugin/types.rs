@@ -23,6 +23,24 @@ pub struct Trajectory {
     pub truncated: bool,
 }
 
+impl Trajectory {
+    /// `sample` answered in one assistant turn by `completion`, not cut off.
+    pub fn single_turn(sample: &Sample, completion: String) -> Trajectory {
+        let mut messages = sample.messages.clone();
+        messages.push(Message {
+            role: "assistant".into(),
+            content: completion.clone(),
+        });
+        Trajectory {
+            messages,
+            completion,
+            metadata: sample.metadata.clone(),
+            turns: 1,
+            truncated: false,
+        }
+    }
+}
+
 fn empty_object() -> serde_json::Value {
     serde_json::Value::Object(Default::default())
 }
