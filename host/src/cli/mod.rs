@@ -107,6 +107,27 @@ fn load_config(
     }
 }
 
+/// Opens what `loaded` names (plugins, tools, rewards, data), builds the built-in model
+/// when `model.path` names one (after `before_build`: it is the slow part), and loads the
+/// model.
+fn open_run(
+    loaded: crate::config::LoadedConfig,
+    plugins: &[std::path::PathBuf],
+    handle: &tokio::runtime::Handle,
+    quiet: bool,
+    before_build: &dyn Fn(),
+) -> anyhow::Result<crate::config::setup::Setup> {
+    let opened = crate::config::setup::Opened::open(loaded, plugins, handle)?;
+    let built = match opened.builtin()? {
+        Some(recipe) => {
+            before_build();
+            Some(opened.build(recipe, handle, quiet)?)
+        }
+        None => None,
+    };
+    opened.with_model(built.as_deref())
+}
+
 /// Logs go to stderr. The default shows warnings and what plugins print; `RUST_LOG`
 /// (e.g. `RUST_LOG=debug`) overrides it.
 fn init_logging(quiet: bool) {

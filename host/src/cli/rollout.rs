@@ -69,7 +69,7 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
         set.push(set_path("model.adapter", adapter)?);
     }
     let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
-    let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
+    let setup = super::open_run(loaded, &args.plugins, handle, quiet, &|| {})?;
     let c = &setup.loaded.config;
     let samples = match args.split {
         Split::Eval => {
@@ -280,7 +280,7 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
         set.push(set_path("model.adapter", adapter)?);
     }
     let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
-    let setup = Setup::open(loaded, &args.plugins, handle, quiet)?;
+    let setup = super::open_run(loaded, &args.plugins, handle, quiet, &|| {})?;
     let mut samples = handle.block_on(setup.dataset.eval_samples())?;
     if samples.is_empty() {
         bail!(

@@ -104,7 +104,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         }
         None => None,
     };
-    let train = loaded.config.train.clone();
+    let plan = loaded.config.train_plan(&loaded.path);
     std::fs::create_dir_all(&out)
         .with_context(|| format!("cannot create the run directory {}", out.display()))?;
     // The resolved config, as this run used it (on resume, the checks above ensured that
@@ -117,7 +117,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         &StatusHub::run_id(&loaded.path),
         &loaded.config.model.path.display().to_string(),
         &display(&loaded.path),
-        train.steps,
+        plan.steps,
     );
     let server = serve_status(&args, &hub)?;
     // The URL is shown once the config, plugins and data have checked out (a bad input
@@ -135,7 +135,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             hub.set_phase(Phase::WarmStart);
             announce();
         };
-        let mut setup = Setup::open_announcing(loaded, &args.plugins, handle, quiet, &warm_start)?;
+        let mut setup = super::open_run(loaded, &args.plugins, handle, quiet, &warm_start)?;
         announce();
         write_plugins(&out, &setup)?;
         // From here on an interruption has something to save.
@@ -147,7 +147,8 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             hub: &hub,
             interrupt: Some(interrupt::arm()),
         };
-        let outcome = trainer::train(&mut setup, &train, &run, handle);
+        let (lm, sources) = setup.train_parts();
+        let outcome = trainer::train(lm, sources, &plan, &run, handle);
         interrupt::disarm();
         outcome
     })();

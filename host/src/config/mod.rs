@@ -29,6 +29,7 @@
 pub mod builtin;
 mod ranges;
 pub mod setup;
+mod train;
 
 use crate::data::DataConfig;
 use crate::plugin::Limits;
@@ -36,6 +37,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+pub use train::TrainSection;
 
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,7 +59,7 @@ pub struct RunConfig {
     #[serde(default)]
     pub rewards: Vec<RewardSection>,
     #[serde(default)]
-    pub train: crate::rl::trainer::TrainSection,
+    pub train: TrainSection,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -1,16 +1,20 @@
-//! A checked config turned into working objects: the model (with its adapter), the
-//! plugins, the dataset, the rollout settings and the reward functions.
+//! A checked config turned into working objects: the plugins, the dataset, the tools and
+//! the reward functions ([`Opened`]), then the model with its adapter and the rollout
+//! settings ([`Setup`]). A built-in model is built between the two, as a step of the
+//! command that needs it.
 //!
 //! Everything a run needs is opened here, before the first rollout, so that a wrong path,
 //! a plugin without the role it is used for, or a plugin configuration it refuses stops
 //! the run at once with a message naming the config key, not after an hour of training.
 
 use super::{LoadedConfig, QuantizeKind};
+use crate::builtin::Recipe;
 use crate::data::{Dataset, PromptLimit};
 use crate::model::{LanguageModel, Mode, peft};
 use crate::plugin::{
     DirGrant, Grants, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache,
 };
+use crate::rl::trainer::Sources;
 use crate::rollout::engine::prompt_tokens;
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use crate::sample::Sample;
@@ -21,6 +25,23 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use tokio::runtime::Handle;
 
+/// A config's plugins, tools, rewards and data, opened and checked; its model not yet
+/// loaded. A `builtin:NAME` model is built (or found in the cache) from these as a step of
+/// its own ([`Opened::builtin`], [`Opened::build`]) before [`Opened::with_model`].
+pub struct Opened {
+    pub loaded: LoadedConfig,
+    /// By config name (a `--plugin` file by its own name).
+    pub plugins: BTreeMap<String, Plugin>,
+    pub dataset: Dataset,
+    pub rewards: Rewards,
+    trigger: Option<ToolSpec>,
+    environment: Option<ToolSpec>,
+    /// The task's name in messages: its dataset plugin or file.
+    task: String,
+}
+
+/// A config opened whole: [`Opened`] with its model loaded and the rollout settings
+/// resolved.
 pub struct Setup {
     pub loaded: LoadedConfig,
     pub lm: LanguageModel,
@@ -31,29 +52,16 @@ pub struct Setup {
     pub rewards: Rewards,
 }
 
-impl Setup {
-    /// Opens everything the config names. `extra_plugins` are `--plugin` files: each is
-    /// registered under its own name (replacing a config plugin of that name) and, if it
-    /// is a trigger or an environment, becomes the run's trigger or environment.
+impl Opened {
+    /// Opens everything the config names but the model. `extra_plugins` are `--plugin`
+    /// files: each is registered under its own name (replacing a config plugin of that
+    /// name) and, if it is a trigger or an environment, becomes the run's trigger or
+    /// environment.
     pub fn open(
         loaded: LoadedConfig,
         extra_plugins: &[PathBuf],
         handle: &Handle,
-        quiet: bool,
-    ) -> Result<Setup> {
-        Setup::open_announcing(loaded, extra_plugins, handle, quiet, &|| {})
-    }
-
-    /// [`Setup::open`], calling `before_builtin` once the config, plugins and data have
-    /// checked out and a built-in model is about to be built or loaded (the slow part:
-    /// `rlhost train` shows its status URL then, not before a config error).
-    pub fn open_announcing(
-        loaded: LoadedConfig,
-        extra_plugins: &[PathBuf],
-        handle: &Handle,
-        quiet: bool,
-        before_builtin: &dyn Fn(),
-    ) -> Result<Setup> {
+    ) -> Result<Opened> {
         let c = &loaded.config;
         let file = loaded.path.display().to_string();
         let plugins = handle.block_on(load_plugins(&loaded, extra_plugins))?;
@@ -126,7 +134,7 @@ impl Setup {
             Some(name) => Some(role("data.plugin", name, Role::Dataset)?),
             None => None,
         };
-        let mut dataset = handle
+        let dataset = handle
             .block_on(Dataset::open(
                 &c.data,
                 &loaded.base_dir,
@@ -134,32 +142,73 @@ impl Setup {
                 c.run.seed,
             ))
             .with_context(|| format!("{file}: [data]"))?;
+        let task = match (&data_plugin, &c.data.path) {
+            (Some(plugin), _) => plugin.name().to_string(),
+            (None, Some(path)) => path.display().to_string(),
+            (None, None) => "data".to_string(),
+        };
+        Ok(Opened {
+            loaded,
+            plugins,
+            dataset,
+            rewards,
+            trigger,
+            environment,
+            task,
+        })
+    }
 
-        let model_dir = match crate::builtin::recipe(&c.model.path)? {
-            Some(recipe) => {
-                before_builtin();
-                let task = match (&data_plugin, &c.data.path) {
-                    (Some(plugin), _) => plugin.name().to_string(),
-                    (None, Some(path)) => path.display().to_string(),
-                    (None, None) => "data".to_string(),
-                };
-                let inputs = crate::builtin::Inputs {
-                    dataset: &dataset,
-                    task: &task,
-                    trigger: trigger.as_ref(),
-                    seed: c.run.seed,
-                };
-                crate::builtin::ensure(
-                    recipe,
-                    &inputs,
-                    handle,
-                    &cache::default_dir().context(
-                        "no cache folder for the built-in model: set RLHOST_CACHE_DIR or HOME",
-                    )?,
-                    quiet,
-                )
-                .with_context(|| format!("{file}: model.path = \"{}\"", c.model.path.display()))?
-            }
+    /// The built-in model `model.path` names (`builtin:NAME`), or `None` for a model
+    /// directory.
+    pub fn builtin(&self) -> Result<Option<&'static Recipe>> {
+        let c = &self.loaded;
+        crate::builtin::recipe(&c.config.model.path).with_context(|| {
+            format!(
+                "{}: model.path = \"{}\"",
+                c.path.display(),
+                c.config.model.path.display()
+            )
+        })
+    }
+
+    /// Builds `recipe`'s model for this run's task and tool (tokenizer, weights and the
+    /// warm start), or finds it in the cache; its directory.
+    pub fn build(&self, recipe: &Recipe, handle: &Handle, quiet: bool) -> Result<PathBuf> {
+        let c = &self.loaded;
+        let inputs = crate::builtin::Inputs {
+            dataset: &self.dataset,
+            task: &self.task,
+            trigger: self.trigger.as_ref(),
+            seed: c.config.run.seed,
+        };
+        let cache_dir = cache::default_dir()
+            .context("no cache folder for the built-in model: set RLHOST_CACHE_DIR or HOME")?;
+        crate::builtin::ensure(recipe, &inputs, handle, &cache_dir, quiet).with_context(|| {
+            format!(
+                "{}: model.path = \"{}\"",
+                c.path.display(),
+                c.config.model.path.display()
+            )
+        })
+    }
+
+    /// Loads the model (from `built`, the built-in model's directory, else from
+    /// `model.path`) with its adapter and quantization, and resolves the rollout settings
+    /// against its tokenizer; every prompt is checked against the length limit.
+    pub fn with_model(self, built: Option<&Path>) -> Result<Setup> {
+        let Opened {
+            loaded,
+            plugins,
+            mut dataset,
+            rewards,
+            trigger,
+            environment,
+            task: _,
+        } = self;
+        let c = &loaded.config;
+        let file = loaded.path.display().to_string();
+        let model_dir = match built {
+            Some(dir) => dir.to_path_buf(),
             None => loaded.resolve(&c.model.path),
         };
         let mut lm = LanguageModel::open(&model_dir, &Device::Cpu)
@@ -221,10 +270,22 @@ impl Setup {
             rewards,
         })
     }
+}
 
+impl Setup {
     /// How rollouts run the model: with the adapter when there is one.
     pub fn mode(&self) -> Mode<'static> {
         Mode::INFERENCE
+    }
+
+    /// The model to train, and what the trainer samples from beside it.
+    pub fn train_parts(&mut self) -> (&mut LanguageModel, Sources<'_>) {
+        let sources = Sources {
+            dataset: &self.dataset,
+            settings: &self.settings,
+            rewards: &self.rewards,
+        };
+        (&mut self.lm, sources)
     }
 }
 

@@ -9,6 +9,36 @@
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+/// `train.algorithm`: where advantages come from.
+pub enum Algorithm {
+    /// The group-baseline family ([`Estimator`] says which).
+    Grpo,
+    /// A value head and GAE over token rewards.
+    Ppo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+/// PPO's critic: trained through the policy's adapter, or through one of its own (a
+/// second forward pass per micro-batch).
+pub enum Critic {
+    Shared,
+    Separate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+/// What to do with trajectories a length limit cut off.
+pub enum Overlong {
+    None,
+    /// Not trained on.
+    Filter,
+    /// DAPO's soft overlong punishment ([`overlong_penalty`]).
+    Penalty,
+}
+
 /// How advantages are estimated from a group's rewards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -2,10 +2,10 @@
 //! in the reward) → advantages per group → the clipped-surrogate update of the adapter;
 //! and the step's figures.
 
-use super::algorithms;
-use super::optim::{AdamW, lr_at};
+use super::algorithms::{self, Overlong};
+use super::optim::AdamW;
+use super::plan::{Advantages, TrainPlan};
 use super::producer::Batch;
-use super::trainer::{Algorithm, Overlong, TrainSection};
 use super::update::{Row, StepInputs, UpdateConfig, UpdateStats, sequence_kl, update};
 use super::value_head::ValueHead;
 use crate::model::Model;
@@ -24,11 +24,9 @@ pub struct Learner<'a> {
     /// PPO's value head.
     critic: Option<&'a ValueHead>,
     pub opt: AdamW,
-    train: &'a TrainSection,
+    plan: &'a TrainPlan,
+    /// The plan's update settings, with the terminal's progress bar.
     cfg: UpdateConfig,
-    max_total_tokens: usize,
-    /// The run's seed: each step's mini-batch shuffle and LoRA dropout derive from it.
-    seed: u64,
 }
 
 impl<'a> Learner<'a> {
@@ -36,19 +34,18 @@ impl<'a> Learner<'a> {
         model: &'a Model,
         critic: Option<&'a ValueHead>,
         opt: AdamW,
-        train: &'a TrainSection,
-        cfg: UpdateConfig,
-        max_total_tokens: usize,
-        seed: u64,
+        plan: &'a TrainPlan,
+        progress: Option<indicatif::ProgressBar>,
     ) -> Learner<'a> {
         Learner {
             model,
             critic,
             opt,
-            train,
-            cfg,
-            max_total_tokens,
-            seed,
+            plan,
+            cfg: UpdateConfig {
+                progress,
+                ..plan.update.clone()
+            },
         }
     }
 
@@ -56,32 +53,39 @@ impl<'a> Learner<'a> {
     /// and the groups as scored (with any overlong or KL components added).
     pub fn learn(&mut self, batch: &Batch, step: u64) -> Result<(StepMetrics, Vec<Group>)> {
         let t0 = Instant::now();
-        let t = self.train;
-        let lr = lr_at(step, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
+        let plan = self.plan;
+        let shaping = &plan.shaping;
+        let lr = plan.schedule.at(step, plan.steps);
         let mut groups = batch.groups.clone();
-        if t.overlong == Overlong::Penalty {
-            overlong_penalty(&mut groups, self.max_total_tokens, t.overlong_cache);
+        if shaping.overlong == Overlong::Penalty {
+            overlong_penalty(
+                &mut groups,
+                shaping.max_total_tokens,
+                shaping.overlong_cache,
+            );
         }
-        // PPO puts the KL into its token rewards itself (the update's GAE reads it there).
-        let kl_in_reward = if t.kl_in_reward && t.kl_coef > 0.0 && t.algorithm == Algorithm::Grpo {
-            Some(self.kl_into_rewards(&mut groups)?)
-        } else {
-            None
+        let kl_in_reward = match shaping.kl_penalty {
+            Some(beta) => Some(self.kl_into_rewards(&mut groups, beta)?),
+            None => None,
         };
         let rewards: Vec<Vec<f64>> = groups
             .iter()
             .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
             .collect();
         // PPO's advantages are per token, from the critic (the update computes them).
-        let advantages = match t.algorithm {
-            Algorithm::Grpo => algorithms::advantages(&rewards, t.estimator, t.scale(), t.adv_eps),
-            Algorithm::Ppo => vec![0.0; rewards.iter().map(Vec::len).sum()],
+        let advantages = match plan.advantages {
+            Advantages::Group {
+                estimator,
+                scale,
+                eps,
+            } => algorithms::advantages(&rewards, estimator, scale, eps),
+            Advantages::Critic(_) => vec![0.0; rewards.iter().map(Vec::len).sum()],
         };
         let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
         let rows: Vec<Row> = trajectories
             .iter()
             .zip(&advantages)
-            .filter(|(tr, _)| !(t.overlong == Overlong::Filter && tr.truncated))
+            .filter(|(tr, _)| !(shaping.overlong == Overlong::Filter && tr.truncated))
             .filter(|(tr, _)| tr.sampled_tokens() > 0)
             .map(|(tr, a)| Row {
                 trajectory: tr,
@@ -97,10 +101,10 @@ impl<'a> Learner<'a> {
                 .lora
                 .as_ref()
                 .is_some_and(|l| l.dropout > 0.0)
-                .then(|| Mutex::new(seeded(sample_seed(self.seed ^ 0xd0, step as usize, 0))));
+                .then(|| Mutex::new(seeded(sample_seed(plan.seed ^ 0xd0, step as usize, 0))));
             let inputs = StepInputs {
                 lr,
-                seed: sample_seed(self.seed ^ 0x5b, step as usize, 0),
+                seed: sample_seed(plan.seed ^ 0x5b, step as usize, 0),
                 dropout: dropout.as_ref(),
             };
             update(
@@ -127,7 +131,7 @@ impl<'a> Learner<'a> {
     }
 
     /// r ← r − β·Σ_t KL_t (component `kl_penalty`); returns the mean KL per token.
-    fn kl_into_rewards(&self, groups: &mut [Group]) -> Result<f64> {
+    fn kl_into_rewards(&self, groups: &mut [Group], beta: f64) -> Result<f64> {
         let all: Vec<&Trajectory> = groups
             .iter()
             .flat_map(|g| &g.trajectories)
@@ -149,7 +153,6 @@ impl<'a> Learner<'a> {
             .zip(&kls)
             .map(|(t, k)| ((t.sample_id, t.index), *k))
             .collect();
-        let beta = self.train.kl_coef;
         for t in groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()) {
             let k = by_key.get(&(t.sample_id, t.index)).copied().unwrap_or(0.0);
             t.rewards.insert("kl_penalty".into(), -beta * k);

@@ -1,11 +1,12 @@
 //! Training: the RL math ([`algorithms`]), the update of a batch ([`update`], [`optim`]),
 //! the trainer loop ([`trainer`], with its rollout producer, learner, run log and progress
-//! bars), checkpoints ([`checkpoint`]), and the supervised warm start ([`sft`]).
+//! bars, run as its resolved [`plan`] says), checkpoints ([`checkpoint`]), and the supervised warm start ([`sft`]).
 
 pub mod algorithms;
 pub mod checkpoint;
 mod learn;
 pub mod optim;
+pub mod plan;
 mod producer;
 mod progress;
 mod run_log;

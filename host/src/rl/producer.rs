@@ -7,17 +7,26 @@
 //! rounds.
 
 use super::algorithms;
-use super::trainer::TrainSection;
-use crate::config::setup::Setup;
-use crate::data::Cursor;
-use crate::model::Mode;
+use super::plan::TrainPlan;
+use crate::data::{Cursor, Dataset};
 use crate::model::generate::sample_seed;
 use crate::model::lora::AdapterSnapshot;
+use crate::model::{LanguageModel, Mode};
 use crate::rollout::queue::RolloutQueue;
-use crate::rollout::{BatchStats, Engine, Group};
+use crate::rollout::{BatchStats, Engine, Group, Rewards, RolloutSettings};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
+
+/// What a run samples with: its data, how rollouts run, and how they are scored (the
+/// config side opens them). The model goes beside them: the trainer first attaches or
+/// restores its adapter.
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    pub dataset: &'a Dataset,
+    pub settings: &'a RolloutSettings,
+    pub rewards: &'a Rewards,
+}
 
 /// A rollout batch as the producer hands it over.
 pub struct Batch {
@@ -65,13 +74,14 @@ pub struct ProducerOptions<'a> {
 /// Samples batches into `queue` until it closes or sampling fails (the trainer then sees
 /// the error at its next `pop`).
 pub fn produce(
-    setup: &Setup,
-    train: &TrainSection,
+    lm: &LanguageModel,
+    sources: Sources,
+    plan: &TrainPlan,
     queue: &RolloutQueue<Batch>,
     options: ProducerOptions,
     handle: &Handle,
 ) {
-    let mut engine = match Engine::new(&setup.lm, &setup.settings, &setup.rewards, handle.clone()) {
+    let mut engine = match Engine::new(lm, sources.settings, sources.rewards, handle.clone()) {
         Ok(e) => e,
         Err(e) => {
             queue.fail(format!("{e:#}"));
@@ -84,8 +94,7 @@ pub fn produce(
     if let Some(flag) = options.cancel {
         engine.set_cancel(flag);
     }
-    let seed = setup.loaded.config.run.seed;
-    let prompts = setup.loaded.config.rollout.prompts_per_step;
+    let b = &plan.batches;
     let mut cursor = options.cursor;
     let _ = queue.produce(options.step, |step, version| {
         // One snapshot for the whole batch (all resampling rounds): every trajectory is
@@ -103,16 +112,16 @@ pub fn produce(
             stats: BatchStats::default(),
             cursor,
         };
-        for round in 0..=train.max_resample {
-            let want = prompts - batch.groups.len();
-            let samples = handle.block_on(setup.dataset.next_batch(&mut cursor, want))?;
-            let seed = sample_seed(seed, step as usize, round);
+        for round in 0..=b.max_resample {
+            let want = b.prompts - batch.groups.len();
+            let samples = handle.block_on(sources.dataset.next_batch(&mut cursor, want))?;
+            let seed = sample_seed(plan.seed, step as usize, round);
             let (got, stats) = engine.run(&samples, seed, adapter.version, mode)?;
             batch.stats.add(&stats);
-            let (kept, dropped) = keep_groups(got, train.dynamic_sampling);
+            let (kept, dropped) = keep_groups(got, b.dynamic_sampling);
             batch.groups.extend(kept);
             batch.dropped += dropped;
-            if !train.dynamic_sampling || batch.groups.len() >= prompts {
+            if !b.dynamic_sampling || batch.groups.len() >= b.prompts {
                 break;
             }
         }

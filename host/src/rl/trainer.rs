@@ -12,17 +12,18 @@
 //! - Every seed is derived from (run seed, step), so a resumed run takes the same next
 //!   step as an uninterrupted one.
 
-use super::algorithms::{Aggregation, Estimator, KlEstimator, Scale};
+use super::algorithms::Critic;
 use super::checkpoint::{self, TrainerState};
 use super::learn::Learner;
-use super::optim::{AdamW, AdamWConfig};
+use super::optim::AdamW;
+use super::plan::{Advantages, EvalPlan, TrainPlan};
+pub use super::producer::Sources;
 use super::producer::{self, AdapterBoard, Batch, ProducerOptions};
 use super::progress::Progress;
 use super::run_log::RunLog;
-use super::update::{OldLogps, PpoConfig, UpdateConfig};
 use super::value_head::ValueHead;
-use crate::config::setup::Setup;
 use crate::data::Cursor;
+use crate::model::LanguageModel;
 use crate::model::lora::AdapterSnapshot;
 use crate::model::sample::SamplingParams;
 use crate::rollout::engine::ABANDONED;
@@ -33,194 +34,10 @@ use crate::sample::Sample;
 use crate::status::{EvalPoint, Phase, StatusHub};
 use crate::step::StepMetrics;
 use anyhow::{Result, bail};
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
-
-/// `[train]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainSection {
-    /// `grpo`: the group-baseline family (`estimator` says which); `ppo`: a value head
-    /// and GAE over token rewards.
-    pub algorithm: Algorithm,
-    /// Optimizer steps (one rollout batch each).
-    pub steps: u64,
-    pub lr: f64,
-    pub warmup_steps: u64,
-    /// The cosine schedule ends at `min_lr_ratio · lr`.
-    pub min_lr_ratio: f64,
-    pub weight_decay: f64,
-    pub max_grad_norm: f64,
-    /// Passes over each rollout batch (`updates_per_batch` is its former name).
-    #[serde(alias = "updates_per_batch")]
-    pub epochs_per_batch: usize,
-    /// Optimizer steps per pass: the batch is shuffled (seeded by run seed and step) into
-    /// this many nearly equal mini-batches.
-    pub mini_batches: usize,
-    /// The ratio's denominator when a batch takes more than one step: `recompute` (a
-    /// forward pass before the first step) or `sampler` (the log-probs the sampler kept).
-    pub old_logps: OldLogps,
-    pub micro_batch_tokens: usize,
-    /// Recompute each layer's activations in the backward instead of keeping them: about
-    /// a third more compute for most of the step's activation memory.
-    pub gradient_checkpointing: bool,
-    pub estimator: Estimator,
-    /// What the baseline-centred rewards are divided by: `group` std, `batch` std or
-    /// `none` (default: the estimator's own, `group` for grpo and `none` for the others).
-    pub scale_rewards: Option<Scale>,
-    /// Added to the std before dividing (TRL's 1e-4).
-    pub adv_eps: f64,
-    pub clip_low: f64,
-    pub clip_high: f64,
-    pub aggregation: Aggregation,
-    /// Dr. GRPO's constant for `seq-mean-token-sum-norm` (0: rollout.max_total_tokens).
-    pub norm_constant: f64,
-    pub kl_coef: f64,
-    /// The KL estimator in the loss (k3, TRL's and RL2's loss default).
-    pub kl_estimator: KlEstimator,
-    /// The KL estimator in the reward when `kl_in_reward` (k1, as RL2, TRL's RLOO and
-    /// verl put in the reward).
-    pub kl_reward_estimator: KlEstimator,
-    /// Put the KL penalty in the reward (r − β·Σ_t KL_t, component `kl_penalty`, before
-    /// advantages) instead of the loss.
-    pub kl_in_reward: bool,
-    /// DAPO: drop groups whose rewards are all equal and sample more prompts.
-    pub dynamic_sampling: bool,
-    /// Extra rollout rounds dynamic sampling may take per step.
-    pub max_resample: usize,
-    /// What to do with trajectories a length limit cut off: `none`, `filter` (not
-    /// trained on) or `penalty` (DAPO's soft overlong punishment, component `overlong`).
-    pub overlong: Overlong,
-    /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
-    pub overlong_cache: usize,
-    pub tis_cap: f64,
-    /// PPO: GAE's discount γ and λ.
-    pub gamma: f64,
-    pub lam: f64,
-    /// PPO: the value loss's weight (the critic trains through the shared adapter).
-    pub vf_coef: f64,
-    /// PPO: how far a value may move from the old value before its loss is clipped.
-    pub value_clip: f64,
-    /// PPO: whiten advantages over the batch's action tokens.
-    pub whiten_advantages: bool,
-    /// PPO: the critic trains through the policy's adapter (`shared`) or one of its own
-    /// (`separate`: a second forward pass per micro-batch).
-    pub critic: Critic,
-    /// Evaluate on the held-out split every this many steps and at the end (0: never):
-    /// greedy, one sample per prompt, with the run's tools and rewards. Adds
-    /// `eval_accuracy`, `eval_reward` and `eval_tool_use` to that step's metrics.
-    pub eval_every: u64,
-    /// Held-out prompts per evaluation (0: the whole split).
-    pub eval_prompts: usize,
-    /// Write a checkpoint every this many steps (and at the end).
-    pub save_every: u64,
-    pub keep_last: usize,
-}
-
-impl TrainSection {
-    /// The advantages' scale: the one set, else the estimator's own.
-    pub fn scale(&self) -> Scale {
-        self.scale_rewards
-            .unwrap_or_else(|| self.estimator.default_scale())
-    }
-
-    /// What serde and the ranges cannot check: settings that contradict each other or
-    /// the rollout batch of `batch` trajectories.
-    pub fn check(&self, batch: usize) -> std::result::Result<(), String> {
-        let scale = format!("{:?}", self.scale()).to_lowercase();
-        if self.algorithm == Algorithm::Ppo && self.scale_rewards.is_some() {
-            return Err(format!(
-                "train.scale_rewards = \"{scale}\" with algorithm = \"ppo\": PPO's advantages come from the critic (whiten them with whiten_advantages); drop scale_rewards"
-            ));
-        }
-        if self.algorithm == Algorithm::Grpo
-            && self.estimator == Estimator::DrGrpo
-            && self.scale() != Scale::None
-        {
-            return Err(format!(
-                "train.estimator = \"dr-grpo\" with scale_rewards = \"{scale}\": Dr. GRPO is GRPO without the std; use estimator = \"grpo\" to divide by it, or drop scale_rewards"
-            ));
-        }
-        if self.mini_batches > batch {
-            return Err(format!(
-                "train.mini_batches = {} is more than the {batch} trajectories of a rollout batch (rollout.prompts_per_step × group_size); lower it",
-                self.mini_batches
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    Grpo,
-    Ppo,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Critic {
-    Shared,
-    Separate,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Overlong {
-    None,
-    Filter,
-    Penalty,
-}
-
-impl Default for TrainSection {
-    fn default() -> Self {
-        TrainSection {
-            algorithm: Algorithm::Grpo,
-            steps: 100,
-            lr: 1e-5,
-            warmup_steps: 0,
-            min_lr_ratio: 0.0,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            epochs_per_batch: 1,
-            mini_batches: 1,
-            old_logps: OldLogps::Recompute,
-            micro_batch_tokens: 4096,
-            gradient_checkpointing: false,
-            estimator: Estimator::Grpo,
-            scale_rewards: None,
-            adv_eps: 1e-4,
-            clip_low: 0.2,
-            clip_high: 0.28,
-            aggregation: Aggregation::TokenMean,
-            norm_constant: 0.0,
-            kl_coef: 0.0,
-            kl_estimator: KlEstimator::K3,
-            kl_reward_estimator: KlEstimator::K1,
-            kl_in_reward: false,
-            dynamic_sampling: false,
-            max_resample: 2,
-            overlong: Overlong::None,
-            overlong_cache: 0,
-            tis_cap: 2.0,
-            // TRL's PPO defaults.
-            gamma: 1.0,
-            lam: 0.95,
-            vf_coef: 0.1,
-            value_clip: 0.2,
-            whiten_advantages: true,
-            critic: Critic::Shared,
-            eval_every: 0,
-            eval_prompts: 64,
-            save_every: 10,
-            keep_last: 3,
-        }
-    }
-}
 
 /// Where and how one `rlhost train` invocation runs.
 pub struct RunOptions<'a> {
@@ -255,48 +72,37 @@ pub struct Outcome {
     pub eval_start: Option<EvalReport>,
 }
 
-/// Runs `[train]` from `setup` as `run` says: each step samples a batch (the producer
-/// thread), scores it, computes advantages and updates the adapter (the [`Learner`]),
-/// evaluates on the held-out split when due, publishes the step's record, and writes a
-/// checkpoint when due.
+/// Trains `lm` as `plan` says, sampling from `sources`, and `run` says where: each step
+/// samples a batch (the producer thread), scores it, computes advantages and updates the
+/// adapter (the [`Learner`]), evaluates on the held-out split when due, publishes the
+/// step's record, and writes a checkpoint when due.
 pub fn train(
-    setup: &mut Setup,
-    train: &TrainSection,
+    lm: &mut LanguageModel,
+    sources: Sources,
+    plan: &TrainPlan,
     run: &RunOptions,
     handle: &Handle,
 ) -> Result<Outcome> {
-    let (state, opt, critic) = restore(setup, train, run.resume)?;
+    let (state, opt, critic) = restore(lm, plan, run.resume)?;
+    let lm: &LanguageModel = lm;
     let mut log = RunLog::open(run.out_dir, run.resume.map(|_| state.step))?;
-    let held_out = HeldOut::prepare(setup, train, handle)?;
+    let held_out = HeldOut::prepare(sources, plan, handle)?;
     run.hub.resume_at(state.step);
-    let eval_start = held_out.at_start(setup, run, state.step, handle)?;
-    let setup: &Setup = setup;
-    let c = &setup.loaded.config;
-    let queue = RolloutQueue::new(
-        c.rollout.queue_capacity,
-        c.rollout.max_staleness,
-        state.step,
-    );
-    let progress = Progress::new(state.step, train.steps, run.quiet);
-    let mut learner = Learner::new(
-        &setup.lm.model,
-        critic.as_ref(),
-        opt,
-        train,
-        update_config(setup, train, progress.update_bar()),
-        c.rollout.max_total_tokens,
-        c.run.seed,
-    );
+    let eval_start = held_out.at_start(lm, sources, run, state.step, handle)?;
+    let b = &plan.batches;
+    let queue = RolloutQueue::new(b.queue_capacity, b.max_staleness, state.step);
+    let progress = Progress::new(state.step, plan.steps, run.quiet);
+    let mut learner = Learner::new(&lm.model, critic.as_ref(), opt, plan, progress.update_bar());
     let saver = Saver {
-        setup,
+        lm,
         run,
-        train,
+        plan,
         critic: critic.as_ref(),
     };
-    let adapters = AdapterBoard::new(AdapterSnapshot::take(&setup.lm.model, state.step)?);
+    let adapters = AdapterBoard::new(AdapterSnapshot::take(&lm.model, state.step)?);
     let last = run
         .stop_after
-        .map_or(train.steps, |n| (state.step + n).min(train.steps));
+        .map_or(plan.steps, |n| (state.step + n).min(plan.steps));
     let mut outcome = Outcome {
         eval_start,
         ..Outcome::default()
@@ -312,7 +118,7 @@ pub fn train(
                 cancel: run.interrupt,
                 adapters: &adapters,
             };
-            producer::produce(setup, train, &queue, options, handle)
+            producer::produce(lm, sources, plan, &queue, options, handle)
         });
         let result = (|| -> Result<()> {
             for step in state.step..last {
@@ -332,22 +138,22 @@ pub fn train(
                 run.hub.set_phase(Phase::Update);
                 progress.phase("updating the adapter");
                 let (mut m, scored) = learner.learn(&batch, step)?;
-                adapters.publish(AdapterSnapshot::take(&setup.lm.model, step + 1)?);
+                adapters.publish(AdapterSnapshot::take(&lm.model, step + 1)?);
                 queue.publish(step + 1);
                 (m.rollout_s, m.step_s) = (rollout_s, t0.elapsed().as_secs_f64());
                 let done = step + 1;
                 if held_out.due(done, last) {
                     run.hub.set_phase(Phase::Eval);
                     progress.phase("evaluating on the held-out split");
-                    held_out.evaluate_into(&mut m, setup, handle)?;
+                    held_out.evaluate_into(&mut m, lm, sources, handle)?;
                 }
                 log.write(&m)?;
                 run.hub
                     .step(&m, scored.iter().flat_map(|g| &g.trajectories));
-                progress.step(&m, train.steps);
+                progress.step(&m, plan.steps);
                 outcome.metrics.push(m);
                 let stop = interrupted(run);
-                if done.is_multiple_of(train.save_every.max(1)) || done == last || stop {
+                if done.is_multiple_of(plan.saves.every) || done == last || stop {
                     outcome.checkpoint = Some(saver.save(&learner.opt, done, batch.cursor)?);
                     unsaved = None;
                 } else {
@@ -397,111 +203,48 @@ fn next_batch(queue: &RolloutQueue<Batch>, run: &RunOptions) -> Result<Option<Ba
 /// The adapter, optimizer, position and (PPO) value head to start from: a checkpoint's,
 /// or a fresh adapter (unless the model came with one) at step 0.
 fn restore(
-    setup: &mut Setup,
-    train: &TrainSection,
+    lm: &mut LanguageModel,
+    plan: &TrainPlan,
     resume: Option<&Path>,
 ) -> Result<(TrainerState, AdamW, Option<ValueHead>)> {
     let mut state = TrainerState::default();
     match resume {
-        Some(dir) => state = checkpoint::load_into(dir, &mut setup.lm.model)?,
-        None if setup.lm.model.lora.is_none() => {
-            let c = &setup.loaded.config;
-            setup
-                .lm
-                .model
-                .attach_lora(&c.lora.to_config(), c.run.seed)?;
-        }
+        Some(dir) => state = checkpoint::load_into(dir, &mut lm.model)?,
+        None if lm.model.lora.is_none() => lm.model.attach_lora(&plan.lora, plan.seed)?,
         None => {}
     }
-    let model = &setup.lm.model;
-    let critic = match train.algorithm {
-        Algorithm::Ppo => {
-            let seed = setup.loaded.config.run.seed ^ 0xc1;
-            let head = ValueHead::new(model, train.critic == Critic::Separate, seed)?;
+    let model = &lm.model;
+    let critic = match plan.advantages {
+        Advantages::Critic(kind) => {
+            let head = ValueHead::new(model, kind == Critic::Separate, plan.seed ^ 0xc1)?;
             if let Some(dir) = resume {
                 head.load(dir)?;
             }
             Some(head)
         }
-        Algorithm::Grpo => None,
+        Advantages::Group { .. } => None,
     };
     let mut params = model.lora_vars();
     params.extend(critic.iter().flat_map(ValueHead::vars));
-    let mut opt = AdamW::new(
-        params,
-        AdamWConfig {
-            weight_decay: train.weight_decay,
-            ..AdamWConfig::default()
-        },
-    )?;
+    let mut opt = AdamW::new(params, plan.optimizer)?;
     if let Some(dir) = resume {
         checkpoint::load_optimizer(dir, &mut opt, state.optimizer_step)?;
     }
-    if state.step >= train.steps {
+    if state.step >= plan.steps {
         bail!(
             "the checkpoint is at step {} and train.steps is {}: nothing left to do (raise train.steps to continue)",
             state.step,
-            train.steps
+            plan.steps
         );
     }
     Ok((state, opt, critic))
 }
 
-/// `[train]`'s update settings.
-fn update_config(
-    setup: &Setup,
-    train: &TrainSection,
-    progress: Option<indicatif::ProgressBar>,
-) -> UpdateConfig {
-    UpdateConfig {
-        clip_low: train.clip_low,
-        clip_high: train.clip_high,
-        aggregation: train.aggregation,
-        norm_constant: if train.norm_constant > 0.0 {
-            train.norm_constant
-        } else {
-            setup.loaded.config.rollout.max_total_tokens as f64
-        },
-        // In the reward or in the loss, never both.
-        kl_coef: if train.kl_in_reward {
-            0.0
-        } else {
-            train.kl_coef
-        },
-        kl_estimator: train.kl_estimator,
-        reward_kl_estimator: train.kl_reward_estimator,
-        // The sampler records log-probs at its temperature, and at 1 when greedy.
-        temperature: match setup.settings.sampling.temperature {
-            t if t > 0.0 => f64::from(t),
-            _ => 1.0,
-        },
-        tis_cap: train.tis_cap,
-        max_grad_norm: train.max_grad_norm,
-        micro_batch_tokens: train.micro_batch_tokens,
-        mini_batches: train.mini_batches,
-        epochs: train.epochs_per_batch,
-        old_logps: train.old_logps,
-        ppo: (train.algorithm == Algorithm::Ppo).then_some(PpoConfig {
-            gamma: train.gamma,
-            lam: train.lam,
-            vf_coef: train.vf_coef,
-            value_clip: train.value_clip,
-            whiten: train.whiten_advantages,
-            kl_reward_coef: if train.kl_in_reward {
-                train.kl_coef
-            } else {
-                0.0
-            },
-        }),
-        progress,
-    }
-}
-
 /// Writes checkpoints of this run and tells the status server.
 struct Saver<'a> {
-    setup: &'a Setup,
+    lm: &'a LanguageModel,
     run: &'a RunOptions<'a>,
-    train: &'a TrainSection,
+    plan: &'a TrainPlan,
     critic: Option<&'a ValueHead>,
 }
 
@@ -512,16 +255,16 @@ impl Saver<'_> {
             step: done,
             optimizer_step: opt.step,
             cursor,
-            seed: self.setup.loaded.config.run.seed,
+            seed: self.plan.seed,
         };
         let out_dir = self.run.out_dir;
         let dir = checkpoint::save(
             out_dir,
-            &self.setup.lm,
+            self.lm,
             self.critic,
             opt,
             &state,
-            self.train.keep_last,
+            self.plan.saves.keep_last,
         )?;
         let shown = dir.strip_prefix(out_dir).unwrap_or(&dir);
         self.run.hub.checkpoint(&shown.display().to_string());
@@ -532,24 +275,27 @@ impl Saver<'_> {
 /// Evaluation on the held-out split every `train.eval_every` steps and at the end:
 /// greedy, one sample per prompt, with the run's tools and rewards.
 struct HeldOut {
-    every: u64,
+    plan: EvalPlan,
+    /// The run's seed, which the engine derives each prompt's seed from.
+    seed: u64,
     samples: Vec<(u64, Sample)>,
     settings: RolloutSettings,
 }
 
 impl HeldOut {
-    fn prepare(setup: &Setup, train: &TrainSection, handle: &Handle) -> Result<HeldOut> {
-        let samples = if train.eval_every > 0 {
-            let mut s = handle.block_on(setup.dataset.eval_samples())?;
+    fn prepare(sources: Sources, train: &TrainPlan, handle: &Handle) -> Result<HeldOut> {
+        let plan = &train.eval;
+        let samples = if plan.every > 0 {
+            let mut s = handle.block_on(sources.dataset.eval_samples())?;
             if s.is_empty() {
                 bail!(
                     "{}: train.eval_every = {} but the held-out split is empty; set data.eval_size (or eval_fraction, eval_path), or eval_every = 0",
-                    setup.loaded.path.display(),
-                    train.eval_every
+                    train.source,
+                    plan.every
                 );
             }
-            if train.eval_prompts > 0 {
-                s.truncate(train.eval_prompts);
+            if plan.prompts > 0 {
+                s.truncate(plan.prompts);
             }
             s
         } else {
@@ -559,12 +305,13 @@ impl HeldOut {
             group_size: 1,
             sampling: SamplingParams {
                 temperature: 0.0,
-                ..setup.settings.sampling.clone()
+                ..sources.settings.sampling.clone()
             },
-            ..setup.settings.clone()
+            ..sources.settings.clone()
         };
         Ok(HeldOut {
-            every: train.eval_every,
+            plan: *plan,
+            seed: train.seed,
             samples,
             settings,
         })
@@ -572,7 +319,8 @@ impl HeldOut {
 
     /// Whether step `done` (1-based) evaluates; `last` is this call's last step.
     fn due(&self, done: u64, last: u64) -> bool {
-        self.every > 0 && (done.is_multiple_of(self.every) || done == last)
+        let every = self.plan.every;
+        every > 0 && (done.is_multiple_of(every) || done == last)
     }
 
     /// The model before the first update, evaluated when the run starts at step 0 and
@@ -580,12 +328,13 @@ impl HeldOut {
     /// when it was resumed.
     fn at_start(
         &self,
-        setup: &Setup,
+        lm: &LanguageModel,
+        sources: Sources,
         run: &RunOptions,
         step: u64,
         handle: &Handle,
     ) -> Result<Option<EvalReport>> {
-        if self.every == 0 {
+        if self.plan.every == 0 {
             return Ok(None);
         }
         let path = run.out_dir.join(EVAL_START);
@@ -602,7 +351,7 @@ impl HeldOut {
                 self.samples.len()
             );
         }
-        let report = self.evaluate(setup, handle)?;
+        let report = self.evaluate(lm, sources, handle)?;
         run.hub.eval_start(&EvalPoint {
             step: 0,
             accuracy: report.accuracy,
@@ -614,14 +363,18 @@ impl HeldOut {
     }
 
     /// Greedy rollouts of the held-out prompts with the current adapter.
-    fn evaluate(&self, setup: &Setup, handle: &Handle) -> Result<EvalReport> {
-        let engine = Engine::new(&setup.lm, &self.settings, &setup.rewards, handle.clone())?;
-        let c = &setup.loaded.config;
+    fn evaluate(
+        &self,
+        lm: &LanguageModel,
+        sources: Sources,
+        handle: &Handle,
+    ) -> Result<EvalReport> {
+        let engine = Engine::new(lm, &self.settings, sources.rewards, handle.clone())?;
         let (r, _) = evaluate(
             &engine,
             &self.samples,
-            c.rollout.prompts_per_step,
-            c.run.seed,
+            self.plan.prompts_per_call,
+            self.seed,
             crate::model::Mode::INFERENCE,
             |_, _| {},
         )?;
@@ -629,8 +382,14 @@ impl HeldOut {
     }
 
     /// Adds `eval_accuracy`, `eval_reward`, `eval_tool_use` and `eval_s` to `m`.
-    fn evaluate_into(&self, m: &mut StepMetrics, setup: &Setup, handle: &Handle) -> Result<()> {
-        let r = self.evaluate(setup, handle)?;
+    fn evaluate_into(
+        &self,
+        m: &mut StepMetrics,
+        lm: &LanguageModel,
+        sources: Sources,
+        handle: &Handle,
+    ) -> Result<()> {
+        let r = self.evaluate(lm, sources, handle)?;
         m.eval_accuracy = r.accuracy;
         m.eval_reward = Some(r.reward_mean);
         m.eval_tool_use = Some(r.tool_use_rate);
@@ -654,7 +413,12 @@ mod tests {
     #[test]
     fn held_out_evaluation_is_due_every_n_steps_and_at_the_end() {
         let held_out = |every| HeldOut {
-            every,
+            plan: EvalPlan {
+                every,
+                prompts: 0,
+                prompts_per_call: 1,
+            },
+            seed: 0,
             samples: Vec::new(),
             settings: RolloutSettings {
                 group_size: 1,

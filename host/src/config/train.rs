@@ -1,0 +1,330 @@
+//! `[train]` as the user wrote it, its checks, and its one conversion into the trainer's
+//! [`TrainPlan`] (with the run, rollout, sampling and LoRA settings it depends on).
+
+use super::RunConfig;
+use crate::rl::algorithms::{
+    Aggregation, Algorithm, Critic, Estimator, KlEstimator, Overlong, Scale,
+};
+use crate::rl::optim::AdamWConfig;
+use crate::rl::plan::{Advantages, Batches, EvalPlan, Saves, Schedule, Shaping, TrainPlan};
+use crate::rl::update::{OldLogps, PpoConfig, UpdateConfig};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// `[train]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// `grpo`: the group-baseline family (`estimator` says which); `ppo`: a value head
+    /// and GAE over token rewards.
+    pub algorithm: Algorithm,
+    /// Optimizer steps (one rollout batch each).
+    pub steps: u64,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    /// The cosine schedule ends at `min_lr_ratio · lr`.
+    pub min_lr_ratio: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    /// Passes over each rollout batch (`updates_per_batch` is its former name).
+    #[serde(alias = "updates_per_batch")]
+    pub epochs_per_batch: usize,
+    /// Optimizer steps per pass: the batch is shuffled (seeded by run seed and step) into
+    /// this many nearly equal mini-batches.
+    pub mini_batches: usize,
+    /// The ratio's denominator when a batch takes more than one step: `recompute` (a
+    /// forward pass before the first step) or `sampler` (the log-probs the sampler kept).
+    pub old_logps: OldLogps,
+    pub micro_batch_tokens: usize,
+    /// Recompute each layer's activations in the backward instead of keeping them: about
+    /// a third more compute for most of the step's activation memory.
+    pub gradient_checkpointing: bool,
+    pub estimator: Estimator,
+    /// What the baseline-centred rewards are divided by: `group` std, `batch` std or
+    /// `none` (default: the estimator's own, `group` for grpo and `none` for the others).
+    pub scale_rewards: Option<Scale>,
+    /// Added to the std before dividing (TRL's 1e-4).
+    pub adv_eps: f64,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub aggregation: Aggregation,
+    /// Dr. GRPO's constant for `seq-mean-token-sum-norm` (0: rollout.max_total_tokens).
+    pub norm_constant: f64,
+    pub kl_coef: f64,
+    /// The KL estimator in the loss (k3, TRL's and RL2's loss default).
+    pub kl_estimator: KlEstimator,
+    /// The KL estimator in the reward when `kl_in_reward` (k1, as RL2, TRL's RLOO and
+    /// verl put in the reward).
+    pub kl_reward_estimator: KlEstimator,
+    /// Put the KL penalty in the reward (r − β·Σ_t KL_t, component `kl_penalty`, before
+    /// advantages) instead of the loss.
+    pub kl_in_reward: bool,
+    /// DAPO: drop groups whose rewards are all equal and sample more prompts.
+    pub dynamic_sampling: bool,
+    /// Extra rollout rounds dynamic sampling may take per step.
+    pub max_resample: usize,
+    /// What to do with trajectories a length limit cut off: `none`, `filter` (not
+    /// trained on) or `penalty` (DAPO's soft overlong punishment, component `overlong`).
+    pub overlong: Overlong,
+    /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
+    pub overlong_cache: usize,
+    pub tis_cap: f64,
+    /// PPO: GAE's discount γ and λ.
+    pub gamma: f64,
+    pub lam: f64,
+    /// PPO: the value loss's weight (the critic trains through the shared adapter).
+    pub vf_coef: f64,
+    /// PPO: how far a value may move from the old value before its loss is clipped.
+    pub value_clip: f64,
+    /// PPO: whiten advantages over the batch's action tokens.
+    pub whiten_advantages: bool,
+    /// PPO: the critic trains through the policy's adapter (`shared`) or one of its own
+    /// (`separate`: a second forward pass per micro-batch).
+    pub critic: Critic,
+    /// Evaluate on the held-out split every this many steps and at the end (0: never):
+    /// greedy, one sample per prompt, with the run's tools and rewards. Adds
+    /// `eval_accuracy`, `eval_reward` and `eval_tool_use` to that step's metrics.
+    pub eval_every: u64,
+    /// Held-out prompts per evaluation (0: the whole split).
+    pub eval_prompts: usize,
+    /// Write a checkpoint every this many steps (and at the end).
+    pub save_every: u64,
+    pub keep_last: usize,
+}
+
+impl TrainSection {
+    /// The advantages' scale: the one set, else the estimator's own.
+    pub fn scale(&self) -> Scale {
+        self.scale_rewards
+            .unwrap_or_else(|| self.estimator.default_scale())
+    }
+
+    /// What serde and the ranges cannot check: settings that contradict each other or
+    /// the rollout batch of `batch` trajectories.
+    pub fn check(&self, batch: usize) -> std::result::Result<(), String> {
+        let scale = format!("{:?}", self.scale()).to_lowercase();
+        if self.algorithm == Algorithm::Ppo && self.scale_rewards.is_some() {
+            return Err(format!(
+                "train.scale_rewards = \"{scale}\" with algorithm = \"ppo\": PPO's advantages come from the critic (whiten them with whiten_advantages); drop scale_rewards"
+            ));
+        }
+        if self.algorithm == Algorithm::Grpo
+            && self.estimator == Estimator::DrGrpo
+            && self.scale() != Scale::None
+        {
+            return Err(format!(
+                "train.estimator = \"dr-grpo\" with scale_rewards = \"{scale}\": Dr. GRPO is GRPO without the std; use estimator = \"grpo\" to divide by it, or drop scale_rewards"
+            ));
+        }
+        if self.mini_batches > batch {
+            return Err(format!(
+                "train.mini_batches = {} is more than the {batch} trajectories of a rollout batch (rollout.prompts_per_step × group_size); lower it",
+                self.mini_batches
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            algorithm: Algorithm::Grpo,
+            steps: 100,
+            lr: 1e-5,
+            warmup_steps: 0,
+            min_lr_ratio: 0.0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            epochs_per_batch: 1,
+            mini_batches: 1,
+            old_logps: OldLogps::Recompute,
+            micro_batch_tokens: 4096,
+            gradient_checkpointing: false,
+            estimator: Estimator::Grpo,
+            scale_rewards: None,
+            adv_eps: 1e-4,
+            clip_low: 0.2,
+            clip_high: 0.28,
+            aggregation: Aggregation::TokenMean,
+            norm_constant: 0.0,
+            kl_coef: 0.0,
+            kl_estimator: KlEstimator::K3,
+            kl_reward_estimator: KlEstimator::K1,
+            kl_in_reward: false,
+            dynamic_sampling: false,
+            max_resample: 2,
+            overlong: Overlong::None,
+            overlong_cache: 0,
+            tis_cap: 2.0,
+            // TRL's PPO defaults.
+            gamma: 1.0,
+            lam: 0.95,
+            vf_coef: 0.1,
+            value_clip: 0.2,
+            whiten_advantages: true,
+            critic: Critic::Shared,
+            eval_every: 0,
+            eval_prompts: 64,
+            save_every: 10,
+            keep_last: 3,
+        }
+    }
+}
+
+impl RunConfig {
+    /// The trainer's settings: `[train]` resolved against the run, rollout, sampling and
+    /// LoRA sections (`source` names the config in the trainer's messages).
+    pub fn train_plan(&self, source: &Path) -> TrainPlan {
+        let t = &self.train;
+        let r = &self.rollout;
+        TrainPlan {
+            steps: t.steps,
+            seed: self.run.seed,
+            lora: self.lora.to_config(),
+            schedule: Schedule {
+                lr: t.lr,
+                warmup_steps: t.warmup_steps,
+                min_lr_ratio: t.min_lr_ratio,
+            },
+            optimizer: AdamWConfig {
+                weight_decay: t.weight_decay,
+                ..AdamWConfig::default()
+            },
+            batches: Batches {
+                prompts: r.prompts_per_step,
+                queue_capacity: r.queue_capacity,
+                max_staleness: r.max_staleness,
+                dynamic_sampling: t.dynamic_sampling,
+                max_resample: t.max_resample,
+            },
+            shaping: Shaping {
+                overlong: t.overlong,
+                overlong_cache: t.overlong_cache,
+                max_total_tokens: r.max_total_tokens,
+                // PPO puts the KL into its token rewards itself (the update's GAE reads it
+                // there).
+                kl_penalty: (t.kl_in_reward && t.kl_coef > 0.0 && t.algorithm == Algorithm::Grpo)
+                    .then_some(t.kl_coef),
+            },
+            advantages: match t.algorithm {
+                Algorithm::Grpo => Advantages::Group {
+                    estimator: t.estimator,
+                    scale: t.scale(),
+                    eps: t.adv_eps,
+                },
+                Algorithm::Ppo => Advantages::Critic(t.critic),
+            },
+            update: self.update_config(),
+            eval: EvalPlan {
+                every: t.eval_every,
+                prompts: t.eval_prompts,
+                prompts_per_call: r.prompts_per_step,
+            },
+            saves: Saves {
+                every: t.save_every.max(1),
+                keep_last: t.keep_last,
+            },
+            source: source.display().to_string(),
+        }
+    }
+
+    /// `[train]`'s update settings.
+    fn update_config(&self) -> UpdateConfig {
+        let t = &self.train;
+        UpdateConfig {
+            clip_low: t.clip_low,
+            clip_high: t.clip_high,
+            aggregation: t.aggregation,
+            norm_constant: if t.norm_constant > 0.0 {
+                t.norm_constant
+            } else {
+                self.rollout.max_total_tokens as f64
+            },
+            // In the reward or in the loss, never both.
+            kl_coef: if t.kl_in_reward { 0.0 } else { t.kl_coef },
+            kl_estimator: t.kl_estimator,
+            reward_kl_estimator: t.kl_reward_estimator,
+            // The sampler records log-probs at its temperature, and at 1 when greedy.
+            temperature: match self.sampling.temperature {
+                t if t > 0.0 => f64::from(t),
+                _ => 1.0,
+            },
+            tis_cap: t.tis_cap,
+            max_grad_norm: t.max_grad_norm,
+            micro_batch_tokens: t.micro_batch_tokens,
+            mini_batches: t.mini_batches,
+            epochs: t.epochs_per_batch,
+            old_logps: t.old_logps,
+            ppo: (t.algorithm == Algorithm::Ppo).then_some(PpoConfig {
+                gamma: t.gamma,
+                lam: t.lam,
+                vf_coef: t.vf_coef,
+                value_clip: t.value_clip,
+                whiten: t.whiten_advantages,
+                kl_reward_coef: if t.kl_in_reward { t.kl_coef } else { 0.0 },
+            }),
+            progress: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(sets: &[&str]) -> TrainPlan {
+        let text = "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n[rollout]\nmax_total_tokens = 300\n";
+        super::super::parse(
+            text,
+            &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap()
+        .train_plan(Path::new("run.toml"))
+    }
+
+    #[test]
+    fn the_kl_goes_into_the_reward_or_the_loss_never_both() {
+        let p = plan(&["train.kl_coef=0.05"]);
+        assert_eq!((p.shaping.kl_penalty, p.update.kl_coef), (None, 0.05));
+        let p = plan(&["train.kl_coef=0.05", "train.kl_in_reward=true"]);
+        assert_eq!((p.shaping.kl_penalty, p.update.kl_coef), (Some(0.05), 0.0));
+        // PPO puts it in its token rewards, through the update.
+        let p = plan(&[
+            "train.kl_coef=0.05",
+            "train.kl_in_reward=true",
+            "train.algorithm=\"ppo\"",
+        ]);
+        assert_eq!((p.shaping.kl_penalty, p.update.kl_coef), (None, 0.0));
+        assert_eq!(p.update.ppo.map(|c| c.kl_reward_coef), Some(0.05));
+    }
+
+    #[test]
+    fn advantages_follow_the_algorithm_and_the_estimators_own_scale() {
+        let p = plan(&["train.estimator=\"rloo\""]);
+        assert_eq!(
+            p.advantages,
+            Advantages::Group {
+                estimator: Estimator::Rloo,
+                scale: Scale::None,
+                eps: 1e-4
+            }
+        );
+        assert!(p.update.ppo.is_none());
+        let p = plan(&["train.algorithm=\"ppo\"", "train.critic=\"separate\""]);
+        assert_eq!(p.advantages, Advantages::Critic(Critic::Separate));
+    }
+
+    #[test]
+    fn defaults_are_resolved_against_the_other_sections() {
+        let p = plan(&["sampling.temperature=0", "run.seed=9"]);
+        // Dr. GRPO's constant defaults to the rollout's room; a greedy sampler records
+        // log-probs at temperature 1.
+        assert_eq!(p.update.norm_constant, 300.0);
+        assert_eq!(p.update.temperature, 1.0);
+        assert_eq!((p.seed, p.source.as_str()), (9, "run.toml"));
+        let p = plan(&["sampling.temperature=0.7", "train.norm_constant=64"]);
+        assert!((p.update.temperature - 0.7).abs() < 1e-6);
+        assert_eq!(p.update.norm_constant, 64.0);
+    }
+}
