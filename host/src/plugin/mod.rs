@@ -4,12 +4,14 @@
 //! - [`runtime`]: the engine, its epoch ticker, the linker and the compile cache.
 //! - [`sandbox`]: limits, grants and what each store holds.
 //! - [`plugin`]: a loaded plugin; every guest call goes through it.
-//! - `session`: per-trajectory trigger sessions and episodes, dataset and reward handles.
+//! - `session`: per-trajectory trigger sessions and episodes, dataset and reward handles,
+//!   one [`Session`] shape for the four roles.
 //! - [`fault`]: typed, counted plugin faults.
 //! - [`inspect`]: what a component file is, checked before it runs.
 //! - [`conformance`]: `rlhost plugin test`, the contract checked role by role.
 //! - [`scaffold`]: `rlhost plugin new`, a project in Rust, Python, JavaScript or C.
-//! - [`bindings`]: generated bindings, one module per WIT version.
+//! - [`bindings`]: generated bindings, one module per WIT version, and the one place
+//!   that picks the version a plugin was built against.
 
 pub mod bindings;
 pub mod cache;
@@ -30,5 +32,5 @@ pub use inspect::LoadError;
 pub use plugin::{Plugin, PluginSpec};
 pub use runtime::{PluginRuntime, RuntimeOptions};
 pub use sandbox::{DirGrant, Grants, Limits};
-pub use session::{DatasetSource, EnvironmentEpisode, RewardScorer, TriggerSession};
+pub use session::{DatasetSource, EnvironmentEpisode, RewardScorer, Session, TriggerSession};
 pub use types::{Component, Message, PluginInfo, Role, Sample, StepResult, Trajectory};

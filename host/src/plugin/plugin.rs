@@ -5,18 +5,16 @@
 //! memory flag, forwards the plugin's output to the log, and turns whatever went wrong
 //! into a typed, counted [`Fault`]. Sessions (`session.rs`) own the instances.
 
-use super::bindings::v0_1_0 as v0;
+use super::bindings::Exports;
 use super::fault::{Fault, FaultCounts, FaultKind};
 use super::inspect::{LoadError, Shape, role_list};
-use super::runtime::{EPOCH_TICK, PluginRuntime};
-use super::sandbox::{Grants, Limits, StoreState};
-use super::session::{DatasetSource, EnvironmentEpisode, RewardScorer, TriggerSession};
-use super::types::{PluginInfo, Role, Sample};
+use super::sandbox::{EPOCH_TICK, Grants, Limits, StoreState};
+use super::types::{PluginInfo, Role};
 use anyhow::Result;
 use std::path::PathBuf;
 use std::sync::Arc;
 use wasmtime::component::InstancePre;
-use wasmtime::{Store, Trap};
+use wasmtime::{Engine, Store, Trap};
 
 /// How to load one plugin: its file and its sandbox.
 #[derive(Debug, Clone, Default)]
@@ -30,8 +28,11 @@ pub struct PluginSpec {
 #[derive(Clone)]
 pub struct Plugin(pub(super) Arc<Inner>);
 
-pub(super) struct Inner {
-    runtime: Arc<PluginRuntime>,
+pub struct Inner {
+    /// The runtime's engine (every store of every plugin of a run lives in it).
+    engine: Engine,
+    /// Whether the engine counts fuel.
+    fuel: bool,
     spec: PluginSpec,
     pre: InstancePre<StoreState>,
     shape: Shape,
@@ -41,25 +42,19 @@ pub(super) struct Inner {
     /// `name@version`, the tag on every fault and log line.
     pub(super) id: String,
     pub(super) faults: FaultCounts,
-    pub(super) indices: Indices,
+    /// The exports of the WIT version the plugin was built against.
+    pub(super) exports: Exports,
     /// Mixed into every session seed so that two plugins given the same seed still draw
     /// different random streams.
     pub(super) seed_salt: u64,
 }
 
-/// Export indices for `rlhost:plugin@0.1.0`, looked up once per plugin. A later WIT
-/// version adds its own set and an enum over them.
-pub(super) struct Indices {
-    about: v0::about::GuestIndices,
-    pub(super) trigger: Option<v0::trigger::GuestIndices>,
-    pub(super) environment: Option<v0::environment::GuestIndices>,
-    pub(super) dataset: Option<v0::dataset::GuestIndices>,
-    pub(super) reward: Option<v0::reward::GuestIndices>,
-}
-
 impl Plugin {
+    /// A plugin of the runtime whose `engine` (counting fuel if `fuel`) compiled and
+    /// linked `pre`.
     pub(crate) async fn new(
-        runtime: Arc<PluginRuntime>,
+        engine: Engine,
+        fuel: bool,
         spec: PluginSpec,
         pre: InstancePre<StoreState>,
         shape: Shape,
@@ -71,27 +66,8 @@ impl Plugin {
             path: path.clone(),
             message: e.to_string(),
         };
-        let has = |role| shape.roles.contains(&role);
-        let indices = Indices {
-            about: v0::about::GuestIndices::new(&pre).map_err(incompatible)?,
-            trigger: has(Role::Trigger)
-                .then(|| v0::trigger::GuestIndices::new(&pre))
-                .transpose()
-                .map_err(incompatible)?,
-            environment: has(Role::Environment)
-                .then(|| v0::environment::GuestIndices::new(&pre))
-                .transpose()
-                .map_err(incompatible)?,
-            dataset: has(Role::Dataset)
-                .then(|| v0::dataset::GuestIndices::new(&pre))
-                .transpose()
-                .map_err(incompatible)?,
-            reward: has(Role::Reward)
-                .then(|| v0::reward::GuestIndices::new(&pre))
-                .transpose()
-                .map_err(incompatible)?,
-        };
-        if spec.limits.fuel.is_some() && !runtime.fuel {
+        let exports = Exports::new(&pre, &shape.wit_version, &shape.roles).map_err(incompatible)?;
+        if spec.limits.fuel.is_some() && !fuel {
             anyhow::bail!(
                 "plugin {path} sets limits.fuel, but the plugin runtime was built without fuel"
             );
@@ -102,7 +78,8 @@ impl Plugin {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "plugin".into());
         let mut inner = Inner {
-            runtime,
+            engine,
+            fuel,
             pre,
             shape,
             seed_salt: u64::from_str_radix(&sha256[..16], 16).unwrap_or(0),
@@ -115,7 +92,7 @@ impl Plugin {
             },
             id: file_name,
             faults: FaultCounts::default(),
-            indices,
+            exports,
             spec,
         };
         // Ask the plugin who it is; this also proves that it starts inside its limits
@@ -180,7 +157,8 @@ impl Plugin {
         &self.0.faults
     }
 
-    fn require(&self, role: Role) -> Result<(), LoadError> {
+    /// An error naming what the plugin exports if `role` is not among it.
+    pub(super) fn require(&self, role: Role) -> Result<(), LoadError> {
         if self.0.shape.roles.contains(&role) {
             Ok(())
         } else {
@@ -191,40 +169,6 @@ impl Plugin {
                 exported: role_list(&self.0.shape.roles),
             })
         }
-    }
-
-    /// Opens a trigger session for one trajectory. `seed` seeds the plugin's randomness.
-    pub async fn open_trigger(
-        &self,
-        config: &str,
-        sample: &Sample,
-        seed: u64,
-    ) -> Result<TriggerSession> {
-        self.require(Role::Trigger)?;
-        Ok(TriggerSession::open(self.clone(), config, sample, seed).await?)
-    }
-
-    /// Opens an environment episode for one trajectory.
-    pub async fn open_environment(
-        &self,
-        config: &str,
-        sample: &Sample,
-        seed: u64,
-    ) -> Result<EnvironmentEpisode> {
-        self.require(Role::Environment)?;
-        Ok(EnvironmentEpisode::open(self.clone(), config, sample, seed).await?)
-    }
-
-    /// Opens the plugin's dataset for the run's `seed`.
-    pub async fn open_dataset(&self, config: &str, seed: u64) -> Result<DatasetSource> {
-        self.require(Role::Dataset)?;
-        Ok(DatasetSource::open(self.clone(), config, seed).await?)
-    }
-
-    /// Opens the plugin's reward function.
-    pub async fn open_reward(&self, config: &str) -> Result<RewardScorer> {
-        self.require(Role::Reward)?;
-        Ok(RewardScorer::open(self.clone(), config).await?)
     }
 }
 
@@ -257,7 +201,7 @@ impl Inner {
             seed ^ self.seed_salt,
         )
         .map_err(|e| self.fault(call, FaultKind::Incompatible, format!("{e:#}")))?;
-        let mut store = Store::new(&self.runtime.engine, state);
+        let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_trap();
         let pre = self.pre.clone();
@@ -280,7 +224,7 @@ impl Inner {
         store.data_mut().limiter.memory_exceeded = false;
         let ticks = limits.timeout().as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64;
         store.set_epoch_deadline(ticks.max(1));
-        if self.runtime.fuel {
+        if self.fuel {
             let fuel = limits.fuel.unwrap_or(u64::MAX);
             store
                 .set_fuel(fuel)
@@ -365,20 +309,19 @@ impl Inner {
     async fn about_info(&self) -> Result<PluginInfo, Fault> {
         let (mut store, instance) = self.instantiate(self.seed_salt, "about.info").await?;
         let about = self
-            .indices
-            .about
-            .load(&mut store, &instance)
+            .exports
+            .about(&mut store, &instance)
             .map_err(|e| self.fault("about.info", FaultKind::Incompatible, e.to_string()))?;
         let info = self
             .guarded(&mut store, "about.info", async |store| {
-                about.call_info(store).await
+                about.info(store).await
             })
             .await?;
         let bytes = info.name.len() + info.version.len() + info.description.len();
         if let Some(message) = self.too_large(bytes) {
             return Err(self.fault("about.info", FaultKind::BadOutput, message));
         }
-        Ok(info.into())
+        Ok(info)
     }
 }
 

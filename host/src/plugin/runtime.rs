@@ -1,23 +1,18 @@
 //! The plugin runtime: one wasmtime `Engine` with its epoch ticker, the `Linker` that
 //! offers plugins WASI and the host functions, and the compiled-component cache.
 
-use super::bindings::v0_1_0 as v0;
+use super::bindings;
 use super::cache::ComponentCache;
 use super::inspect::{self, LoadError};
 use super::plugin::{Plugin, PluginSpec};
-use super::sandbox::StoreState;
+use super::sandbox::{EPOCH_TICK, StoreState};
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use wasmtime::component::{HasSelf, Linker};
+use std::time::Instant;
+use wasmtime::component::Linker;
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
-
-/// How often the ticker thread advances the engine's epoch. Deadlines are rounded up to
-/// whole ticks, so 10 ms keeps a 1 s deadline within 1%, for the price of one atomic
-/// increment 100 times a second.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// How the engine is built; the same options must be used to reuse cached artifacts.
 #[derive(Debug, Clone)]
@@ -119,7 +114,7 @@ impl PluginRuntime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot link WASI")?;
-        v0::HostView::add_to_linker::<_, HasSelf<StoreState>>(&mut linker, |state| state)
+        bindings::add_to_linker(&mut linker)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot link the host functions")?;
 
@@ -137,7 +132,7 @@ impl PluginRuntime {
 
     /// Compiles (or loads from the cache) the component at `spec.path`, checks that it
     /// fits this host, and asks it who it is.
-    pub async fn load(self: &Arc<Self>, spec: PluginSpec) -> Result<Plugin> {
+    pub async fn load(&self, spec: PluginSpec) -> Result<Plugin> {
         let path = spec.path.clone();
         let wasm = inspect::read_wasm(&path)?;
         let sha256 = hex::encode(Sha256::digest(&wasm));
@@ -157,7 +152,16 @@ impl PluginRuntime {
                 path: path.display().to_string(),
                 message: format!("cannot link: {e}"),
             })?;
-        Plugin::new(self.clone(), spec, pre, shape, sha256, wasm.len() as u64).await
+        Plugin::new(
+            self.engine.clone(),
+            self.fuel,
+            spec,
+            pre,
+            shape,
+            sha256,
+            wasm.len() as u64,
+        )
+        .await
     }
 
     fn compile(

@@ -7,7 +7,6 @@
 //! randomness is seeded so rollouts are reproducible. Grants widen this only when the run
 //! config names them.
 
-use super::bindings::v0_1_0 as v0;
 use super::output::CappedPipe;
 use anyhow::{Context, Result};
 use rand::SeedableRng;
@@ -18,6 +17,11 @@ use std::time::Duration;
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+/// How often the ticker thread advances the engine's epoch. Deadlines are rounded up to
+/// whole ticks, so 10 ms keeps a 1 s deadline within 1%, for the price of one atomic
+/// increment 100 times a second.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Resource caps for one plugin. Every field has a default; a run config or a CLI flag
 /// may override each one.
@@ -254,8 +258,9 @@ impl WasiView for StoreState {
     }
 }
 
-impl v0::Host for StoreState {
-    fn log(&mut self, level: v0::Level, message: String) {
+impl StoreState {
+    /// A line the plugin logged through the host's `log` import.
+    pub(super) fn log_line(&mut self, level: tracing::Level, message: &str) {
         // Same cap as stdout: a plugin must not be able to flood the host's log through
         // the import either.
         if self.logged >= self.max_log_bytes {
@@ -263,7 +268,7 @@ impl v0::Host for StoreState {
         }
         self.logged += message.len();
         let plugin = &self.plugin;
-        match tracing::Level::from(level) {
+        match level {
             tracing::Level::TRACE => {
                 tracing::trace!(target: "plugin", plugin = %plugin, "{message}")
             }
@@ -282,5 +287,3 @@ impl v0::Host for StoreState {
         }
     }
 }
-
-impl v0::wit::Host for StoreState {}

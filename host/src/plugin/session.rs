@@ -6,12 +6,17 @@
 //! call opens a fresh one with the same config and sample (a trigger's state from earlier
 //! calls is lost then, which is the price of never reusing a broken instance). A plugin's
 //! own error keeps the instance: it returned normally.
+//!
+//! The four roles share one [`Session`]; a [`Kind`] says what is particular to each (how
+//! an instance is opened and what is asked of it then), and each role's calls check what
+//! the plugin returned.
 
-use super::bindings::v0_1_0::{self as v0, wit};
+use super::bindings::{self, Exports};
 use super::fault::{Fault, FaultKind};
 use super::plugin::{Inner, Plugin};
 use super::sandbox::StoreState;
-use super::types::{Component, Sample, StepResult, Trajectory};
+use super::types::{Component, Message, Role, Sample, StepResult, Trajectory};
+use anyhow::Result;
 use wasmtime::Store;
 use wasmtime::component::{Instance, ResourceAny};
 
@@ -22,39 +27,68 @@ const MAX_STOP_PATTERN_BYTES: usize = 256;
 /// The most reward components one score may have.
 const MAX_COMPONENTS: usize = 64;
 
+/// One trajectory's trigger session.
+pub type TriggerSession = Session<bindings::Trigger>;
+/// One trajectory's environment episode.
+pub type EnvironmentEpisode = Session<bindings::Environment>;
+/// An opened dataset.
+pub type DatasetSource = Session<bindings::Dataset>;
+/// An opened reward function.
+pub type RewardScorer = Session<bindings::Reward>;
+
+/// What is particular to one role's sessions.
+// Only the host implements and calls it, always for a concrete kind, so the futures'
+// `Send` is known where it matters (the rollout engine spawns session opens and calls).
+#[allow(async_fn_in_trait)]
+pub trait Kind: Sized {
+    const ROLE: Role;
+    /// The call that opens the session's resource, as faults name it.
+    const OPEN: &'static str;
+    /// What opening takes, kept to open a fresh instance after a fault.
+    type Args;
+    /// What the session asks of a fresh instance (a trigger's stop patterns, a dataset's
+    /// length).
+    type Opened: Default;
+    fn load(
+        exports: &Exports,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self>;
+    /// The seed of each instance, from the session's.
+    fn seed(inner: &Inner, seed: u64) -> u64 {
+        let _ = inner;
+        seed
+    }
+    /// Opens the session's resource in a fresh instance.
+    async fn open_with(
+        &self,
+        store: &mut Store<StoreState>,
+        args: &Self::Args,
+    ) -> wasmtime::Result<Result<ResourceAny, String>>;
+    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<Self::Opened, Fault> {
+        let _ = (inner, live);
+        Ok(Self::Opened::default())
+    }
+}
+
+/// A plugin's session of one role: the instance it lives in, opened on first use and
+/// again after a fault.
+pub struct Session<K: Kind> {
+    plugin: Plugin,
+    args: K::Args,
+    seed: u64,
+    live: Option<Live<K>>,
+    opened: K::Opened,
+}
+
 /// One live instance and the resource a session holds in it.
-struct Live<G> {
+pub struct Live<G> {
     store: Store<StoreState>,
     guest: G,
     handle: ResourceAny,
 }
 
 impl<G> Live<G> {
-    /// A fresh instance, its role's exports (`load`), and the resource `open` makes.
-    async fn open(
-        inner: &Inner,
-        seed: u64,
-        call: &'static str,
-        load: impl FnOnce(&mut Store<StoreState>, &Instance) -> wasmtime::Result<G>,
-        open: impl AsyncFnOnce(
-            &G,
-            &mut Store<StoreState>,
-        ) -> wasmtime::Result<Result<ResourceAny, String>>,
-    ) -> Result<Live<G>, Fault> {
-        let (mut store, instance) = inner.instantiate(seed, call).await?;
-        let guest = load(&mut store, &instance)
-            .map_err(|e| inner.fault(call, FaultKind::Incompatible, e.to_string()))?;
-        let handle = inner
-            .guarded(&mut store, call, async |store| open(&guest, store).await)
-            .await?
-            .map_err(|message| inner.guest_error(call, message))?;
-        Ok(Live {
-            store,
-            guest,
-            handle,
-        })
-    }
-
     /// Calls a method of the session's resource.
     async fn call<R>(
         &mut self,
@@ -71,74 +105,18 @@ impl<G> Live<G> {
     }
 }
 
-/// A call's result as the session's answer: a fault discards the instance; a plugin's own
-/// error is counted and passed on, and keeps it.
-fn settle<G, T>(
-    inner: &Inner,
-    live: &mut Option<Live<G>>,
-    call: &'static str,
-    result: Result<Result<T, String>, Fault>,
-) -> Result<T, Fault> {
-    match result {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(message)) => Err(inner.guest_error(call, message)),
-        Err(fault) => {
-            *live = None;
-            Err(fault)
-        }
-    }
-}
-
-/// Refuses a returned value: a bad-output fault, and the instance is discarded.
-fn reject<G, T>(
-    inner: &Inner,
-    live: &mut Option<Live<G>>,
-    call: &'static str,
-    message: String,
-) -> Result<T, Fault> {
-    *live = None;
-    Err(inner.fault(call, FaultKind::BadOutput, message))
-}
-
-fn message_bytes(messages: &[wit::Message]) -> usize {
-    messages
-        .iter()
-        .map(|m| m.role.len() + m.content.len())
-        .sum()
-}
-
-/// One trajectory's trigger session.
-pub struct TriggerSession {
-    plugin: Plugin,
-    config: String,
-    sample: wit::Sample,
-    seed: u64,
-    live: Option<Live<v0::trigger::Guest>>,
-    stop_patterns: Vec<String>,
-}
-
-impl TriggerSession {
-    pub(super) async fn open(
-        plugin: Plugin,
-        config: &str,
-        sample: &Sample,
-        seed: u64,
-    ) -> Result<Self, Fault> {
-        let mut session = TriggerSession {
-            plugin,
-            config: config.to_string(),
-            sample: sample.into(),
+impl<K: Kind> Session<K> {
+    async fn start(plugin: &Plugin, args: K::Args, seed: u64) -> Result<Self> {
+        plugin.require(K::ROLE)?;
+        let mut session = Session {
+            plugin: plugin.clone(),
+            args,
             seed,
             live: None,
-            stop_patterns: Vec::new(),
+            opened: K::Opened::default(),
         };
         session.live().await?;
         Ok(session)
-    }
-
-    /// The literal strings after which the host calls [`TriggerSession::fire`].
-    pub fn stop_patterns(&self) -> &[String] {
-        &self.stop_patterns
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -146,130 +124,179 @@ impl TriggerSession {
     }
 
     /// The live instance, opened if there is none (first use, or after a fault).
-    async fn live(&mut self) -> Result<&mut Live<v0::trigger::Guest>, Fault> {
+    async fn live(&mut self) -> Result<&mut Live<K>, Fault> {
         if self.live.is_none() {
             let inner = &*self.plugin.0;
-            let (config, sample) = (&self.config, &self.sample);
-            let indices = inner
-                .indices
-                .trigger
-                .as_ref()
-                .expect("role checked on open");
-            let mut live = Live::open(
-                inner,
-                self.seed,
-                "trigger.open",
-                |store, instance| indices.load(store, instance),
-                async |guest, store| guest.session().call_open(store, config, sample).await,
-            )
-            .await?;
-            let call = "trigger.stop-patterns";
-            let patterns = live
-                .call(inner, call, async |guest, store, handle| {
-                    guest.session().call_stop_patterns(store, handle).await
-                })
+            let (mut store, instance) = inner
+                .instantiate(K::seed(inner, self.seed), K::OPEN)
                 .await?;
-            if patterns.len() > MAX_STOP_PATTERNS
-                || patterns
-                    .iter()
-                    .any(|p| p.is_empty() || p.len() > MAX_STOP_PATTERN_BYTES)
-            {
-                let message = format!(
-                    "declared {} stop patterns; at most {MAX_STOP_PATTERNS} are allowed, each 1 to {MAX_STOP_PATTERN_BYTES} bytes",
-                    patterns.len()
-                );
-                return Err(inner.fault(call, FaultKind::BadOutput, message));
-            }
-            self.stop_patterns = patterns;
+            let guest = K::load(&inner.exports, &mut store, &instance)
+                .map_err(|e| inner.fault(K::OPEN, FaultKind::Incompatible, e.to_string()))?;
+            let args = &self.args;
+            let handle = inner
+                .guarded(&mut store, K::OPEN, async |store| {
+                    guest.open_with(store, args).await
+                })
+                .await?
+                .map_err(|message| inner.guest_error(K::OPEN, message))?;
+            let mut live = Live {
+                store,
+                guest,
+                handle,
+            };
+            self.opened = K::opened(inner, &mut live).await?;
             self.live = Some(live);
         }
         Ok(self.live.as_mut().expect("opened above"))
+    }
+
+    /// Calls the session's resource, and settles the result: a fault discards the
+    /// instance; a plugin's own error is counted and passed on, and keeps it.
+    async fn call<T>(
+        &mut self,
+        call: &'static str,
+        run: impl AsyncFnOnce(
+            &K,
+            &mut Store<StoreState>,
+            ResourceAny,
+        ) -> wasmtime::Result<Result<T, String>>,
+    ) -> Result<T, Fault> {
+        let inner = self.plugin.0.clone();
+        let result = self.live().await?.call(&inner, call, run).await;
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(message)) => Err(inner.guest_error(call, message)),
+            Err(fault) => {
+                self.live = None;
+                Err(fault)
+            }
+        }
+    }
+
+    /// Refuses what `call` returned (`problem`, if any): a bad-output fault, and the
+    /// instance is discarded.
+    fn check<T>(
+        &mut self,
+        call: &'static str,
+        value: T,
+        problem: Option<String>,
+    ) -> Result<T, Fault> {
+        match problem {
+            None => Ok(value),
+            Some(message) => {
+                self.live = None;
+                Err(self.plugin.0.fault(call, FaultKind::BadOutput, message))
+            }
+        }
+    }
+}
+
+fn message_bytes(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum()
+}
+
+impl Kind for bindings::Trigger {
+    const ROLE: Role = Role::Trigger;
+    const OPEN: &'static str = "trigger.open";
+    type Args = (String, Sample);
+    /// The stop patterns.
+    type Opened = Vec<String>;
+
+    fn load(
+        exports: &Exports,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self> {
+        exports.trigger(store, instance)
+    }
+
+    async fn open_with(
+        &self,
+        store: &mut Store<StoreState>,
+        (config, sample): &Self::Args,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.open(store, config, sample).await
+    }
+
+    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<Vec<String>, Fault> {
+        let call = "trigger.stop-patterns";
+        let patterns = live
+            .call(inner, call, async |guest, store, handle| {
+                guest.stop_patterns(store, handle).await
+            })
+            .await?;
+        if patterns.len() > MAX_STOP_PATTERNS
+            || patterns
+                .iter()
+                .any(|p| p.is_empty() || p.len() > MAX_STOP_PATTERN_BYTES)
+        {
+            let message = format!(
+                "declared {} stop patterns; at most {MAX_STOP_PATTERNS} are allowed, each 1 to {MAX_STOP_PATTERN_BYTES} bytes",
+                patterns.len()
+            );
+            return Err(inner.fault(call, FaultKind::BadOutput, message));
+        }
+        Ok(patterns)
+    }
+}
+
+impl TriggerSession {
+    /// The literal strings after which the host calls [`TriggerSession::fire`].
+    pub fn stop_patterns(&self) -> &[String] {
+        &self.opened
     }
 
     /// Runs the tool on everything generated so far. `Ok(None)`: nothing to append.
     pub async fn fire(&mut self, text: &str) -> Result<Option<String>, Fault> {
-        let inner = self.plugin.0.clone();
         let call = "trigger.fire";
-        let result = self
-            .live()
-            .await?
-            .call(&inner, call, async |guest, store, handle| {
-                guest.session().call_fire(store, handle, text).await
+        let output = self
+            .call(call, async |guest, store, handle| {
+                guest.fire(store, handle, text).await
             })
-            .await;
-        let output = settle(&inner, &mut self.live, call, result)?;
-        match inner.too_large(output.as_ref().map_or(0, String::len)) {
-            Some(message) => reject(&inner, &mut self.live, call, message),
-            None => Ok(output),
-        }
+            .await?;
+        let problem = self
+            .plugin
+            .0
+            .too_large(output.as_ref().map_or(0, String::len));
+        self.check(call, output, problem)
     }
 }
 
-/// One trajectory's environment episode.
-pub struct EnvironmentEpisode {
-    plugin: Plugin,
-    config: String,
-    sample: wit::Sample,
-    seed: u64,
-    live: Option<Live<v0::environment::Guest>>,
+impl Kind for bindings::Environment {
+    const ROLE: Role = Role::Environment;
+    const OPEN: &'static str = "environment.open";
+    type Args = (String, Sample);
+    type Opened = ();
+
+    fn load(
+        exports: &Exports,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self> {
+        exports.environment(store, instance)
+    }
+
+    async fn open_with(
+        &self,
+        store: &mut Store<StoreState>,
+        (config, sample): &Self::Args,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.open(store, config, sample).await
+    }
 }
 
 impl EnvironmentEpisode {
-    pub(super) async fn open(
-        plugin: Plugin,
-        config: &str,
-        sample: &Sample,
-        seed: u64,
-    ) -> Result<Self, Fault> {
-        let mut episode = EnvironmentEpisode {
-            plugin,
-            config: config.to_string(),
-            sample: sample.into(),
-            seed,
-            live: None,
-        };
-        episode.live().await?;
-        Ok(episode)
-    }
-
-    pub fn plugin(&self) -> &Plugin {
-        &self.plugin
-    }
-
-    async fn live(&mut self) -> Result<&mut Live<v0::environment::Guest>, Fault> {
-        if self.live.is_none() {
-            let inner = &*self.plugin.0;
-            let (config, sample) = (&self.config, &self.sample);
-            let indices = inner
-                .indices
-                .environment
-                .as_ref()
-                .expect("role checked on open");
-            let live = Live::open(
-                inner,
-                self.seed,
-                "environment.open",
-                |store, instance| indices.load(store, instance),
-                async |guest, store| guest.episode().call_open(store, config, sample).await,
-            )
-            .await?;
-            self.live = Some(live);
-        }
-        Ok(self.live.as_mut().expect("opened above"))
-    }
-
     /// Answers the assistant's latest turn.
     pub async fn step(&mut self, assistant: &str) -> Result<StepResult, Fault> {
-        let inner = self.plugin.0.clone();
         let call = "environment.step";
-        let result = self
-            .live()
-            .await?
-            .call(&inner, call, async |guest, store, handle| {
-                guest.episode().call_step(store, handle, assistant).await
+        let step = self
+            .call(call, async |guest, store, handle| {
+                guest.step(store, handle, assistant).await
             })
-            .await;
-        let step = settle(&inner, &mut self.live, call, result)?;
+            .await?;
         let problem = if let Some(m) = step
             .messages
             .iter()
@@ -284,170 +311,127 @@ impl EnvironmentEpisode {
                 "returned a reward of {reward}; rewards must be finite"
             ))
         } else {
-            inner.too_large(message_bytes(&step.messages))
+            self.plugin.0.too_large(message_bytes(&step.messages))
         };
-        match problem {
-            Some(message) => reject(&inner, &mut self.live, call, message),
-            None => Ok(step.into()),
-        }
+        self.check(call, step, problem)
     }
 }
 
-/// An opened dataset.
-pub struct DatasetSource {
-    plugin: Plugin,
-    config: String,
-    seed: u64,
-    live: Option<Live<v0::dataset::Guest>>,
-    len: u64,
+impl Kind for bindings::Dataset {
+    const ROLE: Role = Role::Dataset;
+    const OPEN: &'static str = "dataset.open";
+    /// The config and the run's seed.
+    type Args = (String, u64);
+    /// The length.
+    type Opened = u64;
+
+    fn load(
+        exports: &Exports,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self> {
+        exports.dataset(store, instance)
+    }
+
+    async fn open_with(
+        &self,
+        store: &mut Store<StoreState>,
+        (config, seed): &Self::Args,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.open(store, config, *seed).await
+    }
+
+    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<u64, Fault> {
+        live.call(inner, "dataset.len", async |guest, store, handle| {
+            guest.len(store, handle).await
+        })
+        .await
+    }
 }
 
 impl DatasetSource {
-    pub(super) async fn open(plugin: Plugin, config: &str, seed: u64) -> Result<Self, Fault> {
-        let mut source = DatasetSource {
-            plugin,
-            config: config.to_string(),
-            seed,
-            live: None,
-            len: 0,
-        };
-        source.live().await?;
-        Ok(source)
-    }
-
-    pub fn plugin(&self) -> &Plugin {
-        &self.plugin
-    }
-
     /// How many samples the dataset has (asked when the instance is opened).
     pub fn len(&self) -> u64 {
-        self.len
+        self.opened
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    async fn live(&mut self) -> Result<&mut Live<v0::dataset::Guest>, Fault> {
-        if self.live.is_none() {
-            let inner = &*self.plugin.0;
-            let (config, seed) = (&self.config, self.seed);
-            let indices = inner
-                .indices
-                .dataset
-                .as_ref()
-                .expect("role checked on open");
-            let mut live = Live::open(
-                inner,
-                seed,
-                "dataset.open",
-                |store, instance| indices.load(store, instance),
-                async |guest, store| guest.source().call_open(store, config, seed).await,
-            )
-            .await?;
-            self.len = live
-                .call(inner, "dataset.len", async |guest, store, handle| {
-                    guest.source().call_len(store, handle).await
-                })
-                .await?;
-            self.live = Some(live);
-        }
-        Ok(self.live.as_mut().expect("opened above"))
+        self.opened == 0
     }
 
     /// The sample at `index`, which must be below [`DatasetSource::len`].
     pub async fn get(&mut self, index: u64) -> Result<Sample, Fault> {
-        let inner = self.plugin.0.clone();
         let call = "dataset.get";
-        if index >= self.len {
+        if index >= self.len() {
             return Err(Fault {
-                plugin: inner.id.clone(),
+                plugin: self.plugin.id().to_string(),
                 call,
                 kind: FaultKind::BadOutput,
-                message: format!("index {index} is past the dataset's {} samples", self.len),
+                message: format!("index {index} is past the dataset's {} samples", self.len()),
             });
         }
-        let result = self
-            .live()
-            .await?
-            .call(&inner, call, async |guest, store, handle| {
-                guest.source().call_get(store, handle, index).await
+        let raw = self
+            .call(call, async |guest, store, handle| {
+                guest.get(store, handle, index).await
             })
-            .await;
-        let sample = settle(&inner, &mut self.live, call, result)?;
-        if let Some(message) =
-            inner.too_large(sample.metadata.len() + message_bytes(&sample.messages))
-        {
-            return reject(&inner, &mut self.live, call, message);
-        }
-        match serde_json::from_str::<serde_json::Value>(&sample.metadata) {
-            Ok(metadata @ serde_json::Value::Object(_)) => Ok(Sample {
-                messages: sample.messages.into_iter().map(Into::into).collect(),
-                metadata,
-            }),
-            _ => reject(
-                &inner,
-                &mut self.live,
-                call,
-                format!("sample {index} has metadata that is not a JSON object"),
-            ),
-        }
+            .await?;
+        let problem = self
+            .plugin
+            .0
+            .too_large(raw.metadata.len() + message_bytes(&raw.messages));
+        let raw = self.check(call, raw, problem)?;
+        let metadata = serde_json::from_str::<serde_json::Value>(&raw.metadata)
+            .ok()
+            .filter(serde_json::Value::is_object);
+        let problem = metadata
+            .is_none()
+            .then(|| format!("sample {index} has metadata that is not a JSON object"));
+        let metadata = self.check(call, metadata, problem)?;
+        Ok(Sample {
+            messages: raw.messages,
+            metadata: metadata.expect("checked above"),
+        })
     }
 }
 
-/// An opened reward function.
-pub struct RewardScorer {
-    plugin: Plugin,
-    config: String,
-    live: Option<Live<v0::reward::Guest>>,
+impl Kind for bindings::Reward {
+    const ROLE: Role = Role::Reward;
+    const OPEN: &'static str = "reward.open";
+    /// The config.
+    type Args = String;
+    type Opened = ();
+
+    fn load(
+        exports: &Exports,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self> {
+        exports.reward(store, instance)
+    }
+
+    /// A scorer has no sample to seed from: its randomness is the plugin's own.
+    fn seed(inner: &Inner, _: u64) -> u64 {
+        inner.seed_salt
+    }
+
+    async fn open_with(
+        &self,
+        store: &mut Store<StoreState>,
+        config: &String,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.open(store, config).await
+    }
 }
 
 impl RewardScorer {
-    pub(super) async fn open(plugin: Plugin, config: &str) -> Result<Self, Fault> {
-        let mut scorer = RewardScorer {
-            plugin,
-            config: config.to_string(),
-            live: None,
-        };
-        scorer.live().await?;
-        Ok(scorer)
-    }
-
-    pub fn plugin(&self) -> &Plugin {
-        &self.plugin
-    }
-
-    async fn live(&mut self) -> Result<&mut Live<v0::reward::Guest>, Fault> {
-        if self.live.is_none() {
-            let inner = &*self.plugin.0;
-            let config = &self.config;
-            let indices = inner.indices.reward.as_ref().expect("role checked on open");
-            let live = Live::open(
-                inner,
-                inner.seed_salt,
-                "reward.open",
-                |store, instance| indices.load(store, instance),
-                async |guest, store| guest.scorer().call_open(store, config).await,
-            )
-            .await?;
-            self.live = Some(live);
-        }
-        Ok(self.live.as_mut().expect("opened above"))
-    }
-
     /// Scores one trajectory into named components.
     pub async fn score(&mut self, trajectory: &Trajectory) -> Result<Vec<Component>, Fault> {
-        let inner = self.plugin.0.clone();
         let call = "reward.score";
-        let trajectory = wit::Trajectory::from(trajectory);
-        let result = self
-            .live()
-            .await?
-            .call(&inner, call, async |guest, store, handle| {
-                guest.scorer().call_score(store, handle, &trajectory).await
+        let components = self
+            .call(call, async |guest, store, handle| {
+                guest.score(store, handle, trajectory).await
             })
-            .await;
-        let components = settle(&inner, &mut self.live, call, result)?;
+            .await?;
         let valid_name = |name: &str| {
             !name.is_empty()
                 && name.len() <= 64
@@ -473,9 +457,38 @@ impl RewardScorer {
                 )
             })
         };
-        match problem {
-            Some(message) => reject(&inner, &mut self.live, call, message),
-            None => Ok(components.into_iter().map(Into::into).collect()),
-        }
+        self.check(call, components, problem)
+    }
+}
+
+impl Plugin {
+    /// Opens a trigger session for one trajectory. `seed` seeds the plugin's randomness.
+    pub async fn open_trigger(
+        &self,
+        config: &str,
+        sample: &Sample,
+        seed: u64,
+    ) -> Result<TriggerSession> {
+        Session::start(self, (config.to_string(), sample.clone()), seed).await
+    }
+
+    /// Opens an environment episode for one trajectory.
+    pub async fn open_environment(
+        &self,
+        config: &str,
+        sample: &Sample,
+        seed: u64,
+    ) -> Result<EnvironmentEpisode> {
+        Session::start(self, (config.to_string(), sample.clone()), seed).await
+    }
+
+    /// Opens the plugin's dataset for the run's `seed`.
+    pub async fn open_dataset(&self, config: &str, seed: u64) -> Result<DatasetSource> {
+        Session::start(self, (config.to_string(), seed), seed).await
+    }
+
+    /// Opens the plugin's reward function.
+    pub async fn open_reward(&self, config: &str) -> Result<RewardScorer> {
+        Session::start(self, config.to_string(), 0).await
     }
 }

@@ -1,6 +1,9 @@
-//! Bindings for `rlhost:plugin@0.1.0` and conversions to the host's own types.
+//! Bindings for `rlhost:plugin@0.1.0`: its export indices, its host functions, and
+//! conversions to the host's own types.
 
-use crate::plugin::types;
+use crate::plugin::sandbox::StoreState;
+use crate::plugin::types::{self, Role};
+use wasmtime::component::{HasSelf, InstancePre, Linker};
 
 wasmtime::component::bindgen!({
     path: "../wit/v0.1.0",
@@ -13,6 +16,58 @@ wasmtime::component::bindgen!({
 pub use self::rlhost::plugin::host::{Host, Level};
 pub use self::rlhost::plugin::types as wit;
 pub use exports::rlhost::plugin::{about, dataset, environment, reward, trigger};
+
+/// This version's export indices, looked up once per plugin.
+pub struct Exports {
+    pub about: about::GuestIndices,
+    pub trigger: Option<trigger::GuestIndices>,
+    pub environment: Option<environment::GuestIndices>,
+    pub dataset: Option<dataset::GuestIndices>,
+    pub reward: Option<reward::GuestIndices>,
+}
+
+impl Exports {
+    /// The indices of `about` and of each of `roles`.
+    pub fn new(pre: &InstancePre<StoreState>, roles: &[Role]) -> wasmtime::Result<Exports> {
+        let has = |role| roles.contains(&role);
+        Ok(Exports {
+            about: about::GuestIndices::new(pre)?,
+            trigger: has(Role::Trigger)
+                .then(|| trigger::GuestIndices::new(pre))
+                .transpose()?,
+            environment: has(Role::Environment)
+                .then(|| environment::GuestIndices::new(pre))
+                .transpose()?,
+            dataset: has(Role::Dataset)
+                .then(|| dataset::GuestIndices::new(pre))
+                .transpose()?,
+            reward: has(Role::Reward)
+                .then(|| reward::GuestIndices::new(pre))
+                .transpose()?,
+        })
+    }
+
+    /// A role's indices; an error (a host bug: sessions check the role first) if the
+    /// plugin does not export it.
+    pub fn role<'a, T>(indices: &'a Option<T>, role: &str) -> wasmtime::Result<&'a T> {
+        indices
+            .as_ref()
+            .ok_or_else(|| wasmtime::format_err!("the plugin exports no {role} interface"))
+    }
+}
+
+/// Adds this version's host functions (`log`) to `linker`.
+pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+    HostView::add_to_linker::<_, HasSelf<StoreState>>(linker, |state| state)
+}
+
+impl Host for StoreState {
+    fn log(&mut self, level: Level, message: String) {
+        self.log_line(level.into(), &message);
+    }
+}
+
+impl wit::Host for StoreState {}
 
 impl From<&types::Message> for wit::Message {
     fn from(m: &types::Message) -> Self {
