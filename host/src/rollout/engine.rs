@@ -211,6 +211,60 @@ impl Live<'_> {
     }
 }
 
+/// One batch while it is sampled: its trajectories, the plugin answers on their way, and
+/// where the time went.
+struct Batch<'t> {
+    lives: Vec<Live<'t>>,
+    /// Each trajectory once it has finished.
+    done: Vec<Option<Trajectory>>,
+    stats: BatchStats,
+    /// Trajectories sent to be scored, and those scored.
+    scoring: usize,
+    scored: usize,
+    /// Where plugin calls send their answers, and where the decode loop reads them.
+    tx: mpsc::Sender<Event>,
+    rx: mpsc::Receiver<Event>,
+}
+
+impl Batch<'_> {
+    /// The next plugin answer: one that has come (`None` if none has), or with `block`
+    /// the next to come, the wait counted as the batch's `plugin_wait_s`.
+    fn next_event(&mut self, block: bool) -> Result<Option<Event>> {
+        if !block {
+            return Ok(self.rx.try_recv().ok());
+        }
+        let w = Instant::now();
+        let event = self.rx.recv().context("plugin worker pool stopped")?;
+        self.stats.plugin_wait_s += w.elapsed().as_secs_f64();
+        Ok(Some(event))
+    }
+
+    /// The finished trajectories by sample, and the batch's figures.
+    fn into_groups(
+        self,
+        samples: &[(u64, Sample)],
+        group_size: usize,
+        t0: Instant,
+    ) -> (Vec<Group>, BatchStats) {
+        let mut groups: Vec<Group> = samples
+            .iter()
+            .map(|(id, _)| Group {
+                sample_id: *id,
+                trajectories: Vec::with_capacity(group_size),
+            })
+            .collect();
+        let mut stats = self.stats;
+        stats.trajectories = self.done.len();
+        for (t, traj) in self.done.into_iter().enumerate() {
+            groups[t / group_size]
+                .trajectories
+                .push(traj.expect("every trajectory finished"));
+        }
+        stats.wall_s = t0.elapsed().as_secs_f64();
+        (groups, stats)
+    }
+}
+
 impl<'a> Engine<'a> {
     pub fn new(
         lm: &'a LanguageModel,
@@ -277,42 +331,66 @@ impl<'a> Engine<'a> {
         mode: Mode,
     ) -> Result<(Vec<Group>, BatchStats)> {
         let t0 = Instant::now();
-        let mut stats = BatchStats::default();
-        let model = &self.lm.model;
-        let tok = &self.lm.tokenizer;
-        let s = self.settings;
-        let g = s.group_size;
         if let Some(bar) = &self.progress {
             bar.reset();
-            bar.set_length((samples.len() * g) as u64);
+            bar.set_length((samples.len() * self.settings.group_size) as u64);
         }
-        let prompts: Vec<Vec<u32>> = samples
-            .iter()
-            .map(|(id, sample)| {
-                self.prompt_tokens(sample)
-                    .with_context(|| format!("rendering the prompt of sample {id}"))
-            })
-            .collect::<Result<_>>()?;
-        for ((id, _), p) in samples.iter().zip(&prompts) {
-            if p.is_empty() {
-                bail!("sample {id} renders to an empty prompt");
-            }
-            if p.len() >= s.limits.max_total_tokens {
-                bail!(
-                    "sample {id}'s prompt has {} tokens, rollout.max_total_tokens is {}: raise the limit or shorten the prompt",
-                    p.len(),
-                    s.limits.max_total_tokens
-                );
-            }
-            stats.prompt_tokens += p.len();
-        }
-
+        let mut stats = BatchStats::default();
+        let prompts = self.prompts(samples, &mut stats)?;
         // Plugin sessions open on the worker pool while the prompts prefill; a trajectory
         // starts decoding once its own are open, not when all are (opening 64 Python
         // sessions takes longer than a prefill on two cores).
         let (tx, rx) = mpsc::channel::<Event>();
-        let n = samples.len() * g;
-        let opening = u8::from(s.trigger.is_some()) + u8::from(s.environment.is_some());
+        let opening = self.open_sessions(samples, seed, &tx);
+        let lives = self.prefill(&prompts, samples, seed, mode, opening, &mut stats)?;
+        stats.prefill_s = t0.elapsed().as_secs_f64();
+        let mut batch = Batch {
+            done: (0..lives.len()).map(|_| None).collect(),
+            lives,
+            stats,
+            scoring: 0,
+            scored: 0,
+            tx,
+            rx,
+        };
+        while self.decode_step(&mut batch, samples, version, mode)? {}
+        while batch.scored < batch.scoring {
+            let event = batch
+                .next_event(true)?
+                .expect("a blocking wait returns an event");
+            self.apply(event, &mut batch)?;
+        }
+        Ok(batch.into_groups(samples, self.settings.group_size, t0))
+    }
+
+    /// Each sample's prompt tokens, checked against the length limit.
+    fn prompts(&self, samples: &[(u64, Sample)], stats: &mut BatchStats) -> Result<Vec<Vec<u32>>> {
+        let limit = self.settings.limits.max_total_tokens;
+        let mut prompts = Vec::with_capacity(samples.len());
+        for (id, sample) in samples {
+            let p = self
+                .prompt_tokens(sample)
+                .with_context(|| format!("rendering the prompt of sample {id}"))?;
+            if p.is_empty() {
+                bail!("sample {id} renders to an empty prompt");
+            }
+            if p.len() >= limit {
+                bail!(
+                    "sample {id}'s prompt has {} tokens, rollout.max_total_tokens is {limit}: raise the limit or shorten the prompt",
+                    p.len()
+                );
+            }
+            stats.prompt_tokens += p.len();
+            prompts.push(p);
+        }
+        Ok(prompts)
+    }
+
+    /// Starts opening every trajectory's trigger session and environment episode on the
+    /// worker pool (each answers on `tx`); how many each trajectory waits for.
+    fn open_sessions(&self, samples: &[(u64, Sample)], seed: u64, tx: &mpsc::Sender<Event>) -> u8 {
+        let s = self.settings;
+        let g = s.group_size;
         for (i, (id, sample)) in samples.iter().enumerate() {
             for j in 0..g {
                 let t = i * g + j;
@@ -341,15 +419,29 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        u8::from(s.trigger.is_some()) + u8::from(s.environment.is_some())
+    }
 
+    /// Prefills each prompt once and forks its cache into its group's trajectories, which
+    /// wait for `opening` plugin sessions each before they decode.
+    fn prefill(
+        &self,
+        prompts: &[Vec<u32>],
+        samples: &[(u64, Sample)],
+        seed: u64,
+        mode: Mode,
+        opening: u8,
+        stats: &mut BatchStats,
+    ) -> Result<Vec<Live<'a>>> {
+        let model = &self.lm.model;
         let mut heads: Vec<Sequence> = prompts
             .iter()
             .map(|p| Sequence::new(model, p.clone(), 0))
             .collect();
         advance(model, &mut heads.iter_mut().collect::<Vec<_>>(), mode)?;
         stats.forwards += 1;
-        stats.prefill_s = t0.elapsed().as_secs_f64();
-        let mut lives: Vec<Live> = Vec::with_capacity(n);
+        let g = self.settings.group_size;
+        let mut lives = Vec::with_capacity(heads.len() * g);
         for (i, head) in heads.iter_mut().enumerate() {
             for j in 0..g {
                 let seq = head.fork(sample_seed(seed, samples[i].0 as usize, j));
@@ -358,7 +450,7 @@ impl<'a> Engine<'a> {
                     sample: i,
                     index: j,
                     seq,
-                    dec: IncrementalDecoder::new(tok, false),
+                    dec: IncrementalDecoder::new(&self.lm.tokenizer, false),
                     state: if opening > 0 {
                         State::Opening(opening)
                     } else {
@@ -382,122 +474,93 @@ impl<'a> Engine<'a> {
                 });
             }
         }
-        drop(heads);
+        Ok(lives)
+    }
 
-        let mut trajectories: Vec<Option<Trajectory>> = (0..n).map(|_| None).collect();
-        let mut scoring = 0usize;
-        let mut scored = 0usize;
+    /// One round of the decode loop: takes the plugin answers that have come (waiting
+    /// for one only when nothing can decode), hands finished trajectories to be scored,
+    /// and samples one token for every active trajectory. `false` once nothing is left to
+    /// decode or wait for.
+    fn decode_step(
+        &self,
+        b: &mut Batch<'a>,
+        samples: &[(u64, Sample)],
+        version: u64,
+        mode: Mode,
+    ) -> Result<bool> {
+        if self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+        {
+            bail!("{ABANDONED}");
+        }
         loop {
-            if self
-                .cancel
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Relaxed))
-            {
-                bail!("{ABANDONED}");
-            }
-            // Plugin answers that arrived meanwhile; block only when nothing can decode.
-            loop {
-                let any_active = lives.iter().any(|l| l.state == State::Active);
-                let any_waiting = lives.iter().any(|l| l.state.on_plugin());
-                let event = if any_active || !any_waiting {
-                    match rx.try_recv() {
-                        Ok(e) => e,
-                        Err(_) => break,
-                    }
-                } else {
-                    let w = Instant::now();
-                    let e = rx.recv().context("plugin worker pool stopped")?;
-                    stats.plugin_wait_s += w.elapsed().as_secs_f64();
-                    e
-                };
-                self.apply(
-                    event,
-                    &mut lives,
-                    &mut trajectories,
-                    &mut stats,
-                    &mut scored,
-                )?;
-            }
-            // Trajectories that just finished: build them and send them to be scored.
-            for (t, l) in lives.iter_mut().enumerate() {
-                if let State::Done(stop) = l.state
-                    && trajectories[t].is_none()
-                {
-                    let traj = self.finish(l, samples, stop, version)?;
-                    stats.sampled_tokens += traj.sampled_tokens();
-                    stats.inserted_tokens += traj.completion_tokens().len() - traj.sampled_tokens();
-                    trajectories[t] = Some(traj);
-                    if let Some(bar) = &self.progress {
-                        bar.inc(1);
-                    }
-                    if self.rewards.fns.is_empty() {
-                        let traj = trajectories[t].as_mut().expect("just set");
-                        self.rewards.combine(traj, Vec::new(), l.env_reward);
-                    } else {
-                        self.spawn_scoring(
-                            t,
-                            trajectories[t].as_ref().expect("just set"),
-                            tx.clone(),
-                        );
-                        scoring += 1;
-                    }
-                }
-            }
-            let mut active: Vec<&mut Live> = lives
-                .iter_mut()
-                .filter(|l| l.state == State::Active)
-                .collect();
-            if active.is_empty() {
-                if lives.iter().any(|l| l.state.on_plugin()) {
-                    continue;
-                }
+            let block = !b.lives.iter().any(|l| l.state == State::Active)
+                && b.lives.iter().any(|l| l.state.on_plugin());
+            let Some(event) = b.next_event(block)? else {
                 break;
-            }
-            let f0 = Instant::now();
+            };
+            self.apply(event, b)?;
+        }
+        for t in 0..b.lives.len() {
+            if let State::Done(stop) = b.lives[t].state
+                && b.done[t].is_none()
             {
-                let mut seqs: Vec<&mut Sequence> = active
-                    .iter_mut()
-                    .filter(|l| !l.seq.ready())
-                    .map(|l| &mut l.seq)
-                    .collect();
-                if !seqs.is_empty() {
-                    advance(model, &mut seqs, mode)?;
-                    stats.forwards += 1;
-                }
-            }
-            stats.decode_s += f0.elapsed().as_secs_f64();
-            for l in active {
-                self.step(l, &tx)?;
+                self.hand_over(b, t, samples, stop, version)?;
             }
         }
-        while scored < scoring {
-            let w = Instant::now();
-            let event = rx.recv().context("plugin worker pool stopped")?;
-            stats.plugin_wait_s += w.elapsed().as_secs_f64();
-            self.apply(
-                event,
-                &mut lives,
-                &mut trajectories,
-                &mut stats,
-                &mut scored,
-            )?;
-        }
-
-        let mut groups: Vec<Group> = samples
-            .iter()
-            .map(|(id, _)| Group {
-                sample_id: *id,
-                trajectories: Vec::with_capacity(g),
-            })
+        let mut active: Vec<&mut Live> = b
+            .lives
+            .iter_mut()
+            .filter(|l| l.state == State::Active)
             .collect();
-        for (t, traj) in trajectories.into_iter().enumerate() {
-            groups[t / g]
-                .trajectories
-                .push(traj.expect("every trajectory finished"));
+        if active.is_empty() {
+            // Nothing decodes: go on only while a plugin answer is still to come.
+            return Ok(b.lives.iter().any(|l| l.state.on_plugin()));
         }
-        stats.trajectories = n;
-        stats.wall_s = t0.elapsed().as_secs_f64();
-        Ok((groups, stats))
+        let f0 = Instant::now();
+        let mut seqs: Vec<&mut Sequence> = active
+            .iter_mut()
+            .filter(|l| !l.seq.ready())
+            .map(|l| &mut l.seq)
+            .collect();
+        if !seqs.is_empty() {
+            advance(&self.lm.model, &mut seqs, mode)?;
+            b.stats.forwards += 1;
+        }
+        b.stats.decode_s += f0.elapsed().as_secs_f64();
+        for l in active {
+            self.step(l, &b.tx)?;
+        }
+        Ok(true)
+    }
+
+    /// Builds trajectory `t`, which just finished, and sends it to be scored (or scores it
+    /// at once when the run has no reward plugins).
+    fn hand_over(
+        &self,
+        b: &mut Batch<'a>,
+        t: usize,
+        samples: &[(u64, Sample)],
+        stop: StopReason,
+        version: u64,
+    ) -> Result<()> {
+        let l = &mut b.lives[t];
+        let mut traj = self.finish(l, samples, stop, version)?;
+        b.stats.sampled_tokens += traj.sampled_tokens();
+        b.stats.inserted_tokens += traj.completion_tokens().len() - traj.sampled_tokens();
+        if let Some(bar) = &self.progress {
+            bar.inc(1);
+        }
+        if self.rewards.fns.is_empty() {
+            self.rewards.combine(&mut traj, Vec::new(), l.env_reward);
+        } else {
+            self.spawn_scoring(t, &traj, b.tx.clone());
+            b.scoring += 1;
+        }
+        b.done[t] = Some(traj);
+        Ok(())
     }
 
     /// Samples one token for an active trajectory and acts on it.
@@ -583,14 +646,9 @@ impl<'a> Engine<'a> {
     }
 
     /// Acts on a plugin's answer.
-    fn apply(
-        &self,
-        event: Event,
-        lives: &mut [Live],
-        trajectories: &mut [Option<Trajectory>],
-        stats: &mut BatchStats,
-        scored: &mut usize,
-    ) -> Result<()> {
+    /// Acts on a plugin's answer.
+    fn apply(&self, event: Event, b: &mut Batch) -> Result<()> {
+        let (lives, stats) = (&mut b.lives, &mut b.stats);
         match event {
             Event::Fired(t, session, result, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
@@ -668,9 +726,9 @@ impl<'a> Engine<'a> {
             }
             Event::Scored(t, results, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
-                let traj = trajectories[t].as_mut().expect("scored after finishing");
+                let traj = b.done[t].as_mut().expect("scored after finishing");
                 self.rewards.combine(traj, results, lives[t].env_reward);
-                *scored += 1;
+                b.scored += 1;
             }
             Event::TriggerOpened(t, result) => {
                 let l = &mut lives[t];
@@ -922,6 +980,70 @@ mod tests {
             .iter()
             .map(|g| g.trajectories.iter().map(|t| t.tokens.clone()).collect())
             .collect()
+    }
+
+    /// A prompt that cannot fit is refused before anything decodes, naming the sample and
+    /// the setting; the prompts that fit are counted.
+    #[test]
+    fn prompts_are_checked_against_the_length_limit() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let rewards = Rewards::none();
+        let mut s = settings(&lm, 1);
+        let short = (1, Sample::from_prompt("Hi"));
+        let long = (7, Sample::from_prompt(&"many words ".repeat(40)));
+        let fits = Engine::new(&lm, &s, &rewards, rt.handle().clone())
+            .unwrap()
+            .prompt_tokens(&short.1)
+            .unwrap()
+            .len();
+        s.limits.max_total_tokens = fits + 1;
+        let engine = Engine::new(&lm, &s, &rewards, rt.handle().clone()).unwrap();
+        let mut stats = BatchStats::default();
+        assert_eq!(
+            engine.prompts(std::slice::from_ref(&short), &mut stats).unwrap()[0].len(),
+            fits
+        );
+        assert_eq!(stats.prompt_tokens, fits);
+        let e = engine
+            .prompts(&[short, long], &mut stats)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("sample 7's prompt has") && e.contains("rollout.max_total_tokens is"),
+            "{e}"
+        );
+    }
+
+    /// The decode loop takes plugin answers without waiting while it has work, and waits
+    /// (counting the wait as the tool's) only when asked to.
+    #[test]
+    fn a_batch_waits_for_plugin_answers_only_when_told_to() {
+        let (tx, rx) = mpsc::channel::<Event>();
+        let mut batch = Batch {
+            lives: Vec::new(),
+            done: Vec::new(),
+            stats: BatchStats::default(),
+            scoring: 0,
+            scored: 0,
+            tx: tx.clone(),
+            rx,
+        };
+        assert!(batch.next_event(false).unwrap().is_none());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            let _ = tx.send(Event::Scored(3, Vec::new(), Duration::ZERO));
+        });
+        let event = batch.next_event(true).unwrap();
+        assert!(matches!(event, Some(Event::Scored(3, _, _))));
+        assert!(
+            batch.stats.plugin_wait_s >= 0.02,
+            "{}",
+            batch.stats.plugin_wait_s
+        );
     }
 
     /// A sample's trajectories do not depend on what else is in the batch: prefilling a
