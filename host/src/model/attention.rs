@@ -229,7 +229,7 @@ fn softmax_row(z: &mut [f32], m: &[f32], scale: f32) {
         z.fill(0.0);
         return;
     }
-    let (done, mut sum) = super::fused::simd_exp(z, max);
+    let (done, mut sum) = super::simd::simd_exp(z, max);
     for z in &mut z[done..] {
         *z = (*z - max).exp();
         sum += *z;

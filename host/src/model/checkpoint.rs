@@ -123,7 +123,7 @@ impl CustomOp2 for Recompute {
             bail!("checkpoint: the forward ran twice")
         };
         // The model computes in f32 (other dtypes arrive with the GPU path).
-        let out = super::fused::with_f32_data(&y, |d| Ok(d.to_vec()))?;
+        let out = super::storage::with_f32_data(&y, |d| Ok(d.to_vec()))?;
         let out = CpuStorage::F32(out);
         Ok((out, y.shape().clone()))
     }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 #[cfg(target_arch = "x86_64")]
 use {
     super::alloc::zeroed,
-    super::fused::with_f32_data,
     super::gemm::{MatRef, gemm_plus, product_plus, product_plus_into},
+    super::storage::with_f32_data,
 };
 
 /// A projection's frozen base weight `[out, in]`: a dense tensor, or NF4 (QLoRA), which is

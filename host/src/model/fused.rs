@@ -16,56 +16,13 @@
 //!   `dQ = s dS K`, `dK = s dSᵀ Q` (FlashAttention's form of the softmax backward).
 
 use super::alloc::zeroed;
+use super::simd::{simd_exp, simd_swiglu, simd_swiglu_grads};
+use super::storage::{f32_slice, precomputed, with_f32_data};
 use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, Device, Layout, Result, Shape, Tensor, bail,
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, Layout, Result, Shape, Tensor, bail,
 };
 use rayon::prelude::*;
 use std::sync::Mutex;
-
-/// A forward result computed with ordinary tensor ops before the op is applied, handed to
-/// candle as the op's output (candle then records the op for the backward).
-pub(crate) fn precomputed(value: &Mutex<Option<Tensor>>, op: &str) -> Result<(CpuStorage, Shape)> {
-    let value = value
-        .lock()
-        .map_err(|_| candle_core::Error::Msg(format!("{op}: poisoned")))?
-        .take();
-    let Some(value) = value else {
-        bail!("{op}: forward ran twice")
-    };
-    let shape = value.shape().clone();
-    let data = value
-        .to_device(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    Ok((CpuStorage::F32(data), shape))
-}
-
-pub(crate) fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(data) = s else {
-        bail!("{op}: f32 only")
-    };
-    let Some((a, b)) = l.contiguous_offsets() else {
-        bail!("{op}: input must be contiguous")
-    };
-    Ok(&data[a..b])
-}
-
-/// Runs `f` on a CPU f32 tensor's elements (made contiguous first), without copying them
-/// when they already are.
-pub(crate) fn with_f32_data<R>(
-    t: &candle_core::Tensor,
-    f: impl FnOnce(&[f32]) -> candle_core::Result<R>,
-) -> candle_core::Result<R> {
-    use candle_core::{CpuStorage, Storage};
-    let t = t.contiguous()?;
-    let (guard, layout) = t.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) =
-        (&*guard, layout.contiguous_offsets())
-    else {
-        candle_core::bail!("expected an f32 tensor on the CPU, got {:?}", t.dtype())
-    };
-    f(&data[a..b])
-}
 
 fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
     t.contiguous()?.flatten_all()?.to_vec1::<f32>()
@@ -150,39 +107,6 @@ fn sigmoid(x: f32) -> f32 {
 
 /// Elements per parallel task of the elementwise kernels.
 const CHUNK: usize = 1 << 14;
-
-/// The vectorised SwiGLU forward where AVX2/FMA exist; returns the elements it did.
-fn simd_swiglu(a: &[f32], b: &[f32], y: &mut [f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if super::gemv::available() {
-        // SAFETY: AVX2 and FMA are present.
-        return unsafe { super::head::simd::swiglu(a, b, y) };
-    }
-    let _ = (a, b, y);
-    0
-}
-
-/// `z ← e^{z−m}` vectorised where AVX2/FMA exist: `(elements done, their sum)`.
-pub(crate) fn simd_exp(z: &mut [f32], m: f32) -> (usize, f32) {
-    #[cfg(target_arch = "x86_64")]
-    if super::gemv::available() {
-        // SAFETY: AVX2 and FMA are present.
-        return unsafe { super::head::simd::exp_in_place(z, m) };
-    }
-    let _ = (z, m);
-    (0, 0.0)
-}
-
-/// The vectorised SwiGLU backward, as [`simd_swiglu`].
-fn simd_swiglu_grads(a: &[f32], b: &[f32], g: &[f32], da: &mut [f32], db: &mut [f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if super::gemv::available() {
-        // SAFETY: AVX2 and FMA are present.
-        return unsafe { super::head::simd::swiglu_grads(a, b, g, da, db) };
-    }
-    let _ = (a, b, g, da, db);
-    0
-}
 
 /// `y = silu(a) ⊙ b`, in parallel (all slices the same length).
 pub(crate) fn swiglu_into(a: &[f32], b: &[f32], y: &mut [f32]) {
@@ -656,7 +580,7 @@ impl CustomOp3 for Attention {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Var;
+    use candle_core::{Device, Var};
 
     use crate::model::fixtures::{max_diff, uniform};
 

@@ -17,8 +17,8 @@
 //! only, which this node does not model); everything else takes the composed path.
 
 use super::frozen::{Weight, with_frozen};
-use super::fused::with_f32_data;
 use super::gemm::{MatRef, product};
+use super::storage::with_f32_data;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
@@ -59,7 +59,7 @@ struct LoraMatmul {
 }
 
 fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    super::fused::f32_slice(s, l, "lora")
+    super::storage::f32_slice(s, l, "lora")
 }
 
 impl CustomOp3 for LoraMatmul {

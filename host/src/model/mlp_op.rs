@@ -19,9 +19,10 @@
 
 use super::alloc::zeroed;
 use super::frozen::{Frozen, Weight, with_frozen, with_frozen3};
-use super::fused::{swiglu_grads_in_place, swiglu_into, with_f32_data};
+use super::fused::{swiglu_grads_in_place, swiglu_into};
 use super::gemm::{MatRef, product};
 use super::lora::{AdapterSnapshot, Linear};
+use super::storage::with_f32_data;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
@@ -149,8 +150,8 @@ impl CustomOp2 for LoraMlp {
         pl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (inter, hidden) = self.dims()?;
-        let x = super::fused::f32_slice(xs, xl, self.name())?;
-        let p = super::fused::f32_slice(ps, pl, self.name())?;
+        let x = super::storage::f32_slice(xs, xl, self.name())?;
+        let p = super::storage::f32_slice(ps, pl, self.name())?;
         let (at, total) = offsets(self.ranks, hidden, inter);
         if p.len() != total {
             bail!("mlp: {} adapter values, expected {total}", p.len());

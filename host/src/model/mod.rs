@@ -32,6 +32,8 @@ pub mod nf4;
 pub mod ops;
 pub mod peft;
 pub mod sample;
+pub mod simd;
+pub mod storage;
 pub mod threads;
 pub mod tokenizer;
 pub mod weights;

@@ -192,7 +192,7 @@ impl CustomOp1 for TargetLogprobs {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        super::fused::precomputed(&self.value, self.name())
+        super::storage::precomputed(&self.value, self.name())
     }
 
     // With z the logits of a row, p = softmax(z), t the target and (g_l, g_h) the incoming
