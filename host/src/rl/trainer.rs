@@ -72,10 +72,8 @@ pub struct Outcome {
     pub eval_start: Option<EvalReport>,
 }
 
-/// Trains `lm` as `plan` says, sampling from `sources`, and `run` says where: each step
-/// samples a batch (the producer thread), scores it, computes advantages and updates the
-/// adapter (the [`Learner`]), evaluates on the held-out split when due, publishes the
-/// step's record, and writes a checkpoint when due.
+/// Trains `lm` as `plan` says, sampling from `sources`, and `run` says where: the
+/// producer thread samples a batch per step while [`Steps`] takes them in turn.
 pub fn train(
     lm: &mut LanguageModel,
     sources: Sources,
@@ -85,30 +83,36 @@ pub fn train(
 ) -> Result<Outcome> {
     let (state, opt, critic) = restore(lm, plan, run.resume)?;
     let lm: &LanguageModel = lm;
-    let mut log = RunLog::open(run.out_dir, run.resume.map(|_| state.step))?;
+    let log = RunLog::open(run.out_dir, run.resume.map(|_| state.step))?;
     let held_out = HeldOut::prepare(sources, plan, handle)?;
     run.hub.resume_at(state.step);
     let eval_start = held_out.at_start(lm, sources, run, state.step, handle)?;
     let b = &plan.batches;
     let queue = RolloutQueue::new(b.queue_capacity, b.max_staleness, state.step);
     let progress = Progress::new(state.step, plan.steps, run.quiet);
-    let mut learner = Learner::new(&lm.model, critic.as_ref(), opt, plan, progress.update_bar());
-    let saver = Saver {
-        lm,
-        run,
-        plan,
-        critic: critic.as_ref(),
-    };
     let adapters = AdapterBoard::new(AdapterSnapshot::take(&lm.model, state.step)?);
-    let last = run
-        .stop_after
-        .map_or(plan.steps, |n| (state.step + n).min(plan.steps));
-    let mut outcome = Outcome {
-        eval_start,
-        ..Outcome::default()
+    let mut steps = Steps {
+        learner: Learner::new(&lm.model, critic.as_ref(), opt, plan, progress.update_bar()),
+        log,
+        last: run
+            .stop_after
+            .map_or(plan.steps, |n| (state.step + n).min(plan.steps)),
+        outcome: Outcome {
+            eval_start,
+            ..Outcome::default()
+        },
+        unsaved: None,
+        lm,
+        sources,
+        plan,
+        run,
+        handle,
+        critic: critic.as_ref(),
+        held_out,
+        queue: &queue,
+        adapters: &adapters,
+        progress: &progress,
     };
-    // The last finished step when it has no checkpoint yet.
-    let mut unsaved: Option<(u64, Cursor)> = None;
     std::thread::scope(|scope| -> Result<()> {
         let producer = scope.spawn(|| {
             let options = ProducerOptions {
@@ -120,64 +124,128 @@ pub fn train(
             };
             producer::produce(lm, sources, plan, &queue, options, handle)
         });
-        let result = (|| -> Result<()> {
-            for step in state.step..last {
-                let t0 = Instant::now();
-                run.hub.set_phase(Phase::Rollout);
-                progress.phase("waiting for rollouts");
-                let Some(batch) = next_batch(&queue, run)? else {
-                    // Interrupted while sampling: the step is abandoned.
-                    if let Some((done, cursor)) = unsaved.take() {
-                        outcome.checkpoint = Some(saver.save(&learner.opt, done, cursor)?);
-                    }
-                    outcome.interrupted = true;
-                    break;
-                };
-                debug_assert_eq!(batch.step, step);
-                let rollout_s = t0.elapsed().as_secs_f64();
-                run.hub.set_phase(Phase::Update);
-                progress.phase("updating the adapter");
-                let (mut m, scored) = learner.learn(&batch, step)?;
-                adapters.publish(AdapterSnapshot::take(&lm.model, step + 1)?);
-                queue.publish(step + 1);
-                (m.rollout_s, m.step_s) = (rollout_s, t0.elapsed().as_secs_f64());
-                let done = step + 1;
-                if held_out.due(done, last) {
-                    run.hub.set_phase(Phase::Eval);
-                    progress.phase("evaluating on the held-out split");
-                    held_out.evaluate_into(&mut m, lm, sources, handle)?;
-                }
-                log.write(&m)?;
-                run.hub
-                    .step(&m, scored.iter().flat_map(|g| &g.trajectories));
-                progress.step(&m, plan.steps);
-                outcome.metrics.push(m);
-                let stop = interrupted(run);
-                if done.is_multiple_of(plan.saves.every) || done == last || stop {
-                    outcome.checkpoint = Some(saver.save(&learner.opt, done, batch.cursor)?);
-                    unsaved = None;
-                } else {
-                    unsaved = Some((done, batch.cursor));
-                }
-                if stop {
-                    outcome.interrupted = true;
-                    break;
-                }
-            }
-            Ok(())
-        })();
+        let result = steps.run(state.step);
         queue.close();
         let _ = producer.join();
         result
     })?;
     progress.finish();
-    outcome.steps_done = outcome.metrics.last().map_or(state.step, |m| m.step);
-    if outcome.interrupted && outcome.checkpoint.is_none() {
-        // Interrupted before a step finished in this call: the newest checkpoint is the
-        // one this call resumed from, or none.
-        outcome.checkpoint = run.resume.map(Path::to_path_buf);
+    Ok(steps.outcome(state.step))
+}
+
+/// The trainer's side of one `train` call: it takes the producer's batches one step at a
+/// time.
+struct Steps<'a> {
+    lm: &'a LanguageModel,
+    sources: Sources<'a>,
+    plan: &'a TrainPlan,
+    run: &'a RunOptions<'a>,
+    handle: &'a Handle,
+    learner: Learner<'a>,
+    critic: Option<&'a ValueHead>,
+    held_out: HeldOut,
+    log: RunLog,
+    queue: &'a RolloutQueue<Batch>,
+    adapters: &'a AdapterBoard,
+    progress: &'a Progress,
+    /// This call's last step (1-based).
+    last: u64,
+    outcome: Outcome,
+    /// The last finished step when it has no checkpoint yet.
+    unsaved: Option<(u64, Cursor)>,
+}
+
+impl Steps<'_> {
+    /// Steps `first..last` (0-based), until the end or an interruption.
+    fn run(&mut self, first: u64) -> Result<()> {
+        for step in first..self.last {
+            if !self.step(step)? {
+                break;
+            }
+        }
+        Ok(())
     }
-    Ok(outcome)
+
+    /// Step `step` (0-based): sample (the producer's batch), score, advantages and update
+    /// (the learner), publish the new adapter, evaluate when due, record, checkpoint when
+    /// due. `false` when the run stops after it.
+    fn step(&mut self, step: u64) -> Result<bool> {
+        let t0 = Instant::now();
+        self.phase(Phase::Rollout, "waiting for rollouts");
+        let Some(batch) = next_batch(self.queue, self.run)? else {
+            // Interrupted while sampling: the step is abandoned.
+            if let Some((done, cursor)) = self.unsaved.take() {
+                self.save(done, cursor)?;
+            }
+            self.outcome.interrupted = true;
+            return Ok(false);
+        };
+        debug_assert_eq!(batch.step, step);
+        let rollout_s = t0.elapsed().as_secs_f64();
+        self.phase(Phase::Update, "updating the adapter");
+        let (mut m, scored) = self.learner.learn(&batch, step)?;
+        let done = step + 1;
+        self.adapters
+            .publish(AdapterSnapshot::take(&self.lm.model, done)?);
+        self.queue.publish(done);
+        (m.rollout_s, m.step_s) = (rollout_s, t0.elapsed().as_secs_f64());
+        if self.held_out.due(done, self.last) {
+            self.phase(Phase::Eval, "evaluating on the held-out split");
+            self.held_out
+                .evaluate_into(&mut m, self.lm, self.sources, self.handle)?;
+        }
+        self.log.write(&m)?;
+        self.run
+            .hub
+            .step(&m, scored.iter().flat_map(|g| &g.trajectories));
+        self.progress.step(&m, self.plan.steps);
+        self.outcome.metrics.push(m);
+        let stop = interrupted(self.run);
+        if done.is_multiple_of(self.plan.saves.every) || done == self.last || stop {
+            self.save(done, batch.cursor)?;
+        } else {
+            self.unsaved = Some((done, batch.cursor));
+        }
+        self.outcome.interrupted |= stop;
+        Ok(!stop)
+    }
+
+    fn phase(&self, phase: Phase, what: &str) {
+        self.run.hub.set_phase(phase);
+        self.progress.phase(what);
+    }
+
+    /// A checkpoint of step `done`, whose batch left the data at `cursor`; the status
+    /// server is told.
+    fn save(&mut self, done: u64, cursor: Cursor) -> Result<()> {
+        let opt = &self.learner.opt;
+        let state = TrainerState {
+            step: done,
+            optimizer_step: opt.step,
+            cursor,
+            seed: self.plan.seed,
+        };
+        let out_dir = self.run.out_dir;
+        let keep = self.plan.saves.keep_last;
+        let dir = checkpoint::save(out_dir, self.lm, self.critic, opt, &state, keep)?;
+        let shown = dir.strip_prefix(out_dir).unwrap_or(&dir);
+        self.run.hub.checkpoint(&shown.display().to_string());
+        self.outcome.checkpoint = Some(dir);
+        self.unsaved = None;
+        Ok(())
+    }
+
+    /// How the call ended; `first` is the step it started at.
+    fn outcome(self, first: u64) -> Outcome {
+        let mut outcome = self.outcome;
+        outcome.steps_done = outcome.metrics.last().map_or(first, |m| m.step);
+        if outcome.interrupted && outcome.checkpoint.is_none() {
+            // Interrupted before a step finished in this call: the newest checkpoint is
+            // the one this call resumed from, or none.
+            outcome.checkpoint = self.run.resume.map(Path::to_path_buf);
+        }
+        outcome
+    }
 }
 
 fn interrupted(run: &RunOptions) -> bool {
@@ -238,38 +306,6 @@ fn restore(
         );
     }
     Ok((state, opt, critic))
-}
-
-/// Writes checkpoints of this run and tells the status server.
-struct Saver<'a> {
-    lm: &'a LanguageModel,
-    run: &'a RunOptions<'a>,
-    plan: &'a TrainPlan,
-    critic: Option<&'a ValueHead>,
-}
-
-impl Saver<'_> {
-    /// A checkpoint of step `done`, whose batch left the data at `cursor`.
-    fn save(&self, opt: &AdamW, done: u64, cursor: Cursor) -> Result<PathBuf> {
-        let state = TrainerState {
-            step: done,
-            optimizer_step: opt.step,
-            cursor,
-            seed: self.plan.seed,
-        };
-        let out_dir = self.run.out_dir;
-        let dir = checkpoint::save(
-            out_dir,
-            self.lm,
-            self.critic,
-            opt,
-            &state,
-            self.plan.saves.keep_last,
-        )?;
-        let shown = dir.strip_prefix(out_dir).unwrap_or(&dir);
-        self.run.hub.checkpoint(&shown.display().to_string());
-        Ok(dir)
-    }
 }
 
 /// Evaluation on the held-out split every `train.eval_every` steps and at the end:
