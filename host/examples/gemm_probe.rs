@@ -4,7 +4,7 @@
 //! First the machine's FMA peak on the same threads, which the rates are a fraction of.
 //! `RAYON_NUM_THREADS=2 cargo run --release -p rlhost --example gemm_probe`
 use candle_core::{Device, Tensor};
-use rlhost::model::gemm::{MatRef, gemm};
+use rlhost::model::cpu::gemm::{MatRef, gemm};
 use std::time::Instant;
 
 fn time(f: impl Fn() -> candle_core::Result<Tensor>) -> anyhow::Result<f64> {
@@ -102,8 +102,8 @@ fn fma_peak() -> (f64, &'static str) {
 }
 
 fn main() -> anyhow::Result<()> {
-    rlhost::model::alloc::keep_freed_memory();
-    rlhost::model::threads::share_cores_quietly();
+    rlhost::model::cpu::alloc::keep_freed_memory();
+    rlhost::model::cpu::threads::share_cores_quietly();
     let (peak, width) = fma_peak();
     println!(
         "FMA peak ({width}, {} threads): {:.0} GFLOPS",

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn main() -> Result<()> {
-    rlhost::model::alloc::keep_freed_memory();
-    rlhost::model::threads::share_cores_quietly();
+    rlhost::model::cpu::alloc::keep_freed_memory();
+    rlhost::model::cpu::threads::share_cores_quietly();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args
         .first()

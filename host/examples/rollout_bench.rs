@@ -119,8 +119,8 @@ fn teach(lm: &mut LanguageModel) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    rlhost::model::alloc::keep_freed_memory();
-    rlhost::model::threads::share_cores_quietly();
+    rlhost::model::cpu::alloc::keep_freed_memory();
+    rlhost::model::cpu::threads::share_cores_quietly();
     let a = args()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -62,8 +62,8 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(cli.quiet);
-    crate::model::alloc::keep_freed_memory();
-    crate::model::threads::share_cores_quietly();
+    crate::model::cpu::alloc::keep_freed_memory();
+    crate::model::cpu::threads::share_cores_quietly();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -12,7 +12,7 @@
 //!
 //! The op is `y = block(x; adapters)` for any block of the model (the decoder passes each
 //! layer's forward) with the adapters of its projections (the live ones or
-//! `mode.adapter`'s) as one flat input, as in [`super::mlp_op`]. The forward runs the
+//! `mode.adapter`'s) as one flat input, as in [`super::cpu::mlp_op`]. The forward runs the
 //! block on detached copies, through the same kernels as training, and builds no graph.
 //! The backward makes fresh variables of `x` and the adapters, runs the block on them,
 //! backpropagates `Σ y ⊙ g` and returns their gradients. LoRA dropout draws the same masks
@@ -123,7 +123,7 @@ impl CustomOp2 for Recompute {
             bail!("checkpoint: the forward ran twice")
         };
         // The model computes in f32 (other dtypes arrive with the GPU path).
-        let out = super::storage::with_f32_data(&y, |d| Ok(d.to_vec()))?;
+        let out = super::cpu::storage::with_f32_data(&y, |d| Ok(d.to_vec()))?;
         let out = CpuStorage::F32(out);
         Ok((out, y.shape().clone()))
     }

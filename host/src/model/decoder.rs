@@ -15,11 +15,12 @@
 //!   forked: the prefix becomes a frozen segment the forks share without copying, which
 //!   is how a group of samples shares its prompt's prefill.
 
+use super::compute::{self, rms_norm};
 use super::config::{Arch, ModelConfig};
 use super::frozen::Weight;
 use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
 use super::nf4::Nf4Linear;
-use super::ops::{rms_norm, rope_cos_sin, rope_inv_freq, softmax_last, target_logprobs};
+use super::ops::{rope_cos_sin, rope_inv_freq, softmax_last};
 use super::weights::Weights;
 use anyhow::Context;
 use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
@@ -34,7 +35,7 @@ const MASKED: f32 = -1e30;
 /// `[rows, vocab]` f32 intermediate under the allocator's heap-block limit (55 rows for a
 /// 151,936-token vocabulary, 256 at most).
 pub fn logprob_chunk_rows(vocab: usize) -> usize {
-    (super::alloc::HEAP_BLOCK_LIMIT / 4 / vocab.max(1)).clamp(1, 256)
+    (super::cpu::alloc::HEAP_BLOCK_LIMIT / 4 / vocab.max(1)).clamp(1, 256)
 }
 
 #[derive(Clone)]
@@ -220,7 +221,7 @@ impl Model {
             lin.quantize_nf4(nested)?;
         }
         // The f32 weights just dropped are not needed again.
-        super::alloc::release_freed_memory();
+        super::cpu::alloc::release_freed_memory();
         Ok(())
     }
 
@@ -400,14 +401,14 @@ impl Model {
     /// Full logits `[.., vocab]` from hidden states (small vocabularies and tests; training
     /// uses [`Model::logprobs`]).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        super::ops::frozen_linear(hidden, &self.lm_head)
+        compute::linear(hidden, &self.lm_head)
     }
 
     /// Log-probs of `targets` and entropies, both `[B, T]`, from hidden states `[B, T, H]`,
     /// without materialising the whole `[B·T, vocab]` logits (chunked, own backward).
     pub fn logprobs(&self, hidden: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
         let (b, t, h) = hidden.dims3()?;
-        let (logp, ent) = target_logprobs(
+        let (logp, ent) = compute::target_logprobs(
             &hidden.reshape((b * t, h))?,
             &self.lm_head,
             &targets.flatten_all()?,
@@ -481,7 +482,7 @@ impl Model {
             x = x.index_select(&last, 0)?;
         }
         let x = rms_norm(&x, &self.norm, eps)?;
-        super::ops::frozen_linear(&x, &self.lm_head)
+        compute::linear(&x, &self.lm_head)
     }
 }
 
@@ -534,34 +535,24 @@ impl Attention {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
         let heads = |lin: &Linear, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
-            let y = lin.forward(x, mode)?;
+            let y = compute::lora_linear(lin, x, mode)?;
             match norm {
                 Some(w) => rms_norm(&y.reshape((b, t, n, d))?, w, self.eps),
                 None => Ok(y),
             }
         };
-        // `[B, T, n·d]` → `[B, g, (n/g)·T, d]` (see `fused::heads_rope`), rotated for q and
-        // k: one differentiable node in training, candle's fused rope otherwise. Queries
-        // come out with the n_rep query heads of each kv head stacked as rows, the
-        // grouped-query layout of `fused::attention` (no repeated k/v).
+        // `[B, T, n·d]` → `[B, g, (n/g)·T, d]`, rotated for q and k. Queries come out with
+        // the n_rep query heads of each kv head stacked as rows, the grouped-query layout
+        // of `compute::attention` (no repeated k/v).
         let place = |y: Tensor, n: usize, groups: usize, rotate: bool| -> Result<Tensor> {
-            if y.track_op() {
-                return super::fused::heads_rope(&y, n, groups, rotate.then_some((cos, sin)));
-            }
-            let y = y.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous()?;
-            let y = if rotate {
-                candle_nn::rotary_emb::rope(&y, cos, sin)?
-            } else {
-                y
-            };
-            y.reshape((b, groups, n / groups * t, d))
+            compute::rope_heads(&y, n, groups, rotate.then_some((cos, sin)))
         };
         let q = place(heads(&self.q_proj, nh, &self.q_norm)?, nh, nkv, true)?;
         let k = place(heads(&self.k_proj, nkv, &self.k_norm)?, nkv, nkv, true)?;
         let v = place(heads(&self.v_proj, nkv, &None)?, nkv, nkv, false)?;
-        let out = super::fused::attention(&q, &k, &v, mask, 1.0 / (d as f64).sqrt())?;
+        let out = compute::attention(&q, &k, &v, mask, 1.0 / (d as f64).sqrt())?;
         let out = out.reshape((b, nh, t, d))?.transpose(1, 2)?;
-        self.o_proj.forward(&out.reshape((b, t, nh * d))?, mode)
+        compute::lora_linear(&self.o_proj, &out.reshape((b, t, nh * d))?, mode)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -581,7 +572,7 @@ impl Attention {
         // Every row is its own "batch" of one position for the fused rope kernel.
         let heads =
             |lin: &Linear, count: usize, norm: &Option<Tensor>, rotate: bool| -> Result<Tensor> {
-                let y = lin.forward(x, mode)?.reshape((n, count, 1, d))?;
+                let y = compute::lora_linear(lin, x, mode)?.reshape((n, count, 1, d))?;
                 let y = match norm {
                     Some(w) => rms_norm(&y, w, self.eps)?,
                     None => y,
@@ -648,40 +639,20 @@ impl Attention {
                     .reshape((len, nh * d))?,
             );
         }
-        self.o_proj.forward(&Tensor::cat(&outs, 0)?, mode)
+        compute::lora_linear(&self.o_proj, &Tensor::cat(&outs, 0)?, mode)
     }
 }
 
 impl Mlp {
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        // Training with an adapter on every projection (the live one or `mode.adapter`'s)
-        // and no dropout: one node (see `mlp_op`).
-        #[cfg(target_arch = "x86_64")]
-        if mode.adapters
-            && mode.grad
-            && super::mlp_op::applies(x, &self.gate_proj, &self.up_proj, &self.down_proj)
-            && [&self.gate_proj, &self.up_proj, &self.down_proj]
-                .iter()
-                .all(|l| {
-                    l.lora.as_ref().is_some_and(|a| a.dropout == 0.0) || mode.dropout_rng.is_none()
-                })
+        if let Some(y) =
+            compute::lora_mlp(x, [&self.gate_proj, &self.up_proj, &self.down_proj], mode)?
         {
-            return super::mlp_op::lora_mlp(
-                x,
-                &self.gate_proj,
-                &self.up_proj,
-                &self.down_proj,
-                mode.adapter,
-            );
+            return Ok(y);
         }
-        let gate = self.gate_proj.forward(x, mode)?;
-        let up = self.up_proj.forward(x, mode)?;
-        let h = if gate.track_op() || up.track_op() {
-            super::fused::swiglu(&gate, &up)?
-        } else {
-            (gate.silu()? * up)?
-        };
-        self.down_proj.forward(&h, mode)
+        let gate = compute::lora_linear(&self.gate_proj, x, mode)?;
+        let up = compute::lora_linear(&self.up_proj, x, mode)?;
+        compute::lora_linear(&self.down_proj, &compute::swiglu(&gate, &up)?, mode)
     }
 }
 

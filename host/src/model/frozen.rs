@@ -10,14 +10,13 @@
 //! operations against the product's `tokens · out · in`.
 
 use super::nf4::Nf4Linear;
-use super::ops::frozen_linear;
 use candle_core::{Device, Result, Tensor};
 use std::sync::Arc;
 #[cfg(target_arch = "x86_64")]
 use {
-    super::alloc::zeroed,
-    super::gemm::{MatRef, gemm_plus, product_plus, product_plus_into},
-    super::storage::with_f32_data,
+    super::cpu::alloc::zeroed,
+    super::cpu::gemm::{MatRef, gemm_plus, product_plus, product_plus_into},
+    super::cpu::storage::with_f32_data,
 };
 
 /// A projection's frozen base weight `[out, in]`: a dense tensor, or NF4 (QLoRA), which is
@@ -45,14 +44,6 @@ impl Weight {
         match self {
             Weight::Dense(w) => Ok(w.clone()),
             Weight::Nf4(q) => q.dense(device),
-        }
-    }
-
-    /// `x · Wᵀ`, differentiable in `x`.
-    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Weight::Dense(w) => frozen_linear(x, w),
-            Weight::Nf4(q) => q.forward(x),
         }
     }
 }
@@ -194,7 +185,7 @@ mod tests {
     /// several blocks and a short last one.
     #[test]
     fn nf4_blocks_give_the_dense_products() {
-        if !crate::model::gemv::available() {
+        if !crate::model::cpu::gemv::available() {
             return;
         }
         let (n, k, m, r) = (200, 128, 37, 4);

@@ -236,7 +236,7 @@ impl AdapterSnapshot {
         }
     }
 
-    fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {
+    pub fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {
         self.tensors.get(&lora.lora_a.as_tensor().id())
     }
 }
@@ -282,65 +282,6 @@ impl Linear {
         Ok(())
     }
 
-    /// Whether the fused CPU kernels ([`super::lora_op`], [`super::mlp_op`]) can run this
-    /// projection on `x`: f32 on a CPU with AVX2, the weight dense f32 or NF4.
-    #[cfg(target_arch = "x86_64")]
-    pub fn fused_applies(&self, x: &Tensor) -> bool {
-        match &self.weight {
-            Weight::Dense(w) => super::gemm::applies(x, w),
-            Weight::Nf4(_) => {
-                super::gemv::available() && x.device().is_cpu() && x.dtype() == DType::F32
-            }
-        }
-    }
-
-    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters && mode.grad)
-            && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
-            && self.fused_applies(x)
-        {
-            let (a, b) = lora.pair(mode.adapter);
-            let y = super::lora_op::lora_linear(x, &self.weight, a, b, lora.scaling)?;
-            return match &self.bias {
-                Some(b) => y.broadcast_add(b),
-                None => Ok(y),
-            };
-        }
-        let mut y = self.weight.apply(x)?;
-        if let Some(b) = &self.bias {
-            y = y.broadcast_add(b)?;
-        }
-        let Some(lora) = self.lora.as_ref().filter(|_| mode.adapters) else {
-            return Ok(y);
-        };
-        let (a, b) = if let Some((a, b)) = mode.adapter.and_then(|s| s.get(lora)) {
-            // A trainable set builds a graph only when asked to.
-            if mode.grad {
-                (a.clone(), b.clone())
-            } else {
-                (a.detach(), b.detach())
-            }
-        } else if mode.grad {
-            (
-                lora.lora_a.as_tensor().clone(),
-                lora.lora_b.as_tensor().clone(),
-            )
-        } else {
-            (
-                lora.lora_a.as_tensor().detach(),
-                lora.lora_b.as_tensor().detach(),
-            )
-        };
-        let x = match mode.dropout_rng {
-            Some(rng) if lora.dropout > 0.0 => dropout(x, lora.dropout, rng)?,
-            _ => x.clone(),
-        };
-        let low = x.broadcast_matmul(&a.t()?)?;
-        let delta = (low.broadcast_matmul(&b.t()?)? * lora.scaling)?;
-        y + delta
-    }
-
     /// `W + s · B A`: the weight with the adapter folded in (for a merged export).
     pub fn merged_weight(&self, device: &Device) -> Result<Tensor> {
         let weight = self.weight.to_dense(device)?;
@@ -352,27 +293,6 @@ impl Linear {
             }
         }
     }
-}
-
-/// Inverted dropout with a seeded generator: zero with probability `p`, scale the rest by
-/// `1 / (1 - p)`.
-fn dropout(x: &Tensor, p: f64, rng: &Mutex<StdRng>) -> Result<Tensor> {
-    let keep = 1.0 - p;
-    let mask: Vec<f32> = {
-        let mut rng = rng
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("dropout rng poisoned".into()))?;
-        (0..x.elem_count())
-            .map(|_| {
-                if rng.random_bool(keep) {
-                    (1.0 / keep) as f32
-                } else {
-                    0.0
-                }
-            })
-            .collect()
-    };
-    x * Tensor::from_vec(mask, x.shape(), x.device())?
 }
 
 /// A generator for LoRA initialisation or dropout from a seed.
@@ -395,8 +315,8 @@ mod tests {
         };
         lin.lora = Some(Lora::init(6, 4, &cfg, &mut seeded(0), &dev).unwrap());
         let x = Tensor::ones((3, 6), DType::F32, &dev).unwrap();
-        let on = lin.forward(&x, Mode::INFERENCE).unwrap();
-        let off = lin.forward(&x, Mode::BASE).unwrap();
+        let on = crate::model::compute::lora_linear(&lin, &x, Mode::INFERENCE).unwrap();
+        let off = crate::model::compute::lora_linear(&lin, &x, Mode::BASE).unwrap();
         assert_eq!(on.to_vec2::<f32>().unwrap(), off.to_vec2::<f32>().unwrap());
         let a = lin.lora.as_ref().unwrap().lora_a.as_tensor();
         let bound = 1.0 / 6f32.sqrt();

@@ -570,7 +570,7 @@ fn row_dots(codes: &[u8], absmax: &[f32], x: &[f32], in_f: usize, out: &mut [f32
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if super::gemv::available() {
+    if super::cpu::gemv::available() {
         // Groups of 8, 4, 2 and 1 rows of `x`, each with its accumulators in registers.
         let mut r0 = 0;
         while r0 < out.len() {

@@ -1,7 +1,7 @@
 //! Tensor ops the training path needs that candle lacks: a matmul against a frozen weight
 //! whose backward computes only the input gradient, and target-token log-probs (with
-//! entropy) computed chunk by chunk with their own backward, plus the rotary embedding and
-//! RMSNorm in the forms each path uses.
+//! entropy) computed chunk by chunk with their own backward, plus the rotary embedding's
+//! tables and its `rotate_half` form.
 //!
 //! Why custom ops: candle's matmul backward always computes the gradient of both operands,
 //! so a frozen `[out, in]` weight gets a full-size gradient nobody reads (a probe on a
@@ -39,7 +39,7 @@ pub fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     y.reshape(out_dims)
 }
 
-/// Rows of `x` handled by [`super::gemv`] rather than candle's gemm (decoding batches);
+/// Rows of `x` handled by [`super::cpu::gemv`] rather than candle's gemm (decoding batches);
 /// beyond this, gemm's blocking wins. Measured with `examples/gemv_probe.rs`.
 const SMALL_ROWS: usize = 16;
 
@@ -48,7 +48,7 @@ fn small_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let (m, k) = x.dims2()?;
     let n = w.dim(0)?;
     if m > SMALL_ROWS
-        || !super::gemv::available()
+        || !super::cpu::gemv::available()
         || x.dtype() != DType::F32
         || !x.device().is_cpu()
     {
@@ -63,8 +63,14 @@ fn small_rows_matmul(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let w_data = &data[start..end];
     let xs = x.flatten_all()?.to_vec1::<f32>()?;
     let mut out = Vec::with_capacity(m * n);
-    for rows in xs.chunks(super::gemv::MAX_ROWS * k) {
-        out.extend(super::gemv::matmul_wt(rows, rows.len() / k, w_data, n, k));
+    for rows in xs.chunks(super::cpu::gemv::MAX_ROWS * k) {
+        out.extend(super::cpu::gemv::matmul_wt(
+            rows,
+            rows.len() / k,
+            w_data,
+            n,
+            k,
+        ));
     }
     Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
 }
@@ -102,7 +108,7 @@ impl CustomOp1 for FrozenMatmul {
 /// `hidden: [N, H]`, `lm_head: [V, H]` (frozen), `targets: [N]` u32. Returns `[N]` log-probs
 /// and `[N]` entropies; both have a backward to `hidden` when it tracks gradients. At most
 /// `chunk_rows × V` logits exist at any time, forward or backward, except that the CPU
-/// kernel keeps the logits for the backward with `keep_logits` ([`super::head`]).
+/// kernel keeps the logits for the backward with `keep_logits` ([`super::cpu::head`]).
 pub fn target_logprobs(
     hidden: &Tensor,
     lm_head: &Tensor,
@@ -117,9 +123,13 @@ pub fn target_logprobs(
     }
     let targets = targets.to_dtype(DType::U32)?;
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::applies(hidden, lm_head) {
-        let out =
-            super::head::target_logprobs(hidden, lm_head, &targets.to_vec1::<u32>()?, keep_logits)?;
+    if super::cpu::gemm::applies(hidden, lm_head) {
+        let out = super::cpu::head::target_logprobs(
+            hidden,
+            lm_head,
+            &targets.to_vec1::<u32>()?,
+            keep_logits,
+        )?;
         return Ok((
             out.narrow(1, 0, 1)?.squeeze(1)?,
             out.narrow(1, 1, 1)?.squeeze(1)?,
@@ -128,7 +138,7 @@ pub fn target_logprobs(
     composed_target_logprobs(hidden, lm_head, &targets, chunk_rows)
 }
 
-/// [`target_logprobs`] from candle ops (any device; the CPU fast path is [`super::head`]).
+/// [`target_logprobs`] from candle ops (any device; the CPU fast path is [`super::cpu::head`]).
 fn composed_target_logprobs(
     hidden: &Tensor,
     lm_head: &Tensor,
@@ -192,7 +202,7 @@ impl CustomOp1 for TargetLogprobs {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        super::storage::precomputed(&self.value, self.name())
+        super::cpu::storage::precomputed(&self.value, self.name())
     }
 
     // With z the logits of a row, p = softmax(z), t the target and (g_l, g_h) the incoming
@@ -298,11 +308,9 @@ pub fn rope_cos_sin(inv_freq: &Tensor, positions: &Tensor) -> Result<(Tensor, Te
     Ok((freqs.cos()?, freqs.sin()?))
 }
 
-/// Rotary embedding composed from differentiable ops (transformers' `rotate_half` form)
-/// for `x: [B, heads, T, d]` with per-row `cos`, `sin: [B, T, d/2]`: the reference that
-/// the training path's fused [`super::fused::heads_rope`] is tested against.
-#[cfg(test)]
-pub(crate) fn rope_train(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+/// The rotary embedding from differentiable ops for `x: [B, heads, T, d]` with per-row
+/// `cos`, `sin: [B, T, d/2]`: `x ⊙ cos + rotate_half(x) ⊙ sin`.
+pub fn rotate_half(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
     let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
     let half = x.dim(D::Minus1)? / 2;
@@ -310,16 +318,6 @@ pub(crate) fn rope_train(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tenso
     let x2 = x.narrow(D::Minus1, half, half)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
     x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
-}
-
-/// RMSNorm: `x / sqrt(mean(x²) + eps) * w`. candle's fused kernel has no backward, so
-/// anything that may need a gradient takes ours ([`super::fused::rms_norm`]).
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if x.track_op() {
-        super::fused::rms_norm(x, w, eps)
-    } else {
-        candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)
-    }
 }
 
 /// Softmax over the last dim; fused only where no gradient is needed.
@@ -406,7 +404,7 @@ mod tests {
     }
 
     #[test]
-    fn train_and_fused_forms_agree() {
+    fn rotate_half_agrees_with_candles_fused_rope() {
         let x = uniform(&[2, 4, 3, 8], 6);
         let positions = Tensor::new(&[[0u32, 1, 2], [5, 6, 7]], &Device::Cpu).unwrap();
         let inv = rope_inv_freq(
@@ -417,11 +415,8 @@ mod tests {
         )
         .unwrap();
         let (cos, sin) = rope_cos_sin(&inv, &positions).unwrap();
-        let ours = rope_train(&x, &cos, &sin).unwrap();
+        let ours = rotate_half(&x, &cos, &sin).unwrap();
         let fused = candle_nn::rotary_emb::rope(&x, &cos, &sin).unwrap();
         assert!(max_diff(&ours, &fused) < 1e-6);
-        let w = uniform(&[8], 7);
-        let slow = candle_nn::ops::rms_norm_slow(&x, &w, 1e-6).unwrap();
-        assert!(max_diff(&rms_norm(&x, &w, 1e-6).unwrap(), &slow) < 1e-5);
     }
 }

@@ -1004,7 +1004,10 @@ mod tests {
         let engine = Engine::new(&lm, &s, &rewards, rt.handle().clone()).unwrap();
         let mut stats = BatchStats::default();
         assert_eq!(
-            engine.prompts(std::slice::from_ref(&short), &mut stats).unwrap()[0].len(),
+            engine
+                .prompts(std::slice::from_ref(&short), &mut stats)
+                .unwrap()[0]
+                .len(),
             fits
         );
         assert_eq!(stats.prompt_tokens, fits);

@@ -6,7 +6,7 @@
 //! 0.5B-shaped LoRA step (perf), forward 26 s → 8.4 s once memory is reused (measured with
 //! the equivalent `GLIBC_TUNABLES`). Blocks up to the 32 MiB threshold then come from the
 //! heap, which is never trimmed; the log-prob op keeps its vocabulary-sized chunks under
-//! that size for the same reason ([`super::decoder::logprob_chunk_rows`]).
+//! that size for the same reason ([`crate::model::decoder::logprob_chunk_rows`]).
 
 /// The largest block glibc will serve from its heap rather than `mmap` (its maximum).
 pub const HEAP_BLOCK_LIMIT: usize = 32 << 20;

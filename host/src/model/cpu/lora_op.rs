@@ -11,16 +11,26 @@
 //! of `dx` in one).
 //! `dx` is skipped when `x` needs no gradient (the first layer, under frozen embeddings).
 //! The frozen weight may be NF4 (QLoRA): its products then go a dequantized block at a time
-//! ([`super::frozen`]).
+//! ([`crate::model::frozen`]).
 //!
 //! Used for training forwards without LoRA dropout (dropout masks the adapter's input
 //! only, which this node does not model); everything else takes the composed path.
 
-use super::frozen::{Weight, with_frozen};
 use super::gemm::{MatRef, product};
 use super::storage::with_f32_data;
+use crate::model::frozen::{Weight, with_frozen};
+use crate::model::lora::Linear;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
+
+/// Whether the fused kernels ([`lora_linear`], [`super::mlp_op`]) can run `lin` on `x`:
+/// f32 on a CPU with AVX2 and FMA, the weight dense f32 or NF4.
+pub fn applies(lin: &Linear, x: &Tensor) -> bool {
+    match &lin.weight {
+        Weight::Dense(w) => super::gemm::applies(x, w),
+        Weight::Nf4(_) => super::applies(x),
+    }
+}
 
 /// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]` (out `[..., out]`); differentiable in `x`, `a`,
 /// `b`.

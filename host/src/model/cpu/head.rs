@@ -299,7 +299,7 @@ mod tests {
     /// log-softmax on the full logits: values, and gradients of a mix of both outputs.
     #[test]
     fn blocked_head_matches_log_softmax_with_gradients() {
-        if !crate::model::gemv::available() {
+        if !crate::model::cpu::gemv::available() {
             return;
         }
         let (n, h, v) = (23, 20, 300);

@@ -661,7 +661,7 @@ mod tests {
             let ours = heads_rope(y.as_tensor(), 4, 4, rotate.then_some((&cos, &sin))).unwrap();
             let moved = y.as_tensor().transpose(1, 2).unwrap();
             let theirs = if rotate {
-                crate::model::ops::rope_train(&moved, &cos, &sin).unwrap()
+                crate::model::ops::rotate_half(&moved, &cos, &sin).unwrap()
             } else {
                 moved
             };

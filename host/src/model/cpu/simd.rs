@@ -254,7 +254,7 @@ mod avx2 {
     mod tests {
         #[test]
         fn vector_exp_matches_libm() {
-            if !crate::model::gemv::available() {
+            if !crate::model::cpu::gemv::available() {
                 return;
             }
             let z: Vec<f32> = (0..1000).map(|i| -90.0 + i as f32 * 0.0917).collect();

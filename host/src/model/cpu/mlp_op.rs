@@ -11,18 +11,18 @@
 //! `dx = dgate W_g + dup W_u` (plus the adapters' terms) is one accumulated product.
 //!
 //! The frozen weights may be NF4 (QLoRA): their products then go a dequantized block at a
-//! time ([`super::frozen`]).
+//! time ([`crate::model::frozen`]).
 //!
 //! The adapters come in as one flat tensor (`[A_g, B_g, A_u, B_u, A_d, B_d]`, see
 //! [`lora_mlp`]), so that the node has two inputs; candle's backward of that
 //! concatenation hands each adapter its slice of the gradient.
 
 use super::alloc::zeroed;
-use super::frozen::{Frozen, Weight, with_frozen, with_frozen3};
 use super::fused::{swiglu_grads_in_place, swiglu_into};
 use super::gemm::{MatRef, product};
-use super::lora::{AdapterSnapshot, Linear};
 use super::storage::with_f32_data;
+use crate::model::frozen::{Frozen, Weight, with_frozen, with_frozen3};
+use crate::model::lora::{AdapterSnapshot, Linear};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
@@ -31,7 +31,7 @@ use std::sync::Mutex;
 pub fn applies(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> bool {
     [gate, up, down]
         .iter()
-        .all(|l| l.lora.is_some() && l.bias.is_none() && l.fused_applies(x))
+        .all(|l| l.lora.is_some() && l.bias.is_none() && super::lora_op::applies(l, x))
 }
 
 /// `down(silu(gate(x)) ⊙ up(x))` with every adapter applied, for `x: [..., hidden]`;

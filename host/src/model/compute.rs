@@ -1,0 +1,376 @@
+//! The compute seam: the few entry points the decoder calls for its heavy or
+//! gradient-carrying work: `linear` and `frozen` (a frozen weight), `lora_linear` (a
+//! projection with its adapter), `rms_norm`, `rope_heads`, `attention`, `swiglu`,
+//! `lora_mlp` and `target_logprobs`.
+//!
+//! Each has a **composed** form built from candle's differentiable ops only, which runs
+//! on any device and dtype with a correct backward, computes normalisation, softmax and
+//! log-probs in f32, and is what the tests hold the fast paths against. The hand-tuned
+//! CPU kernels (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`, `mlp_op`) are
+//! picked only where they apply: an f32 tensor on the CPU with AVX2 and FMA. Never
+//! candle's fused `rms_norm`, `softmax_last_dim` or `rope` where a gradient is needed:
+//! they drop it silently (they are used here only on tensors that carry none).
+
+use super::frozen::Weight;
+use super::lora::{Linear, Mode};
+use candle_core::{D, DType, Result, Tensor};
+use rand::RngExt;
+use rand::rngs::StdRng;
+use std::sync::Mutex;
+
+pub use super::cpu::{applies as cpu_kernels, composed};
+
+/// `x · wᵀ` for a frozen weight `w: [out, in]` and `x: [..., in]`; differentiable in `x`
+/// only.
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if cpu_kernels(x) {
+        return super::ops::frozen_linear(x, w);
+    }
+    let (out_f, in_f) = w.dims2()?;
+    let mut dims = x.dims().to_vec();
+    let rows = x.elem_count() / in_f;
+    let y = x.reshape((rows, in_f))?.matmul(&w.detach().t()?)?;
+    *dims.last_mut().expect("x has at least one dim") = out_f;
+    y.reshape(dims)
+}
+
+/// `x · Wᵀ` for a frozen weight, dense or NF4; differentiable in `x` only.
+pub fn frozen(w: &Weight, x: &Tensor) -> Result<Tensor> {
+    match w {
+        Weight::Dense(w) => linear(x, w),
+        Weight::Nf4(q) => q.forward(x),
+    }
+}
+
+/// A projection with its LoRA adapter: `x Wᵀ + bias + s · dropout(x) Aᵀ Bᵀ`, the adapter
+/// the live one or `mode.adapter`'s set, left out when `mode` switches adapters off. One
+/// CPU node in training where the kernels apply and no dropout is drawn.
+pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(lora) = lin.lora.as_ref().filter(|_| mode.adapters && mode.grad)
+        && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
+        && cpu_kernels(x)
+        && super::cpu::lora_op::applies(lin, x)
+    {
+        let (a, b) = lora.pair(mode.adapter);
+        let y = super::cpu::lora_op::lora_linear(x, &lin.weight, a, b, lora.scaling)?;
+        return match &lin.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        };
+    }
+    let mut y = frozen(&lin.weight, x)?;
+    if let Some(b) = &lin.bias {
+        y = y.broadcast_add(b)?;
+    }
+    let Some(lora) = lin.lora.as_ref().filter(|_| mode.adapters) else {
+        return Ok(y);
+    };
+    let (a, b) = if let Some((a, b)) = mode.adapter.and_then(|s| s.get(lora)) {
+        // A trainable set builds a graph only when asked to.
+        if mode.grad {
+            (a.clone(), b.clone())
+        } else {
+            (a.detach(), b.detach())
+        }
+    } else if mode.grad {
+        (
+            lora.lora_a.as_tensor().clone(),
+            lora.lora_b.as_tensor().clone(),
+        )
+    } else {
+        (
+            lora.lora_a.as_tensor().detach(),
+            lora.lora_b.as_tensor().detach(),
+        )
+    };
+    let x = match mode.dropout_rng {
+        Some(rng) if lora.dropout > 0.0 => dropout(x, lora.dropout, rng)?,
+        _ => x.clone(),
+    };
+    let low = x.broadcast_matmul(&a.t()?)?;
+    let delta = (low.broadcast_matmul(&b.t()?)? * lora.scaling)?;
+    y + delta
+}
+
+/// Inverted dropout with a seeded generator: zero with probability `p`, scale the rest by
+/// `1 / (1 - p)`.
+fn dropout(x: &Tensor, p: f64, rng: &Mutex<StdRng>) -> Result<Tensor> {
+    let keep = 1.0 - p;
+    let mask: Vec<f32> = {
+        let mut rng = rng
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("dropout rng poisoned".into()))?;
+        (0..x.elem_count())
+            .map(|_| {
+                if rng.random_bool(keep) {
+                    (1.0 / keep) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    x * Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?
+}
+
+/// RMSNorm over the last dim: `w ⊙ x / √(mean(x²) + eps)`, the mean in f32 (as
+/// transformers: normalised in f32, cast back, then scaled).
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if !x.track_op() {
+        // candle's fused kernel (CPU and CUDA): no gradient is wanted here.
+        return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
+    }
+    if cpu_kernels(x) {
+        return super::cpu::fused::rms_norm(x, w, eps);
+    }
+    let xf = x.to_dtype(DType::F32)?;
+    let r = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?
+        .sqrt()?
+        .recip()?;
+    xf.broadcast_mul(&r)?.to_dtype(x.dtype())?.broadcast_mul(w)
+}
+
+/// Projected heads `y: [B, T, n·d]` (or `[B, T, n, d]`) placed for [`attention`], `[B, g, (n/g)·T, d]` (the
+/// `n/g` heads of each of `g` groups stacked as rows), rotated by `rope = (cos, sin)`,
+/// each `[B, T, d/2]` (transformers' `rotate_half` form), when given.
+pub fn rope_heads(
+    y: &Tensor,
+    n: usize,
+    groups: usize,
+    rope: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
+    let (b, t) = (y.dim(0)?, y.dim(1)?);
+    let d = y.elem_count() / (b * t * n);
+    if y.track_op() && cpu_kernels(y) {
+        return super::cpu::fused::heads_rope(y, n, groups, rope);
+    }
+    let heads = y.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous()?;
+    let heads = match rope {
+        // candle's fused rope (CPU and CUDA) where no gradient is wanted.
+        Some((cos, sin)) if !y.track_op() => candle_nn::rotary_emb::rope(&heads, cos, sin)?,
+        Some((cos, sin)) => super::ops::rotate_half(&heads, cos, sin)?,
+        None => heads,
+    };
+    heads.reshape((b, groups, n / groups * t, d))
+}
+
+/// Grouped-query attention `softmax(scale · Q Kᵀ + M) V` in the layout of
+/// [`rope_heads`]: `q: [B, g, R·T, d]`, `k`, `v: [B, g, T, d]`, the additive mask
+/// `[B, 1, 1, T, T]`; the scores and softmax in f32.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+    if cpu_kernels(q) {
+        return super::cpu::fused::attention(q, k, v, mask, scale);
+    }
+    let (b, g, rt, d) = q.dims4()?;
+    let t = k.dim(2)?;
+    let scores = q.matmul(&k.t()?)?.to_dtype(DType::F32)?;
+    let scores = (scores * scale)?
+        .reshape((b, g, rt / t, t, t))?
+        .broadcast_add(mask)?;
+    let p = candle_nn::ops::softmax(&scores, D::Minus1)?
+        .reshape((b, g, rt, t))?
+        .to_dtype(v.dtype())?;
+    let out = p.matmul(v)?;
+    debug_assert_eq!(out.dims(), [b, g, rt, d]);
+    Ok(out)
+}
+
+/// The MLP `down(silu(gate(x)) ⊙ up(x))` of projections `[gate, up, down]` as one CPU
+/// node, where that applies: training with an adapter on all three (the live one or
+/// `mode.adapter`'s), no dropout drawn, and the kernels' conditions. `None`: the caller
+/// composes it from its projections and [`swiglu`].
+pub fn lora_mlp(x: &Tensor, [gate, up, down]: [&Linear; 3], mode: Mode) -> Result<Option<Tensor>> {
+    #[cfg(target_arch = "x86_64")]
+    if mode.adapters
+        && mode.grad
+        && cpu_kernels(x)
+        && super::cpu::mlp_op::applies(x, gate, up, down)
+        && [gate, up, down].iter().all(|l| {
+            l.lora.as_ref().is_some_and(|a| a.dropout == 0.0) || mode.dropout_rng.is_none()
+        })
+    {
+        return super::cpu::mlp_op::lora_mlp(x, gate, up, down, mode.adapter).map(Some);
+    }
+    let _ = (x, gate, up, down, mode);
+    Ok(None)
+}
+
+/// `silu(gate) ⊙ up`.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if (gate.track_op() || up.track_op()) && cpu_kernels(gate) {
+        return super::cpu::fused::swiglu(gate, up);
+    }
+    gate.silu()? * up
+}
+
+/// Log-probs of `targets` and the entropy at each row, from `hidden: [N, H]` and the
+/// frozen `lm_head: [V, H]`, both `[N]` in f32 (see [`super::ops::target_logprobs`] for
+/// the CPU path). The composed form goes `chunk_rows` rows at a time; with a gradient it
+/// keeps each chunk's f32 logits for the backward.
+pub fn target_logprobs(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    targets: &Tensor,
+    chunk_rows: usize,
+    keep_logits: bool,
+) -> Result<(Tensor, Tensor)> {
+    if cpu_kernels(hidden) {
+        return super::ops::target_logprobs(hidden, lm_head, targets, chunk_rows, keep_logits);
+    }
+    let n = hidden.dim(0)?;
+    if targets.dims() != [n] {
+        candle_core::bail!("target_logprobs: {n} rows but targets {:?}", targets.dims());
+    }
+    let targets = targets.to_dtype(DType::U32)?;
+    let head = lm_head.detach();
+    let chunk_rows = chunk_rows.max(1);
+    let (mut logps, mut entropies) = (Vec::new(), Vec::new());
+    for start in (0..n).step_by(chunk_rows) {
+        let len = chunk_rows.min(n - start);
+        let logits = hidden
+            .narrow(0, start, len)?
+            .matmul(&head.t()?)?
+            .to_dtype(DType::F32)?;
+        let logp_all = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let t = targets.narrow(0, start, len)?.unsqueeze(1)?;
+        logps.push(logp_all.gather(&t, 1)?.squeeze(1)?);
+        entropies.push((logp_all.exp()? * &logp_all)?.sum(1)?.neg()?);
+    }
+    if logps.is_empty() {
+        let empty = Tensor::zeros(0, DType::F32, hidden.device())?;
+        return Ok((empty.clone(), empty));
+    }
+    Ok((Tensor::cat(&logps, 0)?, Tensor::cat(&entropies, 0)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures::{self, MODELS, Reference, masked_max_diff};
+    use crate::model::generate::generate;
+    use crate::model::sample::SamplingParams;
+    use crate::model::tokenizer::Tokenizer;
+    use crate::model::{Mode, peft};
+
+    /// Issue 17: the whole training step (forward, log-probs, loss, backward through the
+    /// LoRA adapter) and batched generation, run through the composed forms on the CPU,
+    /// match transformers' and PEFT's fixtures and the CPU kernels' results.
+    #[test]
+    fn the_composed_forms_match_the_fixtures_and_the_cpu_kernels() {
+        for name in MODELS {
+            let mut model = fixtures::load(name);
+            peft::load_adapter(&mut model, &fixtures::model_dir(name).join("adapter")).unwrap();
+            let r = Reference::load(name);
+            let mask = r.attention_mask();
+
+            let fast = r.logits(&model, Mode::INFERENCE);
+            let slow = composed(|| r.logits(&model, Mode::INFERENCE));
+            let to_peft = masked_max_diff(&slow, r.get("lora_logits"), &mask);
+            let to_fast = masked_max_diff(&slow, &fast, &mask);
+            eprintln!(
+                "{name}: composed logits vs PEFT {to_peft:.2e}, vs CPU kernels {to_fast:.2e}"
+            );
+            assert!(
+                to_peft <= 1e-4 && to_fast <= 1e-4,
+                "{name}: {to_peft} {to_fast}"
+            );
+
+            let (loss_fast, grads_fast) = {
+                let loss = r.lora_loss(&model, Mode::TRAIN);
+                let grads = loss.backward().unwrap();
+                (loss.to_scalar::<f32>().unwrap(), grads)
+            };
+            let (loss, grads) = composed(|| {
+                let loss = r.lora_loss(&model, Mode::TRAIN);
+                assert!(loss.track_op());
+                let grads = loss.backward().unwrap();
+                (loss.to_scalar::<f32>().unwrap(), grads)
+            });
+            let want = r.get("lora_loss").to_scalar::<f32>().unwrap();
+            assert!(
+                (loss - want).abs() <= 1e-5 * want.abs(),
+                "{name}: loss {loss} vs {want}"
+            );
+            assert!(
+                (loss - loss_fast).abs() <= 1e-5 * want.abs(),
+                "{name}: {loss} vs {loss_fast}"
+            );
+            assert!(model.missing_grads(&grads).is_empty(), "{name}");
+            let to_peft =
+                fixtures::worst_lora_grad_diff(&model, &grads, |k| r.get(&format!("grad.{k}")));
+            let fast_grads: Vec<(String, Tensor)> = model
+                .lora_vars()
+                .into_iter()
+                .map(|(k, v)| {
+                    let peft_name = format!("base_model.model.{k}.default.weight");
+                    (peft_name, grads_fast.get(v.as_tensor()).unwrap().clone())
+                })
+                .collect();
+            let to_fast = fixtures::worst_lora_grad_diff(&model, &grads, |k| {
+                &fast_grads.iter().find(|(n, _)| n == k).unwrap().1
+            });
+            eprintln!(
+                "{name}: composed LoRA gradients vs PEFT {to_peft:.2e}, vs CPU kernels {to_fast:.2e} (relative)"
+            );
+            assert!(
+                to_peft <= 1e-4 && to_fast <= 1e-4,
+                "{name}: {to_peft} {to_fast}"
+            );
+        }
+
+        // Batched generation with shared-prefix groups: the same greedy tokens, and the
+        // same log-probs to rounding.
+        let model = fixtures::load("qwen2");
+        let tok = Tokenizer::from_dir(&fixtures::model_dir("qwen2")).unwrap();
+        let prompts = Reference::load("qwen2").rows();
+        let p = SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 12,
+            ..SamplingParams::default()
+        };
+        let fast = generate(&model, &tok, &prompts, 2, &p, Mode::INFERENCE).unwrap();
+        let slow = composed(|| generate(&model, &tok, &prompts, 2, &p, Mode::INFERENCE)).unwrap();
+        for (f, s) in fast.iter().flatten().zip(slow.iter().flatten()) {
+            assert_eq!(f.tokens, s.tokens);
+            for (a, b) in f.logprobs.iter().zip(&s.logprobs) {
+                assert!((a - b).abs() <= 1e-4, "{a} vs {b}");
+            }
+        }
+    }
+
+    /// RMSNorm's three forms (candle's fused kernel without a gradient, the CPU kernel and
+    /// the composed form with one) agree with candle's slow reference, gradients too.
+    #[test]
+    fn rms_norm_forms_agree_with_the_reference() {
+        use crate::model::fixtures::{max_diff, uniform};
+        let x = candle_core::Var::from_tensor(&uniform(&[2, 4, 3, 8], 6)).unwrap();
+        let w = uniform(&[8], 7);
+        let slow = candle_nn::ops::rms_norm_slow(x.as_tensor(), &w, 1e-6).unwrap();
+        let want = slow.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let want = want.get(x.as_tensor()).unwrap();
+        let plain = rms_norm(&x.as_tensor().detach(), &w, 1e-6).unwrap();
+        assert!(max_diff(&plain, &slow) < 1e-5);
+        for path in [false, true] {
+            let run = || rms_norm(x.as_tensor(), &w, 1e-6).unwrap();
+            let y = if path { composed(run) } else { run() };
+            assert!(max_diff(&y, &slow) < 1e-5, "composed {path}");
+            let g = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            assert!(
+                max_diff(g.get(x.as_tensor()).unwrap(), want) < 1e-5,
+                "composed {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn composed_only_holds_on_its_thread_and_within_its_call() {
+        let x = Tensor::zeros(4, DType::F32, &candle_core::Device::Cpu).unwrap();
+        let fast = cpu_kernels(&x);
+        assert!(composed(|| !cpu_kernels(&x)));
+        assert_eq!(cpu_kernels(&x), fast);
+        let _ = std::panic::catch_unwind(|| composed(|| panic!("inside")));
+        assert_eq!(cpu_kernels(&x), fast);
+        assert!(!cpu_kernels(&x.to_dtype(DType::BF16).unwrap()));
+    }
+}
