@@ -407,6 +407,7 @@ const span = (c) => document.querySelectorAll('#rollouts .span-' + c).length;
 return {
   charts: charts.map(c => c.dataset.chart),
   points: charts.map(c => Number(c.dataset.points || 0)),
+  rows: charts.map(c => Number(c.dataset.rows || 0)),
   canvases: charts.map(c => {
     const k = c.querySelector('canvas');
     return k ? k.width * k.height : 0;
@@ -477,6 +478,14 @@ fn the_dashboard_renders_live_charts_and_rollouts_in_a_real_browser() {
         .iter()
         .map(|c| c.as_str().unwrap())
         .collect();
+    // The accuracy chart starts at step 0 with the held-out evaluation before the first
+    // update (the run evaluates every 2 steps); the other charts have a point per step.
+    let rows = |name: &str| {
+        let i = charts.iter().position(|c| *c == name).unwrap();
+        last["rows"][i].as_u64().unwrap()
+    };
+    assert_eq!(rows("accuracy"), STEPS + 1, "{last}");
+    assert_eq!(rows("reward"), STEPS, "{last}");
     for want in [
         "reward",
         "accuracy",

@@ -49,9 +49,9 @@ impl Schedule {
 pub struct Batches {
     /// Prompts (groups) per batch.
     pub prompts: usize,
-    /// Batches the producer may finish ahead of the trainer.
+    /// Finished batches that may wait for the trainer.
     pub queue_capacity: usize,
-    /// How many adapter versions a batch may lag behind the one it trains.
+    /// How many adapter versions rollouts may run ahead of the trainer (0: on-policy).
     pub max_staleness: u64,
     /// DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more
     /// prompts, for up to `max_resample` extra rounds.

@@ -170,8 +170,15 @@ pub const EVERY_STEP: &[Figure<f64>] = &[
     ),
 ];
 
-/// Held-out figures, present on the steps `train.eval_every` evaluates.
-pub const HELD_OUT: &[Figure<Option<f64>>] = &[
+/// Figures only some steps have: PPO's critic on its steps, the held-out set on the steps
+/// `train.eval_every` evaluates. `/metrics` keeps the last value (NaN before one).
+pub const SOME_STEPS: &[Figure<Option<f64>>] = &[
+    Figure {
+        name: Some("value_loss"),
+        tag: Some("loss/value"),
+        help: "PPO: the critic's clipped value loss (NaN without a critic)",
+        get: |m| m.value_loss,
+    },
     Figure {
         name: Some("eval_accuracy"),
         tag: Some("eval/accuracy"),
@@ -209,7 +216,7 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
         out.push(("accuracy".into(), a));
     }
     out.extend(
-        HELD_OUT
+        SOME_STEPS
             .iter()
             .filter_map(|f| Some((f.tag?.to_string(), (f.get)(m)?))),
     );
@@ -220,4 +227,37 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
         out.push((format!("faults/{k}"), *v as f64));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A figure some steps lack is exported on the steps that have it, and only there.
+    #[test]
+    fn optional_figures_appear_on_the_steps_that_have_them() {
+        let tags =
+            |m: &StepMetrics| -> Vec<String> { scalars(m).into_iter().map(|(t, _)| t).collect() };
+        let grpo = StepMetrics::default();
+        assert!(
+            !tags(&grpo)
+                .iter()
+                .any(|t| t == "loss/value" || t == "eval/accuracy")
+        );
+        let ppo = StepMetrics {
+            value_loss: Some(0.25),
+            eval_accuracy: Some(0.5),
+            ..Default::default()
+        };
+        let s = scalars(&ppo);
+        assert!(s.contains(&("loss/value".to_string(), 0.25)));
+        assert!(s.contains(&("eval/accuracy".to_string(), 0.5)));
+        // Names and tags are unique across the tables.
+        let mut names: Vec<&str> = EVERY_STEP.iter().filter_map(|f| f.name).collect();
+        names.extend(SOME_STEPS.iter().filter_map(|f| f.name));
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
 }

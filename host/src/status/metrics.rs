@@ -4,7 +4,7 @@
 //! faults are a counter per plugin and kind, so `rate()` works on them.
 
 use super::Phase;
-use super::figures::{EVERY_STEP, Figure, HELD_OUT};
+use super::figures::{EVERY_STEP, Figure, SOME_STEPS};
 use crate::step::StepMetrics;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -27,8 +27,9 @@ pub struct Metrics {
     gauges: Vec<(&'static Figure<f64>, F64)>,
     reward_component: Family<Labels, F64>,
     accuracy: F64,
-    /// Held-out figures: set on the steps that evaluate, kept in between.
-    held_out: Vec<(&'static Figure<Option<f64>>, F64)>,
+    /// Figures only some steps have (PPO's, the held-out set's): set on those steps, kept
+    /// in between.
+    some_steps: Vec<(&'static Figure<Option<f64>>, F64)>,
     faults: Family<Labels, Counter>,
 }
 
@@ -61,7 +62,7 @@ impl Metrics {
             accuracy.clone(),
         );
         accuracy.set(f64::NAN);
-        let held_out = HELD_OUT
+        let some_steps = SOME_STEPS
             .iter()
             .filter_map(|f| {
                 let g = F64::default();
@@ -90,7 +91,7 @@ impl Metrics {
             gauges,
             reward_component,
             accuracy,
-            held_out,
+            some_steps,
             faults,
         }
     }
@@ -109,7 +110,7 @@ impl Metrics {
             gauge.set((f.get)(m));
         }
         self.accuracy.set(m.accuracy.unwrap_or(f64::NAN));
-        for (f, gauge) in &self.held_out {
+        for (f, gauge) in &self.some_steps {
             if let Some(v) = (f.get)(m) {
                 gauge.set(v);
             }

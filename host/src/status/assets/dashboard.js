@@ -119,9 +119,12 @@
       state.steps.clear();
       loadHistory();
     }
+    const newStart = !!s.eval_start && !(state.status && state.status.eval_start);
     state.status = s;
     state.statusAt = performance.now();
     if (s.metrics) addStep(s.metrics);
+    // The starting evaluation is a point of the accuracy chart before any step.
+    if (newStart) scheduleRender();
     renderHeader();
     renderFaultsTable();
   }
@@ -250,7 +253,13 @@
     },
     accuracy: {
       // Training-batch accuracy every step; held-out greedy accuracy every
-      // train.eval_every steps (joined across the steps in between).
+      // train.eval_every steps (joined across the steps in between), starting at step 0
+      // with the evaluation of the model before the first update.
+      rows(steps) {
+        const start = state.status && state.status.eval_start;
+        if (!start || !isNum(start.accuracy) || steps.some((m) => m.step === 0)) return steps;
+        return [{ step: 0, eval_accuracy: start.accuracy }, ...steps];
+      },
       series: () => [
         { label: "accuracy", get: field("accuracy"), color: color(2), points: true },
         { label: "eval_accuracy", get: field("eval_accuracy"), color: color(5), points: true, width: 2, spanGaps: true },
@@ -376,8 +385,9 @@
       let c = charts.get(name);
       if (!c) { c = { div, def, plot: null, sig: null }; charts.set(name, c); }
 
-      const series = def.series(steps);
-      const data = plotData(steps, series);
+      const rows = def.rows ? def.rows(steps) : steps;
+      const series = def.series(rows);
+      const data = plotData(rows, series);
       const sig = series.map((s) => s.label).join("\u0000");
       if (!c.plot || c.sig !== sig) {
         if (c.plot) c.plot.destroy();
@@ -387,9 +397,11 @@
         c.plot.setData(data);
       }
       // Show the newest values in the legend unless the user is hovering.
-      const n = steps.length;
+      const n = rows.length;
       if (n > 0 && !(c.plot.cursor.left >= 0)) c.plot.setLegend({ idx: n - 1 });
-      div.dataset.points = String(n);
+      // Steps plotted, and points in all (a chart may start with a step-0 point).
+      div.dataset.points = String(steps.length);
+      div.dataset.rows = String(n);
       // Placeholder text (drawn by CSS) while there is nothing to plot.
       const empty = n === 0 ? "waiting for the first step…"
         : series.length === 0 ? (name === "faults" ? "no plugin faults" : "no data") : "";
