@@ -3,13 +3,16 @@
 //! projection with its adapter), `rms_norm`, `rope_heads`, `attention`, `swiglu`,
 //! `lora_mlp` and `target_logprobs`.
 //!
-//! Each has a **composed** form built from candle's differentiable ops only, which runs
-//! on any device and dtype with a correct backward, computes normalisation, softmax and
-//! log-probs in f32, and is what the tests hold the fast paths against. The hand-tuned
-//! CPU kernels (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`, `mlp_op`) are
-//! picked only where they apply: an f32 tensor on the CPU with AVX2 and FMA. Never
-//! candle's fused `rms_norm`, `softmax_last_dim` or `rope` where a gradient is needed:
-//! they drop it silently (they are used here only on tensors that carry none).
+//! Each has a **composed** form built from candle's differentiable ops only (so that it
+//! can run on any device and dtype with a correct backward), computes normalisation,
+//! softmax and log-probs in f32, and is what the tests hold the fast paths against. So
+//! far it has been run on the CPU in f32 only: bf16/f16 (f32 LoRA beside a bf16 base)
+//! and CUDA are still to come, and an NF4 weight still goes through its CPU op. The
+//! hand-tuned CPU kernels (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`,
+//! `mlp_op`) are picked only where they apply: an f32 tensor on the CPU with AVX2 and
+//! FMA. Never candle's fused `rms_norm`, `softmax_last_dim` or `rope` where a gradient
+//! is needed: they drop it silently (they are used here only on tensors that carry
+//! none).
 
 use super::frozen::Weight;
 use super::lora::{Linear, Mode};
