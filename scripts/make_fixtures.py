@@ -11,7 +11,8 @@ What it makes (under tests/fixtures/ by default, or under --out DIR):
 * models/qwen2, models/qwen3, models/llama: tiny random Qwen2 (tied, qkv bias, f32),
   Qwen3 (q_norm/k_norm, untied, saved in bfloat16) and Llama (llama3 rope scaling, untied,
   sharded safetensors) models, each with its config, weights, tokenizer files and a
-  reference.safetensors of f32 CPU outputs (base logits, LoRA logits/loss/grads, ...).
+  reference.safetensors of f32 CPU outputs (base logits, LoRA logits/loss/grads, ...)
+  and reference_half.safetensors of the same in bf16 and f16 (f32 adapter, as PEFT).
   Each also holds the PEFT LoRA adapter the references were made with (adapter/);
   models/qwen2 also holds config.v4.json / tokenizer_config.v4.json (the transformers-4
   forms of its config and tokenizer config).
@@ -672,9 +673,65 @@ def make_model_fixture(name, out, hf_tok, ids, facts):
 
     ref = {k: v.contiguous() for k, v in ref.items()}
     save_file(ref, str(mdir / "reference.safetensors"), metadata={"format": "pt"})
+    half_references(name, mdir, cls, (input_ids, attention_mask, position_ids), ref, facts)
     facts[name]["reference_tensors"] = {
         k: (list(v.shape), str(v.dtype).replace("torch.", "")) for k, v in sorted(ref.items())
     }
+
+
+HALF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def half_references(name, mdir, cls, inputs, ref, facts):
+    """reference_half.safetensors: the same batch as transformers and PEFT run it in half
+    precision. The base is loaded in bf16 (f16) with eager attention (scores in the compute
+    dtype, softmax in f32); the saved adapter goes on it with PEFT's default
+    `autocast_adapter_dtype=True`, so lora_A/lora_B stay f32, the LoRA input is cast to f32
+    and `result + lora_B(lora_A(x)) * scaling` is summed in f32 and cast back; logits are
+    upcast to f32 for the loss. Also measures how far each is from the f32 references (the
+    precision a half-precision model has to begin with)."""
+    from peft import PeftModel
+    input_ids, attention_mask, position_ids = inputs
+    out = {}
+    for tag, dtype in HALF_DTYPES.items():
+        base = cls.from_pretrained(mdir, dtype=dtype, attn_implementation="eager").eval()
+        with torch.no_grad():
+            logits = forward_logits(base, input_ids, attention_mask, position_ids)
+        pm = PeftModel.from_pretrained(base, mdir / "adapter", is_trainable=True).eval()
+        lora_params = sorted((n, p) for n, p in pm.named_parameters() if "lora_" in n)
+        assert lora_params and all(p.dtype == torch.float32 for _, p in lora_params)
+        assert all(p.dtype == dtype for n, p in pm.named_parameters() if "lora_" not in n)
+        lora_logits = forward_logits(pm, input_ids, attention_mask, position_ids)
+        loss = lora_loss(lora_logits, input_ids, attention_mask)
+        pm.zero_grad(set_to_none=True)
+        loss.backward()
+        # The same with PyTorch's fused attention (sdpa): two valid implementations in
+        # one dtype differ by this much, which is what the Rust tests' tolerances rest on.
+        sdpa = cls.from_pretrained(mdir, dtype=dtype, attn_implementation="sdpa").eval()
+        sdpa = PeftModel.from_pretrained(sdpa, mdir / "adapter").eval()
+        with torch.no_grad():
+            sdpa_logits = forward_logits(sdpa, input_ids, attention_mask, position_ids)
+        # Logits are stored in their own dtype (lossless: they were computed in it).
+        out[f"{tag}.sdpa_lora_logits"] = zero_pads(sdpa_logits, attention_mask).to(dtype)
+        out[f"{tag}.logits"] = zero_pads(logits, attention_mask).to(dtype)
+        out[f"{tag}.lora_logits"] = zero_pads(lora_logits.detach(), attention_mask).to(dtype)
+        out[f"{tag}.lora_loss"] = loss.detach().float().reshape(())
+        worst = 0.0
+        for n, p in lora_params:
+            assert p.grad is not None, n
+            g = p.grad.detach().float().contiguous()
+            out[f"{tag}.grad.{n}"] = g
+            want = ref[f"grad.{n}"]
+            worst = max(worst, ((g - want).abs().max() / want.abs().max()).item())
+        f = facts[name]
+        f[f"{tag}_logits_vs_f32"] = masked_max_diff(logits, ref["logits"], attention_mask)
+        f[f"{tag}_lora_logits_vs_f32"] = masked_max_diff(
+            lora_logits.detach(), ref["lora_logits"], attention_mask)
+        f[f"{tag}_lora_loss"] = loss.item()
+        f[f"{tag}_sdpa_vs_eager"] = masked_max_diff(sdpa_logits, lora_logits.detach(), attention_mask)
+        f[f"{tag}_grads_vs_f32"] = worst
+    out = {k: v.contiguous() for k, v in out.items()}
+    save_file(out, str(mdir / "reference_half.safetensors"), metadata={"format": "pt"})
 
 
 # --------------------------------------------------------------------------- chat cases
@@ -933,6 +990,24 @@ def write_readme(out, ids, facts, cases, jchecks):
     w("tokens, then decoded one token at a time with `past_key_values`; every step's logits")
     w("match `logits[0, t]` from the full batched forward (asserted < 1e-4; measured below).")
     w("")
+    w("## `models/<name>/reference_half.safetensors`")
+    w("")
+    w("The same batch in half precision, as transformers and PEFT run it: the base loaded with")
+    w("`from_pretrained(dir, dtype=bfloat16 | float16, attn_implementation=\"eager\")` (scores in")
+    w("the compute dtype, softmax in f32), the saved adapter put on it with")
+    w("`PeftModel.from_pretrained(base, adapter/, is_trainable=True)`: PEFT's default")
+    w("`autocast_adapter_dtype=True` keeps lora_A/lora_B in f32, casts the LoRA input to f32,")
+    w("adds the product to the base output in f32 and casts the sum back (asserted: adapter f32,")
+    w("everything else in the half dtype). Logits are upcast to f32 before the loss.")
+    w("")
+    w("| tensor | meaning |")
+    w("| --- | --- |")
+    w("| `bf16.logits`, `f16.logits` | base logits, stored in their dtype (pads 0) |")
+    w("| `bf16.lora_logits`, `f16.lora_logits` | with the adapter on |")
+    w("| `bf16.sdpa_lora_logits`, `f16.sdpa_lora_logits` | the same with `attn_implementation=\"sdpa\"`: how far two valid implementations in one dtype fall apart |")
+    w("| `bf16.lora_loss`, `f16.lora_loss` | the loss above, with the adapter on |")
+    w("| `bf16.grad.<PEFT name>`, `f16.grad.<PEFT name>` | its gradients (f32, as the adapter) |")
+    w("")
     w("## Measured facts")
     w("")
     w("| | qwen2 | qwen3 | llama |")
@@ -957,6 +1032,12 @@ def write_readme(out, ids, facts, cases, jchecks):
         "other_config_logits_max_abs_diff")
     row("lora_loss", "lora_loss", "{:.6f}")
     row("number of LoRA parameters (grad.* tensors)", "lora_param_count")
+    for tag in HALF_DTYPES:
+        row(f"{tag} base logits vs f32, max abs diff", f"{tag}_logits_vs_f32")
+        row(f"{tag} LoRA logits vs f32, max abs diff", f"{tag}_lora_logits_vs_f32")
+        row(f"{tag} LoRA logits, sdpa vs eager attention, max abs diff", f"{tag}_sdpa_vs_eager")
+        row(f"{tag} lora_loss", f"{tag}_lora_loss", "{:.6f}")
+        row(f"{tag} LoRA gradients vs f32, worst relative diff", f"{tag}_grads_vs_f32")
     w("")
     w("Chat template: every case renders identically with plain Jinja2")
     w("(`ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`) given a")

@@ -5,7 +5,7 @@
 use super::{load, tokio_runtime};
 use rlhost::builtin::{Inputs, MULTIPLY, Recipe, ensure};
 use rlhost::data::{DataConfig, Dataset};
-use rlhost::model::LanguageModel;
+use rlhost::model::{LanguageModel, Placement};
 use rlhost::rollout::ToolSpec;
 
 #[test]
@@ -49,7 +49,7 @@ fn a_small_builtin_model_is_built_loaded_and_cached() {
         seed: 1,
     };
     let dir = ensure(&recipe, &inputs, rt.handle(), &cache, true).unwrap();
-    let lm = LanguageModel::open(&dir, &candle_core::Device::Cpu).unwrap();
+    let lm = LanguageModel::open(&dir, &Placement::CPU).unwrap();
     assert_eq!(lm.model.cfg.hidden_size, 32);
     // Digits are single tokens, so numbers can be copied digit by digit.
     assert_eq!(lm.tokenizer.encode("10063").unwrap().len(), 5);

@@ -9,7 +9,7 @@
 
 use super::{load_with, tokio_runtime};
 use candle_core::{DType, Device, Tensor};
-use rlhost::model::{LanguageModel, LoraConfig, Mode};
+use rlhost::model::{LanguageModel, LoraConfig, Mode, Placement};
 use rlhost::plugin::{Limits, Message, Sample};
 use rlhost::rl::sft::{self, SftOptions, SftRow};
 use rlhost::rollout::{
@@ -79,7 +79,7 @@ fn lessons() -> Vec<(&'static str, Vec<Message>)> {
 fn taught() -> &'static LanguageModel {
     static LM: OnceLock<LanguageModel> = OnceLock::new();
     LM.get_or_init(|| {
-        let mut lm = LanguageModel::open(&fixture_dir(), &Device::Cpu).unwrap();
+        let mut lm = LanguageModel::open(&fixture_dir(), &Placement::CPU).unwrap();
         let chat = lm.chat().unwrap();
         // Prompt and whole conversation rendered by the template; the model learns the
         // tokens after the prompt, up to the last <|im_end|>.
@@ -360,7 +360,7 @@ fn an_episode_keeps_the_thinking_a_template_would_drop() {
         }
     }
     std::fs::write(dir.join("chat_template.jinja"), DROPS_THINKING).unwrap();
-    let mut lm = LanguageModel::open(&dir, &Device::Cpu).unwrap();
+    let mut lm = LanguageModel::open(&dir, &Placement::CPU).unwrap();
     let episode = vec![
         msg("user", GUESS),
         msg("assistant", "<think>\nstart in the middle\n</think>\n50"),

@@ -22,7 +22,7 @@ mod traces;
 use crate::data::{Cursor, Dataset};
 use crate::model::generate::generate;
 use crate::model::sample::SamplingParams;
-use crate::model::{LanguageModel, LoraConfig, Mode, peft};
+use crate::model::{LanguageModel, LoraConfig, Mode, Placement, peft};
 use crate::rl::sft::{SftRow, SftSchedule, train};
 use crate::rollout::ToolSpec;
 use anyhow::{Context, Result, bail};
@@ -411,7 +411,7 @@ fn warm_start(
     seed: u64,
     quiet: bool,
 ) -> Result<()> {
-    let mut lm = LanguageModel::open(base, &Device::Cpu)?;
+    let mut lm = LanguageModel::open(base, &Placement::CPU)?;
     let eos = *lm.eos_token_ids.first().context("no EOS id")?;
     let mut rows = Vec::with_capacity(traces.len());
     for t in traces {

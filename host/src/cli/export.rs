@@ -1,9 +1,9 @@
 //! `rlhost export`: an adapter as a merged Hugging Face model directory (for transformers,
 //! vLLM and friends), or re-saved in PEFT's format.
 
-use crate::model::{Model, peft};
+use crate::model::{Model, Placement, peft};
 use anyhow::{Context, Result, bail};
-use candle_core::{DType, Device};
+use candle_core::DType;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -27,7 +27,7 @@ pub struct ExportArgs {
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
-    let mut model = Model::load(&args.model, &Device::Cpu)?;
+    let mut model = Model::load(&args.model, &Placement::CPU)?;
     peft::load_adapter(&mut model, &args.adapter)
         .with_context(|| format!("loading adapter {}", args.adapter.display()))?;
     if !args.merge {

@@ -2,9 +2,9 @@
 //! through the chat template, showing per-token log-probs on request.
 
 use crate::model::generate::{Finish, generate};
+use crate::model::placement::{DTypeChoice, DeviceChoice, Placement};
 use crate::model::{LanguageModel, Mode, peft};
 use anyhow::{Context, Result};
-use candle_core::Device;
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
@@ -17,6 +17,12 @@ pub struct GenerateArgs {
     /// A PEFT LoRA adapter directory to apply.
     #[arg(long)]
     adapter: Option<PathBuf>,
+    /// `cpu`, `cuda`, `cuda:N` or `auto` (a GPU when this binary has CUDA and one opens).
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Compute dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32`, `bf16` or `f16`.
+    #[arg(long, default_value = "auto")]
+    dtype: DTypeChoice,
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -58,8 +64,8 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let device = Device::Cpu;
-    let mut lm = LanguageModel::open(&args.model, &device)?;
+    let at = Placement::open(args.device, args.dtype).context("--device")?;
+    let mut lm = LanguageModel::open(&args.model, &at)?;
     if let Some(adapter) = &args.adapter {
         peft::load_adapter(&mut lm.model, adapter)
             .with_context(|| format!("loading adapter {}", adapter.display()))?;

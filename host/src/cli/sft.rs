@@ -9,7 +9,7 @@ use crate::data::{Format, OnBadRow};
 use crate::model::{LanguageModel, peft};
 use crate::rl::sft::{SftSchedule, conversation_row, train};
 use anyhow::{Context, Result, bail};
-use candle_core::{DType, Device};
+use candle_core::DType;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -63,8 +63,10 @@ pub fn run(args: SftArgs, quiet: bool) -> Result<()> {
         },
     )?;
     let model_dir = loaded.resolve(&c.model.path);
-    let mut lm = LanguageModel::open(&model_dir, &Device::Cpu)
-        .with_context(|| format!("{}: model.path", loaded.path.display()))?;
+    let file = loaded.path.display().to_string();
+    let at = c.model.placement(&file)?;
+    let mut lm =
+        LanguageModel::open(&model_dir, &at).with_context(|| format!("{file}: model.path"))?;
     match &c.model.adapter {
         Some(a) => peft::load_adapter(&mut lm.model, &loaded.resolve(a))?,
         None => lm.model.attach_lora(&c.lora.to_config(), c.run.seed)?,

@@ -137,6 +137,10 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         };
         let mut setup = super::open_run(loaded, &args.plugins, handle, quiet, &warm_start)?;
         announce();
+        if !quiet {
+            let at = setup.lm.model.placement();
+            eprintln!("model: {} on {}", display(&setup.lm.dir), at.describe());
+        }
         write_plugins(&out, &setup)?;
         // From here on an interruption has something to save.
         let run = trainer::RunOptions {

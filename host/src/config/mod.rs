@@ -32,6 +32,7 @@ pub mod setup;
 mod train;
 
 use crate::data::DataConfig;
+use crate::model::placement::{DTypeChoice, DeviceChoice, Placement};
 use crate::plugin::Limits;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -80,9 +81,15 @@ pub struct ModelSection {
     /// A PEFT adapter to start from (sampling uses it; training continues it).
     #[serde(default)]
     pub adapter: Option<PathBuf>,
-    /// `cpu`, the only device so far (the CUDA path is not built yet).
-    #[serde(default = "cpu")]
+    /// `cpu`, `cuda`, `cuda:N` or `auto` (the first GPU when this binary was built with
+    /// the `cuda` feature and one can be opened, else the CPU).
+    #[serde(default = "auto")]
     pub device: String,
+    /// The compute dtype of the base weights and activations: `auto` (f32 on the CPU,
+    /// bf16 on a GPU), `f32`, `bf16` or `f16`. The adapter and its optimizer state,
+    /// softmax, log-probs and losses are f32 whatever it is.
+    #[serde(default = "auto")]
+    pub dtype: String,
     /// `"nf4"`: QLoRA, the frozen projections quantized to 4 bits on load in
     /// bitsandbytes' NF4 layout (a checkpoint bitsandbytes saved in NF4 is 4-bit already).
     #[serde(default)]
@@ -103,8 +110,31 @@ fn yes() -> bool {
     true
 }
 
-fn cpu() -> String {
-    "cpu".into()
+fn auto() -> String {
+    "auto".into()
+}
+
+impl ModelSection {
+    /// Opens `device` and resolves `dtype` on it (both checked when the config was read);
+    /// `file` names the config in errors. NF4 runs on the CPU only so far.
+    pub fn placement(&self, file: &str) -> Result<Placement> {
+        let parse = |key: &str, value: &str| format!("{file}: model.{key} = \"{value}\"");
+        let device = self
+            .device
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("{}: {e}", parse("device", &self.device)))?;
+        let dtype = self
+            .dtype
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("{}: {e}", parse("dtype", &self.dtype)))?;
+        let at = Placement::open(device, dtype).with_context(|| parse("device", &self.device))?;
+        if self.quantize.is_some() && !at.device.is_cpu() {
+            bail!(
+                "{file}: model.quantize = \"nf4\" runs on the CPU only so far: drop it to train a bf16 base on the GPU, or set model.device = \"cpu\""
+            );
+        }
+        Ok(at)
+    }
 }
 
 /// The adapter trained on top of the model (PEFT's `LoraConfig` fields).
@@ -383,11 +413,11 @@ impl LoadedConfig {
                 bail!("{file}: {key} must be a table, e.g. {key} = {{}}");
             }
         }
-        if c.model.device != "cpu" {
-            bail!(
-                "{file}: model.device = \"{}\": rlhost runs models on the CPU only so far (set device = \"cpu\"); the CUDA path is not built yet",
-                c.model.device
-            );
+        if let Err(e) = c.model.device.parse::<DeviceChoice>() {
+            bail!("{file}: model.device = \"{}\": {e}", c.model.device);
+        }
+        if let Err(e) = c.model.dtype.parse::<DTypeChoice>() {
+            bail!("{file}: model.dtype = \"{}\": {e}", c.model.dtype);
         }
         c.lora
             .to_config()
@@ -556,8 +586,16 @@ weights = { correct = 1.0 }
                 && e.contains("[plugins.calculator]"),
             "{e}"
         );
-        let e = format!("{:#}", load(BASE, &["model.device=cuda"]).unwrap_err());
-        assert!(e.contains("CPU only"), "{e}");
+        let e = format!("{:#}", load(BASE, &["model.device=\"gpu\""]).unwrap_err());
+        assert!(
+            e.contains("model.device = \"gpu\"") && e.contains("\"cuda:N\""),
+            "{e}"
+        );
+        let e = format!("{:#}", load(BASE, &["model.dtype=\"fp8\""]).unwrap_err());
+        assert!(
+            e.contains("model.dtype = \"fp8\"") && e.contains("\"bf16\""),
+            "{e}"
+        );
         let e = format!("{:#}", load(BASE, &["rollout.group_size=0"]).unwrap_err());
         assert!(e.contains("group_size"), "{e}");
     }

@@ -19,7 +19,6 @@ use crate::rollout::engine::prompt_tokens;
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use crate::sample::Sample;
 use anyhow::{Context, Result, bail};
-use candle_core::Device;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -211,8 +210,9 @@ impl Opened {
             Some(dir) => dir.to_path_buf(),
             None => loaded.resolve(&c.model.path),
         };
-        let mut lm = LanguageModel::open(&model_dir, &Device::Cpu)
-            .with_context(|| format!("{file}: model.path"))?;
+        let at = c.model.placement(&file)?;
+        let mut lm =
+            LanguageModel::open(&model_dir, &at).with_context(|| format!("{file}: model.path"))?;
         if let Some(QuantizeKind::Nf4) = c.model.quantize {
             lm.model
                 .quantize_nf4(c.model.double_quant)

@@ -3,10 +3,10 @@
 
 use super::chat::ChatTemplate;
 use super::decoder::Model;
+use super::placement::Placement;
 use super::sample::SamplingParams;
 use super::tokenizer::{Tokenizer, eos_token_ids};
 use anyhow::{Context, Result, bail};
-use candle_core::Device;
 use std::path::{Path, PathBuf};
 
 pub struct LanguageModel {
@@ -19,8 +19,8 @@ pub struct LanguageModel {
 }
 
 impl LanguageModel {
-    pub fn open(dir: &Path, device: &Device) -> Result<LanguageModel> {
-        let model = Model::load(dir, device)?;
+    pub fn open(dir: &Path, at: &Placement) -> Result<LanguageModel> {
+        let model = Model::load(dir, at)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         // The tokenizer may be smaller than the embedding (vocabularies are padded to a
         // multiple of 64 or 128), never larger.
@@ -117,7 +117,7 @@ mod tests {
 
     #[test]
     fn opens_a_fixture_with_its_generation_defaults() {
-        let lm = LanguageModel::open(&fixtures::model_dir("qwen3"), &Device::Cpu).unwrap();
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen3"), &Placement::CPU).unwrap();
         assert_eq!(lm.eos_token_ids, vec![507, 505]);
         let p = lm.default_sampling().unwrap();
         assert_eq!((p.temperature, p.top_k, p.top_p), (0.7, 20, 0.8));

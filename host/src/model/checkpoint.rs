@@ -20,7 +20,10 @@
 //! [`super::Model::forward_batch`]), which is made again from its seed for the second run.
 
 use super::lora::{AdapterSnapshot, Linear, Mode, seeded};
-use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, TensorId, Var, bail};
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp2, Layout, Result, Shape, Storage, Tensor, TensorId, Var, bail,
+};
 use std::sync::Mutex;
 
 /// A block's forward, `block(x, mode)`, that can run again in the backward.
@@ -53,9 +56,7 @@ pub fn recomputed(
     } else {
         Vec::new()
     };
-    // The op has a CPU forward only; the model runs on the CPU only (`model.device` is
-    // checked when a config is read).
-    if adapters.is_empty() || !x.device().is_cpu() {
+    if adapters.is_empty() {
         return block(x, mode);
     }
     let detached = AdapterSnapshot::from_pairs(
@@ -103,6 +104,17 @@ struct Recompute {
     y: Mutex<Option<Tensor>>,
 }
 
+impl Recompute {
+    /// The forward's output, once, in a storage of its own (the backends' `try_clone`
+    /// copies a whole storage, whatever the layout: it must hold exactly `y`).
+    fn take_y(&self) -> Result<Tensor> {
+        let Some(y) = self.y.lock().map_err(|_| poisoned())?.take() else {
+            bail!("checkpoint: the forward ran twice")
+        };
+        y.force_contiguous()
+    }
+}
+
 fn poisoned() -> candle_core::Error {
     candle_core::Error::Msg("checkpoint: poisoned".into())
 }
@@ -119,13 +131,27 @@ impl CustomOp2 for Recompute {
         _p: &CpuStorage,
         _pl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let Some(y) = self.y.lock().map_err(|_| poisoned())?.take() else {
-            bail!("checkpoint: the forward ran twice")
-        };
-        // The model computes in f32 (other dtypes arrive with the GPU path).
-        let out = super::cpu::storage::with_f32_data(&y, |d| Ok(d.to_vec()))?;
-        let out = CpuStorage::F32(out);
-        Ok((out, y.shape().clone()))
+        let y = self.take_y()?;
+        let (storage, layout) = y.storage_and_layout();
+        match &*storage {
+            Storage::Cpu(s) => Ok((s.try_clone(layout)?, y.shape().clone())),
+            _ => bail!("checkpoint: the block's output is not on the CPU"),
+        }
+    }
+
+    fn cuda_fwd(
+        &self,
+        _x: &CudaStorage,
+        _xl: &Layout,
+        _p: &CudaStorage,
+        _pl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let y = self.take_y()?;
+        let (storage, layout) = y.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => Ok((s.try_clone(layout)?, y.shape().clone())),
+            _ => bail!("checkpoint: the block's output is not on the GPU"),
+        }
     }
 
     fn bwd(

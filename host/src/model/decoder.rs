@@ -21,6 +21,7 @@ use super::frozen::Weight;
 use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
 use super::nf4::Nf4Linear;
 use super::ops::{rope_cos_sin, rope_inv_freq, softmax_last};
+use super::placement::Placement;
 use super::weights::Weights;
 use anyhow::Context;
 use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
@@ -106,14 +107,15 @@ fn linear(
 }
 
 impl Model {
-    /// Loads `config.json` and the safetensors of a Hugging Face model directory (f32 compute).
-    pub fn load(dir: &Path, device: &Device) -> anyhow::Result<Model> {
+    /// Loads `config.json` and the safetensors of a Hugging Face model directory onto
+    /// `at.device`, the weights converted to `at.dtype` (the compute dtype).
+    pub fn load(dir: &Path, at: &Placement) -> anyhow::Result<Model> {
         if !dir.is_dir() {
             anyhow::bail!("model directory {} does not exist", dir.display());
         }
         let cfg = ModelConfig::from_dir(dir)?;
-        let weights = Weights::from_dir(dir, DType::F32, device)?;
-        Self::from_weights(cfg, &weights, device)
+        let weights = Weights::from_dir(dir, at.dtype, &at.device)?;
+        Self::from_weights(cfg, &weights, &at.device)
             .with_context(|| format!("loading the model in {}", dir.display()))
     }
 
@@ -188,6 +190,26 @@ impl Model {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The compute dtype: the base weights' and the activations' (LoRA stays f32).
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.dtype()
+    }
+
+    /// The device and compute dtype the model was loaded with.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            device: self.device.clone(),
+            dtype: self.dtype(),
+        }
+    }
+
+    /// Rope tables for `positions` in the compute dtype: computed in f32, then cast, as
+    /// transformers does.
+    fn rope(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (cos, sin) = rope_cos_sin(&self.inv_freq, positions)?;
+        Ok((cos.to_dtype(self.dtype())?, sin.to_dtype(self.dtype())?))
     }
 
     /// Attaches a fresh adapter (PEFT initialisation from `seed`) to the targeted
@@ -359,7 +381,7 @@ impl Model {
         mode: Mode,
     ) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
-        let (cos, sin) = rope_cos_sin(&self.inv_freq, position_ids)?;
+        let (cos, sin) = self.rope(position_ids)?;
         let ctx = BatchContext {
             mask: batch_mask(attention_mask)?,
             cos,
@@ -398,10 +420,10 @@ impl Model {
         rms_norm(&x, &self.norm, ctx.eps)
     }
 
-    /// Full logits `[.., vocab]` from hidden states (small vocabularies and tests; training
-    /// uses [`Model::logprobs`]).
+    /// Full logits `[.., vocab]` in f32 from hidden states (small vocabularies and tests;
+    /// training uses [`Model::logprobs`]).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        compute::linear(hidden, &self.lm_head)
+        compute::linear(hidden, &self.lm_head)?.to_dtype(DType::F32)
     }
 
     /// Log-probs of `targets` and entropies, both `[B, T]`, from hidden states `[B, T, H]`,
@@ -429,7 +451,7 @@ impl Model {
     }
 
     /// Runs `tokens[i]` through the model after what `caches[i]` already holds, appends
-    /// their keys and values, and returns logits: the last position of each sequence
+    /// their keys and values, and returns f32 logits: the last position of each sequence
     /// (`[B, vocab]`) or, with `all_positions`, every new position (`[Σ len, vocab]`, in
     /// order). Sequences may have any lengths, including several tokens after a decode
     /// (inserted tool output).
@@ -461,7 +483,7 @@ impl Model {
         let n = ids.len();
         let ids = Tensor::from_vec(ids, n, &self.device)?;
         let positions = Tensor::from_vec(positions, n, &self.device)?;
-        let (cos, sin) = rope_cos_sin(&self.inv_freq, &positions.unsqueeze(1)?)?;
+        let (cos, sin) = self.rope(&positions.unsqueeze(1)?)?;
         let mut x = self.embed_tokens.index_select(&ids, 0)?;
         let eps = self.cfg.rms_norm_eps;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -482,7 +504,7 @@ impl Model {
             x = x.index_select(&last, 0)?;
         }
         let x = rms_norm(&x, &self.norm, eps)?;
-        compute::linear(&x, &self.lm_head)
+        compute::linear(&x, &self.lm_head)?.to_dtype(DType::F32)
     }
 }
 
@@ -603,7 +625,9 @@ impl Attention {
             for (sk, _) in &segments {
                 scores.push(q.matmul(&sk.t()?)?);
             }
-            let scores = (Tensor::cat(&scores, 2)? * scale)?;
+            // Scores, mask and softmax in f32 (as transformers: `softmax(dtype=float32)`),
+            // the weights back in the compute dtype for the product with the values.
+            let scores = (Tensor::cat(&scores, 2)?.to_dtype(DType::F32)? * scale)?;
             let total = scores.dim(2)?;
             let scores = if len > 1 {
                 // Causal among the new tokens; everything cached before is visible.
@@ -620,7 +644,7 @@ impl Attention {
             } else {
                 scores
             };
-            let w = softmax_last(&scores)?;
+            let w = softmax_last(&scores)?.to_dtype(x.dtype())?;
             let mut out: Option<Tensor> = None;
             let mut at = 0;
             for (_, sv) in &segments {

@@ -3,6 +3,7 @@
 
 use super::decoder::Model;
 use super::lora::Mode;
+use super::placement::Placement;
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,11 +25,16 @@ pub struct Reference {
 
 impl Reference {
     pub fn load(name: &str) -> Reference {
-        let t = candle_core::safetensors::load(
-            model_dir(name).join("reference.safetensors"),
-            &Device::Cpu,
-        )
-        .unwrap();
+        Self::load_file(name, "reference.safetensors")
+    }
+
+    /// `reference_half.safetensors`: the bf16/f16 references (`bf16.logits`, ...).
+    pub fn load_half(name: &str) -> Reference {
+        Self::load_file(name, "reference_half.safetensors")
+    }
+
+    fn load_file(name: &str, file: &str) -> Reference {
+        let t = candle_core::safetensors::load(model_dir(name).join(file), &Device::Cpu).unwrap();
         Reference { t }
     }
 
@@ -104,7 +110,7 @@ impl Reference {
 }
 
 pub fn load(name: &str) -> Model {
-    Model::load(&model_dir(name), &Device::Cpu).unwrap()
+    Model::load(&model_dir(name), &Placement::CPU).unwrap()
 }
 
 /// Max |a - b| over positions where the mask is 1 (logits `[B, T, V]`).

@@ -288,8 +288,9 @@ impl Linear {
         match &self.lora {
             None => Ok(weight),
             Some(l) => {
+                // Summed in f32 (the adapter's dtype), stored in the base's.
                 let delta = l.lora_b.as_tensor().matmul(l.lora_a.as_tensor())?;
-                &weight + (delta * l.scaling)?
+                (weight.to_dtype(DType::F32)? + (delta * l.scaling)?)?.to_dtype(weight.dtype())
             }
         }
     }

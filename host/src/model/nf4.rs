@@ -759,6 +759,7 @@ impl CustomOp1 for Nf4Matmul {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Placement;
     use candle_core::{DType, Device, Tensor};
     use std::collections::HashMap;
 
@@ -984,7 +985,7 @@ mod tests {
         use crate::model::{Mode, Model, peft};
         let r = reference();
         let fixture = Reference::load("qwen2");
-        let mut model = Model::load(&fixtures::model_dir("qwen2-nf4"), &Device::Cpu).unwrap();
+        let mut model = Model::load(&fixtures::model_dir("qwen2-nf4"), &Placement::CPU).unwrap();
         assert!(
             model
                 .projections()

@@ -306,6 +306,7 @@ fn tmp_path(path: &Path) -> std::path::PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Placement;
 
     #[test]
     fn config_refuses_what_we_do_not_implement() {
@@ -443,7 +444,7 @@ mod tests {
         let dir = temp("merge");
         export_merged(&model, &fixtures::model_dir("qwen2"), &dir, DType::F32).unwrap();
         assert!(dir.join("tokenizer.json").is_file() && dir.join("chat_template.jinja").is_file());
-        let merged = Model::load(&dir, &Device::Cpu).unwrap();
+        let merged = Model::load(&dir, &Placement::CPU).unwrap();
         assert!(merged.cfg.tie_word_embeddings);
         let r = Reference::load("qwen2");
         let d = masked_max_diff(

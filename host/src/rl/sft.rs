@@ -268,7 +268,7 @@ pub fn train(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::fixtures;
+    use crate::model::{Placement, fixtures};
 
     fn msg(role: &str, content: &str) -> Message {
         Message {
@@ -281,7 +281,7 @@ mod tests {
     /// covers exactly each assistant turn's content and its stop token.
     #[test]
     fn conversation_rows_render_like_the_template_and_mask_assistant_turns() {
-        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
         let conv = vec![
             msg("user", "Guess my number."),
             msg("assistant", "50"),

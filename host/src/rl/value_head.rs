@@ -46,10 +46,12 @@ impl ValueHead {
         })
     }
 
-    /// `[B, T]` values of `hidden: [B, T, H]`.
+    /// `[B, T]` values of `hidden: [B, T, H]`, in f32 (the head's dtype) whatever the
+    /// model's compute dtype.
     pub fn forward(&self, hidden: &Tensor) -> Result<Tensor> {
         let (b, t, h) = hidden.dims3()?;
         let v = hidden
+            .to_dtype(DType::F32)?
             .reshape((b * t, h))?
             .matmul(&self.weight.as_tensor().t()?)?
             .broadcast_add(self.bias.as_tensor())?;

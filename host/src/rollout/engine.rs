@@ -956,8 +956,8 @@ fn as_fault(plugin: &Plugin, call: &'static str, e: anyhow::Error) -> Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Placement;
     use crate::model::fixtures;
-    use candle_core::Device;
 
     fn settings(lm: &LanguageModel, group_size: usize) -> RolloutSettings {
         let mut sampling = lm.default_sampling().unwrap();
@@ -986,7 +986,7 @@ mod tests {
     /// the setting; the prompts that fit are counted.
     #[test]
     fn prompts_are_checked_against_the_length_limit() {
-        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .build()
@@ -1054,7 +1054,7 @@ mod tests {
     /// same seed gives the same tokens.
     #[test]
     fn group_sampling_is_independent_of_the_batch() {
-        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .build()
@@ -1093,7 +1093,7 @@ mod tests {
     #[test]
     fn a_batch_sampled_from_a_snapshot_is_that_version_exactly() {
         use crate::model::lora::AdapterSnapshot;
-        let mut lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Device::Cpu).unwrap();
+        let mut lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
         lm.model
             .attach_lora(&crate::model::LoraConfig::default(), 3)
             .unwrap();
