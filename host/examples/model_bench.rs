@@ -3,15 +3,20 @@
 //!
 //! ```text
 //! model_bench decode    --model DIR --batch B [--prompt-len 32] [--new 64] [--quantize nf4]
+//!                       [--temperature 0]
 //! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2] [--quantize nf4]
 //!                       [--checkpointing 1]
 //! model_bench bandwidth [--mib 1024] [--threads 2]
 //! ```
+//!
+//! `decode` and `train` also take `--device cpu|cuda|cuda:N` (default cpu) and `--dtype
+//! f32|bf16|f16` (default f32); on a GPU every timing waits for the device to finish.
 
 use anyhow::{Context, Result, bail};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rlhost::model::generate::{Sequence, advance};
+use rlhost::model::placement::{DTypeChoice, DeviceChoice, Placement};
 use rlhost::model::sample::SamplingParams;
 use rlhost::model::{LoraConfig, Mode, Model};
 use std::collections::HashMap;
@@ -45,8 +50,14 @@ fn main() -> Result<()> {
         Some(other) => bail!("--quantize {other}: only nf4"),
     };
     let checkpointing = num("checkpointing", 0)? != 0;
+    let choice = |k: &str, default: &str| opts.get(k).map_or(default, String::as_str).to_string();
+    let device: DeviceChoice = choice("device", "cpu")
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+    let dtype: DTypeChoice = choice("dtype", "f32").parse().map_err(anyhow::Error::msg)?;
+    let at = Placement::open(device, dtype)?;
     let load = |dir: &Path| -> Result<Model> {
-        let mut model = Model::load(dir, &Device::Cpu)?;
+        let mut model = Model::load(dir, &at)?;
         if nf4 {
             model.quantize_nf4(true)?;
         }
@@ -59,6 +70,9 @@ fn main() -> Result<()> {
             num("batch", 1)?,
             num("prompt-len", 32)?,
             num("new", 64)?,
+            opts.get("temperature")
+                .map_or(Ok(0.0), |v| v.parse::<f32>())
+                .context("--temperature")?,
         ),
         "train" => train(
             load(&PathBuf::from(opts.get("model").context("--model")?))?,
@@ -85,12 +99,18 @@ fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Greedy decoding of `new` tokens after a `prompt_len` prompt for `batch` sequences,
-/// timed like transformers' `generate` (prefill included).
-fn decode(model: Model, batch: usize, prompt_len: usize, new: usize) -> Result<()> {
+/// Decoding of `new` tokens (greedy, or sampled at `temperature`) after a `prompt_len`
+/// prompt for `batch` sequences, timed like transformers' `generate` (prefill included).
+fn decode(
+    model: Model,
+    batch: usize,
+    prompt_len: usize,
+    new: usize,
+    temperature: f32,
+) -> Result<()> {
     let vocab = model.cfg.vocab_size.min(500);
     let params = SamplingParams {
-        temperature: 0.0,
+        temperature,
         max_new_tokens: new,
         ..SamplingParams::default()
     };
@@ -109,6 +129,7 @@ fn decode(model: Model, batch: usize, prompt_len: usize, new: usize) -> Result<(
                 s.sample_next(&params)?;
             }
         }
+        model.device().synchronize()?;
         Ok(t.elapsed().as_secs_f64())
     };
     run(2)?; // warm-up: page in the weights, spin up the thread pool
@@ -117,6 +138,7 @@ fn decode(model: Model, batch: usize, prompt_len: usize, new: usize) -> Result<(
     println!(
         "{}",
         serde_json::json!({"impl": "rlhost", "mode": "decode", "batch": batch, "new_tokens": new,
+            "placement": model.placement().describe(),
             "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs,
             "phase_peak_rss_gb": peak_rss_gb()})
     );
@@ -127,7 +149,7 @@ fn decode(model: Model, batch: usize, prompt_len: usize, new: usize) -> Result<(
 /// log-likelihood of the next token, backward, AdamW. Reports the mean of the timed steps
 /// after one warm-up step.
 fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
-    let dev = Device::Cpu;
+    let dev = model.device().clone();
     model.attach_lora(
         &LoraConfig {
             r: rank,
@@ -160,6 +182,7 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
     for step in 0..steps + 1 {
         let t = Instant::now();
         let hidden = model.forward_batch(&input, &mask, &pos, mode)?;
+        dev.synchronize()?;
         let t_fwd = t.elapsed().as_secs_f64();
         let rss_fwd = rss_gb();
         let (logp, _) = model.logprobs(
@@ -167,8 +190,10 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
             &input.narrow(1, 1, seq - 1)?,
         )?;
         let loss = logp.mean_all()?.neg()?;
+        dev.synchronize()?;
         let t_logp = t.elapsed().as_secs_f64();
         let grads = loss.backward()?;
+        dev.synchronize()?;
         let t_bwd = t.elapsed().as_secs_f64();
         eprintln!(
             "  forward {t_fwd:.2} s, log-probs {:.2} s, backward {:.2} s; RSS after the forward {rss_fwd:.2} GB, peak so far {:.2} GB",
@@ -182,6 +207,7 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
         }
         opt.step(&grads)?;
         drop(grads);
+        dev.synchronize()?;
         if step > 0 {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -195,6 +221,7 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
     println!(
         "{}",
         serde_json::json!({"impl": "rlhost", "mode": "train", "batch": batch, "seq": seq, "rank": rank,
+            "placement": model.placement().describe(),
             "step_seconds": mean, "steps": times, "phase_peak_rss_gb": peak_rss_gb(),
             "start_rss_gb": start_rss})
     );

@@ -14,7 +14,7 @@
 //! without a shared cache costs. Prints one JSON object per case, then a table.
 
 use anyhow::{Context, Result};
-use candle_core::Device;
+use rlhost::model::Placement;
 use rlhost::model::{LanguageModel, LoraConfig, Mode};
 use rlhost::plugin::{Limits, PluginRuntime, PluginSpec, RuntimeOptions, Sample};
 use rlhost::rl::sft::{self, SftOptions, SftRow};
@@ -126,7 +126,7 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut lm = LanguageModel::open(&a.model, &Device::Cpu)?;
+    let mut lm = LanguageModel::open(&a.model, &Placement::CPU)?;
     if a.teach {
         teach(&mut lm)?;
     }

@@ -32,11 +32,16 @@ use std::path::Path;
 /// query) then gets a finite uniform softmax, as in transformers, instead of NaN.
 const MASKED: f32 = -1e30;
 
-/// Rows per chunk when computing log-probs over the vocabulary: as many as keep one
-/// `[rows, vocab]` f32 intermediate under the allocator's heap-block limit (55 rows for a
-/// 151,936-token vocabulary, 256 at most).
-pub fn logprob_chunk_rows(vocab: usize) -> usize {
-    (super::cpu::alloc::HEAP_BLOCK_LIMIT / 4 / vocab.max(1)).clamp(1, 256)
+/// Rows per chunk when computing log-probs over the vocabulary. On the CPU, as many as
+/// keep one `[rows, vocab]` f32 intermediate under the allocator's heap-block limit (55
+/// rows for a 151,936-token vocabulary, 256 at most); on a GPU, where each chunk is a few
+/// kernel launches, chunks of up to 256 MB (441 rows of that vocabulary, 4,096 at most).
+pub fn logprob_chunk_rows(vocab: usize, device: &Device) -> usize {
+    if device.is_cpu() {
+        (super::cpu::alloc::HEAP_BLOCK_LIMIT / 4 / vocab.max(1)).clamp(1, 256)
+    } else {
+        ((256 << 20) / 4 / vocab.max(1)).clamp(1, 4096)
+    }
 }
 
 #[derive(Clone)]
@@ -434,7 +439,7 @@ impl Model {
             &hidden.reshape((b * t, h))?,
             &self.lm_head,
             &targets.flatten_all()?,
-            logprob_chunk_rows(self.cfg.vocab_size),
+            logprob_chunk_rows(self.cfg.vocab_size, &self.device),
             !self.gradient_checkpointing,
         )?;
         Ok((logp.reshape((b, t))?, ent.reshape((b, t))?))
@@ -681,19 +686,23 @@ impl Mlp {
 }
 
 /// Additive mask `[B, 1, 1, T, T]` (broadcast over kv heads and their query groups):
-/// query i may see key j when j <= i and j is not padding.
+/// query i may see key j when j <= i and j is not padding. Built with tensor ops where
+/// `attention_mask` lives, so that on a GPU only the `[B, T]` mask crosses over, not
+/// `B·T²` floats.
 fn batch_mask(attention_mask: &Tensor) -> Result<Tensor> {
     let (b, t) = attention_mask.dims2()?;
-    let am = attention_mask.to_dtype(DType::U32)?.to_vec2::<u32>()?;
-    let mut m = Vec::with_capacity(b * t * t);
-    for row in &am {
-        for i in 0..t {
-            for (j, &key) in row.iter().enumerate() {
-                m.push(if j <= i && key != 0 { 0.0f32 } else { MASKED });
-            }
-        }
-    }
-    Tensor::from_vec(m, (b, 1, 1, t, t), attention_mask.device())
+    let dev = attention_mask.device();
+    let pos = Tensor::arange(0u32, t as u32, dev)?;
+    // [T, T]: row i (query), column j (key), 1 where j <= i.
+    let causal = pos.unsqueeze(0)?.broadcast_le(&pos.unsqueeze(1)?)?;
+    let real = attention_mask.to_dtype(DType::U8)?.ne(0u8)?;
+    let allowed = causal
+        .unsqueeze(0)?
+        .broadcast_mul(&real.unsqueeze(1)?)?
+        .reshape((b, 1, 1, t, t))?;
+    let open = Tensor::zeros((b, 1, 1, t, t), DType::F32, dev)?;
+    let shut = Tensor::full(MASKED, (b, 1, 1, t, t), dev)?;
+    allowed.where_cond(&open, &shut)
 }
 
 /// Keys and values of one sequence, per layer.
@@ -795,6 +804,25 @@ impl LayerKv {
 mod tests {
     use super::*;
     use crate::model::fixtures::{self, MODELS, Reference, masked_max_diff, max_diff};
+
+    /// The mask built with tensor ops is the causal-and-not-padding rule, written out.
+    #[test]
+    fn batch_mask_is_causal_and_hides_padding_on_either_side() {
+        let am = [[0u32, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]];
+        let t = Tensor::new(&am, &Device::Cpu).unwrap();
+        let got = batch_mask(&t).unwrap();
+        assert_eq!(got.dims(), [3, 1, 1, 5, 5]);
+        let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let mut want = Vec::new();
+        for row in &am {
+            for i in 0..5 {
+                for (j, &key) in row.iter().enumerate() {
+                    want.push(if j <= i && key != 0 { 0.0 } else { MASKED });
+                }
+            }
+        }
+        assert_eq!(got, want);
+    }
 
     /// Logits of the batch path vs transformers (eager attention, f32), at real positions.
     #[test]

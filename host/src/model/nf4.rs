@@ -999,6 +999,39 @@ mod tests {
         assert!(d <= 1e-5, "pre-quantized logits differ from PEFT's by {d}");
     }
 
+    /// A 4-bit base in a bf16 model: the projections stay NF4 (computed in f32, cast
+    /// back) with their quantization constants as stored, the rest is bf16; logits stay
+    /// within twice what bf16 costs the dense model against f32 (another model: its
+    /// roundings land elsewhere; a garbled weight or adapter moves them by whole units),
+    /// and a training step reaches every adapter tensor.
+    #[test]
+    fn a_4_bit_base_runs_in_bf16() {
+        use crate::model::fixtures::{self, Reference, masked_max_diff};
+        use crate::model::{Mode, Model, peft};
+        let r = reference();
+        let fixture = Reference::load("qwen2");
+        let half = Reference::load_half("qwen2");
+        let at = Placement {
+            device: Device::Cpu,
+            dtype: DType::BF16,
+        };
+        let mut model = Model::load(&fixtures::model_dir("qwen2-nf4"), &at).unwrap();
+        assert_eq!(model.dtype(), DType::BF16);
+        peft::load_adapter(&mut model, &fixtures::model_dir("qwen2").join("adapter")).unwrap();
+        let mask = fixture.attention_mask();
+        let logits = fixture.logits(&model, Mode::INFERENCE);
+        let d = masked_max_diff(&logits, &r["qwen2.qlora_logits"], &mask);
+        let bf16 = half.get("bf16.lora_logits").to_dtype(DType::F32).unwrap();
+        let own = masked_max_diff(&bf16, fixture.get("lora_logits"), &mask);
+        eprintln!(
+            "bf16 NF4 logits vs f32 QLoRA {d:.2e}; bf16 vs f32 (dense, transformers) {own:.2e}"
+        );
+        assert!(d <= 2.0 * own, "{d} vs {own}");
+        let loss = fixture.lora_loss(&model, Mode::TRAIN);
+        let grads = loss.backward().unwrap();
+        assert!(model.missing_grads(&grads).is_empty());
+    }
+
     /// Decoding's direct read of the codes equals the product with the dequantized weight
     /// for 1 to 16 rows (the AVX2 kernel where present).
     #[test]

@@ -25,8 +25,13 @@ impl Weights {
                 format!("{} is not a readable safetensors file", file.display())
             })?;
             for (name, t) in raw {
+                // Integers (packed 4-bit codes, a quant state's JSON bytes) and a
+                // bitsandbytes checkpoint's quantization constants keep their stored
+                // dtype: rounding an f32 absmax or the NF4 levels to bf16 would change
+                // the weights they decode.
+                let keep = !t.dtype().is_float() || is_quant_state(&name);
+                let t = if keep { Ok(t) } else { t.to_dtype(dtype) };
                 let t = t
-                    .to_dtype(dtype)
                     .and_then(|t| t.to_device(device))
                     .with_context(|| format!("converting {name} from {}", file.display()))?;
                 tensors.insert(name, t);
@@ -60,7 +65,8 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
-    /// A tensor as stored (in the compute dtype), any shape; a missing name is an error.
+    /// A tensor as loaded (floating point weights in the compute dtype, the rest as
+    /// stored), any shape; a missing name is an error.
     pub fn raw(&self, name: &str) -> Result<&Tensor> {
         self.tensors.get(name).with_context(|| {
             format!(
@@ -121,6 +127,19 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         "no weights in {}: expected model.safetensors or model.safetensors.index.json with its shards",
         dir.display()
     )
+}
+
+/// bitsandbytes' per-weight quantization constants (`*.weight.absmax`, `.quant_map`,
+/// `.nested_absmax`, `.nested_quant_map`, `.quant_state.*`).
+fn is_quant_state(name: &str) -> bool {
+    let Some((_, field)) = name.split_once(".weight.") else {
+        return false;
+    };
+    field.starts_with("quant_state.")
+        || matches!(
+            field,
+            "absmax" | "quant_map" | "nested_absmax" | "nested_quant_map"
+        )
 }
 
 #[cfg(test)]

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""GPU speed and memory, rlhost (candle, CUDA) vs transformers/PEFT, side by side in one run.
+
+Not a test: run on a GPU machine (issue 17, point 6); the numbers go in issue notes.
+The machine needs torch (a CUDA build), transformers and peft, and the CUDA build of
+`model_bench` (built elsewhere with `scripts/build_cuda.sh build --release -p rlhost
+--example model_bench`, carried over):
+
+    python3 bench/gpu_speed.py --bin PATH/model_bench [--small] [--rounds 2]
+
+What it does, on a random model of Qwen2.5-1.5B's shape (hidden 1536, 28 layers, 12/2
+heads, intermediate 8960, vocab 151,936, tied embeddings) saved in bf16 under
+bench/.work/ (once; --small uses 4 layers for a quick check), everything in bf16:
+1. Rollout throughput: 64 prompts of 128 tokens, 256 sampled tokens each (temperature 1,
+   no truncation, EOS ignored), tokens/s: rlhost's batched decoding vs transformers
+   `generate` with the same batch (sdpa attention), prefill included in both.
+2. One LoRA r16 step, all 7 projections, on 8 x 1024 tokens: forward, mean next-token NLL,
+   backward, AdamW; the mean of the timed steps after a warm-up: rlhost vs PyTorch + PEFT
+   (sdpa). Peak GPU memory of each process from `nvidia-smi` polled every 20 ms (the same
+   yardstick for both: PyTorch's caching allocator and candle's allocations alike), and
+   PyTorch's own `max_memory_reserved` beside it.
+Each measurement runs in its own process; rlhost and the peer alternate for --rounds and
+the medians are compared. Prints one table with the ratios (> 1: rlhost better).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORK = os.path.join(ROOT, "bench", ".work")
+
+SHAPE = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+             num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
+             max_position_embeddings=32768, tie_word_embeddings=True)
+PROMPTS, PROMPT_LEN, NEW = 64, 128, 256
+TRAIN_BATCH, TRAIN_SEQ, RANK = 8, 1024, 16
+
+
+def make_model(path, layers):
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(**{**SHAPE, "num_hidden_layers": layers}, rope_theta=1000000.0,
+                      rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
+    Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+
+
+def gpu_used_mib():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                          "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[0])
+
+
+def run(cmd):
+    """Runs one measurement; returns its JSON line with the GPU's peak memory use above
+    what was in use before it started."""
+    base = gpu_used_mib()
+    peak = [base]
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            peak[0] = max(peak[0], gpu_used_mib())
+            time.sleep(0.02)
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    done.set()
+    poller.join()
+    if proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["gpu_peak_gb"] = (peak[0] - base) * 1024 * 1024 / 1e9
+    return result
+
+
+def torch_worker(args):
+    """Runs inside a child process: one transformers/PEFT measurement on the GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    dev = torch.device("cuda")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
+                                                 attn_implementation="sdpa").to(dev)
+    g = torch.Generator().manual_seed(0)
+    if args.worker == "decode":
+        model.eval()
+        ids = torch.randint(0, 500, (PROMPTS, PROMPT_LEN), generator=g).to(dev)
+        mask = torch.ones_like(ids)
+
+        def gen(n):
+            with torch.inference_mode():
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                               top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n,
+                               pad_token_id=0)
+                torch.cuda.synchronize()
+                return time.perf_counter() - t
+        gen(2)
+        secs = gen(NEW)
+        print(json.dumps({"impl": "transformers", "mode": "decode", "seconds": secs,
+                          "tokens_per_s": PROMPTS * NEW / secs}))
+    else:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(
+            r=RANK, lora_alpha=2 * RANK, lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        ids = torch.randint(0, 500, (TRAIN_BATCH, TRAIN_SEQ), generator=g).to(dev)
+        times = []
+        torch.cuda.reset_peak_memory_stats()
+        for step in range(args.steps + 1):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del logits, loss
+            torch.cuda.synchronize()
+            if step > 0:
+                times.append(time.perf_counter() - t)
+        print(json.dumps({"impl": "peft", "mode": "train", "step_seconds": sum(times) / len(times),
+                          "steps": times,
+                          "torch_max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9,
+                          "torch_max_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "examples", "model_bench"))
+    ap.add_argument("--small", action="store_true", help="4 layers instead of 28 (quick check)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--worker", choices=["decode", "train"])
+    ap.add_argument("--model")
+    args = ap.parse_args()
+    if args.worker:
+        return torch_worker(args)
+    if not os.path.exists(args.bin):
+        sys.exit(f"{args.bin} missing: scripts/build_cuda.sh build --release -p rlhost --example model_bench")
+    layers = 4 if args.small else SHAPE["num_hidden_layers"]
+    model = os.path.join(WORK, f"qwen2.5-1.5b-shape-{layers}l-bf16")
+    make_model(model, layers)
+    py = [sys.executable, os.path.abspath(__file__), "--model", model, "--steps", str(args.steps)]
+    ours = [args.bin, "--model", model, "--device", "cuda", "--dtype", "bf16"]
+    rows = []
+
+    def compare(name, mine, peer, key, higher_is_better):
+        a = statistics.median(r[key] for r in mine)
+        b = statistics.median(r[key] for r in peer)
+        ratio = a / b if higher_is_better else b / a
+        rows.append((name, a, b, ratio))
+
+    if not args.skip_decode:
+        mine, peer = [], []
+        for _ in range(args.rounds):
+            mine.append(run([ours[0], "decode", *ours[1:], "--batch", str(PROMPTS), "--prompt-len",
+                             str(PROMPT_LEN), "--new", str(NEW), "--temperature", "1"]))
+            peer.append(run(py + ["--worker", "decode"]))
+            print(f"decode round: rlhost {mine[-1]['tokens_per_s']:.0f} tok/s, "
+                  f"transformers {peer[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+        compare(f"rollout {PROMPTS}x{PROMPT_LEN}+{NEW}, tokens/s", mine, peer, "tokens_per_s", True)
+        compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
+    if not args.skip_train:
+        mine, peer = [], []
+        for _ in range(args.rounds):
+            mine.append(run([ours[0], "train", *ours[1:], "--batch", str(TRAIN_BATCH), "--seq",
+                             str(TRAIN_SEQ), "--rank", str(RANK), "--steps", str(args.steps)]))
+            peer.append(run(py + ["--worker", "train"]))
+            print(f"train round: rlhost {mine[-1]['step_seconds']:.3f} s "
+                  f"({mine[-1]['gpu_peak_gb']:.1f} GB), PEFT {peer[-1]['step_seconds']:.3f} s "
+                  f"({peer[-1]['gpu_peak_gb']:.1f} GB; torch reserved "
+                  f"{peer[-1]['torch_max_reserved_gb']:.1f} GB)", flush=True)
+        compare(f"LoRA r{RANK} step {TRAIN_BATCH}x{TRAIN_SEQ}, s", mine, peer, "step_seconds", False)
+        compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
+    print(f"\n{'':44} {'rlhost':>10} {'peer':>10} {'ratio':>7}  (> 1: rlhost better)")
+    for name, a, b, ratio in rows:
+        print(f"{name:44} {a:10.3f} {b:10.3f} {ratio:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
