@@ -12,12 +12,14 @@
 //! seeded generator, so a sample's tokens do not depend on what else is in the batch.
 
 use super::decoder::{KvCache, Model};
+use super::device_sample::{Draw, draw_rows};
 use super::lora::Mode;
 use super::sample::{SamplingParams, sample};
 use super::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
-use rand::SeedableRng;
+use candle_core::Tensor;
 use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,8 +41,17 @@ pub struct Sequence {
     pub logprobs: Vec<Option<f32>>,
     pub finish: Option<Finish>,
     cache: KvCache,
-    next_logits: Option<Vec<f32>>,
+    next_logits: Option<Next>,
     rng: StdRng,
+}
+
+/// A sequence's next-token logits: copied to the host (a CPU model), or a row left on the
+/// model's GPU for [`draw`], or the token `draw` took from it.
+#[derive(Clone)]
+enum Next {
+    Host(Vec<f32>),
+    Device(Tensor),
+    Drawn(Draw),
 }
 
 impl Sequence {
@@ -59,6 +70,8 @@ impl Sequence {
     /// A copy sharing everything computed so far (cache prefix and next-token logits),
     /// drawing from its own generator.
     pub fn fork(&mut self, seed: u64) -> Sequence {
+        // A token already drawn would be taken by both: forks are made before drawing.
+        debug_assert!(!matches!(self.next_logits, Some(Next::Drawn(_))));
         Sequence {
             tokens: self.tokens.clone(),
             prompt_len: self.prompt_len,
@@ -96,10 +109,18 @@ impl Sequence {
     /// Samples the next token from the stored logits and appends it. Call after
     /// [`advance`]; the token becomes pending.
     pub fn sample_next(&mut self, params: &SamplingParams) -> Result<(u32, f32)> {
-        let logits = self.next_logits.take().ok_or_else(|| {
+        let next = self.next_logits.take().ok_or_else(|| {
             anyhow::anyhow!("sample_next before advance: the model has not seen the last tokens")
         })?;
-        let (tok, logp) = sample(&logits, params, &mut self.rng);
+        let (tok, logp) = match next {
+            Next::Host(logits) => sample(&logits, params, &mut self.rng),
+            Next::Drawn(d) => (d.token, d.logp),
+            Next::Device(row) => {
+                self.next_logits = Some(Next::Device(row));
+                draw(&mut [&mut *self], params)?;
+                return self.sample_next(params);
+            }
+        };
         self.tokens.push(tok);
         self.logprobs.push(Some(logp));
         Ok((tok, logp))
@@ -134,9 +155,86 @@ pub fn advance(model: &Model, seqs: &mut [&mut Sequence], mode: Mode) -> Result<
         }
         model.forward_cached(&mut caches, &toks, mode, false)?
     };
-    let rows = logits.to_vec2::<f32>()?;
-    for (&i, row) in idx.iter().zip(rows) {
-        seqs[i].next_logits = Some(row);
+    if !stays_on_device(logits.device()) {
+        let rows = logits.to_vec2::<f32>()?;
+        for (&i, row) in idx.iter().zip(rows) {
+            seqs[i].next_logits = Some(Next::Host(row));
+        }
+    } else {
+        // On a GPU the logits stay there: `draw` samples every row at once.
+        for (k, &i) in idx.iter().enumerate() {
+            seqs[i].next_logits = Some(Next::Device(logits.get(k)?));
+        }
+    }
+    Ok(())
+}
+
+/// Whether next-token logits stay where the model computed them (a GPU) for [`draw`].
+#[cfg(not(test))]
+fn stays_on_device(device: &candle_core::Device) -> bool {
+    !device.is_cpu()
+}
+
+#[cfg(test)]
+thread_local! {
+    static AS_ON_A_GPU: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// In tests, [`as_on_a_gpu`] makes the CPU keep its logits as a GPU does.
+#[cfg(test)]
+fn stays_on_device(device: &candle_core::Device) -> bool {
+    !device.is_cpu() || AS_ON_A_GPU.with(|c| c.get())
+}
+
+/// Runs `f` with logits kept as tensors and sampled by [`draw`], as on a GPU.
+#[cfg(test)]
+pub(crate) fn as_on_a_gpu<R>(f: impl FnOnce() -> R) -> R {
+    AS_ON_A_GPU.with(|c| c.set(true));
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    AS_ON_A_GPU.with(|c| c.set(false));
+    out.unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Samples, where the logits are on a GPU, the next token of every sequence in `seqs`
+/// whose logits are there, in one batched draw (one small copy back), drawing each
+/// sequence's uniform from its own generator; [`Sequence::sample_next`] then takes it.
+/// Sequences with host logits, or none, are left alone. Call before the `sample_next`s
+/// of a decode step.
+pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
+    let on_device: Vec<usize> = (0..seqs.len())
+        .filter(|&i| matches!(seqs[i].next_logits, Some(Next::Device(_))))
+        .collect();
+    if on_device.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<Tensor> = on_device
+        .iter()
+        .map(|&i| match &seqs[i].next_logits {
+            Some(Next::Device(row)) => row.clone(),
+            _ => unreachable!("filtered above"),
+        })
+        .collect();
+    let logits = Tensor::stack(&rows, 0)?;
+    // One uniform per sampled token, as the host sampler draws it.
+    let greedy = params.temperature <= 0.0;
+    let u: Vec<f32> = on_device
+        .iter()
+        .map(|&i| {
+            if greedy {
+                0.0
+            } else {
+                seqs[i].rng.random::<f32>()
+            }
+        })
+        .collect();
+    let draws = draw_rows(&logits, &u, params)?;
+    for ((&i, d), row) in on_device.iter().zip(draws).zip(&rows) {
+        seqs[i].next_logits = Some(match d {
+            Some(d) => Next::Drawn(d),
+            // Rounding put the draw off the kept tokens: this row samples on the host
+            // (with a fresh uniform).
+            None => Next::Host(row.to_vec1::<f32>()?),
+        });
     }
     Ok(())
 }
@@ -187,6 +285,13 @@ pub fn generate(
         .collect();
     loop {
         let mut any = false;
+        draw(
+            &mut seqs
+                .iter_mut()
+                .filter(|s| s.finish.is_none())
+                .collect::<Vec<_>>(),
+            params,
+        )?;
         for (s, dec) in seqs.iter_mut().zip(decoders.iter_mut()) {
             if s.finish.is_some() {
                 continue;
@@ -283,6 +388,36 @@ mod tests {
             max_new_tokens: 12,
             seed,
             ..SamplingParams::default()
+        }
+    }
+
+    /// Sampling as on a GPU (logits kept as tensors, every sequence's token drawn in one
+    /// batched `draw`) gives the host's tokens and log-probs: greedy, and at T = 1 with no
+    /// truncation (the same uniforms walk the same order); with top-k/top-p it still runs
+    /// to the end with finite log-probs.
+    #[test]
+    fn drawing_as_on_a_gpu_gives_the_host_tokens() {
+        let (model, tok) = setup();
+        let prompts = Reference::load("qwen2").rows();
+        for (temperature, top_k, top_p) in [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.9, 20, 0.8)] {
+            let p = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                ..params(5)
+            };
+            let host = generate(&model, &tok, &prompts, 3, &p, Mode::INFERENCE).unwrap();
+            let gpu =
+                as_on_a_gpu(|| generate(&model, &tok, &prompts, 3, &p, Mode::INFERENCE)).unwrap();
+            for (h, g) in host.iter().flatten().zip(gpu.iter().flatten()) {
+                assert!(g.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+                if top_k == 0 {
+                    assert_eq!(h.tokens, g.tokens, "T = {temperature}");
+                    for (a, b) in h.logprobs.iter().zip(&g.logprobs) {
+                        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+                    }
+                }
+            }
         }
     }
 

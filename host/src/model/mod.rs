@@ -11,6 +11,7 @@ pub mod compute;
 pub mod config;
 pub mod cpu;
 pub mod decoder;
+pub mod device_sample;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod frozen;

@@ -109,7 +109,11 @@ fn argmax(xs: &[f32]) -> usize {
 /// The token ids that survive top-k, top-p and min-p, most likely first when any of them
 /// is on. Avoids sorting the whole vocabulary: the `k` best are selected in linear time and
 /// only they are sorted; for top-p, `k` grows until they hold enough mass.
-fn candidates(logits: &[f32], params: &SamplingParams, prob: &dyn Fn(usize) -> f32) -> Vec<usize> {
+pub(crate) fn candidates(
+    logits: &[f32],
+    params: &SamplingParams,
+    prob: &dyn Fn(usize) -> f32,
+) -> Vec<usize> {
     let v = logits.len();
     let top_k = if params.top_k == 0 {
         v

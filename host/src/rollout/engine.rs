@@ -21,7 +21,7 @@ use super::reward::Rewards;
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
 use super::turns::TurnFormat;
 use crate::model::bundle::LanguageModel;
-use crate::model::generate::{Sequence, advance, sample_seed};
+use crate::model::generate::{Sequence, advance, draw, sample_seed};
 use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
@@ -529,6 +529,11 @@ impl<'a> Engine<'a> {
             advance(&self.lm.model, &mut seqs, mode)?;
             b.stats.forwards += 1;
         }
+        // Where the logits are on a GPU, every active trajectory's token in one draw.
+        draw(
+            &mut active.iter_mut().map(|l| &mut l.seq).collect::<Vec<_>>(),
+            &self.settings.sampling,
+        )?;
         b.stats.decode_s += f0.elapsed().as_secs_f64();
         for l in active {
             self.step(l, &b.tx)?;
