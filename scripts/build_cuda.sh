@@ -5,9 +5,10 @@
 #
 #   scripts/build_cuda.sh                         # cargo build --release -p rlhost --features cuda
 #   scripts/build_cuda.sh test --no-run -p rlhost # any cargo command; --features cuda is added
-#   scripts/build_cuda.sh --pack DIR              # the release binary and the lib test
-#                                                 # executable, stripped and xz-compressed
-#                                                 # into DIR, to carry to a GPU machine
+#   scripts/build_cuda.sh --pack DIR              # the release binary, model_bench and the
+#                                                 # lib tests, stripped and xz-compressed
+#                                                 # into DIR, for scripts/gpu_check.sh on a
+#                                                 # GPU machine
 #
 # Environment: RLHOST_CUDA_ENV, where the toolchain goes (default ~/.cache/rlhost/cuda,
 # about 1 GiB, made once); CUDA_COMPUTE_CAP, the GPU generation the kernels are compiled
@@ -66,18 +67,18 @@ export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
 if [ "${1:-}" = "--pack" ]; then
     out=${2:?--pack needs a directory}
     mkdir -p "$out"
-    cargo build --release -p rlhost --features cuda
-    # The lib tests (model parity in f32, bf16 and f16 among them) as one executable.
-    exe=$(cargo test --release -p rlhost --features cuda --lib --no-run --message-format=json 2>/dev/null \
+    cargo build --release -p rlhost --features cuda --bin rlhost --example model_bench
+    # The lib tests (the model's parity tests among them) as one executable.
+    tests=$(cargo test --release -p rlhost --features cuda --lib --no-run --message-format=json \
         | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
-    for f in target/release/rlhost "$exe"; do
-        name=$(basename "$f")
-        name=${name%%-*}
-        [ "$f" = "$exe" ] && name=rlhost-lib-tests
-        strip -o "$out/$name" "$f"
-        xz -T0 -6 -f "$out/$name"
-        echo "$out/$name.xz: $(du -h "$out/$name.xz" | cut -f1)"
+    for pair in "target/release/rlhost:rlhost" "target/release/examples/model_bench:model_bench" \
+        "$tests:rlhost-lib-tests"; do
+        strip -o "$out/${pair##*:}" "${pair%:*}"
+        xz -T0 -6 -f "$out/${pair##*:}"
+        echo "$out/${pair##*:}.xz: $(du -h "$out/${pair##*:}.xz" | cut -f1)"
     done
+    # Where the tests look for tests/fixtures (scripts/gpu_check.sh links it there).
+    echo "$PWD" > "$out/built-in"
     exit 0
 fi
 

@@ -327,4 +327,20 @@ mod tests {
         let recomputed_q = loss_and_grads(&mut model, true, train, &vars);
         assert_same(&kept_q, &recomputed_q, "NF4 base");
     }
+
+    /// In bf16 too: the op hands its output over in the model's dtype, and the backward
+    /// runs the same computation again.
+    #[test]
+    fn recomputed_layers_in_bf16_give_the_same_gradients() {
+        let at = crate::model::Placement {
+            device: fixtures::device(),
+            dtype: candle_core::DType::BF16,
+        };
+        let mut model = Model::load(&fixtures::model_dir("qwen2"), &at).unwrap();
+        peft::load_adapter(&mut model, &fixtures::model_dir("qwen2").join("adapter")).unwrap();
+        let vars = model.lora_vars();
+        let kept = loss_and_grads(&mut model, false, Mode::TRAIN, &vars);
+        let recomputed = loss_and_grads(&mut model, true, Mode::TRAIN, &vars);
+        assert_same(&kept, &recomputed, "bf16");
+    }
 }

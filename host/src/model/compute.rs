@@ -371,14 +371,13 @@ mod tests {
     #[test]
     fn half_precision_matches_transformers_and_peft_in_the_same_dtype() {
         use crate::model::{Model, Placement};
-        use candle_core::Device;
         for name in MODELS {
             let f32_ref = Reference::load(name);
             let r = Reference::load_half(name);
             let mask = f32_ref.attention_mask();
             for (tag, dtype) in [("bf16", DType::BF16), ("f16", DType::F16)] {
                 let at = Placement {
-                    device: Device::Cpu,
+                    device: fixtures::device(),
                     dtype,
                 };
                 let mut model = Model::load(&fixtures::model_dir(name), &at).unwrap();

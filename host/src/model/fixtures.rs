@@ -34,7 +34,7 @@ impl Reference {
     }
 
     fn load_file(name: &str, file: &str) -> Reference {
-        let t = candle_core::safetensors::load(model_dir(name).join(file), &Device::Cpu).unwrap();
+        let t = candle_core::safetensors::load(model_dir(name).join(file), &device()).unwrap();
         Reference { t }
     }
 
@@ -109,8 +109,27 @@ impl Reference {
     }
 }
 
+/// The device the parity tests run on: the CPU, or the GPU that `RLHOST_TEST_DEVICE`
+/// names (`cuda`, `cuda:N`) in a binary built with the `cuda` feature.
+pub fn device() -> Device {
+    match std::env::var("RLHOST_TEST_DEVICE") {
+        Ok(d) => {
+            let choice = d.parse().expect("RLHOST_TEST_DEVICE: cpu, cuda or cuda:N");
+            Placement::open(choice, super::placement::DTypeChoice::F32)
+                .expect("RLHOST_TEST_DEVICE")
+                .device
+        }
+        Err(_) => Device::Cpu,
+    }
+}
+
+/// The fixture model `name` in f32 on [`device`].
 pub fn load(name: &str) -> Model {
-    Model::load(&model_dir(name), &Placement::CPU).unwrap()
+    let at = Placement {
+        device: device(),
+        dtype: DType::F32,
+    };
+    Model::load(&model_dir(name), &at).unwrap()
 }
 
 /// Max |a - b| over positions where the mask is 1 (logits `[B, T, V]`).
