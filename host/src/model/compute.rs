@@ -5,12 +5,12 @@
 //!
 //! Each has a **composed** form built from candle's differentiable ops only (so that it
 //! can run on any device and dtype with a correct backward), computes normalisation,
-//! softmax and log-probs in f32, and is what the tests hold the fast paths against. So
-//! far it has been run on the CPU in f32 only: bf16/f16 (f32 LoRA beside a bf16 base)
-//! and CUDA are still to come, and an NF4 weight still goes through its CPU op. The
-//! hand-tuned CPU kernels (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`,
-//! `mlp_op`) are picked only where they apply: an f32 tensor on the CPU with AVX2 and
-//! FMA. Never candle's fused `rms_norm`, `softmax_last_dim` or `rope` where a gradient
+//! softmax and log-probs in f32, keeps the LoRA adapter in f32 beside a bf16/f16 base (as
+//! PEFT does), and is what the tests hold the fast paths against. It has been run on the
+//! CPU in f32, bf16 and f16 (checked against transformers and PEFT in each), not yet on a
+//! GPU; an NF4 weight still goes through its CPU op. The hand-tuned CPU kernels
+//! (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`, `mlp_op`) are picked only
+//! where they apply: an f32 tensor on the CPU with AVX2 and FMA. Never candle's fused `rms_norm`, `softmax_last_dim` or `rope` where a gradient
 //! is needed: they drop it silently (they are used here only on tensors that carry
 //! none).
 
