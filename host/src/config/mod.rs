@@ -118,22 +118,27 @@ impl ModelSection {
     /// Opens `device` and resolves `dtype` on it (both checked when the config was read);
     /// `file` names the config in errors. NF4 runs on the CPU only so far.
     pub fn placement(&self, file: &str) -> Result<Placement> {
-        let parse = |key: &str, value: &str| format!("{file}: model.{key} = \"{value}\"");
-        let device = self
-            .device
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("{}: {e}", parse("device", &self.device)))?;
-        let dtype = self
-            .dtype
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("{}: {e}", parse("dtype", &self.dtype)))?;
-        let at = Placement::open(device, dtype).with_context(|| parse("device", &self.device))?;
+        let (device, dtype) = self.choices(file)?;
+        let at = Placement::open(device, dtype)
+            .with_context(|| format!("{file}: model.device = \"{}\"", self.device))?;
         if self.quantize.is_some() && !at.device.is_cpu() {
             bail!(
                 "{file}: model.quantize = \"nf4\" runs on the CPU only so far: drop it to train a bf16 base on the GPU, or set model.device = \"cpu\""
             );
         }
         Ok(at)
+    }
+
+    /// `device` and `dtype` parsed; an unknown value is an error naming `file`, the key
+    /// and what to write.
+    fn choices(&self, file: &str) -> Result<(DeviceChoice, DTypeChoice)> {
+        let device = self.device.parse().map_err(|e: String| {
+            anyhow::anyhow!("{file}: model.device = \"{}\": {e}", self.device)
+        })?;
+        let dtype = self.dtype.parse().map_err(|e: String| {
+            anyhow::anyhow!("{file}: model.dtype = \"{}\": {e}", self.dtype)
+        })?;
+        Ok((device, dtype))
     }
 }
 
@@ -413,12 +418,7 @@ impl LoadedConfig {
                 bail!("{file}: {key} must be a table, e.g. {key} = {{}}");
             }
         }
-        if let Err(e) = c.model.device.parse::<DeviceChoice>() {
-            bail!("{file}: model.device = \"{}\": {e}", c.model.device);
-        }
-        if let Err(e) = c.model.dtype.parse::<DTypeChoice>() {
-            bail!("{file}: model.dtype = \"{}\": {e}", c.model.dtype);
-        }
+        c.model.choices(&file.to_string())?;
         c.lora
             .to_config()
             .validate()

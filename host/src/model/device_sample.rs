@@ -202,18 +202,9 @@ fn upper_ones(m: usize, dev: &Device) -> Result<Tensor> {
 mod tests {
     use super::*;
     use crate::model::sample::sample;
+    use crate::model::sample::tests::params;
     use rand::rngs::StdRng;
     use rand::{RngExt, SeedableRng};
-
-    fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
-        SamplingParams {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            ..SamplingParams::default()
-        }
-    }
 
     /// Rows of a vocabulary longer than two blocks, peaked and flat.
     fn rows(n: usize, v: usize, seed: u64) -> Vec<Vec<f32>> {

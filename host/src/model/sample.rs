@@ -167,11 +167,11 @@ pub(crate) fn candidates(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rand::SeedableRng;
 
-    fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
+    pub(crate) fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
         SamplingParams {
             temperature,
             top_k,
