@@ -10,7 +10,9 @@
 //! and the ratios, for the pooling allocator (the default) and on-demand instances.
 //!
 //! Run: `bash plugins/build.sh && cargo bench -p rlhost --bench plugin_calls`
-//! (the subprocess baselines need `python3` and `node` on the PATH).
+//! (the subprocess baselines need `python3` and `node` on the PATH). Words after `--`
+//! keep only the subjects whose plugin or label holds one of them
+//! (`-- code_trigger` times the Python tool alone).
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions, Sample};
 use rlhost::plugin::{Message, Trajectory};
@@ -278,7 +280,19 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let subjects = subjects();
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let subjects: Vec<Subject> = subjects()
+        .into_iter()
+        .filter(|s| {
+            only.is_empty()
+                || only
+                    .iter()
+                    .any(|w| s.plugin.contains(w.as_str()) || s.label.contains(w.as_str()))
+        })
+        .collect();
     let (pool, demand) = rt.block_on(async {
         (
             measure(&subjects, true).await,

@@ -262,6 +262,69 @@ async fn code_tool_runs_python_and_shows_output_errors_and_values() {
     assert!(out.contains("ModuleNotFoundError"), "{out}");
 }
 
+/// Fresh sessions reuse the pool's instance slots, which are reset by copying the image
+/// back over the pages the last instance wrote (vendor/wasmtime's patched reset). Whatever
+/// a session wrote, scattered over the whole interpreter (a mark in every module, patched
+/// builtins, megabytes of new objects), the next session starts from the pristine
+/// interpreter.
+#[tokio::test]
+async fn a_fresh_python_session_never_sees_what_an_earlier_one_wrote() {
+    use rlhost::plugin::{PluginRuntime, PluginSpec, RuntimeOptions};
+    // A runtime of its own, so that consecutive sessions land in the same pool slot.
+    let runtime = PluginRuntime::new(&RuntimeOptions {
+        fuel: false,
+        cache_dir: Some(rlhost_tests::cache_dir()),
+        pooling: true,
+    })
+    .unwrap();
+    let plugin = runtime
+        .load(PluginSpec {
+            path: rlhost_tests::plugin("code_trigger"),
+            ..PluginSpec::default()
+        })
+        .await
+        .unwrap();
+    let dirty = block(
+        "import sys, math, builtins\n\
+         marked = 0\n\
+         for m in list(sys.modules.values()):\n    \
+             try:\n        m._rlhost_mark = 1\n        marked += 1\n    \
+             except Exception:\n        pass\n\
+         math.pi = 3\n\
+         junk = [bytearray(4096) for _ in range(3000)]\n\
+         builtins.len = lambda x: -1\n\
+         print(marked > 20, math.pi)",
+    );
+    let look = block(
+        "import sys, math\n\
+         print(sum(hasattr(m, '_rlhost_mark') for m in list(sys.modules.values())), \
+         math.pi, len([1, 2]), 'junk' in globals())",
+    );
+    for round in 0..4 {
+        let mut session = plugin
+            .open_trigger("{}", &no_sample(), round)
+            .await
+            .unwrap();
+        let out = session.fire(&dirty).await.unwrap();
+        assert_eq!(
+            out.as_deref(),
+            Some("\n<output>\nTrue 3\n</output>\n"),
+            "round {round}"
+        );
+        drop(session);
+        let mut fresh = plugin
+            .open_trigger("{}", &no_sample(), round)
+            .await
+            .unwrap();
+        let out = fresh.fire(&look).await.unwrap();
+        assert_eq!(
+            out.as_deref(),
+            Some("\n<output>\n0 3.141592653589793 2 False\n</output>\n"),
+            "round {round}: a fresh session saw an earlier one's writes"
+        );
+    }
+}
+
 /// Issue 19: `print("\ud800")` trapped the plugin (a lone surrogate is not a WIT
 /// string), losing the trajectory's globals.
 #[tokio::test]

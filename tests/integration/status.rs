@@ -418,6 +418,7 @@ return {
   cards: document.querySelectorAll('#rollouts article.card').length,
   model_spans: span('model'),
   progress: document.querySelector('#progress-text')?.textContent,
+  tool_wait: document.querySelector('#tool-wait')?.textContent,
   scripts_in_rollouts: document.querySelectorAll('#rollouts script').length,
 };
 "#;
@@ -520,6 +521,19 @@ fn the_dashboard_renders_live_charts_and_rollouts_in_a_real_browser() {
         .split_whitespace()
         .collect();
     assert_eq!(progress.join(" "), format!("step {STEPS} / {STEPS} (100%)"));
+    // The tools' share of sampling time, latest and mean: "0.4% (mean 1.2%)".
+    let tool_wait = last["tool_wait"].as_str().unwrap_or_default();
+    let shares: Vec<f64> = tool_wait
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    assert!(
+        tool_wait.contains("% (mean ")
+            && shares.len() == 2
+            && shares.iter().all(|s| (0.0..=100.0).contains(s)),
+        "tool wait shows {tool_wait:?}: {last}"
+    );
     let colours = browser.eval(COLOURS);
     let c: Vec<&str> = colours
         .as_array()

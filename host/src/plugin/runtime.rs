@@ -44,16 +44,13 @@ pub const MAX_LIVE_INSTANCES: u32 = 512;
 ///
 /// A fresh session is a fresh instance. wasmtime's default (on-demand) allocator maps each
 /// instance's linear memory anew and unmaps it afterwards; the pool keeps slots mapped and
-/// reuses them, and with `pagemap_scan` (Linux 6.7+) restores only the pages the last
-/// instance dirtied, so the next one starts with its pages resident. Measured with
-/// `cargo bench --bench plugin_calls`: a fresh calculator session drops from ~50–110 µs
-/// to ~16–65 µs, and page faults per fresh Python session from ~350 to ~240. A fresh
-/// Python session plus its first call stays at ~2.6 ms (open 1.7 ms, about half of it
-/// instantiation; first call 0.95 ms against 0.34 for a later one). perf over 600
-/// such sessions: guest code 38% of cycles, the kernel 33% (copy-on-write faults in guest
-/// code, ~460 a session whatever `linear_memory_keep_resident`, `table_keep_resident` or
-/// `async_stack_keep_resident` is), wasmtime 26% (a half of it initialising funcrefs
-/// lazily). The pool does not keep CPython's dirty pages resident; why is still open.
+/// reuses them, and with `pagemap_scan` (Linux 6.7+) copies the image back over only the
+/// pages the last instance dirtied, so the next one starts with its pages resident. That
+/// last part needs the vendored wasmtime's patch (vendor/README.md): 48.0.8 gave up after
+/// 32 dirty regions and decommitted the rest, and CPython dirties hundreds. Measured with
+/// `cargo bench --bench plugin_calls` (2-core VM): a fresh Python session takes 1 page
+/// fault instead of ~430 and costs 0.41 ms (1.34 ms on demand); with its first call,
+/// 0.66 ms (2.19 ms), against 37 ms for a `python3` subprocess doing the same work.
 fn pooling(pagemap_scan: bool) -> PoolingAllocationConfig {
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(MAX_LIVE_INSTANCES)

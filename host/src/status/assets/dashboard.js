@@ -166,10 +166,21 @@
     $("epoch").textContent = String(newer ? newer.epoch : (s.epoch ?? "—"));
     $("adapter").textContent = String(newer ? newer.adapter_version : (s.adapter_version ?? "—"));
     $("tps").textContent = isNum(s.tokens_per_s) ? fmtInt(s.tokens_per_s) : "—";
+    $("tool-wait").textContent = toolWait();
     $("checkpoint").textContent = s.last_checkpoint || "—";
     $("model").textContent = s.model || "—";
     $("config").textContent = s.config || "—";
     renderClock();
+  }
+
+  /** The tools' share of sampling time (`tool_wait_share`): the latest step's, and the
+   * mean over the steps seen, e.g. "1.2% (mean 1.3%)". */
+  function toolWait() {
+    const shares = sortedSteps().map((m) => m.tool_wait_share).filter(isNum);
+    if (shares.length === 0) return "—";
+    const pct = (v) => `${(100 * v).toFixed(1)}%`;
+    const mean = shares.reduce((a, b) => a + b, 0) / shares.length;
+    return `${pct(shares[shares.length - 1])} (mean ${pct(mean)})`;
   }
 
   /** Elapsed / ETA tick locally between /status updates. */
