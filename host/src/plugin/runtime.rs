@@ -50,7 +50,8 @@ pub const MAX_LIVE_INSTANCES: u32 = 512;
 /// 32 dirty regions and decommitted the rest, and CPython dirties hundreds. Measured with
 /// `cargo bench --bench plugin_calls` (2-core VM): a fresh Python session takes 1 page
 /// fault instead of ~430 and costs 0.41 ms (1.34 ms on demand); with its first call,
-/// 0.66 ms (2.19 ms), against 37 ms for a `python3` subprocess doing the same work.
+/// 0.66–0.70 ms (2.2–2.4 ms), against 37–38 ms for a `python3` subprocess doing the
+/// same work.
 fn pooling(pagemap_scan: bool) -> PoolingAllocationConfig {
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(MAX_LIVE_INSTANCES)
