@@ -132,7 +132,8 @@
   function renderHeader() {
     const s = state.status;
     if (!s) return;
-    const last = sortedSteps().pop();
+    const steps = sortedSteps();
+    const last = steps[steps.length - 1];
     $("run-id").textContent = s.run_id || "—";
     document.title = `${s.phase || "?"} · ${s.run_id || "rlhost"}`;
 
@@ -166,17 +167,17 @@
     $("epoch").textContent = String(newer ? newer.epoch : (s.epoch ?? "—"));
     $("adapter").textContent = String(newer ? newer.adapter_version : (s.adapter_version ?? "—"));
     $("tps").textContent = isNum(s.tokens_per_s) ? fmtInt(s.tokens_per_s) : "—";
-    $("tool-wait").textContent = toolWait();
+    $("tool-wait").textContent = toolWait(steps);
     $("checkpoint").textContent = s.last_checkpoint || "—";
     $("model").textContent = s.model || "—";
     $("config").textContent = s.config || "—";
     renderClock();
   }
 
-  /** The tools' share of sampling time (`tool_wait_share`): the latest step's, and the
-   * mean over the steps seen, e.g. "1.2% (mean 1.3%)". */
-  function toolWait() {
-    const shares = sortedSteps().map((m) => m.tool_wait_share).filter(isNum);
+  /** The tools' share of sampling time (`tool_wait_share`) over `steps` (in step order):
+   * the latest step's, and the mean, e.g. "1.2% (mean 1.3%)". */
+  function toolWait(steps) {
+    const shares = steps.map((m) => m.tool_wait_share).filter(isNum);
     if (shares.length === 0) return "—";
     const pct = (v) => `${(100 * v).toFixed(1)}%`;
     const mean = shares.reduce((a, b) => a + b, 0) / shares.length;
