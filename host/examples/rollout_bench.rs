@@ -171,6 +171,7 @@ fn main() -> Result<()> {
                 template_kwargs: Default::default(),
                 trigger: trigger.clone(),
                 environment: None,
+                remote: None,
             };
             let batch: Vec<(u64, Sample)> = if shared {
                 samples.clone()

@@ -26,6 +26,18 @@ pub struct StepMetrics {
     /// each step (k3): how far the batch's epochs and mini-batches moved it.
     #[serde(default)]
     pub approx_kl: f64,
+    /// The sampler's log-probs against the trainer's before the update (vLLM or another
+    /// kernel): mean k3 KL, mean |difference| and the largest token ratio over trained
+    /// tokens. `None` where the sampler's log-probs stand in for a recomputation.
+    #[serde(default)]
+    pub rollout_kl: Option<f64>,
+    #[serde(default)]
+    pub rollout_logp_diff: Option<f64>,
+    #[serde(default)]
+    pub rollout_max_ratio: Option<f64>,
+    /// With vLLM servers: seconds spent writing and loading adapter versions so far.
+    #[serde(default)]
+    pub adapter_load_s: Option<f64>,
     /// PPO: the critic's mean per-token clipped value loss.
     #[serde(default)]
     pub value_loss: Option<f64>,

@@ -25,6 +25,7 @@ mod sandbox;
 mod scaffold;
 mod status;
 mod train_cli;
+mod vllm;
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};
 use std::sync::{Arc, OnceLock};

@@ -153,6 +153,7 @@ fn settings_for(
         template_kwargs: Default::default(),
         trigger,
         environment,
+        remote: None,
     }
 }
 

@@ -85,6 +85,11 @@ impl TestCommand {
         self
     }
 
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.cmd.env(key, value);
+        self
+    }
+
     pub fn current_dir(mut self, dir: &Path) -> Self {
         self.cmd.current_dir(dir);
         self

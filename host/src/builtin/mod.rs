@@ -163,6 +163,10 @@ pub fn ensure(
     let root = cache_dir.join("models");
     let dir = root.join(format!("{}-v{}-{key}", recipe.name, recipe.version));
     if dir.join("model.safetensors").is_file() {
+        // Where it is, for serving it elsewhere (a vLLM server started on this folder).
+        if !quiet {
+            eprintln!("built-in model {SCHEME}{}: {}", recipe.name, dir.display());
+        }
         return Ok(dir);
     }
     if !quiet {

@@ -111,7 +111,14 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
                 batches.len(),
                 stats.trajectories,
                 stats.wall_s,
-                stats.sampled_tokens as f64 / stats.decode_s.max(1e-9)
+                // With vLLM servers the decode happens there: per wall second.
+                stats.sampled_tokens as f64
+                    / if stats.requests > 0 {
+                        stats.wall_s
+                    } else {
+                        stats.decode_s
+                    }
+                    .max(1e-9)
             );
         }
         total.add(&stats);
@@ -221,6 +228,14 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
         100.0 * stats.plugin_wait_s / stats.wall_s.max(1e-9),
         stats.plugin_busy_s
     ));
+    if stats.requests > 0 {
+        s.push_str(&format!(
+            "vLLM           {} requests, waiting on the servers {:.1} s ({:.1}%)\n",
+            stats.requests,
+            stats.server_wait_s,
+            100.0 * stats.server_wait_s / stats.wall_s.max(1e-9),
+        ));
+    }
     s.push_str(&format!(
         "throughput     {:.2} trajectories/s, {:.1} sampled tokens/s\n",
         stats.trajectories as f64 / stats.wall_s.max(1e-9),

@@ -234,6 +234,53 @@ pub struct RolloutSection {
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Scorer instances per reward plugin (trajectories are scored in parallel).
     pub reward_instances: usize,
+    /// What samples the trajectories: the model in this process, or vLLM servers.
+    pub engine: EngineKind,
+    /// The vLLM servers, with `engine = "vllm"`.
+    pub vllm: VllmSection,
+}
+
+/// `rollout.engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// candle, in this process, KV caches shared across a group.
+    #[default]
+    Local,
+    /// vLLM servers, token-in/token-out (`[rollout.vllm]`).
+    Vllm,
+}
+
+/// `[rollout.vllm]`: the servers that sample when `rollout.engine = "vllm"`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VllmSection {
+    /// Base URLs, e.g. `["http://127.0.0.1:8000"]`.
+    pub servers: Vec<String>,
+    /// The served base model's name (vLLM's `--served-model-name`).
+    pub model: String,
+    /// Where rlhost writes each adapter version for the servers to load (relative to the
+    /// config's folder); default: `adapters/` in the run directory.
+    pub adapter_dir: Option<PathBuf>,
+    /// That folder as the servers see it, when they run elsewhere (a shared mount).
+    pub server_adapter_dir: Option<String>,
+    /// Seconds one request may take before its server is taken for dead.
+    pub timeout_s: f64,
+    /// Requests in flight per server.
+    pub max_in_flight: usize,
+}
+
+impl Default for VllmSection {
+    fn default() -> Self {
+        VllmSection {
+            servers: Vec::new(),
+            model: "rlhost-base".into(),
+            adapter_dir: None,
+            server_adapter_dir: None,
+            timeout_s: 120.0,
+            max_in_flight: 64,
+        }
+    }
 }
 
 impl Default for RolloutSection {
@@ -256,6 +303,8 @@ impl Default for RolloutSection {
             queue_capacity: 2,
             template_kwargs: Default::default(),
             reward_instances: 2,
+            engine: EngineKind::Local,
+            vllm: VllmSection::default(),
         }
     }
 }
@@ -416,6 +465,30 @@ impl LoadedConfig {
         ] {
             if !v.is_object() {
                 bail!("{file}: {key} must be a table, e.g. {key} = {{}}");
+            }
+        }
+        if r.engine == EngineKind::Vllm {
+            let v = &r.vllm;
+            if v.servers.is_empty() {
+                bail!(
+                    "{file}: rollout.engine = \"vllm\" needs rollout.vllm.servers, e.g. servers = [\"http://127.0.0.1:8000\"] (bash scripts/vllm.sh start MODEL_DIR 8000 starts one)"
+                );
+            }
+            if let Some(bad) = v.servers.iter().find(|u| !u.starts_with("http://")) {
+                bail!(
+                    "{file}: rollout.vllm.servers: {bad:?} is not an http:// base URL (https is not supported: vLLM servers are reached on a trusted network)"
+                );
+            }
+            if !(v.timeout_s > 0.0 && v.timeout_s.is_finite()) {
+                bail!("{file}: rollout.vllm.timeout_s must be a positive number of seconds");
+            }
+            if v.max_in_flight == 0 {
+                bail!("{file}: rollout.vllm.max_in_flight must be at least 1");
+            }
+            if v.model.is_empty() {
+                bail!(
+                    "{file}: rollout.vllm.model must name the served model (--served-model-name)"
+                );
             }
         }
         c.model.choices(&file.to_string())?;

@@ -7,15 +7,17 @@
 //! a plugin without the role it is used for, or a plugin configuration it refuses stops
 //! the run at once with a message naming the config key, not after an hour of training.
 
-use super::{LoadedConfig, QuantizeKind};
+use super::{EngineKind, LoadedConfig, QuantizeKind};
 use crate::builtin::Recipe;
 use crate::data::{Dataset, PromptLimit};
+use crate::model::sample::SamplingParams;
 use crate::model::{LanguageModel, Mode, peft};
 use crate::plugin::{
     DirGrant, Grants, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache,
 };
 use crate::rl::trainer::Sources;
 use crate::rollout::engine::prompt_tokens;
+use crate::rollout::vllm::{Pool, VllmSettings};
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use crate::sample::Sample;
 use anyhow::{Context, Result, bail};
@@ -237,6 +239,13 @@ impl Opened {
             .validate()
             .with_context(|| format!("{file}: [sampling]"))?;
         let r = &c.rollout;
+        let remote = match r.engine {
+            EngineKind::Local => None,
+            EngineKind::Vllm => Some(std::sync::Arc::new(
+                vllm_pool(&loaded, &lm, &sampling)
+                    .with_context(|| format!("{file}: [rollout.vllm]"))?,
+            )),
+        };
         let settings = RolloutSettings {
             group_size: r.group_size,
             sampling,
@@ -250,6 +259,7 @@ impl Opened {
             template_kwargs: r.template_kwargs.clone(),
             trigger,
             environment,
+            remote,
         };
         // Every prompt is checked against the length limit now, not when it is drawn.
         let kwargs = &settings.template_kwargs;
@@ -353,6 +363,31 @@ async fn load_plugins(
 }
 
 /// The run's output folder: `run.out_dir`, or `runs/<config name>` beside the config.
+/// Connects to the vLLM servers of `[rollout.vllm]` and checks them against `lm`.
+fn vllm_pool(loaded: &LoadedConfig, lm: &LanguageModel, sampling: &SamplingParams) -> Result<Pool> {
+    let c = &loaded.config;
+    let v = &c.rollout.vllm;
+    let adapter_dir = match &v.adapter_dir {
+        Some(d) => loaded.resolve(d),
+        None => out_dir(loaded).join("vllm-adapters"),
+    };
+    let settings = VllmSettings {
+        servers: v.servers.clone(),
+        model: v.model.clone(),
+        adapter_dir,
+        server_adapter_dir: v.server_adapter_dir.clone(),
+        timeout: std::time::Duration::from_secs_f64(v.timeout_s),
+        max_in_flight: v.max_in_flight,
+        keep_versions: c.rollout.max_staleness + 2,
+    };
+    Pool::connect(
+        settings,
+        lm,
+        c.rollout.max_total_tokens,
+        sampling.temperature,
+    )
+}
+
 pub fn out_dir(loaded: &LoadedConfig) -> PathBuf {
     match &loaded.config.run.out_dir {
         Some(dir) => loaded.resolve(dir),

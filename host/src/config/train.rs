@@ -3,7 +3,7 @@
 
 use super::RunConfig;
 use crate::rl::algorithms::{
-    Aggregation, Algorithm, Critic, Estimator, KlEstimator, Overlong, Scale,
+    Aggregation, Algorithm, Critic, Estimator, KlEstimator, Overlong, RolloutCorrection, Scale,
 };
 use crate::rl::optim::AdamWConfig;
 use crate::rl::plan::{Advantages, Batches, EvalPlan, Saves, Schedule, Shaping, TrainPlan};
@@ -69,6 +69,13 @@ pub struct TrainSection {
     /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
     pub overlong_cache: usize,
     pub tis_cap: f64,
+    /// How the update corrects for the sampler's log-probs differing from the trainer's
+    /// (another engine, as vLLM, or other kernels): `none`, `token_tis` (truncated
+    /// per-token importance weights) or `seq_mis` (sequences whose ratio leaves
+    /// [rollout_correction_min, rollout_correction_cap] are masked).
+    pub rollout_correction: CorrectionKind,
+    pub rollout_correction_cap: f64,
+    pub rollout_correction_min: f64,
     /// PPO: GAE's discount γ and λ.
     pub gamma: f64,
     pub lam: f64,
@@ -116,6 +123,19 @@ impl TrainSection {
                 "train.estimator = \"dr-grpo\" with scale_rewards = \"{scale}\": Dr. GRPO is GRPO without the std; use estimator = \"grpo\" to divide by it, or drop scale_rewards"
             ));
         }
+        if self.rollout_correction != CorrectionKind::None {
+            if self.old_logps == OldLogps::Sampler {
+                return Err(
+                    "train.rollout_correction with old_logps = \"sampler\": the ratio would compare the sampler's log-probs with themselves; use old_logps = \"recompute\"".into(),
+                );
+            }
+            if !(self.rollout_correction_cap >= 1.0 && self.rollout_correction_cap.is_finite()) {
+                return Err("train.rollout_correction_cap must be a number of at least 1".into());
+            }
+            if !(0.0..=1.0).contains(&self.rollout_correction_min) {
+                return Err("train.rollout_correction_min must be in [0, 1]".into());
+            }
+        }
         if self.mini_batches > batch {
             return Err(format!(
                 "train.mini_batches = {} is more than the {batch} trajectories of a rollout batch (rollout.prompts_per_step × group_size); lower it",
@@ -124,6 +144,15 @@ impl TrainSection {
         }
         Ok(())
     }
+}
+
+/// `train.rollout_correction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionKind {
+    None,
+    TokenTis,
+    SeqMis,
 }
 
 impl Default for TrainSection {
@@ -157,6 +186,10 @@ impl Default for TrainSection {
             overlong: Overlong::None,
             overlong_cache: 0,
             tis_cap: 2.0,
+            rollout_correction: CorrectionKind::None,
+            // TRL's vllm_importance_sampling_cap default.
+            rollout_correction_cap: 2.0,
+            rollout_correction_min: 0.0,
             // TRL's PPO defaults.
             gamma: 1.0,
             lam: 0.95,
@@ -251,6 +284,16 @@ impl RunConfig {
                 _ => 1.0,
             },
             tis_cap: t.tis_cap,
+            rollout_correction: match t.rollout_correction {
+                CorrectionKind::None => RolloutCorrection::None,
+                CorrectionKind::TokenTis => RolloutCorrection::TokenTis {
+                    cap: t.rollout_correction_cap,
+                },
+                CorrectionKind::SeqMis => RolloutCorrection::SeqMis {
+                    min: t.rollout_correction_min,
+                    cap: t.rollout_correction_cap,
+                },
+            },
             max_grad_norm: t.max_grad_norm,
             micro_batch_tokens: t.micro_batch_tokens,
             mini_batches: t.mini_batches,

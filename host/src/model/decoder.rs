@@ -467,6 +467,32 @@ impl Model {
         mode: Mode,
         all_positions: bool,
     ) -> Result<Tensor> {
+        // A decode step of a small model is a few hundred microseconds of arithmetic:
+        // split across threads, waking them would cost more (see `cpu::threads`).
+        let rows: usize = tokens.iter().map(|t| t.len()).sum();
+        self.sized(rows, || {
+            self.forward_cached_here(caches, tokens, mode, all_positions)
+        })
+    }
+
+    /// Runs `f`, work on at most `rows` token positions at a time, on this thread alone
+    /// where the model's products over that many rows are too small to split across
+    /// threads, and on the compute pool otherwise ([`super::cpu::threads::sized`]).
+    pub fn sized<R: Send>(&self, rows: usize, f: impl FnOnce() -> R + Send) -> R {
+        let widest = self.cfg.intermediate_size.max(self.cfg.hidden_size);
+        let macs = (rows as u64)
+            .saturating_mul(self.cfg.hidden_size as u64)
+            .saturating_mul(widest as u64);
+        super::cpu::threads::sized(macs, f)
+    }
+
+    fn forward_cached_here(
+        &self,
+        caches: &mut [&mut KvCache],
+        tokens: &[&[u32]],
+        mode: Mode,
+        all_positions: bool,
+    ) -> Result<Tensor> {
         if caches.len() != tokens.len() {
             candle_core::bail!("{} caches for {} sequences", caches.len(), tokens.len());
         }

@@ -106,6 +106,13 @@ impl Sequence {
         self.next_logits.is_some()
     }
 
+    /// Appends a token another sampler drew (a vLLM server), with its log-prob there.
+    pub fn push_sampled(&mut self, token: u32, logp: f32) {
+        self.tokens.push(token);
+        self.logprobs.push(Some(logp));
+        self.next_logits = None;
+    }
+
     /// Samples the next token from the stored logits and appends it. Call after
     /// [`advance`]; the token becomes pending.
     pub fn sample_next(&mut self, params: &SamplingParams) -> Result<(u32, f32)> {

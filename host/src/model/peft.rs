@@ -173,6 +173,17 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
 /// Writes `model`'s adapter to `dir` in PEFT's format. Each file is written to a temporary
 /// name and renamed, so a crash never leaves a half-written adapter under the real name.
 pub fn save_adapter(model: &Model, dir: &Path, base_model: Option<&str>) -> Result<()> {
+    save_adapter_as(model, None, dir, base_model)
+}
+
+/// [`save_adapter`] with the tensors of `snapshot` (a version the trainer published)
+/// where given, else the live adapter's.
+pub fn save_adapter_as(
+    model: &Model,
+    snapshot: Option<&super::lora::AdapterSnapshot>,
+    dir: &Path,
+    base_model: Option<&str>,
+) -> Result<()> {
     let cfg = model
         .lora
         .as_ref()
@@ -181,14 +192,9 @@ pub fn save_adapter(model: &Model, dir: &Path, base_model: Option<&str>) -> Resu
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (module, _, lin) in model.projections() {
         if let Some(l) = &lin.lora {
-            tensors.push((
-                format!("{KEY_PREFIX}{module}.lora_A.weight"),
-                l.lora_a.as_tensor().clone(),
-            ));
-            tensors.push((
-                format!("{KEY_PREFIX}{module}.lora_B.weight"),
-                l.lora_b.as_tensor().clone(),
-            ));
+            let (a, b) = l.pair(snapshot);
+            tensors.push((format!("{KEY_PREFIX}{module}.lora_A.weight"), a.clone()));
+            tensors.push((format!("{KEY_PREFIX}{module}.lora_B.weight"), b.clone()));
         }
     }
     write_safetensors(&dir.join(WEIGHTS_FILE), tensors)?;

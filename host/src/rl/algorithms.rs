@@ -241,6 +241,73 @@ pub fn truncated_is(old_logps: &Tensor, behavior_logps: &Tensor, cap: f64) -> Re
     Ok(w.detach())
 }
 
+/// How the update corrects for the sampler's log-probs differing from the trainer's
+/// (`train.rollout_correction`): another engine (vLLM) and other kernels give the same
+/// tokens slightly different probabilities, so the sampled data is slightly off-policy.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RolloutCorrection {
+    None,
+    /// Truncated importance sampling per token (TRL `token_truncate`, verl `rollout_is`
+    /// at the token level).
+    TokenTis {
+        cap: f64,
+    },
+    /// Masked importance sampling per sequence (TRL `sequence_mask`, with verl's lower
+    /// bound from `rollout_rs`).
+    SeqMis {
+        min: f64,
+        cap: f64,
+    },
+}
+
+/// The weights [`RolloutCorrection`] puts on each token's loss, no gradient. With
+/// d_t = (old_logps_t − rollout_logps_t)·mask_t (TRL's
+/// `vllm_importance_sampling_correction`):
+/// - token_tis: w_t = min(e^{d_t}, cap);
+/// - seq_mis: ρ = e^{Σ_t d_t} per row, w_t = ρ if min ≤ ρ ≤ cap, else 0 (the row's tokens
+///   teach nothing);
+/// - none: w_t = 1.
+pub fn rollout_weights(
+    old_logps: &Tensor,
+    rollout_logps: &Tensor,
+    mask: &Tensor,
+    correction: RolloutCorrection,
+) -> Result<Tensor> {
+    let d = ((old_logps - rollout_logps)? * mask)?;
+    let w = match correction {
+        RolloutCorrection::None => d.ones_like()?,
+        RolloutCorrection::TokenTis { cap } => d.exp()?.clamp(0f32, cap as f32)?,
+        RolloutCorrection::SeqMis { min, cap } => {
+            let rho = d.sum_keepdim(1)?.exp()?;
+            let keep = (rho.ge(min as f32)?.to_dtype(d.dtype())?
+                * rho.le(cap as f32)?.to_dtype(d.dtype())?)?;
+            (rho * keep)?.broadcast_as(d.shape())?.contiguous()?
+        }
+    };
+    Ok(w.detach())
+}
+
+/// How far the sampler's log-probs are from the trainer's, over the masked tokens: the
+/// sum of k3 = r − 1 − log r with r = e^{old_logps − rollout_logps} (a KL estimate with
+/// samples from the sampler), the sum of |old − rollout|, the largest r, and the count.
+pub fn rollout_mismatch(
+    old_logps: &Tensor,
+    rollout_logps: &Tensor,
+    mask: &Tensor,
+) -> Result<(f64, f64, f64, f64)> {
+    let d = ((old_logps - rollout_logps)? * mask)?;
+    let r = d.exp()?;
+    let k3 = ((&r - 1.0)? - &d)?;
+    let max_r = (r * mask)?.max_all()?.to_scalar::<f32>()? as f64;
+    Ok((
+        (k3 * mask)?.sum_all()?.to_scalar::<f32>()? as f64,
+        d.abs()?.sum_all()?.to_scalar::<f32>()? as f64,
+        max_r,
+        mask.sum_all()?.to_scalar::<f32>()? as f64,
+    ))
+}
+
 /// Generalised advantage estimation over one trajectory, positions in order, with
 /// `actions[t]` marking the tokens the policy chose. Only actions are steps of the MDP:
 /// the prompt and tool output in between are skipped, so that the value after an action
@@ -437,6 +504,55 @@ mod tests {
             .iter()
             .map(|x| x.as_f64().unwrap())
             .collect()
+    }
+
+    /// Reference numbers from TRL's formulas (`grpo_trainer.py`, the
+    /// `vllm_importance_sampling_correction` block) worked in Python by hand:
+    /// d = (old − rollout)·mask; token_truncate: min(exp(d), 2); sequence_mask with a
+    /// lower bound of 0.5: exp(Σ d) = [1.0, 3.3201, 0.3679] → [1.0, 0, 0].
+    #[test]
+    fn rollout_weights_follow_trls_importance_sampling_modes() {
+        let t = |v: [[f32; 4]; 3]| Tensor::new(&v, &Device::Cpu).unwrap();
+        let old = t([
+            [-0.5, -1.2, -0.1, -2.0],
+            [-0.3, -0.2, -1.5, 0.0],
+            [-1.0, -2.0, -0.5, -0.5],
+        ]);
+        let roll = t([
+            [-0.7, -1.0, -0.1, -1.2],
+            [-0.2, -1.6, -1.4, 0.0],
+            [-0.5, -1.5, -0.5, -0.5],
+        ]);
+        let mask = t([[1., 1., 1., 0.], [1., 1., 1., 0.], [1., 1., 1., 1.]]);
+        let got = |c| {
+            rollout_weights(&old, &roll, &mask, c)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap()
+        };
+        let tis = got(RolloutCorrection::TokenTis { cap: 2.0 });
+        let want = [
+            [1.2214027581601699, 0.8187307530779819, 1.0, 1.0],
+            [0.9048374180359596, 2.0, 0.9048374180359595, 1.0],
+            [0.6065306597126334, 0.6065306597126334, 1.0, 1.0],
+        ];
+        for (g, w) in tis.iter().flatten().zip(want.iter().flatten()) {
+            assert!((*g as f64 - w).abs() < 1e-6, "{g} vs {w}");
+        }
+        let mis = got(RolloutCorrection::SeqMis { min: 0.5, cap: 2.0 });
+        let want = [[1.0; 4], [0.0; 4], [0.0; 4]];
+        for (g, w) in mis.iter().flatten().zip(want.iter().flatten()) {
+            assert!((g - w).abs() < 1e-6, "{mis:?}");
+        }
+        // Without the lower bound the third row keeps its ratio, as in TRL.
+        let mis = got(RolloutCorrection::SeqMis { min: 0.0, cap: 2.0 });
+        assert!((mis[2][0] as f64 - 0.36787944117144233).abs() < 1e-6);
+        assert_eq!(got(RolloutCorrection::None), [[1.0; 4]; 3]);
+        let (k3, abs, max_r, n) = rollout_mismatch(&old, &roll, &mask).unwrap();
+        assert_eq!(n, 10.0);
+        assert!((k3 / n - 0.19180696335800132).abs() < 1e-6, "{}", k3 / n);
+        assert!((abs / n - 0.3).abs() < 1e-6);
+        assert!((max_r - 4.055199966844675).abs() < 1e-5);
     }
 
     fn matrix(v: &serde_json::Value) -> Tensor {

@@ -463,6 +463,7 @@ mod tests {
                 template_kwargs: Default::default(),
                 trigger: None,
                 environment: None,
+                remote: None,
             },
         };
         let due: Vec<u64> = (1..=7).filter(|&d| held_out(3).due(d, 7)).collect();

@@ -20,7 +20,8 @@
 //! way), so that ratios, truncated-IS weights and KL compare one distribution with itself.
 
 use super::algorithms::{
-    Aggregation, KlEstimator, clipped_surrogate, gae, kl, truncated_is, value_loss, whiten,
+    Aggregation, KlEstimator, RolloutCorrection, clipped_surrogate, gae, kl, rollout_mismatch,
+    rollout_weights, truncated_is, value_loss, whiten,
 };
 use super::optim::{Accumulator, AdamW, clip_grad_norm};
 use super::value_head::ValueHead;
@@ -61,6 +62,9 @@ pub struct UpdateConfig {
     /// The temperature the trajectories were sampled at: every log-prob is scored at it.
     pub temperature: f64,
     pub tis_cap: f64,
+    /// Weights for the sampler's log-probs differing from the trainer's, on every row
+    /// (in place of `tis_cap`'s weights for stale rows, which it covers).
+    pub rollout_correction: RolloutCorrection,
     pub max_grad_norm: f64,
     /// Most padded tokens (rows × longest row) per forward/backward.
     pub micro_batch_tokens: usize,
@@ -134,6 +138,13 @@ pub struct UpdateStats {
     /// the clipped value term was the larger (every step).
     pub value_loss: Option<f64>,
     pub value_clip_fraction: Option<f64>,
+    /// How far the sampler's log-probs were from the trainer's before the first step,
+    /// over trained tokens (first epoch): the mean k3 estimate of the KL, the mean
+    /// |difference| and the largest ratio e^{old − rollout}. `None` when the sampler's
+    /// log-probs stand in for the trainer's (`old_logps = "sampler"`).
+    pub rollout_kl: Option<f64>,
+    pub rollout_logp_diff: Option<f64>,
+    pub rollout_max_ratio: Option<f64>,
     /// Each optimizer step in order.
     pub steps: Vec<MiniStats>,
 }
@@ -493,6 +504,21 @@ pub fn update(
     cfg: &UpdateConfig,
     inputs: &StepInputs,
 ) -> Result<UpdateStats> {
+    // A micro-batch's products decide whether splitting them across threads pays.
+    let tokens: usize = rows.iter().map(|r| r.trajectory.tokens.len()).sum();
+    model.sized(tokens.min(cfg.micro_batch_tokens), || {
+        update_here(model, critic, opt, rows, cfg, inputs)
+    })
+}
+
+fn update_here(
+    model: &Model,
+    critic: Option<&ValueHead>,
+    opt: &mut AdamW,
+    rows: &[Row],
+    cfg: &UpdateConfig,
+    inputs: &StepInputs,
+) -> Result<UpdateStats> {
     let StepInputs { lr, seed, dropout } = *inputs;
     if rows.is_empty() {
         bail!("no trajectories to learn from");
@@ -596,6 +622,8 @@ pub fn update(
     }
     let (mut clipped_tokens, mut kl_old_sum, mut step_tokens_sum) = (0.0, 0.0, 0.0);
     let (mut value_loss_sum, mut value_clipped) = (0.0, 0.0);
+    // Σ k3, Σ |old − rollout|, max ratio, tokens: the sampler against the trainer.
+    let mut mismatch = (0.0, 0.0, 0.0f64, 0.0);
     for (epoch, share, micros) in &steps {
         let mut acc = Accumulator::new(params.len());
         let mut step = MiniStats {
@@ -622,12 +650,34 @@ pub fn update(
             let (surrogate, clipped) =
                 clipped_surrogate(&lp, &old, &advantages, cfg.clip_low, cfg.clip_high)?;
             let mut per_token = surrogate.clone();
+            if cfg.old_logps == OldLogps::Recompute && *epoch == 0 {
+                let (k3, diff, max_r, n) =
+                    rollout_mismatch(&old, &m.pad(&behavior, device)?, &m.mask)?;
+                mismatch = (
+                    mismatch.0 + k3,
+                    mismatch.1 + diff,
+                    mismatch.2.max(max_r),
+                    mismatch.3 + n,
+                );
+            }
+            if cfg.rollout_correction != RolloutCorrection::None {
+                let w = rollout_weights(
+                    &old,
+                    &m.pad(&behavior, device)?,
+                    &m.mask,
+                    cfg.rollout_correction,
+                )?;
+                per_token = (per_token * w)?;
+            }
             let stale: Vec<f32> = m
                 .rows
                 .iter()
                 .map(|&i| f32::from(u8::from(rows[i].stale)))
                 .collect();
-            if cfg.old_logps == OldLogps::Recompute && stale.iter().any(|s| *s > 0.0) {
+            if cfg.old_logps == OldLogps::Recompute
+                && cfg.rollout_correction == RolloutCorrection::None
+                && stale.iter().any(|s| *s > 0.0)
+            {
                 // w = 1 + stale·(min(e^{old − behavior}, cap) − 1): fresh rows weigh 1.
                 let stale = Tensor::from_vec(stale, (m.rows.len(), 1), device)?;
                 let tis = truncated_is(&old, &m.pad(&behavior, device)?, cfg.tis_cap)?;
@@ -703,6 +753,11 @@ pub fn update(
     stats.kl /= n;
     stats.clip_fraction = clipped_tokens / step_tokens_sum.max(1.0);
     stats.approx_kl = kl_old_sum / step_tokens_sum.max(1.0);
+    if cfg.old_logps == OldLogps::Recompute && mismatch.3 > 0.0 {
+        stats.rollout_kl = Some(mismatch.0 / mismatch.3);
+        stats.rollout_logp_diff = Some(mismatch.1 / mismatch.3);
+        stats.rollout_max_ratio = Some(mismatch.2);
+    }
     if let Some((p, _, t)) = &ppo {
         stats.value_loss = Some(value_loss_sum / n);
         stats.value_clip_fraction = Some(value_clipped / step_tokens_sum.max(1.0));
@@ -764,6 +819,7 @@ mod tests {
             reward_kl_estimator: KlEstimator::K1,
             temperature: 1.0,
             tis_cap: 2.0,
+            rollout_correction: RolloutCorrection::None,
             max_grad_norm: 0.0,
             micro_batch_tokens,
             mini_batches: 1,

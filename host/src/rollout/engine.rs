@@ -20,6 +20,7 @@
 use super::reward::Rewards;
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
 use super::turns::TurnFormat;
+use super::vllm::{Pool, Request, RequestError, Sampled};
 use crate::model::bundle::LanguageModel;
 use crate::model::generate::{Sequence, advance, draw, sample_seed};
 use crate::model::lora::Mode;
@@ -84,6 +85,8 @@ pub struct RolloutSettings {
     pub template_kwargs: Map<String, Json>,
     pub trigger: Option<ToolSpec>,
     pub environment: Option<ToolSpec>,
+    /// vLLM servers that sample in place of the local model (`rollout.engine = "vllm"`).
+    pub remote: Option<std::sync::Arc<Pool>>,
 }
 
 /// Where a batch's time went.
@@ -102,6 +105,10 @@ pub struct BatchStats {
     pub inserted_tokens: usize,
     pub forwards: usize,
     pub trajectories: usize,
+    /// With vLLM servers: completion requests, and the time the loop sat idle waiting
+    /// for their answers (plugin calls overlapping them are not counted there).
+    pub requests: usize,
+    pub server_wait_s: f64,
 }
 
 impl BatchStats {
@@ -117,6 +124,8 @@ impl BatchStats {
         self.inserted_tokens += s.inserted_tokens;
         self.forwards += s.forwards;
         self.trajectories += s.trajectories;
+        self.requests += s.requests;
+        self.server_wait_s += s.server_wait_s;
     }
 }
 
@@ -149,6 +158,8 @@ enum Event {
         Duration,
     ),
     Scored(usize, Vec<Result<Vec<Component>, Fault>>, Duration),
+    /// A vLLM server's answer for a trajectory, from server `usize`.
+    Sampled(usize, usize, Result<Sampled, RequestError>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -159,13 +170,16 @@ enum State {
     Active,
     /// A plugin call of its is in flight.
     Waiting,
+    /// A request to a vLLM server is in flight for it.
+    Sampling,
     Done(StopReason),
 }
 
 impl State {
-    /// Waiting on a plugin: the decode loop may block for it when nothing can decode.
+    /// Waiting on a plugin or a server: the decode loop may block for it when nothing
+    /// can decode.
     fn on_plugin(self) -> bool {
-        matches!(self, State::Opening(_) | State::Waiting)
+        matches!(self, State::Opening(_) | State::Waiting | State::Sampling)
     }
 }
 
@@ -198,6 +212,13 @@ struct Live<'t> {
     tool_truncations: u32,
     faults: Vec<FaultRecord>,
     env_reward: Option<f64>,
+    /// With vLLM servers: tokens (and log-probs) the server sampled, not yet acted on; the
+    /// server this trajectory's requests go to; the trajectory's seed and its requests
+    /// so far (each request's seed is drawn from both).
+    remote: std::collections::VecDeque<(u32, f32)>,
+    server: Option<usize>,
+    seed: u64,
+    requests: u64,
 }
 
 impl Live<'_> {
@@ -235,7 +256,12 @@ impl Batch<'_> {
         }
         let w = Instant::now();
         let event = self.rx.recv().context("plugin worker pool stopped")?;
-        self.stats.plugin_wait_s += w.elapsed().as_secs_f64();
+        // Waiting with a server request in flight is the server's time, not a plugin's.
+        if self.lives.iter().any(|l| l.state == State::Sampling) {
+            self.stats.server_wait_s += w.elapsed().as_secs_f64();
+        } else {
+            self.stats.plugin_wait_s += w.elapsed().as_secs_f64();
+        }
         Ok(Some(event))
     }
 
@@ -341,8 +367,18 @@ impl<'a> Engine<'a> {
         // starts decoding once its own are open, not when all are (opening 64 Python
         // sessions takes longer than a prefill on two cores).
         let (tx, rx) = mpsc::channel::<Event>();
+        // With vLLM servers, the adapter version this batch samples with is loaded on
+        // them first (and stays loaded while the lease lives).
+        let lease = match &self.settings.remote {
+            Some(pool) => Some(Lease::new(pool, self.lm, mode, version)?),
+            None => None,
+        };
         let opening = self.open_sessions(samples, seed, &tx);
-        let lives = self.prefill(&prompts, samples, seed, mode, opening, &mut stats)?;
+        let lives = match &lease {
+            None => self.prefill(&prompts, samples, seed, mode, opening, &mut stats)?,
+            // The servers prefill as they answer each trajectory's first request.
+            Some(_) => self.unprefilled(prompts, samples, seed, opening),
+        };
         stats.prefill_s = t0.elapsed().as_secs_f64();
         let mut batch = Batch {
             done: (0..lives.len()).map(|_| None).collect(),
@@ -353,7 +389,10 @@ impl<'a> Engine<'a> {
             tx,
             rx,
         };
-        while self.decode_step(&mut batch, samples, version, mode)? {}
+        match &lease {
+            None => while self.decode_step(&mut batch, samples, version, mode)? {},
+            Some(lease) => while self.remote_step(&mut batch, samples, version, lease)? {},
+        }
         while batch.scored < batch.scoring {
             let event = batch
                 .next_event(true)?
@@ -444,37 +483,75 @@ impl<'a> Engine<'a> {
         let mut lives = Vec::with_capacity(heads.len() * g);
         for (i, head) in heads.iter_mut().enumerate() {
             for j in 0..g {
-                let seq = head.fork(sample_seed(seed, samples[i].0 as usize, j));
-                let start = seq.tokens.len();
-                lives.push(Live {
-                    sample: i,
-                    index: j,
-                    seq,
-                    dec: IncrementalDecoder::new(&self.lm.tokenizer, false),
-                    state: if opening > 0 {
-                        State::Opening(opening)
-                    } else {
-                        State::Active
-                    },
-                    trigger: None,
-                    patterns: Vec::new(),
-                    episode: None,
-                    scan_from: 0,
-                    turn_start: start,
-                    turn_tokens: 0,
-                    turn_open: true,
-                    checked: 0,
-                    inserted: Vec::new(),
-                    messages: samples[i].1.messages.clone(),
-                    turns: 0,
-                    tool_calls: 0,
-                    tool_truncations: 0,
-                    faults: Vec::new(),
-                    env_reward: None,
-                });
+                let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
+                let seq = head.fork(traj_seed);
+                lives.push(self.live(i, j, seq, traj_seed, opening, samples));
             }
         }
         Ok(lives)
+    }
+
+    /// The trajectories of a batch sampled by vLLM servers: nothing computed here.
+    fn unprefilled(
+        &self,
+        prompts: Vec<Vec<u32>>,
+        samples: &[(u64, Sample)],
+        seed: u64,
+        opening: u8,
+    ) -> Vec<Live<'a>> {
+        let g = self.settings.group_size;
+        let mut lives = Vec::with_capacity(prompts.len() * g);
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            for j in 0..g {
+                let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
+                let seq = Sequence::new(&self.lm.model, prompt.clone(), traj_seed);
+                lives.push(self.live(i, j, seq, traj_seed, opening, samples));
+            }
+        }
+        lives
+    }
+
+    /// Trajectory `j` of sample `i`, about to decode after its prompt.
+    fn live(
+        &self,
+        i: usize,
+        j: usize,
+        seq: Sequence,
+        seed: u64,
+        opening: u8,
+        samples: &[(u64, Sample)],
+    ) -> Live<'a> {
+        let start = seq.tokens.len();
+        Live {
+            sample: i,
+            index: j,
+            seq,
+            dec: IncrementalDecoder::new(&self.lm.tokenizer, false),
+            state: if opening > 0 {
+                State::Opening(opening)
+            } else {
+                State::Active
+            },
+            trigger: None,
+            patterns: Vec::new(),
+            episode: None,
+            scan_from: 0,
+            turn_start: start,
+            turn_tokens: 0,
+            turn_open: true,
+            checked: 0,
+            inserted: Vec::new(),
+            messages: samples[i].1.messages.clone(),
+            turns: 0,
+            tool_calls: 0,
+            tool_truncations: 0,
+            faults: Vec::new(),
+            env_reward: None,
+            remote: Default::default(),
+            server: None,
+            seed,
+            requests: 0,
+        }
     }
 
     /// One round of the decode loop: takes the plugin answers that have come (waiting
@@ -541,6 +618,121 @@ impl<'a> Engine<'a> {
         Ok(true)
     }
 
+    /// One round of the loop when vLLM servers sample: takes the answers that have come
+    /// (plugins' and servers'), hands finished trajectories to be scored, acts on the
+    /// tokens servers returned exactly as on locally sampled ones, and sends a request for
+    /// every active trajectory that has acted on all of its tokens, as far as the servers
+    /// have room. Blocks for an answer only when none of that could be done.
+    fn remote_step(
+        &self,
+        b: &mut Batch<'a>,
+        samples: &[(u64, Sample)],
+        version: u64,
+        lease: &Lease,
+    ) -> Result<bool> {
+        if self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+        {
+            bail!("{ABANDONED}");
+        }
+        while let Some(event) = b.next_event(false)? {
+            self.apply(event, b)?;
+        }
+        for t in 0..b.lives.len() {
+            if let State::Done(stop) = b.lives[t].state
+                && b.done[t].is_none()
+            {
+                self.hand_over(b, t, samples, stop, version)?;
+            }
+        }
+        let mut progressed = false;
+        let f0 = Instant::now();
+        for l in b.lives.iter_mut() {
+            while l.state == State::Active
+                && let Some((tok, logp)) = l.remote.pop_front()
+            {
+                l.seq.push_sampled(tok, logp);
+                self.took(l, tok, &b.tx)?;
+                progressed = true;
+            }
+            // A stop the server did not see (or saw later): what follows it was never
+            // this trajectory's; the next request resumes from here.
+            if l.state != State::Active {
+                l.remote.clear();
+            }
+        }
+        b.stats.decode_s += f0.elapsed().as_secs_f64();
+        let pool = lease.pool;
+        for t in 0..b.lives.len() {
+            let l = &mut b.lives[t];
+            if l.state != State::Active || !l.remote.is_empty() {
+                continue;
+            }
+            let server = match l.server.filter(|&i| pool.servers()[i].alive()) {
+                Some(i) => i,
+                None => match pool.pick() {
+                    Some(i) => i,
+                    None => bail!(
+                        "every vLLM server has stopped answering (rollout.vllm.servers): the batch cannot finish"
+                    ),
+                },
+            };
+            if !pool.has_room(server) {
+                continue;
+            }
+            l.server = Some(server);
+            let req = self.request(l, &lease.name);
+            l.requests += 1;
+            l.state = State::Sampling;
+            b.stats.requests += 1;
+            progressed = true;
+            let (srv, tx) = (pool.servers()[server].clone(), b.tx.clone());
+            self.handle.spawn_blocking(move || {
+                let _ = tx.send(Event::Sampled(t, server, srv.complete(&req)));
+            });
+        }
+        let pending = b.lives.iter().any(|l| l.state.on_plugin());
+        if !progressed && pending {
+            let event = b
+                .next_event(true)?
+                .expect("a blocking wait returns an event");
+            self.apply(event, b)?;
+        }
+        let unfinished = b.lives.iter().zip(&b.done).any(|(l, d)| {
+            l.state == State::Active || (matches!(l.state, State::Done(_)) && d.is_none())
+        });
+        Ok(pending || unfinished)
+    }
+
+    /// The next request of an active trajectory: its ids so far, the rest of its turn's
+    /// token budget, its stop patterns and ids, a seed of its own.
+    fn request(&self, l: &Live, model: &str) -> Request {
+        let s = self.settings;
+        let sp = &s.sampling;
+        let budget = sp
+            .max_new_tokens
+            .saturating_sub(l.turn_tokens)
+            .min(s.limits.max_total_tokens.saturating_sub(l.seq.tokens.len()))
+            .max(1);
+        let mut stop = l.patterns.clone();
+        stop.extend(sp.stop_strings.iter().cloned());
+        Request {
+            model: model.to_string(),
+            prompt: l.seq.tokens.clone(),
+            max_tokens: budget,
+            temperature: sp.temperature,
+            top_k: sp.top_k,
+            top_p: sp.top_p,
+            min_p: sp.min_p,
+            // vLLM takes a signed 64-bit seed.
+            seed: sample_seed(l.seed, l.requests as usize, 0) & (i64::MAX as u64),
+            stop,
+            stop_token_ids: sp.stop_token_ids.clone(),
+        }
+    }
+
     /// Builds trajectory `t`, which just finished, and sends it to be scored (or scores it
     /// at once when the run has no reward plugins).
     fn hand_over(
@@ -570,8 +762,14 @@ impl<'a> Engine<'a> {
 
     /// Samples one token for an active trajectory and acts on it.
     fn step(&self, l: &mut Live, tx: &mpsc::Sender<Event>) -> Result<()> {
+        let (tok, _) = l.seq.sample_next(&self.settings.sampling)?;
+        self.took(l, tok, tx)
+    }
+
+    /// Acts on the token `tok` just appended to an active trajectory: the same rules
+    /// whichever sampler drew it.
+    fn took(&self, l: &mut Live, tok: u32, tx: &mpsc::Sender<Event>) -> Result<()> {
         let s = self.settings;
-        let (tok, _) = l.seq.sample_next(&s.sampling)?;
         l.checked = l.dec.text().len();
         l.dec.push(tok)?;
         l.turn_tokens += 1;
@@ -729,6 +927,34 @@ impl<'a> Engine<'a> {
                     l.turn_open = true;
                 }
             }
+            Event::Sampled(t, server, result) => {
+                let l = &mut lives[t];
+                l.state = State::Active;
+                match result {
+                    Ok(sampled) => {
+                        if sampled.token_ids.is_empty() {
+                            bail!(
+                                "vLLM server {} returned no tokens for a request with room for some",
+                                self.settings
+                                    .remote
+                                    .as_ref()
+                                    .map_or("", |p| p.servers()[server].url.as_str())
+                            );
+                        }
+                        l.remote
+                            .extend(sampled.token_ids.into_iter().zip(sampled.logprobs));
+                    }
+                    // The trajectory goes on from the tokens it has, on another server.
+                    Err(e) if e.server_fault() => {
+                        tracing::warn!("{e}");
+                        if let Some(pool) = &self.settings.remote {
+                            pool.mark_dead(server);
+                        }
+                        l.server = None;
+                    }
+                    Err(e) => return Err(anyhow::Error::new(e).context("sampling with vLLM")),
+                }
+            }
             Event::Scored(t, results, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
                 let traj = b.done[t].as_mut().expect("scored after finishing");
@@ -870,6 +1096,36 @@ impl<'a> Engine<'a> {
     }
 }
 
+/// A batch's hold on the adapter version it samples with on the vLLM servers: loaded
+/// (if new) when it begins, released when the batch ends however it ends.
+struct Lease<'p> {
+    pool: &'p Pool,
+    lm: &'p LanguageModel,
+    mode: Mode<'p>,
+    version: u64,
+    /// The model name the batch's requests use.
+    name: String,
+}
+
+impl<'p> Lease<'p> {
+    fn new(pool: &'p Pool, lm: &'p LanguageModel, mode: Mode<'p>, version: u64) -> Result<Self> {
+        let name = pool.acquire(lm, mode, version)?;
+        Ok(Lease {
+            pool,
+            lm,
+            mode,
+            version,
+            name,
+        })
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        self.pool.release(self.version, self.mode, self.lm);
+    }
+}
+
 /// A sample's prompt as token ids: its messages rendered by the chat template with a
 /// generation prompt. The contents are dataset text, not the template's: a special-token
 /// string in them stays plain text (see [`crate::model::tokenizer`]).
@@ -977,6 +1233,7 @@ mod tests {
             template_kwargs: Map::new(),
             trigger: None,
             environment: None,
+            remote: None,
         }
     }
 

@@ -14,6 +14,7 @@ pub mod queue;
 pub mod reward;
 pub mod trajectory;
 pub mod turns;
+pub mod vllm;
 
 pub use engine::{BatchStats, Engine, RolloutLimits, RolloutSettings, ToolSpec};
 pub use reward::{RewardSpec, Rewards};

@@ -180,6 +180,24 @@ pub const SOME_STEPS: &[Figure<Option<f64>>] = &[
         get: |m| m.value_loss,
     },
     Figure {
+        name: Some("rollout_kl"),
+        tag: Some("mismatch/rollout_kl"),
+        help: "k3 KL between the sampler's and the trainer's log-probs of the sampled tokens",
+        get: |m| m.rollout_kl,
+    },
+    Figure {
+        name: Some("rollout_logp_diff"),
+        tag: Some("mismatch/logp_diff"),
+        help: "Mean absolute difference of the sampler's and the trainer's log-probs",
+        get: |m| m.rollout_logp_diff,
+    },
+    Figure {
+        name: Some("rollout_max_ratio"),
+        tag: Some("mismatch/max_ratio"),
+        help: "Largest token ratio trainer/sampler probability in the step's batch",
+        get: |m| m.rollout_max_ratio,
+    },
+    Figure {
         name: Some("eval_accuracy"),
         tag: Some("eval/accuracy"),
         help: "Held-out accuracy, greedy, at the last evaluation (NaN before one)",

@@ -1,0 +1,706 @@
+//! vLLM servers as a rollout sampler, driven token-in/token-out.
+//!
+//! Each assistant turn of a trajectory is one `POST /v1/completions` whose `prompt` is the
+//! trajectory's whole id list so far; the answer's `token_ids` and per-token log-probs are
+//! the truth (never re-tokenized text). `/v1/completions` rather than
+//! `/inference/v1/generate`: it needs no extra server flag (`--enable-scale-out`), takes
+//! the stop strings, stop ids, seed and `n` in one place, and returns the same ids and
+//! log-probs for the same seed (measured, see the README).
+//!
+//! The servers are a [`Pool`]: a trajectory's requests go to one server while it answers
+//! (its prefix cache holds the trajectory), new trajectories to the least loaded one, at
+//! most `max_in_flight` requests each. Adapters are written in PEFT's format and loaded
+//! under a new name per version (`NAME-rlhost-RUN-vN`): the prefix cache is keyed by
+//! adapter name, so a reused name would mix two policies' keys and values (vllm#42125).
+//! Versions older than the staleness bound allows are unloaded once no request uses them.
+
+use crate::model::{LanguageModel, Mode, peft};
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::{Value as Json, json};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `[rollout.vllm]` resolved: where the servers are and how to use them.
+#[derive(Debug, Clone)]
+pub struct VllmSettings {
+    /// Base URLs, e.g. `http://127.0.0.1:8000`.
+    pub servers: Vec<String>,
+    /// The served base model's name (`--served-model-name`).
+    pub model: String,
+    /// Where rlhost writes adapters for the servers to read.
+    pub adapter_dir: PathBuf,
+    /// The same folder as the servers see it, when that differs.
+    pub server_adapter_dir: Option<String>,
+    /// Per request; a server that takes longer is taken for dead.
+    pub timeout: Duration,
+    /// Requests in flight per server.
+    pub max_in_flight: usize,
+    /// Adapter versions kept loaded: `max_staleness + 2`.
+    pub keep_versions: u64,
+}
+
+/// A request's failure: the server's own message where it gave one.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The server could not be reached or did not answer in time: try another.
+    #[error("{url}: {message}")]
+    Unreachable { url: String, message: String },
+    /// The server answered with an error status: its message.
+    #[error("{url} answered {status}: {message}")]
+    Refused {
+        url: String,
+        status: u16,
+        message: String,
+    },
+    /// The server answered 200 with something that is not a completion.
+    #[error("{url}: malformed answer ({message})")]
+    Malformed { url: String, message: String },
+}
+
+impl RequestError {
+    /// Whether another server may succeed where this one failed.
+    pub fn server_fault(&self) -> bool {
+        match self {
+            RequestError::Unreachable { .. } | RequestError::Malformed { .. } => true,
+            RequestError::Refused { status, .. } => *status >= 500,
+        }
+    }
+}
+
+/// One completion request: the ids so far and how to sample what follows.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub model: String,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed: u64,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// What the server sampled: ids, the log-prob of each under the distribution it sampled
+/// from, and why it stopped (`stop` or `length`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub finish_reason: String,
+}
+
+/// One vLLM server.
+pub struct Server {
+    pub url: String,
+    agent: ureq::Agent,
+    in_flight: AtomicUsize,
+    /// Cleared when it stops answering: no new trajectory goes there.
+    alive: AtomicBool,
+}
+
+impl Server {
+    pub fn new(url: &str, timeout: Duration) -> Server {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            // Error statuses carry vLLM's message in the body: read it.
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Server {
+            url: url.trim_end_matches('/').to_string(),
+            agent,
+            in_flight: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
+        }
+    }
+
+    pub fn alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&Json>) -> Result<Json, RequestError> {
+        let url = format!("{}{path}", self.url);
+        let unreachable = |e: ureq::Error| RequestError::Unreachable {
+            url: self.url.clone(),
+            message: match e {
+                ureq::Error::Timeout(_) => "no answer in time (rollout.vllm.timeout_s)".into(),
+                ureq::Error::Io(e) => format!("cannot connect ({e})"),
+                ureq::Error::ConnectionFailed => "cannot connect".into(),
+                other => other.to_string(),
+            },
+        };
+        let mut resp = match body {
+            Some(b) => self
+                .agent
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(b.to_string())
+                .map_err(unreachable)?,
+            None if method == "GET" => self.agent.get(&url).call().map_err(unreachable)?,
+            None => self.agent.post(&url).send_empty().map_err(unreachable)?,
+        };
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .map_err(unreachable)?;
+        if !(200..300).contains(&status) {
+            return Err(RequestError::Refused {
+                url: self.url.clone(),
+                status,
+                message: error_message(&text),
+            });
+        }
+        if text.trim().is_empty() {
+            return Ok(Json::Null);
+        }
+        // Some routes (adapter loading) answer plain text.
+        Ok(serde_json::from_str(&text).unwrap_or(Json::String(text)))
+    }
+
+    /// `GET /v1/models`: the served models and adapters with their context lengths.
+    pub fn models(&self) -> Result<Vec<ServedModel>, RequestError> {
+        let v = self.call("GET", "/v1/models", None)?;
+        let data =
+            v.get("data")
+                .and_then(Json::as_array)
+                .ok_or_else(|| RequestError::Malformed {
+                    url: self.url.clone(),
+                    message: "/v1/models has no `data` list".into(),
+                })?;
+        Ok(data
+            .iter()
+            .filter_map(|m| {
+                Some(ServedModel {
+                    id: m.get("id")?.as_str()?.to_string(),
+                    parent: m.get("parent").and_then(Json::as_str).map(str::to_string),
+                    max_model_len: m.get("max_model_len").and_then(Json::as_u64),
+                })
+            })
+            .collect())
+    }
+
+    /// Samples one continuation of `req.prompt`.
+    pub fn complete(&self, req: &Request) -> Result<Sampled, RequestError> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _done = Decrement(&self.in_flight);
+        let body = json!({
+            "model": req.model,
+            "prompt": req.prompt,
+            "max_tokens": req.max_tokens,
+            "temperature": req.temperature,
+            // vLLM: -1 and 0 both switch top-k off; -1 is understood by every version.
+            "top_k": if req.top_k == 0 { -1 } else { req.top_k as i64 },
+            "top_p": req.top_p,
+            "min_p": req.min_p,
+            "seed": req.seed,
+            "n": 1,
+            "stop": req.stop,
+            "stop_token_ids": req.stop_token_ids,
+            // The stop ids are ours: the model's own EOS is in them where it should be.
+            "ignore_eos": true,
+            "logprobs": 0,
+            "return_token_ids": true,
+            "skip_special_tokens": false,
+        });
+        let v = self.call("POST", "/v1/completions", Some(&body))?;
+        parse_completion(&v).map_err(|message| RequestError::Malformed {
+            url: self.url.clone(),
+            message,
+        })
+    }
+
+    pub fn load_adapter(&self, name: &str, path: &str) -> Result<(), RequestError> {
+        let body = json!({"lora_name": name, "lora_path": path});
+        self.call("POST", "/v1/load_lora_adapter", Some(&body))
+            .map(|_| ())
+    }
+
+    pub fn unload_adapter(&self, name: &str) -> Result<(), RequestError> {
+        let body = json!({"lora_name": name});
+        self.call("POST", "/v1/unload_lora_adapter", Some(&body))
+            .map(|_| ())
+    }
+}
+
+struct Decrement<'a>(&'a AtomicUsize);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An entry of `/v1/models`.
+#[derive(Debug, Clone)]
+pub struct ServedModel {
+    pub id: String,
+    /// The base model of an adapter.
+    pub parent: Option<String>,
+    pub max_model_len: Option<u64>,
+}
+
+/// vLLM's error bodies: `{"error": {"message"}}`, `{"message"}`, `{"detail"}` or text.
+fn error_message(text: &str) -> String {
+    let v: Json = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(_) => return text.trim().chars().take(500).collect(),
+    };
+    for ptr in ["/error/message", "/message", "/detail", "/error"] {
+        if let Some(s) = v.pointer(ptr).and_then(Json::as_str) {
+            return s.to_string();
+        }
+    }
+    v.to_string()
+}
+
+/// The first choice of a `/v1/completions` answer. Unknown and null fields are ignored
+/// (vLLM adds fields from version to version).
+fn parse_completion(v: &Json) -> Result<Sampled, String> {
+    let choice = v
+        .pointer("/choices/0")
+        .ok_or("no `choices[0]`".to_string())?;
+    let token_ids: Vec<u32> = choice
+        .get("token_ids")
+        .and_then(Json::as_array)
+        .ok_or("no `token_ids` (is this vLLM ≥ 0.10 with return_token_ids?)".to_string())?
+        .iter()
+        .map(|t| t.as_u64().map(|t| t as u32))
+        .collect::<Option<_>>()
+        .ok_or("`token_ids` holds a non-integer".to_string())?;
+    let logprobs: Vec<f32> = choice
+        .pointer("/logprobs/token_logprobs")
+        .and_then(Json::as_array)
+        .ok_or("no `logprobs.token_logprobs`".to_string())?
+        .iter()
+        // vLLM writes -inf as a very negative number or null for impossible tokens.
+        .map(|l| l.as_f64().map(|l| l as f32).unwrap_or(f32::NEG_INFINITY))
+        .collect();
+    if logprobs.len() != token_ids.len() {
+        return Err(format!(
+            "{} token ids but {} log-probs",
+            token_ids.len(),
+            logprobs.len()
+        ));
+    }
+    let finish_reason = choice
+        .get("finish_reason")
+        .and_then(Json::as_str)
+        .unwrap_or("unknown")
+        .to_string();
+    Ok(Sampled {
+        token_ids,
+        logprobs,
+        finish_reason,
+    })
+}
+
+/// A loaded adapter version.
+struct Loaded {
+    name: String,
+    /// Requests of this version not yet answered.
+    users: usize,
+}
+
+/// The servers of a run, the adapter versions loaded on them, and where each trajectory's
+/// requests go.
+pub struct Pool {
+    pub settings: VllmSettings,
+    servers: Vec<Arc<Server>>,
+    /// Distinguishes this process's adapter names from any other run's on the same
+    /// servers (a name is never reused).
+    run_tag: String,
+    versions: Mutex<BTreeMap<u64, Loaded>>,
+    /// Seconds spent writing and loading adapters, and how many versions.
+    pub load_stats: Mutex<(f64, u64)>,
+}
+
+impl Pool {
+    /// Connects to every server and checks it can serve this run: reachable, serving
+    /// `model` with a context of at least `max_total_tokens`, the same base model as `lm`
+    /// (one fixed prompt scored on both), and log-probs of the distribution it samples
+    /// from when `temperature` is not 1.
+    pub fn connect(
+        settings: VllmSettings,
+        lm: &LanguageModel,
+        max_total_tokens: usize,
+        temperature: f32,
+    ) -> Result<Pool> {
+        if settings.servers.is_empty() {
+            bail!("rollout.vllm.servers is empty: list the base URL of at least one vLLM server");
+        }
+        std::fs::create_dir_all(&settings.adapter_dir).with_context(|| {
+            format!(
+                "rollout.vllm.adapter_dir: cannot create {}",
+                settings.adapter_dir.display()
+            )
+        })?;
+        let servers: Vec<Arc<Server>> = settings
+            .servers
+            .iter()
+            .map(|u| Arc::new(Server::new(u, settings.timeout)))
+            .collect();
+        for s in &servers {
+            check_server(s, &settings.model, lm, max_total_tokens, temperature)?;
+        }
+        let run_tag = format!(
+            "{:x}{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64 & 0xff_ffff)
+                .unwrap_or(0)
+        );
+        Ok(Pool {
+            settings,
+            servers,
+            run_tag,
+            versions: Mutex::new(BTreeMap::new()),
+            load_stats: Mutex::new((0.0, 0)),
+        })
+    }
+
+    pub fn servers(&self) -> &[Arc<Server>] {
+        &self.servers
+    }
+
+    /// The server a new trajectory goes to: the least loaded live one.
+    pub fn pick(&self) -> Option<usize> {
+        self.servers
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.alive())
+            .min_by_key(|(_, s)| s.in_flight())
+            .map(|(i, _)| i)
+    }
+
+    /// Whether server `i` may take another request now.
+    pub fn has_room(&self, i: usize) -> bool {
+        self.servers[i].in_flight() < self.settings.max_in_flight
+    }
+
+    pub fn mark_dead(&self, i: usize) {
+        if self.servers[i].alive.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                "vLLM server {} stopped answering: its trajectories continue on the others",
+                self.servers[i].url
+            );
+        }
+    }
+
+    /// The model name requests use for `mode`: the base model when adapters are off or
+    /// there is none, else the adapter version `version` (its tensors from `mode`'s
+    /// snapshot, or the model's live adapter), written and loaded on every live server
+    /// first if it is new. Counts a user of the version until [`Pool::release`].
+    pub fn acquire(&self, lm: &LanguageModel, mode: Mode, version: u64) -> Result<String> {
+        if !mode.adapters || lm.model.lora.is_none() {
+            return Ok(self.settings.model.clone());
+        }
+        let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = versions.get_mut(&version) {
+            v.users += 1;
+            return Ok(v.name.clone());
+        }
+        let t0 = Instant::now();
+        let name = format!("{}-rlhost-{}-v{version}", self.settings.model, self.run_tag);
+        let dir = self.settings.adapter_dir.join(&name);
+        peft::save_adapter_as(&lm.model, mode.adapter, &dir, Some(&self.settings.model))
+            .with_context(|| format!("writing adapter version {version} for the vLLM servers"))?;
+        let server_path = match &self.settings.server_adapter_dir {
+            Some(d) => format!("{}/{name}", d.trim_end_matches('/')),
+            None => std::fs::canonicalize(&dir)
+                .unwrap_or(dir.clone())
+                .display()
+                .to_string(),
+        };
+        for s in self.servers.iter().filter(|s| s.alive()) {
+            load_with_retry(s, &name, &server_path)?;
+        }
+        tracing::info!(
+            "vLLM: loaded adapter version {version} as {name} in {:.2} s",
+            t0.elapsed().as_secs_f64()
+        );
+        let mut stats = self.load_stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.0 += t0.elapsed().as_secs_f64();
+        stats.1 += 1;
+        versions.insert(
+            version,
+            Loaded {
+                name: name.clone(),
+                users: 1,
+            },
+        );
+        self.unload_old(&mut versions, version);
+        Ok(name)
+    }
+
+    /// Ends a use of `version` begun by [`Pool::acquire`].
+    pub fn release(&self, version: u64, mode: Mode, lm: &LanguageModel) {
+        if !mode.adapters || lm.model.lora.is_none() {
+            return;
+        }
+        let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = versions.get_mut(&version) {
+            v.users = v.users.saturating_sub(1);
+        }
+        let newest = versions.keys().next_back().copied().unwrap_or(version);
+        self.unload_old(&mut versions, newest);
+    }
+
+    /// Unloads versions more than `keep_versions` behind `newest` that no request uses
+    /// (unloading an adapter in use crashed servers).
+    fn unload_old(&self, versions: &mut BTreeMap<u64, Loaded>, newest: u64) {
+        let old: Vec<u64> = versions
+            .iter()
+            .filter(|(v, l)| **v + self.settings.keep_versions <= newest && l.users == 0)
+            .map(|(v, _)| *v)
+            .collect();
+        for v in old {
+            let l = versions.remove(&v).expect("listed above");
+            for s in self.servers.iter().filter(|s| s.alive()) {
+                if let Err(e) = s.unload_adapter(&l.name) {
+                    tracing::warn!("unloading adapter {} from {}: {e}", l.name, s.url);
+                }
+            }
+            let _ = std::fs::remove_dir_all(self.settings.adapter_dir.join(&l.name));
+            tracing::info!("vLLM: unloaded adapter version {v} ({})", l.name);
+        }
+    }
+
+    /// The adapter names loaded now, oldest first.
+    pub fn loaded(&self) -> Vec<String> {
+        let versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        versions.values().map(|l| l.name.clone()).collect()
+    }
+}
+
+/// A run's adapters leave the servers with it: a long-lived server would otherwise keep
+/// every finished run's last versions.
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let mut versions =
+            std::mem::take(self.versions.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for l in versions.values_mut() {
+            l.users = 0;
+        }
+        self.unload_old(&mut versions, u64::MAX - self.settings.keep_versions);
+    }
+}
+
+/// Loads an adapter, retrying with back-off: a shared filesystem may show the files late.
+fn load_with_retry(s: &Server, name: &str, path: &str) -> Result<()> {
+    let mut wait = Duration::from_millis(200);
+    let mut last = None;
+    for _ in 0..5 {
+        match s.load_adapter(name, path) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                if let RequestError::Refused { message, .. } = &e
+                    && (message.contains("LoRA is not enabled")
+                        || message.contains("enable_lora")
+                        || message.contains("not enabled"))
+                {
+                    bail!(
+                        "{}: LoRA is not enabled ({message}); start it with --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (scripts/vllm.sh start does)",
+                        s.url
+                    );
+                }
+                last = Some(e);
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+        }
+    }
+    let e = last.expect("five tries failed");
+    Err(anyhow!(
+        "{}: loading adapter {name} from {path} failed five times: {e} (is rollout.vllm.server_adapter_dir the folder as the server sees it, and --max-lora-rank at least lora.r?)",
+        s.url
+    ))
+}
+
+/// The start-up checks of one server (see [`Pool::connect`]).
+fn check_server(
+    s: &Server,
+    model: &str,
+    lm: &LanguageModel,
+    max_total_tokens: usize,
+    temperature: f32,
+) -> Result<()> {
+    let start_hint = "start one with `bash scripts/vllm.sh start MODEL_DIR PORT NAME`";
+    let models = s.models().map_err(|e| match e {
+        RequestError::Unreachable { .. } => {
+            anyhow!("vLLM server {} is not reachable ({e}): {start_hint}", s.url)
+        }
+        e => anyhow!("vLLM server {}: {e}", s.url),
+    })?;
+    let Some(served) = models.iter().find(|m| m.id == model) else {
+        let names: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+        bail!(
+            "vLLM server {} does not serve `{model}` (rollout.vllm.model); it serves {names:?}: set rollout.vllm.model to the --served-model-name it was started with",
+            s.url
+        );
+    };
+    if let Some(len) = served.max_model_len
+        && (len as usize) < max_total_tokens
+    {
+        bail!(
+            "vLLM server {} has a context of {len} tokens, rollout.max_total_tokens is {max_total_tokens}: start it with --max-model-len {max_total_tokens} or lower the limit",
+            s.url
+        );
+    }
+    let check =
+        score_probe(s, model, lm).with_context(|| format!("checking vLLM server {}", s.url))?;
+    if check.processed_gap <= SAME_MODEL_GAP {
+        return Ok(());
+    }
+    if check.raw_gap <= SAME_MODEL_GAP {
+        if temperature != 1.0 {
+            bail!(
+                "vLLM server {} returns raw log-probs (before temperature): at sampling.temperature = {temperature} the importance ratios would be biased; start it with --logprobs-mode processed_logprobs",
+                s.url
+            );
+        }
+        return Ok(());
+    }
+    bail!(
+        "vLLM server {} serves a different base model than {}: on a fixed prompt its log-probs differ from the trainer's by {:.3} on average (at most {SAME_MODEL_GAP} is rounding); start it on the trainer's model directory",
+        s.url,
+        lm.dir.display(),
+        check.processed_gap
+    )
+}
+
+/// Mean absolute difference of log-probs on the probe below under which two models are
+/// the same up to their dtypes (f32 against f32 differ by ~1e-5; bf16 by a few 1e-2; a
+/// different model by nats).
+const SAME_MODEL_GAP: f32 = 0.05;
+
+/// The probe's result: mean |server − trainer| log-prob with the trainer's at the probe
+/// temperature (`processed`) and at temperature 1 (`raw`).
+struct Probe {
+    processed_gap: f32,
+    raw_gap: f32,
+}
+
+/// Samples 8 tokens of a fixed prompt at T = 0.5 with adapters off and scores them with
+/// the trainer's model at T = 0.5 and at T = 1.
+fn score_probe(s: &Server, model: &str, lm: &LanguageModel) -> Result<Probe> {
+    const T: f32 = 0.5;
+    let prompt = lm
+        .tokenizer
+        .encode_plain("The quick brown fox jumps over the lazy dog. 12 + 30 =")?;
+    let req = Request {
+        model: model.to_string(),
+        prompt: prompt.clone(),
+        max_tokens: 8,
+        temperature: T,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+    };
+    let got = s.complete(&req)?;
+    if got.token_ids.is_empty() {
+        bail!("the probe request returned no tokens");
+    }
+    let vocab = lm.model.cfg.vocab_size as u32;
+    if let Some(t) = got.token_ids.iter().find(|&&t| t >= vocab) {
+        bail!(
+            "it returned token id {t}, outside the trainer's vocabulary of {vocab}: it serves another model"
+        );
+    }
+    let mut all = prompt.clone();
+    all.extend(&got.token_ids);
+    let mut cache = lm.model.new_cache();
+    let logits = lm.model.forward_cached(
+        &mut [&mut cache],
+        &[&all[..all.len() - 1]],
+        Mode::BASE,
+        true,
+    )?;
+    let logits = logits.to_vec2::<f32>()?;
+    let (mut processed, mut raw) = (0.0f32, 0.0f32);
+    for (k, (&tok, &lp)) in got.token_ids.iter().zip(&got.logprobs).enumerate() {
+        let row = &logits[prompt.len() - 1 + k];
+        processed += (log_softmax_at(row, tok, T) - lp).abs();
+        raw += (log_softmax_at(row, tok, 1.0) - lp).abs();
+    }
+    let n = got.token_ids.len() as f32;
+    Ok(Probe {
+        processed_gap: processed / n,
+        raw_gap: raw / n,
+    })
+}
+
+/// log softmax(row / t)[tok].
+fn log_softmax_at(row: &[f32], tok: u32, t: f32) -> f32 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x / t));
+    let sum: f64 = row.iter().map(|&x| ((x / t - max) as f64).exp()).sum();
+    row[tok as usize] / t - max - sum.ln() as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer vLLM 0.32 gives (abridged from a real one), with its extra null fields.
+    #[test]
+    fn a_completion_is_read_leniently() {
+        let v: Json = serde_json::from_str(
+            r#"{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" 42",
+            "logprobs":{"text_offset":[0],"token_logprobs":[-0.25,null],"tokens":["a","b"],"top_logprobs":null},
+            "finish_reason":"stop","stop_reason":"</calc>","token_ids":[17,99],"prompt_token_ids":[1,2],
+            "routed_experts":null,"kv_transfer_params":null}],"usage":{"prompt_tokens":2}}"#,
+        )
+        .unwrap();
+        let s = parse_completion(&v).unwrap();
+        assert_eq!(s.token_ids, vec![17, 99]);
+        assert_eq!(s.logprobs[0], -0.25);
+        assert_eq!(s.logprobs[1], f32::NEG_INFINITY);
+        assert_eq!(s.finish_reason, "stop");
+        let bad: Json = serde_json::from_str(
+            r#"{"choices":[{"token_ids":[1],"logprobs":{"token_logprobs":[]}}]}"#,
+        )
+        .unwrap();
+        assert!(
+            parse_completion(&bad)
+                .unwrap_err()
+                .contains("1 token ids but 0")
+        );
+    }
+
+    #[test]
+    fn error_bodies_give_the_servers_message() {
+        assert_eq!(
+            error_message(
+                r#"{"error":{"message":"This model's maximum context length is 1024","type":"BadRequestError","code":400}}"#
+            ),
+            "This model's maximum context length is 1024"
+        );
+        assert_eq!(error_message(r#"{"detail":"Not Found"}"#), "Not Found");
+        assert_eq!(
+            error_message("Internal Server Error"),
+            "Internal Server Error"
+        );
+    }
+
+    #[test]
+    fn log_softmax_at_a_temperature() {
+        let row = [1.0f32, 2.0, 3.0];
+        let z: f32 = row.iter().map(|x| (x / 0.5).exp()).sum();
+        assert!((log_softmax_at(&row, 2, 0.5) - (6.0 - z.ln())).abs() < 1e-5);
+    }
+}

