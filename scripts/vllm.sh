@@ -6,6 +6,7 @@
 #                                                # waits for /health, prints the base URL
 #   bash scripts/vllm.sh serve-builtin PORT      # the built-in multiply model, for the tests:
 #                                                # prints `export RLHOST_VLLM_URL=... RLHOST_VLLM_MODEL_DIR=...`
+#   bash scripts/vllm.sh signal PORT STOP|CONT|KILL   # the fault tests use it
 #   bash scripts/vllm.sh stop PORT
 #
 # The venv lives in $RLHOST_VLLM_VENV (default ~/.cache/rlhost/vllm-venv): CI caches it
@@ -91,6 +92,14 @@ serve_builtin() {
     echo "export RLHOST_VLLM_URL=http://127.0.0.1:$port RLHOST_VLLM_MODEL_DIR=$dir"
 }
 
+# Sends a signal to a started server's processes (the tests stop and kill one with it).
+signal() {
+    [ $# -ge 2 ] || die "usage: signal PORT SIGNAL"
+    local pidfile="$LOGDIR/vllm-$1.pid"
+    [ -f "$pidfile" ] || die "no server started on port $1"
+    kill "-$2" -- "-$(cat "$pidfile")"
+}
+
 stop() {
     [ $# -ge 1 ] || die "usage: stop PORT"
     local pidfile="$LOGDIR/vllm-$1.pid"
@@ -110,6 +119,7 @@ case "$cmd" in
     install) install ;;
     start) start "$@" ;;
     serve-builtin) serve_builtin "$@" ;;
+    signal) signal "$@" ;;
     stop) stop "$@" ;;
     *) die "usage: bash scripts/vllm.sh install | start MODEL_DIR PORT [NAME] [flags] | serve-builtin PORT | stop PORT" ;;
 esac

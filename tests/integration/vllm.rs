@@ -278,3 +278,164 @@ fn a_wrong_server_is_refused_at_start() {
         .fails();
     assert!(err.contains("does not serve `nope`"), "{err}");
 }
+
+/// A second server of the test's own, started and stopped with `scripts/vllm.sh`.
+struct OwnServer {
+    port: u16,
+}
+
+impl OwnServer {
+    fn start(model: &Path) -> OwnServer {
+        let port = 8900 + (std::process::id() % 97) as u16;
+        let out = std::process::Command::new("bash")
+            .arg(repo_root().join("scripts/vllm.sh"))
+            .args(["start"])
+            .arg(model)
+            .args([port.to_string(), "multiply".into()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cannot start a second server: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        OwnServer { port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Requests it is running now (vLLM's `/metrics`).
+    fn running(&self) -> u64 {
+        let Ok(mut resp) = ureq::get(format!("{}/metrics", self.url())).call() else {
+            return 0;
+        };
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with("vllm:num_requests_running"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("bash")
+            .arg(repo_root().join("scripts/vllm.sh"))
+            .args(["signal", &self.port.to_string(), sig])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cannot send {sig} to the server on {}", self.port);
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(repo_root().join("scripts/vllm.sh"))
+            .args(["stop", &self.port.to_string()])
+            .status();
+    }
+}
+
+/// Waits until `f` holds, for at most `secs`.
+fn wait_for(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+/// Faults lose nothing. A server that stalls mid-batch (SIGSTOP): its requests time out
+/// and its trajectories continue on the other server from the tokens they have, so the
+/// batch finishes whole. A server killed mid-run with none left: the run stops with a
+/// message and its last finished step saved, and nothing half-sampled is trained on.
+#[test]
+fn a_server_that_stalls_or_dies_loses_nothing() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let own = OwnServer::start(&model);
+    let dir = temp_dir("vllm-faults");
+    let flags = |servers: &str| {
+        vec![
+            "--set".to_string(),
+            "rollout.engine=\"vllm\"".into(),
+            "--set".into(),
+            format!("rollout.vllm.servers={servers}"),
+            "--set".into(),
+            "rollout.vllm.model=\"multiply\"".into(),
+            "--set".into(),
+            "rollout.vllm.timeout_s=4".into(),
+        ]
+    };
+    // Stalled: both servers sample until one is stopped.
+    let out = dir.join("stalled.jsonl");
+    let child = multiply("rollout", &model)
+        .args(["--prompts", "120", "--show", "0"])
+        .args(flags(&format!("[\"{}\", \"{url}\"]", own.url())))
+        .arg("--out")
+        .arg(&out)
+        .spawn();
+    // Stopped once it is sampling: the start-up checks are done and it has requests.
+    assert!(
+        wait_for(120, || own.running() > 0),
+        "the second server never had a request"
+    );
+    own.signal("STOP");
+    let done = child.wait_with_output().unwrap();
+    own.signal("CONT");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("vLLM server {} stopped answering", own.url())),
+        "{stderr}"
+    );
+    let got = trajectories(&out);
+    assert_eq!(got.len(), 960);
+    assert!(
+        got.iter()
+            .all(|t| t["stop"] == "end_of_turn" || t["stop"] == "turn_tokens")
+    );
+
+    // Killed with no server left: the run stops after its last finished step, saved.
+    let run = dir.join("run");
+    let child = multiply("train", &model)
+        .args([
+            "--steps",
+            "200",
+            "--set",
+            "train.eval_every=0",
+            "--set",
+            "train.save_every=100",
+        ])
+        .args(flags(&format!("[\"{}\"]", own.url())))
+        .arg("--out")
+        .arg(&run)
+        .spawn();
+    let metrics = run.join("metrics.jsonl");
+    assert!(
+        wait_for(120, || std::fs::read_to_string(&metrics)
+            .is_ok_and(|m| m.lines().count() >= 2)),
+        "no two steps in time"
+    );
+    own.signal("KILL");
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("every vLLM server has stopped answering"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("saved as a checkpoint"), "{stderr}");
+    let steps = std::fs::read_to_string(&metrics).unwrap().lines().count();
+    let saved = run.join(format!("checkpoints/step-{steps:06}"));
+    assert!(
+        saved.join("adapter_model.safetensors").is_file(),
+        "{stderr}"
+    );
+}

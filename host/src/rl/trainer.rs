@@ -172,7 +172,21 @@ impl Steps<'_> {
     fn step(&mut self, step: u64) -> Result<bool> {
         let t0 = Instant::now();
         self.phase(Phase::Rollout, "waiting for rollouts");
-        let Some(batch) = next_batch(self.queue, self.run)? else {
+        let next = match next_batch(self.queue, self.run) {
+            Ok(next) => next,
+            // Sampling failed (every vLLM server gone, say): what was trained is kept, so
+            // that the run resumes from its last finished step.
+            Err(e) => {
+                if let Some((done, cursor)) = self.unsaved.take() {
+                    self.save(done, cursor)?;
+                    return Err(e.context(format!(
+                        "stopped after step {done}, saved as a checkpoint (continue with --resume latest)"
+                    )));
+                }
+                return Err(e);
+            }
+        };
+        let Some(batch) = next else {
             // Interrupted while sampling: the step is abandoned.
             if let Some((done, cursor)) = self.unsaved.take() {
                 self.save(done, cursor)?;

@@ -946,9 +946,8 @@ impl<'a> Engine<'a> {
                     }
                     // The trajectory goes on from the tokens it has, on another server.
                     Err(e) if e.server_fault() => {
-                        tracing::warn!("{e}");
                         if let Some(pool) = &self.settings.remote {
-                            pool.mark_dead(server);
+                            pool.mark_dead(server, &e);
                         }
                         l.server = None;
                     }

@@ -390,12 +390,15 @@ impl Pool {
         self.servers[i].in_flight() < self.settings.max_in_flight
     }
 
-    pub fn mark_dead(&self, i: usize) {
+    /// Takes server `i` out after `error`; says so once.
+    pub fn mark_dead(&self, i: usize, error: &RequestError) {
         if self.servers[i].alive.swap(false, Ordering::Relaxed) {
             tracing::warn!(
-                "vLLM server {} stopped answering: its trajectories continue on the others",
+                "vLLM server {} stopped answering ({error}): its trajectories continue on the others",
                 self.servers[i].url
             );
+        } else {
+            tracing::debug!("{error}");
         }
     }
 
