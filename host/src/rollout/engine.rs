@@ -688,9 +688,12 @@ impl<'a> Engine<'a> {
             l.state = State::Sampling;
             b.stats.requests += 1;
             progressed = true;
-            let (srv, tx) = (pool.servers()[server].clone(), b.tx.clone());
+            let (slot, tx) = (pool.servers()[server].reserve(), b.tx.clone());
             self.handle.spawn_blocking(move || {
-                let _ = tx.send(Event::Sampled(t, server, srv.complete(&req)));
+                let r = slot.complete(&req);
+                // The server has room again before the loop hears of it.
+                drop(slot);
+                let _ = tx.send(Event::Sampled(t, server, r));
             });
         }
         let pending = b.lives.iter().any(|l| l.state.on_plugin());
@@ -699,6 +702,10 @@ impl<'a> Engine<'a> {
                 .next_event(true)?
                 .expect("a blocking wait returns an event");
             self.apply(event, b)?;
+        } else if !progressed {
+            // Every active trajectory waits for room on a server that another batch
+            // (a held-out evaluation beside the producer) keeps full.
+            std::thread::sleep(Duration::from_millis(2));
         }
         let unfinished = b.lives.iter().zip(&b.done).any(|(l, d)| {
             l.state == State::Active || (matches!(l.state, State::Done(_)) && d.is_none())

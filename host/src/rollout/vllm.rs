@@ -191,10 +191,15 @@ impl Server {
             .collect())
     }
 
+    /// Counts a request as in flight from now (so that trajectories assigned in the same
+    /// round already see it) until the returned guard is dropped.
+    pub fn reserve(self: &Arc<Self>) -> Reserved {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Reserved(self.clone())
+    }
+
     /// Samples one continuation of `req.prompt`.
     pub fn complete(&self, req: &Request) -> Result<Sampled, RequestError> {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let _done = Decrement(&self.in_flight);
         let body = json!({
             "model": req.model,
             "prompt": req.prompt,
@@ -234,11 +239,18 @@ impl Server {
     }
 }
 
-struct Decrement<'a>(&'a AtomicUsize);
+/// A request counted in its server's load ([`Server::reserve`]).
+pub struct Reserved(Arc<Server>);
 
-impl Drop for Decrement<'_> {
+impl Reserved {
+    pub fn complete(&self, req: &Request) -> Result<Sampled, RequestError> {
+        self.0.complete(req)
+    }
+}
+
+impl Drop for Reserved {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

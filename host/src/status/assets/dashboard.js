@@ -278,7 +278,11 @@
       ],
     },
     kl: {
-      series: () => [{ label: "kl", get: field("kl"), color: color(4) }],
+      // rollout_kl: the sampler's log-probs against the trainer's (vLLM or another kernel).
+      series: () => [
+        { label: "kl", get: field("kl"), color: color(4) },
+        { label: "rollout_kl", get: field("rollout_kl"), color: color(1), spanGaps: true },
+      ],
     },
     response_length: {
       series: () => [{ label: "response_tokens", get: field("response_tokens"), color: color(0) }],
