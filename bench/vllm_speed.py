@@ -11,7 +11,7 @@ What it runs (a benchmark, not a test: nothing is asserted):
 2. The same with `rollout.engine = "vllm"` on a server started by scripts/vllm.sh on the
    same model directory (or `--url`), and `--adapter` if given (its load time is reported).
 3. First turns only (the trigger removed, its stop pattern a stop string, so that each
-   trajectory is exactly one request): rlhost's vLLM engine, then the same requests
+   trajectory is exactly one request), all in one batch: rlhost's vLLM engine, then the same requests
    (prompt ids, sampling parameters, seeds) sent straight to the server by this script
    with as many in flight as rlhost allows (`rollout.vllm.max_in_flight`). The ratio is
    what rlhost's client costs.
@@ -111,8 +111,8 @@ def main():
 
 def run(a, model_dir, url):
     work = tempfile.mkdtemp(prefix="rlhost-vllm-bench-")
-    common = ["--config", a.config, "--set", f"model.path={json.dumps(model_dir)}", "--prompts", str(a.prompts),
-              "--group-size", str(a.group), "--show", "0"]
+    base = ["--config", a.config, "--set", f"model.path={json.dumps(model_dir)}", "--group-size", str(a.group), "--show", "0"]
+    common = base + ["--prompts", str(a.prompts)]
     for s in a.set:
         common += ["--set", s]
     if a.adapter:
@@ -124,7 +124,7 @@ def run(a, model_dir, url):
     env = dict(os.environ, RUST_LOG="rlhost::rollout::vllm=info")
 
     # 1-2: the whole rollout, tool in the loop, both engines (the server warmed first).
-    sh([a.rlhost, "rollout", *common, *vllm, "--prompts", "8", "--out", os.path.join(work, "warm.jsonl")], env)
+    sh([a.rlhost, "rollout", *base, *vllm, "--prompts", "8", "--out", os.path.join(work, "warm.jsonl")], env)
     out, _, wall, user, sys_ = sh([a.rlhost, "rollout", *common, "--out", os.path.join(work, "local.jsonl")])
     local = summary(out)
     local.update(cpu_user_s=user, cpu_sys_s=sys_, process_wall_s=wall)
@@ -138,7 +138,10 @@ def run(a, model_dir, url):
     with open(no_trigger, "w") as f:
         f.write(re.sub(r'(?m)^trigger\s*=.*$', "", cfg))
     try:
-        ft = [x if x != a.config else no_trigger for x in common] + ["--set", f"sampling.stop=[{json.dumps(a.stop)}]"]
+        # One batch of every trajectory, as the straight requests below run: the batches
+        # of `rollout.prompts_per_step` each wait for their slowest trajectory.
+        ft = [x if x != a.config else no_trigger for x in common] + [
+            "--set", f"sampling.stop=[{json.dumps(a.stop)}]", "--set", f"rollout.prompts_per_step={a.prompts}"]
         out, _, *_ = sh([a.rlhost, "rollout", *ft, *vllm, "--out", os.path.join(work, "first.jsonl")], env)
     finally:
         os.remove(no_trigger)

@@ -580,7 +580,8 @@ fn check_server(
         return Ok(());
     }
     if check.raw_gap <= SAME_MODEL_GAP {
-        if temperature != 1.0 {
+        // Greedy runs score at T = 1, where raw log-probs are the right ones.
+        if temperature != 1.0 && temperature > 0.0 {
             bail!(
                 "vLLM server {} returns raw log-probs (before temperature): at sampling.temperature = {temperature} the importance ratios would be biased; start it with --logprobs-mode processed_logprobs",
                 s.url
