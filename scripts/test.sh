@@ -13,9 +13,14 @@ cargo build -p rlhost
 if [ "${RLHOST_SKIP_VLLM:-0}" != 1 ]; then
     port="${RLHOST_VLLM_PORT:-8765}"
     bash scripts/vllm.sh install
+    # The built-in model is built with the multiply plugin (the tests crate builds the
+    # plugins too, later; this is the same incremental build).
+    bash plugins/build.sh
     trap 'bash scripts/vllm.sh stop "$port" >/dev/null 2>&1 || true' EXIT
     t0=$SECONDS
-    eval "$(RLHOST_BIN="$PWD/target/debug/rlhost" bash scripts/vllm.sh serve-builtin "$port")"
+    # Assigned first: a failure stops the script here, with its message.
+    served=$(RLHOST_BIN="$PWD/target/debug/rlhost" bash scripts/vllm.sh serve-builtin "$port")
+    eval "$served"
     echo "vLLM server on the built-in model at $RLHOST_VLLM_URL after $((SECONDS - t0)) s"
     export RLHOST_VLLM_URL RLHOST_VLLM_MODEL_DIR
     # A missing server is a failure from here on, not a skip.

@@ -86,8 +86,12 @@ serve_builtin() {
     rlhost="${RLHOST_BIN:-$here/target/debug/rlhost}"
     [ -x "$rlhost" ] || die "$rlhost is missing: cargo build -p rlhost first (or set RLHOST_BIN)"
     # `rlhost eval` builds the model once and names its folder; one prompt is enough.
-    dir=$("$rlhost" eval --prompts 1 2>&1 >/dev/null | sed -n 's/^built-in model builtin:multiply: //p; s/^building the built-in model builtin:multiply into \(.*\) (once)$/\1/p' | tail -1)
-    [ -n "$dir" ] && [ -f "$dir/config.json" ] || die "could not find the built-in model's folder"
+    local log
+    log=$("$rlhost" eval --prompts 1 2>&1 >/dev/null) || die "rlhost eval failed (are the plugins built? bash plugins/build.sh):
+$log"
+    dir=$(printf '%s\n' "$log" | sed -n 's/^built-in model builtin:multiply: //p; s/^building the built-in model builtin:multiply into \(.*\) (once)$/\1/p' | tail -1)
+    [ -n "$dir" ] && [ -f "$dir/config.json" ] || die "could not find the built-in model's folder in rlhost's output:
+$log"
     start "$dir" "$port" multiply > /dev/null
     echo "export RLHOST_VLLM_URL=http://127.0.0.1:$port RLHOST_VLLM_MODEL_DIR=$dir"
 }
