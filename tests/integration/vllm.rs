@@ -391,6 +391,13 @@ fn a_server_that_stalls_or_dies_loses_nothing() {
     own.signal("CONT");
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success(), "{stderr}");
+    // Back from its stall, it answers again before the next run checks it.
+    assert!(
+        wait_for(120, || ureq::get(format!("{}/health", own.url()))
+            .call()
+            .is_ok()),
+        "the second server did not recover from SIGSTOP"
+    );
     assert!(
         stderr.contains(&format!("vLLM server {} stopped answering", own.url())),
         "{stderr}"
@@ -413,7 +420,9 @@ fn a_server_that_stalls_or_dies_loses_nothing() {
             "--set",
             "train.save_every=100",
         ])
-        .args(flags(&format!("[\"{}\"]", own.url())))
+        // The default timeout: a killed server refuses at once, and the start-up check
+        // must not give up on a server still catching up after its stall.
+        .args(&flags(&format!("[\"{}\"]", own.url()))[..6])
         .arg("--out")
         .arg(&run)
         .spawn();
