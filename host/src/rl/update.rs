@@ -650,9 +650,14 @@ fn update_here(
             let (surrogate, clipped) =
                 clipped_surrogate(&lp, &old, &advantages, cfg.clip_low, cfg.clip_high)?;
             let mut per_token = surrogate.clone();
-            if cfg.old_logps == OldLogps::Recompute && *epoch == 0 {
-                let (k3, diff, max_r, n) =
-                    rollout_mismatch(&old, &m.pad(&behavior, device)?, &m.mask)?;
+            let measure = cfg.old_logps == OldLogps::Recompute && *epoch == 0;
+            let rollout = if measure || cfg.rollout_correction != RolloutCorrection::None {
+                Some(m.pad(&behavior, device)?)
+            } else {
+                None
+            };
+            if let Some(rollout) = rollout.as_ref().filter(|_| measure) {
+                let (k3, diff, max_r, n) = rollout_mismatch(&old, rollout, &m.mask)?;
                 mismatch = (
                     mismatch.0 + k3,
                     mismatch.1 + diff,
@@ -660,13 +665,10 @@ fn update_here(
                     mismatch.3 + n,
                 );
             }
-            if cfg.rollout_correction != RolloutCorrection::None {
-                let w = rollout_weights(
-                    &old,
-                    &m.pad(&behavior, device)?,
-                    &m.mask,
-                    cfg.rollout_correction,
-                )?;
+            if let Some(rollout) = rollout.as_ref()
+                && cfg.rollout_correction != RolloutCorrection::None
+            {
+                let w = rollout_weights(&old, rollout, &m.mask, cfg.rollout_correction)?;
                 per_token = (per_token * w)?;
             }
             let stale: Vec<f32> = m

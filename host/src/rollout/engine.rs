@@ -565,13 +565,7 @@ impl<'a> Engine<'a> {
         version: u64,
         mode: Mode,
     ) -> Result<bool> {
-        if self
-            .cancel
-            .as_ref()
-            .is_some_and(|c| c.load(Ordering::Relaxed))
-        {
-            bail!("{ABANDONED}");
-        }
+        self.check_cancel()?;
         loop {
             let block = !b.lives.iter().any(|l| l.state == State::Active)
                 && b.lives.iter().any(|l| l.state.on_plugin());
@@ -580,13 +574,7 @@ impl<'a> Engine<'a> {
             };
             self.apply(event, b)?;
         }
-        for t in 0..b.lives.len() {
-            if let State::Done(stop) = b.lives[t].state
-                && b.done[t].is_none()
-            {
-                self.hand_over(b, t, samples, stop, version)?;
-            }
-        }
+        self.hand_over_finished(b, samples, version)?;
         let mut active: Vec<&mut Live> = b
             .lives
             .iter_mut()
@@ -630,23 +618,11 @@ impl<'a> Engine<'a> {
         version: u64,
         lease: &Lease,
     ) -> Result<bool> {
-        if self
-            .cancel
-            .as_ref()
-            .is_some_and(|c| c.load(Ordering::Relaxed))
-        {
-            bail!("{ABANDONED}");
-        }
+        self.check_cancel()?;
         while let Some(event) = b.next_event(false)? {
             self.apply(event, b)?;
         }
-        for t in 0..b.lives.len() {
-            if let State::Done(stop) = b.lives[t].state
-                && b.done[t].is_none()
-            {
-                self.hand_over(b, t, samples, stop, version)?;
-            }
-        }
+        self.hand_over_finished(b, samples, version)?;
         let mut progressed = false;
         let f0 = Instant::now();
         for l in b.lives.iter_mut() {
@@ -738,6 +714,35 @@ impl<'a> Engine<'a> {
             stop,
             stop_token_ids: sp.stop_token_ids.clone(),
         }
+    }
+
+    /// Fails with [`ABANDONED`] once the run is being interrupted.
+    fn check_cancel(&self) -> Result<()> {
+        if self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+        {
+            bail!("{ABANDONED}");
+        }
+        Ok(())
+    }
+
+    /// Hands every trajectory that finished since the last round over to be scored.
+    fn hand_over_finished(
+        &self,
+        b: &mut Batch<'a>,
+        samples: &[(u64, Sample)],
+        version: u64,
+    ) -> Result<()> {
+        for t in 0..b.lives.len() {
+            if let State::Done(stop) = b.lives[t].state
+                && b.done[t].is_none()
+            {
+                self.hand_over(b, t, samples, stop, version)?;
+            }
+        }
+        Ok(())
     }
 
     /// Builds trajectory `t`, which just finished, and sends it to be scored (or scores it

@@ -419,7 +419,7 @@ impl Pool {
     /// snapshot, or the model's live adapter), written and loaded on every live server
     /// first if it is new. Counts a user of the version until [`Pool::release`].
     pub fn acquire(&self, lm: &LanguageModel, mode: Mode, version: u64) -> Result<String> {
-        if !mode.adapters || lm.model.lora.is_none() {
+        if base_only(lm, mode) {
             return Ok(self.settings.model.clone());
         }
         let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
@@ -462,7 +462,7 @@ impl Pool {
 
     /// Ends a use of `version` begun by [`Pool::acquire`].
     pub fn release(&self, version: u64, mode: Mode, lm: &LanguageModel) {
-        if !mode.adapters || lm.model.lora.is_none() {
+        if base_only(lm, mode) {
             return;
         }
         let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
@@ -498,6 +498,11 @@ impl Pool {
         let versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
         versions.values().map(|l| l.name.clone()).collect()
     }
+}
+
+/// Whether `mode` samples the base model: adapters off, or none attached.
+fn base_only(lm: &LanguageModel, mode: Mode) -> bool {
+    !mode.adapters || lm.model.lora.is_none()
 }
 
 /// A run's adapters leave the servers with it: a long-lived server would otherwise keep
