@@ -16,7 +16,8 @@ bench/.work/ (once; --small uses 4 layers for a quick check), everything in bf16
    `generate` with the same batch (sdpa attention), prefill included in both.
 2. One LoRA r16 step, all 7 projections, on 8 x 1024 tokens: forward, mean next-token NLL,
    backward, AdamW; the mean of the timed steps after a warm-up: rlhost vs PyTorch + PEFT
-   (sdpa). Peak GPU memory of each process from `nvidia-smi` polled every 20 ms (the same
+   (sdpa); `--checkpointing` recomputes each decoder layer in the backward, on both sides.
+   Peak GPU memory of each process from `nvidia-smi` polled every 20 ms (the same
    yardstick for both: PyTorch's caching allocator and candle's allocations alike), and
    PyTorch's own `max_memory_reserved` beside it.
 Each measurement runs in its own process; rlhost and the peer alternate for --rounds and
@@ -114,6 +115,11 @@ def torch_worker(args):
         model = get_peft_model(model, LoraConfig(
             r=RANK, lora_alpha=2 * RANK, lora_dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        if args.checkpointing:
+            # Per decoder layer, as rlhost's `gradient_checkpointing`; PEFT needs the
+            # inputs to require grad for the recomputed layers to carry one.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         ids = torch.randint(0, 500, (TRAIN_BATCH, TRAIN_SEQ), generator=g).to(dev)
         times = []
@@ -145,6 +151,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="the training step with per-layer gradient checkpointing, both sides")
     ap.add_argument("--worker", choices=["decode", "train"])
     ap.add_argument("--model")
     args = ap.parse_args()
@@ -156,6 +164,7 @@ def main():
     model = os.path.join(WORK, f"qwen2.5-1.5b-shape-{layers}l-bf16")
     make_model(model, layers)
     py = [sys.executable, os.path.abspath(__file__), "--model", model, "--steps", str(args.steps)]
+    py += ["--checkpointing"] if args.checkpointing else []
     ours = [args.bin, "--model", model, "--device", "cuda", "--dtype", "bf16"]
     rows = []
 
@@ -179,13 +188,15 @@ def main():
         mine, peer = [], []
         for _ in range(args.rounds):
             mine.append(run([ours[0], "train", *ours[1:], "--batch", str(TRAIN_BATCH), "--seq",
-                             str(TRAIN_SEQ), "--rank", str(RANK), "--steps", str(args.steps)]))
+                             str(TRAIN_SEQ), "--rank", str(RANK), "--steps", str(args.steps),
+                             "--checkpointing", str(int(args.checkpointing))]))
             peer.append(run(py + ["--worker", "train"]))
             print(f"train round: rlhost {mine[-1]['step_seconds']:.3f} s "
                   f"({mine[-1]['gpu_peak_gb']:.1f} GB), PEFT {peer[-1]['step_seconds']:.3f} s "
                   f"({peer[-1]['gpu_peak_gb']:.1f} GB; torch reserved "
                   f"{peer[-1]['torch_max_reserved_gb']:.1f} GB)", flush=True)
-        compare(f"LoRA r{RANK} step {TRAIN_BATCH}x{TRAIN_SEQ}, s", mine, peer, "step_seconds", False)
+        ckpt = ", checkpointed" if args.checkpointing else ""
+        compare(f"LoRA r{RANK} step {TRAIN_BATCH}x{TRAIN_SEQ}{ckpt}, s", mine, peer, "step_seconds", False)
         compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
     print(f"\n{'':44} {'rlhost':>10} {'peer':>10} {'ratio':>7}  (> 1: rlhost better)")
     for name, a, b, ratio in rows:

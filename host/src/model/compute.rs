@@ -26,6 +26,7 @@ pub use super::cpu::{applies as cpu_kernels, composed};
 /// `x · wᵀ` for a frozen weight `w: [out, in]` and `x: [..., in]`; differentiable in `x`
 /// only.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let _p = super::profile::span("linear", x.device());
     if cpu_kernels(x) {
         return super::ops::frozen_linear(x, w);
     }
@@ -69,6 +70,7 @@ fn affine(x: &Tensor, w: &Weight, bias: Option<&Tensor>) -> Result<Tensor> {
 /// the live one or `mode.adapter`'s set, left out when `mode` switches adapters off. One
 /// CPU node in training where the kernels apply and no dropout is drawn.
 pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
+    let _p = super::profile::span("lora_linear", x.device());
     #[cfg(target_arch = "x86_64")]
     if let Some(lora) = lin.lora.as_ref().filter(|_| mode.adapters && mode.grad)
         && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
@@ -140,10 +142,15 @@ fn dropout(x: &Tensor, p: f64, rng: &Mutex<StdRng>) -> Result<Tensor> {
 /// RMSNorm over the last dim: `w ⊙ x / √(mean(x²) + eps)`, the mean in f32 (as
 /// transformers: normalised in f32, cast back, then scaled).
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    // candle's fused kernel where no gradient is wanted, except in half precision on
-    // the CPU: that kernel rounds the row's scale to bf16/f16 before dividing (its CUDA
-    // kernel, like transformers, keeps it in f32).
-    if !x.track_op() && (x.dtype() == DType::F32 || !x.device().is_cpu()) {
+    let _p = super::profile::span("rms_norm", x.device());
+    // candle's fused kernel where no gradient is wanted, in f32 only: in half precision
+    // its CPU kernel rounds the row's scale to bf16/f16 before dividing, and its CUDA
+    // kernel rounds once where transformers rounds the normalised row before scaling it
+    // by `w`. Measured on an H200 in bf16: the first norms of a LoRA forward (whose input
+    // carries no gradient yet) and recomputed layers take this branch, and with the CUDA
+    // kernel there the LoRA gradients were 1.0e-1 from PEFT's, 1.5e-2 without it, and the
+    // loss moved from transformers' 8.361626 to 8.363729.
+    if !x.track_op() && x.dtype() == DType::F32 {
         return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
     }
     if cpu_kernels(x) {
@@ -165,6 +172,7 @@ pub fn rope_heads(
     groups: usize,
     rope: Option<(&Tensor, &Tensor)>,
 ) -> Result<Tensor> {
+    let _p = super::profile::span("rope_heads", y.device());
     let (b, t) = (y.dim(0)?, y.dim(1)?);
     let d = y.elem_count() / (b * t * n);
     if y.track_op() && cpu_kernels(y) {
@@ -172,18 +180,30 @@ pub fn rope_heads(
     }
     let heads = y.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous()?;
     let heads = match rope {
-        // candle's fused rope (CPU and CUDA) where no gradient is wanted.
-        Some((cos, sin)) if !y.track_op() => candle_nn::rotary_emb::rope(&heads, cos, sin)?,
-        Some((cos, sin)) => super::ops::rotate_half(&heads, cos, sin)?,
+        Some((cos, sin)) => rope_rows(&heads, cos, sin)?,
         None => heads,
     };
     heads.reshape((b, groups, n / groups * t, d))
+}
+
+/// The rotary embedding of `x: [B, heads, T, d]` with `cos`, `sin: [B, T, d/2]`:
+/// candle's fused kernel where no gradient is wanted and it rounds as transformers does
+/// (f32 anywhere, half precision on the CPU), else `x ⊙ cos + rotate_half(x) ⊙ sin` from
+/// differentiable ops. Its CUDA kernel in bf16 moved an H200's logits 1.5e-1 from
+/// transformers' (the composed form, as transformers computes it, matches the loss to
+/// the last digit).
+pub fn rope_rows(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if !x.track_op() && (x.dtype() == DType::F32 || x.device().is_cpu()) {
+        return candle_nn::rotary_emb::rope(x, cos, sin);
+    }
+    super::ops::rotate_half(x, cos, sin)
 }
 
 /// Grouped-query attention `softmax(scale · Q Kᵀ + M) V` in the layout of
 /// [`rope_heads`]: `q: [B, g, R·T, d]`, `k`, `v: [B, g, T, d]`, the additive mask
 /// `[B, 1, 1, T, T]`; the scores and softmax in f32.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+    let _p = super::profile::span("attention", q.device());
     if cpu_kernels(q) {
         return super::cpu::fused::attention(q, k, v, mask, scale);
     }
@@ -223,6 +243,7 @@ pub fn lora_mlp(x: &Tensor, [gate, up, down]: [&Linear; 3], mode: Mode) -> Resul
 
 /// `silu(gate) ⊙ up`.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let _p = super::profile::span("swiglu", gate.device());
     if (gate.track_op() || up.track_op()) && cpu_kernels(gate) {
         return super::cpu::fused::swiglu(gate, up);
     }
@@ -240,6 +261,7 @@ pub fn target_logprobs(
     chunk_rows: usize,
     keep_logits: bool,
 ) -> Result<(Tensor, Tensor)> {
+    let _p = super::profile::span("target_logprobs", hidden.device());
     if cpu_kernels(hidden) {
         return super::ops::target_logprobs(hidden, lm_head, targets, chunk_rows, keep_logits);
     }

@@ -631,7 +631,7 @@ impl Attention {
                     None => y,
                 };
                 if rotate {
-                    candle_nn::rotary_emb::rope(&y, cos, sin)
+                    compute::rope_rows(&y, cos, sin)
                 } else {
                     Ok(y)
                 }
@@ -641,6 +641,7 @@ impl Attention {
         let v = heads(&self.v_proj, nkv, &None, false)?;
         let scale = 1.0 / (d as f64).sqrt();
         let mut outs = Vec::with_capacity(spans.len());
+        let attention = super::profile::span("cached_attention", x.device());
         for (cache, &(off, len)) in caches.iter_mut().zip(spans) {
             let per_seq = |t: &Tensor, count: usize| -> Result<Tensor> {
                 t.narrow(0, off, len)?
@@ -680,7 +681,15 @@ impl Attention {
             let mut at = 0;
             for (_, sv) in &segments {
                 let seg_len = sv.dim(1)?;
-                let part = w.narrow(2, at, seg_len)?.matmul(sv)?;
+                // Contiguous where there are several segments: CUDA's matmul takes no
+                // row stride wider than the row.
+                let wpart = w.narrow(2, at, seg_len)?;
+                let wpart = if segments.len() > 1 && !wpart.device().is_cpu() {
+                    wpart.contiguous()?
+                } else {
+                    wpart
+                };
+                let part = wpart.matmul(sv)?;
                 at += seg_len;
                 out = Some(match out {
                     None => part,
@@ -694,6 +703,7 @@ impl Attention {
                     .reshape((len, nh * d))?,
             );
         }
+        drop(attention);
         compute::lora_linear(&self.o_proj, &Tensor::cat(&outs, 0)?, mode)
     }
 }

@@ -74,11 +74,14 @@ impl Reference {
 
     /// Logits `[B, T, vocab]` of `model` on this reference's batch (batch path).
     pub fn logits(&self, model: &Model, mode: Mode) -> Tensor {
+        // On the model's device, whatever RLHOST_TEST_DEVICE says: some tests load
+        // theirs on the CPU on purpose.
+        let dev = model.device();
         let h = model
             .forward_batch(
-                &self.input_ids(),
-                &self.attention_mask(),
-                &self.position_ids(),
+                &self.input_ids().to_device(dev).unwrap(),
+                &self.attention_mask().to_device(dev).unwrap(),
+                &self.position_ids().to_device(dev).unwrap(),
                 mode,
             )
             .unwrap();
@@ -88,7 +91,12 @@ impl Reference {
     /// `make_fixtures.py`'s `lora_loss` of `model` on this batch: the mean negative
     /// log-likelihood of each next token over positions where it and its target are real.
     pub fn lora_loss(&self, model: &Model, mode: Mode) -> Tensor {
-        let (ids, mask, pos) = (self.input_ids(), self.attention_mask(), self.position_ids());
+        let dev = model.device();
+        let (ids, mask, pos) = (
+            self.input_ids().to_device(dev).unwrap(),
+            self.attention_mask().to_device(dev).unwrap(),
+            self.position_ids().to_device(dev).unwrap(),
+        );
         let hidden = model.forward_batch(&ids, &mask, &pos, mode).unwrap();
         let t = ids.dim(1).unwrap();
         let hidden = hidden.narrow(1, 0, t - 1).unwrap();
@@ -134,8 +142,9 @@ pub fn load(name: &str) -> Model {
 
 /// Max |a - b| over positions where the mask is 1 (logits `[B, T, V]`).
 pub fn masked_max_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f32 {
+    let [a, b, mask] = [a, b, mask].map(|t| t.to_device(&Device::Cpu).unwrap());
     let m = mask.to_dtype(DType::F32).unwrap().unsqueeze(2).unwrap();
-    let d = (a - b).unwrap().abs().unwrap().broadcast_mul(&m).unwrap();
+    let d = (&a - &b).unwrap().abs().unwrap().broadcast_mul(&m).unwrap();
     d.flatten_all()
         .unwrap()
         .max(0)
@@ -145,7 +154,8 @@ pub fn masked_max_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f32 {
 }
 
 pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
+    let [a, b] = [a, b].map(|t| t.to_device(&Device::Cpu).unwrap());
+    (&a - &b)
         .unwrap()
         .abs()
         .unwrap()

@@ -137,6 +137,7 @@ impl Sequence {
 /// Runs every sequence's pending tokens through the model in one packed forward and stores
 /// each one's next-token logits. Sequences with nothing pending are left alone.
 pub fn advance(model: &Model, seqs: &mut [&mut Sequence], mode: Mode) -> Result<()> {
+    let _p = super::profile::span("advance", model.device());
     let mut idx = Vec::new();
     for (i, s) in seqs.iter().enumerate() {
         if !s.pending().is_empty() {
@@ -208,6 +209,10 @@ pub(crate) fn as_on_a_gpu<R>(f: impl FnOnce() -> R) -> R {
 /// Sequences with host logits, or none, are left alone. Call before the `sample_next`s
 /// of a decode step.
 pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
+    let _p = seqs.first().and_then(|s| match &s.next_logits {
+        Some(Next::Device(row)) => Some(super::profile::span("draw", row.device())),
+        _ => None,
+    });
     let on_device: Vec<usize> = (0..seqs.len())
         .filter(|&i| matches!(seqs[i].next_logits, Some(Next::Device(_))))
         .collect();

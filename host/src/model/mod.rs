@@ -21,6 +21,7 @@ pub mod nf4;
 pub mod ops;
 pub mod peft;
 pub mod placement;
+pub mod profile;
 pub mod sample;
 pub mod tokenizer;
 pub mod weights;

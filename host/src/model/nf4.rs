@@ -388,11 +388,64 @@ const ROW_BLOCK: usize = 512;
 #[derive(Debug)]
 pub struct Nf4Linear {
     pub q: Nf4,
+    /// The codes (`u8`, two per byte) and the f32 absmax per block on a GPU, copied there
+    /// at the first product on it: the weight stays 4-bit on the device.
+    on_device: std::sync::Mutex<Option<(Tensor, Tensor)>>,
 }
 
 impl Nf4Linear {
     pub fn new(q: Nf4) -> Nf4Linear {
-        Nf4Linear { q }
+        Nf4Linear {
+            q,
+            on_device: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The whole weight in f32 on `device` (not the CPU), dequantized there with candle's
+    /// ops from the codes kept on it: `NF4[code] · absmax[block]`, the high nibble of each
+    /// byte first, as [`code_pairs`] decodes them on the CPU.
+    fn dense_on(&self, device: &Device) -> candle_core::Result<Tensor> {
+        use candle_core::DType;
+        let (codes, absmax) = {
+            let mut held = self.on_device.lock().unwrap_or_else(|e| e.into_inner());
+            match held.as_ref() {
+                Some((c, a)) if c.device().same_device(device) => (c.clone(), a.clone()),
+                _ => {
+                    let c = Tensor::from_slice(&self.q.packed, self.q.packed.len(), device)?;
+                    let a = Tensor::from_vec(self.q.absmax_f32(), self.q.absmax_count(), device)?;
+                    *held = Some((c.clone(), a.clone()));
+                    (c, a)
+                }
+            }
+        };
+        let n = self.q.rows * self.q.cols;
+        let blocks = self.q.absmax_count();
+        let bytes = codes.to_dtype(DType::F32)?;
+        let hi = (&bytes / 16.0)?.floor()?;
+        let lo = (&bytes - (&hi * 16.0)?)?;
+        let idx = Tensor::stack(&[&hi, &lo], 1)?
+            .flatten_all()?
+            .to_dtype(DType::U32)?;
+        let levels = Tensor::new(&NF4, device)?.index_select(&idx, 0)?;
+        // Pad to whole blocks (a partial last block, or the spare nibble of an odd count).
+        let have = levels.dim(0)?;
+        let levels = if have < blocks * BLOCK {
+            Tensor::cat(
+                &[
+                    &levels,
+                    &Tensor::zeros(blocks * BLOCK - have, DType::F32, device)?,
+                ],
+                0,
+            )?
+        } else {
+            levels.narrow(0, 0, blocks * BLOCK)?
+        };
+        levels
+            .reshape((blocks, BLOCK))?
+            .broadcast_mul(&absmax.unsqueeze(1)?)?
+            .flatten_all()?
+            .narrow(0, 0, n)?
+            .reshape((self.q.rows, self.q.cols))
     }
 
     /// `(out, in)`.
@@ -449,7 +502,13 @@ impl Nf4Linear {
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / in_f;
         let x2 = x.reshape((rows, in_f))?.contiguous()?;
-        let y = if !x.track_op()
+        let y = if !x.device().is_cpu() {
+            // A GPU: the weight dequantized there for this product (the codes stay
+            // on it), then cuBLAS. Its transient f32 copy is what a fused kernel would
+            // save; the backward keeps it for `grad_x`.
+            x2.to_dtype(candle_core::DType::F32)?
+                .matmul(&self.dense_on(x.device())?.t()?)?
+        } else if !x.track_op()
             && rows <= GEMV_ROWS
             && in_f.is_multiple_of(BLOCK)
             && x.dtype() == candle_core::DType::F32
@@ -845,6 +904,29 @@ mod tests {
                 worst <= 1e-6,
                 "{name}: dequantized differ by {worst} (relative)"
             );
+        }
+    }
+
+    /// The GPU's dequantization (candle ops over the codes) gives the CPU's values
+    /// exactly, on the reference's shapes: a partial last block, an odd number of
+    /// values, double-quantized absmax. Run here on the CPU; the ops are the same there.
+    #[test]
+    fn dequantizing_with_tensor_ops_equals_the_cpu_decoder() {
+        let r = reference();
+        for name in ["a", "b", "c"] {
+            let w = &r[&format!("{name}.weight")];
+            let (rows, cols) = w.dims2().unwrap();
+            let values = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for nested in [false, true] {
+                let q = Nf4Linear::new(Nf4::quantize(&values, rows, cols, nested).unwrap());
+                let ops = q.dense_on(&Device::Cpu).unwrap();
+                let ops = ops.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(
+                    ops,
+                    q.q.dequantize(),
+                    "{name} ({rows}x{cols}), nested {nested}"
+                );
+            }
         }
     }
 

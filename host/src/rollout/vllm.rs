@@ -94,10 +94,15 @@ pub struct Sampled {
     pub finish_reason: String,
 }
 
+/// How long the start-up checks wait for a server's answer, at least.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// One vLLM server.
 pub struct Server {
     pub url: String,
     agent: ureq::Agent,
+    /// What a request that runs out of time is told: which limit it ran into.
+    limit: String,
     in_flight: AtomicUsize,
     /// Cleared when it stops answering: no new trajectory goes there.
     alive: AtomicBool,
@@ -105,6 +110,17 @@ pub struct Server {
 
 impl Server {
     pub fn new(url: &str, timeout: Duration) -> Server {
+        Server::with_limit(
+            url,
+            timeout,
+            format!(
+                "no answer in {} s (rollout.vllm.timeout_s)",
+                timeout.as_secs_f64()
+            ),
+        )
+    }
+
+    fn with_limit(url: &str, timeout: Duration, limit: String) -> Server {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             // Error statuses carry vLLM's message in the body: read it.
@@ -114,6 +130,7 @@ impl Server {
         Server {
             url: url.trim_end_matches('/').to_string(),
             agent,
+            limit,
             in_flight: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
         }
@@ -132,7 +149,7 @@ impl Server {
         let unreachable = |e: ureq::Error| RequestError::Unreachable {
             url: self.url.clone(),
             message: match e {
-                ureq::Error::Timeout(_) => "no answer in time (rollout.vllm.timeout_s)".into(),
+                ureq::Error::Timeout(_) => self.limit.clone(),
                 ureq::Error::Io(e) => format!("cannot connect ({e})"),
                 ureq::Error::ConnectionFailed => "cannot connect".into(),
                 other => other.to_string(),
@@ -364,7 +381,17 @@ impl Pool {
             .map(|u| Arc::new(Server::new(u, settings.timeout)))
             .collect();
         for s in &servers {
-            check_server(s, &settings.model, lm, max_total_tokens, temperature)?;
+            // A server started moments ago answers its first completions slowly (30 s
+            // and more on two busy cores): the checks wait longer than a request in the
+            // run does, so that a short timeout_s, set to notice stalls, does not turn
+            // a cold server away.
+            let limit = settings.timeout.max(STARTUP_TIMEOUT);
+            let patient = Server::with_limit(
+                &s.url,
+                limit,
+                format!("no answer in {} s at start-up", limit.as_secs_f64()),
+            );
+            check_server(&patient, &settings.model, lm, max_total_tokens, temperature)?;
         }
         let run_tag = format!(
             "{:x}{:x}",
