@@ -122,6 +122,33 @@ fn the_hostile_plugin_fails_with_its_faults_named_and_a_non_plugin_gets_one_line
         );
     }
 
+    // Memory mode: every dataset.get dies, so there is nothing to compare: those checks
+    // say skip and why, never pass.
+    let ran = TestCommand::new(&["plugin", "test", "--inputs", "20"])
+        .arg(plugin_dir().join("hostile.wasm"))
+        .args(["--config", r#"{"mode": "memory"}"#])
+        .run();
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    let row = |name: &str| -> String {
+        ran.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("dataset") && l.contains(name))
+            .unwrap_or_else(|| panic!("no dataset row {name:?}: {}", ran.stdout))
+            .to_string()
+    };
+    for name in ["deterministic for a seed", "samples are well formed"] {
+        assert!(
+            row(name).contains(" skip ") && row(name).contains("nothing to"),
+            "{}",
+            ran.stdout
+        );
+    }
+    assert!(
+        row("get: no fault").contains("stopped after 3 out-of-memory faults in a row"),
+        "{}",
+        ran.stdout
+    );
+
     let dir = temp_dir("conformance-not-a-plugin");
     let text = dir.join("notes.wasm");
     std::fs::write(&text, "just text").unwrap();
@@ -131,4 +158,51 @@ fn the_hostile_plugin_fails_with_its_faults_named_and_a_non_plugin_gets_one_line
         assert_eq!(test, inspect);
         assert_eq!(test.trim_end().lines().count(), 1, "{test}");
     }
+}
+
+/// A plugin that hangs in every call, tested at the default 5 s deadline: each check
+/// stops after two timeouts in a row and says so, progress shows on stderr as it goes,
+/// and at most 8 calls wait out the deadline, so the run ends within a minute (before:
+/// every one of ~1,200 calls did, over an hour).
+#[test]
+fn a_plugin_that_hangs_is_tested_within_a_minute() {
+    let started = std::time::Instant::now();
+    let ran = TestCommand::new(&["plugin", "test"])
+        .arg(plugin_dir().join("hostile.wasm"))
+        .args(["--config", r#"{"mode": "loop"}"#])
+        .run();
+    let took = started.elapsed();
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    // The bound is in calls, not seconds: every call that hung waited the deadline, and
+    // at most 8 did (40 s at 5 s each; this run took {took:?}).
+    let hung: usize = ran
+        .stdout
+        .lines()
+        .filter(|l| {
+            ["dataset.get", "reward.score", "trigger.fire"]
+                .contains(&l.split_whitespace().next().unwrap_or(""))
+        })
+        .map(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<usize>()
+                .unwrap()
+        })
+        .sum();
+    assert!(hung <= 8, "{hung} calls hung ({took:?}): {}", ran.stdout);
+    for role in ["dataset", "reward", "trigger"] {
+        assert!(
+            ran.stdout.lines().any(|l| l.trim_start().starts_with(role)
+                && l.contains("stopped after 2 timeout faults in a row")),
+            "{role}: {}",
+            ran.stdout
+        );
+    }
+    // Each check was printed as it completed, before the table.
+    assert!(
+        ran.stderr.contains("dataset     get: no fault: fail"),
+        "{}",
+        ran.stderr
+    );
 }

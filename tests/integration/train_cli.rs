@@ -410,6 +410,46 @@ fn bad_inputs_to_train_get_one_clear_line() {
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 }
 
+/// A run that cannot learn: with one trajectory per prompt a group-baseline estimator is
+/// refused before anything runs (REINFORCE's batch baseline is accepted), and a run whose
+/// advantages stay zero says so while it runs.
+#[test]
+fn a_run_that_cannot_learn_is_refused_or_named() {
+    let dir = temp_dir("train-flat");
+    for estimator in ["grpo", "dr-grpo", "rloo"] {
+        let err = train(&dir.join(estimator), &["--steps", "1"])
+            .args(["--set", "rollout.group_size=1"])
+            .args(["--set", &format!("train.estimator=\"{estimator}\"")])
+            .fails();
+        assert!(
+            err.contains("rollout.group_size = 1")
+                && err.contains(&format!("\"{estimator}\""))
+                && err.contains("reinforce")
+                && err.contains("ppo"),
+            "{estimator}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(!dir.join(estimator).join("metrics.jsonl").exists());
+    }
+    train(&dir.join("reinforce"), &["--steps", "1"])
+        .args(["--set", "rollout.group_size=1"])
+        .args(["--set", "train.estimator=\"reinforce\""])
+        .ok();
+    // The untrained fixture model never answers in 4 tokens: every reward is 0.
+    let ran = train(&dir.join("flat"), &["--steps", "4"])
+        .args(["--set", "sampling.max_new_tokens=4"])
+        .ok();
+    assert!(
+        ran.stderr
+            .contains("steps 1..3: every advantage was 0, so nothing was learned")
+            && ran
+                .stderr
+                .contains("every trajectory got the same reward (0)"),
+        "{}",
+        ran.stderr
+    );
+}
+
 #[test]
 fn kl_can_go_into_the_reward() {
     let dir = temp_dir("train-kl-reward");

@@ -370,7 +370,7 @@ fn a_server_that_stalls_or_dies_loses_nothing() {
             "--set".into(),
             "rollout.vllm.model=\"multiply\"".into(),
             "--set".into(),
-            "rollout.vllm.timeout_s=4".into(),
+            "rollout.vllm.timeout_s=10".into(),
         ]
     };
     // Stalled: both servers sample until one is stopped.

@@ -223,6 +223,9 @@ async fn test(args: TestArgs) -> Result<()> {
         samples,
         inputs: args.inputs,
         seed: args.seed,
+        // Each check on stderr as it completes (a slow plugin shows where it is); the
+        // table follows on stdout.
+        progress: !args.json,
     };
     let report = conformance::run(&plugin, &options).await;
     if args.json {

@@ -82,6 +82,11 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         set.push(set_path("run.out_dir", out)?);
     }
     let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
+    loaded
+        .config
+        .train
+        .check_learnable(loaded.config.rollout.group_size)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", display(&loaded.path)))?;
     let out = out_dir(&loaded);
     let resume = match &args.resume {
         Some(spec) => {

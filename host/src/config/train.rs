@@ -106,6 +106,29 @@ impl TrainSection {
             .unwrap_or_else(|| self.estimator.default_scale())
     }
 
+    /// What makes a training run unable to learn from the start, refused before it
+    /// starts: a group-baseline estimator with one trajectory per prompt (each is its own
+    /// baseline, so every advantage is 0).
+    pub fn check_learnable(&self, group_size: usize) -> std::result::Result<(), String> {
+        if self.algorithm == Algorithm::Grpo
+            && group_size < 2
+            && matches!(
+                self.estimator,
+                Estimator::Grpo | Estimator::DrGrpo | Estimator::Rloo
+            )
+        {
+            let name = match self.estimator {
+                Estimator::Grpo => "grpo",
+                Estimator::DrGrpo => "dr-grpo",
+                _ => "rloo",
+            };
+            return Err(format!(
+                "rollout.group_size = {group_size} with train.estimator = \"{name}\": a group of one trajectory is its own baseline, so every advantage is 0 and the run cannot learn; set rollout.group_size to 2 or more, or train with one sample per prompt using estimator = \"reinforce\" (the batch mean as baseline) or algorithm = \"ppo\" (a critic)"
+            ));
+        }
+        Ok(())
+    }
+
     /// What serde and the ranges cannot check: settings that contradict each other or
     /// the rollout batch of `batch` trajectories.
     pub fn check(&self, batch: usize) -> std::result::Result<(), String> {

@@ -290,8 +290,20 @@ fn write_safetensors(path: &Path, mut tensors: Vec<(String, Tensor)>) -> Result<
         .map(|(n, t)| Ok((n, t.contiguous()?)))
         .collect::<candle_core::Result<Vec<_>>>()?;
     safetensors::serialize_to_file(contiguous, Some(meta), &tmp)
+        .map_err(|e| innermost(&e))
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+/// `e` as the last error of its chain alone. safetensors' and candle's I/O errors print
+/// the OS error and carry it again as their source, so a full disk read "I/O error: No
+/// space left on device (os error 28): No space left on device (os error 28)".
+pub fn innermost(e: &(dyn std::error::Error + 'static)) -> anyhow::Error {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    anyhow::anyhow!("{cause}")
 }
 
 /// Temp file + rename in the same directory.

@@ -10,6 +10,13 @@
 //! random inputs. Each call is timed.
 //!
 //! The inputs are drawn from a fixed seed, so a report repeats exactly for the same file.
+//!
+//! A plugin that hangs must not hang its test: a check stops after [`STREAK`] faults of one
+//! kind in a row, or [`TIMEOUT_STREAK`] timeouts (its row says so), the samples are taken
+//! from the plugin's dataset only until its first timeout, and after [`MAX_TIMEOUTS`]
+//! timed-out calls in all the checks still to run are skipped: at the default 5 s
+//! deadline a plugin that hangs in every call is done in about 40 s. A check left with nothing to compare (every call faulted) is
+//! `skip` with the reason, never `pass`.
 
 use crate::plugin::{Fault, FaultKind, Plugin, Role, Sample, Trajectory};
 use serde::Serialize;
@@ -28,7 +35,16 @@ pub struct Options {
     pub inputs: usize,
     /// Seed of the random inputs and of the plugin's randomness.
     pub seed: u64,
+    /// Print each check to stderr as it completes.
+    pub progress: bool,
 }
+
+/// Faults of one kind in a row after which a check stops calling.
+pub const STREAK: usize = 3;
+/// Timeouts in a row after which a check stops calling (each one waited the deadline).
+pub const TIMEOUT_STREAK: usize = 2;
+/// Timed-out calls after which the remaining checks are skipped.
+pub const MAX_TIMEOUTS: usize = 8;
 
 impl Default for Options {
     fn default() -> Self {
@@ -37,6 +53,7 @@ impl Default for Options {
             samples: Vec::new(),
             inputs: 200,
             seed: 0,
+            progress: false,
         }
     }
 }
@@ -50,7 +67,8 @@ pub enum Outcome {
     /// accepted in silence).
     Warn,
     Fail,
-    /// Could not run: an earlier check it depends on failed.
+    /// Could not run, or had nothing to compare: an earlier check it depends on failed,
+    /// the runner stopped calling a plugin that kept timing out, or every call faulted.
     Skip,
 }
 
@@ -101,11 +119,15 @@ pub async fn run(plugin: &Plugin, options: &Options) -> Report {
         rng: SplitMix(options.seed ^ 0x5eed_c0de),
         checks: Vec::new(),
         times: BTreeMap::new(),
+        timeouts: 0,
     };
     t.about();
     let samples = t.samples().await;
     for role in plugin.roles().to_vec() {
-        if !t.opens(role, &samples).await {
+        if t.out_of_time(Some(role)) || !t.opens(role, &samples).await {
+            continue;
+        }
+        if t.out_of_time(Some(role)) {
             continue;
         }
         match role {
@@ -142,6 +164,57 @@ struct Tester<'a> {
     rng: SplitMix,
     checks: Vec<Check>,
     times: BTreeMap<&'static str, Vec<Duration>>,
+    /// Calls that timed out so far, in every check.
+    timeouts: usize,
+}
+
+/// Faults of one kind in a row, within one check.
+#[derive(Default)]
+struct Streak {
+    kind: Option<FaultKind>,
+    count: usize,
+}
+
+impl Streak {
+    /// Records a call's outcome (`None`: it did not fault); true once [`STREAK`] faults
+    /// of one kind (other than guest errors) came in a row.
+    fn push(&mut self, fault: Option<&Fault>) -> bool {
+        match fault {
+            // A guest error is the plugin answering: it neither hangs nor dies.
+            None => *self = Streak::default(),
+            Some(f) if f.kind == FaultKind::GuestError => *self = Streak::default(),
+            Some(f) if self.kind == Some(f.kind) => self.count += 1,
+            Some(f) => {
+                self.kind = Some(f.kind);
+                self.count = 1;
+            }
+        }
+        self.count >= self.limit()
+    }
+
+    /// How many of this streak's kind in a row stop a check.
+    fn limit(&self) -> usize {
+        match self.kind {
+            Some(FaultKind::Timeout) => TIMEOUT_STREAK,
+            _ => STREAK,
+        }
+    }
+
+    /// Whether the streak has stopped its check.
+    fn stopped_now(&self) -> bool {
+        self.kind.is_some() && self.count >= self.limit()
+    }
+
+    /// What a check's row says when the streak stopped it after `made` of `planned` calls.
+    fn stopped(&self, made: usize, planned: usize) -> String {
+        match self.kind {
+            Some(kind) if self.stopped_now() => format!(
+                "; stopped after {} {kind} faults in a row ({made} of {planned} calls made)",
+                self.count
+            ),
+            _ => String::new(),
+        }
+    }
 }
 
 /// A JSON text that does not parse.
@@ -151,6 +224,11 @@ const UNKNOWN_FIELD: &str = r#"{"surely_not_a_field": 1}"#;
 
 impl Tester<'_> {
     fn check(&mut self, role: Option<Role>, name: &str, outcome: Outcome, detail: String) {
+        if self.options.progress {
+            let outcome = format!("{outcome:?}").to_lowercase();
+            let role = role.map_or("-".to_string(), |r| r.to_string());
+            eprintln!("  {role:<11} {name}: {outcome}  {detail}");
+        }
         self.checks.push(Check {
             role,
             name: name.to_string(),
@@ -165,6 +243,34 @@ impl Tester<'_> {
         let out = call().await;
         self.times.entry(name).or_default().push(started.elapsed());
         out
+    }
+
+    /// Counts a call's fault towards [`MAX_TIMEOUTS`]; passes it on.
+    fn saw<'f>(&mut self, fault: Option<&'f Fault>) -> Option<&'f Fault> {
+        if fault.is_some_and(|f| f.kind == FaultKind::Timeout) {
+            self.timeouts += 1;
+        }
+        fault
+    }
+
+    /// True once [`MAX_TIMEOUTS`] calls timed out; the first time, the checks of `role`
+    /// (or of the plugin) left to run are reported skipped, with why.
+    fn out_of_time(&mut self, role: Option<Role>) -> bool {
+        if self.timeouts < MAX_TIMEOUTS {
+            return false;
+        }
+        let said = self
+            .checks
+            .iter()
+            .any(|c| c.role == role && c.name == "the remaining checks");
+        if !said {
+            let detail = format!(
+                "not run: {} calls timed out (the limit is {MAX_TIMEOUTS}, each call waits for the plugin's deadline); fix what hangs, then test again",
+                self.timeouts
+            );
+            self.check(role, "the remaining checks", Outcome::Skip, detail);
+        }
+        true
     }
 
     fn about(&mut self) {
@@ -223,9 +329,19 @@ impl Tester<'_> {
                 .await
         {
             let mut samples = Vec::new();
+            let mut streak = Streak::default();
             for i in 0..source.len().min(8) {
-                if let Ok(sample) = source.get(i).await {
-                    samples.push(sample);
+                match source.get(i).await {
+                    Ok(sample) => {
+                        streak.push(None);
+                        samples.push(sample);
+                    }
+                    // A timeout costs the whole deadline: the checks see it anyway.
+                    Err(f) => {
+                        if streak.push(self.saw(Some(&f))) || f.kind == FaultKind::Timeout {
+                            break;
+                        }
+                    }
                 }
             }
             if !samples.is_empty() {
@@ -255,6 +371,9 @@ impl Tester<'_> {
                 false
             }
         };
+        if self.out_of_time(r) {
+            return false;
+        }
         let (outcome, detail) = match self.open(role, MALFORMED, sample).await {
             Err(f) if f.kind == FaultKind::GuestError => {
                 (Outcome::Pass, format!("guest error: {}", f.message))
@@ -266,7 +385,7 @@ impl Tester<'_> {
             ),
         };
         self.check(r, "open with a malformed config", outcome, detail);
-        if opened {
+        if opened && !self.out_of_time(r) {
             let (outcome, detail) = match self.open(role, UNKNOWN_FIELD, sample).await {
                 Err(f) if f.kind == FaultKind::GuestError => {
                     (Outcome::Pass, format!("guest error: {}", f.message))
@@ -285,6 +404,9 @@ impl Tester<'_> {
                 self.check(r, "the remaining checks", Outcome::Skip, detail.into());
             }
             return opened;
+        }
+        if self.out_of_time(r) {
+            return false;
         }
         let config = self.options.config.clone();
         match self.open(role, &config, sample).await {
@@ -341,16 +463,22 @@ impl Tester<'_> {
                 .await
             }
         };
-        result.map_err(as_fault)
+        let result = result.map_err(as_fault);
+        self.saw(result.as_ref().err());
+        result
     }
 
-    /// Tallies `n` calls' results into one check: pass when none faulted.
+    /// Tallies `n` calls' results into one check: pass when none faulted; `extra` ends
+    /// the row either way.
     fn faults_check(&mut self, role: Role, name: &str, n: usize, faults: &[Fault], extra: &str) {
         let (outcome, detail) = match faults.first() {
             None => (Outcome::Pass, format!("{n} calls{extra}")),
             Some(first) => (
                 Outcome::Fail,
-                format!("{} of {n} calls faulted; the first: {first}", faults.len()),
+                format!(
+                    "{} of {n} calls faulted; the first: {first}{extra}",
+                    faults.len()
+                ),
             ),
         };
         self.check(Some(role), name, outcome, detail);
@@ -380,11 +508,24 @@ impl Tester<'_> {
             indices.push(self.rng.below(len));
         }
         let (mut faults, mut differ, mut malformed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut compared, mut made, mut streak) = (0, 0, Streak::default());
         for &i in &indices {
+            made += 1;
             let first = self.timed("dataset.get", async || a.get(i).await).await;
+            let fault = first.as_ref().err().cloned();
+            let stop = streak.push(self.saw(fault.as_ref()));
+            if let Some(f) = fault {
+                faults.push(f);
+                if stop || self.timeouts >= MAX_TIMEOUTS {
+                    break;
+                }
+                continue;
+            }
             let again = b.get(i).await;
+            self.saw(again.as_ref().err());
             match (first, again) {
                 (Ok(x), Ok(y)) => {
+                    compared += 1;
                     if x != y {
                         differ.push(i);
                     }
@@ -396,17 +537,23 @@ impl Tester<'_> {
             }
         }
         let n = indices.len();
-        self.faults_check(Role::Dataset, "get: no fault", n, &faults, "");
-        let (outcome, detail) = if differ.is_empty() {
+        let stopped = streak.stopped(made, n);
+        self.faults_check(Role::Dataset, "get: no fault", made, &faults, &stopped);
+        let (outcome, detail) = if compared == 0 {
+            (
+                Outcome::Skip,
+                "nothing to compare: no index gave a sample twice".to_string(),
+            )
+        } else if differ.is_empty() {
             (
                 Outcome::Pass,
-                format!("{n} indices, opened twice with seed {seed}"),
+                format!("{compared} indices, opened twice with seed {seed}"),
             )
         } else {
             (
                 Outcome::Fail,
                 format!(
-                    "{} of {n} indices gave another sample the second time (first: {})",
+                    "{} of {compared} indices gave another sample the second time (first: {})",
                     differ.len(),
                     differ[0]
                 ),
@@ -414,7 +561,11 @@ impl Tester<'_> {
         };
         self.check(role, "deterministic for a seed", outcome, detail);
         let (outcome, detail) = match malformed.first() {
-            None => (Outcome::Pass, format!("{n} samples")),
+            None if compared == 0 => (
+                Outcome::Skip,
+                "nothing to check: no sample came back".to_string(),
+            ),
+            None => (Outcome::Pass, format!("{compared} samples")),
             Some(first) => (
                 Outcome::Fail,
                 format!("{} malformed; {first}", malformed.len()),
@@ -432,15 +583,17 @@ impl Tester<'_> {
         };
         let (mut faults, mut guest_errors, mut problems, mut unstable) =
             (Vec::new(), Vec::new(), Vec::new(), 0);
-        let mut scored = 0;
+        let (mut scored, mut made, mut streak) = (0, 0, Streak::default());
         for i in 0..self.options.inputs {
             let sample = &samples[i % samples.len()];
             let completion = self.rng.text(&[]);
             let trajectory = trajectory(sample, completion, &mut self.rng);
-            match self
+            made += 1;
+            let result = self
                 .timed("reward.score", async || scorer.score(&trajectory).await)
-                .await
-            {
+                .await;
+            let stop = streak.push(self.saw(result.as_ref().err()));
+            match result {
                 Ok(components) => {
                     scored += 1;
                     if let Some(problem) = components_problem(&components) {
@@ -453,9 +606,16 @@ impl Tester<'_> {
                 Err(f) if f.kind == FaultKind::GuestError => guest_errors.push(f),
                 Err(f) => faults.push(f),
             }
+            if stop || self.timeouts >= MAX_TIMEOUTS {
+                break;
+            }
         }
-        let n = self.options.inputs;
-        let extra = format!(", {} guest errors", guest_errors.len());
+        let extra = format!(
+            ", {} guest errors{}",
+            guest_errors.len(),
+            streak.stopped(made, self.options.inputs)
+        );
+        let n = made;
         self.faults_check(Role::Reward, "score: no fault", n, &faults, &extra);
         let (outcome, detail) = if scored == 0 {
             let first = guest_errors
@@ -512,22 +672,33 @@ impl Tester<'_> {
         // Text that does not end with a pattern: the host never fires on it, and the
         // plugin must not answer it either (it checks what it was given).
         let (mut answered, mut faults) = (Vec::new(), Vec::new());
+        let (mut silent, mut made, mut streak) = (0, 0, Streak::default());
         for _ in 0..n / 2 {
             let mut text = self.rng.text(&patterns);
             while patterns.iter().any(|p| text.ends_with(p.as_str())) {
                 text.push('.');
             }
-            match self
+            made += 1;
+            let result = self
                 .timed("trigger.fire", async || session.fire(&text).await)
-                .await
-            {
+                .await;
+            let stop = streak.push(self.saw(result.as_ref().err()));
+            match result {
                 Ok(Some(_)) => answered.push(text),
-                Ok(None) => {}
+                Ok(None) => silent += 1,
                 Err(f) => faults.push(f),
             }
+            if stop || self.timeouts >= MAX_TIMEOUTS {
+                break;
+            }
         }
+        let first_half = streak.stopped(made, n / 2);
         let (outcome, detail) = match answered.first() {
-            None => (Outcome::Pass, format!("{} texts", n / 2)),
+            None if silent == 0 => (
+                Outcome::Skip,
+                format!("nothing to check: every call faulted{first_half}"),
+            ),
+            None => (Outcome::Pass, format!("{silent} texts{first_half}")),
             Some(first) => (
                 Outcome::Fail,
                 format!(
@@ -543,7 +714,13 @@ impl Tester<'_> {
         // its limit as bad output), and no fault; a fresh session now and then.
         let mut largest = 0;
         let mut fired = 0;
+        // The same streak: a trigger that hung on the texts above hangs on these too.
+        let mut made2 = 0;
         for i in 0..n - n / 2 {
+            if self.timeouts >= MAX_TIMEOUTS || streak.stopped_now() {
+                break;
+            }
+            made2 += 1;
             if i % 16 == 15 {
                 let plugin = self.plugin;
                 match self
@@ -555,14 +732,20 @@ impl Tester<'_> {
                     .await
                 {
                     Ok(s) => session = s,
-                    Err(e) => faults.push(as_fault(e)),
+                    Err(e) => {
+                        let f = as_fault(e);
+                        streak.push(self.saw(Some(&f)));
+                        faults.push(f);
+                        continue;
+                    }
                 }
             }
             let text = self.rng.call_text(&patterns);
-            match self
+            let result = self
                 .timed("trigger.fire", async || session.fire(&text).await)
-                .await
-            {
+                .await;
+            streak.push(self.saw(result.as_ref().err()));
+            match result {
                 Ok(Some(out)) => {
                     fired += 1;
                     largest = largest.max(out.len());
@@ -571,11 +754,14 @@ impl Tester<'_> {
                 Err(f) => faults.push(f),
             }
         }
-        let extra = format!("; {fired} answered, the largest {largest} bytes (limit {limit})");
+        let extra = format!(
+            "; {fired} answered, the largest {largest} bytes (limit {limit}){}",
+            streak.stopped(made + made2, n)
+        );
         self.faults_check(
             Role::Trigger,
             "fire: no fault, bounded output",
-            n,
+            made + made2,
             &faults,
             &extra,
         );
@@ -584,8 +770,9 @@ impl Tester<'_> {
     async fn environment(&mut self, samples: &[Sample]) {
         let (config, seed) = (self.options.config.clone(), self.options.seed);
         let (mut faults, mut problems) = (Vec::new(), Vec::new());
-        let (mut steps, mut episodes) = (0, 0);
-        while steps < self.options.inputs {
+        let (mut steps, mut episodes, mut answered) = (0, 0, 0);
+        let mut streak = Streak::default();
+        while steps < self.options.inputs && !streak.stopped_now() && self.timeouts < MAX_TIMEOUTS {
             let sample = &samples[episodes % samples.len()];
             episodes += 1;
             let plugin = self.plugin;
@@ -597,7 +784,9 @@ impl Tester<'_> {
             {
                 Ok(e) => e,
                 Err(e) => {
-                    faults.push(as_fault(e));
+                    let f = as_fault(e);
+                    streak.push(self.saw(Some(&f)));
+                    faults.push(f);
                     steps += 1;
                     continue;
                 }
@@ -605,11 +794,18 @@ impl Tester<'_> {
             for _ in 0..8 {
                 steps += 1;
                 let turn = self.rng.text(&[]);
-                match self
+                let result = self
                     .timed("environment.step", async || episode.step(&turn).await)
-                    .await
-                {
+                    .await;
+                if streak.push(self.saw(result.as_ref().err())) || self.timeouts >= MAX_TIMEOUTS {
+                    if let Err(f) = result {
+                        faults.push(f);
+                    }
+                    break;
+                }
+                match result {
                     Ok(step) => {
+                        answered += 1;
                         if let Some(m) = step
                             .messages
                             .iter()
@@ -632,9 +828,16 @@ impl Tester<'_> {
                 }
             }
         }
-        let extra = format!(" in {episodes} episodes");
+        let extra = format!(
+            " in {episodes} episodes{}",
+            streak.stopped(steps, self.options.inputs)
+        );
         self.faults_check(Role::Environment, "step: no fault", steps, &faults, &extra);
         let (outcome, detail) = match problems.first() {
+            None if answered == 0 => (
+                Outcome::Skip,
+                "nothing to check: no step answered".to_string(),
+            ),
             None => (
                 Outcome::Pass,
                 "tool or user messages, finite rewards".into(),

@@ -47,7 +47,7 @@ pub fn save(
     let tmp = root.join(format!(".tmp-{name}"));
     let dir = root.join(&name);
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+        std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     peft::save_adapter(&lm.model, &tmp, Some(&lm.dir.display().to_string()))?;
@@ -55,18 +55,21 @@ pub fn save(
         head.save(&tmp)?;
     }
     let tensors: Vec<(String, candle_core::Tensor)> = opt.state();
+    let path = tmp.join(OPTIMIZER_FILE);
     candle_core::safetensors::save(
         &tensors
             .into_iter()
             .collect::<std::collections::HashMap<_, _>>(),
-        tmp.join(OPTIMIZER_FILE),
-    )?;
+        &path,
+    )
+    .map_err(|e| peft::innermost(&e))
+    .with_context(|| format!("writing {}", path.display()))?;
     write_atomic(
         &tmp.join(STATE_FILE),
         serde_json::to_string_pretty(state)?.as_bytes(),
     )?;
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     std::fs::rename(&tmp, &dir)
         .with_context(|| format!("renaming {} into place", tmp.display()))?;

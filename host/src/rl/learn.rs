@@ -27,7 +27,12 @@ pub struct Learner<'a> {
     plan: &'a TrainPlan,
     /// The plan's update settings, with the terminal's progress bar.
     cfg: UpdateConfig,
+    /// Steps in a row whose group advantages were all zero (nothing to learn from).
+    flat_steps: u64,
 }
+
+/// Steps in a row with every advantage zero before a run says so.
+const FLAT_STEPS_WARNING: u64 = 3;
 
 impl<'a> Learner<'a> {
     pub fn new(
@@ -46,6 +51,7 @@ impl<'a> Learner<'a> {
                 progress,
                 ..plan.update.clone()
             },
+            flat_steps: 0,
         }
     }
 
@@ -81,6 +87,9 @@ impl<'a> Learner<'a> {
             } => algorithms::advantages(&rewards, estimator, scale, eps),
             Advantages::Critic(_) => vec![0.0; rewards.iter().map(Vec::len).sum()],
         };
+        if matches!(plan.advantages, Advantages::Group { .. }) {
+            self.note_flat(&rewards, &advantages, batch.dropped, step);
+        }
         let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
         let rows: Vec<Row> = trajectories
             .iter()
@@ -128,6 +137,27 @@ impl<'a> Learner<'a> {
         m.tool_wait_share = batch.stats.plugin_wait_s / batch.stats.wall_s.max(1e-9);
         m.update_s = t0.elapsed().as_secs_f64();
         Ok((m, groups))
+    }
+
+    /// Counts steps whose group advantages are all zero, and says once a streak reaches
+    /// [`FLAT_STEPS_WARNING`] (and every 10 steps after) that nothing is being learned,
+    /// with the likely cause read off the rewards.
+    fn note_flat(&mut self, rewards: &[Vec<f64>], advantages: &[f64], dropped: usize, step: u64) {
+        if !advantages.iter().all(|a| a.abs() < 1e-12) {
+            self.flat_steps = 0;
+            return;
+        }
+        self.flat_steps += 1;
+        let n = self.flat_steps;
+        if n < FLAT_STEPS_WARNING || (n - FLAT_STEPS_WARNING) % 10 != 0 {
+            return;
+        }
+        tracing::warn!(
+            "steps {}..{}: every advantage was 0, so nothing was learned; {}",
+            step + 2 - n,
+            step + 1,
+            flat_cause(rewards, dropped)
+        );
     }
 
     /// r ← r − β·Σ_t KL_t (component `kl_penalty`); returns the mean KL per token.
@@ -218,6 +248,26 @@ fn step_metrics(
     }
 }
 
+/// Why a batch's group advantages are all zero, and what to change, read off its
+/// `rewards` (one list per group kept) and the groups dynamic sampling `dropped`.
+fn flat_cause(rewards: &[Vec<f64>], dropped: usize) -> String {
+    let all: Vec<f64> = rewards.iter().flatten().copied().collect();
+    if rewards.is_empty() {
+        format!(
+            "dynamic sampling dropped every group ({dropped} this step): each prompt's samples scored alike; the task may be too easy or too hard for the model, or the reward too coarse"
+        )
+    } else if rewards.iter().all(|g| g.len() < 2) {
+        "each group has one trajectory (rollout.group_size = 1), so it is its own baseline; raise group_size or use estimator = \"reinforce\"".to_string()
+    } else if all.iter().all(|r| (r - all[0]).abs() < 1e-12) {
+        format!(
+            "every trajectory got the same reward ({}): check that the reward plugin scores what it should, and that the model can ever succeed (or ever fail) at the task",
+            all[0]
+        )
+    } else {
+        "within each group the rewards are equal (prompts are all solved or all failed): raise sampling.temperature or rollout.group_size for more varied samples, or use easier or harder prompts".to_string()
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -235,6 +285,15 @@ pub(crate) mod tests {
             "rewards": {"correct": reward}, "reward": reward,
         }))
         .unwrap()
+    }
+
+    /// A batch with nothing to learn from is told apart by what its rewards look like.
+    #[test]
+    fn a_flat_batch_names_its_likely_cause() {
+        assert!(flat_cause(&[], 4).contains("dynamic sampling dropped every group (4"));
+        assert!(flat_cause(&[vec![1.0], vec![0.0]], 0).contains("group_size = 1"));
+        assert!(flat_cause(&[vec![0.0, 0.0], vec![0.0, 0.0]], 0).contains("same reward (0)"));
+        assert!(flat_cause(&[vec![1.0, 1.0], vec![0.0, 0.0]], 0).contains("within each group"));
     }
 
     #[test]

@@ -11,11 +11,13 @@ use crate::step::StepMetrics;
 use anyhow::{Context, Result};
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub struct RunLog {
     metrics: File,
+    metrics_path: PathBuf,
     tensorboard: EventWriter,
+    tensorboard_dir: PathBuf,
 }
 
 impl RunLog {
@@ -35,23 +37,34 @@ impl RunLog {
             .open(&path)
             .with_context(|| format!("cannot write {}", path.display()))?;
         // One event file per invocation; TensorBoard merges a resumed run's files by step.
-        let mut tensorboard = EventWriter::create(&out_dir.join("tensorboard"))?;
+        let tensorboard_dir = out_dir.join("tensorboard");
+        let mut tensorboard = EventWriter::create(&tensorboard_dir)?;
         if let Some(step) = resumed_at {
-            tensorboard.session_start(step + 1)?;
+            tensorboard
+                .session_start(step + 1)
+                .with_context(|| format!("writing to {}", tensorboard_dir.display()))?;
         }
         Ok(RunLog {
             metrics,
+            metrics_path: path,
             tensorboard,
+            tensorboard_dir,
         })
     }
 
-    /// One step's record, flushed (a crash loses no finished step's row).
+    /// One step's record, flushed (a crash loses no finished step's row; a torn one is
+    /// dropped on resume). A failed write names its file.
     pub fn write(&mut self, m: &StepMetrics) -> Result<()> {
-        serde_json::to_writer(&mut self.metrics, m)?;
-        self.metrics.write_all(b"\n")?;
-        self.metrics.flush()?;
-        self.tensorboard.scalars(m.step, &scalars(m))?;
-        self.tensorboard.flush()?;
+        let mut line = serde_json::to_string(m)?;
+        line.push('\n');
+        self.metrics
+            .write_all(line.as_bytes())
+            .and_then(|()| self.metrics.flush())
+            .with_context(|| format!("writing {}", self.metrics_path.display()))?;
+        self.tensorboard
+            .scalars(m.step, &scalars(m))
+            .and_then(|()| self.tensorboard.flush())
+            .with_context(|| format!("writing to {}", self.tensorboard_dir.display()))?;
         Ok(())
     }
 }

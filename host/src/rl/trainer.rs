@@ -208,7 +208,8 @@ impl Steps<'_> {
             self.held_out
                 .evaluate_into(&mut m, self.lm, self.sources, self.handle)?;
         }
-        self.log.write(&m)?;
+        let out_dir = self.run.out_dir;
+        self.log.write(&m).map_err(|e| write_failed(e, out_dir))?;
         self.run
             .hub
             .step(&m, scored.iter().flat_map(|g| &g.trajectories));
@@ -241,7 +242,8 @@ impl Steps<'_> {
         };
         let out_dir = self.run.out_dir;
         let keep = self.plan.saves.keep_last;
-        let dir = checkpoint::save(out_dir, self.lm, self.critic, opt, &state, keep)?;
+        let dir = checkpoint::save(out_dir, self.lm, self.critic, opt, &state, keep)
+            .map_err(|e| write_failed(e, out_dir))?;
         let shown = dir.strip_prefix(out_dir).unwrap_or(&dir);
         self.run.hub.checkpoint(&shown.display().to_string());
         self.outcome.checkpoint = Some(dir);
@@ -260,6 +262,23 @@ impl Steps<'_> {
         }
         outcome
     }
+}
+
+/// A write of the run's records that failed (a full disk, a file-size limit), with what
+/// is safe and how to go on: the checkpoints already in place are complete (each is
+/// written aside and renamed into place), and the run resumes from the newest.
+fn write_failed(e: anyhow::Error, out_dir: &Path) -> anyhow::Error {
+    let shown = out_dir.display();
+    let next = match checkpoint::resolve(out_dir, "latest") {
+        Ok(latest) => format!(
+            "the checkpoints written before are intact (the newest: {}); make room, then continue with `rlhost train --resume latest --out {shown}` and the same config",
+            latest.dir.display()
+        ),
+        Err(_) => format!(
+            "no checkpoint had been written yet; make room and start again (`--overwrite` to reuse {shown})"
+        ),
+    };
+    anyhow::anyhow!("{e:#}; {next}")
 }
 
 fn interrupted(run: &RunOptions) -> bool {

@@ -115,6 +115,7 @@ impl ValueHead {
             .collect();
         let path = dir.join(FILE);
         candle_core::safetensors::save(&tensors, &path)
+            .map_err(|e| crate::model::peft::innermost(&e))
             .with_context(|| format!("writing {}", path.display()))
     }
 
