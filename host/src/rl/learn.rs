@@ -149,7 +149,7 @@ impl<'a> Learner<'a> {
         }
         self.flat_steps += 1;
         let n = self.flat_steps;
-        if n < FLAT_STEPS_WARNING || (n - FLAT_STEPS_WARNING) % 10 != 0 {
+        if n < FLAT_STEPS_WARNING || !(n - FLAT_STEPS_WARNING).is_multiple_of(10) {
             return;
         }
         tracing::warn!(
