@@ -450,6 +450,58 @@ fn a_run_that_cannot_learn_is_refused_or_named() {
     );
 }
 
+/// A disk that fills up (each file capped by RLIMIT_FSIZE) mid-run: the error names the
+/// file being written, gives the OS error once, says the earlier checkpoints are intact
+/// and how to resume, and the run resumes from them to the end. (`metrics.jsonl` on a
+/// full disk: `rl::run_log`'s tests, with /dev/full.)
+#[test]
+fn a_full_disk_names_the_file_and_the_run_resumes() {
+    let dir = temp_dir("train-disk-full");
+    let out = dir.join("run");
+    let run = |steps: &str| {
+        train(&out, &["--steps", steps])
+            .args(["--set", "train.save_every=1"])
+            .args(["--set", "sampling.max_new_tokens=4"])
+    };
+    run("2").ok();
+    // The optimizer state (about 270 KB) no longer fits: step 3's checkpoint fails.
+    let err = run("4")
+        .args(["--resume", "latest"])
+        .file_size_limit(200)
+        .fails();
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or(&err);
+    assert!(
+        line.contains(".tmp-step-000003") && line.contains("optimizer.safetensors"),
+        "{err}"
+    );
+    assert_eq!(
+        line.matches("(os error").count(),
+        1,
+        "the OS error once: {err}"
+    );
+    assert!(
+        line.contains("checkpoints written before are intact")
+            && line.contains("step-000002")
+            && line.contains("--resume latest"),
+        "{err}"
+    );
+    // Room again: the run continues from step 2 and finishes.
+    run("4").args(["--resume", "latest"]).ok();
+    let rows = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = rows
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+}
+
 #[test]
 fn kl_can_go_into_the_reward() {
     let dir = temp_dir("train-kl-reward");

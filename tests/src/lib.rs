@@ -90,6 +90,28 @@ impl TestCommand {
         self
     }
 
+    /// Caps every file it writes at `kib` KiB (RLIMIT_FSIZE, as `ulimit -f`), with
+    /// SIGXFSZ ignored so that a write past the cap fails (EFBIG) rather than killing the
+    /// process: a disk that fills up, for the files it writes.
+    pub fn file_size_limit(mut self, kib: u64) -> Self {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: between fork and exec only async-signal-safe calls (signal, setrlimit).
+        unsafe {
+            self.cmd.pre_exec(move || {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let limit = libc::rlimit {
+                    rlim_cur: kib * 1024,
+                    rlim_max: kib * 1024,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        self
+    }
+
     pub fn current_dir(mut self, dir: &Path) -> Self {
         self.cmd.current_dir(dir);
         self

@@ -97,6 +97,30 @@ fn trim_metrics(path: &Path, step: u64) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A full disk under `metrics.jsonl` (a link to /dev/full, where every write fails
+    /// with ENOSPC): the error names the file and gives the OS error once.
+    #[test]
+    fn a_full_disk_names_the_metrics_file() {
+        if !Path::new("/dev/full").exists() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("rlhost-full-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let _ = std::fs::remove_file(&path);
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let mut log = RunLog::open(&dir, None).unwrap();
+        let err = format!("{:#}", log.write(&StepMetrics::default()).unwrap_err());
+        assert_eq!(
+            err,
+            format!(
+                "writing {}: No space left on device (os error 28)",
+                path.display()
+            )
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// Issue 19: after a crash, rows of steps past the checkpoint were taken again.
     #[test]
     fn rows_past_the_checkpoint_and_torn_lines_are_dropped() {
