@@ -4,12 +4,14 @@
 //! - `GET /status` JSON, `GET /history` every step's metrics, `GET /metrics` Prometheus,
 //!   `GET /events` server-sent events (one `step` per step, `status` on phase changes),
 //!   `GET /rollouts/latest?n=8` recent trajectories, `GET /` the dashboard.
-//! - Bounded: at most [`MAX_CONNECTIONS`] open connections (more wait in the kernel's
-//!   backlog); a connection that has not sent a whole request header within
-//!   [`HEADER_TIMEOUT`] (a stalled or idle client, or a keep-alive connection with no next
-//!   request) is closed, so idle sockets cannot lock the dashboard out; a subscriber that
-//!   reads too slowly skips events instead of holding the trainer (see [`super`]). No CORS
-//!   headers: other origins cannot read it.
+//! - Bounded: at most [`MAX_CONNECTIONS`] open connections. When the table is full, a new
+//!   connection takes the place of the oldest idle one (connected, or kept alive, with no
+//!   request under way), so a dashboard opens at once however many sockets sit idle; only
+//!   when every connection is serving a request or an event stream does a new one wait.
+//!   A connection that has not sent a whole request header within [`HEADER_TIMEOUT`] (a
+//!   stalled or idle client, or a keep-alive connection with no next request) is closed;
+//!   a subscriber that reads too slowly skips events instead of holding the trainer (see
+//!   [`super`]). No CORS headers: other origins cannot read it.
 
 use super::{Event, StatusHub};
 use anyhow::{Context, Result};
@@ -22,12 +24,16 @@ use axum::routing::get;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::{Notify, Semaphore, broadcast};
 
 /// Open connections at once. A dashboard holds two or three (page, events) and a scraper
 /// one; the rest is room for clients that stall, until [`HEADER_TIMEOUT`] drops them.
@@ -212,8 +218,21 @@ pub fn spawn_with(
     Ok(Server { addr: local })
 }
 
-/// Accepts connections while fewer than `max_connections` are open and serves each over
-/// HTTP/1.1 with a header timeout.
+/// One open connection, as the accept loop sees it.
+struct Open {
+    id: u64,
+    /// Requests whose response (its body included: an event stream) is under way.
+    busy: Arc<AtomicUsize>,
+    /// Closes the connection when notified.
+    close: Arc<Notify>,
+}
+
+/// The open connections, oldest first.
+type Table = Arc<Mutex<VecDeque<Open>>>;
+
+/// Accepts connections and serves each over HTTP/1.1 with a header timeout, at most
+/// `max_connections` at once: a connection beyond that closes the oldest idle one, or,
+/// when none is idle, waits for one to end.
 async fn serve(
     listener: TcpListener,
     app: Router,
@@ -221,12 +240,8 @@ async fn serve(
     header_timeout: Duration,
 ) {
     let permits = Arc::new(Semaphore::new(max_connections));
-    loop {
-        let permit = permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
+    let table: Table = Arc::default();
+    for id in 0u64.. {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             // E.g. out of file descriptors: wait rather than spin.
@@ -236,18 +251,127 @@ async fn serve(
                 continue;
             }
         };
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                close_oldest_idle(&table);
+                permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed")
+            }
+        };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let (busy, close) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+        lock(&table).push_back(Open {
+            id,
+            busy: busy.clone(),
+            close: close.clone(),
+        });
+        let service = Tracking {
+            app: TowerToHyperService::new(app.clone()),
+            busy,
+        };
+        let table = table.clone();
         tokio::spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!("status server: connection closed: {e}");
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!("status server: connection closed: {e}");
+                },
+                () = close.notified() => {
+                    tracing::debug!("status server: closed an idle connection to admit a new one");
+                }
             }
+            lock(&table).retain(|o| o.id != id);
             drop(permit);
         });
+    }
+}
+
+fn lock(table: &Table) -> std::sync::MutexGuard<'_, VecDeque<Open>> {
+    table.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Tells the oldest connection with no request under way to close (it leaves the table
+/// then); none when every one is busy.
+fn close_oldest_idle(table: &Table) {
+    let mut open = lock(table);
+    if let Some(at) = open
+        .iter()
+        .position(|o| o.busy.load(Ordering::Acquire) == 0)
+        && let Some(o) = open.remove(at)
+    {
+        o.close.notify_one();
+    }
+}
+
+/// The router behind one connection, counting its requests under way: from the call
+/// until the response body (an event stream lasts) is dropped.
+struct Tracking {
+    app: TowerToHyperService<Router>,
+    busy: Arc<AtomicUsize>,
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Tracking {
+    type Response = hyper::Response<Tracked>;
+    type Error = Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let busy = Busy::new(self.busy.clone());
+        let answer = self.app.call(req);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| Tracked { body, _busy: busy }))
+        })
+    }
+}
+
+/// One request under way; counted down when dropped.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn new(count: Arc<AtomicUsize>) -> Busy {
+        count.fetch_add(1, Ordering::AcqRel);
+        Busy(count)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted while it is sent.
+struct Tracked {
+    body: axum::body::Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -560,19 +684,64 @@ mod tests {
             .collect()
     }
 
+    /// Event streams (busy connections) are never closed to admit another: with every
+    /// slot streaming, a new connection waits until one ends.
     #[test]
-    fn connections_beyond_the_bound_wait_for_a_free_slot() {
+    fn connections_beyond_the_bound_wait_while_every_one_is_busy() {
+        use std::io::{Read, Write};
         let hub = StatusHub::new("run-1", "m", "c", 10);
         let server = spawn_with(hub, "127.0.0.1:0", 4, Duration::from_secs(30)).unwrap();
-        let held = stalled(server.addr, 4);
+        let streams: Vec<std::net::TcpStream> = (0..4)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+                s.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut first = [0u8; 12];
+                s.read_exact(&mut first).unwrap();
+                assert_eq!(&first, b"HTTP/1.1 200");
+                s
+            })
+            .collect();
         let e = raw_get(server.addr, "/status", Duration::from_millis(500));
         assert!(
             e.is_err(),
             "a connection beyond the bound was served: {e:?}"
         );
-        drop(held);
+        drop(streams);
         let r = raw_get(server.addr, "/status", Duration::from_secs(5)).unwrap();
         assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    }
+
+    /// Issue 37: with 300 idle connections (over the 256 cap) the first `/status` took
+    /// 8.5 s, served only when the header timeout freed slots. The oldest idle ones now
+    /// make room; an event stream open throughout keeps streaming.
+    #[test]
+    fn status_answers_at_once_past_a_full_table_of_idle_sockets() {
+        use std::io::{Read, Write};
+        let hub = StatusHub::new("run-1", "m", "c", 10);
+        let server = spawn(hub, "127.0.0.1:0").unwrap();
+        let mut events = std::net::TcpStream::connect(server.addr).unwrap();
+        events
+            .write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        events
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut first = [0u8; 12];
+        events.read_exact(&mut first).unwrap();
+        let _held = stalled(server.addr, 300);
+        // Well under the 10 s header timeout: nothing was freed by it.
+        let r = raw_get(server.addr, "/status", Duration::from_secs(3)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        // The stream was not among those closed: it still reads (no EOF).
+        let mut more = [0u8; 1];
+        events.set_nonblocking(true).unwrap();
+        match events.read(&mut more) {
+            Ok(0) => panic!("the event stream was closed"),
+            Ok(_) => {}
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+        }
     }
 
     /// Issue 19: 64 idle or half-sent connections locked `/status` and the dashboard
@@ -582,22 +751,19 @@ mod tests {
         use std::io::Read;
         let hub = StatusHub::new("run-1", "m", "c", 10);
         let timeout = Duration::from_millis(300);
-        let server = spawn_with(hub, "127.0.0.1:0", 6, timeout).unwrap();
-        let mut held = stalled(server.addr, 6);
+        // Room for all of them: none is closed to admit another, only by the timeout.
+        let server = spawn_with(hub, "127.0.0.1:0", 12, timeout).unwrap();
         let t0 = std::time::Instant::now();
-        // Every slot is taken, and each is freed by the timeout, not by the client.
-        let r = raw_get(server.addr, "/status", Duration::from_secs(5)).unwrap();
-        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
-        assert!(
-            t0.elapsed() >= timeout,
-            "served before any stalled client was dropped"
-        );
+        let mut held = stalled(server.addr, 6);
         for s in &mut held {
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let mut buf = Vec::new();
             // The server closed it: read ends (after the response for keep-alive ones).
             s.read_to_end(&mut buf).unwrap();
         }
+        assert!(t0.elapsed() >= timeout, "closed before the header timeout");
+        let r = raw_get(server.addr, "/status", Duration::from_secs(5)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     }
 
     /// Issue 19: with 200 idle sockets open, the dashboard and `/status` still load at once.
