@@ -120,13 +120,36 @@ fn greedy_vllm_rollouts_are_the_local_engines() {
     let local = rollout(&[], &dir.join("local.jsonl"));
     let remote = rollout(&on_vllm(&url), &dir.join("vllm.jsonl"));
     assert_eq!(local.len(), 40);
-    assert_eq!(remote.len(), 40);
+    let same = assert_same(&local, &remote);
+    assert!(
+        same.tool_calls >= 20,
+        "only {} tool calls: the tool path is not exercised",
+        same.tool_calls
+    );
+}
+
+/// What two engines' trajectories had in common.
+struct Same {
+    tool_calls: u64,
+    /// Trajectories with more than one turn (an environment answered).
+    multi_turn: usize,
+}
+
+/// `local` and `remote` are the same trajectories token for token, with their spans, stop
+/// reasons and turns, and their log-probs agree within 1e-4.
+fn assert_same(local: &[Value], remote: &[Value]) -> Same {
+    assert_eq!(local.len(), remote.len());
     let mut worst = 0f64;
-    let mut tool_calls = 0;
-    for (a, b) in local.iter().zip(&remote) {
+    let mut same = Same {
+        tool_calls: 0,
+        multi_turn: 0,
+    };
+    for (a, b) in local.iter().zip(remote) {
         assert_eq!(a["tokens"], b["tokens"], "sample {}", a["sample_id"]);
         assert_eq!(a["spans"], b["spans"]);
         assert_eq!(a["stop"], b["stop"]);
+        assert_eq!(a["turns"], b["turns"]);
+        assert_eq!(a["reward"], b["reward"]);
         let (la, lb) = (
             a["logps"].as_array().unwrap(),
             b["logps"].as_array().unwrap(),
@@ -138,12 +161,146 @@ fn greedy_vllm_rollouts_are_the_local_engines() {
                 worst = worst.max((x - y).abs());
             }
         }
-        tool_calls += a["tool_calls"].as_u64().unwrap();
+        same.tool_calls += a["tool_calls"].as_u64().unwrap();
+        same.multi_turn += usize::from(a["turns"].as_u64().unwrap() > 1);
     }
     assert!(worst < 1e-4, "log-probs differ by {worst}");
+    eprintln!(
+        "{} trajectories the same, log-probs within {worst:.1e}, {} tool calls, {} multi-turn",
+        local.len(),
+        same.tool_calls,
+        same.multi_turn
+    );
+    same
+}
+
+/// The real Python tool (componentize-py, CPython in the sandbox) firing mid-turn: an
+/// adapter taught by `rlhost sft` to answer with a ```python block, greedy, the same
+/// trajectories from the server as from the local engine.
+#[test]
+fn greedy_vllm_rollouts_with_the_python_tool_are_the_local_engines() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-python");
+    let conversations: String = (0..64)
+        .map(|i| {
+            let (a, b) = (100 + 37 * i % 900, 10 + 7 * i % 90);
+            format!(
+                "{}\n",
+                serde_json::json!({"messages": [
+                    {"role": "user", "content": format!("What is {a} * {b}?")},
+                    {"role": "assistant", "content": format!("```python\nprint({a} * {b})\n```")},
+                ]})
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("python.jsonl"), conversations).unwrap();
+    let adapter = dir.join("python-adapter");
+    TestCommand::new(&["sft", "--config"])
+        .arg(repo_root().join("configs/multiply.toml"))
+        .arg("--set")
+        .arg(format!("model.path={:?}", model.display().to_string()))
+        .arg("--set")
+        .arg(format!(
+            "plugins.multiply.path={:?}",
+            plugin("multiply").display().to_string()
+        ))
+        .arg("--data")
+        .arg(dir.join("python.jsonl"))
+        .args(["--epochs", "6", "--batch", "8", "--lr", "2e-3", "--out"])
+        .arg(&adapter)
+        .ok();
+    let code = format!(
+        "plugins.code.path={:?}",
+        plugin("code_trigger").display().to_string()
+    );
+    let rollout = |engine: &[String], out: &Path| {
+        multiply("rollout", &model)
+            .args(["-q", "--prompts", "12", "--adapter"])
+            .arg(&adapter)
+            .args(["--set", "sampling.temperature=0", "--group-size", "1"])
+            .args(["--set", "rollout.trigger=\"code\"", "--set", &code])
+            .args(engine)
+            .arg("--out")
+            .arg(out)
+            .ok();
+        trajectories(out)
+    };
+    let local = rollout(&[], &dir.join("local.jsonl"));
+    let remote = rollout(&on_vllm(&url), &dir.join("vllm.jsonl"));
+    assert_eq!(local.len(), 12);
+    let same = assert_same(&local, &remote);
     assert!(
-        tool_calls >= 20,
-        "only {tool_calls} tool calls: the tool path is not exercised"
+        same.tool_calls >= 6,
+        "only {} Python calls: the tool path is not exercised",
+        same.tool_calls
+    );
+    // The tool's answer is in the trajectories: CPython ran the model's code.
+    assert!(
+        local
+            .iter()
+            .any(|t| t["completion"].as_str().unwrap_or("").contains("<output>")),
+        "{:?}",
+        local[0]["completion"]
+    );
+}
+
+/// An environment plugin (guess_number: after each turn it says higher, lower or ends the
+/// episode) with the calculator firing within turns: multi-turn trajectories, greedy,
+/// the same from the server as from the local engine.
+#[test]
+fn greedy_vllm_rollouts_with_an_environment_are_the_local_engines() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-environment");
+    let adapter = trained_adapter(&model, &dir);
+    // Multiplication prompts whose secret is off from the product, so that the episode
+    // goes on past the first answer.
+    let rows: String = (0..32)
+        .map(|i| {
+            let (a, b) = (120 + 41 * i % 800, 11 + 9 * i % 80);
+            let secret = a * b + if i % 2 == 0 { 5 } else { -5 };
+            format!(
+                "{}\n",
+                serde_json::json!({"prompt": format!("What is {a} * {b}?"), "secret": secret})
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("guess.jsonl"), rows).unwrap();
+    let quoted = |p: &Path| format!("{:?}", p.display().to_string());
+    let config = format!(
+        "[run]\nseed = 3\n[model]\npath = {}\n[lora]\nr = 16\nalpha = 32\n\
+         [data]\npath = {}\neval_size = 16\n[sampling]\ntemperature = 0.0\nmax_new_tokens = 40\n\
+         [rollout]\ngroup_size = 1\nprompts_per_step = 16\ntrigger = \"multiply\"\n\
+         environment = \"guess\"\nenvironment_config = {{ max_guesses = 3 }}\nmax_total_tokens = 400\n\
+         [plugins.multiply]\npath = {}\n[plugins.guess]\npath = {}\n",
+        quoted(&model),
+        quoted(&dir.join("guess.jsonl")),
+        quoted(&plugin("multiply")),
+        quoted(&plugin("guess_number")),
+    );
+    std::fs::write(dir.join("guess.toml"), config).unwrap();
+    let rollout = |engine: &[String], out: &Path| {
+        TestCommand::new(&["rollout", "-q", "--config"])
+            .arg(dir.join("guess.toml"))
+            .args(["--prompts", "16", "--adapter"])
+            .arg(&adapter)
+            .args(engine)
+            .arg("--out")
+            .arg(out)
+            .ok();
+        trajectories(out)
+    };
+    let local = rollout(&[], &dir.join("local.jsonl"));
+    let remote = rollout(&on_vllm(&url), &dir.join("vllm.jsonl"));
+    assert_eq!(local.len(), 16);
+    let same = assert_same(&local, &remote);
+    assert!(
+        same.multi_turn >= 8,
+        "only {} multi-turn trajectories: the environment path is not exercised",
+        same.multi_turn
     );
 }
 
