@@ -443,12 +443,19 @@ struct OwnServer {
 
 impl OwnServer {
     fn start(model: &Path) -> OwnServer {
-        let port = 8900 + (std::process::id() % 97) as u16;
+        OwnServer::start_with(model, 0, &[])
+    }
+
+    /// A server on the `offset`-th port of this test process's own, with `flags` after
+    /// the script's (a later flag wins).
+    fn start_with(model: &Path, offset: u16, flags: &[&str]) -> OwnServer {
+        let port = 8900 + (std::process::id() % 97) as u16 + 100 * offset;
         let out = std::process::Command::new("bash")
             .arg(repo_root().join("scripts/vllm.sh"))
             .args(["start"])
             .arg(model)
             .args([port.to_string(), "multiply".into()])
+            .args(flags)
             .output()
             .unwrap();
         assert!(
@@ -604,4 +611,48 @@ fn a_server_that_stalls_or_dies_loses_nothing() {
         saved.join("adapter_model.safetensors").is_file(),
         "{stderr}"
     );
+}
+
+/// A server that returns raw log-probs (vLLM's default) is refused at start when the run
+/// samples at a temperature other than 1, with the flag to add; greedy runs score at
+/// T = 1, where raw log-probs are the right ones, and go ahead.
+#[test]
+fn a_server_with_raw_log_probs_is_refused_at_a_temperature() {
+    let Some((_url, model, _turn)) = server() else {
+        return;
+    };
+    let raw = OwnServer::start_with(&model, 1, &["--logprobs-mode", "raw_logprobs"]);
+    let dir = temp_dir("vllm-raw");
+    let flags = [
+        "--set".to_string(),
+        "rollout.engine=\"vllm\"".into(),
+        "--set".into(),
+        format!("rollout.vllm.servers=[\"{}\"]", raw.url()),
+        "--set".into(),
+        "rollout.vllm.model=\"multiply\"".into(),
+    ];
+    let err = multiply("rollout", &model)
+        .args(["--prompts", "2", "--set", "sampling.temperature=0.7"])
+        .args(&flags)
+        .arg("--out")
+        .arg(dir.join("refused.jsonl"))
+        .fails();
+    assert!(
+        err.contains("returns raw log-probs") && err.contains("--logprobs-mode processed_logprobs"),
+        "{err}"
+    );
+    assert_eq!(
+        err.trim()
+            .lines()
+            .filter(|l| l.starts_with("error"))
+            .count(),
+        1,
+        "{err}"
+    );
+    multiply("rollout", &model)
+        .args(["-q", "--prompts", "2", "--set", "sampling.temperature=0"])
+        .args(&flags)
+        .arg("--out")
+        .arg(dir.join("greedy.jsonl"))
+        .ok();
 }
