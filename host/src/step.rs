@@ -35,7 +35,8 @@ pub struct StepMetrics {
     pub rollout_logp_diff: Option<f64>,
     #[serde(default)]
     pub rollout_max_ratio: Option<f64>,
-    /// With vLLM servers: seconds spent writing and loading adapter versions so far.
+    /// With vLLM servers: seconds this step's batch spent writing its adapter version and
+    /// loading it on the servers.
     #[serde(default)]
     pub adapter_load_s: Option<f64>,
     /// PPO: the critic's mean per-token clipped value loss.

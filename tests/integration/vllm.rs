@@ -363,6 +363,8 @@ fn a_grpo_run_on_vllm_loads_a_version_per_step_and_unloads_old_ones() {
     for (i, m) in metrics.iter().enumerate() {
         assert_eq!(m["step"], i as u64 + 1);
         assert!(m["loss"].as_f64().unwrap().is_finite());
+        // Each step's batch loaded its own version: a time was taken.
+        assert!(m["adapter_load_s"].as_f64().unwrap() > 0.0, "{m}");
     }
     // Each step sampled with its own version (0..=3), loaded under a new name; with
     // max_staleness 0 two stay resident, so 0 and 1 were unloaded during the run, and the

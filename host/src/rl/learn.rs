@@ -135,6 +135,7 @@ impl<'a> Learner<'a> {
         m.sampled_tokens_per_s = batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9);
         m.tool_wait_s = batch.stats.plugin_wait_s;
         m.tool_wait_share = batch.stats.plugin_wait_s / batch.stats.wall_s.max(1e-9);
+        m.adapter_load_s = (batch.stats.requests > 0).then_some(batch.stats.adapter_load_s);
         m.update_s = t0.elapsed().as_secs_f64();
         Ok((m, groups))
     }

@@ -109,6 +109,9 @@ pub struct BatchStats {
     /// for their answers (plugin calls overlapping them are not counted there).
     pub requests: usize,
     pub server_wait_s: f64,
+    /// With vLLM servers: writing the batch's adapter version and loading it on every
+    /// server (0 when it was loaded already).
+    pub adapter_load_s: f64,
 }
 
 impl BatchStats {
@@ -126,6 +129,7 @@ impl BatchStats {
         self.trajectories += s.trajectories;
         self.requests += s.requests;
         self.server_wait_s += s.server_wait_s;
+        self.adapter_load_s += s.adapter_load_s;
     }
 }
 
@@ -370,7 +374,12 @@ impl<'a> Engine<'a> {
         // With vLLM servers, the adapter version this batch samples with is loaded on
         // them first (and stays loaded while the lease lives).
         let lease = match &self.settings.remote {
-            Some(pool) => Some(Lease::new(pool, self.lm, mode, version)?),
+            Some(pool) => {
+                let t0 = Instant::now();
+                let lease = Lease::new(pool, self.lm, mode, version)?;
+                stats.adapter_load_s += t0.elapsed().as_secs_f64();
+                Some(lease)
+            }
             None => None,
         };
         let opening = self.open_sessions(samples, seed, &tx);

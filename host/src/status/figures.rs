@@ -198,6 +198,12 @@ pub const SOME_STEPS: &[Figure<Option<f64>>] = &[
         get: |m| m.rollout_max_ratio,
     },
     Figure {
+        name: Some("adapter_load_seconds"),
+        tag: Some("time/adapter_load"),
+        help: "vLLM: seconds the step's batch spent writing its adapter version and loading it on the servers",
+        get: |m| m.adapter_load_s,
+    },
+    Figure {
         name: Some("eval_accuracy"),
         tag: Some("eval/accuracy"),
         help: "Held-out accuracy, greedy, at the last evaluation (NaN before one)",
