@@ -54,12 +54,16 @@ def summary(out):
     """The figures of `rlhost rollout`'s summary."""
     m = re.search(r"throughput\s+([\d.]+) trajectories/s, ([\d.]+) sampled tokens/s", out)
     t = re.search(r"time\s+([\d.]+) s", out)
-    r = re.search(r"vLLM\s+(\d+) requests, waiting on the servers ([\d.]+) s", out)
+    r = re.search(r"vLLM\s+(\d+) requests, waiting on the servers ([\d.]+) s.*?loading adapters ([\d.]+) s", out)
+    w = re.search(r"waiting on plugins ([\d.]+) s", out)
     return {
         "traj_s": float(m.group(1)),
         "tok_s": float(m.group(2)),
         "wall_s": float(t.group(1)),
         "requests": int(r.group(1)) if r else None,
+        "server_wait_s": float(r.group(2)) if r else None,
+        "adapter_load_s": float(r.group(3)) if r else None,
+        "plugin_wait_s": float(w.group(1)) if w else None,
     }
 
 
@@ -181,6 +185,11 @@ def run(a, model_dir, url):
     cpu = local["cpu_user_s"] + local["cpu_sys_s"]
     print(f"local engine CPU: user {local['cpu_user_s']:.1f} s, system {local['cpu_sys_s']:.1f} s ({100 * local['cpu_sys_s'] / max(cpu, 1e-9):.1f}% system)")
     print(f"vLLM engine: {remote['requests']} requests for {n} trajectories")
+    if remote["server_wait_s"] is not None:
+        rest = remote["wall_s"] - remote["server_wait_s"] - remote["adapter_load_s"] - (remote["plugin_wait_s"] or 0)
+        print(f"where the vLLM engine's {remote['wall_s']:.1f} s went: waiting on the servers {remote['server_wait_s']:.1f} s, "
+              f"loading adapters {remote['adapter_load_s']:.2f} s, waiting on plugins {remote['plugin_wait_s'] or 0:.2f} s, "
+              f"the rest (scheduling, tokens, scoring) {rest:.2f} s")
     if loads:
         print(f"adapter versions loaded: {len(loads)}, {sum(loads) / len(loads):.2f} s each")
 
