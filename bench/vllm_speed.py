@@ -67,10 +67,11 @@ def summary(out):
     }
 
 
-def post(url, body, timeout=300):
+def post(url, body, timeout=300, raw=False):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+        data = r.read()
+        return data if raw else json.loads(data)
 
 
 def main():
@@ -159,9 +160,16 @@ def run(a, model_dir, url):
     max_new = int(re.search(r"max_new_tokens\s*=\s*(\d+)", cfg).group(1))
     temp = float(re.search(r"temperature\s*=\s*([\d.]+)", cfg).group(1))
 
+    # With an adapter, the straight requests sample with it too (loaded under a name of
+    # their own: rlhost unloads its versions when it exits).
+    model = a.served_name
+    if a.adapter:
+        model = f"bench-straight-{os.getpid()}"
+        post(f"{url}/v1/load_lora_adapter", {"lora_name": model, "lora_path": os.path.abspath(a.adapter)}, raw=True)
+
     def one(i_t):
         i, t = i_t
-        body = {"model": a.served_name, "prompt": t["tokens"][: t["prompt_len"]], "max_tokens": max_new,
+        body = {"model": model, "prompt": t["tokens"][: t["prompt_len"]], "max_tokens": max_new,
                 "temperature": temp, "top_k": -1, "top_p": 1.0, "seed": 1000 + i, "n": 1, "stop": [a.stop],
                 "stop_token_ids": eos, "ignore_eos": True, "logprobs": 0, "return_token_ids": True}
         r = post(f"{url}/v1/completions", body)
@@ -172,6 +180,8 @@ def run(a, model_dir, url):
         tokens = sum(ex.map(one, enumerate(trajs)))
     direct_wall = time.time() - t0
     direct = {"tok_s": tokens / direct_wall, "traj_s": len(trajs) / direct_wall, "wall_s": direct_wall}
+    if a.adapter:
+        post(f"{url}/v1/unload_lora_adapter", {"lora_name": model}, raw=True)
 
     n = a.prompts * a.group
     print(f"# {a.prompts} prompts x {a.group} = {n} trajectories, {model_dir}")
