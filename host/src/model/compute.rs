@@ -6,13 +6,15 @@
 //! Each has a **composed** form built from candle's differentiable ops only (so that it
 //! can run on any device and dtype with a correct backward), computes normalisation,
 //! softmax and log-probs in f32, keeps the LoRA adapter in f32 beside a bf16/f16 base (as
-//! PEFT does), and is what the tests hold the fast paths against. It has been run on the
-//! CPU in f32, bf16 and f16 (checked against transformers and PEFT in each), not yet on a
-//! GPU; an NF4 weight still goes through its CPU op. The hand-tuned CPU kernels
+//! PEFT does), and is what the tests hold the fast paths against. It has been checked
+//! against transformers and PEFT in f32, bf16 and f16 on the CPU and on an H200 (an NF4
+//! weight is dequantized on the GPU for its product). The hand-tuned CPU kernels
 //! (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`, `mlp_op`) are picked only
-//! where they apply: an f32 tensor on the CPU with AVX2 and FMA. Never candle's fused `rms_norm`, `softmax_last_dim` or `rope` where a gradient
-//! is needed: they drop it silently (they are used here only on tensors that carry
-//! none).
+//! where they apply: an f32 tensor on the CPU with AVX2 and FMA. Never candle's fused
+//! `rms_norm`, `softmax_last_dim` or `rope` where a gradient is needed: they drop it
+//! silently (they are used here only on tensors that carry none), nor, in half precision
+//! on a GPU, where they round otherwise than transformers. With `RLHOST_PROFILE=1` each
+//! entry point is timed ([`super::profile`]).
 
 use super::frozen::Weight;
 use super::lora::{Linear, Mode};

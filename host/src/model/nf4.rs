@@ -401,8 +401,8 @@ impl Nf4Linear {
         }
     }
 
-    /// The whole weight in f32 on `device` (not the CPU), dequantized there with candle's
-    /// ops from the codes kept on it: `NF4[code] · absmax[block]`, the high nibble of each
+    /// The whole weight in f32 on `device` (a GPU's path; the tests run it on the CPU),
+    /// dequantized there with candle's ops from the codes kept on it: `NF4[code] · absmax[block]`, the high nibble of each
     /// byte first, as [`code_pairs`] decodes them on the CPU.
     fn dense_on(&self, device: &Device) -> candle_core::Result<Tensor> {
         use candle_core::DType;
