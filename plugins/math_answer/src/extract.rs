@@ -1,0 +1,170 @@
+//! Finding the final answer in a completion: `\boxed{…}` (nested braces) or `\fbox{…}`,
+//! GSM8K's `#### 42`, "the answer is …", or the last number, tried in a configured order.
+
+use serde::Deserialize;
+
+/// Where an answer was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The last `\boxed{…}` or `\fbox{…}`.
+    Boxed,
+    /// The text after the last `####` on its line (GSM8K).
+    Hash,
+    /// What follows the last "the answer is" / "final answer:" on its line.
+    AnswerIs,
+    /// The last number in the text.
+    LastNumber,
+}
+
+/// The first source in `order` that finds an answer in `text`, with what it found.
+pub fn find(text: &str, order: &[Source]) -> Option<(Source, String)> {
+    order.iter().find_map(|&s| {
+        let found = match s {
+            Source::Boxed => boxed(text),
+            Source::Hash => hash(text),
+            Source::AnswerIs => answer_is(text),
+            Source::LastNumber => last_number(text),
+        };
+        found
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .map(|a| (s, a))
+    })
+}
+
+/// The content of the last `\boxed{…}` / `\fbox{…}` (braces balanced), or the token after
+/// `\boxed ` written without braces.
+fn boxed(text: &str) -> Option<String> {
+    let at = ["\\boxed", "\\fbox"]
+        .iter()
+        .filter_map(|m| text.rfind(m).map(|i| (i, m.len())))
+        .max_by_key(|&(i, _)| i)?;
+    let rest = &text[at.0 + at.1..];
+    let trimmed = rest.trim_start();
+    if let Some(inner) = trimmed.strip_prefix('{') {
+        return balanced(inner);
+    }
+    // `\boxed 5`: up to the next space or `$`.
+    let token: String = trimmed
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != '$')
+        .collect();
+    (!token.is_empty() && rest.starts_with(' ')).then_some(token)
+}
+
+/// The text up to the `}` that closes an already opened `{`.
+fn balanced(inner: &str) -> Option<String> {
+    let mut depth = 1usize;
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(inner[..i].to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// GSM8K: the rest of the line after the last `####`.
+fn hash(text: &str) -> Option<String> {
+    let at = text.rfind("####")?;
+    let line = text[at + 4..].lines().next().unwrap_or("");
+    Some(line.trim().trim_end_matches('.').to_string())
+}
+
+/// What follows the last "the answer is" (or "final answer is", "final answer:",
+/// "answer:"), to the end of its sentence or line.
+fn answer_is(text: &str) -> Option<String> {
+    let lower = text.to_lowercase();
+    // Lowercasing can change byte lengths outside ASCII: search the ASCII-folded copy
+    // only where it lines up with the original.
+    if lower.len() != text.len() {
+        return None;
+    }
+    let (at, len) = [
+        "the answer is",
+        "final answer is",
+        "final answer:",
+        "answer:",
+    ]
+    .iter()
+    .filter_map(|m| lower.rfind(m).map(|i| (i, m.len())))
+    .max_by_key(|&(i, _)| i)?;
+    let rest = text[at + len..].trim_start_matches([' ', ':']);
+    let line = rest.lines().next().unwrap_or("");
+    // A sentence ends at ". " or a final "." (not a decimal point).
+    let end = line.find(". ").unwrap_or(line.len());
+    Some(line[..end].trim().trim_end_matches('.').to_string())
+}
+
+/// The last number: an optional sign, digits with optional thousands commas, an optional
+/// decimal part, and an optional `/digits` (a fraction written inline).
+fn last_number(text: &str) -> Option<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut last = None;
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = if i > 0 && chars[i - 1] == '-' { i - 1 } else { i };
+        let mut j = i;
+        while j < chars.len() {
+            let c = chars[j];
+            let digit_follows = chars.get(j + 1).is_some_and(char::is_ascii_digit);
+            if c.is_ascii_digit() || ((c == ',' || c == '.' || c == '/') && digit_follows) {
+                j += 1;
+            } else {
+                break;
+            }
+        }
+        last = Some(chars[start..j].iter().collect::<String>());
+        i = j;
+    }
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Source; 4] = [
+        Source::Boxed,
+        Source::Hash,
+        Source::AnswerIs,
+        Source::LastNumber,
+    ];
+
+    fn first(text: &str) -> Option<String> {
+        find(text, &ALL).map(|(_, a)| a)
+    }
+
+    #[test]
+    fn each_source_finds_its_form() {
+        assert_eq!(first("so $\\boxed{\\frac{1}{2}}$."), Some("\\frac{1}{2}".into()));
+        assert_eq!(first("\\boxed{a} then \\fbox{\\{1,2\\}}"), Some("\\{1,2\\}".into()));
+        assert_eq!(first("thus \\boxed 5 is it"), Some("5".into()));
+        assert_eq!(first("48/2 = 24\n#### 24"), Some("24".into()));
+        assert_eq!(first("So the answer is 3.5. Done"), Some("3.5".into()));
+        assert_eq!(first("Final answer: (1, 2)"), Some("(1, 2)".into()));
+        assert_eq!(first("it costs 1,200 dollars, or -3/4 each"), Some("-3/4".into()));
+        assert_eq!(first("no answer here"), None);
+        // An unclosed box finds nothing there and falls through.
+        assert_eq!(first("\\boxed{12 and 7"), Some("7".into()));
+    }
+
+    #[test]
+    fn the_order_decides() {
+        let text = "The answer is 4.\n#### 5";
+        assert_eq!(find(text, &[Source::AnswerIs, Source::Hash]).unwrap().1, "4");
+        assert_eq!(find(text, &[Source::Hash, Source::AnswerIs]).unwrap().1, "5");
+        assert_eq!(find(text, &[Source::Boxed]), None);
+    }
+}

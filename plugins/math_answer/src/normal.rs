@@ -1,0 +1,165 @@
+//! An answer's text in one canonical spelling: math delimiters, spacing commands,
+//! `\left`/`\right`, `\dfrac`/`\tfrac`, `\text{…}` and units, degree signs, dollar and
+//! percent signs, thousands separators and spaces removed, so that spellings of the same
+//! answer compare equal as strings before any evaluation.
+
+/// Units dropped after a number (`5 cm`, `\text{ dollars}`), singular and plural.
+const UNITS: &[&str] = &[
+    "units", "unit", "cm", "mm", "km", "m", "meters", "meter", "inches", "inch", "feet",
+    "foot", "ft", "miles", "mile", "yards", "yard", "kg", "g", "grams", "gram", "pounds",
+    "pound", "lbs", "dollars", "dollar", "cents", "cent", "degrees", "degree", "hours",
+    "hour", "minutes", "minute", "seconds", "second", "days", "day", "years", "year",
+    "square", "sq", "cubic", "mph", "percent",
+];
+
+/// The canonical spelling of `answer`, and whether it carried a percent sign.
+pub fn normalize(answer: &str) -> (String, bool) {
+    let mut s = answer.trim().to_string();
+    for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
+        if s.len() >= open.len() + close.len() && s.starts_with(open) && s.ends_with(close) {
+            s = s[open.len()..s.len() - close.len()].to_string();
+        }
+    }
+    for (from, to) in [
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("\\:", ""),
+        ("\\ ", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+        ("\\circ", ""),
+        ("°", ""),
+        ("\\$", ""),
+        ("$", ""),
+        ("\\displaystyle", ""),
+    ] {
+        s = s.replace(from, to);
+    }
+    for command in ["\\text", "\\textbf", "\\mathrm", "\\mbox", "\\mathbf"] {
+        s = unwrap_command(&s, command);
+    }
+    let percent = s.contains('%');
+    s = s.replace("\\%", "").replace('%', "");
+    s = drop_unit(s.trim());
+    s.retain(|c| !c.is_whitespace());
+    s = drop_thousands(&s);
+    while s.ends_with('.') {
+        s.pop();
+    }
+    (s, percent)
+}
+
+/// `\command{x}` → `x`, everywhere (nested braces kept whole).
+fn unwrap_command(s: &str, command: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find(command) {
+        let after = &rest[at + command.len()..];
+        // `\textbf` is not `\text` followed by `bf`.
+        if !after.starts_with('{') {
+            out.push_str(&rest[..at + command.len()]);
+            rest = after;
+            continue;
+        }
+        let mut depth = 0usize;
+        let mut end = None;
+        for (i, c) in after.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..at]);
+        out.push_str(&after[1..end]);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `5 cm` → `5`, `12 square units` → `12`: trailing unit words, dropped together when
+/// what precedes them ends in a digit, a brace or a parenthesis.
+fn drop_unit(s: &str) -> String {
+    let trimmed = s.trim_end();
+    let mut cut = trimmed.len();
+    loop {
+        let head = trimmed[..cut].trim_end();
+        let word_start = head
+            .rfind(|c: char| !c.is_ascii_alphabetic())
+            .map_or(0, |i| i + 1);
+        let word = &head[word_start..];
+        if word.is_empty() || !UNITS.contains(&word.to_lowercase().as_str()) {
+            break;
+        }
+        cut = word_start;
+    }
+    let before = trimmed[..cut].trim_end();
+    let ends_in_value = before
+        .chars()
+        .last()
+        .is_some_and(|c| c.is_ascii_digit() || c == '}' || c == ')');
+    if cut < trimmed.len() && ends_in_value {
+        before.to_string()
+    } else {
+        trimmed.to_string()
+    }
+}
+
+/// `1,234,567.5` → `1234567.5` when the whole text is such a number (a comma elsewhere
+/// separates the items of a tuple).
+fn drop_thousands(s: &str) -> String {
+    let body = s.strip_prefix('-').unwrap_or(s);
+    let int = body.split('.').next().unwrap_or("");
+    let groups: Vec<&str> = int.split(',').collect();
+    let grouped = groups.len() > 1
+        && (1..=3).contains(&groups[0].len())
+        && groups[0].chars().all(|c| c.is_ascii_digit())
+        && groups[1..]
+            .iter()
+            .all(|g| g.len() == 3 && g.chars().all(|c| c.is_ascii_digit()))
+        && body[int.len()..]
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == '.');
+    if grouped { s.replace(',', "") } else { s.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> String {
+        normalize(s).0
+    }
+
+    #[test]
+    fn spellings_of_one_answer_meet() {
+        assert_eq!(n("$\\dfrac{1}{2}$"), "\\frac{1}{2}");
+        assert_eq!(n("\\left( 1, 2 \\right)"), "(1,2)");
+        assert_eq!(n("5\\text{ cm}"), "5");
+        assert_eq!(n("12 square units"), "12");
+        assert_eq!(n("90^\\circ"), "90");
+        assert_eq!(n("\\$1,234.50"), "1234.50");
+        assert_eq!(n("(1,234)"), "(1,234)");
+        assert_eq!(n("\\textbf{(B)}"), "(B)");
+        assert_eq!(n("42."), "42");
+        assert_eq!(normalize("50\\%"), ("50".to_string(), true));
+        // A word that is not a unit stays.
+        assert_eq!(n("x = 3 apples"), "x=3apples");
+    }
+}
