@@ -5,7 +5,7 @@
 //!
 //! Config (all optional):
 //! `{"answer_key": "answer", "order": ["boxed", "hash", "answer_is", "last_number"],
-//! "tolerance": 1e-6}`. The gold answer is the sample's `metadata[answer_key]`, a string
+//! "tolerance": 1e-9}` (relative: float noise, not a rounded approximation). The gold answer is the sample's `metadata[answer_key]`, a string
 //! or a number; a gold text with a `\boxed{}` or a `#### N` line (MATH's and GSM8K's
 //! solutions) is reduced to that answer first.
 //!
@@ -38,7 +38,7 @@ impl Default for Config {
                 Source::AnswerIs,
                 Source::LastNumber,
             ],
-            tolerance: 1e-6,
+            tolerance: 1e-9,
         }
     }
 }
@@ -104,7 +104,7 @@ mod tests {
     use super::*;
 
     fn check(completion: &str, gold: &str) -> bool {
-        score(completion, gold, &Config::default().order, 1e-6).0
+        score(completion, gold, &Config::default().order, 1e-9).0
     }
 
     #[test]
@@ -126,8 +126,8 @@ mod tests {
     #[test]
     fn format_says_where_the_answer_came_from() {
         let order = Config::default().order;
-        assert_eq!(score("\\boxed{7}", "7", &order, 1e-6), (true, true));
-        assert_eq!(score("it is 7", "7", &order, 1e-6), (true, false));
-        assert_eq!(score("nothing", "7", &order, 1e-6), (false, false));
+        assert_eq!(score("\\boxed{7}", "7", &order, 1e-9), (true, true));
+        assert_eq!(score("it is 7", "7", &order, 1e-9), (true, false));
+        assert_eq!(score("nothing", "7", &order, 1e-9), (false, false));
     }
 }

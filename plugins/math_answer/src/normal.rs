@@ -51,6 +51,11 @@ pub fn normalize(answer: &str) -> (String, bool) {
     while s.ends_with('.') {
         s.pop();
     }
+    // A lettered choice: `(B)` is `B`.
+    let b = s.as_bytes();
+    if b.len() == 3 && b[0] == b'(' && b[2] == b')' && b[1].is_ascii_alphabetic() {
+        s = (b[1] as char).to_string();
+    }
     (s, percent)
 }
 
@@ -93,8 +98,9 @@ fn unwrap_command(s: &str, command: &str) -> String {
     out
 }
 
-/// `5 cm` → `5`, `12 square units` → `12`: trailing unit words, dropped together when
-/// what precedes them ends in a digit, a brace or a parenthesis.
+/// `5 cm` → `5`, `12 square units` → `12`, `42 apples` → `42`: trailing unit words (and
+/// plain words after a space), dropped together when what precedes them ends in a digit,
+/// a brace or a parenthesis.
 fn drop_unit(s: &str) -> String {
     let trimmed = s.trim_end();
     let mut cut = trimmed.len();
@@ -104,7 +110,10 @@ fn drop_unit(s: &str) -> String {
             .rfind(|c: char| !c.is_ascii_alphabetic())
             .map_or(0, |i| i + 1);
         let word = &head[word_start..];
-        if word.is_empty() || !UNITS.contains(&word.to_lowercase().as_str()) {
+        // A unit, or any plain word after a number ("42 apples"); a LaTeX command's name
+        // (`\pi`) is not a word: it follows a backslash.
+        let plain = head[..word_start].ends_with(' ');
+        if word.is_empty() || !(UNITS.contains(&word.to_lowercase().as_str()) || plain) {
             break;
         }
         cut = word_start;
@@ -156,10 +165,12 @@ mod tests {
         assert_eq!(n("90^\\circ"), "90");
         assert_eq!(n("\\$1,234.50"), "1234.50");
         assert_eq!(n("(1,234)"), "(1,234)");
-        assert_eq!(n("\\textbf{(B)}"), "(B)");
+        assert_eq!(n("\\textbf{(B)}"), "B");
+        assert_eq!(n("(B)"), "B");
         assert_eq!(n("42."), "42");
         assert_eq!(normalize("50\\%"), ("50".to_string(), true));
-        // A word that is not a unit stays.
-        assert_eq!(n("x = 3 apples"), "x=3apples");
+        assert_eq!(n("42 apples"), "42");
+        // A command's name is not a word.
+        assert_eq!(n("3\\pi"), "3\\pi");
     }
 }

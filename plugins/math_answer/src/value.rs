@@ -9,6 +9,13 @@ pub fn same(given: &str, gold: &str, percent: bool, tolerance: f64) -> bool {
     if given == gold {
         return true;
     }
+    // `x=5` against `5`: the value of a variable named on the left.
+    if let Some(rhs) = assigned(given).filter(|_| assigned(gold).is_none()) {
+        return same(rhs, gold, percent, tolerance);
+    }
+    if let Some(rhs) = assigned(gold).filter(|_| assigned(given).is_none()) {
+        return same(given, rhs, percent, tolerance);
+    }
     if let (Some(a), Some(b)) = (items(given), items(gold)) {
         return a.0 == b.0
             && a.1.len() == b.1.len()
@@ -24,6 +31,15 @@ pub fn same(given: &str, gold: &str, percent: bool, tolerance: f64) -> bool {
         }
         _ => false,
     }
+}
+
+/// The right side of `name=value` (one `=`, a name of letters, possibly a LaTeX one such
+/// as `\theta`, on the left).
+fn assigned(s: &str) -> Option<&str> {
+    let (lhs, rhs) = s.split_once('=')?;
+    let name = lhs.strip_prefix('\\').unwrap_or(lhs);
+    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphabetic()) && !rhs.contains('='))
+        .then_some(rhs)
 }
 
 fn close(a: f64, b: f64, tolerance: f64) -> bool {
@@ -214,7 +230,7 @@ mod tests {
 
     #[test]
     fn same_answers_and_different_ones() {
-        let t = 1e-6;
+        let t = 1e-9;
         assert!(same("0.5", "\\frac{1}{2}", false, t));
         assert!(same("5.0", "5", false, t));
         assert!(same("(1,\\frac{1}{2})", "(1,0.5)", false, t));
@@ -225,6 +241,10 @@ mod tests {
         assert!(!same("0.333", "\\frac{1}{3}", false, t));
         assert!(same("\\sqrt{12}", "2\\sqrt{3}", false, t));
         assert!(!same("4", "5", false, t));
-        assert!(same("(B)", "(B)", false, t));
+        assert!(same("B", "B", false, t));
+        assert!(same("x=-12", "-12", false, t));
+        assert!(!same("x=-12", "y=-12", false, t));
+        // An approximation is not the exact answer.
+        assert!(!same("10.5830", "4\\sqrt{7}", false, t));
     }
 }
