@@ -27,4 +27,4 @@ if [ "${RLHOST_SKIP_VLLM:-0}" != 1 ]; then
     export RLHOST_REQUIRE_VLLM=1
 fi
 cargo test --workspace
-(cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task)
+(cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task -p math_answer)

@@ -11,7 +11,6 @@ const NOT_PLUGINS: [&str; 3] = ["hostile", "future_version", "not_a_plugin"];
 #[test]
 fn every_example_plugin_passes_the_conformance_test() {
     let dir = temp_dir("conformance");
-    // The C reward scores numeric answers: it needs samples that have one.
     let samples = dir.join("answers.jsonl");
     std::fs::write(
         &samples,
@@ -44,7 +43,8 @@ fn every_example_plugin_passes_the_conformance_test() {
             "pattern_reward" => {
                 cmd = cmd.args(["--config", r#"{"patterns": {"calc": "<calc>"}}"#]);
             }
-            "c_reward" => cmd = cmd.arg("--sample").arg(&samples),
+            // The C reward and the math checker score answers: samples that have one.
+            "c_reward" | "math_answer" => cmd = cmd.arg("--sample").arg(&samples),
             // The guessing game's samples hold the secret number.
             "guess_number" => cmd = cmd.arg("--sample").arg(&secrets),
             _ => {}

@@ -114,7 +114,11 @@ fn last_number(text: &str) -> Option<String> {
             i += 1;
             continue;
         }
-        let start = if i > 0 && chars[i - 1] == '-' { i - 1 } else { i };
+        let start = if i > 0 && chars[i - 1] == '-' {
+            i - 1
+        } else {
+            i
+        };
         let mut j = i;
         while j < chars.len() {
             let c = chars[j];
@@ -148,13 +152,22 @@ mod tests {
 
     #[test]
     fn each_source_finds_its_form() {
-        assert_eq!(first("so $\\boxed{\\frac{1}{2}}$."), Some("\\frac{1}{2}".into()));
-        assert_eq!(first("\\boxed{a} then \\fbox{\\{1,2\\}}"), Some("\\{1,2\\}".into()));
+        assert_eq!(
+            first("so $\\boxed{\\frac{1}{2}}$."),
+            Some("\\frac{1}{2}".into())
+        );
+        assert_eq!(
+            first("\\boxed{a} then \\fbox{\\{1,2\\}}"),
+            Some("\\{1,2\\}".into())
+        );
         assert_eq!(first("thus \\boxed 5 is it"), Some("5".into()));
         assert_eq!(first("48/2 = 24\n#### 24"), Some("24".into()));
         assert_eq!(first("So the answer is 3.5. Done"), Some("3.5".into()));
         assert_eq!(first("Final answer: (1, 2)"), Some("(1, 2)".into()));
-        assert_eq!(first("it costs 1,200 dollars, or -3/4 each"), Some("-3/4".into()));
+        assert_eq!(
+            first("it costs 1,200 dollars, or -3/4 each"),
+            Some("-3/4".into())
+        );
         assert_eq!(first("no answer here"), None);
         // An unclosed box finds nothing there and falls through.
         assert_eq!(first("\\boxed{12 and 7"), Some("7".into()));
@@ -163,8 +176,14 @@ mod tests {
     #[test]
     fn the_order_decides() {
         let text = "The answer is 4.\n#### 5";
-        assert_eq!(find(text, &[Source::AnswerIs, Source::Hash]).unwrap().1, "4");
-        assert_eq!(find(text, &[Source::Hash, Source::AnswerIs]).unwrap().1, "5");
+        assert_eq!(
+            find(text, &[Source::AnswerIs, Source::Hash]).unwrap().1,
+            "4"
+        );
+        assert_eq!(
+            find(text, &[Source::Hash, Source::AnswerIs]).unwrap().1,
+            "5"
+        );
         assert_eq!(find(text, &[Source::Boxed]), None);
     }
 }

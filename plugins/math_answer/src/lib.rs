@@ -109,11 +109,17 @@ mod tests {
 
     #[test]
     fn gsm8k_and_math_shaped_pairs() {
-        assert!(check("She pays 3 * 8 = 24.\n#### 24", "Natalia sold ... \n#### 24"));
+        assert!(check(
+            "She pays 3 * 8 = 24.\n#### 24",
+            "Natalia sold ... \n#### 24"
+        ));
         assert!(check("The answer is $1,200.", "1200"));
         assert!(check("so $\\boxed{\\dfrac{3}{4}}$", "\\frac34"));
         assert!(check("\\boxed{0.75}", "\\frac{3}{4}"));
-        assert!(check("\\boxed{\\left(2, -\\frac{1}{2}\\right)}", "(2,-0.5)"));
+        assert!(check(
+            "\\boxed{\\left(2, -\\frac{1}{2}\\right)}",
+            "(2,-0.5)"
+        ));
         assert!(check("\\boxed{90^\\circ}", "90"));
         assert!(check("\\boxed{5\\text{ cm}}", "5"));
         assert!(check("\\boxed{25\\%}", "0.25"));

@@ -5,11 +5,11 @@
 
 /// Units dropped after a number (`5 cm`, `\text{ dollars}`), singular and plural.
 const UNITS: &[&str] = &[
-    "units", "unit", "cm", "mm", "km", "m", "meters", "meter", "inches", "inch", "feet",
-    "foot", "ft", "miles", "mile", "yards", "yard", "kg", "g", "grams", "gram", "pounds",
-    "pound", "lbs", "dollars", "dollar", "cents", "cent", "degrees", "degree", "hours",
-    "hour", "minutes", "minute", "seconds", "second", "days", "day", "years", "year",
-    "square", "sq", "cubic", "mph", "percent",
+    "units", "unit", "cm", "mm", "km", "m", "meters", "meter", "inches", "inch", "feet", "foot",
+    "ft", "miles", "mile", "yards", "yard", "kg", "g", "grams", "gram", "pounds", "pound", "lbs",
+    "dollars", "dollar", "cents", "cent", "degrees", "degree", "hours", "hour", "minutes",
+    "minute", "seconds", "second", "days", "day", "years", "year", "square", "sq", "cubic", "mph",
+    "percent",
 ];
 
 /// The canonical spelling of `answer`, and whether it carried a percent sign.
@@ -145,7 +145,11 @@ fn drop_thousands(s: &str) -> String {
         && body[int.len()..]
             .chars()
             .all(|c| c.is_ascii_digit() || c == '.');
-    if grouped { s.replace(',', "") } else { s.to_string() }
+    if grouped {
+        s.replace(',', "")
+    } else {
+        s.to_string()
+    }
 }
 
 #[cfg(test)]

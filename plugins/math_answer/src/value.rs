@@ -73,7 +73,10 @@ fn items(s: &str) -> Option<((char, char), Vec<String>)> {
 
 /// The value of a numeric expression, or `None` when it is not one.
 pub fn eval(s: &str) -> Option<f64> {
-    let mut p = Parser { s: s.as_bytes(), at: 0 };
+    let mut p = Parser {
+        s: s.as_bytes(),
+        at: 0,
+    };
     let v = p.expr()?;
     (p.at == p.s.len() && v.is_finite()).then_some(v)
 }
@@ -200,13 +203,13 @@ impl Parser<'_> {
 
     fn number(&mut self) -> Option<f64> {
         let start = self.at;
-        while self
-            .peek()
-            .is_some_and(|c| c.is_ascii_digit() || c == b'.')
-        {
+        while self.peek().is_some_and(|c| c.is_ascii_digit() || c == b'.') {
             self.at += 1;
         }
-        std::str::from_utf8(&self.s[start..self.at]).ok()?.parse().ok()
+        std::str::from_utf8(&self.s[start..self.at])
+            .ok()?
+            .parse()
+            .ok()
     }
 }
 
@@ -234,7 +237,10 @@ mod tests {
         assert!(same("0.5", "\\frac{1}{2}", false, t));
         assert!(same("5.0", "5", false, t));
         assert!(same("(1,\\frac{1}{2})", "(1,0.5)", false, t));
-        assert!(!same("(1,2)", "[1,2]", false, t), "open and closed intervals differ");
+        assert!(
+            !same("(1,2)", "[1,2]", false, t),
+            "open and closed intervals differ"
+        );
         assert!(!same("(1,2)", "(1,2,3)", false, t));
         assert!(same("0.5", "50", true, t));
         assert!(!same("0.5", "50", false, t));
