@@ -52,6 +52,9 @@ pub fn run(args: SftArgs, quiet: bool) -> Result<()> {
     let keys = RowKeys {
         prompt: &c.data.prompt_key,
         messages: &c.data.messages_key,
+        // Conversations are the data here: no prompt built, no answer wanted.
+        template: None,
+        answer: None,
     };
     let rows = read_file(
         &args.data,

@@ -58,6 +58,15 @@ pub struct DataConfig {
     /// The column holding a chat, a list of `{role, content}`.
     #[serde(default = "messages_key")]
     pub messages_key: String,
+    /// The user message built from each row's columns, e.g. `"{question}\nPut your final
+    /// answer within \\boxed{}."` (only `{name}` of letters, digits and `_` is replaced;
+    /// `{{` and `}}` are literal braces). Replaces `prompt_key`/`messages_key`.
+    #[serde(default)]
+    pub prompt_template: Option<String>,
+    /// The column that holds the answer: copied to each sample's metadata as `answer`,
+    /// where the reward plugins look (GSM8K's and MATH's `answer`/`solution`, ...).
+    #[serde(default)]
+    pub answer_key: Option<String>,
     /// Use only the first N good samples of the source (before the eval split): for quick runs.
     #[serde(default)]
     pub max_samples: Option<usize>,
@@ -108,6 +117,8 @@ impl Default for DataConfig {
             system_prompt: None,
             prompt_key: prompt_key(),
             messages_key: messages_key(),
+            prompt_template: None,
+            answer_key: None,
             max_samples: None,
         }
     }

@@ -92,6 +92,8 @@ impl Dataset {
             keys: RowKeys {
                 prompt: &cfg.prompt_key,
                 messages: &cfg.messages_key,
+                template: cfg.prompt_template.as_deref(),
+                answer: cfg.answer_key.as_deref(),
             },
             on_bad_row: cfg.on_bad_row,
             max_samples: cfg.max_samples,

@@ -32,11 +32,16 @@ use std::path::Path;
 /// The roles a message may have.
 pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
-/// The columns that hold the prompt, by name.
+/// The columns that hold the prompt, by name, and how a row's columns become the prompt
+/// and the reward's answer.
 #[derive(Debug, Clone, Copy)]
 pub struct RowKeys<'a> {
     pub prompt: &'a str,
     pub messages: &'a str,
+    /// `data.prompt_template`: the user message built from the row's columns.
+    pub template: Option<&'a str>,
+    /// `data.answer_key`: the column copied to the metadata's `answer`.
+    pub answer: Option<&'a str>,
 }
 
 /// What reading rows with a [`RowKeys`] and an [`OnBadRow`] policy asks for.
@@ -317,6 +322,30 @@ pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
             keys.prompt
         ));
     };
+    if let Some(key) = keys.answer {
+        match row.get(key) {
+            Some(Value::Null) | None => {
+                return Err(format!(
+                    "has no \"{key}\" (data.answer_key), the column with the answer; its fields: {}",
+                    field_names(&row)
+                ));
+            }
+            Some(answer) => {
+                let answer = answer.clone();
+                row.insert("answer".to_string(), answer);
+            }
+        }
+    }
+    if let Some(template) = keys.template {
+        let content = render(template, &row)?;
+        return Ok(Sample {
+            messages: vec![Message {
+                role: "user".into(),
+                content,
+            }],
+            metadata: Value::Object(row),
+        });
+    }
     // shift_remove keeps the other fields in the order the file has them.
     let messages = match row.shift_remove(keys.messages) {
         Some(Value::Null) | None => None,
@@ -337,16 +366,11 @@ pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
                 return Err(format!("\"{}\" is empty; expected the prompt", keys.prompt));
             }
             Some(Value::Null) | None => {
-                let names: Vec<&str> = row.keys().map(String::as_str).take(8).collect();
                 return Err(format!(
-                    "has neither \"{}\" nor \"{}\" (its fields: {}); set data.messages_key or data.prompt_key if the prompt is in another field",
+                    "has neither \"{}\" nor \"{}\" (its fields: {}); set data.messages_key or data.prompt_key if the prompt is in another field, or data.prompt_template to build it from the row's columns",
                     keys.messages,
                     keys.prompt,
-                    if names.is_empty() {
-                        "none".to_string()
-                    } else {
-                        names.join(", ")
-                    }
+                    field_names(&row)
                 ));
             }
             Some(other) => {
@@ -362,6 +386,67 @@ pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
         messages,
         metadata: Value::Object(row),
     })
+}
+
+/// The first fields of a row, for errors.
+fn field_names(row: &serde_json::Map<String, Value>) -> String {
+    let names: Vec<&str> = row.keys().map(String::as_str).take(8).collect();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// `template` with each `{column}` replaced by the row's value there (text as it is,
+/// numbers and booleans as JSON writes them). Only a name of letters, digits and `_` in
+/// braces is a placeholder, so `\boxed{}` and `{1, 2}` stay as written; `{{` and `}}`
+/// are a literal brace.
+pub fn render(template: &str, row: &serde_json::Map<String, Value>) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(at) = rest.find(['{', '}']) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if tail.starts_with("{{") || tail.starts_with("}}") {
+            out.push_str(&tail[..1]);
+            rest = &tail[2..];
+            continue;
+        }
+        if tail.starts_with('{')
+            && let Some(end) = tail.find('}')
+            && let name = &tail[1..end]
+            && !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            match row.get(name) {
+                Some(Value::String(text)) => out.push_str(text),
+                Some(v @ (Value::Number(_) | Value::Bool(_))) => out.push_str(&v.to_string()),
+                Some(other) => {
+                    return Err(format!(
+                        "data.prompt_template names {{{name}}}, which is {}; expected text or a number",
+                        describe(other)
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "data.prompt_template names {{{name}}}, which the row lacks (its fields: {})",
+                        field_names(row)
+                    ));
+                }
+            }
+            rest = &tail[end + 1..];
+            continue;
+        }
+        out.push_str(&tail[..1]);
+        rest = &tail[1..];
+    }
+    out.push_str(rest);
+    if out.trim().is_empty() {
+        return Err("data.prompt_template gives an empty prompt".into());
+    }
+    Ok(out)
 }
 
 /// A chat: a list of `{role, content}` objects, or JSON text holding one (CSV, parquet).
@@ -467,7 +552,40 @@ mod tests {
     const KEYS: RowKeys = RowKeys {
         prompt: "prompt",
         messages: "messages",
+        template: None,
+        answer: None,
     };
+
+    /// GSM8K- and MATH-shaped rows work as they come: the prompt built from their
+    /// columns by `data.prompt_template`, the answer column copied to `answer`; a missing
+    /// column is an error naming it and the row's fields.
+    #[test]
+    fn a_template_builds_the_prompt_and_answer_key_names_the_answer() {
+        let keys = RowKeys {
+            template: Some("{question}\nPut your final answer within \\boxed{}. {{ok}}"),
+            answer: Some("solution"),
+            ..KEYS
+        };
+        let row = json!({"question": "What is 6 * 7?", "solution": "#### 42", "level": 3});
+        let s = to_sample(row, keys).unwrap();
+        assert_eq!(
+            s.messages[0].content,
+            "What is 6 * 7?\nPut your final answer within \\boxed{}. {ok}"
+        );
+        assert_eq!(s.metadata["answer"], "#### 42");
+        assert_eq!(s.metadata["question"], "What is 6 * 7?");
+        let n = to_sample(json!({"question": 7, "solution": 1}), keys).unwrap();
+        assert!(n.messages[0].content.starts_with("7\n"));
+        let e = to_sample(json!({"problem": "x", "solution": "1"}), keys).unwrap_err();
+        assert!(
+            e.contains("{question}") && e.contains("problem, solution"),
+            "{e}"
+        );
+        let e = to_sample(json!({"question": "x"}), keys).unwrap_err();
+        assert!(e.contains("\"solution\" (data.answer_key)"), "{e}");
+        let e = to_sample(json!({"question": ["x"], "solution": "1"}), keys).unwrap_err();
+        assert!(e.contains("expected text or a number"), "{e}");
+    }
 
     fn options(on_bad_row: OnBadRow) -> ReadOptions<'static> {
         ReadOptions {
