@@ -1,7 +1,7 @@
 //! `rlhost rollout` on the fixture model with the real countdown and calculator plugins,
 //! and its bad-input errors.
 
-use rlhost_tests::{TestCommand, fixture_countdown, temp_dir};
+use rlhost_tests::{TestCommand, fixture_countdown, plugin, repo_root, temp_dir};
 
 /// The repo's fixture config, with the plugins of this build.
 fn command(extra: &[&str]) -> TestCommand {
@@ -102,4 +102,90 @@ fn eval_reports_accuracy_and_tool_use_as_json() {
             "{k}: {report}"
         );
     }
+}
+
+/// The math run on datasets as they come: MATH's layout (`problem`, `solution` with a
+/// `\boxed{}`) and GSM8K's (`question`, `answer` ending in `#### N`), the prompt built by
+/// `data.prompt_template`, the answer column named by `data.answer_key`, scored by the
+/// math_answer reward; a training step runs on it too.
+#[test]
+fn math_datasets_in_their_own_layouts_roll_out_and_train() {
+    let dir = temp_dir("math-run");
+    let math = repo_root().join("configs/fixture-math.toml");
+    let plugin_path = format!(
+        "plugins.math.path={:?}",
+        plugin("math_answer").display().to_string()
+    );
+    let layouts: [(&str, Vec<String>); 2] = [
+        ("math", vec![]),
+        (
+            "gsm8k",
+            vec![
+                "--set".into(),
+                format!(
+                    "data.path={:?}",
+                    repo_root()
+                        .join("configs/data/gsm8k-sample.jsonl")
+                        .display()
+                        .to_string()
+                ),
+                "--set".into(),
+                "data.prompt_template=\"{question}\"".into(),
+                "--set".into(),
+                "data.answer_key=\"answer\"".into(),
+            ],
+        ),
+    ];
+    for (name, extra) in layouts {
+        let out = dir.join(format!("{name}.jsonl"));
+        TestCommand::new(&["rollout", "-q", "--config"])
+            .arg(&math)
+            .args(["--set", &plugin_path, "--prompts", "4"])
+            .args(&extra)
+            .arg("--out")
+            .arg(&out)
+            .ok();
+        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 16, "{name}");
+        for t in &rows {
+            let prompt = t["messages"][0]["content"].as_str().unwrap();
+            match name {
+                "math" => assert!(
+                    prompt.ends_with("Put your final answer within \\boxed{}.")
+                        && !prompt.contains("{problem}"),
+                    "{prompt}"
+                ),
+                _ => assert!(
+                    prompt.contains(" sells ") && prompt.ends_with('?'),
+                    "{prompt}"
+                ),
+            }
+            let answer = t["metadata"]["answer"].as_str().unwrap();
+            assert!(
+                answer.contains("\\boxed{") || answer.contains("#### "),
+                "{answer}"
+            );
+            let rewards = t["rewards"].as_object().unwrap();
+            assert!(
+                rewards.contains_key("correct") && rewards.contains_key("format"),
+                "{rewards:?}"
+            );
+        }
+    }
+    TestCommand::new(&["train", "-q", "--config"])
+        .arg(&math)
+        .args(["--set", &plugin_path, "--out"])
+        .arg(dir.join("run"))
+        .ok();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("run/metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        2
+    );
 }
