@@ -97,6 +97,26 @@ fn trained_adapter(model: &Path, dir: &Path) -> PathBuf {
     out.join("checkpoints/step-000012")
 }
 
+/// `prompts` greedy rollouts of the multiply config with `adapter`, one per prompt, with
+/// `extra` flags (the engine's among them), written to `out` and read back.
+fn greedy(
+    model: &Path,
+    adapter: &Path,
+    prompts: usize,
+    extra: &[String],
+    out: &Path,
+) -> Vec<Value> {
+    multiply("rollout", model)
+        .args(["-q", "--prompts", &prompts.to_string(), "--adapter"])
+        .arg(adapter)
+        .args(["--set", "sampling.temperature=0", "--group-size", "1"])
+        .args(extra)
+        .arg("--out")
+        .arg(out)
+        .ok();
+    trajectories(out)
+}
+
 /// Greedy rollouts with an adapter, the calculator firing mid-turn, are the local
 /// engine's token for token, with their loss masks, and their log-probs agree.
 #[test]
@@ -106,19 +126,14 @@ fn greedy_vllm_rollouts_are_the_local_engines() {
     };
     let dir = temp_dir("vllm-greedy");
     let adapter = trained_adapter(&model, &dir);
-    let rollout = |engine: &[String], out: &Path| {
-        multiply("rollout", &model)
-            .args(["-q", "--prompts", "40", "--adapter"])
-            .arg(&adapter)
-            .args(["--set", "sampling.temperature=0", "--group-size", "1"])
-            .args(engine)
-            .arg("--out")
-            .arg(out)
-            .ok();
-        trajectories(out)
-    };
-    let local = rollout(&[], &dir.join("local.jsonl"));
-    let remote = rollout(&on_vllm(&url), &dir.join("vllm.jsonl"));
+    let local = greedy(&model, &adapter, 40, &[], &dir.join("local.jsonl"));
+    let remote = greedy(
+        &model,
+        &adapter,
+        40,
+        &on_vllm(&url),
+        &dir.join("vllm.jsonl"),
+    );
     assert_eq!(local.len(), 40);
     let same = assert_same(&local, &remote);
     assert!(
@@ -197,15 +212,7 @@ fn greedy_vllm_rollouts_with_the_python_tool_are_the_local_engines() {
         .collect();
     std::fs::write(dir.join("python.jsonl"), conversations).unwrap();
     let adapter = dir.join("python-adapter");
-    TestCommand::new(&["sft", "--config"])
-        .arg(repo_root().join("configs/multiply.toml"))
-        .arg("--set")
-        .arg(format!("model.path={:?}", model.display().to_string()))
-        .arg("--set")
-        .arg(format!(
-            "plugins.multiply.path={:?}",
-            plugin("multiply").display().to_string()
-        ))
+    multiply("sft", &model)
         .arg("--data")
         .arg(dir.join("python.jsonl"))
         .args(["--epochs", "6", "--batch", "8", "--lr", "2e-3", "--out"])
@@ -215,20 +222,15 @@ fn greedy_vllm_rollouts_with_the_python_tool_are_the_local_engines() {
         "plugins.code.path={:?}",
         plugin("code_trigger").display().to_string()
     );
-    let rollout = |engine: &[String], out: &Path| {
-        multiply("rollout", &model)
-            .args(["-q", "--prompts", "12", "--adapter"])
-            .arg(&adapter)
-            .args(["--set", "sampling.temperature=0", "--group-size", "1"])
-            .args(["--set", "rollout.trigger=\"code\"", "--set", &code])
-            .args(engine)
-            .arg("--out")
-            .arg(out)
-            .ok();
-        trajectories(out)
-    };
-    let local = rollout(&[], &dir.join("local.jsonl"));
-    let remote = rollout(&on_vllm(&url), &dir.join("vllm.jsonl"));
+    let python = [
+        "--set".to_string(),
+        "rollout.trigger=\"code\"".into(),
+        "--set".into(),
+        code,
+    ];
+    let on_server = [on_vllm(&url), python.to_vec()].concat();
+    let local = greedy(&model, &adapter, 12, &python, &dir.join("local.jsonl"));
+    let remote = greedy(&model, &adapter, 12, &on_server, &dir.join("vllm.jsonl"));
     assert_eq!(local.len(), 12);
     let same = assert_same(&local, &remote);
     assert!(

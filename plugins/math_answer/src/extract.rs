@@ -43,7 +43,7 @@ fn boxed(text: &str) -> Option<String> {
     let rest = &text[at.0 + at.1..];
     let trimmed = rest.trim_start();
     if let Some(inner) = trimmed.strip_prefix('{') {
-        return balanced(inner);
+        return balanced(inner).map(str::to_string);
     }
     // `\boxed 5`: up to the next space or `$`.
     let token: String = trimmed
@@ -54,7 +54,7 @@ fn boxed(text: &str) -> Option<String> {
 }
 
 /// The text up to the `}` that closes an already opened `{`.
-fn balanced(inner: &str) -> Option<String> {
+pub(crate) fn balanced(inner: &str) -> Option<&str> {
     let mut depth = 1usize;
     for (i, c) in inner.char_indices() {
         match c {
@@ -62,7 +62,7 @@ fn balanced(inner: &str) -> Option<String> {
             '}' => {
                 depth -= 1;
                 if depth == 0 {
-                    return Some(inner[..i].to_string());
+                    return Some(&inner[..i]);
                 }
             }
             _ => {}

@@ -71,28 +71,13 @@ fn unwrap_command(s: &str, command: &str) -> String {
             rest = after;
             continue;
         }
-        let mut depth = 0usize;
-        let mut end = None;
-        for (i, c) in after.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(end) = end else {
+        let Some(inner) = crate::extract::balanced(&after[1..]) else {
             out.push_str(rest);
             return out;
         };
         out.push_str(&rest[..at]);
-        out.push_str(&after[1..end]);
-        rest = &after[end + 1..];
+        out.push_str(inner);
+        rest = &after[inner.len() + 2..];
     }
     out.push_str(rest);
     out
