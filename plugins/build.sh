@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds every plugin into plugins/dist/*.wasm: the Rust ones with cargo (target
-# wasm32-wasip2), the Python code tool with componentize-py, the JavaScript code tool with
-# componentize-qjs, the C reward with clang + wasi-libc and jco (the WASI preview-1 adapter).
+# wasm32-wasip2), the Python code tool and code-tests reward with componentize-py, the
+# JavaScript code tool with componentize-qjs, the C reward with clang + wasi-libc and jco
+# (the WASI preview-1 adapter).
 # Needs: rustup target add wasm32-wasip2; pip install componentize-py==0.25.1;
 #        apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32 nodejs npm
 # (the npm packages, pinned in package-lock.json, are installed here with `npm ci`).
@@ -40,6 +41,12 @@ if stale "$py_out" code_trigger ../wit; then
     exit 1
   fi
   (cd code_trigger && componentize-py -d ../../wit/v0.1.0 -w trigger-plugin componentize app -o "../$py_out.tmp" >/dev/null)
+  mv -f "$py_out.tmp" "$py_out"
+fi
+py_out=dist/code_tests.wasm
+if stale "$py_out" code_tests ../wit; then
+  need componentize-py "pip install componentize-py==0.25.1"
+  (cd code_tests && componentize-py -d ../../wit/v0.1.0 -w reward-plugin componentize app -o "../$py_out.tmp" >/dev/null)
   mv -f "$py_out.tmp" "$py_out"
 fi
 

@@ -2,6 +2,7 @@
 //!
 //! - `plugins`: each example plugin's behaviour through the real host.
 //! - `builtin`: the self-made default model, built small.
+//! - `code_tests`: the code-tests reward scoring hostile solutions case by case.
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
 //! - `conformance`: `rlhost plugin test` on every example plugin, in every language.
@@ -15,6 +16,7 @@
 mod builtin;
 mod cli;
 mod code_task;
+mod code_tests;
 mod conformance;
 mod data;
 mod model_cli;

@@ -498,6 +498,7 @@ fn rewards_combine_weighted_components_and_fall_back_on_faults() {
                         .collect(),
                     default_weight: 0.0,
                     fallback: 0.0,
+                    cases: None,
                 },
                 RewardSpec {
                     plugin: hostile,
@@ -505,6 +506,7 @@ fn rewards_combine_weighted_components_and_fall_back_on_faults() {
                     weights: Default::default(),
                     default_weight: 1.0,
                     fallback: -0.5,
+                    cases: None,
                 },
             ],
             1.0,

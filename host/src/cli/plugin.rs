@@ -489,12 +489,17 @@ async fn call(args: CallArgs) -> Result<()> {
             };
             let mut scorer = plugin.open_reward(&args.config).await?;
             let components = scorer.score(&trajectory).await?;
+            let note = scorer.take_note();
             if !args.json {
                 for c in &components {
                     println!("{}: {}", c.name, c.value);
                 }
+                if let Some(note) = &note {
+                    println!("note: {note}");
+                }
             }
             out.insert("components".into(), serde_json::to_value(components)?);
+            out.insert("note".into(), note.into());
         }
     }
     if args.json {

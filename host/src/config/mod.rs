@@ -351,6 +351,12 @@ pub struct RewardSection {
     /// This plugin's contribution to the total when it faults.
     #[serde(default)]
     pub fallback: f64,
+    /// Score case by case: the sample's metadata key holding a list of cases (e.g.
+    /// `"tests"`). Each case runs in a fresh instance under the plugin's limits, so one
+    /// that loops or exhausts memory fails alone; components are averaged over the cases
+    /// (`all_…` ones take the minimum). Unset: one call scores the whole trajectory.
+    #[serde(default)]
+    pub cases: Option<String>,
 }
 
 fn one() -> f64 {

@@ -122,6 +122,7 @@ impl Opened {
                 weights: r.weights.clone(),
                 default_weight: r.default_weight,
                 fallback: r.fallback,
+                cases: r.cases.clone(),
             });
         }
         let rewards = handle

@@ -325,7 +325,7 @@ impl Inner {
     }
 }
 
-fn truncate_utf8(s: &mut String, max: usize) {
+pub(super) fn truncate_utf8(s: &mut String, max: usize) {
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {

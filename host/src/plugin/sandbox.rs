@@ -159,6 +159,10 @@ pub struct StoreState {
     /// Bytes logged through `host.log` so far; capped like stdout.
     logged: usize,
     max_log_bytes: usize,
+    /// The first line logged at `warn` or above since the session last took it: a reward
+    /// says there why a trajectory lost points (the first failed test), and the host keeps
+    /// it in the trajectory's record.
+    note: Option<String>,
 }
 
 impl StoreState {
@@ -213,6 +217,7 @@ impl StoreState {
             plugin: plugin.to_string(),
             logged: 0,
             max_log_bytes: limits.max_log_bytes,
+            note: None,
         })
     }
 
@@ -249,6 +254,16 @@ impl StoreState {
     }
 }
 
+/// The longest note kept from a plugin's log for a trajectory's record.
+const MAX_NOTE_BYTES: usize = 1024;
+
+impl StoreState {
+    /// The first `warn` or `error` line logged since the last call of this.
+    pub(super) fn take_note(&mut self) -> Option<String> {
+        self.note.take()
+    }
+}
+
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
@@ -265,6 +280,11 @@ impl StoreState {
         // the import either.
         if self.logged >= self.max_log_bytes {
             return;
+        }
+        if level <= tracing::Level::WARN && self.note.is_none() {
+            let mut note = message.to_string();
+            super::plugin::truncate_utf8(&mut note, MAX_NOTE_BYTES);
+            self.note = Some(note);
         }
         self.logged += message.len();
         let plugin = &self.plugin;

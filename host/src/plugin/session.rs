@@ -461,7 +461,31 @@ impl RewardScorer {
     }
 }
 
+impl RewardScorer {
+    /// The first line the plugin logged at `warn` or above since this was last asked (a
+    /// reward's reason for the score it gave), if the instance is still live.
+    pub fn take_note(&mut self) -> Option<String> {
+        self.live
+            .as_mut()
+            .and_then(|l| l.store.data_mut().take_note())
+    }
+}
+
 impl Plugin {
+    /// The fault an error of opening a session stands for: the fault itself when opening
+    /// faulted, else (the plugin does not fit the role's interface) an incompatibility.
+    pub fn open_fault(&self, call: &'static str, e: anyhow::Error) -> Fault {
+        match e.downcast::<Fault>() {
+            Ok(fault) => fault,
+            Err(e) => Fault {
+                plugin: self.name().to_string(),
+                call,
+                kind: FaultKind::Incompatible,
+                message: format!("{e:#}"),
+            },
+        }
+    }
+
     /// Opens a trigger session for one trajectory. `seed` seeds the plugin's randomness.
     pub async fn open_trigger(
         &self,

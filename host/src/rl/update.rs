@@ -805,6 +805,7 @@ mod tests {
             stop: StopReason::EndOfTurn,
             truncated: false,
             faults: vec![],
+            notes: Default::default(),
             rewards: Default::default(),
             reward: 0.0,
         }

@@ -17,7 +17,7 @@
 //! may decode to more than the pattern (`</calc>\n`): the tool sees the text up to the
 //! pattern's end, and its output follows the whole token.
 
-use super::reward::Rewards;
+use super::reward::{Rewards, Scored};
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
 use super::turns::TurnFormat;
 use super::vllm::{Pool, Request, RequestError, Sampled};
@@ -26,9 +26,7 @@ use crate::model::generate::{Sequence, advance, draw, sample_seed};
 use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
-use crate::plugin::{
-    Component, EnvironmentEpisode, Fault, FaultKind, Plugin, StepResult, TriggerSession,
-};
+use crate::plugin::{EnvironmentEpisode, Fault, Plugin, StepResult, TriggerSession};
 use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value as Json};
@@ -161,7 +159,7 @@ enum Event {
         Result<StepResult, Fault>,
         Duration,
     ),
-    Scored(usize, Vec<Result<Vec<Component>, Fault>>, Duration),
+    Scored(usize, Vec<Scored>, Duration),
     /// A vLLM server's answer for a trajectory, from server `usize`.
     Sampled(usize, usize, Result<Sampled, RequestError>),
 }
@@ -450,7 +448,7 @@ impl<'a> Engine<'a> {
                             .plugin
                             .open_trigger(&spec.config, &sample, plugin_seed)
                             .await
-                            .map_err(|e| as_fault(&spec.plugin, "trigger.open", e));
+                            .map_err(|e| spec.plugin.open_fault("trigger.open", e));
                         let _ = tx.send(Event::TriggerOpened(t, r));
                     });
                 }
@@ -461,7 +459,7 @@ impl<'a> Engine<'a> {
                             .plugin
                             .open_environment(&spec.config, &sample, plugin_seed)
                             .await
-                            .map_err(|e| as_fault(&spec.plugin, "environment.open", e));
+                            .map_err(|e| spec.plugin.open_fault("environment.open", e));
                         let _ = tx.send(Event::EpisodeOpened(t, r));
                     });
                 }
@@ -1097,6 +1095,7 @@ impl<'a> Engine<'a> {
             stop,
             truncated: stop.truncated(),
             faults: std::mem::take(&mut l.faults),
+            notes: Default::default(),
             rewards: Default::default(),
             reward: 0.0,
         })
@@ -1222,18 +1221,6 @@ pub fn new_match(text: &str, from: usize, patterns: &[String]) -> Option<usize> 
 
 /// A session that could not be opened, as a fault (opening errors other than the
 /// plugin's own are host-side: an incompatible plugin).
-fn as_fault(plugin: &Plugin, call: &'static str, e: anyhow::Error) -> Fault {
-    match e.downcast::<Fault>() {
-        Ok(fault) => fault,
-        Err(e) => Fault {
-            plugin: plugin.name().to_string(),
-            call,
-            kind: FaultKind::Incompatible,
-            message: format!("{e:#}"),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

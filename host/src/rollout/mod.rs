@@ -17,5 +17,5 @@ pub mod turns;
 pub mod vllm;
 
 pub use engine::{BatchStats, Engine, RolloutLimits, RolloutSettings, ToolSpec};
-pub use reward::{RewardSpec, Rewards};
+pub use reward::{RewardSpec, Rewards, Scored};
 pub use trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};

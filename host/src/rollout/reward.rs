@@ -4,10 +4,18 @@
 //! A reward plugin's fault never stops a run: the plugin's share of the total becomes its
 //! configured `fallback`, the fault is counted by the plugin and recorded on the
 //! trajectory, and training goes on.
+//!
+//! A reward with `cases` (a metadata key, e.g. a code reward's `tests`) is scored case by
+//! case: each case of the sample's list goes to a fresh instance on its own, under the
+//! plugin's time and memory limits, so one case that loops or exhausts memory fails alone
+//! (a fault, counted; the case scores 0) and the others still count. The components are
+//! then each case's mean, and `all_…` components their minimum (see [`aggregate`]).
 
 use super::trajectory::{FaultRecord, Trajectory};
 use crate::plugin::{Component, Fault, Plugin, RewardScorer};
 use anyhow::{Context, Result};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::Mutex;
@@ -23,6 +31,20 @@ pub struct RewardSpec {
     pub default_weight: f64,
     /// The plugin's weighted contribution when it faults.
     pub fallback: f64,
+    /// The metadata key of the cases scored one by one, if any.
+    pub cases: Option<String>,
+}
+
+/// What one reward function made of one trajectory.
+#[derive(Debug)]
+pub struct Scored {
+    /// The components, or the fault that stands for all of them.
+    pub result: Result<Vec<Component>, Fault>,
+    /// Faults of single cases that the other cases outweighed (scored case by case).
+    pub case_faults: Vec<Fault>,
+    /// Why the plugin scored as it did, when it said: the first line it logged at `warn`
+    /// or above (a code reward's first failed test), or a faulted case's fault.
+    pub note: Option<String>,
 }
 
 /// An opened reward function: a few scorer instances so that trajectories finishing
@@ -38,13 +60,171 @@ impl RewardFn {
         self.spec.plugin.name()
     }
 
-    /// Scores one trajectory on one of the instances.
-    pub async fn score(
+    /// Scores one trajectory: case by case when the spec names the cases and the sample
+    /// has them, else on one of the instances.
+    pub async fn score(&self, trajectory: &crate::plugin::Trajectory) -> Scored {
+        if let Some(key) = &self.spec.cases
+            && let Some(cases) = trajectory.metadata.get(key).map(split_cases)
+        {
+            return self.score_cases(trajectory, key, cases).await;
+        }
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.scorers.len();
+        let mut scorer = self.scorers[i].lock().await;
+        let result = scorer.score(trajectory).await;
+        Scored {
+            result,
+            case_faults: Vec::new(),
+            note: scorer.take_note(),
+        }
+    }
+
+    /// Scores each case in a fresh instance that sees only that case under `key` (a
+    /// one-element list) and where it stands under `rlhost_case` (`{"index", "count"}`).
+    /// As many cases run at once as the run keeps scorer instances.
+    async fn score_cases(
         &self,
         trajectory: &crate::plugin::Trajectory,
-    ) -> Result<Vec<Component>, Fault> {
-        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.scorers.len();
-        self.scorers[i].lock().await.score(trajectory).await
+        key: &str,
+        cases: Vec<Value>,
+    ) -> Scored {
+        let count = cases.len();
+        let runs = cases.into_iter().enumerate().map(|(index, case)| {
+            let mut one = trajectory.clone();
+            if let Some(m) = one.metadata.as_object_mut() {
+                m.insert(key.to_string(), Value::Array(vec![case]));
+                m.insert(
+                    "rlhost_case".into(),
+                    json!({"index": index, "count": count}),
+                );
+            }
+            async move {
+                let plugin = &self.spec.plugin;
+                let mut scorer = match plugin.open_reward(&self.spec.config).await {
+                    Ok(scorer) => scorer,
+                    Err(e) => return (Err(plugin.open_fault("reward.open", e)), None),
+                };
+                let result = scorer.score(&one).await;
+                (result, scorer.take_note())
+            }
+        });
+        let results = futures_util::stream::iter(runs)
+            .buffered(self.scorers.len())
+            .collect::<Vec<_>>()
+            .await;
+        aggregate(results)
+    }
+}
+
+/// The cases in a metadata value: a list's items; an object of parallel lists (APPS'
+/// `{"inputs": [...], "outputs": [...], "fn_name": ...}`) as one object per position with
+/// the other fields copied; JSON text holding either, parsed first; anything else (one
+/// test script, lists of unequal length) is a single case, for the plugin to read or
+/// refuse.
+pub fn split_cases(value: &Value) -> Vec<Value> {
+    let parsed;
+    let value = match value {
+        Value::String(text) if text.trim_start().starts_with(['[', '{']) => {
+            match serde_json::from_str::<Value>(text) {
+                Ok(v) => {
+                    parsed = v;
+                    &parsed
+                }
+                Err(_) => value,
+            }
+        }
+        _ => value,
+    };
+    match value {
+        Value::Array(items) => items.clone(),
+        Value::Object(fields) => {
+            let mut lengths = fields.values().filter_map(Value::as_array).map(Vec::len);
+            let Some(n) = lengths.next() else {
+                return vec![value.clone()];
+            };
+            if lengths.any(|m| m != n) {
+                return vec![value.clone()];
+            }
+            (0..n)
+                .map(|i| {
+                    let one = fields.iter().map(|(k, v)| {
+                        let v = match v {
+                            Value::Array(items) => items[i].clone(),
+                            other => other.clone(),
+                        };
+                        (k.clone(), v)
+                    });
+                    Value::Object(one.collect())
+                })
+                .collect()
+        }
+        other => vec![other.clone()],
+    }
+}
+
+/// Per-case results (in case order) as one score. Each component is its mean over the
+/// cases, except a component named `all_…`, which is its minimum: it holds only if it held
+/// for every case (`all_passed`). A case that faulted scores 0 on every component; its
+/// fault is kept. When every case faulted, the first fault stands for the whole score (and
+/// the reward's `fallback` applies). The note is the first case's that has one.
+pub fn aggregate(results: Vec<(Result<Vec<Component>, Fault>, Option<String>)>) -> Scored {
+    let count = results.len();
+    let mut names: Vec<String> = Vec::new();
+    let mut note = None;
+    let mut faults = Vec::new();
+    let mut scored = Vec::new();
+    for (index, (result, case_note)) in results.into_iter().enumerate() {
+        match result {
+            Ok(components) => {
+                for c in &components {
+                    if !names.contains(&c.name) {
+                        names.push(c.name.clone());
+                    }
+                }
+                scored.push(components);
+                if note.is_none() {
+                    note = case_note;
+                }
+            }
+            Err(fault) => {
+                if note.is_none() {
+                    note = Some(format!("case {index}: {} ({})", fault.message, fault.kind));
+                }
+                faults.push(fault);
+            }
+        }
+    }
+    if scored.is_empty() {
+        let mut faults = faults.into_iter();
+        return Scored {
+            result: Err(faults.next().expect("at least one case")),
+            case_faults: faults.collect(),
+            note,
+        };
+    }
+    let value = |components: &Vec<Component>, name: &str| {
+        components
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(0.0, |c| c.value)
+    };
+    let components = names
+        .into_iter()
+        .map(|name| {
+            // Faulted cases score 0: in a mean they count as 0, and they make a minimum 0.
+            let values = scored.iter().map(|c| value(c, &name));
+            let value = if name.starts_with("all_") {
+                let min = values.fold(f64::INFINITY, f64::min);
+                if faults.is_empty() { min } else { min.min(0.0) }
+            } else {
+                values.sum::<f64>() / count as f64
+            };
+            Component { name, value }
+        })
+        .collect();
+    Scored {
+        result: Ok(components),
+        case_faults: faults,
+        note,
     }
 }
 
@@ -89,18 +269,19 @@ impl Rewards {
         }
     }
 
-    /// Writes the components and the weighted total into `trajectory`. `results` holds one
-    /// entry per reward function, in order; `env` is the sum of the environment's step
-    /// rewards, if it gave any.
-    pub fn combine(
-        &self,
-        trajectory: &mut Trajectory,
-        results: Vec<Result<Vec<Component>, Fault>>,
-        env: Option<f64>,
-    ) {
+    /// Writes the components, the weighted total, the faults and the notes into
+    /// `trajectory`. `results` holds one entry per reward function, in order; `env` is
+    /// the sum of the environment's step rewards, if it gave any.
+    pub fn combine(&self, trajectory: &mut Trajectory, results: Vec<Scored>, env: Option<f64>) {
         let mut total = 0.0;
-        for (f, result) in self.fns.iter().zip(results) {
-            match result {
+        for (f, scored) in self.fns.iter().zip(results) {
+            for fault in &scored.case_faults {
+                trajectory.faults.push(FaultRecord::from(fault));
+            }
+            if let Some(note) = scored.note {
+                trajectory.notes.insert(f.name().to_string(), note);
+            }
+            match scored.result {
                 Ok(components) => {
                     for c in components {
                         let w = f
@@ -131,5 +312,88 @@ impl Rewards {
             trajectory.rewards.insert("env".into(), env);
         }
         trajectory.reward = total;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::FaultKind;
+
+    fn c(name: &str, value: f64) -> Component {
+        Component {
+            name: name.into(),
+            value,
+        }
+    }
+
+    fn fault(message: &str) -> Fault {
+        Fault {
+            plugin: "code_tests@0.1.0".into(),
+            call: "reward.score",
+            kind: FaultKind::Timeout,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn cases_come_from_lists_parallel_lists_and_json_text() {
+        assert_eq!(split_cases(&json!(["a", "b"])), [json!("a"), json!("b")]);
+        // APPS: parallel lists, scalar fields copied into each case.
+        let apps = json!({"inputs": [[1, 2], [3]], "outputs": [[3], [3]], "fn_name": "f"});
+        assert_eq!(
+            split_cases(&apps),
+            [
+                json!({"inputs": [1, 2], "outputs": [3], "fn_name": "f"}),
+                json!({"inputs": [3], "outputs": [3], "fn_name": "f"})
+            ]
+        );
+        assert_eq!(split_cases(&json!(apps.to_string())).len(), 2);
+        // One script, an object without lists, unequal lists: one case, as given.
+        let script = json!("def check(candidate):\n    assert candidate(1)");
+        assert_eq!(split_cases(&script), [script.clone()]);
+        let one = json!({"input": "1", "output": "2"});
+        assert_eq!(split_cases(&one), [one.clone()]);
+        let unequal = json!({"input": ["1"], "output": []});
+        assert_eq!(split_cases(&unequal), [unequal.clone()]);
+        assert_eq!(split_cases(&json!("[not json")), [json!("[not json")]);
+        assert!(split_cases(&json!([])).is_empty());
+    }
+
+    #[test]
+    fn cases_average_all_components_take_the_minimum_and_faults_count_zero() {
+        let s = aggregate(vec![
+            (Ok(vec![c("passed", 1.0), c("all_passed", 1.0)]), None),
+            (Err(fault("still running")), None),
+            (
+                Ok(vec![c("passed", 0.0), c("all_passed", 0.0)]),
+                Some("case 2: wrong output".into()),
+            ),
+            (Ok(vec![c("passed", 1.0), c("all_passed", 1.0)]), None),
+        ]);
+        let got = s.result.unwrap();
+        assert_eq!(got, [c("passed", 0.5), c("all_passed", 0.0)]);
+        assert_eq!(s.case_faults.len(), 1);
+        assert_eq!(s.note.as_deref(), Some("case 1: still running (timeout)"));
+
+        // A fault alone makes an `all_` component 0 even where every scored case had 1.
+        let s = aggregate(vec![
+            (Ok(vec![c("all_passed", 1.0)]), None),
+            (Err(fault("x")), None),
+        ]);
+        assert_eq!(s.result.unwrap(), [c("all_passed", 0.0)]);
+        let s = aggregate(vec![
+            (Ok(vec![c("all_passed", 1.0), c("passed", 1.0)]), None);
+            3
+        ]);
+        assert_eq!(s.result.unwrap(), [c("all_passed", 1.0), c("passed", 1.0)]);
+    }
+
+    #[test]
+    fn when_every_case_faults_the_first_fault_stands_for_the_score() {
+        let s = aggregate(vec![(Err(fault("a")), None), (Err(fault("b")), None)]);
+        assert_eq!(s.result.unwrap_err().message, "a");
+        assert_eq!(s.case_faults.len(), 1);
+        assert_eq!(s.case_faults[0].message, "b");
     }
 }

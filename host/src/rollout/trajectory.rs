@@ -132,6 +132,10 @@ pub struct Trajectory {
     pub stop: StopReason,
     pub truncated: bool,
     pub faults: Vec<FaultRecord>,
+    /// What a reward plugin said about its score, by plugin: the first line it logged at
+    /// `warn` or above while scoring (a code reward's first failed test).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub notes: BTreeMap<String, String>,
     /// Reward components by name (weighted sum in `reward`); empty until scored.
     pub rewards: BTreeMap<String, f64>,
     pub reward: f64,

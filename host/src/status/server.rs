@@ -448,6 +448,7 @@ mod tests {
             stop: StopReason::EndOfTurn,
             truncated: false,
             faults: Vec::new(),
+            notes: Default::default(),
             rewards: [("correct".to_string(), 1.0)].into(),
             reward: 1.0,
         }
