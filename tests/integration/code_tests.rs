@@ -175,3 +175,66 @@ fn a_solution_that_faults_every_case_falls_back_and_stdin_cases_are_split() {
         "the second case's fault is kept too"
     );
 }
+
+/// The sample datasets' reference solutions (scripts/make_code_data.py) pass their own
+/// tests in every layout, scored case by case through the sandboxed reward, and a wrong
+/// solution passes none: the layouts are read as the datasets mean them.
+#[test]
+fn the_sample_datasets_reference_solutions_pass_their_tests() {
+    let rt = tokio_runtime();
+    let plugin = rt.block_on(load_with("code_tests", limits()));
+    let rewards = rt
+        .block_on(Rewards::open(vec![spec(&plugin, Some("tests"))], 1.0, 2))
+        .unwrap();
+    let read = |name: &str| -> Vec<serde_json::Value> {
+        let path = rlhost_tests::repo_root().join(format!("configs/data/{name}-sample.jsonl"));
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let mut cases = 0;
+    for (layout, tests_key) in [
+        ("mbpp", "test_list"),
+        ("humaneval", "test"),
+        ("apps", "input_output"),
+    ] {
+        for row in read(layout) {
+            let reference = match layout {
+                "mbpp" => row["code"].as_str().unwrap().to_string(),
+                "humaneval" => format!(
+                    "{}{}",
+                    row["prompt"].as_str().unwrap(),
+                    row["canonical_solution"].as_str().unwrap()
+                ),
+                _ => {
+                    let all: Vec<String> =
+                        serde_json::from_str(row["solutions"].as_str().unwrap()).unwrap();
+                    all[0].clone()
+                }
+            };
+            let mut metadata = row.clone();
+            metadata["tests"] = row[tests_key].clone();
+            for (solution, expected) in
+                [(reference.as_str(), 1.0), ("print(0)\ndef f(): pass", 0.0)]
+            {
+                let sample = Sample {
+                    messages: vec![],
+                    metadata: metadata.clone(),
+                };
+                let completion = format!("```python\n{solution}\n```");
+                let s = rt
+                    .block_on(rewards.fns[0].score(&Trajectory::single_turn(&sample, completion)));
+                assert_eq!(
+                    components(&s),
+                    (expected, expected),
+                    "{layout} {row}: {:?}",
+                    s.note
+                );
+            }
+            cases += rlhost::rollout::reward::split_cases(&metadata["tests"]).len();
+        }
+    }
+    assert!(cases > 150, "{cases}");
+}

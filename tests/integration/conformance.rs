@@ -18,6 +18,13 @@ fn every_example_plugin_passes_the_conformance_test() {
          {\"messages\": [{\"role\": \"user\", \"content\": \"Half of 5?\"}], \"metadata\": {\"answer\": \"2.5\"}}\n",
     )
     .unwrap();
+    let code = dir.join("code.jsonl");
+    std::fs::write(
+        &code,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Write add(a, b).\"}], \"metadata\": {\"tests\": [\"assert add(1, 2) == 3\"]}}\n\
+         {\"messages\": [{\"role\": \"user\", \"content\": \"Add a and b from stdin.\"}], \"metadata\": {\"tests\": {\"inputs\": [\"1 2\\n\"], \"outputs\": [\"3\\n\"]}}}\n",
+    )
+    .unwrap();
     let secrets = dir.join("secrets.jsonl");
     std::fs::write(
         &secrets,
@@ -33,7 +40,13 @@ fn every_example_plugin_passes_the_conformance_test() {
         .filter(|n| !NOT_PLUGINS.contains(&n.as_str()))
         .collect();
     names.sort();
-    for lang in ["code_trigger", "js_trigger", "c_reward", "calculator"] {
+    for lang in [
+        "code_trigger",
+        "code_tests",
+        "js_trigger",
+        "c_reward",
+        "calculator",
+    ] {
         assert!(names.iter().any(|n| n == lang), "{lang} missing: {names:?}");
     }
     for name in &names {
@@ -45,6 +58,8 @@ fn every_example_plugin_passes_the_conformance_test() {
             }
             // The C reward and the math checker score answers: samples that have one.
             "c_reward" | "math_answer" => cmd = cmd.arg("--sample").arg(&samples),
+            // The code reward runs solutions against the samples' tests.
+            "code_tests" => cmd = cmd.arg("--sample").arg(&code),
             // The guessing game's samples hold the secret number.
             "guess_number" => cmd = cmd.arg("--sample").arg(&secrets),
             _ => {}

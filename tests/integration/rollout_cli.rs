@@ -189,3 +189,89 @@ fn math_datasets_in_their_own_layouts_roll_out_and_train() {
         2
     );
 }
+
+/// The code-tests run on datasets as they come: MBPP's layout (`text`, `test_list`),
+/// HumanEval's (`prompt`, `test` with `check`, `entry_point`) and APPS' (`question`,
+/// `input_output` as JSON text), the tests column named by `data.tests_key`, scored case by
+/// case by the code_tests reward, its reason kept in each trajectory's `notes`; a training
+/// step runs on it too.
+#[test]
+fn code_datasets_in_their_own_layouts_roll_out_and_train() {
+    let dir = temp_dir("code-run");
+    let config = repo_root().join("configs/fixture-code-tests.toml");
+    let plugin_path = format!(
+        "plugins.code_tests.path={:?}",
+        plugin("code_tests").display().to_string()
+    );
+    let layout = |file: &str, template: &str, tests: &str| -> Vec<String> {
+        let path = repo_root().join(format!("configs/data/{file}"));
+        [
+            format!("data.path={:?}", path.display().to_string()),
+            format!("data.prompt_template={template:?}"),
+            format!("data.tests_key={tests:?}"),
+        ]
+        .into_iter()
+        .flat_map(|s| ["--set".to_string(), s])
+        .collect()
+    };
+    let layouts = [
+        ("mbpp", vec![]),
+        (
+            "humaneval",
+            layout("humaneval-sample.jsonl", "{prompt}", "test"),
+        ),
+        (
+            "apps",
+            layout("apps-sample.jsonl", "{question}", "input_output"),
+        ),
+    ];
+    for (name, extra) in layouts {
+        let out = dir.join(format!("{name}.jsonl"));
+        TestCommand::new(&["rollout", "-q", "--config"])
+            .arg(&config)
+            .args(["--set", &plugin_path, "--prompts", "4"])
+            .args(&extra)
+            .arg("--out")
+            .arg(&out)
+            .ok();
+        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 16, "{name}");
+        for t in &rows {
+            let tests = &t["metadata"]["tests"];
+            match name {
+                "mbpp" => assert!(tests[0].as_str().unwrap().starts_with("assert "), "{tests}"),
+                "humaneval" => assert!(tests.as_str().unwrap().contains("def check(candidate)")),
+                _ => assert!(
+                    tests["inputs"].is_array(),
+                    "APPS' JSON text is parsed: {tests}"
+                ),
+            }
+            let rewards = t["rewards"].as_object().unwrap();
+            assert!(
+                rewards.contains_key("passed") && rewards.contains_key("all_passed"),
+                "{rewards:?}"
+            );
+            // The untrained fixture model writes no code; the note says so.
+            if rewards["passed"] == 0.0 {
+                let note = t["notes"]["code_tests"].as_str().unwrap();
+                assert!(note.starts_with("case 0: "), "{note}");
+            }
+        }
+    }
+    TestCommand::new(&["train", "-q", "--config"])
+        .arg(&config)
+        .args(["--set", &plugin_path, "--out"])
+        .arg(dir.join("run"))
+        .ok();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("run/metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        2
+    );
+}

@@ -55,6 +55,7 @@ pub fn run(args: SftArgs, quiet: bool) -> Result<()> {
         // Conversations are the data here: no prompt built, no answer wanted.
         template: None,
         answer: None,
+        tests: None,
     };
     let rows = read_file(
         &args.data,

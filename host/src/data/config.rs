@@ -67,6 +67,11 @@ pub struct DataConfig {
     /// where the reward plugins look (GSM8K's and MATH's `answer`/`solution`, ...).
     #[serde(default)]
     pub answer_key: Option<String>,
+    /// The column that holds the tests: copied to each sample's metadata as `tests`, where
+    /// the code-tests reward looks (MBPP's `test_list`, HumanEval's `test`, APPS'
+    /// `input_output`, CodeContests' `public_tests`). JSON text is parsed first.
+    #[serde(default)]
+    pub tests_key: Option<String>,
     /// Use only the first N good samples of the source (before the eval split): for quick runs.
     #[serde(default)]
     pub max_samples: Option<usize>,
@@ -119,6 +124,7 @@ impl Default for DataConfig {
             messages_key: messages_key(),
             prompt_template: None,
             answer_key: None,
+            tests_key: None,
             max_samples: None,
         }
     }

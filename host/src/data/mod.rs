@@ -94,6 +94,7 @@ impl Dataset {
                 messages: &cfg.messages_key,
                 template: cfg.prompt_template.as_deref(),
                 answer: cfg.answer_key.as_deref(),
+                tests: cfg.tests_key.as_deref(),
             },
             on_bad_row: cfg.on_bad_row,
             max_samples: cfg.max_samples,

@@ -42,6 +42,8 @@ pub struct RowKeys<'a> {
     pub template: Option<&'a str>,
     /// `data.answer_key`: the column copied to the metadata's `answer`.
     pub answer: Option<&'a str>,
+    /// `data.tests_key`: the column copied to the metadata's `tests` (JSON text parsed).
+    pub tests: Option<&'a str>,
 }
 
 /// What reading rows with a [`RowKeys`] and an [`OnBadRow`] policy asks for.
@@ -323,18 +325,18 @@ pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
         ));
     };
     if let Some(key) = keys.answer {
-        match row.get(key) {
-            Some(Value::Null) | None => {
-                return Err(format!(
-                    "has no \"{key}\" (data.answer_key), the column with the answer; its fields: {}",
-                    field_names(&row)
-                ));
+        let answer = column(&row, key, "data.answer_key", "the answer")?;
+        row.insert("answer".to_string(), answer);
+    }
+    if let Some(key) = keys.tests {
+        let tests = match column(&row, key, "data.tests_key", "the tests")? {
+            // APPS keeps its cases as JSON text, and a CSV cell can only be text.
+            Value::String(text) if text.trim_start().starts_with(['[', '{']) => {
+                serde_json::from_str(&text).unwrap_or(Value::String(text))
             }
-            Some(answer) => {
-                let answer = answer.clone();
-                row.insert("answer".to_string(), answer);
-            }
-        }
+            tests => tests,
+        };
+        row.insert("tests".to_string(), tests);
     }
     if let Some(template) = keys.template {
         let content = render(template, &row)?;
@@ -389,6 +391,22 @@ pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
 }
 
 /// The first fields of a row, for errors.
+/// The value of the column `key` that `setting` names, which must be there and not null.
+fn column(
+    row: &serde_json::Map<String, Value>,
+    key: &str,
+    setting: &str,
+    what: &str,
+) -> Result<Value, String> {
+    match row.get(key) {
+        Some(Value::Null) | None => Err(format!(
+            "has no \"{key}\" ({setting}), the column with {what}; its fields: {}",
+            field_names(row)
+        )),
+        Some(value) => Ok(value.clone()),
+    }
+}
+
 fn field_names(row: &serde_json::Map<String, Value>) -> String {
     let names: Vec<&str> = row.keys().map(String::as_str).take(8).collect();
     if names.is_empty() {
@@ -554,6 +572,7 @@ mod tests {
         messages: "messages",
         template: None,
         answer: None,
+        tests: None,
     };
 
     /// GSM8K- and MATH-shaped rows work as they come: the prompt built from their
@@ -585,6 +604,45 @@ mod tests {
         assert!(e.contains("\"solution\" (data.answer_key)"), "{e}");
         let e = to_sample(json!({"question": ["x"], "solution": "1"}), keys).unwrap_err();
         assert!(e.contains("expected text or a number"), "{e}");
+    }
+
+    /// MBPP-, HumanEval- and APPS-shaped rows: `data.tests_key` copies the tests column to
+    /// `tests`, parsing APPS' JSON text; code that merely starts like text stays text.
+    #[test]
+    fn tests_key_copies_the_tests_and_parses_json_text() {
+        let keys = RowKeys {
+            tests: Some("input_output"),
+            ..KEYS
+        };
+        let apps = json!({"prompt": "Add.", "input_output": "{\"inputs\": [\"1 2\\n\"], \"outputs\": [\"3\\n\"]}"});
+        let s = to_sample(apps, keys).unwrap();
+        assert_eq!(
+            s.metadata["tests"],
+            json!({"inputs": ["1 2\n"], "outputs": ["3\n"]})
+        );
+        assert!(
+            s.metadata["input_output"].is_string(),
+            "the column stays as it was"
+        );
+        let keys = RowKeys {
+            tests: Some("test_list"),
+            ..KEYS
+        };
+        let mbpp = json!({"prompt": "Add.", "test_list": ["assert add(1, 2) == 3"]});
+        assert_eq!(
+            to_sample(mbpp, keys).unwrap().metadata["tests"],
+            json!(["assert add(1, 2) == 3"])
+        );
+        let odd = json!({"prompt": "p", "test_list": "[x for x in y]"});
+        assert_eq!(
+            to_sample(odd, keys).unwrap().metadata["tests"],
+            "[x for x in y]"
+        );
+        let e = to_sample(json!({"prompt": "p", "test": "x"}), keys).unwrap_err();
+        assert!(
+            e.contains("\"test_list\" (data.tests_key)") && e.contains("prompt, test"),
+            "{e}"
+        );
     }
 
     fn options(on_bad_row: OnBadRow) -> ReadOptions<'static> {
