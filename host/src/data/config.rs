@@ -22,7 +22,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// A `.jsonl`, `.json` (an array of rows), `.csv` or `.parquet` file, relative to the
+    /// A `.jsonl`, `.json` (an array of rows), `.csv`, `.parquet` or `.arrow` file (or a
+    /// folder `datasets`' `save_to_disk` wrote), relative to the
     /// config file's folder.
     #[serde(default)]
     pub path: Option<PathBuf>,
@@ -94,6 +95,9 @@ pub enum Format {
     Csv,
     /// Apache Parquet (`.parquet`), as pandas, pyarrow, polars or `datasets` write it.
     Parquet,
+    /// Apache Arrow IPC, stream or file (`.arrow`, `.feather`, `.ipc`): `datasets`' cache
+    /// files, a folder `save_to_disk` wrote (with its `state.json`), Feather v2.
+    Arrow,
 }
 
 /// What to do with a row that does not make a sample.
@@ -138,7 +142,7 @@ impl DataConfig {
                 bail!("data.path and data.plugin are both set: keep one source of samples")
             }
             (None, None) => bail!(
-                "data has no source: set data.path to a .jsonl/.json/.csv/.parquet file, or data.plugin to a dataset plugin"
+                "data has no source: set data.path to a .jsonl/.json/.csv/.parquet/.arrow file, or data.plugin to a dataset plugin"
             ),
             _ => {}
         }
@@ -199,6 +203,10 @@ impl Format {
         if let Some(format) = overridden {
             return Ok(format);
         }
+        // A folder `datasets`' `save_to_disk` wrote: its shards are Arrow IPC streams.
+        if path.is_dir() && path.join("state.json").is_file() {
+            return Ok(Format::Arrow);
+        }
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
@@ -208,8 +216,9 @@ impl Format {
             Some("json") => Format::Json,
             Some("csv") => Format::Csv,
             Some("parquet" | "pq") => Format::Parquet,
+            Some("arrow" | "arrows" | "feather" | "ipc") => Format::Arrow,
             _ => bail!(
-                "cannot tell the format of {} from its extension: set data.format to jsonl, json, csv or parquet",
+                "cannot tell the format of {} from its extension: set data.format to jsonl, json, csv, parquet or arrow",
                 path.display()
             ),
         })
@@ -223,6 +232,7 @@ impl fmt::Display for Format {
             Format::Json => "json",
             Format::Csv => "csv",
             Format::Parquet => "parquet",
+            Format::Arrow => "arrow",
         })
     }
 }

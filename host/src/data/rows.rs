@@ -17,6 +17,10 @@
 //!   dates and decimals as strings, raw bytes as base64); `messages` may be a
 //!   `list<struct<role, content>>`, as pyarrow writes a list of dicts, or JSON text.
 //!   Errors name the row (0-based, as `df.iloc[i]`).
+//! - Arrow IPC: the stream format (`datasets`' cache files and `save_to_disk` shards, read
+//!   in `state.json`'s order when given the folder) or the file format (Feather v2, lz4 or
+//!   zstd compressed or not); columns become JSON values as for parquet. Errors name the
+//!   row (0-based, counted across shards).
 //!
 //! A bad row is an error naming the file, the row, the field and the fix; with
 //! `on_bad_row = "skip"` it is counted instead, and one warning shows the first error.
@@ -75,6 +79,7 @@ pub fn read_file(path: &Path, format: Format, options: &ReadOptions) -> Result<L
         Format::Json => read_json(path, &mut rows)?,
         Format::Csv => read_csv(path, &mut rows)?,
         Format::Parquet => read_parquet(path, &mut rows)?,
+        Format::Arrow => read_arrow(path, &mut rows)?,
     }
     rows.finish()
 }
@@ -312,6 +317,83 @@ fn read_parquet(path: &Path, rows: &mut Rows) -> Result<()> {
         rows.push(At::Row(i as u64), Ok(row.to_json_value()))?;
     }
     Ok(())
+}
+
+fn read_arrow(path: &Path, rows: &mut Rows) -> Result<()> {
+    use arrow_ipc::reader::{FileReader, StreamReader};
+    use std::io::{Read, Seek};
+    let mut i = 0u64;
+    for shard in arrow_shards(path)? {
+        let cannot = || format!("cannot read {} as Arrow IPC", shard.display());
+        let mut file = open(&shard)?;
+        // The file format starts with `ARROW1`; the stream format with a message.
+        let mut magic = [0u8; 6];
+        let is_file = file.read_exact(&mut magic).is_ok() && &magic == b"ARROW1";
+        file.rewind().with_context(cannot)?;
+        let batches: Box<dyn Iterator<Item = _>> = if is_file {
+            Box::new(FileReader::try_new(BufReader::new(file), None).with_context(cannot)?)
+        } else {
+            Box::new(StreamReader::try_new(BufReader::new(file), None).with_context(cannot)?)
+        };
+        for batch in batches {
+            let batch =
+                batch.with_context(|| format!("cannot read {}: row {i}", shard.display()))?;
+            for row in json_rows(&batch)
+                .with_context(|| format!("cannot read {}: row {i}", shard.display()))?
+            {
+                if rows.full() {
+                    return Ok(());
+                }
+                rows.push(At::Row(i), Ok(row))?;
+                i += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The Arrow files of `path`: itself, or the shards of a `save_to_disk` folder in the
+/// order its `state.json` lists them.
+fn arrow_shards(path: &Path) -> Result<Vec<std::path::PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let state = path.join("state.json");
+    let text = std::fs::read_to_string(&state)
+        .with_context(|| format!("cannot read {}", state.display()))?;
+    let parsed: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", state.display()))?;
+    let files = parsed["_data_files"].as_array().with_context(|| {
+        format!(
+            "{}: no `_data_files` list, as save_to_disk writes",
+            state.display()
+        )
+    })?;
+    files
+        .iter()
+        .map(|f| match f["filename"].as_str() {
+            Some(name) if !name.contains(['/', '\\']) => Ok(path.join(name)),
+            _ => bail!(
+                "{}: `_data_files` holds {f}, expected {{\"filename\": NAME}}",
+                state.display()
+            ),
+        })
+        .collect()
+}
+
+/// A record batch's rows as JSON objects (nulls kept as `null`, so a missing `messages`
+/// reads as absent, as in parquet).
+fn json_rows(batch: &arrow_array::RecordBatch) -> Result<Vec<Value>> {
+    let mut writer = arrow_json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, arrow_json::writer::JsonArray>(Vec::new());
+    writer.write(batch)?;
+    writer.finish()?;
+    let bytes = writer.into_inner();
+    if bytes.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(serde_json::from_slice(&bytes)?)
 }
 
 /// One row as a sample, or what is wrong with it (without its location).
@@ -668,6 +750,83 @@ mod tests {
             role: "user".into(),
             content: content.into(),
         }
+    }
+
+    fn arrow_fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/data")
+            .join(name)
+    }
+
+    /// Arrow IPC as pyarrow writes it (scripts/make_arrow_fixtures.py): Feather v2 (lz4),
+    /// the file format with zstd, `messages` as list<struct<role, content>>, nulls kept.
+    #[test]
+    fn arrow_files_from_pyarrow_in_every_compression() {
+        for name in ["chat.feather", "chat_zstd.arrow"] {
+            let path = arrow_fixture(name);
+            assert_eq!(Format::of(&path, None).unwrap(), Format::Arrow);
+            let l = read(&path, Format::Arrow).unwrap();
+            assert_eq!(l.samples.len(), 3, "{name}");
+            let a = &l.samples[0];
+            assert_eq!(
+                a.messages,
+                [
+                    Message {
+                        role: "system".into(),
+                        content: "Be brief.".into()
+                    },
+                    user("2+2?")
+                ]
+            );
+            assert_eq!(a.metadata, json!({"answer": "4", "level": 1}));
+            assert_eq!(l.samples[2].metadata, json!({"answer": null, "level": 3}));
+        }
+    }
+
+    /// `datasets`' `save_to_disk` folder: its shards (Arrow IPC streams) in `state.json`'s
+    /// order, rows counted across them; MBPP's `test_list` arrives as a list for
+    /// `data.tests_key`.
+    #[test]
+    fn a_save_to_disk_folder_reads_its_shards_in_order() {
+        let path = arrow_fixture("mbpp_saved");
+        assert_eq!(Format::of(&path, None).unwrap(), Format::Arrow);
+        let keys = RowKeys {
+            template: Some("{text}"),
+            tests: Some("test_list"),
+            ..KEYS
+        };
+        let options = ReadOptions {
+            keys,
+            ..options(OnBadRow::Error)
+        };
+        let l = read_file(&path, Format::Arrow, &options).unwrap();
+        let ids: Vec<i64> = l
+            .samples
+            .iter()
+            .map(|s| s.metadata["task_id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(ids, [11, 12, 13, 14, 15, 16]);
+        let tests = l.samples[0].metadata["tests"].as_array().unwrap();
+        assert!(tests.len() == 3 && tests[0].as_str().unwrap().starts_with("assert sum_digits("));
+        assert_eq!(l.origins.locate(4), format!("{}: row 4", path.display()));
+    }
+
+    /// A stream in two batches with a null prompt in row 2: the error names the row, as
+    /// counted across batches; `skip` counts it.
+    #[test]
+    fn an_arrow_streams_bad_row_is_named_by_its_row() {
+        let path = arrow_fixture("prompts.arrows");
+        let e = read(&path, Format::Arrow).unwrap_err().to_string();
+        assert!(e.contains("prompts.arrows: row 2: "), "{e}");
+        let l = read_file(&path, Format::Arrow, &options(OnBadRow::Skip)).unwrap();
+        assert_eq!((l.samples.len(), l.skipped), (3, 1));
+        let dir = test_dir("arrow-bad");
+        let junk = write(&dir, "junk.arrow", "not arrow at all");
+        let e = format!("{:#}", read(&junk, Format::Arrow).unwrap_err());
+        assert!(
+            e.contains("cannot read") && e.contains("junk.arrow as Arrow IPC"),
+            "{e}"
+        );
     }
 
     #[test]
