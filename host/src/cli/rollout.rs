@@ -182,6 +182,9 @@ pub fn view(t: &Trajectory, color: bool) -> String {
             f.plugin, f.call, f.kind, f.message
         ));
     }
+    for (plugin, note) in &t.notes {
+        s.push_str(&format!("  note: {plugin}: {note}\n"));
+    }
     s
 }
 

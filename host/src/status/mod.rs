@@ -119,6 +119,9 @@ pub struct RolloutView {
     pub prompt: String,
     pub spans: Vec<ViewSpan>,
     pub faults: Vec<crate::rollout::FaultRecord>,
+    /// What each reward plugin said about its score (a code reward's first failed test).
+    #[serde(default)]
+    pub notes: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -163,6 +166,7 @@ impl RolloutView {
                 })
                 .collect(),
             faults: t.faults.clone(),
+            notes: t.notes.clone(),
         }
     }
 }

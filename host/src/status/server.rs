@@ -448,7 +448,7 @@ mod tests {
             stop: StopReason::EndOfTurn,
             truncated: false,
             faults: Vec::new(),
-            notes: Default::default(),
+            notes: [("code_tests".to_string(), "case 1: wrong output".to_string())].into(),
             rewards: [("correct".to_string(), 1.0)].into(),
             reward: 1.0,
         }
@@ -613,6 +613,7 @@ mod tests {
         assert_eq!(t[1]["spans"][1]["kind"], "tool");
         assert_eq!(t[1]["spans"][1]["text"], "<result>6</result>");
         assert_eq!(t[1]["rewards"]["correct"], 1.0);
+        assert_eq!(t[1]["notes"]["code_tests"], "case 1: wrong output");
         assert_eq!(t[1]["stop"], "end_of_turn");
         let v: serde_json::Value =
             serde_json::from_str(&get(&hub, "/rollouts/latest").await.2).unwrap();

@@ -533,6 +533,13 @@
       }
       card.append(ul);
     }
+    // What the rewards said about their scores, e.g. the first failed test.
+    const notes = t.notes && typeof t.notes === "object" ? Object.entries(t.notes) : [];
+    if (notes.length) {
+      const ul = el("ul", "card-notes");
+      for (const [plugin, note] of notes) ul.append(el("li", null, `${plugin}: ${note}`));
+      card.append(ul);
+    }
     return card;
   }
 
