@@ -161,12 +161,15 @@ pub fn split_cases(value: &Value) -> Vec<Value> {
     }
 }
 
+/// One case's components (or its fault) and the note its instance logged.
+pub type CaseResult = (Result<Vec<Component>, Fault>, Option<String>);
+
 /// Per-case results (in case order) as one score. Each component is its mean over the
 /// cases, except a component named `all_…`, which is its minimum: it holds only if it held
 /// for every case (`all_passed`). A case that faulted scores 0 on every component; its
 /// fault is kept. When every case faulted, the first fault stands for the whole score (and
 /// the reward's `fallback` applies). The note is the first case's that has one.
-pub fn aggregate(results: Vec<(Result<Vec<Component>, Fault>, Option<String>)>) -> Scored {
+pub fn aggregate(results: Vec<CaseResult>) -> Scored {
     let count = results.len();
     let mut names: Vec<String> = Vec::new();
     let mut note = None;
@@ -351,11 +354,11 @@ mod tests {
         assert_eq!(split_cases(&json!(apps.to_string())).len(), 2);
         // One script, an object without lists, unequal lists: one case, as given.
         let script = json!("def check(candidate):\n    assert candidate(1)");
-        assert_eq!(split_cases(&script), [script.clone()]);
+        assert_eq!(split_cases(&script), std::slice::from_ref(&script));
         let one = json!({"input": "1", "output": "2"});
-        assert_eq!(split_cases(&one), [one.clone()]);
+        assert_eq!(split_cases(&one), std::slice::from_ref(&one));
         let unequal = json!({"input": ["1"], "output": []});
-        assert_eq!(split_cases(&unequal), [unequal.clone()]);
+        assert_eq!(split_cases(&unequal), std::slice::from_ref(&unequal));
         assert_eq!(split_cases(&json!("[not json")), [json!("[not json")]);
         assert!(split_cases(&json!([])).is_empty());
     }
