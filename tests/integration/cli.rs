@@ -216,3 +216,63 @@ fn user_mistakes_are_errors_not_panics() {
         "{stderr}"
     );
 }
+
+/// `rlhost config reference` lists every key with its type, default and range (generated
+/// from the config types; the book's copy is checked against it in the host's tests), and
+/// `rlhost config show` prints the config a run would use: the file with `--set` applied
+/// and every default filled in, which reads back as the same config.
+#[test]
+fn config_reference_and_show() {
+    let reference = TestCommand::new(&["config", "reference"]).ok().stdout;
+    for needle in [
+        "[train]",
+        "train.lr  (number; default 1e-5)",
+        "allowed: a finite number > 0",
+        "[[rewards]]",
+        "rewards[].cases",
+        "[plugins.NAME]",
+    ] {
+        assert!(reference.contains(needle), "{needle} not in:\n{reference}");
+    }
+    let markdown = TestCommand::new(&["config", "reference", "--markdown"])
+        .ok()
+        .stdout;
+    assert!(
+        markdown.contains("| `train.keep_last` | integer | `3` |"),
+        "{markdown}"
+    );
+
+    let config = rlhost_tests::repo_root().join("configs/fixture-code-tests.toml");
+    let shown = TestCommand::new(&["config", "show", "--config"])
+        .arg(&config)
+        .args(["--set", "train.steps=7"])
+        .ok()
+        .stdout;
+    let parsed: toml::Table = toml::from_str(&shown).unwrap();
+    assert_eq!(parsed["train"]["steps"].as_integer(), Some(7));
+    assert_eq!(
+        parsed["train"]["keep_last"].as_integer(),
+        Some(3),
+        "defaults filled in"
+    );
+    assert_eq!(parsed["rewards"][0]["cases"].as_str(), Some("tests"));
+    let dir = rlhost_tests::temp_dir("config-show");
+    let copy = dir.join("shown.toml");
+    std::fs::write(&copy, &shown).unwrap();
+    let again = TestCommand::new(&["config", "show", "--config"])
+        .arg(&copy)
+        .ok()
+        .stdout;
+    let body = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(body(&again), body(&shown));
+    let e = TestCommand::new(&["config", "show", "--config"])
+        .arg(&config)
+        .args(["--set", "train.stepz=3"])
+        .fails();
+    assert!(e.contains("unknown field `stepz`"), "{e}");
+}

@@ -2,6 +2,7 @@
 //! to one function per command. `main` prints one error chain and returns an exit code;
 //! user mistakes never panic.
 
+mod config;
 mod export;
 mod generate;
 mod interrupt;
@@ -48,6 +49,9 @@ enum Command {
     Eval(rollout::EvalArgs),
     /// Print the status of a running job (its --status-addr URL).
     Status(status::StatusArgs),
+    /// The run config's keys (`config reference`) and a resolved config (`config show`).
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
 }
 
 /// Runs the CLI with the process's arguments.
@@ -91,6 +95,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sft(args) => sft::run(args, cli.quiet),
         Command::Eval(args) => rollout::eval(args, runtime.handle(), cli.quiet),
         Command::Status(args) => status::run(args),
+        Command::Config(command) => config::run(command, runtime.handle()),
     }
 }
 

@@ -28,6 +28,7 @@
 
 pub mod builtin;
 mod ranges;
+pub mod reference;
 pub mod setup;
 mod train;
 
@@ -41,7 +42,7 @@ use std::path::{Path, PathBuf};
 pub use train::TrainSection;
 
 /// The whole file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
     #[serde(default)]
@@ -63,23 +64,25 @@ pub struct RunConfig {
     pub train: TrainSection,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunSection {
     /// Seeds sampling, data order, LoRA initialisation and plugins.
     pub seed: u64,
     /// Where outputs go (relative to the config file's folder); default
     /// `runs/<config file name>`.
+    #[schemars(example = &"runs/first-try")]
     pub out_dir: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     /// A Hugging Face model directory.
     pub path: PathBuf,
     /// A PEFT adapter to start from (sampling uses it; training continues it).
     #[serde(default)]
+    #[schemars(example = &"runs/sft/adapter")]
     pub adapter: Option<PathBuf>,
     /// `cpu`, `cuda`, `cuda:N` or `auto` (the first GPU when this binary was built with
     /// the `cuda` feature and one can be opened, else the CPU).
@@ -93,6 +96,7 @@ pub struct ModelSection {
     /// `"nf4"`: QLoRA, the frozen projections quantized to 4 bits on load in
     /// bitsandbytes' NF4 layout (a checkpoint bitsandbytes saved in NF4 is 4-bit already).
     #[serde(default)]
+    #[schemars(example = &"nf4")]
     pub quantize: Option<QuantizeKind>,
     /// With `quantize = "nf4"`: quantize the absmax values too (QLoRA's double
     /// quantization; another ~0.4 bits per weight saved).
@@ -100,7 +104,7 @@ pub struct ModelSection {
     pub double_quant: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum QuantizeKind {
     Nf4,
@@ -137,13 +141,22 @@ impl ModelSection {
 }
 
 /// The adapter trained on top of the model (PEFT's `LoraConfig` fields).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoraSection {
+    /// The adapter's rank: the inner size of each `B·A` pair. Higher holds more change and
+    /// costs more memory and time; 8–64 is usual.
     pub r: usize,
+    /// The scaling numerator: the update is `(alpha / r) · B·A` (`alpha / √r` with
+    /// `use_rslora`).
     pub alpha: f64,
+    /// Dropout on the adapter's input during training (PEFT's `lora_dropout`).
     pub dropout: f64,
+    /// Rank-stabilised LoRA: scale by `alpha / √r` instead of `alpha / r`, so a larger
+    /// rank does not shrink the update.
     pub use_rslora: bool,
+    /// The projections that get an adapter, by their checkpoint names (`q_proj`, `k_proj`,
+    /// `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`).
     pub target_modules: Vec<String>,
 }
 
@@ -174,12 +187,17 @@ impl LoraSection {
 
 /// How tokens are drawn. RL samples at temperature 1 by default (the policy itself),
 /// not with the model's `generation_config.json` defaults.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplingSection {
+    /// Divides the logits before sampling; 1 samples the policy itself (what RL needs),
+    /// 0 is greedy.
     pub temperature: f32,
+    /// Sample among the k most likely tokens only (0: off).
     pub top_k: usize,
+    /// Nucleus sampling: the smallest set of tokens holding this much probability (1: off).
     pub top_p: f32,
+    /// Drop tokens less likely than this share of the most likely one's probability (0: off).
     pub min_p: f32,
     /// Tokens per assistant turn.
     pub max_new_tokens: usize,
@@ -200,7 +218,7 @@ impl Default for SamplingSection {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RolloutSection {
     /// Trajectories per prompt (G).
@@ -208,15 +226,26 @@ pub struct RolloutSection {
     /// Prompts per rollout batch.
     pub prompts_per_step: usize,
     /// The trigger plugin (a name from `[plugins]`), and its configuration.
+    #[schemars(example = &"calculator")]
     pub trigger: Option<String>,
+    /// The trigger plugin's configuration, any TOML table; it reaches the plugin as JSON.
     pub trigger_config: serde_json::Value,
     /// The environment plugin, and its configuration.
+    #[schemars(example = &"guess_number")]
     pub environment: Option<String>,
+    /// The environment plugin's configuration, any TOML table.
     pub environment_config: serde_json::Value,
+    /// Assistant turns per trajectory; the environment or the model usually ends sooner.
     pub max_turns: u32,
+    /// Tool calls (trigger firings) per trajectory; later calls are not run.
     pub max_tool_calls: u32,
+    /// Tokens one tool answer may add; a longer one is cut and ends with
+    /// `truncation_marker`.
     pub max_tool_output_tokens: usize,
+    /// Prompt and completion tokens together; a trajectory that reaches it stops
+    /// (`stop = total_tokens`, truncated).
     pub max_total_tokens: usize,
+    /// Appended where a tool's answer was cut to `max_tool_output_tokens`.
     pub truncation_marker: String,
     /// Weight of the environment's summed step rewards (component `env`).
     pub env_reward_weight: f64,
@@ -235,7 +264,9 @@ pub struct RolloutSection {
 }
 
 /// `rollout.engine`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineKind {
     /// candle, in this process, KV caches shared across a group.
@@ -246,7 +277,7 @@ pub enum EngineKind {
 }
 
 /// `[rollout.vllm]`: the servers that sample when `rollout.engine = "vllm"`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct VllmSection {
     /// Base URLs, e.g. `["http://127.0.0.1:8000"]`.
@@ -255,8 +286,10 @@ pub struct VllmSection {
     pub model: String,
     /// Where rlhost writes each adapter version for the servers to load (relative to the
     /// config's folder); default: `adapters/` in the run directory.
+    #[schemars(example = &"/shared/adapters")]
     pub adapter_dir: Option<PathBuf>,
     /// That folder as the servers see it, when they run elsewhere (a shared mount).
+    #[schemars(example = &"/mnt/adapters")]
     pub server_adapter_dir: Option<String>,
     /// Seconds one request may take before its server is taken for dead.
     pub timeout_s: f64,
@@ -308,14 +341,26 @@ fn empty_object() -> serde_json::Value {
 }
 
 /// `[plugins.NAME]`: a component file and its sandbox.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSection {
+    /// The component file (`.wasm`), relative to the config file's folder.
     pub path: PathBuf,
+    /// Linear memory per instance, in MiB (default 256).
+    #[schemars(example = 512)]
     pub memory_mib: Option<u64>,
+    /// Wall-clock deadline per call, in milliseconds (default 5000).
+    #[schemars(example = 2000)]
     pub timeout_ms: Option<u64>,
+    /// Wasm instructions (roughly) per call, for a budget that does not depend on machine
+    /// speed; unset: no fuel metering (it slows every call by ~30%).
+    #[schemars(example = 1_000_000_000u64)]
     pub fuel: Option<u64>,
+    /// Most bytes one call may return, strings and lists summed (default 1 MiB).
+    #[schemars(example = 65536)]
     pub max_output_bytes: Option<usize>,
+    /// Most bytes of stdout, stderr and log lines kept per call, each (default 64 KiB).
+    #[schemars(example = 16384)]
     pub max_log_bytes: Option<usize>,
     /// Host directories mounted read-only: `"HOST_DIR"` (at `/data`) or
     /// `"HOST_DIR:GUEST_PATH"`.
@@ -337,15 +382,18 @@ impl PluginSection {
 }
 
 /// `[[rewards]]`: one reward plugin and how its components count.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RewardSection {
+    /// The reward plugin, by its name in `[plugins]` (or a built-in plugin's name).
     pub plugin: String,
+    /// The plugin's configuration, any TOML table; it reaches the plugin as JSON.
     #[serde(default = "empty_object")]
     pub config: serde_json::Value,
     /// Weight per component; components not listed get `default_weight`.
     #[serde(default)]
     pub weights: BTreeMap<String, f64>,
+    /// The weight of every component `weights` does not list.
     #[serde(default = "one")]
     pub default_weight: f64,
     /// This plugin's contribution to the total when it faults.
@@ -356,6 +404,7 @@ pub struct RewardSection {
     /// that loops or exhausts memory fails alone; components are averaged over the cases
     /// (`all_…` ones take the minimum). Unset: one call scores the whole trajectory.
     #[serde(default)]
+    #[schemars(example = &"tests")]
     pub cases: Option<String>,
 }
 

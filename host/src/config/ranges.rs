@@ -73,6 +73,44 @@ fn check(key: impl Into<String>, value: impl Into<f64>, rule: Rule, why: &'stati
 /// The first number out of its range (integers are compared as f64: exact far beyond
 /// any sane limit here), as `key = value is out of range: ...`.
 pub fn check_ranges(c: &RunConfig) -> Result<(), String> {
+    match checks(c).into_iter().find(|c| !c.rule.holds(c.value)) {
+        Some(c) => Err(format!(
+            "{} = {} is out of range: expected {} ({})",
+            c.key,
+            c.value,
+            c.rule.expected(),
+            c.why
+        )),
+        None => Ok(()),
+    }
+}
+
+/// What each number may be, by key, for the configuration reference: `plugins.NAME.…`
+/// and `rewards[].…` for the keys of every plugin and reward entry.
+pub fn allowed() -> std::collections::BTreeMap<String, String> {
+    let every = toml::from_str::<RunConfig>(
+        "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n\
+         [plugins.NAME]\npath = \"p.wasm\"\nmemory_mib = 1\ntimeout_ms = 1\nfuel = 1\nmax_output_bytes = 1\n\
+         [[rewards]]\nplugin = \"NAME\"\nweights = { COMPONENT = 1.0 }\n",
+    )
+    .expect("a config with every checked key");
+    let mut out: std::collections::BTreeMap<String, String> = checks(&every)
+        .into_iter()
+        .map(|c| {
+            let key = c.key.replace("rewards[0]", "rewards[]");
+            (key, format!("{} ({})", c.rule.expected(), c.why))
+        })
+        .collect();
+    // Checked with the rest of their section (`DataConfig::validate`,
+    // `LoraConfig::validate`).
+    out.insert("data.eval_fraction".into(), "a number in [0, 1)".into());
+    out.insert("lora.r".into(), "at least 1".into());
+    out.insert("lora.dropout".into(), "a number in [0, 1)".into());
+    out
+}
+
+/// Every number's check against its rule, for the values in `c`.
+fn checks(c: &RunConfig) -> Vec<Check> {
     use Rule::*;
     let t = &c.train;
     let s = &c.sampling;
@@ -156,14 +194,5 @@ pub fn check_ranges(c: &RunConfig) -> Result<(), String> {
             ));
         }
     }
-    match checks.into_iter().find(|c| !c.rule.holds(c.value)) {
-        Some(c) => Err(format!(
-            "{} = {} is out of range: expected {} ({})",
-            c.key,
-            c.value,
-            c.rule.expected(),
-            c.why
-        )),
-        None => Ok(()),
-    }
+    checks
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// `[train]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
     /// `grpo`: the group-baseline family (`estimator` says which); `ppo`: a value head
@@ -20,11 +20,15 @@ pub struct TrainSection {
     pub algorithm: Algorithm,
     /// Optimizer steps (one rollout batch each).
     pub steps: u64,
+    /// The peak learning rate of AdamW (the adapter's parameters).
     pub lr: f64,
+    /// Steps of linear warm-up from 0 to `lr` before the cosine decay.
     pub warmup_steps: u64,
     /// The cosine schedule ends at `min_lr_ratio · lr`.
     pub min_lr_ratio: f64,
+    /// AdamW's decoupled weight decay.
     pub weight_decay: f64,
+    /// Clip the gradient's global norm to this (0: no clipping).
     pub max_grad_norm: f64,
     /// Passes over each rollout batch (`updates_per_batch` is its former name).
     #[serde(alias = "updates_per_batch")]
@@ -35,21 +39,32 @@ pub struct TrainSection {
     /// The ratio's denominator when a batch takes more than one step: `recompute` (a
     /// forward pass before the first step) or `sampler` (the log-probs the sampler kept).
     pub old_logps: OldLogps,
+    /// Tokens per forward/backward pass; a mini-batch is split into micro-batches of
+    /// at most this many (gradients accumulate), the memory knob of the update.
     pub micro_batch_tokens: usize,
     /// Recompute each layer's activations in the backward instead of keeping them: about
     /// a third more compute for most of the step's activation memory.
     pub gradient_checkpointing: bool,
+    /// The advantage estimator of `algorithm = "grpo"` (the choices and their formulas
+    /// are listed; TRL's and RL2's names for them are in the book).
     pub estimator: Estimator,
     /// What the baseline-centred rewards are divided by: `group` std, `batch` std or
     /// `none` (default: the estimator's own, `group` for grpo and `none` for the others).
+    #[schemars(example = &"batch")]
     pub scale_rewards: Option<Scale>,
     /// Added to the std before dividing (TRL's 1e-4).
     pub adv_eps: f64,
+    /// The ratio's lower clip is `1 − clip_low` (PPO/GRPO's ε; DAPO decouples the two).
     pub clip_low: f64,
+    /// The ratio's upper clip is `1 + clip_high` (DAPO's clip-higher: larger than
+    /// `clip_low`).
     pub clip_high: f64,
+    /// How per-token losses become the batch's loss (the choices are listed).
     pub aggregation: Aggregation,
     /// Dr. GRPO's constant for `seq-mean-token-sum-norm` (0: rollout.max_total_tokens).
     pub norm_constant: f64,
+    /// The KL penalty's weight β against the reference (the model without the adapter);
+    /// 0: no reference pass at all.
     pub kl_coef: f64,
     /// The KL estimator in the loss (k3, TRL's and RL2's loss default).
     pub kl_estimator: KlEstimator,
@@ -68,16 +83,22 @@ pub struct TrainSection {
     pub overlong: Overlong,
     /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
     pub overlong_cache: usize,
+    /// The cap of truncated importance sampling's weights (`rollout_correction =
+    /// "token_tis"`).
     pub tis_cap: f64,
     /// How the update corrects for the sampler's log-probs differing from the trainer's
     /// (another engine, as vLLM, or other kernels): `none`, `token_tis` (truncated
     /// per-token importance weights) or `seq_mis` (sequences whose ratio leaves
     /// [rollout_correction_min, rollout_correction_cap] are masked).
     pub rollout_correction: CorrectionKind,
+    /// `seq_mis`: sequences whose sampler/trainer ratio is above this are masked;
+    /// `token_tis`: the weights' cap.
     pub rollout_correction_cap: f64,
+    /// `seq_mis`: sequences whose sampler/trainer ratio is below this are masked.
     pub rollout_correction_min: f64,
     /// PPO: GAE's discount γ and λ.
     pub gamma: f64,
+    /// PPO: GAE's λ (the bias/variance trade of the advantage).
     pub lam: f64,
     /// PPO: the value loss's weight (the critic trains through the shared adapter).
     pub vf_coef: f64,
@@ -96,6 +117,7 @@ pub struct TrainSection {
     pub eval_prompts: usize,
     /// Write a checkpoint every this many steps (and at the end).
     pub save_every: u64,
+    /// Checkpoints kept; older ones are deleted once a newer one is written.
     pub keep_last: usize,
 }
 
@@ -170,7 +192,7 @@ impl TrainSection {
 }
 
 /// `train.rollout_correction`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CorrectionKind {
     None,

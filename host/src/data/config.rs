@@ -19,39 +19,48 @@ use std::path::{Path, PathBuf};
 /// system_prompt = "You are a careful calculator user."
 /// on_bad_row = "skip"
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
     /// A `.jsonl`, `.json` (an array of rows), `.csv`, `.parquet` or `.arrow` file (or a
     /// folder `datasets`' `save_to_disk` wrote), relative to the
     /// config file's folder.
     #[serde(default)]
+    #[schemars(example = &"data/train.jsonl")]
     pub path: Option<PathBuf>,
     /// Overrides the format the extension of `path` (and `eval_path`) implies.
     #[serde(default)]
+    #[schemars(example = &"parquet")]
     pub format: Option<Format>,
     /// The name of a dataset plugin; the caller resolves it to a loaded plugin.
     #[serde(default)]
+    #[schemars(example = &"countdown")]
     pub plugin: Option<String>,
     /// The plugin's configuration, any TOML value; it crosses into the plugin as JSON.
     #[serde(default = "empty_object")]
     pub plugin_config: serde_json::Value,
     /// A separate held-out file.
     #[serde(default)]
+    #[schemars(example = &"data/test.jsonl")]
     pub eval_path: Option<PathBuf>,
     /// How many samples to hold out of the training source for evaluation.
     #[serde(default)]
+    #[schemars(example = 64)]
     pub eval_size: Option<usize>,
     /// The share of the training source to hold out, in `[0, 1)`.
     #[serde(default)]
+    #[schemars(example = 0.05)]
     pub eval_fraction: Option<f64>,
     /// Visit the training samples in a new seeded order each epoch.
     #[serde(default = "yes")]
     pub shuffle: bool,
+    /// A row that does not make a sample: `error` stops with the file, row and field;
+    /// `skip` counts it and warns once.
     #[serde(default)]
     pub on_bad_row: OnBadRow,
     /// Prepended as a system message to every sample that has none.
     #[serde(default)]
+    #[schemars(example = &"You are a careful assistant.")]
     pub system_prompt: Option<String>,
     /// The column holding a plain-text prompt (it becomes one user message).
     #[serde(default = "prompt_key")]
@@ -63,18 +72,22 @@ pub struct DataConfig {
     /// answer within \\boxed{}."` (only `{name}` of letters, digits and `_` is replaced;
     /// `{{` and `}}` are literal braces). Replaces `prompt_key`/`messages_key`.
     #[serde(default)]
+    #[schemars(example = &"{question}\nPut your final answer within \\boxed{}.")]
     pub prompt_template: Option<String>,
     /// The column that holds the answer: copied to each sample's metadata as `answer`,
     /// where the reward plugins look (GSM8K's and MATH's `answer`/`solution`, ...).
     #[serde(default)]
+    #[schemars(example = &"answer")]
     pub answer_key: Option<String>,
     /// The column that holds the tests: copied to each sample's metadata as `tests`, where
     /// the code-tests reward looks (MBPP's `test_list`, HumanEval's `test`, APPS'
     /// `input_output`, CodeContests' `public_tests`). JSON text is parsed first.
     #[serde(default)]
+    #[schemars(example = &"test_list")]
     pub tests_key: Option<String>,
     /// Use only the first N good samples of the source (before the eval split): for quick runs.
     #[serde(default)]
+    #[schemars(example = 256)]
     pub max_samples: Option<usize>,
 }
 
@@ -84,7 +97,7 @@ pub struct DataConfig {
 pub const DEFAULT_EVAL_MAX: usize = 64;
 
 /// The file formats rows can be read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// One JSON object per line (`.jsonl`, `.ndjson`).
@@ -101,7 +114,9 @@ pub enum Format {
 }
 
 /// What to do with a row that does not make a sample.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnBadRow {
     /// Stop with an error naming the file, the row and the field.

@@ -9,7 +9,7 @@
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 /// `train.algorithm`: where advantages come from.
 pub enum Algorithm {
@@ -19,7 +19,7 @@ pub enum Algorithm {
     Ppo,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 /// PPO's critic: trained through the policy's adapter, or through one of its own (a
 /// second forward pass per micro-batch).
@@ -28,7 +28,7 @@ pub enum Critic {
     Separate,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 /// What to do with trajectories a length limit cut off.
 pub enum Overlong {
@@ -40,7 +40,7 @@ pub enum Overlong {
 }
 
 /// How advantages are estimated from a group's rewards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Estimator {
     /// GRPO: (r_i − mean(r)) / (std(r) + ε), std unbiased as `torch.std` (the group's, or
@@ -55,7 +55,7 @@ pub enum Estimator {
 }
 
 /// What the baseline-centred rewards are divided by (TRL's `scale_rewards`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Scale {
     /// The group's reward std (GRPO).
@@ -157,7 +157,7 @@ pub fn overlong_penalty(len: usize, max_len: usize, cache: usize) -> f64 {
 /// Per-token KL estimators of KL(π ‖ π_ref) from d = logps − ref_logps (Schulman's k1,
 /// k2, k3). k3 = exp(−d) − 1 + d is TRL's `exp(ref − logp) − (ref − logp) − 1`: unbiased,
 /// never negative. The sign matters: k1 is log π − log π_ref, not the reverse.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KlEstimator {
     K1,
@@ -175,7 +175,7 @@ pub fn kl(logps: &Tensor, ref_logps: &Tensor, estimator: KlEstimator) -> Result<
 }
 
 /// How per-token losses become one number.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Aggregation {
     /// DAPO: Σ loss·mask / Σ mask over the whole batch (long answers weigh more).

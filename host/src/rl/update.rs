@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 
 /// Where the ratio's denominator comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OldLogps {
     /// A forward pass with the adapter as it was before the batch's first step.
