@@ -10,6 +10,7 @@
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
 //! - `data`: the dataset module with a real dataset plugin.
+//! - `docs`: the handbook's and the README's links, anchors and includes resolve.
 //! - `status`: a training run's status endpoint, `rlhost status`, and the dashboard in
 //!   a real headless Chromium.
 
@@ -19,6 +20,7 @@ mod code_task;
 mod code_tests;
 mod conformance;
 mod data;
+mod docs;
 mod model_cli;
 mod plugins;
 mod rollout;
