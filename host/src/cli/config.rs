@@ -30,7 +30,7 @@ pub struct ShowArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// A plugin component, as `rlhost train --plugin` takes it.
-    #[arg(long = "plugin", value_name = "FILE.wasm")]
+    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
     plugins: Vec<PathBuf>,
     /// Override a config value, e.g. --set train.steps=20 (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]

@@ -18,7 +18,8 @@ pub enum PluginCommand {
     New(NewArgs),
     /// Show a plugin's WIT version, roles, imports, size and sha256.
     Inspect {
-        /// The plugin component (.wasm).
+        /// The plugin component (.wasm); a bare name is looked for where installed plugins are.
+        #[arg(value_parser = crate::config::builtin::plugin_file)]
         file: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -54,7 +55,8 @@ pub struct NewArgs {
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
-    /// The plugin component (.wasm).
+    /// The plugin component (.wasm); a bare name is looked for where installed plugins are.
+    #[arg(value_parser = crate::config::builtin::plugin_file)]
     file: PathBuf,
     /// A configuration the plugin accepts, as JSON, for the checks that need an opened
     /// role (the checks of `{}` and of a malformed config run anyway).
@@ -80,7 +82,8 @@ pub struct TestArgs {
 
 #[derive(Debug, Args)]
 pub struct CallArgs {
-    /// The plugin component (.wasm).
+    /// The plugin component (.wasm); a bare name is looked for where installed plugins are.
+    #[arg(value_parser = crate::config::builtin::plugin_file)]
     file: PathBuf,
     /// The role to call: trigger, environment, dataset or reward.
     role: Role,

@@ -29,7 +29,7 @@ pub struct RolloutArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// A plugin component to load; a trigger or environment replaces the config's.
-    #[arg(long = "plugin", value_name = "FILE.wasm")]
+    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
     plugins: Vec<PathBuf>,
     /// Override a config value, e.g. --set rollout.group_size=4 (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
@@ -269,7 +269,7 @@ pub struct EvalArgs {
     #[arg(long)]
     adapter: Option<PathBuf>,
     /// A plugin component to load; a trigger or environment replaces the config's.
-    #[arg(long = "plugin", value_name = "FILE.wasm")]
+    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
     plugins: Vec<PathBuf>,
     /// Override a config value (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]

@@ -19,7 +19,7 @@ pub struct TrainArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// A plugin component to load; a trigger or environment replaces the config's.
-    #[arg(long = "plugin", value_name = "FILE.wasm")]
+    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
     plugins: Vec<PathBuf>,
     /// Override a config value, e.g. --set train.steps=20 (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]

@@ -5,9 +5,9 @@
 //! run (`configs/multiply.toml`). A `--plugin` that is a trigger picks the first run whose
 //! task has a reference call the tool answers (the code task for the Python tool, the
 //! multiply task for the calculator), the same test the warm start uses to write traces in
-//! the tool's style. The task plugins are found beside the `--plugin` files, in
-//! `$RLHOST_PLUGIN_DIR`, in `plugins/dist/` under the current folder, or in the
-//! `plugins/dist/` of the checkout the binary was built in.
+//! the tool's style. The task plugins are found beside the `--plugin` files or in the
+//! [`installed_dirs`]: `$RLHOST_PLUGIN_DIR`, `plugins/dist/` here, an installed prefix's
+//! `share/rlhost/plugins/`, the user's data folder, the checkout the binary was built in.
 
 use super::{LoadedConfig, RunConfig};
 use crate::builtin::answered_style;
@@ -65,7 +65,7 @@ impl BuiltinRun {
                         .find(|p| p.is_file())
                         .with_context(|| {
                             format!(
-                                "the built-in `{}` run needs its plugin `{name}` ({}), which is in none of: {}; build the plugins with `bash plugins/build.sh`, or set RLHOST_PLUGIN_DIR to the folder that holds them",
+                                "the built-in `{}` run needs its plugin `{name}` ({}), which is in none of: {}; build the plugins with `bash plugins/build.sh` (a checkout), install them with `bash scripts/install.sh`, or set RLHOST_PLUGIN_DIR to the folder that holds them",
                                 self.name,
                                 file.to_string_lossy(),
                                 dirs.iter()
@@ -81,7 +81,8 @@ impl BuiltinRun {
     }
 }
 
-/// Where the built-in runs' plugins are looked for, in this order.
+/// Where the built-in runs' plugins are looked for, in this order: beside the `--plugin`
+/// files, then the [`installed_dirs`].
 fn plugin_dirs(extra_plugins: &[PathBuf]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = extra_plugins
         .iter()
@@ -94,15 +95,62 @@ fn plugin_dirs(extra_plugins: &[PathBuf]) -> Vec<PathBuf> {
             }
         })
         .collect();
-    if let Some(dir) = std::env::var_os("RLHOST_PLUGIN_DIR") {
-        dirs.push(PathBuf::from(dir));
-    }
-    dirs.push(PathBuf::from("plugins/dist"));
-    // The checkout this binary was built from (target/{debug,release}/rlhost).
-    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist"));
+    dirs.extend(installed_dirs());
     let mut seen = std::collections::HashSet::new();
     dirs.retain(|d| seen.insert(d.canonicalize().unwrap_or_else(|_| d.clone())));
     dirs
+}
+
+/// Where plugins are found by file name alone (the built-in runs' task plugins, and a
+/// `--plugin NAME.wasm` that is not a path here), in this order:
+/// - `$RLHOST_PLUGIN_DIR`;
+/// - `plugins/dist/` under the current folder (a checkout);
+/// - `share/rlhost/plugins/` beside the binary's `bin/` (`scripts/install.sh --root
+///   PREFIX`, as `cargo install --root PREFIX` lays a prefix out);
+/// - `$XDG_DATA_HOME/rlhost/plugins/` (default `~/.local/share/rlhost/plugins/`, where
+///   `scripts/install.sh` puts them);
+/// - the `plugins/dist/` of the checkout the binary was built in, if it is still there.
+pub fn installed_dirs() -> Vec<PathBuf> {
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    let mut dirs = Vec::new();
+    if let Some(dir) = var("RLHOST_PLUGIN_DIR") {
+        dirs.push(PathBuf::from(dir));
+    }
+    dirs.push(PathBuf::from("plugins/dist"));
+    if let Some(prefix) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
+    {
+        dirs.push(prefix.join("share/rlhost/plugins"));
+    }
+    if let Some(data) = var("XDG_DATA_HOME") {
+        dirs.push(PathBuf::from(data).join("rlhost/plugins"));
+    } else if let Some(home) = var("HOME") {
+        dirs.push(PathBuf::from(home).join(".local/share/rlhost/plugins"));
+    }
+    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist"));
+    dirs
+}
+
+/// A `--plugin` argument as a file: the path when it is one, else (a bare file name, as
+/// `--plugin code_trigger.wasm` from any folder) the first of the [`installed_dirs`] that
+/// holds it. An error names every place looked in.
+pub fn plugin_file(arg: &str) -> std::result::Result<PathBuf, String> {
+    let path = PathBuf::from(arg);
+    let bare = path.components().count() == 1;
+    if path.exists() || !bare {
+        return Ok(path);
+    }
+    let dirs = installed_dirs();
+    dirs.iter()
+        .map(|d| d.join(&path))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no file {arg} here, nor in {}; build the plugins with `bash plugins/build.sh` or install them with `bash scripts/install.sh`",
+                dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            )
+        })
 }
 
 /// The built-in run for these `--plugin` files: the default without a tool among them,
