@@ -11,6 +11,7 @@
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
 //! - `data`: the dataset module with a real dataset plugin.
 //! - `docs`: the handbook's and the README's links, anchors and includes resolve.
+//! - `init`: `rlhost init` writes a config that runs, from a model, a data file and plugins.
 //! - `install`: `scripts/install.sh` and the installed binary, run outside the checkout.
 //! - `status`: a training run's status endpoint, `rlhost status`, and the dashboard in
 //!   a real headless Chromium.
@@ -22,6 +23,7 @@ mod code_tests;
 mod conformance;
 mod data;
 mod docs;
+mod init;
 mod install;
 mod model_cli;
 mod plugins;

@@ -5,6 +5,7 @@
 mod config;
 mod export;
 mod generate;
+mod init;
 mod interrupt;
 mod plugin;
 mod rollout;
@@ -49,6 +50,8 @@ enum Command {
     Eval(rollout::EvalArgs),
     /// Print the status of a running job (its --status-addr URL).
     Status(status::StatusArgs),
+    /// Write a commented starter config for your own model, data and plugins.
+    Init(init::InitArgs),
     /// The run config's keys (`config reference`) and a resolved config (`config show`).
     #[command(subcommand)]
     Config(config::ConfigCommand),
@@ -96,6 +99,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Eval(args) => rollout::eval(args, runtime.handle(), cli.quiet),
         Command::Status(args) => status::run(args),
         Command::Config(command) => config::run(command, runtime.handle()),
+        Command::Init(args) => init::run(args, runtime.handle()),
     }
 }
 
