@@ -166,6 +166,11 @@ fn a_solution_that_faults_every_case_falls_back_and_stdin_cases_are_split() {
         s.note.as_deref(),
         Some(r"case 0: wrong output for input '1 2\n': expected '3\n', got '2\n'")
     );
+    // No cases at all: the plugin's own error, counted, never a panic.
+    let s = score(&rt, &rewards, add, json!([]));
+    let fault = s.result.unwrap_err();
+    assert_eq!(fault.kind, FaultKind::GuestError);
+    assert!(fault.message.contains("holds no test cases"), "{fault}");
     let s = score(&rt, &rewards, "while True:\n    pass", apps);
     let fault = s.result.unwrap_err();
     assert_eq!(fault.kind, FaultKind::Timeout);

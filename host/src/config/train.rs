@@ -83,8 +83,9 @@ pub struct TrainSection {
     pub overlong: Overlong,
     /// The penalty's ramp, in tokens before `sampling.max_new_tokens`.
     pub overlong_cache: usize,
-    /// The cap of truncated importance sampling's weights (`rollout_correction =
-    /// "token_tis"`).
+    /// The cap of the truncated importance weights min(e^{old − sampler}, cap) that
+    /// correct stale rows (`rollout.max_staleness` > 0) when `old_logps = "recompute"`
+    /// and `rollout_correction = "none"` (`token_tis` caps at `rollout_correction_cap`).
     pub tis_cap: f64,
     /// How the update corrects for the sampler's log-probs differing from the trainer's
     /// (another engine, as vLLM, or other kernels): `none`, `token_tis` (truncated

@@ -53,6 +53,9 @@ pub struct RewardFn {
     spec: RewardSpec,
     scorers: Vec<Mutex<RewardScorer>>,
     next: std::sync::atomic::AtomicUsize,
+    /// Cases scored at once across all trajectories, as many as there are scorers: the
+    /// fresh instances of case-by-case scoring stay as few as the whole-trajectory ones.
+    case_slots: tokio::sync::Semaphore,
 }
 
 impl RewardFn {
@@ -63,8 +66,10 @@ impl RewardFn {
     /// Scores one trajectory: case by case when the spec names the cases and the sample
     /// has them, else on one of the instances.
     pub async fn score(&self, trajectory: &crate::plugin::Trajectory) -> Scored {
+        // No cases (an empty list) is the plugin's to refuse, scored whole.
         if let Some(key) = &self.spec.cases
             && let Some(cases) = trajectory.metadata.get(key).map(split_cases)
+            && !cases.is_empty()
         {
             return self.score_cases(trajectory, key, cases).await;
         }
@@ -80,7 +85,8 @@ impl RewardFn {
 
     /// Scores each case in a fresh instance that sees only that case under `key` (a
     /// one-element list) and where it stands under `rlhost_case` (`{"index", "count"}`).
-    /// As many cases run at once as the run keeps scorer instances.
+    /// As many cases run at once, over all trajectories, as the run keeps scorer instances
+    /// (`rollout.reward_instances`).
     async fn score_cases(
         &self,
         trajectory: &crate::plugin::Trajectory,
@@ -98,6 +104,7 @@ impl RewardFn {
                 );
             }
             async move {
+                let _slot = self.case_slots.acquire().await.expect("never closed");
                 let plugin = &self.spec.plugin;
                 let mut scorer = match plugin.open_reward(&self.spec.config).await {
                     Ok(scorer) => scorer,
@@ -255,10 +262,12 @@ impl Rewards {
                     .with_context(|| format!("opening reward plugin `{}`", spec.plugin.name()))?;
                 scorers.push(Mutex::new(scorer));
             }
+            let case_slots = tokio::sync::Semaphore::new(scorers.len());
             fns.push(Arc::new(RewardFn {
                 spec,
                 scorers,
                 next: Default::default(),
+                case_slots,
             }));
         }
         Ok(Rewards { fns, env_weight })
