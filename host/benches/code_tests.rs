@@ -120,7 +120,15 @@ fn sandboxed(
     let run = || {
         rt.block_on(
             futures_util::stream::iter(&trajectories)
-                .map(|t| f.score(t))
+                .map(|t| {
+                    // A task per trajectory, as the engine spawns its scoring.
+                    let (f, t) = (f.clone(), t.clone());
+                    async move {
+                        tokio::spawn(async move { f.score(&t).await })
+                            .await
+                            .unwrap()
+                    }
+                })
                 .buffer_unordered(workers)
                 .for_each(|scored| {
                     let parts = scored.result.unwrap();

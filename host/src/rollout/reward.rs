@@ -14,7 +14,6 @@
 use super::trajectory::{FaultRecord, Trajectory};
 use crate::plugin::{Component, Fault, Plugin, RewardScorer};
 use anyhow::{Context, Result};
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,7 +54,7 @@ pub struct RewardFn {
     next: std::sync::atomic::AtomicUsize,
     /// Cases scored at once across all trajectories, as many as there are scorers: the
     /// fresh instances of case-by-case scoring stay as few as the whole-trajectory ones.
-    case_slots: tokio::sync::Semaphore,
+    case_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl RewardFn {
@@ -94,30 +93,42 @@ impl RewardFn {
         cases: Vec<Value>,
     ) -> Scored {
         let count = cases.len();
-        let runs = cases.into_iter().enumerate().map(|(index, case)| {
-            let mut one = trajectory.clone();
-            if let Some(m) = one.metadata.as_object_mut() {
-                m.insert(key.to_string(), Value::Array(vec![case]));
-                m.insert(
-                    "rlhost_case".into(),
-                    json!({"index": index, "count": count}),
-                );
+        // A task per case: the cases of one trajectory run on the runtime's threads at
+        // once (futures polled within this task would all run on its one thread).
+        let tasks: Vec<_> = cases
+            .into_iter()
+            .enumerate()
+            .map(|(index, case)| {
+                let mut one = trajectory.clone();
+                if let Some(m) = one.metadata.as_object_mut() {
+                    m.insert(key.to_string(), Value::Array(vec![case]));
+                    m.insert(
+                        "rlhost_case".into(),
+                        json!({"index": index, "count": count}),
+                    );
+                }
+                let plugin = self.spec.plugin.clone();
+                let config = self.spec.config.clone();
+                let slots = self.case_slots.clone();
+                tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await.expect("never closed");
+                    let mut scorer = match plugin.open_reward(&config).await {
+                        Ok(scorer) => scorer,
+                        Err(e) => return (Err(plugin.open_fault("reward.open", e)), None),
+                    };
+                    let result = scorer.score(&one).await;
+                    (result, scorer.take_note())
+                })
+            })
+            .collect();
+        let mut results = Vec::with_capacity(count);
+        for task in tasks {
+            match task.await {
+                Ok(result) => results.push(result),
+                // A panic here is the host's bug, not the plugin's fault: pass it on.
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
             }
-            async move {
-                let _slot = self.case_slots.acquire().await.expect("never closed");
-                let plugin = &self.spec.plugin;
-                let mut scorer = match plugin.open_reward(&self.spec.config).await {
-                    Ok(scorer) => scorer,
-                    Err(e) => return (Err(plugin.open_fault("reward.open", e)), None),
-                };
-                let result = scorer.score(&one).await;
-                (result, scorer.take_note())
-            }
-        });
-        let results = futures_util::stream::iter(runs)
-            .buffered(self.scorers.len())
-            .collect::<Vec<_>>()
-            .await;
+        }
         aggregate(results)
     }
 }
@@ -262,7 +273,7 @@ impl Rewards {
                     .with_context(|| format!("opening reward plugin `{}`", spec.plugin.name()))?;
                 scorers.push(Mutex::new(scorer));
             }
-            let case_slots = tokio::sync::Semaphore::new(scorers.len());
+            let case_slots = Arc::new(tokio::sync::Semaphore::new(scorers.len()));
             fns.push(Arc::new(RewardFn {
                 spec,
                 scorers,
