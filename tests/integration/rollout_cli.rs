@@ -138,18 +138,7 @@ fn math_datasets_in_their_own_layouts_roll_out_and_train() {
     ];
     for (name, extra) in layouts {
         let out = dir.join(format!("{name}.jsonl"));
-        TestCommand::new(&["rollout", "-q", "--config"])
-            .arg(&math)
-            .args(["--set", &plugin_path, "--prompts", "4"])
-            .args(&extra)
-            .arg("--out")
-            .arg(&out)
-            .ok();
-        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let rows = roll_out(&math, &plugin_path, &extra, &out);
         assert_eq!(rows.len(), 16, "{name}");
         for t in &rows {
             let prompt = t["messages"][0]["content"].as_str().unwrap();
@@ -176,18 +165,7 @@ fn math_datasets_in_their_own_layouts_roll_out_and_train() {
             );
         }
     }
-    TestCommand::new(&["train", "-q", "--config"])
-        .arg(&math)
-        .args(["--set", &plugin_path, "--out"])
-        .arg(dir.join("run"))
-        .ok();
-    assert_eq!(
-        std::fs::read_to_string(dir.join("run/metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .count(),
-        2
-    );
+    assert_eq!(trained_steps(&math, &plugin_path, &dir.join("run")), 2);
 }
 
 /// The code-tests run on datasets as they come: MBPP's layout (`text`, `test_list`),
@@ -227,18 +205,7 @@ fn code_datasets_in_their_own_layouts_roll_out_and_train() {
     ];
     for (name, extra) in layouts {
         let out = dir.join(format!("{name}.jsonl"));
-        TestCommand::new(&["rollout", "-q", "--config"])
-            .arg(&config)
-            .args(["--set", &plugin_path, "--prompts", "4"])
-            .args(&extra)
-            .arg("--out")
-            .arg(&out)
-            .ok();
-        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let rows = roll_out(&config, &plugin_path, &extra, &out);
         assert_eq!(rows.len(), 16, "{name}");
         for t in &rows {
             let tests = &t["metadata"]["tests"];
@@ -262,16 +229,40 @@ fn code_datasets_in_their_own_layouts_roll_out_and_train() {
             }
         }
     }
-    TestCommand::new(&["train", "-q", "--config"])
-        .arg(&config)
-        .args(["--set", &plugin_path, "--out"])
-        .arg(dir.join("run"))
+    assert_eq!(trained_steps(&config, &plugin_path, &dir.join("run")), 2);
+}
+
+/// `rlhost rollout` of `config` on 4 prompts, its plugin at `plugin_set` (a `--set`) and
+/// `extra` arguments: the trajectories it wrote to `out`.
+fn roll_out(
+    config: &std::path::Path,
+    plugin_set: &str,
+    extra: &[String],
+    out: &std::path::Path,
+) -> Vec<serde_json::Value> {
+    TestCommand::new(&["rollout", "-q", "--config"])
+        .arg(config)
+        .args(["--set", plugin_set, "--prompts", "4"])
+        .args(extra)
+        .arg("--out")
+        .arg(out)
         .ok();
-    assert_eq!(
-        std::fs::read_to_string(dir.join("run/metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .count(),
-        2
-    );
+    std::fs::read_to_string(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `rlhost train` of `config` into `run`: how many steps its metrics hold.
+fn trained_steps(config: &std::path::Path, plugin_set: &str, run: &std::path::Path) -> usize {
+    TestCommand::new(&["train", "-q", "--config"])
+        .arg(config)
+        .args(["--set", plugin_set, "--out"])
+        .arg(run)
+        .ok();
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count()
 }

@@ -5,7 +5,6 @@
 use crate::config::reference;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use std::path::PathBuf;
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
@@ -25,16 +24,8 @@ pub struct ReferenceArgs {
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// The run config (TOML). Without it, the built-in run `rlhost train` would start
-    /// (with the --plugin files, as there).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// A plugin component, as `rlhost train --plugin` takes it.
-    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
-    plugins: Vec<PathBuf>,
-    /// Override a config value, e.g. --set train.steps=20 (repeatable).
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
+    #[command(flatten)]
+    source: super::RunSource,
 }
 
 pub fn run(command: ConfigCommand, handle: &tokio::runtime::Handle) -> Result<()> {
@@ -49,8 +40,12 @@ pub fn run(command: ConfigCommand, handle: &tokio::runtime::Handle) -> Result<()
             Ok(())
         }
         ConfigCommand::Show(args) => {
-            let loaded =
-                super::load_config(args.config.as_deref(), &args.plugins, &args.set, handle)?;
+            let loaded = super::load_config(
+                args.source.config.as_deref(),
+                &args.source.plugins,
+                &args.source.set,
+                handle,
+            )?;
             let text = toml::to_string(&loaded.config).context("writing the config as TOML")?;
             println!(
                 "# The config a run would use: {} with every default filled in.\n# Relative paths start at {}.\n",

@@ -9,7 +9,7 @@ use crate::config::builtin::plugin_file;
 use crate::config::reference;
 use crate::data::rows::{ReadOptions, RowKeys, read_file};
 use crate::data::{Format, OnBadRow};
-use crate::plugin::{PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
+use crate::plugin::Role;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Map, Value};
@@ -191,27 +191,16 @@ struct Inspected {
 }
 
 async fn inspect_plugins(paths: &[PathBuf]) -> Result<Vec<Inspected>> {
-    let runtime = PluginRuntime::new(&RuntimeOptions {
-        cache_dir: cache::default_dir(),
-        ..RuntimeOptions::default()
-    })?;
-    let mut out = Vec::new();
-    for path in paths {
-        let plugin = runtime
-            .load(PluginSpec {
-                path: path.clone(),
-                limits: Default::default(),
-                grants: Default::default(),
-            })
-            .await
-            .with_context(|| format!("--plugin {}", path.display()))?;
-        out.push(Inspected {
+    let plugins = crate::config::builtin::probe(paths).await?;
+    Ok(plugins
+        .iter()
+        .zip(paths)
+        .map(|(plugin, path)| Inspected {
             name: plugin.name().to_string(),
             path: path.clone(),
             roles: plugin.roles().to_vec(),
-        });
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
 /// A path as the config writes it: relative to the config's folder when it lies inside

@@ -103,6 +103,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The run config a command uses, as `train`, `rollout`, `eval` and `config show` take it.
+#[derive(Debug, clap::Args)]
+struct RunSource {
+    /// The run config (TOML). Without it, a built-in run: the calculator task, or the
+    /// task that suits the --plugin tool (the code task for the Python tool).
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// A plugin component to load; a trigger or environment replaces the config's. A bare
+    /// name is looked for where installed plugins are.
+    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
+    plugins: Vec<std::path::PathBuf>,
+    /// Override a config value, e.g. --set train.steps=20 (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+}
+
 /// The run config: `--config`'s file, or the built-in run the `--plugin` files call for.
 fn load_config(
     config: Option<&std::path::Path>,

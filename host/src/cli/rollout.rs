@@ -24,16 +24,8 @@ pub enum Split {
 
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
-    /// The run config (TOML). Without it, a built-in run: the calculator task, or the
-    /// task that suits the --plugin tool (the code task for the Python tool).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// A plugin component to load; a trigger or environment replaces the config's.
-    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
-    plugins: Vec<PathBuf>,
-    /// Override a config value, e.g. --set rollout.group_size=4 (repeatable).
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
+    #[command(flatten)]
+    source: super::RunSource,
     /// Where to write the trajectories, one JSON object per line.
     #[arg(long)]
     out: PathBuf,
@@ -58,7 +50,7 @@ pub struct RolloutArgs {
 }
 
 pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
-    let mut set = args.set.clone();
+    let mut set = args.source.set.clone();
     if let Some(seed) = args.seed {
         set.push(set_value("run.seed", seed as i64));
     }
@@ -68,8 +60,13 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(adapter) = &args.adapter {
         set.push(set_path("model.adapter", adapter)?);
     }
-    let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
-    let setup = super::open_run(loaded, &args.plugins, handle, quiet, &|| {})?;
+    let loaded = super::load_config(
+        args.source.config.as_deref(),
+        &args.source.plugins,
+        &set,
+        handle,
+    )?;
+    let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
     let c = &setup.loaded.config;
     let samples = match args.split {
         Split::Eval => {
@@ -261,19 +258,11 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// The run config (TOML). Without it, a built-in run: the calculator task, or the
-    /// task that suits the --plugin tool (the code task for the Python tool).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    source: super::RunSource,
     /// A PEFT adapter to evaluate (overrides model.adapter); none: the base model.
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// A plugin component to load; a trigger or environment replaces the config's.
-    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
-    plugins: Vec<PathBuf>,
-    /// Override a config value (repeatable).
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
     /// Evaluate at most this many held-out prompts.
     #[arg(long)]
     prompts: Option<usize>,
@@ -289,7 +278,7 @@ pub struct EvalArgs {
 }
 
 pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
-    let mut set = args.set.clone();
+    let mut set = args.source.set.clone();
     set.push(set_value("rollout.group_size", args.samples.max(1) as i64));
     set.push(set_value(
         "sampling.temperature",
@@ -298,8 +287,13 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(adapter) = &args.adapter {
         set.push(set_path("model.adapter", adapter)?);
     }
-    let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
-    let setup = super::open_run(loaded, &args.plugins, handle, quiet, &|| {})?;
+    let loaded = super::load_config(
+        args.source.config.as_deref(),
+        &args.source.plugins,
+        &set,
+        handle,
+    )?;
+    let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
     let mut samples = handle.block_on(setup.dataset.eval_samples())?;
     if samples.is_empty() {
         bail!(

@@ -14,16 +14,8 @@ use tokio::runtime::Handle;
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// The run config (TOML). Without it, a built-in run: the calculator task, or the
-    /// task that suits the --plugin tool (the code task for the Python tool).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// A plugin component to load; a trigger or environment replaces the config's.
-    #[arg(long = "plugin", value_name = "FILE.wasm", value_parser = crate::config::builtin::plugin_file)]
-    plugins: Vec<PathBuf>,
-    /// Override a config value, e.g. --set train.steps=20 (repeatable).
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
+    #[command(flatten)]
+    source: super::RunSource,
     /// Continue from `latest` (the run directory's newest checkpoint) or a checkpoint folder.
     #[arg(long, value_name = "latest|DIR")]
     resume: Option<String>,
@@ -71,7 +63,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(addr) = &args.status_addr {
         check_exposure(addr, args.status_public)?;
     }
-    let mut set = args.set.clone();
+    let mut set = args.source.set.clone();
     if let Some(steps) = args.steps {
         set.push(set_value("train.steps", steps as i64));
     }
@@ -81,7 +73,12 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(out) = &args.out {
         set.push(set_path("run.out_dir", out)?);
     }
-    let loaded = super::load_config(args.config.as_deref(), &args.plugins, &set, handle)?;
+    let loaded = super::load_config(
+        args.source.config.as_deref(),
+        &args.source.plugins,
+        &set,
+        handle,
+    )?;
     loaded
         .config
         .train
@@ -140,7 +137,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             hub.set_phase(Phase::WarmStart);
             announce();
         };
-        let mut setup = super::open_run(loaded, &args.plugins, handle, quiet, &warm_start)?;
+        let mut setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &warm_start)?;
         announce();
         if !quiet {
             let at = setup.lm.model.placement();

@@ -156,19 +156,11 @@ pub fn plugin_file(arg: &str) -> std::result::Result<PathBuf, String> {
 /// The built-in run for these `--plugin` files: the default without a tool among them,
 /// else the first of [`BY_TOOL`] whose task's reference calls the tool answers.
 pub async fn choose(extra_plugins: &[PathBuf], overrides: &[String]) -> Result<LoadedConfig> {
-    let runtime = PluginRuntime::new(&RuntimeOptions {
-        cache_dir: cache::default_dir(),
-        ..RuntimeOptions::default()
-    })?;
-    let mut tool: Option<Plugin> = None;
-    for path in extra_plugins {
-        let plugin = load(&runtime, path)
-            .await
-            .with_context(|| format!("--plugin {}", path.display()))?;
-        if plugin.roles().contains(&Role::Trigger) {
-            tool = Some(plugin);
-        }
-    }
+    let runtime = probe_runtime()?;
+    let tool = load_all(&runtime, extra_plugins)
+        .await?
+        .into_iter()
+        .rfind(|p| p.roles().contains(&Role::Trigger));
     let Some(tool) = tool else {
         return DEFAULT.load(extra_plugins, overrides);
     };
@@ -208,6 +200,35 @@ pub async fn choose(extra_plugins: &[PathBuf], overrides: &[String]) -> Result<L
         tool.spec().path.display(),
         tried.join(" or ")
     )
+}
+
+/// The `--plugin` files loaded with the default sandbox, in order, to ask what they are
+/// (name, roles) before a config is made for them; an error names the file.
+pub async fn probe(paths: &[PathBuf]) -> Result<Vec<Plugin>> {
+    load_all(&probe_runtime()?, paths).await
+}
+
+/// A runtime for plugins loaded only to be asked what they are (and, here, to try a tool
+/// on a task), with the user's compile cache.
+fn probe_runtime() -> Result<std::sync::Arc<PluginRuntime>> {
+    PluginRuntime::new(&RuntimeOptions {
+        cache_dir: cache::default_dir(),
+        ..RuntimeOptions::default()
+    })
+}
+
+async fn load_all(
+    runtime: &std::sync::Arc<PluginRuntime>,
+    paths: &[PathBuf],
+) -> Result<Vec<Plugin>> {
+    let mut plugins = Vec::with_capacity(paths.len());
+    for path in paths {
+        let plugin = load(runtime, path)
+            .await
+            .with_context(|| format!("--plugin {}", path.display()))?;
+        plugins.push(plugin);
+    }
+    Ok(plugins)
 }
 
 async fn load(runtime: &std::sync::Arc<PluginRuntime>, path: &Path) -> Result<Plugin> {

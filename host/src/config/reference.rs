@@ -40,7 +40,6 @@ pub fn entries() -> Vec<Entry> {
         ranges: super::ranges::allowed(),
     };
     let mut out = Vec::new();
-    let required = required_of(&schema);
     for (name, field) in properties(&schema) {
         let field = walk.resolve(field);
         if let Some(items) = field.get("items") {
@@ -58,13 +57,7 @@ pub fn entries() -> Vec<Entry> {
             let prefix = format!("{name}.NAME");
             walk.table(&format!("[{prefix}]"), &prefix, table, &mut out);
         } else {
-            let before = out.len();
             walk.table(&format!("[{name}]"), name, field, &mut out);
-            if required.contains(&name.as_str()) {
-                for e in &mut out[before..] {
-                    e.section = format!("[{name}]");
-                }
-            }
         }
     }
     out
