@@ -153,7 +153,7 @@ fn loading_errors_are_one_clear_line() {
         (missing.display().to_string(), "cannot read plugin"),
         (
             path("future_version"),
-            "was built for rlhost:plugin@0.2.0, but this rlhost supports rlhost:plugin@0.1.0",
+            "was built for rlhost:plugin@9.0.0, but this rlhost supports rlhost:plugin@0.2.0, 0.1.0",
         ),
         (
             path("not_a_plugin"),

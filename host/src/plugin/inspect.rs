@@ -28,8 +28,9 @@ pub enum LoadError {
     #[error("{path} is not a valid component: {message}")]
     Invalid { path: String, message: String },
     #[error(
-        "{path} was built for {PACKAGE}@{found}, but this rlhost supports {PACKAGE}@{supported}; rebuild the plugin against wit/v{supported} (or use an rlhost that supports {found})",
-        supported = SUPPORTED.join(", ")
+        "{path} was built for {PACKAGE}@{found}, but this rlhost supports {PACKAGE}@{supported}; rebuild the plugin against wit/v{newest} (or use an rlhost that supports {found})",
+        supported = SUPPORTED.join(", "),
+        newest = SUPPORTED[0]
     )]
     WrongVersion { path: String, found: String },
     #[error(
@@ -154,11 +155,15 @@ pub fn shape(path: &Path, engine: &Engine, component: &Component) -> Result<Shap
             version: wit_version,
         });
     }
-    let host_import = format!("{PACKAGE}/host@{wit_version}");
-    let types_import = format!("{PACKAGE}/types@{wit_version}");
+    // The interfaces the host provides to plugins of this version (`model` from 0.2.0).
+    let provided: Vec<String> = ["host", "types", "model"]
+        .iter()
+        .filter(|i| **i != "model" || wit_version != "0.1.0")
+        .map(|i| format!("{PACKAGE}/{i}@{wit_version}"))
+        .collect();
     if let Some(import) = imports
         .iter()
-        .find(|n| !n.starts_with("wasi:") && **n != host_import && **n != types_import)
+        .find(|n| !n.starts_with("wasi:") && !provided.contains(n))
     {
         return Err(LoadError::UnknownImport {
             path: display,

@@ -4,7 +4,7 @@
 mod bindings {
     wit_bindgen::generate!({
         inline: "
-            package rlhost:plugin@0.2.0;
+            package rlhost:plugin@9.0.0;
 
             interface about {
                 info: func() -> string;

@@ -8,6 +8,7 @@
 //! older modules stay so that old plugins keep loading.
 
 pub mod v0_1_0;
+pub mod v0_2_0;
 
 use super::sandbox::StoreState;
 use super::types::{Component, Message, PluginInfo, Role, Sample, StepResult, Trajectory};
@@ -15,7 +16,7 @@ use wasmtime::Store;
 use wasmtime::component::{Instance, InstancePre, Linker, ResourceAny};
 
 /// The `rlhost:plugin` versions this host loads, newest first.
-pub const SUPPORTED: &[&str] = &["0.1.0"];
+pub const SUPPORTED: &[&str] = &["0.2.0", "0.1.0"];
 
 /// The WIT package every plugin interface belongs to.
 pub const PACKAGE: &str = "rlhost:plugin";
@@ -26,12 +27,14 @@ type Call<T> = wasmtime::Result<Result<T, String>>;
 
 /// Offers plugins the host functions of every supported version.
 pub(super) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
-    v0_1_0::add_to_linker(linker)
+    v0_1_0::add_to_linker(linker)?;
+    v0_2_0::add_to_linker(linker)
 }
 
 /// A plugin's exports, looked up once per plugin for the version it was built against.
 pub enum Exports {
     V0_1_0(v0_1_0::Exports),
+    V0_2_0(v0_2_0::Exports),
 }
 
 impl Exports {
@@ -44,6 +47,7 @@ impl Exports {
     ) -> wasmtime::Result<Exports> {
         match wit_version {
             "0.1.0" => Ok(Exports::V0_1_0(v0_1_0::Exports::new(pre, roles)?)),
+            "0.2.0" => Ok(Exports::V0_2_0(v0_2_0::Exports::new(pre, roles)?)),
             other => Err(wasmtime::format_err!(
                 "rlhost:plugin@{other} is not supported by this host (it supports {})",
                 SUPPORTED.join(", ")
@@ -58,6 +62,7 @@ impl Exports {
     ) -> wasmtime::Result<About> {
         match self {
             Exports::V0_1_0(e) => e.about.load(store, instance).map(About::V0_1_0),
+            Exports::V0_2_0(e) => e.about.load(store, instance).map(About::V0_2_0),
         }
     }
 
@@ -68,6 +73,9 @@ impl Exports {
     ) -> wasmtime::Result<Trigger> {
         match self {
             Exports::V0_1_0(e) => Ok(Trigger::V0_1_0(
+                v0_1_0::Exports::role(&e.trigger, "trigger")?.load(store, instance)?,
+            )),
+            Exports::V0_2_0(e) => Ok(Trigger::V0_2_0(
                 v0_1_0::Exports::role(&e.trigger, "trigger")?.load(store, instance)?,
             )),
         }
@@ -82,6 +90,9 @@ impl Exports {
             Exports::V0_1_0(e) => Ok(Environment::V0_1_0(
                 v0_1_0::Exports::role(&e.environment, "environment")?.load(store, instance)?,
             )),
+            Exports::V0_2_0(e) => Ok(Environment::V0_2_0(
+                v0_1_0::Exports::role(&e.environment, "environment")?.load(store, instance)?,
+            )),
         }
     }
 
@@ -92,6 +103,9 @@ impl Exports {
     ) -> wasmtime::Result<Dataset> {
         match self {
             Exports::V0_1_0(e) => Ok(Dataset::V0_1_0(
+                v0_1_0::Exports::role(&e.dataset, "dataset")?.load(store, instance)?,
+            )),
+            Exports::V0_2_0(e) => Ok(Dataset::V0_2_0(
                 v0_1_0::Exports::role(&e.dataset, "dataset")?.load(store, instance)?,
             )),
         }
@@ -106,6 +120,9 @@ impl Exports {
             Exports::V0_1_0(e) => Ok(Reward::V0_1_0(
                 v0_1_0::Exports::role(&e.reward, "reward")?.load(store, instance)?,
             )),
+            Exports::V0_2_0(e) => Ok(Reward::V0_2_0(
+                v0_1_0::Exports::role(&e.reward, "reward")?.load(store, instance)?,
+            )),
         }
     }
 }
@@ -113,12 +130,14 @@ impl Exports {
 /// One instance's `about` interface.
 pub enum About {
     V0_1_0(v0_1_0::about::Guest),
+    V0_2_0(v0_2_0::about::Guest),
 }
 
 impl About {
     pub async fn info(&self, store: &mut Store<StoreState>) -> wasmtime::Result<PluginInfo> {
         match self {
             About::V0_1_0(g) => Ok(g.call_info(store).await?.into()),
+            About::V0_2_0(g) => Ok(g.call_info(store).await?.into()),
         }
     }
 }
@@ -126,6 +145,7 @@ impl About {
 /// One instance's `trigger` interface.
 pub enum Trigger {
     V0_1_0(v0_1_0::trigger::Guest),
+    V0_2_0(v0_2_0::trigger::Guest),
 }
 
 impl Trigger {
@@ -138,6 +158,7 @@ impl Trigger {
     ) -> Call<ResourceAny> {
         match self {
             Trigger::V0_1_0(g) => g.session().call_open(store, config, &sample.into()).await,
+            Trigger::V0_2_0(g) => g.session().call_open(store, config, &sample.into()).await,
         }
     }
 
@@ -148,6 +169,7 @@ impl Trigger {
     ) -> wasmtime::Result<Vec<String>> {
         match self {
             Trigger::V0_1_0(g) => g.session().call_stop_patterns(store, session).await,
+            Trigger::V0_2_0(g) => g.session().call_stop_patterns(store, session).await,
         }
     }
 
@@ -159,6 +181,7 @@ impl Trigger {
     ) -> Call<Option<String>> {
         match self {
             Trigger::V0_1_0(g) => g.session().call_fire(store, session, text).await,
+            Trigger::V0_2_0(g) => g.session().call_fire(store, session, text).await,
         }
     }
 }
@@ -166,6 +189,7 @@ impl Trigger {
 /// One instance's `environment` interface.
 pub enum Environment {
     V0_1_0(v0_1_0::environment::Guest),
+    V0_2_0(v0_2_0::environment::Guest),
 }
 
 impl Environment {
@@ -178,6 +202,7 @@ impl Environment {
     ) -> Call<ResourceAny> {
         match self {
             Environment::V0_1_0(g) => g.episode().call_open(store, config, &sample.into()).await,
+            Environment::V0_2_0(g) => g.episode().call_open(store, config, &sample.into()).await,
         }
     }
 
@@ -189,6 +214,11 @@ impl Environment {
     ) -> Call<StepResult> {
         match self {
             Environment::V0_1_0(g) => Ok(g
+                .episode()
+                .call_step(store, episode, assistant)
+                .await?
+                .map(Into::into)),
+            Environment::V0_2_0(g) => Ok(g
                 .episode()
                 .call_step(store, episode, assistant)
                 .await?
@@ -206,6 +236,7 @@ pub struct RawSample {
 /// One instance's `dataset` interface.
 pub enum Dataset {
     V0_1_0(v0_1_0::dataset::Guest),
+    V0_2_0(v0_2_0::dataset::Guest),
 }
 
 impl Dataset {
@@ -218,6 +249,7 @@ impl Dataset {
     ) -> Call<ResourceAny> {
         match self {
             Dataset::V0_1_0(g) => g.source().call_open(store, config, seed).await,
+            Dataset::V0_2_0(g) => g.source().call_open(store, config, seed).await,
         }
     }
 
@@ -228,6 +260,7 @@ impl Dataset {
     ) -> wasmtime::Result<u64> {
         match self {
             Dataset::V0_1_0(g) => g.source().call_len(store, source).await,
+            Dataset::V0_2_0(g) => g.source().call_len(store, source).await,
         }
     }
 
@@ -247,6 +280,15 @@ impl Dataset {
                         metadata: s.metadata,
                     }))
             }
+            Dataset::V0_2_0(g) => {
+                Ok(g.source()
+                    .call_get(store, source, index)
+                    .await?
+                    .map(|s| RawSample {
+                        messages: s.messages.into_iter().map(Into::into).collect(),
+                        metadata: s.metadata,
+                    }))
+            }
         }
     }
 }
@@ -254,12 +296,14 @@ impl Dataset {
 /// One instance's `reward` interface.
 pub enum Reward {
     V0_1_0(v0_1_0::reward::Guest),
+    V0_2_0(v0_2_0::reward::Guest),
 }
 
 impl Reward {
     pub async fn open(&self, store: &mut Store<StoreState>, config: &str) -> Call<ResourceAny> {
         match self {
             Reward::V0_1_0(g) => g.scorer().call_open(store, config).await,
+            Reward::V0_2_0(g) => g.scorer().call_open(store, config).await,
         }
     }
 
@@ -271,6 +315,11 @@ impl Reward {
     ) -> Call<Vec<Component>> {
         match self {
             Reward::V0_1_0(g) => Ok(g
+                .scorer()
+                .call_score(store, scorer, &trajectory.into())
+                .await?
+                .map(|cs| cs.into_iter().map(Into::into).collect())),
+            Reward::V0_2_0(g) => Ok(g
                 .scorer()
                 .call_score(store, scorer, &trajectory.into())
                 .await?

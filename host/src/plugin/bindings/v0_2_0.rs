@@ -1,0 +1,157 @@
+//! Bindings for `rlhost:plugin@0.2.0` (work in progress, not yet in [`super::SUPPORTED`]):
+//! its export indices, its host functions (`log`, and `model.generate`, which no plugin is
+//! granted yet), and conversions to the host's own types. See docs/design/wit-0.2.0.md.
+
+use crate::plugin::sandbox::StoreState;
+use crate::plugin::types::{self, Role};
+use wasmtime::component::{HasSelf, InstancePre, Linker};
+
+wasmtime::component::bindgen!({
+    path: "../wit/v0.2.0",
+    world: "host-view",
+    // As for 0.1.0: exports called with `call_async`, so the deadline can cancel them.
+    exports: { default: async },
+});
+
+pub use self::rlhost::plugin::host::{Host, Level};
+pub use self::rlhost::plugin::model;
+pub use self::rlhost::plugin::types as wit;
+pub use exports::rlhost::plugin::{about, dataset, environment, reward, tools, trigger};
+
+/// This version's export indices, looked up once per plugin.
+pub struct Exports {
+    pub about: about::GuestIndices,
+    pub trigger: Option<trigger::GuestIndices>,
+    pub environment: Option<environment::GuestIndices>,
+    pub dataset: Option<dataset::GuestIndices>,
+    pub reward: Option<reward::GuestIndices>,
+    pub tools: Option<tools::GuestIndices>,
+}
+
+impl Exports {
+    /// The indices of `about` and of each of `roles`; `tools` when the component exports
+    /// it (the host's `Role` has no tools variant yet).
+    pub fn new(pre: &InstancePre<StoreState>, roles: &[Role]) -> wasmtime::Result<Exports> {
+        let has = |role| roles.contains(&role);
+        Ok(Exports {
+            about: about::GuestIndices::new(pre)?,
+            trigger: has(Role::Trigger)
+                .then(|| trigger::GuestIndices::new(pre))
+                .transpose()?,
+            environment: has(Role::Environment)
+                .then(|| environment::GuestIndices::new(pre))
+                .transpose()?,
+            dataset: has(Role::Dataset)
+                .then(|| dataset::GuestIndices::new(pre))
+                .transpose()?,
+            reward: has(Role::Reward)
+                .then(|| reward::GuestIndices::new(pre))
+                .transpose()?,
+            tools: tools::GuestIndices::new(pre).ok(),
+        })
+    }
+}
+
+/// Adds this version's host functions to `linker`.
+pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+    HostView::add_to_linker::<_, HasSelf<StoreState>>(linker, |state| state)
+}
+
+impl Host for StoreState {
+    fn log(&mut self, level: Level, message: String) {
+        let level = match level {
+            Level::Trace => tracing::Level::TRACE,
+            Level::Debug => tracing::Level::DEBUG,
+            Level::Info => tracing::Level::INFO,
+            Level::Warn => tracing::Level::WARN,
+            Level::Error => tracing::Level::ERROR,
+        };
+        self.log_line(level, &message);
+    }
+}
+
+impl model::Host for StoreState {
+    /// Denied: the grants (`[plugins.NAME] generate = {...}`) and the engine's batched
+    /// serving of these requests are the next step; until then every plugin is without
+    /// the grant, which is what a plugin without one gets anyway.
+    fn generate(&mut self, _request: model::GenerateRequest) -> Result<model::Completion, String> {
+        Err(
+            "generate is not granted to this plugin (no run config grants it yet: \
+             `[plugins.NAME] generate` is not implemented in this rlhost)"
+                .into(),
+        )
+    }
+}
+
+impl wit::Host for StoreState {}
+
+impl From<&types::Message> for wit::Message {
+    fn from(m: &types::Message) -> Self {
+        wit::Message {
+            role: m.role.clone(),
+            content: m.content.clone(),
+            // The host's messages do not hold calls yet (the rollout does not make them).
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+impl From<wit::Message> for types::Message {
+    fn from(m: wit::Message) -> Self {
+        types::Message {
+            role: m.role,
+            content: m.content,
+        }
+    }
+}
+
+impl From<&types::Sample> for wit::Sample {
+    fn from(s: &types::Sample) -> Self {
+        wit::Sample {
+            messages: s.messages.iter().map(Into::into).collect(),
+            metadata: s.metadata.to_string(),
+        }
+    }
+}
+
+impl From<&types::Trajectory> for wit::Trajectory {
+    fn from(t: &types::Trajectory) -> Self {
+        wit::Trajectory {
+            messages: t.messages.iter().map(Into::into).collect(),
+            completion: t.completion.clone(),
+            metadata: t.metadata.to_string(),
+            turns: t.turns,
+            truncated: t.truncated,
+        }
+    }
+}
+
+impl From<wit::Component> for types::Component {
+    fn from(c: wit::Component) -> Self {
+        types::Component {
+            name: c.name,
+            value: c.value,
+        }
+    }
+}
+
+impl From<wit::StepResult> for types::StepResult {
+    fn from(s: wit::StepResult) -> Self {
+        types::StepResult {
+            messages: s.messages.into_iter().map(Into::into).collect(),
+            done: s.done,
+            reward: s.reward,
+        }
+    }
+}
+
+impl From<wit::PluginInfo> for types::PluginInfo {
+    fn from(i: wit::PluginInfo) -> Self {
+        types::PluginInfo {
+            name: i.name,
+            version: i.version,
+            description: i.description,
+        }
+    }
+}
