@@ -43,6 +43,13 @@ if stale "$py_out" code_trigger ../wit; then
   (cd code_trigger && componentize-py -d ../../wit/v0.1.0 -w trigger-plugin componentize app -o "../$py_out.tmp" >/dev/null)
   mv -f "$py_out.tmp" "$py_out"
 fi
+# The units tools plugin targets WIT 0.2.0 (work in progress).
+py_out=dist/units.wasm
+if stale "$py_out" units ../wit; then
+  need componentize-py "pip install componentize-py==0.25.1"
+  (cd units && componentize-py -d ../../wit/v0.2.0 -w tools-plugin componentize app -o "../$py_out.tmp" >/dev/null)
+  mv -f "$py_out.tmp" "$py_out"
+fi
 py_out=dist/code_tests.wasm
 if stale "$py_out" code_tests ../wit; then
   need componentize-py "pip install componentize-py==0.25.1"

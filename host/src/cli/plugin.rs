@@ -85,7 +85,7 @@ pub struct CallArgs {
     /// The plugin component (.wasm); a bare name is looked for where installed plugins are.
     #[arg(value_parser = crate::config::builtin::plugin_file)]
     file: PathBuf,
-    /// The role to call: trigger, environment, dataset or reward.
+    /// The role to call: trigger, environment, dataset, reward or tools.
     role: Role,
     /// The plugin's configuration, as JSON.
     #[arg(long, default_value = "{}")]
@@ -94,7 +94,11 @@ pub struct CallArgs {
     /// to call several times on the same session.
     #[arg(long)]
     text: Vec<String>,
-    /// The user prompt of the sample (trigger, environment, reward).
+    /// tools: a call, `NAME:ARGUMENTS` with the arguments as a JSON object; repeat it to
+    /// call several times on the same session. Without it, the functions are listed.
+    #[arg(long = "call", value_name = "NAME:JSON")]
+    calls: Vec<String>,
+    /// The user prompt of the sample (trigger, environment, reward, tools).
     #[arg(long, conflicts_with = "sample")]
     prompt: Option<String>,
     /// A JSON file with the sample: {"messages": [...], "metadata": {...}}.
@@ -484,6 +488,53 @@ async fn call(args: CallArgs) -> Result<()> {
             out.insert("len".into(), source.len().into());
             out.insert("index".into(), index.into());
             out.insert("sample".into(), serde_json::to_value(sample)?);
+        }
+        Role::Tools => {
+            let sample = args.sample()?;
+            let mut session = plugin.open_tools(&args.config, &sample, args.seed).await?;
+            let functions: Vec<serde_json::Value> = session
+                .functions()
+                .iter()
+                .map(|f| {
+                    serde_json::json!({"name": f.name, "description": f.description,
+                        "parameters": f.parameters, "stateless": f.stateless})
+                })
+                .collect();
+            if !args.json {
+                for f in session.functions() {
+                    println!("function {}: {} {}", f.name, f.description, f.parameters);
+                }
+            }
+            out.insert("functions".into(), functions.into());
+            let mut results = Vec::new();
+            for call in &args.calls {
+                let Some((name, arguments)) = call.split_once(':') else {
+                    bail!(
+                        "--call {call:?}: expected NAME:ARGUMENTS, e.g. --call 'convert:{{\"value\": 3}}'"
+                    );
+                };
+                let parsed: serde_json::Value = serde_json::from_str(arguments).map_err(|e| {
+                    anyhow::anyhow!("--call {name}: the arguments are not JSON: {e}")
+                })?;
+                // As in a run: the host checks the call before the plugin sees it.
+                let spec = session.functions().iter().find(|f| f.name == name).cloned();
+                let checked = match &spec {
+                    None => Err(format!("there is no function {name:?}")),
+                    Some(spec) => crate::plugin::schema::validate(&spec.parameters, &parsed),
+                };
+                let result = match checked {
+                    Err(e) => serde_json::json!({"call": name, "refused_by_host": e}),
+                    Ok(()) => match session.invoke(name, arguments).await? {
+                        Ok(text) => serde_json::json!({"call": name, "result": text}),
+                        Err(text) => serde_json::json!({"call": name, "error": text}),
+                    },
+                };
+                if !args.json {
+                    println!("{result}");
+                }
+                results.push(result);
+            }
+            out.insert("calls".into(), results.into());
         }
         Role::Reward => {
             let trajectory = match &args.trajectory {

@@ -135,6 +135,7 @@ pub async fn run(plugin: &Plugin, options: &Options) -> Report {
             Role::Reward => t.reward(&samples).await,
             Role::Trigger => t.trigger(&samples).await,
             Role::Environment => t.environment(&samples).await,
+            Role::Tools => t.tools(&samples).await,
         }
     }
     let timings = t
@@ -462,6 +463,12 @@ impl Tester<'_> {
                 })
                 .await
             }
+            Role::Tools => {
+                self.timed("tools.open", async || {
+                    plugin.open_tools(config, sample, seed).await.map(drop)
+                })
+                .await
+            }
         };
         let result = result.map_err(as_fault);
         self.saw(result.as_ref().err());
@@ -572,6 +579,102 @@ impl Tester<'_> {
             ),
         };
         self.check(role, "samples are well formed", outcome, detail);
+    }
+
+    /// A tools plugin: its functions are well formed (checked when a session opens: names,
+    /// JSON Schema objects this host can check), calls with random arguments that fit
+    /// each function's schema never fault, and arguments that do not fit get the
+    /// function's own error (`err`), not a fault.
+    async fn tools(&mut self, samples: &[Sample]) {
+        let role = Some(Role::Tools);
+        let config = self.options.config.clone();
+        let seed = self.options.seed;
+        let mut session = match self.plugin.open_tools(&config, &samples[0], seed).await {
+            Ok(s) => s,
+            Err(e) => {
+                return self.check(
+                    role,
+                    "functions are well formed",
+                    Outcome::Fail,
+                    format!("{e:#}"),
+                );
+            }
+        };
+        let specs = session.functions().to_vec();
+        if specs.is_empty() {
+            return self.check(
+                role,
+                "functions are well formed",
+                Outcome::Fail,
+                "it lists no function".into(),
+            );
+        }
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        self.check(
+            role,
+            "functions are well formed",
+            Outcome::Pass,
+            names.join(", "),
+        );
+        let (mut faults, mut answered, mut refused, mut made, mut streak) =
+            (Vec::new(), 0, 0, 0, Streak::default());
+        for i in 0..self.options.inputs {
+            let spec = &specs[i % specs.len()];
+            let arguments = random_value(&spec.parameters, &mut self.rng, 0);
+            made += 1;
+            let text = arguments.to_string();
+            let result = self
+                .timed("tools.call", async || {
+                    session.invoke(&spec.name, &text).await
+                })
+                .await;
+            let stop = streak.push(self.saw(result.as_ref().err()));
+            match result {
+                Ok(Ok(_)) => answered += 1,
+                Ok(Err(_)) => refused += 1,
+                Err(f) => faults.push(f),
+            }
+            if stop || self.timeouts >= MAX_TIMEOUTS {
+                break;
+            }
+        }
+        let extra = format!(
+            ", {answered} answered, {refused} refused{}",
+            streak.stopped(made, self.options.inputs)
+        );
+        self.faults_check(
+            Role::Tools,
+            "calls with fitting arguments: no fault",
+            made,
+            &faults,
+            &extra,
+        );
+        // Arguments that fail the schema: the host never sends them in a run, but a
+        // function must refuse them (`err`), never trap.
+        let spec = &specs[0];
+        let (mut bad_faults, mut bad_answered) = (Vec::new(), 0);
+        for bad in ["[]", "{\"surely_not_a_parameter\": []}", "\"text\""] {
+            match session.invoke(&spec.name, bad).await {
+                Ok(Ok(_)) => bad_answered += 1,
+                Ok(Err(_)) => {}
+                Err(f) => bad_faults.push(f),
+            }
+        }
+        let (outcome, detail) = match (bad_faults.first(), bad_answered) {
+            (Some(f), _) => (
+                Outcome::Fail,
+                format!("`{}` faulted on arguments that do not fit: {f}", spec.name),
+            ),
+            (None, 0) => (Outcome::Pass, format!("`{}` refused all 3", spec.name)),
+            (None, n) => (
+                Outcome::Warn,
+                format!(
+                    "`{}` answered {n} of 3 calls whose arguments do not fit its schema",
+                    spec.name
+                ),
+            ),
+        };
+        self.check(role, "arguments that do not fit: refused", outcome, detail);
     }
 
     async fn reward(&mut self, samples: &[Sample]) {
@@ -916,6 +1019,118 @@ fn clip(text: &str) -> String {
 }
 
 /// SplitMix64: the inputs depend on the seed alone.
+/// A random value that fits `schema` (the keywords [`super::schema`] knows); `depth`
+/// bounds nesting.
+fn random_value(schema: &serde_json::Value, rng: &mut SplitMix, depth: u32) -> serde_json::Value {
+    use serde_json::{Value, json};
+    if let Some(options) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .filter(|o| !o.is_empty())
+    {
+        return options[rng.below(options.len() as u64) as usize].clone();
+    }
+    if let Some(c) = schema.get("const") {
+        return c.clone();
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(any) = schema
+            .get(key)
+            .and_then(Value::as_array)
+            .filter(|a| !a.is_empty())
+        {
+            return random_value(&any[rng.below(any.len() as u64) as usize], rng, depth);
+        }
+    }
+    let kind = match schema.get("type") {
+        Some(Value::String(t)) => t.clone(),
+        Some(Value::Array(ts)) if !ts.is_empty() => ts[rng.below(ts.len() as u64) as usize]
+            .as_str()
+            .unwrap_or("null")
+            .to_string(),
+        _ => "string".into(),
+    };
+    let num = |k: &str| schema.get(k).and_then(Value::as_f64);
+    match kind.as_str() {
+        "object" => {
+            let mut out = serde_json::Map::new();
+            let required: Vec<&str> = schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            for (name, sub) in schema
+                .get("properties")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+            {
+                if required.contains(&name.as_str()) || (depth < 3 && rng.below(2) == 0) {
+                    out.insert(name.clone(), random_value(sub, rng, depth + 1));
+                }
+            }
+            Value::Object(out)
+        }
+        "array" => {
+            let lo = schema.get("minItems").and_then(Value::as_u64).unwrap_or(0);
+            let hi = schema
+                .get("maxItems")
+                .and_then(Value::as_u64)
+                .unwrap_or(lo + 4)
+                .max(lo);
+            let n = if depth >= 3 {
+                lo
+            } else {
+                lo + rng.below(hi - lo + 1)
+            };
+            let item = schema.get("items").cloned().unwrap_or(json!({}));
+            Value::Array(
+                (0..n)
+                    .map(|_| random_value(&item, rng, depth + 1))
+                    .collect(),
+            )
+        }
+        "integer" => {
+            let lo = num("minimum")
+                .or(num("exclusiveMinimum").map(|x| x.floor() + 1.0))
+                .unwrap_or(-1000.0);
+            let hi = num("maximum")
+                .or(num("exclusiveMaximum").map(|x| x.ceil() - 1.0))
+                .unwrap_or(1000.0)
+                .max(lo);
+            json!(lo as i64 + rng.below((hi - lo) as u64 + 1) as i64)
+        }
+        "number" => {
+            let lo = num("minimum")
+                .or(num("exclusiveMinimum"))
+                .unwrap_or(-1000.0);
+            let hi = num("maximum")
+                .or(num("exclusiveMaximum"))
+                .unwrap_or(1000.0)
+                .max(lo);
+            let x = lo + (hi - lo) * (rng.below(1 << 20) as f64 / (1 << 20) as f64);
+            json!(x)
+        }
+        "boolean" => json!(rng.below(2) == 1),
+        "null" => Value::Null,
+        _ => {
+            let lo = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let hi = schema
+                .get("maxLength")
+                .and_then(Value::as_u64)
+                .map_or(lo.max(24), |m| m as usize)
+                .max(lo);
+            let mut text: String = rng.text(&[]).chars().take(hi).collect();
+            while text.chars().count() < lo {
+                text.push('x');
+            }
+            json!(text)
+        }
+    }
+}
+
 struct SplitMix(u64);
 
 /// What random text is made of: words a model writes, digits and operators, markup,

@@ -24,6 +24,7 @@ pub mod plugin;
 pub mod runtime;
 pub mod sandbox;
 pub mod scaffold;
+pub mod schema;
 mod session;
 pub mod types;
 
@@ -32,5 +33,9 @@ pub use inspect::LoadError;
 pub use plugin::{Plugin, PluginSpec};
 pub use runtime::{PluginRuntime, RuntimeOptions};
 pub use sandbox::{DirGrant, Grants, Limits};
-pub use session::{DatasetSource, EnvironmentEpisode, RewardScorer, Session, TriggerSession};
-pub use types::{Component, Message, PluginInfo, Role, Sample, StepResult, Trajectory};
+pub use session::{
+    DatasetSource, EnvironmentEpisode, RewardScorer, Session, ToolsSession, TriggerSession,
+};
+pub use types::{
+    Component, FunctionSpec, Message, PluginInfo, Role, Sample, StepResult, Trajectory,
+};

@@ -15,7 +15,7 @@ use super::bindings::{self, Exports};
 use super::fault::{Fault, FaultKind};
 use super::plugin::{Inner, Plugin};
 use super::sandbox::StoreState;
-use super::types::{Component, Message, Role, Sample, StepResult, Trajectory};
+use super::types::{Component, FunctionSpec, Message, Role, Sample, StepResult, Trajectory};
 use anyhow::Result;
 use wasmtime::Store;
 use wasmtime::component::{Instance, ResourceAny};
@@ -35,6 +35,8 @@ pub type EnvironmentEpisode = Session<bindings::Environment>;
 pub type DatasetSource = Session<bindings::Dataset>;
 /// An opened reward function.
 pub type RewardScorer = Session<bindings::Reward>;
+/// One trajectory's tools (WIT 0.2.0 on).
+pub type ToolsSession = Session<bindings::Tools>;
 
 /// What is particular to one role's sessions.
 // Only the host implements and calls it, always for a concrete kind, so the futures'
@@ -471,6 +473,135 @@ impl RewardScorer {
     }
 }
 
+/// The most functions one tools plugin may offer: their schemas go into every prompt.
+const MAX_FUNCTIONS: usize = 64;
+
+impl Kind for bindings::Tools {
+    const ROLE: Role = Role::Tools;
+    const OPEN: &'static str = "tools.open";
+    /// The config and the sample.
+    type Args = (String, Sample);
+    /// The functions, checked.
+    type Opened = Vec<FunctionSpec>;
+
+    fn load(
+        exports: &Exports,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self> {
+        exports.tools(store, instance)
+    }
+
+    async fn open_with(
+        &self,
+        store: &mut Store<StoreState>,
+        (config, sample): &(String, Sample),
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.open(store, config, sample).await
+    }
+
+    /// The functions, asked once; a list the host cannot use (names not unique or not
+    /// `[A-Za-z0-9_-]`, a schema that is not JSON or not one [`super::schema`] can check)
+    /// is the plugin's bad output.
+    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<Vec<FunctionSpec>, Fault> {
+        let call = "tools.functions";
+        let raw = live
+            .call(inner, call, async |guest, store, handle| {
+                guest.functions(store, handle).await
+            })
+            .await?;
+        let bad = |message: String| inner.fault(call, super::fault::FaultKind::BadOutput, message);
+        if raw.len() > MAX_FUNCTIONS {
+            return Err(bad(format!(
+                "listed {} functions; at most {MAX_FUNCTIONS} are allowed",
+                raw.len()
+            )));
+        }
+        let mut specs: Vec<FunctionSpec> = Vec::with_capacity(raw.len());
+        for f in raw {
+            let name_ok = !f.name.is_empty()
+                && f.name.len() <= 64
+                && f.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !name_ok {
+                return Err(bad(format!(
+                    "function name {:?} is not 1-64 of letters, digits, `_` or `-`",
+                    f.name
+                )));
+            }
+            if specs.iter().any(|s| s.name == f.name) {
+                return Err(bad(format!("function `{}` is listed twice", f.name)));
+            }
+            let parameters: serde_json::Value =
+                serde_json::from_str(&f.parameters).map_err(|e| {
+                    bad(format!(
+                        "function `{}`: its parameters are not JSON: {e}",
+                        f.name
+                    ))
+                })?;
+            if parameters.get("type").and_then(|t| t.as_str()) != Some("object") {
+                return Err(bad(format!(
+                    "function `{}`: its parameters must be an object schema (\"type\": \"object\")",
+                    f.name
+                )));
+            }
+            super::schema::check_schema(&parameters).map_err(|e| {
+                bad(format!(
+                    "function `{}`: its parameters' schema: {e}",
+                    f.name
+                ))
+            })?;
+            specs.push(FunctionSpec {
+                name: f.name,
+                description: f.description,
+                parameters,
+                stateless: f.stateless,
+            });
+        }
+        Ok(specs)
+    }
+}
+
+impl ToolsSession {
+    /// The functions the session offers, as checked when it opened.
+    pub fn functions(&self) -> &[FunctionSpec] {
+        &self.opened
+    }
+
+    /// Runs one call. `Ok(Ok(text))`: the result; `Ok(Err(text))`: the function's own
+    /// refusal of its input, for the model to read (not a fault); `Err`: the plugin's
+    /// fault (trap, deadline, memory, a result too large), after which the session's next
+    /// call starts a fresh instance.
+    pub async fn invoke(
+        &mut self,
+        name: &str,
+        arguments: &str,
+    ) -> Result<Result<String, String>, Fault> {
+        let call = "tools.call";
+        let inner = self.plugin.0.clone();
+        let result = self
+            .live()
+            .await?
+            .call(&inner, call, async |guest, store, handle| {
+                guest.call(store, handle, name, arguments).await
+            })
+            .await;
+        let answer = match result {
+            Ok(answer) => answer,
+            Err(fault) => {
+                self.live = None;
+                return Err(fault);
+            }
+        };
+        let bytes = match &answer {
+            Ok(text) | Err(text) => text.len(),
+        };
+        let problem = inner.too_large(bytes);
+        self.check(call, answer, problem)
+    }
+}
+
 impl Plugin {
     /// The fault an error of opening a session stands for: the fault itself when opening
     /// faulted, else (the plugin does not fit the role's interface) an incompatibility.
@@ -514,5 +645,15 @@ impl Plugin {
     /// Opens the plugin's reward function.
     pub async fn open_reward(&self, config: &str) -> Result<RewardScorer> {
         Session::start(self, config.to_string(), 0).await
+    }
+
+    /// Opens a tools session for one trajectory. `seed` seeds the plugin's randomness.
+    pub async fn open_tools(
+        &self,
+        config: &str,
+        sample: &Sample,
+        seed: u64,
+    ) -> Result<ToolsSession> {
+        Session::start(self, (config.to_string(), sample.clone()), seed).await
     }
 }

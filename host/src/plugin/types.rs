@@ -68,6 +68,17 @@ pub struct PluginInfo {
     pub description: String,
 }
 
+/// A function a tools plugin offers the model: its name, what it does, its parameters as
+/// a JSON Schema object (as OpenAI's and transformers' `tools` have it), and whether its
+/// calls may run in fresh instances at once (`stateless`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+    pub stateless: bool,
+}
+
 /// The roles a plugin can play; a component may export several.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -76,14 +87,17 @@ pub enum Role {
     Environment,
     Dataset,
     Reward,
+    /// Functions the model calls in its own format (WIT 0.2.0 on).
+    Tools,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [
+    pub const ALL: [Role; 5] = [
         Role::Trigger,
         Role::Environment,
         Role::Dataset,
         Role::Reward,
+        Role::Tools,
     ];
 
     /// The WIT interface that exports this role.
@@ -93,6 +107,7 @@ impl Role {
             Role::Environment => "environment",
             Role::Dataset => "dataset",
             Role::Reward => "reward",
+            Role::Tools => "tools",
         }
     }
 }
@@ -111,7 +126,9 @@ impl FromStr for Role {
             .into_iter()
             .find(|role| role.interface() == s)
             .ok_or_else(|| {
-                format!("unknown role `{s}`: expected trigger, environment, dataset or reward")
+                format!(
+                    "unknown role `{s}`: expected trigger, environment, dataset, reward or tools"
+                )
             })
     }
 }

@@ -12,7 +12,6 @@ pub mod engine;
 pub mod eval;
 pub mod queue;
 pub mod reward;
-pub mod schema;
 pub mod tool_calls;
 pub mod trajectory;
 pub mod turns;

@@ -15,6 +15,7 @@
 //! JSON is read with a real JSON reader, so a string argument holding `</tool_call>` does
 //! not end the call.
 
+pub use crate::plugin::FunctionSpec;
 use serde_json::{Map, Value};
 
 /// How a model writes its tool calls (`rollout.tool_call_format`).
@@ -67,15 +68,6 @@ impl CallFormat {
             None
         }
     }
-}
-
-/// A function the model may call: its name, what it does, and its parameters as a JSON
-/// Schema (an object schema, as OpenAI's and transformers' `tools` have it).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FunctionSpec {
-    pub name: String,
-    pub description: String,
-    pub parameters: Value,
 }
 
 /// One call, read.
@@ -405,7 +397,7 @@ pub fn check(call: &ToolCall, specs: &[FunctionSpec]) -> Result<(), CallError> {
         .iter()
         .find(|s| s.name == call.name)
         .ok_or_else(|| CallError::UnknownFunction(call.name.clone()))?;
-    super::schema::validate(&spec.parameters, &Value::Object(call.arguments.clone()))
+    crate::plugin::schema::validate(&spec.parameters, &Value::Object(call.arguments.clone()))
         .map_err(CallError::InvalidArguments)
 }
 
@@ -436,6 +428,7 @@ mod tests {
                 "city": {"type": "string"}, "days": {"type": "integer"},
                 "metric": {"type": "boolean"}, "hours": {"type": "array", "items": {"type": "integer"}}},
                 "required": ["city"]}),
+            stateless: true,
         }
     }
 

@@ -111,6 +111,21 @@ impl Exports {
         }
     }
 
+    pub fn tools(
+        &self,
+        store: &mut Store<StoreState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Tools> {
+        match self {
+            Exports::V0_1_0(_) => Err(wasmtime::format_err!(
+                "rlhost:plugin@0.1.0 has no tools role; rebuild the plugin against wit/v0.2.0"
+            )),
+            Exports::V0_2_0(e) => Ok(Tools::V0_2_0(
+                v0_1_0::Exports::role(&e.tools, "tools")?.load(store, instance)?,
+            )),
+        }
+    }
+
     pub fn reward(
         &self,
         store: &mut Store<StoreState>,
@@ -123,6 +138,66 @@ impl Exports {
             Exports::V0_2_0(e) => Ok(Reward::V0_2_0(
                 v0_1_0::Exports::role(&e.reward, "reward")?.load(store, instance)?,
             )),
+        }
+    }
+}
+
+/// A function as a tools plugin listed it, its schema still the JSON text it sent.
+pub struct RawFunction {
+    pub name: String,
+    pub description: String,
+    pub parameters: String,
+    pub stateless: bool,
+}
+
+/// One instance's `tools` interface (0.2.0 on).
+pub enum Tools {
+    V0_2_0(v0_2_0::tools::Guest),
+}
+
+impl Tools {
+    /// A session for one trajectory of `sample`.
+    pub async fn open(
+        &self,
+        store: &mut Store<StoreState>,
+        config: &str,
+        sample: &Sample,
+    ) -> Call<ResourceAny> {
+        match self {
+            Tools::V0_2_0(g) => g.session().call_open(store, config, &sample.into()).await,
+        }
+    }
+
+    pub async fn functions(
+        &self,
+        store: &mut Store<StoreState>,
+        session: ResourceAny,
+    ) -> wasmtime::Result<Vec<RawFunction>> {
+        match self {
+            Tools::V0_2_0(g) => Ok(g
+                .session()
+                .call_functions(store, session)
+                .await?
+                .into_iter()
+                .map(|f| RawFunction {
+                    name: f.name,
+                    description: f.description,
+                    parameters: f.parameters,
+                    stateless: f.stateless,
+                })
+                .collect()),
+        }
+    }
+
+    pub async fn call(
+        &self,
+        store: &mut Store<StoreState>,
+        session: ResourceAny,
+        name: &str,
+        arguments: &str,
+    ) -> Call<String> {
+        match self {
+            Tools::V0_2_0(g) => g.session().call_call(store, session, name, arguments).await,
         }
     }
 }

@@ -29,8 +29,7 @@ pub struct Exports {
 }
 
 impl Exports {
-    /// The indices of `about` and of each of `roles`; `tools` when the component exports
-    /// it (the host's `Role` has no tools variant yet).
+    /// The indices of `about` and of each of `roles`.
     pub fn new(pre: &InstancePre<StoreState>, roles: &[Role]) -> wasmtime::Result<Exports> {
         let has = |role| roles.contains(&role);
         Ok(Exports {
@@ -47,7 +46,9 @@ impl Exports {
             reward: has(Role::Reward)
                 .then(|| reward::GuestIndices::new(pre))
                 .transpose()?,
-            tools: tools::GuestIndices::new(pre).ok(),
+            tools: has(Role::Tools)
+                .then(|| tools::GuestIndices::new(pre))
+                .transpose()?,
         })
     }
 }

@@ -98,6 +98,12 @@ pub struct Made {
 /// Makes the project. Nothing is written when it fails, and an existing folder is never
 /// touched.
 pub fn create(request: &Request) -> Result<Made> {
+    if request.role == Role::Tools {
+        anyhow::bail!(
+            "`plugin new --role tools` has no templates yet (WIT 0.2.0 is work in progress): \
+             see docs/design/wit-0.2.0.md"
+        );
+    }
     check_name(&request.name)?;
     let dir = request.parent.join(&request.name);
     if dir.exists() {
@@ -293,6 +299,7 @@ fn description(role: Role) -> &'static str {
         Role::Environment => "A three-turn conversation that rewards saying done",
         Role::Dataset => "Addition problems with their answers",
         Role::Reward => "format and correct components for <answer>...</answer>",
+        Role::Tools => "Unit conversion as a function the model calls",
     }
 }
 
@@ -302,6 +309,7 @@ fn call_example(role: Role) -> &'static str {
         Role::Environment => "--text 'one' --text 'two' --text 'done'",
         Role::Dataset => "--index 0",
         Role::Reward => "--prompt 'What is 2 + 2?' --text '<answer>4</answer>'",
+        Role::Tools => "--call 'convert:{\"value\": 3, \"from\": \"km\", \"to\": \"mi\"}'",
     }
 }
 
@@ -361,7 +369,8 @@ mod tests {
     fn every_language_and_role_fills_every_hole() {
         let parent = temp("holes");
         for lang in Lang::ALL {
-            for role in Role::ALL {
+            // The tools role has no templates yet (WIT 0.2.0 is work in progress).
+            for role in Role::ALL.into_iter().filter(|r| *r != Role::Tools) {
                 let name = format!("p_{lang}_{role}");
                 let request = Request {
                     name: name.clone(),
