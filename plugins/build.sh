@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds every plugin into plugins/dist/*.wasm: the Rust ones with cargo (target
-# wasm32-wasip2), the Python code tool and code-tests reward with componentize-py, the
-# JavaScript code tool with componentize-qjs, the C reward with clang + wasi-libc and jco
-# (the WASI preview-1 adapter).
+# wasm32-wasip2), the Python code tool, code-tests reward and units tools with
+# componentize-py, the JavaScript code tool with componentize-qjs, the C reward with clang
+# + wasi-libc and jco (the WASI preview-1 adapter).
+# The Rust SDK's plugins and units target WIT 0.2.0; one plugin per language stays on
+# 0.1.0 to prove that the first contract still loads: calculator_v0_1_0 (Rust),
+# code_trigger and code_tests (Python), js_trigger (JavaScript) and c_reward (C).
 # Needs: rustup target add wasm32-wasip2; pip install componentize-py==0.25.1;
 #        apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32 nodejs npm
 # (the npm packages, pinned in package-lock.json, are installed here with `npm ci`).
@@ -14,7 +17,7 @@ mkdir -p dist
 # Build for wasm whatever the caller's environment says (this may run from a build script).
 unset CARGO_ENCODED_RUSTFLAGS RUSTFLAGS CARGO_BUILD_TARGET
 cargo build --release --quiet --target wasm32-wasip2 --target-dir "$here/target"
-for plugin in calculator none countdown hostile guess_number pattern_reward multiply code_task math_answer future_version not_a_plugin; do
+for plugin in calculator calculator_v0_1_0 none countdown hostile guess_number pattern_reward multiply code_task math_answer future_version not_a_plugin; do
   cp -f "target/wasm32-wasip2/release/$plugin.wasm" "dist/$plugin.wasm.tmp"
   mv -f "dist/$plugin.wasm.tmp" "dist/$plugin.wasm"
 done
@@ -43,7 +46,7 @@ if stale "$py_out" code_trigger ../wit; then
   (cd code_trigger && componentize-py -d ../../wit/v0.1.0 -w trigger-plugin componentize app -o "../$py_out.tmp" >/dev/null)
   mv -f "$py_out.tmp" "$py_out"
 fi
-# The units tools plugin targets WIT 0.2.0 (work in progress).
+# The units tools plugin (native function calling) targets WIT 0.2.0.
 py_out=dist/units.wasm
 if stale "$py_out" units ../wit; then
   need componentize-py "pip install componentize-py==0.25.1"

@@ -55,8 +55,9 @@ fi
 mkdir -p "$plugins"
 for f in plugins/dist/*.wasm; do
     case "$(basename "$f")" in
-        # Test components (the host's loading errors, the sandbox's hostile cases), not plugins.
-        future_version.wasm | not_a_plugin.wasm | hostile.wasm) continue ;;
+        # Test components (the host's loading errors, the sandbox's hostile cases, the
+        # calculator kept on WIT 0.1.0 to prove old plugins load), not plugins.
+        future_version.wasm | not_a_plugin.wasm | hostile.wasm | calculator_v0_1_0.wasm) continue ;;
     esac
     cp -f "$f" "$plugins/"
 done

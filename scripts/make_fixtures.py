@@ -8,6 +8,11 @@ What it makes (under tests/fixtures/ by default, or under --out DIR):
   synthetic English + arithmetic + python corpus generated below, with Qwen special tokens
   and a Qwen2.5-style chat template written for this project.
 * chat_template_cases.json: chat template rendering cases with the rendered text and ids.
+* chat_tools/: the real chat templates of Qwen2.5-Instruct, Qwen3 and Llama-3.1-Instruct
+  (qwen2_5.jinja, qwen3.jinja, llama3_1.jinja: written out below, not downloaded) and
+  cases.json, conversations with tools, tool calls (arguments as objects and as JSON
+  text) and tool results, rendered by transformers' apply_chat_template and tokenized by
+  the fixture tokenizer; where a template raises, the error.
 * models/qwen2, models/qwen3, models/llama: tiny random Qwen2 (tied, qkv bias, f32),
   Qwen3 (q_norm/k_norm, untied, saved in bfloat16) and Llama (llama3 rope scaling, untied,
   sharded safetensors) models, each with its config, weights, tokenizer files and a
@@ -24,11 +29,17 @@ It is run by developers, not by CI:
     /tmp/fixvenv/bin/pip install torch transformers peft safetensors tokenizers jinja2
     /tmp/fixvenv/bin/python scripts/make_fixtures.py [--out DIR]
 
+chat_tools/ alone (after a full run has written tokenizer.json), without torch or PEFT:
+transformers, tokenizers and jinja2 are enough. It also updates README.md's section on it:
+
+    python scripts/make_fixtures.py --only tool-templates [--out DIR]
+
 Everything is created locally (no hub downloads). Output is deterministic: fixed seeds
 everywhere, so running it twice on the same machine gives byte-identical files.
 
 Last run with: torch==2.15.0 transformers==5.23.0 peft==0.21.2 tokenizers==0.23.3
-safetensors==0.8.0 Jinja2==3.1.6 (Python 3.11.7, CPU, 2 threads).
+safetensors==0.8.0 Jinja2==3.1.6 (Python 3.11.7, CPU, 2 threads); chat_tools/ with
+`--only tool-templates`: transformers==5.19.0 tokenizers==0.23.3 Jinja2==3.1.6 (Python 3.11.7).
 """
 
 import argparse
@@ -45,26 +56,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-import torch  # noqa: E402
-import safetensors  # noqa: E402
 import tokenizers  # noqa: E402
 import transformers  # noqa: E402
-import peft  # noqa: E402
 import jinja2  # noqa: E402
-from safetensors.torch import save_file, load_file  # noqa: E402
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers  # noqa: E402
 from tokenizers import pre_tokenizers, trainers  # noqa: E402
-from transformers import (  # noqa: E402
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
-from peft import LoraConfig, get_peft_model  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 RUN_WITH = {
     "torch": "2.15.0",
@@ -74,14 +71,47 @@ RUN_WITH = {
     "safetensors": "0.8.0",
     "jinja2": "3.1.6",
 }
+# `--only tool-templates` (chat_tools/) was last run with these.
+TOOL_TEMPLATES_RUN_WITH = {"transformers": "5.19.0", "tokenizers": "0.23.3", "jinja2": "3.1.6"}
 INSTALLED = {
-    "torch": torch.__version__.split("+")[0],
     "transformers": transformers.__version__,
-    "peft": peft.__version__,
     "tokenizers": tokenizers.__version__,
-    "safetensors": safetensors.__version__,
     "jinja2": jinja2.__version__,
 }
+
+
+def import_model_libraries():
+    """torch, PEFT, safetensors and the model classes: the full run needs them, `--only
+    tool-templates` does not (it runs with transformers, tokenizers and jinja2 alone). They
+    are bound as module globals, which the model functions below use."""
+    global torch, safetensors, peft, save_file, load_file, HALF_DTYPES, INSTALLED
+    global GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    global Qwen3Config, Qwen3ForCausalLM, LoraConfig, get_peft_model
+    import torch
+    import safetensors
+    import peft
+    from safetensors.torch import save_file, load_file
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+    from peft import LoraConfig, get_peft_model
+
+    HALF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+    INSTALLED = {
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "tokenizers": tokenizers.__version__,
+        "safetensors": safetensors.__version__,
+        "jinja2": jinja2.__version__,
+    }
+
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 VOCAB_SIZE = 512  # total, special and added tokens included
@@ -335,10 +365,15 @@ def write_tokenizer_config_v4(out, hf_tok, ids):
 # --------------------------------------------------------------------------- helpers
 
 
-def write_json(path, obj):
+def write_json(path, obj, compact_ids=False):
     text = json.dumps(obj, indent=2, ensure_ascii=False)
     # Lists of plain integers (token ids) on one line each.
     text = re.sub(r"\[(?:\s*-?\d+,)*\s*-?\d+\s*\]", lambda m: json.dumps(json.loads(m.group(0))), text)
+    if compact_ids:
+        # `"input_ids": [...]` without spaces (only that key: a string value may hold a
+        # list that must stay as written).
+        text = re.sub(r'("input_ids": )(\[[-\d, ]*\])',
+                      lambda m: m.group(1) + m.group(2).replace(" ", ""), text)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text + "\n")
 
@@ -363,7 +398,16 @@ def common_shape(vocab, ids):
     )
 
 
-@torch.no_grad()
+def no_grad(fn):
+    """`@torch.no_grad()` that needs torch only when called (see import_model_libraries)."""
+    def wrapper(*args, **kwargs):
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    return wrapper
+
+
+@no_grad
 def init_weights(model, seed):
     """Seeded init large enough that logits are far from 0."""
     g = torch.Generator().manual_seed(seed)
@@ -424,7 +468,7 @@ def lora_loss(logits, input_ids, attention_mask):
     return (nll * valid).sum() / valid.sum()
 
 
-@torch.no_grad()
+@no_grad
 def kv_cache_check(model, input_ids, full_logits):
     """Prefill the first PREFIX_LEN tokens of row 0, then decode the rest one token at a
     time with past_key_values; compare with the full (batched, masked) forward."""
@@ -679,9 +723,6 @@ def make_model_fixture(name, out, hf_tok, ids, facts):
     }
 
 
-HALF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
-
-
 def half_references(name, mdir, cls, inputs, ref, facts):
     """reference_half.safetensors: the same batch as transformers and PEFT run it in half
     precision. The base is loaded in bf16 (f16) with eager attention (scores in the compute
@@ -857,12 +898,683 @@ def jinja_checks(cases, template):
     return {"plain_jinja2_json_dumps_tojson_matches_all": same, "jinja2_builtin_tojson_differs_in": differ}
 
 
+# --------------------------------------------------------------------------- tool templates
+#
+# The chat templates of three instruct families, written out (nothing is downloaded), and
+# conversations with tools rendered by transformers: chat_tools/. Each template is the
+# `chat_template` of the model's hub tokenizer_config.json, character for character; where
+# it came from and what it was checked against is said above each.
+
+# Qwen/Qwen2.5-7B-Instruct (the whole Qwen2.5-Instruct family shares it). Compared byte
+# for byte with the JSON-escaped hub string copied into public code (a vLLM request's
+# `extra_body={"chat_template": ...}`, and the same text in a second project's
+# tokenizer_config excerpt, both ending in "{%- endif %}\n"). Hermes calls:
+# `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`; arguments always go
+# through `tojson`, so a JSON-string argument is rendered as a JSON string.
+QWEN2_5_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# Qwen/Qwen3-8B at revision 895c8d171bc03c30e113cd7a28c02494b5e068b7 (the one SkyRL's
+# skyrl_train/utils/templates/README.md links as "the official Qwen3 jinja template", and
+# quotes in part): the text that reads `content` and `reasoning_content` only when they are
+# strings. Compared byte for byte with a Qwen3-4B-Thinking-2507 tokenizer_config.json
+# copied into public code (identical but for its generation prompt, which always opens
+# `<think>`); the generation prompt with `enable_thinking` is the original release's
+# (llama.cpp's models/templates/Qwen-Qwen3-0.6B.jinja, which otherwise lacks the two
+# string checks), and a transformers.js project inlines this exact combination.
+# Thinking: an assistant turn after the last real user query is rendered with its
+# `<think>` block (from `reasoning_content`, or split out of `content` at `</think>`);
+# `enable_thinking=False` adds an empty think block to the generation prompt.
+QWEN3_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+# meta-llama/Llama-3.1-8B-Instruct (hub tokenizer_config.json; Llama 3.3 ships the same
+# text). Compared byte for byte with the JSON-escaped hub string copied into public code
+# (an evaluation script's `get_chat_template("llama")`, ending in "\n"), and line by line
+# with marin's experiments/llama.py (the 3.3 template plus `{% generation %}`) and an
+# llm_templates copy sourced from the hub file. Custom tools go into the first user
+# message (or the system message with `tools_in_user_message=False`) as
+# `tojson(indent=4)`; a call is rendered `{"name": ..., "parameters": ...}` (no
+# `<|python_tag|>`: that tag is for the built-in tools,
+# `<|python_tag|>brave_search.call(query="...")`); one call per message, or
+# `raise_exception`; tool results come back as `ipython` turns and, being strings (which
+# Jinja2 counts as iterable), go through `tojson`; `date_string` defaults to 26 Jul 2024.
+LLAMA3_1_TEMPLATE = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+# The special tokens each model's tokenizer_config.json sets, as transformers hands them
+# to the template; how an assistant turn opens and ends in the rendered text; the
+# tool-call format rlhost reads there.
+TOOL_TEMPLATES = {
+    "qwen2_5": {
+        "model": "Qwen/Qwen2.5-7B-Instruct",
+        "template": QWEN2_5_TEMPLATE,
+        "special_tokens": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        "assistant_header": "<|im_start|>assistant\n",
+        "end_of_turn": ["<|im_end|>"],
+        "call_format": "hermes",
+    },
+    "qwen3": {
+        "model": "Qwen/Qwen3-8B",
+        "template": QWEN3_TEMPLATE,
+        "special_tokens": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        "assistant_header": "<|im_start|>assistant\n",
+        "end_of_turn": ["<|im_end|>"],
+        "call_format": "hermes",
+    },
+    "llama3_1": {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "template": LLAMA3_1_TEMPLATE,
+        "special_tokens": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+        "assistant_header": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        "end_of_turn": ["<|eot_id|>", "<|eom_id|>"],
+        "call_format": "llama3_json",
+    },
+}
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather and forecast for a city — température en °C ou °F.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "location": {"type": "string",
+                             "description": "City and country, e.g. « Zürich, CH » or 東京"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7,
+                         "description": "Forecast length in days"},
+            },
+            "required": ["location"],
+        },
+    },
+}
+FLIGHTS_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search_flights",
+        "description": "Search flights between two airports; prices in €.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "route": {
+                    "type": "object",
+                    "description": "Where from and where to",
+                    "properties": {
+                        "from": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                        "to": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                        "date": {"type": "string", "format": "date"},
+                    },
+                    "required": ["from", "to"],
+                },
+                "passengers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                        "required": ["name"],
+                    },
+                },
+                "cabin": {"type": "string", "enum": ["economy", "premium", "business"]},
+                "max_price": {"type": "number"},
+                "direct_only": {"type": "boolean", "default": False},
+            },
+            "required": ["route", "passengers"],
+        },
+    },
+}
+CONVERT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "convert_currency",
+        "description": "Convert an amount between currencies (ISO 4217 codes: EUR, JPY ¥, …).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "amount": {"type": "number", "exclusiveMinimum": 0},
+                "from": {"type": "string"},
+                "to": {"type": "array", "items": {"type": "string"},
+                       "description": "One or more target currencies"},
+                "rounding": {"type": ["integer", "null"],
+                             "description": "Decimal places, or null to keep all"},
+            },
+            "required": ["amount", "from", "to"],
+        },
+    },
+}
+ALL_TOOLS = [WEATHER_TOOL, FLIGHTS_TOOL, CONVERT_TOOL]
+
+
+def tool_call(call_id, name, arguments):
+    """An OpenAI-shape call; `arguments` a dict, or JSON text as the OpenAI API sends it."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_result(call_id, content):
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def tool_conversations():
+    """(name, messages, tools, add_generation_prompt) shared by the three templates."""
+    weather_zh = tool_call("call_w1", "get_weather",
+                           {"location": "Zürich, CH", "unit": "celsius", "days": 2})
+    flights = tool_call("call_f1", "search_flights", {
+        "route": {"from": "ZRH", "to": "NRT", "date": "2025-03-14"},
+        "passengers": [{"name": "Anna", "age": 34}, {"name": "Ben"}],
+        "cabin": "economy", "max_price": 1500.0, "direct_only": True,
+    })
+    # Arguments as JSON text, compact as a model or an API client writes them.
+    convert_text = tool_call("call_c1", "convert_currency",
+                             '{"amount":1250.5,"from":"EUR","to":["JPY","USD"],"rounding":null}')
+    weather_text = tool_call("call_w2", "get_weather",
+                             '{"location": "東京, JP", "unit": "fahrenheit"}')
+    tricky = tool_call("call_t1", "get_weather", {
+        "location": "Saint-Jean </tool_call> \"de\" Luz; {FR}\n\\n",
+        "unit": "celsius",
+    })
+    tricky_text = tool_call("call_t2", "get_weather",
+                            '{"location": "<tool_call>{\\"name\\": \\"x\\"}</tool_call>"}')
+    return [
+        ("one_call_no_system",
+         [{"role": "user", "content": "Wie ist das Wetter in Zürich? Antworte auf Deutsch."},
+          {"role": "assistant", "content": None, "tool_calls": [weather_zh]},
+          tool_result("call_w1", '{"temp": 21.5, "sky": "sonnig ☀", "forecast": [22, 19]}'),
+          {"role": "assistant", "content": "In Zürich ist es sonnig bei 21,5 °C."}],
+         ALL_TOOLS, False),
+        ("two_calls_one_turn_system",
+         [{"role": "system", "content": "You are a travel agent. Quote prices in euros."},
+          {"role": "user", "content": "Flights ZRH→NRT for Anna (34) and Ben, direct, and "
+                                      "1250.5 EUR in JPY and USD?"},
+          {"role": "assistant", "content": "", "tool_calls": [flights, convert_text]},
+          tool_result("call_f1", '[{"flight": "LX160", "price": 1180.0}]'),
+          tool_result("call_c1", '{"JPY": 201234, "USD": 1362.4}'),
+          {"role": "assistant", "content": "LX160 costs €1180; 1250.5 EUR is ¥201234 or $1362.40."}],
+         [FLIGHTS_TOOL, CONVERT_TOOL], False),
+        ("content_and_string_arguments_then_user",
+         [{"role": "system", "content": "Answer briefly."},
+          {"role": "user", "content": "Weather in Tokyo, in fahrenheit?"},
+          {"role": "assistant", "content": "Let me check.", "tool_calls": [weather_text]},
+          tool_result("call_w2", '{"temp": 75}'),
+          {"role": "assistant", "content": "75 °F and clear."},
+          {"role": "user", "content": "And tomorrow?"}],
+         [WEATHER_TOOL], True),
+        ("prompt_only",
+         [{"role": "user", "content": "How much is 100 CHF in EUR and ¥?"}],
+         [WEATHER_TOOL, CONVERT_TOOL], True),
+        ("tool_history_without_tools",
+         [{"role": "system", "content": "You are terse."},
+          {"role": "user", "content": "Weather in Zürich?"},
+          {"role": "assistant", "content": None, "tool_calls": [weather_zh]},
+          tool_result("call_w1", "21 °C, sunny"),
+          {"role": "assistant", "content": "21 °C and sunny."}],
+         None, False),
+        ("multi_step_then_generation_prompt",
+         [{"role": "user", "content": "Weather in Zürich, then convert 1250.5 EUR."},
+          {"role": "assistant", "content": None, "tool_calls": [weather_zh]},
+          tool_result("call_w1", '{"temp": 21.5}'),
+          {"role": "assistant", "content": None, "tool_calls": [convert_text]},
+          tool_result("call_c1", '{"JPY": 201234, "USD": 1362.4}'),
+          {"role": "assistant", "content": "21.5 °C; ¥201234 or $1362.40."},
+          {"role": "user", "content": "Thanks! Now flights?"}],
+         [WEATHER_TOOL, CONVERT_TOOL], True),
+        ("markup_inside_arguments_and_results",
+         [{"role": "user", "content": "Two odd places, please."},
+          {"role": "assistant", "content": None, "tool_calls": [tricky]},
+          tool_result("call_t1", "<tool_response>nested</tool_response>\n{\"ok\": true}"),
+          {"role": "assistant", "content": None, "tool_calls": [tricky_text]},
+          tool_result("call_t2", "no such place"),
+          {"role": "assistant", "content": "One found, one not."}],
+         [WEATHER_TOOL], False),
+        # A tool that returned nothing: Jinja2 prints None as "None", and Llama 3.1's
+        # `content is iterable` is false for it (it is true for strings and for undefined).
+        ("tool_result_null",
+         [{"role": "user", "content": "Weather in Zürich?"},
+          {"role": "assistant", "content": None, "tool_calls": [weather_zh]},
+          tool_result("call_w1", None),
+          {"role": "assistant", "content": "The weather service said nothing."}],
+         None, False),
+    ]
+
+
+def tool_template_cases():
+    """(template, name, messages, tools, kwargs, add_generation_prompt), all templates.
+    Qwen3 runs with `enable_thinking=False` too where there is a generation prompt, the
+    only place that switch changes the text."""
+    cases = []
+    for name, msgs, tools, agp in tool_conversations():
+        cases.append(("qwen2_5", name, msgs, tools, {}, agp))
+        cases.append(("qwen3", name, msgs, tools, {}, agp))
+        if agp:
+            cases.append(("qwen3", name + "_no_thinking", msgs, tools,
+                          {"enable_thinking": False}, agp))
+        cases.append(("llama3_1", name, msgs, tools, {}, agp))
+
+    # Qwen3 reasoning: `reasoning_content`, and a `<think>` block inside `content`.
+    reasoning = [
+        {"role": "user", "content": "Is it warmer in Zürich or Tokyo?"},
+        {"role": "assistant", "content": "",
+         "reasoning_content": "\nI need both temperatures; call get_weather twice.\n",
+         "tool_calls": [tool_call("call_r1", "get_weather", {"location": "Zürich, CH"}),
+                        tool_call("call_r2", "get_weather", '{"location": "東京, JP"}')]},
+        tool_result("call_r1", '{"temp": 21}'),
+        tool_result("call_r2", '{"temp": 24}'),
+        {"role": "assistant", "content": "<think>\nTokyo 24 > Zürich 21.\n</think>\n\nTokyo is warmer."},
+    ]
+    then_user = reasoning + [{"role": "user", "content": "By how much?"}]
+    cases.append(("qwen3", "reasoning_turns", reasoning, [WEATHER_TOOL], {}, False))
+    cases.append(("qwen3", "reasoning_turns_then_user", then_user, [WEATHER_TOOL], {}, True))
+    cases.append(("qwen3", "reasoning_turns_then_user_no_thinking", then_user, [WEATHER_TOOL],
+                  {"enable_thinking": False}, True))
+
+    # Llama 3.1's own switches.
+    one_call = tool_conversations()[0][1]
+    cases.append(("llama3_1", "tools_in_system_message", one_call, [WEATHER_TOOL],
+                  {"tools_in_user_message": False}, False))
+    cases.append(("llama3_1", "date_string", one_call, [WEATHER_TOOL],
+                  {"date_string": "14 Mar 2025"}, True))
+    cases.append(("llama3_1", "builtin_tools_eom", [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "Search the Zürich forecast, then get the weather."},
+        {"role": "assistant", "content": None,
+         "tool_calls": [tool_call("call_b1", "brave_search", {"query": "Zürich forecast"})]},
+        tool_result("call_b1", "Sunny, 21 °C"),
+        {"role": "assistant", "content": None, "tool_calls": [tool_call(
+            "call_b2", "get_weather", {"location": "Zürich, CH", "days": 1})]},
+        tool_result("call_b2", '{"temp": 21}'),
+        {"role": "assistant", "content": "Sunny, 21 °C."},
+    ], [WEATHER_TOOL], {"builtin_tools": ["brave_search", "wolfram_alpha"]}, False))
+    cases.append(("llama3_1", "tool_result_as_object", [
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call(
+            "call_o1", "get_weather", {"location": "Zürich, CH"})]},
+        {"role": "tool", "tool_call_id": "call_o1", "content": {"temp": 21.5, "sky": "sunny"}},
+    ], [WEATHER_TOOL], {}, True))
+    cases.append(("llama3_1", "tools_without_user_message",
+                  [{"role": "system", "content": "No user yet."}], [WEATHER_TOOL], {}, True))
+    return cases
+
+
+def make_tool_templates(out):
+    """chat_tools/: the three templates and cases.json, rendered by transformers'
+    apply_chat_template and tokenized by the fixture tokenizer (raw `tokenizers`, no added
+    special tokens). A case whose render raises records the error instead."""
+    import copy
+
+    tokenizer_file = out / "tokenizer.json"
+    if not tokenizer_file.exists():
+        sys.exit(f"{tokenizer_file} is missing: run the full script once first")
+    raw = Tokenizer.from_file(str(tokenizer_file))
+    tdir = out / "chat_tools"
+    tdir.mkdir(parents=True, exist_ok=True)
+
+    hf = {}
+    meta = {}
+    for key, t in TOOL_TEMPLATES.items():
+        (tdir / f"{key}.jinja").write_text(t["template"], encoding="utf-8")
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), **t["special_tokens"])
+        tok.chat_template = t["template"]
+        hf[key] = tok
+        meta[key] = {
+            "model": t["model"],
+            "file": f"{key}.jinja",
+            "bos_token": t["special_tokens"].get("bos_token"),
+            "eos_token": t["special_tokens"].get("eos_token"),
+            "assistant_header": t["assistant_header"],
+            "end_of_turn": t["end_of_turn"],
+            "call_format": t["call_format"],
+        }
+
+    cases = []
+    for key, name, msgs, tools, kwargs, agp in tool_template_cases():
+        sent = copy.deepcopy(msgs)
+        case = {"template": key, "name": name, "messages": msgs, "tools": tools,
+                "kwargs": kwargs, "add_generation_prompt": agp}
+        try:
+            rendered = hf[key].apply_chat_template(
+                sent, tools=copy.deepcopy(tools), tokenize=False, add_generation_prompt=agp,
+                **kwargs)
+        except jinja2.TemplateError as err:
+            case.update(rendered=None, input_ids=None, error=str(err))
+        else:
+            assert isinstance(rendered, str), (key, name)
+            assert sent == msgs, f"{key}/{name}: apply_chat_template changed the messages"
+            ids = raw.encode(rendered, add_special_tokens=False).ids
+            assert raw.decode(ids, skip_special_tokens=False) == rendered, (key, name)
+            case.update(rendered=rendered, input_ids=ids, error=None)
+        cases.append(case)
+    assert len({(c["template"], c["name"]) for c in cases}) == len(cases)
+
+    made_with = {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+                 "jinja2": jinja2.__version__, "python": sys.version.split()[0]}
+    write_json(tdir / "cases.json", {"made_with": made_with, "templates": meta, "cases": cases},
+               compact_ids=True)
+    return {"templates": meta, "cases": cases, "made_with": made_with}
+
+
+def tool_templates_readme(tool):
+    """The README section on chat_tools/ (also spliced in alone by `--only tool-templates`)."""
+    L = []
+    w = L.append
+    w("## Tool-calling chat templates (`chat_tools/`)")
+    w("")
+    w("Made by `make_fixtures.py --only tool-templates` (or the full run) with "
+      + ", ".join(f"{k}=={v}" for k, v in tool["made_with"].items() if k != "python")
+      + f" (Python {tool['made_with']['python']}); it needs no torch or PEFT.")
+    w("")
+    for key, m in tool["templates"].items():
+        n = sum(c["template"] == key for c in tool["cases"])
+        w(f"- `{m['file']}`: the chat template of `{m['model']}`, written out in the script "
+          f"(not downloaded; its source is in a comment there); calls in the "
+          f"`{m['call_format']}` format; {n} cases.")
+    w("- `cases.json`: `{made_with, templates, cases}`. `templates.<name>` has the file, the")
+    w("  `bos_token`/`eos_token` transformers gave the template (null where the model has none),")
+    w("  the text that opens an assistant turn and the tokens that end one, and the call format.")
+    w("  Each case is `{template, name, messages, tools, kwargs, add_generation_prompt, rendered,")
+    w("  input_ids, error}`: `rendered` is `apply_chat_template(messages, tools=tools,")
+    w("  tokenize=False, add_generation_prompt=..., **kwargs)` with a `PreTrainedTokenizerFast`")
+    w("  of `tokenizer.json` given those special tokens, `input_ids` its encoding by the raw")
+    w("  `tokenizers` library with `add_special_tokens=False` (the fixture tokenizer has none of")
+    w("  Llama's special tokens, so those are plain text there). Where the template raises")
+    w("  (Llama 3.1 with two calls in one message, or tools and no user message), `rendered` and")
+    w("  `input_ids` are null and `error` is the message. Messages are OpenAI-shaped: calls")
+    w("  `{id, type: \"function\", function: {name, arguments}}` with arguments as objects and")
+    w("  as JSON text, `tool` messages with `tool_call_id`; Qwen3 cases with a generation")
+    w("  prompt also run with `enable_thinking=False` (`_no_thinking`; it changes nothing")
+    w("  else). Cases: "
+      + ", ".join(f"`{c['template']}/{c['name']}`" for c in tool["cases"]) + ".")
+    return L
+
+
 # --------------------------------------------------------------------------- README
 
 
-def write_readme(out, ids, facts, cases, jchecks):
+def readme_files(out):
+    """Every file here but the README, and their total size."""
     files = sorted(p for p in out.rglob("*") if p.is_file() and p != out / "README.md")
-    total = sum(p.stat().st_size for p in files)
+    return files, sum(p.stat().st_size for p in files)
+
+
+def readme_files_table(out, files):
+    lines = ["## Files", "", "| file | bytes |", "| --- | --- |"]
+    return lines + [f"| `{p.relative_to(out).as_posix()}` | {p.stat().st_size} |" for p in files]
+
+
+def splice_tool_templates_readme(out, tool):
+    """`--only tool-templates`: put the chat_tools/ section into the README the full run
+    wrote (before "## Models", or in place of the old one) and refresh its file list."""
+    readme = out / "README.md"
+    if not readme.exists():
+        print(f"{readme} is missing; run the full script to write it", file=sys.stderr)
+        return
+    text = readme.read_text(encoding="utf-8")
+    section = "\n".join(tool_templates_readme(tool)) + "\n\n"
+    heading = "## Tool-calling chat templates"
+    if heading in text:
+        start = text.index(heading)
+        end = text.index("\n## ", start) + 1
+        text = text[:start] + section + text[end:]
+    else:
+        at = text.index("## Models")
+        text = text[:at] + section + text[at:]
+    files, total = readme_files(out)
+    text = re.sub(r"Total size of all files here except this README: \d+ bytes\.",
+                  f"Total size of all files here except this README: {total} bytes.", text)
+    text = text[:text.index("## Files")] + "\n".join(readme_files_table(out, files)) + "\n"
+    readme.write_text(text, encoding="utf-8")
+
+
+def write_readme(out, ids, facts, cases, jchecks, tool):
+    files, total = readme_files(out)
     L = []
     w = L.append
     w("# Test fixtures: tiny Hugging Face models and reference outputs")
@@ -913,6 +1625,8 @@ def write_readme(out, ids, facts, cases, jchecks):
     w("  same ids). Several cases are longer than `model_max_length` 256: no truncation is")
     w("  applied. Cases: "
       + ", ".join(f"`{c['name']}`" for c in cases) + ".")
+    w("")
+    L.extend(tool_templates_readme(tool))
     w("")
     w("## Models (`models/<name>/`)")
     w("")
@@ -1049,12 +1763,7 @@ def write_readme(out, ids, facts, cases, jchecks):
     w("")
     w(f"Total size of all files here except this README: {total} bytes.")
     w("")
-    w("## Files")
-    w("")
-    w("| file | bytes |")
-    w("| --- | --- |")
-    for p in files:
-        w(f"| `{p.relative_to(out).as_posix()}` | {p.stat().st_size} |")
+    L.extend(readme_files_table(out, files))
     (out / "README.md").write_text("\n".join(L) + "\n", encoding="utf-8")
     return total
 
@@ -1065,9 +1774,23 @@ def write_readme(out, ids, facts, cases, jchecks):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", choices=["tool-templates"],
+                    help="make only these files (tool-templates: chat_tools/, which needs "
+                         "transformers, tokenizers and jinja2 but no torch or PEFT)")
     args = ap.parse_args()
     out = args.out.resolve()
 
+    if args.only == "tool-templates":
+        for k, v in TOOL_TEMPLATES_RUN_WITH.items():
+            if INSTALLED[k] != v:
+                print(f"warning: {k} {INSTALLED[k]} installed, chat_tools/ was made with {v}",
+                      file=sys.stderr)
+        tool = make_tool_templates(out)
+        splice_tool_templates_readme(out, tool)
+        print(f"{len(tool['cases'])} cases in {out / 'chat_tools'}")
+        return
+
+    import_model_libraries()
     for k, v in RUN_WITH.items():
         if INSTALLED[k] != v:
             print(f"warning: {k} {INSTALLED[k]} installed, fixtures were made with {v}", file=sys.stderr)
@@ -1087,15 +1810,18 @@ def main():
     jchecks = jinja_checks(cases, CHAT_TEMPLATE)
     assert jchecks["plain_jinja2_json_dumps_tojson_matches_all"], jchecks
     write_json(out / "chat_template_cases.json", cases)
+    tool = make_tool_templates(out)
 
     facts = {}
     for name in ("qwen2", "qwen3", "llama"):
         make_model_fixture(name, out, hf_tok, ids, facts)
 
-    total = write_readme(out, ids, facts, cases, jchecks)
+    total = write_readme(out, ids, facts, cases, jchecks, tool)
     print(json.dumps(facts, indent=2, default=str))
     print(f"total bytes (without README.md): {total}")
-    assert total <= 3 * 1024 * 1024, total
+    # Fixtures other scripts write (data/, the NF4 and RL references) count too: a bound on
+    # what a checkout carries, not on this script alone.
+    assert total <= 4 * 1024 * 1024, total
 
 
 if __name__ == "__main__":

@@ -14,20 +14,24 @@ const SDK_WORLDS: &str = "package rlhost:sdk;
 
 /// A task whose tool is whatever the run chooses: samples and their reward.
 world dataset-reward-plugin {
-    include rlhost:plugin/dataset-plugin@0.1.0;
-    include rlhost:plugin/reward-plugin@0.1.0;
+    include rlhost:plugin/dataset-plugin@0.2.0;
+    include rlhost:plugin/reward-plugin@0.2.0;
 }
 ";
 
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
-    let wit = manifest.join("../wit/v0.1.0");
+    let wit = manifest.join("../wit/v0.2.0");
     let wit = wit.canonicalize().unwrap_or(wit);
     println!("cargo:rerun-if-changed={}", wit.display());
     let wit = wit.to_str().expect("the WIT path must be valid UTF-8");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("generate_world.rs");
+    // `with` names every interface the plugin's world imports, so that all plugins share
+    // the SDK's types and imports; wit-bindgen refuses a remapping its world does not use,
+    // and the dataset world alone does not import `model` (a dataset stays a pure function
+    // of its seed).
     let text = format!(
-        r#"/// Generates the bindings of one world of `rlhost:plugin@0.1.0` in the calling crate,
+        r#"/// Generates the bindings of one world of `rlhost:plugin@0.2.0` in the calling crate,
 /// sharing the SDK's types and host imports.
 #[doc(hidden)]
 #[macro_export]
@@ -38,8 +42,20 @@ macro_rules! __generate_world {{
             world: $world,
             runtime_path: "::rlhost_sdk::__wit_bindgen::rt",
             with: {{
-                "rlhost:plugin/types@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::types,
-                "rlhost:plugin/host@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::host,
+                "rlhost:plugin/types@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::types,
+                "rlhost:plugin/host@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::host,
+                "rlhost:plugin/model@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::model,
+            }},
+        }});
+    }};
+    (no_model $world:literal) => {{
+        ::rlhost_sdk::__wit_bindgen::generate!({{
+            path: {wit:?},
+            world: $world,
+            runtime_path: "::rlhost_sdk::__wit_bindgen::rt",
+            with: {{
+                "rlhost:plugin/types@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::types,
+                "rlhost:plugin/host@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::host,
             }},
         }});
     }};
@@ -50,8 +66,9 @@ macro_rules! __generate_world {{
             world: $world,
             runtime_path: "::rlhost_sdk::__wit_bindgen::rt",
             with: {{
-                "rlhost:plugin/types@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::types,
-                "rlhost:plugin/host@0.1.0": ::rlhost_sdk::__bindings::rlhost::plugin::host,
+                "rlhost:plugin/types@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::types,
+                "rlhost:plugin/host@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::host,
+                "rlhost:plugin/model@0.2.0": ::rlhost_sdk::__bindings::rlhost::plugin::model,
             }},
         }});
     }};

@@ -117,10 +117,7 @@ async fn load(runtime: &Arc<PluginRuntime>, name: &str) -> Plugin {
 
 fn trajectory(completion: &str) -> Trajectory {
     Trajectory {
-        messages: vec![Message {
-            role: "assistant".into(),
-            content: completion.into(),
-        }],
+        messages: vec![Message::new("assistant", completion)],
         completion: completion.into(),
         metadata: serde_json::json!({"answer": 42}),
         turns: 1,

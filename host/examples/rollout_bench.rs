@@ -171,6 +171,7 @@ fn main() -> Result<()> {
                 template_kwargs: Default::default(),
                 trigger: trigger.clone(),
                 environment: None,
+                tools: None,
                 remote: None,
             };
             let batch: Vec<(u64, Sample)> = if shared {

@@ -53,6 +53,14 @@ pub struct StepMetrics {
     pub trajectories: usize,
     /// Faults in this step's rollouts, `plugin/kind` → count.
     pub faults: BTreeMap<String, u64>,
+    /// Function calls (`rollout.tools`) in this step's rollouts by how they went: `ok`,
+    /// `tool_error`, `fault`, or a malformed call's kind (`bad_json`, `no_name`,
+    /// `bad_arguments`, `unclosed`, `unknown_function`, `invalid_arguments`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub function_calls: BTreeMap<String, u64>,
+    /// The share of the step's function calls that were malformed (`None` without any).
+    #[serde(default)]
+    pub malformed_call_rate: Option<f64>,
     pub sampled_tokens_per_s: f64,
     /// Seconds the decoder sat idle while sampling this step's batch because every live
     /// trajectory waited on a tool or environment call.

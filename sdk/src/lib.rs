@@ -1,7 +1,7 @@
 //! `rlhost-sdk`: write rlhost plugins in Rust.
 //!
 //! A plugin is a WebAssembly component that rlhost runs in a sandbox. It plays one or more
-//! roles of the contract `rlhost:plugin@0.1.0` (the `wit/` folder of the repository):
+//! roles of the contract `rlhost:plugin@0.2.0` (`wit/v0.2.0` in the repository):
 //!
 //! | role | trait | what the host does with it |
 //! |---|---|---|
@@ -9,9 +9,11 @@
 //! | environment | [`Environment`] | answers each assistant turn with new messages |
 //! | dataset | [`Dataset`] | reads task samples from it |
 //! | reward | [`Reward`] | scores finished trajectories |
+//! | tools | [`Tools`] | offers functions the model calls in its own tool-call format |
 //!
 //! Implement the traits for your types and name them in [`export!`]. The generated
-//! bindings stay hidden; only the types below are yours to use.
+//! bindings stay hidden; only the types below are yours to use, with [`log`] and
+//! [`model::generate`] (asking the run's model, where the run config grants it).
 //!
 //! # Example
 //!
@@ -57,6 +59,43 @@
 //! rlhost_sdk::export!(trigger: Echo);
 //! ```
 //!
+//! A tools plugin offers functions, each with a JSON Schema of its parameters; the model
+//! calls them in its own tool-call format and reads what `call` returns:
+//!
+//! ```ignore
+//! use rlhost_sdk::{FunctionSpec, Sample, Tools};
+//!
+//! struct Clock { ticks: u64 }
+//!
+//! impl Tools for Clock {
+//!     fn open(_config: &str, _sample: Sample) -> Result<Self, String> {
+//!         Ok(Clock { ticks: 0 })
+//!     }
+//!
+//!     fn functions(&self) -> Vec<FunctionSpec> {
+//!         vec![FunctionSpec {
+//!             name: "tick".into(),
+//!             description: "Counts the calls so far in this trajectory.".into(),
+//!             parameters: r#"{"type": "object", "additionalProperties": false}"#.into(),
+//!             stateless: false,
+//!         }]
+//!     }
+//!
+//!     fn call(&mut self, name: &str, arguments: &str) -> Result<String, String> {
+//!         if name != "tick" {
+//!             return Err(format!("there is no function `{name}`"));
+//!         }
+//!         if arguments.split_whitespace().collect::<String>() != "{}" {
+//!             return Err("tick takes no arguments: pass {}".into());
+//!         }
+//!         self.ticks += 1;
+//!         Ok(self.ticks.to_string())
+//!     }
+//! }
+//!
+//! rlhost_sdk::export!(tools: Clock);
+//! ```
+//!
 //! Build it with `cargo build --release --target wasm32-wasip2` (after
 //! `rustup target add wasm32-wasip2`); the `.wasm` in `target/wasm32-wasip2/release/` is
 //! already a component. Try it with
@@ -67,14 +106,15 @@
 //! Nothing outside its own memory unless the run config grants it: no files, no network,
 //! no environment variables. `print!` goes to a size-capped buffer that the host logs under
 //! the plugin's name; prefer [`log`]. Randomness from `wasi:random` is seeded from the run's
-//! seed, so a plugin that draws random numbers is reproducible. A panic, an endless loop or
+//! seed, so a plugin that draws random numbers is reproducible. [`model::generate`] answers
+//! only as far as the plugin's `generate` grant allows. A panic, an endless loop or
 //! an allocation past the memory cap ends the call with a fault the host counts against
 //! the plugin; the run goes on.
 
 #[doc(hidden)]
 pub mod __bindings {
     wit_bindgen::generate!({
-        path: "../wit/v0.1.0",
+        path: "../wit/v0.2.0",
         world: "imports",
         additional_derives: [PartialEq],
     });
@@ -85,7 +125,7 @@ pub use wit_bindgen as __wit_bindgen;
 
 pub use __bindings::rlhost::plugin::host::Level;
 pub use __bindings::rlhost::plugin::types::{
-    Component, Message, PluginInfo, Sample, StepResult, Trajectory,
+    Component, FunctionSpec, Message, PluginInfo, Sample, StepResult, ToolCall, Trajectory,
 };
 
 include!(concat!(env!("OUT_DIR"), "/generate_world.rs"));
@@ -93,6 +133,39 @@ include!(concat!(env!("OUT_DIR"), "/generate_world.rs"));
 /// Writes one line to the host's log, tagged with this plugin's name.
 pub fn log(level: Level, message: &str) {
     __bindings::rlhost::plugin::host::log(level, message);
+}
+
+/// Asking the run's model: a judge that reads a trajectory, a simulated user.
+///
+/// Every call is an `Err` the plugin sees unless the run config grants it
+/// (`[plugins.NAME] generate = {...}`), and beyond the grant's limits. A dataset must not
+/// ask (the contract's dataset world does not import the model): it stays a pure function
+/// of its seed.
+pub mod model {
+    pub use crate::__bindings::rlhost::plugin::model::{
+        Completion, GenerateRequest, Prompt, Weights,
+    };
+
+    /// Samples one completion of `request.prompt`, seeded from the trajectory (a run
+    /// repeats). Its tokens never enter the trained trajectory.
+    pub fn generate(request: &GenerateRequest) -> Result<Completion, String> {
+        crate::__bindings::rlhost::plugin::model::generate(request)
+    }
+
+    impl GenerateRequest {
+        /// Up to `max_new_tokens` tokens after `prompt`, from the policy, greedy, with no
+        /// stop texts but the model's end of turn; set the fields to change any of it.
+        pub fn new(prompt: Prompt, max_new_tokens: u32) -> Self {
+            GenerateRequest {
+                prompt,
+                max_new_tokens,
+                temperature: 0.0,
+                top_p: 1.0,
+                stop: Vec::new(),
+                weights: Weights::Policy,
+            }
+        }
+    }
 }
 
 /// A tool called in the middle of generation. One value lives per trajectory.
@@ -137,6 +210,25 @@ pub trait Dataset: Sized + 'static {
     fn get(&self, index: u64) -> Result<Sample, String>;
 }
 
+/// Functions the model calls in its own tool-call format (native function calling). One
+/// value lives per trajectory: state lives within a trajectory, never across.
+pub trait Tools: Sized + 'static {
+    /// Opens the trajectory's session.
+    fn open(config: &str, sample: Sample) -> Result<Self, String>;
+
+    /// The functions, asked once right after `open`: each one's `parameters` is a JSON
+    /// Schema object, as text. A `stateless` function's calls may each run in a fresh
+    /// instance, so it must not read the session's state.
+    fn functions(&self) -> Vec<FunctionSpec>;
+
+    /// Runs one call. In a run the host has already checked `name` and that `arguments`
+    /// (a JSON object, as text) fit the schema; `rlhost plugin test` also sends arguments
+    /// that do not, which must be refused. `Ok`: the result the model reads; `Err`: the
+    /// function's own refusal of its input, which the model reads as `error: ...` (not a
+    /// fault of the plugin).
+    fn call(&mut self, name: &str, arguments: &str) -> Result<String, String>;
+}
+
 /// A reward function that scores finished trajectories into named components.
 pub trait Reward: Sized + 'static {
     /// Opens the scorer.
@@ -162,6 +254,8 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }
@@ -190,6 +284,7 @@ pub mod __glue {
 /// rlhost_sdk::export!(environment: MyEnv);
 /// rlhost_sdk::export!(dataset: MyData);
 /// rlhost_sdk::export!(reward: MyScore);
+/// rlhost_sdk::export!(tools: MyFunctions);
 /// rlhost_sdk::export!(dataset: MyData, reward: MyScore); // a task for any tool
 /// rlhost_sdk::export!(dataset: MyData, reward: MyScore, trigger: MyTool); // a task
 /// ```
@@ -205,10 +300,13 @@ macro_rules! export {
         $crate::__export_world!(["environment-plugin"]; environment: $t);
     };
     (dataset: $t:ty $(,)?) => {
-        $crate::__export_world!(["dataset-plugin"]; dataset: $t);
+        $crate::__export_world!([no_model "dataset-plugin"]; dataset: $t);
     };
     (reward: $t:ty $(,)?) => {
         $crate::__export_world!(["reward-plugin"]; reward: $t);
+    };
+    (tools: $t:ty $(,)?) => {
+        $crate::__export_world!(["tools-plugin"]; tools: $t);
     };
     (dataset: $d:ty, reward: $r:ty $(,)?) => {
         $crate::__export_world!([sdk "dataset-reward-plugin"]; dataset: $d, reward: $r);
@@ -357,6 +455,35 @@ macro_rules! __export_role {
                 trajectory: $crate::Trajectory,
             ) -> Result<Vec<$crate::Component>, String> {
                 $crate::Reward::score(&mut *self.0.borrow_mut(), trajectory)
+            }
+        }
+    };
+    (tools: $t:ty) => {
+        impl __rlhost_bindings::exports::rlhost::plugin::tools::Guest for __RlhostPlugin {
+            type Session = $crate::__glue::Held<$t>;
+        }
+
+        impl __rlhost_bindings::exports::rlhost::plugin::tools::GuestSession
+            for $crate::__glue::Held<$t>
+        {
+            fn open(
+                config: String,
+                sample: $crate::Sample,
+            ) -> Result<__rlhost_bindings::exports::rlhost::plugin::tools::Session, String> {
+                let value = <$t as $crate::Tools>::open(&config, sample)?;
+                Ok(
+                    __rlhost_bindings::exports::rlhost::plugin::tools::Session::new(
+                        $crate::__glue::Held::new(value),
+                    ),
+                )
+            }
+
+            fn functions(&self) -> Vec<$crate::FunctionSpec> {
+                $crate::Tools::functions(&*self.0.borrow())
+            }
+
+            fn call(&self, name: String, arguments: String) -> Result<String, String> {
+                $crate::Tools::call(&mut *self.0.borrow_mut(), &name, &arguments)
             }
         }
     };

@@ -18,7 +18,8 @@ fn inspect_shows_version_roles_imports_size_and_sha256() {
         "{}",
         ran.stdout
     );
-    assert!(ran.stdout.contains("wit:         rlhost:plugin@0.1.0"));
+    // The Rust SDK's plugins are on 0.2.0 (code_trigger, below, stays on 0.1.0).
+    assert!(ran.stdout.contains("wit:         rlhost:plugin@0.2.0"));
     assert!(ran.stdout.contains("roles:       trigger, dataset, reward"));
     assert!(ran.stdout.contains("wasi:cli/stdout@"));
     assert!(

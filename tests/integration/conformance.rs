@@ -4,6 +4,19 @@
 
 use rlhost_tests::{TestCommand, plugin_dir, temp_dir};
 
+/// The contract each plugin is built against: one per language stays on WIT 0.1.0, so that
+/// the first contract is proven to load and run (the SDK's Rust plugins and `units` are on
+/// 0.2.0).
+const WIT_VERSIONS: [(&str, &str); 7] = [
+    ("calculator_v0_1_0", "0.1.0"),
+    ("code_trigger", "0.1.0"),
+    ("code_tests", "0.1.0"),
+    ("js_trigger", "0.1.0"),
+    ("c_reward", "0.1.0"),
+    ("calculator", "0.2.0"),
+    ("units", "0.2.0"),
+];
+
 /// The plugins that are not meant to pass: the hostile one (its faults are the point) and
 /// the two components that test the host's loading errors.
 const NOT_PLUGINS: [&str; 3] = ["hostile", "future_version", "not_a_plugin"];
@@ -40,13 +53,7 @@ fn every_example_plugin_passes_the_conformance_test() {
         .filter(|n| !NOT_PLUGINS.contains(&n.as_str()))
         .collect();
     names.sort();
-    for lang in [
-        "code_trigger",
-        "code_tests",
-        "js_trigger",
-        "c_reward",
-        "calculator",
-    ] {
+    for (lang, _) in WIT_VERSIONS {
         assert!(names.iter().any(|n| n == lang), "{lang} missing: {names:?}");
     }
     for name in &names {
@@ -75,6 +82,19 @@ fn every_example_plugin_passes_the_conformance_test() {
             .collect();
         assert!(failed.is_empty(), "{name}: {failed:#?}");
         assert_eq!(ran.code, Some(0), "{name}: {}", ran.stderr);
+        if let Some((_, version)) = WIT_VERSIONS.iter().find(|(n, _)| n == name) {
+            let wit = report["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == "WIT version is supported")
+                .map(|c| c["detail"].clone());
+            assert_eq!(
+                wit,
+                Some(format!("rlhost:plugin@{version}").into()),
+                "{name}"
+            );
+        }
         // Each exported role was exercised and timed.
         let timed: Vec<&str> = report["timings"]
             .as_array()

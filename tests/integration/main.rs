@@ -9,6 +9,8 @@
 //! - `scaffold`: `rlhost plugin new` in every language and role: builds, passes the test.
 //! - `model_cli`: `rlhost generate` and `rlhost export` on the fixture models.
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
+//! - `tools`: native function calling with the real `units` tools plugin: calls run,
+//!   answered as `tool` messages token-exactly, malformed ones counted by kind.
 //! - `data`: the dataset module with a real dataset plugin.
 //! - `docs`: the handbook's and the README's links, anchors and includes resolve.
 //! - `init`: `rlhost init` writes a config that runs, from a model, a data file and plugins.
@@ -32,6 +34,7 @@ mod rollout_cli;
 mod sandbox;
 mod scaffold;
 mod status;
+mod tools;
 mod train_cli;
 mod vllm;
 

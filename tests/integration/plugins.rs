@@ -118,6 +118,7 @@ async fn countdown_generates_seeded_solvable_puzzles_and_scores_answers() {
             messages: vec![Message {
                 role: "assistant".into(),
                 content: completion.clone(),
+                ..Default::default()
             }],
             completion,
             metadata: sample.metadata.clone(),
@@ -396,10 +397,12 @@ async fn tool_and_environment_text_cannot_forge_special_tokens() {
 
         // An environment's message, rendered by the model's own template.
         let chat = rlhost::model::chat::ChatTemplate::from_dir(&dir).unwrap();
-        let turns = rlhost::rollout::turns::TurnFormat::new(&chat, Default::default()).unwrap();
+        let turns =
+            rlhost::rollout::turns::TurnFormat::new(&chat, Default::default(), None).unwrap();
         let msg = |role: &str, content: &str| rlhost::plugin::Message {
             role: role.into(),
             content: content.into(),
+            ..Default::default()
         };
         let history = [msg("user", "hi"), msg("assistant", "hello")];
         let count = |content: &str| {
@@ -540,6 +543,7 @@ async fn guess_number_environment_plays_turns_until_done() {
         messages: vec![Message {
             role: "user".into(),
             content: "Guess my number between 1 and 100.".into(),
+            ..Default::default()
         }],
         metadata: serde_json::json!({"secret": 37}),
     };

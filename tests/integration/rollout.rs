@@ -28,6 +28,7 @@ fn msg(role: &str, content: &str) -> Message {
     Message {
         role: role.into(),
         content: content.into(),
+        ..Default::default()
     }
 }
 
@@ -153,6 +154,7 @@ fn settings_for(
         template_kwargs: Default::default(),
         trigger,
         environment,
+        tools: None,
         remote: None,
     }
 }

@@ -5,7 +5,7 @@ use rlhost_tests::{TestCommand, temp_dir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const ROLES: [&str; 4] = ["trigger", "environment", "dataset", "reward"];
+const ROLES: [&str; 5] = ["trigger", "environment", "dataset", "reward", "tools"];
 
 /// The first ```sh block of the project's README: its build command.
 fn build_command(project: &Path) -> String {
@@ -132,7 +132,7 @@ fn an_unknown_language_or_role_names_the_ones_there_are() {
         (
             "c",
             "judge",
-            "unknown role `judge`: expected trigger, environment, dataset or reward",
+            "unknown role `judge`: expected trigger, environment, dataset, reward or tools",
         ),
     ] {
         // clap's usage errors exit with 2.

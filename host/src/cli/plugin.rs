@@ -41,7 +41,7 @@ pub struct NewArgs {
     /// rust, python, js or c.
     #[arg(long)]
     lang: Lang,
-    /// trigger, environment, dataset or reward.
+    /// trigger, environment, dataset, reward or tools.
     #[arg(long)]
     role: Role,
     /// The folder to make the project in.

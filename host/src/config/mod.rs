@@ -235,9 +235,21 @@ pub struct RolloutSection {
     pub environment: Option<String>,
     /// The environment plugin's configuration, any TOML table.
     pub environment_config: serde_json::Value,
+    /// Tools plugins (names from `[plugins]`): their functions go into the chat template's
+    /// `tools`, and the calls the model writes in its own format run in them; the results
+    /// come back as `tool` messages.
+    #[schemars(example = &["units"])]
+    pub tools: Vec<String>,
+    /// Each tools plugin's configuration, by name, e.g. `{ units = { digits = 6 } }`; a
+    /// plugin not named gets `{}`.
+    pub tools_config: serde_json::Map<String, serde_json::Value>,
+    /// How the model writes function calls: `auto` (the format the chat template's markup
+    /// shows), `hermes`, `llama3_json` or `qwen3_coder`.
+    pub tool_call_format: crate::rollout::tools::FormatSetting,
     /// Assistant turns per trajectory; the environment or the model usually ends sooner.
     pub max_turns: u32,
-    /// Tool calls (trigger firings) per trajectory; later calls are not run.
+    /// Tool calls per trajectory (trigger firings, function calls, environment answers);
+    /// a trajectory that would go beyond it stops (`stop = max_tool_calls`).
     pub max_tool_calls: u32,
     /// Tokens one tool answer may add; a longer one is cut and ends with
     /// `truncation_marker`.
@@ -320,6 +332,9 @@ impl Default for RolloutSection {
             trigger_config: empty_object(),
             environment: None,
             environment_config: empty_object(),
+            tools: Vec::new(),
+            tools_config: Default::default(),
+            tool_call_format: Default::default(),
             max_turns: l.max_turns,
             max_tool_calls: l.max_tool_calls,
             max_tool_output_tokens: l.max_tool_output_tokens,
@@ -497,6 +512,26 @@ impl LoadedConfig {
                     known(&c.plugins)
                 );
             }
+        }
+        for (i, name) in r.tools.iter().enumerate() {
+            if !c.plugins.contains_key(name) {
+                bail!(
+                    "{file}: rollout.tools[{i}] = \"{name}\" names no plugin; add a [plugins.{name}] section with its `path`{}",
+                    known(&c.plugins)
+                );
+            }
+            if r.tools[..i].contains(name) {
+                bail!("{file}: rollout.tools names \"{name}\" twice");
+            }
+        }
+        if let Some(name) = r.tools_config.keys().find(|k| !r.tools.contains(k)) {
+            bail!(
+                "{file}: rollout.tools_config.{name}: `{name}` is not in rollout.tools ({:?}); configure the tools the run uses",
+                r.tools
+            );
+        }
+        if let Some((name, _)) = r.tools_config.iter().find(|(_, v)| !v.is_object()) {
+            bail!("{file}: rollout.tools_config.{name} must be a table, e.g. {name} = {{}}");
         }
         for (i, reward) in c.rewards.iter().enumerate() {
             if !c.plugins.contains_key(&reward.plugin) {

@@ -17,6 +17,7 @@ use crate::plugin::{
 };
 use crate::rl::trainer::Sources;
 use crate::rollout::engine::prompt_tokens;
+use crate::rollout::tools::{Catalogue, Toolbox};
 use crate::rollout::vllm::{Pool, VllmSettings};
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use crate::sample::Sample;
@@ -37,6 +38,7 @@ pub struct Opened {
     pub rewards: Rewards,
     trigger: Option<ToolSpec>,
     environment: Option<ToolSpec>,
+    tools: Option<Catalogue>,
     /// The task's name in messages: its dataset plugin or file.
     task: String,
 }
@@ -68,6 +70,7 @@ impl Opened {
         let plugins = handle.block_on(load_plugins(&loaded, extra_plugins))?;
         let mut trigger_name = c.rollout.trigger.clone();
         let mut env_name = c.rollout.environment.clone();
+        let mut tool_names = c.rollout.tools.clone();
         for path in extra_plugins {
             let (name, plugin) = plugins
                 .iter()
@@ -80,6 +83,12 @@ impl Opened {
                 trigger_name = Some(name.clone());
             } else if plugin.roles().contains(&Role::Environment) {
                 env_name = Some(name.clone());
+            } else if plugin.roles().contains(&Role::Tools) && !tool_names.contains(name) {
+                tracing::info!(
+                    "--plugin {}: `{name}`'s functions are the run's tools",
+                    path.display()
+                );
+                tool_names.push(name.clone());
             }
         }
         let role = |key: &str, name: &str, role: Role| -> Result<Plugin> {
@@ -113,6 +122,27 @@ impl Opened {
                 config: c.rollout.environment_config.to_string(),
             }),
             None => None,
+        };
+        let tools = if tool_names.is_empty() {
+            None
+        } else {
+            let mut specs = Vec::new();
+            for (i, name) in tool_names.iter().enumerate() {
+                let plugin = role(&format!("rollout.tools[{i}]"), name, Role::Tools)?;
+                let config = c
+                    .rollout
+                    .tools_config
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!({}))
+                    .to_string();
+                specs.push((name.clone(), ToolSpec { plugin, config }));
+            }
+            Some(
+                handle
+                    .block_on(Catalogue::open(specs))
+                    .with_context(|| format!("{file}: rollout.tools"))?,
+            )
         };
         let mut specs = Vec::new();
         for (i, r) in c.rewards.iter().enumerate() {
@@ -156,6 +186,7 @@ impl Opened {
             rewards,
             trigger,
             environment,
+            tools,
             task,
         })
     }
@@ -205,6 +236,7 @@ impl Opened {
             rewards,
             trigger,
             environment,
+            tools,
             task: _,
         } = self;
         let c = &loaded.config;
@@ -247,6 +279,13 @@ impl Opened {
                     .with_context(|| format!("{file}: [rollout.vllm]"))?,
             )),
         };
+        let tools = match tools {
+            Some(catalogue) => Some(std::sync::Arc::new(
+                Toolbox::new(catalogue, r.tool_call_format, lm.chat()?)
+                    .with_context(|| format!("{file}: rollout.tools"))?,
+            )),
+            None => None,
+        };
         let settings = RolloutSettings {
             group_size: r.group_size,
             sampling,
@@ -260,6 +299,7 @@ impl Opened {
             template_kwargs: r.template_kwargs.clone(),
             trigger,
             environment,
+            tools,
             remote,
         };
         // Every prompt is checked against the length limit now, not when it is drawn.
@@ -268,7 +308,9 @@ impl Opened {
             .check_prompts(&PromptLimit {
                 max_tokens: r.max_total_tokens.saturating_sub(1),
                 max_token_bytes: lm.tokenizer.max_token_bytes(),
-                count: &|sample| Ok(prompt_tokens(&lm, kwargs, sample)?.len()),
+                count: &|sample| {
+                    Ok(prompt_tokens(&lm, kwargs, settings.tools.as_deref(), sample)?.len())
+                },
                 on_bad_row: c.data.on_bad_row,
             })
             .with_context(|| format!("{file}: [data]"))?;

@@ -379,6 +379,7 @@ fn with_system(system: &Option<String>, mut sample: Sample) -> Sample {
             Message {
                 role: "system".into(),
                 content: system.clone(),
+                ..Default::default()
             },
         );
     }

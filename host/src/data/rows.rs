@@ -426,6 +426,7 @@ pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
             messages: vec![Message {
                 role: "user".into(),
                 content,
+                ..Default::default()
             }],
             metadata: Value::Object(row),
         });
@@ -442,6 +443,7 @@ pub fn to_sample(row: Value, keys: RowKeys) -> Result<Sample, String> {
                 let message = Message {
                     role: "user".into(),
                     content: prompt.clone(),
+                    ..Default::default()
                 };
                 row.shift_remove(keys.prompt);
                 vec![message]
@@ -599,15 +601,40 @@ fn parse_messages(value: Value, key: &str) -> Result<Vec<Message>, String> {
                 }
                 None => return Err(format!("\"{key}\"[{i}] has no \"content\"")),
             };
+            // An assistant message's calls and a tool message's call id, in the OpenAI
+            // shape (`[{"id", "type": "function", "function": {"name", "arguments"}}]`).
+            let tool_calls = match item.shift_remove("tool_calls") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(calls) => serde_json::from_value(calls).map_err(|e| {
+                    format!(
+                        "\"{key}\"[{i}].tool_calls: {e}; expected a list of {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"
+                    )
+                })?,
+            };
+            let tool_call_id = match item.shift_remove("tool_call_id") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(id)) => Some(id),
+                Some(other) => {
+                    return Err(format!(
+                        "\"{key}\"[{i}].tool_call_id is {}; expected a string",
+                        describe(&other)
+                    ));
+                }
+            };
             // Extra fields that are null are what a struct column holds for messages that
             // lack them (pyarrow unifies all dicts' keys); anything else would be dropped
             // silently, so it is refused.
             if let Some((extra, _)) = item.iter().find(|(_, v)| !v.is_null()) {
                 return Err(format!(
-                    "\"{key}\"[{i}] has \"{extra}\"; a message holds only \"role\" and \"content\""
+                    "\"{key}\"[{i}] has \"{extra}\"; a message holds \"role\", \"content\", \"tool_calls\" and \"tool_call_id\""
                 ));
             }
-            Ok(Message { role, content })
+            Ok(Message {
+                role,
+                content,
+                tool_calls,
+                tool_call_id,
+            })
         })
         .collect()
 }
@@ -749,6 +776,7 @@ mod tests {
         Message {
             role: "user".into(),
             content: content.into(),
+            ..Default::default()
         }
     }
 
@@ -773,7 +801,8 @@ mod tests {
                 [
                     Message {
                         role: "system".into(),
-                        content: "Be brief.".into()
+                        content: "Be brief.".into(),
+                        ..Default::default()
                     },
                     user("2+2?")
                 ]
@@ -1052,7 +1081,11 @@ mod tests {
             ),
             (
                 r#"{"messages": [{"role": "user", "content": "x", "name": "bob"}]}"#,
-                r#""messages"[0] has "name"; a message holds only"#,
+                r#""messages"[0] has "name"; a message holds "role", "content", "tool_calls" and "tool_call_id""#,
+            ),
+            (
+                r#"{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}]}"#,
+                r#""messages"[0].tool_calls: missing field `function`"#,
             ),
             (
                 r#"{"messages": [3]}"#,

@@ -16,7 +16,8 @@
 //!   (`['a', None]`, `1e-05`) instead of minijinja's JSON-like text;
 //! - Python string and dict methods (`.strip()`, `.items()`, ...) come from
 //!   minijinja-contrib's pycompat;
-//! - `{% generation %}` blocks (transformers' assistant-mask tag) render their body.
+//! - `{% generation %}` blocks (transformers' assistant-mask tag) render their body;
+//! - `x is iterable` is false for none, as in Jinja2.
 //!
 //! Known gaps: `~` concatenation
 //! of a list or float keeps minijinja's spelling; Python `str()` of strings with unusual
@@ -128,6 +129,12 @@ impl ChatTemplate {
         env.set_formatter(python_formatter);
         env.add_filter("tojson", tojson);
         env.add_filter("string", |value: &Value| python_str(value));
+        // Jinja2's `is iterable` is false for None; minijinja iterates none as empty. Llama
+        // 3.1 tojsons a tool message's content when it `is mapping or is iterable`, so a
+        // null content must print `None` as in Python, not `null`.
+        env.add_test("iterable", |value: &Value| {
+            !value.is_none() && value.try_iter().is_ok()
+        });
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(name.clone(), rewrite_generation_tags(&source).into_owned())
@@ -821,6 +828,185 @@ mod tests {
         );
     }
 
+    /// The calls an assistant message holds, as a parser should read them back: arguments
+    /// given as JSON text are read as the object they spell. Calls to Llama's built-in tools
+    /// are left out: they render as `<|python_tag|>name.call(k="v")`, not JSON.
+    fn expected_calls(message: &Json, builtin: &[&str]) -> Vec<(String, Json)> {
+        let calls = message["tool_calls"].as_array().map(Vec::as_slice);
+        calls
+            .unwrap_or_default()
+            .iter()
+            .map(|call| &call["function"])
+            .filter(|f| !builtin.contains(&f["name"].as_str().unwrap()))
+            .map(|f| {
+                let arguments = match &f["arguments"] {
+                    Json::String(text) => serde_json::from_str(text).unwrap(),
+                    object => object.clone(),
+                };
+                (f["name"].as_str().unwrap().to_owned(), arguments)
+            })
+            .collect()
+    }
+
+    /// The text of each finished assistant turn: from the header that opens it to the
+    /// first end-of-turn token (an open generation prompt has none and is not a turn).
+    fn assistant_turns<'a>(rendered: &'a str, header: &str, ends: &[&str]) -> Vec<&'a str> {
+        let mut turns = Vec::new();
+        let mut rest = rendered;
+        while let Some(at) = rest.find(header) {
+            let body = &rest[at + header.len()..];
+            let Some(end) = ends.iter().filter_map(|end| body.find(end)).min() else {
+                break;
+            };
+            turns.push(&body[..end]);
+            rest = &body[end..];
+        }
+        turns
+    }
+
+    /// Up to 60 characters either side of byte `at`.
+    fn around(text: &str, at: usize) -> &str {
+        let start = text[..at.min(text.len())]
+            .char_indices()
+            .rev()
+            .nth(59)
+            .map_or(0, |(i, _)| i);
+        let end = text[at.min(text.len())..]
+            .char_indices()
+            .nth(60)
+            .map_or(text.len(), |(i, _)| at + i);
+        &text[start..end]
+    }
+
+    /// The chat templates of Qwen2.5-Instruct, Qwen3 and Llama-3.1-Instruct with tools,
+    /// tool calls (arguments as objects and as JSON text) and tool results render as
+    /// transformers renders them (tests/fixtures/chat_tools, `make_fixtures.py --only
+    /// tool-templates`), to the same ids; where transformers raises, so does rlhost. Each
+    /// template implies the call format rlhost reads, and reading a rendered assistant turn
+    /// gives back the calls the message held.
+    #[test]
+    fn tool_templates_render_like_transformers() {
+        use crate::rollout::tool_calls::{self, CallFormat};
+
+        let dir = fixtures().join("chat_tools");
+        let text = std::fs::read_to_string(dir.join("cases.json")).unwrap();
+        let fixture: Json = serde_json::from_str(&text).unwrap();
+        let tokenizer = Tokenizer::from_dir(&fixtures()).unwrap();
+        let mut templates = std::collections::HashMap::new();
+        for (key, meta) in fixture["templates"].as_object().unwrap() {
+            let source = std::fs::read_to_string(dir.join(meta["file"].as_str().unwrap())).unwrap();
+            let format = CallFormat::from_name(meta["call_format"].as_str().unwrap()).unwrap();
+            assert_eq!(CallFormat::implied_by(&source), Some(format), "{key}");
+            let bos = meta["bos_token"].as_str();
+            let template = ChatTemplate::from_str(&source, bos, meta["eos_token"].as_str())
+                .unwrap_or_else(|err| panic!("{key}: {err:#}"));
+            templates.insert(key.as_str(), (template, format, meta));
+        }
+        assert_eq!(templates.len(), 3);
+
+        let cases = fixture["cases"].as_array().unwrap();
+        let mut failures = Vec::new();
+        let mut calls_read = 0;
+        for case in cases {
+            let key = case["template"].as_str().unwrap();
+            let id = format!("{key}/{}", case["name"].as_str().unwrap());
+            let (template, format, meta) = &templates[key];
+            let messages = case["messages"].as_array().unwrap();
+            let kwargs = case["kwargs"].as_object().unwrap();
+            let result = template.render_with_kwargs(
+                messages,
+                case["tools"].as_array().map(Vec::as_slice),
+                case["add_generation_prompt"].as_bool().unwrap(),
+                kwargs,
+            );
+            if let Some(error) = case["error"].as_str() {
+                match result {
+                    Ok(text) => failures.push(format!(
+                        "{id}: transformers raised {error:?}, rlhost rendered {text:?}"
+                    )),
+                    Err(err) if !format!("{err:#}").contains(error) => {
+                        failures.push(format!("{id}: expected {error:?}, got {err:#}"))
+                    }
+                    Err(_) => {}
+                }
+                continue;
+            }
+            let expected = case["rendered"].as_str().unwrap();
+            let rendered = match result {
+                Ok(text) => text,
+                Err(err) => {
+                    failures.push(format!("{id}: {err:#}"));
+                    continue;
+                }
+            };
+            if rendered != expected {
+                let at = rendered
+                    .char_indices()
+                    .zip(expected.chars())
+                    .find(|((_, a), b)| a != b)
+                    .map_or(rendered.len().min(expected.len()), |((i, _), _)| i);
+                failures.push(format!(
+                    "{id}: differs at byte {at}\n  transformers: {:?}\n  rlhost:       {:?}",
+                    around(expected, at),
+                    around(&rendered, at),
+                ));
+                continue;
+            }
+            let ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
+            if tokenizer.encode(&rendered).unwrap() != ids {
+                failures.push(format!("{id}: ids differ"));
+            }
+
+            let builtin: Vec<&str> = kwargs
+                .get("builtin_tools")
+                .and_then(Json::as_array)
+                .map(|names| names.iter().filter_map(Json::as_str).collect())
+                .unwrap_or_default();
+            let ends: Vec<&str> = meta["end_of_turn"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Json::as_str)
+                .collect();
+            let header = meta["assistant_header"].as_str().unwrap();
+            let turns = assistant_turns(&rendered, header, &ends);
+            let assistants: Vec<&Json> = messages
+                .iter()
+                .filter(|m| m["role"] == "assistant")
+                .collect();
+            if turns.len() != assistants.len() {
+                failures.push(format!(
+                    "{id}: {} assistant turns in the text, {} assistant messages",
+                    turns.len(),
+                    assistants.len()
+                ));
+                continue;
+            }
+            for (turn, message) in turns.iter().zip(assistants) {
+                let want = expected_calls(message, &builtin);
+                let read = tool_calls::parse(*format, turn, &[]);
+                let got: Vec<(String, Json)> = read
+                    .calls
+                    .iter()
+                    .map(|call| match call {
+                        Ok(call) => (call.name.clone(), Json::Object(call.arguments.clone())),
+                        Err(bad) => (format!("malformed: {:?}", bad.error), Json::Null),
+                    })
+                    .collect();
+                if got != want {
+                    failures.push(format!("{id}: {turn:?} reads as {got:?}, not {want:?}"));
+                }
+                calls_read += want.len();
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        assert!(
+            cases.len() >= 30 && calls_read >= 25,
+            "{} cases, {calls_read} calls",
+            cases.len()
+        );
+    }
+
     #[test]
     fn shareable_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
@@ -1018,6 +1204,7 @@ mod tests {
 {"template": "{{ 7 // 2 }}|{{ 7 / 2 }}|{{ 2 ** 10 }}|{{ 7 % 3 }}|{{ 1 + 1.5 }}|{{ (0.1 + 0.2) }}|{{ 10 / 5 }}", "context": {}, "expected": "3|3.5|1024|1|2.5|0.30000000000000004|2.0"},
 {"template": "{{ x|items|list }}|{{ x|dictsort }}|{{ x.keys()|list }}|{{ x.values()|list }}", "context": {"x": {"b": 1, "a": 2}}, "expected": "[('b', 1), ('a', 2)]|[('a', 2), ('b', 1)]|['b', 'a']|[1, 2]"},
 {"template": "{%- for m in ms if m.role != 'system' %}{{ loop.index }}:{{ m.role }}{{ ',' if not loop.last }}{% endfor %}|{{ ms|selectattr('role', 'equalto', 'user')|map(attribute='content')|join('+') }}|{{ ms|length }}", "context": {"ms": [{"role": "system", "content": "s"}, {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "u2"}]}, "expected": "1:user,2:assistant,3:user|u1+u2|4"},
+{"template": "{{ none is iterable }}|{{ 'a' is iterable }}|{{ nothing is iterable }}|{{ 1 is iterable }}|{{ {} is iterable }}|{{ [] is iterable }}|{{ true is iterable }}", "context": {}, "expected": "False|True|True|False|True|True|False"},
 {"template": "{{ '%d-%s'|format(3, 'x') }}|{{ ' x '|trim }}|{{ 'Hello'|lower }}|{{ [3, 1, 2]|sort }}|{{ 'abc'|reverse }}|{{ none|default('d') }}|{{ ''|default('e', true) }}", "context": {}, "expected": "3-x|x|hello|[1, 2, 3]|cba|None|e"}
 ]"#;
 

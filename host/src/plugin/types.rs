@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-pub use crate::sample::{Message, Sample};
+pub use crate::sample::{Message, MessageToolCall, Sample};
 
 /// A finished rollout as reward plugins see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,6 +30,7 @@ impl Trajectory {
         messages.push(Message {
             role: "assistant".into(),
             content: completion.clone(),
+            ..Default::default()
         });
         Trajectory {
             messages,

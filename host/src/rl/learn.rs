@@ -223,6 +223,16 @@ fn step_metrics(
             .entry(format!("{}/{}", f.plugin, f.kind))
             .or_default() += 1;
     }
+    let mut function_calls: BTreeMap<String, u64> = BTreeMap::new();
+    for (kind, n) in trajectories.iter().flat_map(|t| &t.call_kinds) {
+        *function_calls.entry(kind.clone()).or_default() += u64::from(*n);
+    }
+    let calls: u64 = function_calls.values().sum();
+    let malformed: u64 = function_calls
+        .iter()
+        .filter(|(k, _)| !crate::rollout::tools::WELL_FORMED.contains(&k.as_str()))
+        .map(|(_, n)| n)
+        .sum();
     StepMetrics {
         reward_mean,
         reward_std,
@@ -245,6 +255,8 @@ fn step_metrics(
         truncated: mean(&|t| f64::from(u8::from(t.truncated))),
         trajectories: trajectories.len(),
         faults,
+        malformed_call_rate: (calls > 0).then(|| malformed as f64 / calls as f64),
+        function_calls,
         ..Default::default()
     }
 }

@@ -144,7 +144,7 @@ pub fn conversation_row(
         .first()
         .context("the model has no EOS token to end a turn with")?;
     let eos_text = lm.tokenizer.decode(&[eos], false)?;
-    let turns = TurnFormat::new(chat, kwargs.clone())?;
+    let turns = TurnFormat::new(chat, kwargs.clone(), None)?;
     // As in rollouts: message contents are data, so a special-token string in them stays
     // plain text, and only the template writes special tokens.
     let tok = &lm.tokenizer;
@@ -274,6 +274,7 @@ mod tests {
         Message {
             role: role.into(),
             content: content.into(),
+            ..Default::default()
         }
     }
 

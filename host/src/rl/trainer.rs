@@ -496,6 +496,7 @@ mod tests {
                 template_kwargs: Default::default(),
                 trigger: None,
                 environment: None,
+                tools: None,
                 remote: None,
             },
         };

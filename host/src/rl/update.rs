@@ -802,6 +802,7 @@ mod tests {
             turns: 1,
             tool_calls: 0,
             tool_truncations: 0,
+            call_kinds: Default::default(),
             stop: StopReason::EndOfTurn,
             truncated: false,
             faults: vec![],

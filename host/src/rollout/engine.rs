@@ -18,6 +18,7 @@
 //! pattern's end, and its output follows the whole token.
 
 use super::reward::{Rewards, Scored};
+use super::tools::{self, Answer, Toolbox, Written};
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
 use super::turns::TurnFormat;
 use super::vllm::{Pool, Request, RequestError, Sampled};
@@ -26,7 +27,7 @@ use crate::model::generate::{Sequence, advance, draw, sample_seed};
 use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
-use crate::plugin::{EnvironmentEpisode, Fault, Plugin, StepResult, TriggerSession};
+use crate::plugin::{EnvironmentEpisode, Fault, Plugin, StepResult, ToolsSession, TriggerSession};
 use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value as Json};
@@ -83,6 +84,8 @@ pub struct RolloutSettings {
     pub template_kwargs: Map<String, Json>,
     pub trigger: Option<ToolSpec>,
     pub environment: Option<ToolSpec>,
+    /// Functions the model calls in its own format (`rollout.tools`).
+    pub tools: Option<std::sync::Arc<Toolbox>>,
     /// vLLM servers that sample in place of the local model (`rollout.engine = "vllm"`).
     pub remote: Option<std::sync::Arc<Pool>>,
 }
@@ -159,6 +162,16 @@ enum Event {
         Result<StepResult, Fault>,
         Duration,
     ),
+    ToolsOpened(usize, usize, Result<ToolsSession, Fault>),
+    /// A turn's function calls answered: the trajectory's sessions back, the answers in
+    /// the calls' order, the faults.
+    Called(
+        usize,
+        Vec<Option<ToolsSession>>,
+        Vec<Answer>,
+        Vec<Fault>,
+        Duration,
+    ),
     Scored(usize, Vec<Scored>, Duration),
     /// A vLLM server's answer for a trajectory, from server `usize`.
     Sampled(usize, usize, Result<Sampled, RequestError>),
@@ -195,6 +208,12 @@ struct Live<'t> {
     trigger: Option<TriggerSession>,
     patterns: Vec<String>,
     episode: Option<EnvironmentEpisode>,
+    /// One tools session per plugin of `rollout.tools` (`None` while a call runs, or
+    /// where it failed to open).
+    tools: Vec<Option<ToolsSession>>,
+    call_kinds: std::collections::BTreeMap<String, u32>,
+    /// The sample, with tools: stateless calls open fresh instances with it.
+    sample_data: Option<Sample>,
     /// Byte offset in the decoded text where a stop pattern may start: the end of the
     /// last insertion (patterns inside inserted text never fire).
     scan_from: usize,
@@ -310,13 +329,20 @@ impl<'a> Engine<'a> {
         }
         settings.sampling.validate()?;
         let chat = lm.chat()?;
-        let turns = match &settings.environment {
-            Some(env) => Some(
-                TurnFormat::new(chat, settings.template_kwargs.clone()).with_context(|| {
-                    format!(
-                        "environment `{}` needs a chat template that can continue a conversation",
-                        env.plugin.name()
-                    )
+        let continued_by = match (&settings.environment, &settings.tools) {
+            (Some(env), _) => Some(format!("environment `{}`", env.plugin.name())),
+            (None, Some(_)) => Some("rollout.tools".to_string()),
+            (None, None) => None,
+        };
+        let turns = match continued_by {
+            Some(what) => Some(
+                TurnFormat::new(
+                    chat,
+                    settings.template_kwargs.clone(),
+                    settings.tools.as_ref().map(|t| t.template_tools.clone()),
+                )
+                .with_context(|| {
+                    format!("{what} needs a chat template that can continue a conversation")
                 })?,
             ),
             None => None,
@@ -345,7 +371,12 @@ impl<'a> Engine<'a> {
 
     /// The prompt's token ids: the sample's messages rendered with a generation prompt.
     pub fn prompt_tokens(&self, sample: &Sample) -> Result<Vec<u32>> {
-        prompt_tokens(self.lm, &self.settings.template_kwargs, sample)
+        prompt_tokens(
+            self.lm,
+            &self.settings.template_kwargs,
+            self.settings.tools.as_deref(),
+            sample,
+        )
     }
 
     /// Samples `group_size` trajectories for each sample and scores them. Trajectory `j` of
@@ -465,7 +496,30 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        u8::from(s.trigger.is_some()) + u8::from(s.environment.is_some())
+        if let Some(toolbox) = &s.tools {
+            for (i, (id, sample)) in samples.iter().enumerate() {
+                for j in 0..g {
+                    let t = i * g + j;
+                    let plugin_seed = sample_seed(seed ^ 0x746f_6f6c, *id as usize, j);
+                    for (p, spec) in toolbox.plugins.iter().enumerate() {
+                        let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
+                        self.handle.spawn(async move {
+                            let r = spec
+                                .plugin
+                                .open_tools(&spec.config, &sample, plugin_seed)
+                                .await
+                                .map_err(|e| spec.plugin.open_fault("tools.open", e));
+                            let _ = tx.send(Event::ToolsOpened(t, p, r));
+                        });
+                    }
+                }
+            }
+        }
+        let tools = s.tools.as_ref().map_or(0, |t| t.plugins.len());
+        u8::try_from(
+            usize::from(s.trigger.is_some()) + usize::from(s.environment.is_some()) + tools,
+        )
+        .expect("fewer than 255 plugins per trajectory")
     }
 
     /// Prefills each prompt once and forks its cache into its group's trajectories, which
@@ -542,6 +596,11 @@ impl<'a> Engine<'a> {
             trigger: None,
             patterns: Vec::new(),
             episode: None,
+            tools: (0..self.settings.tools.as_ref().map_or(0, |t| t.plugins.len()))
+                .map(|_| None)
+                .collect(),
+            call_kinds: Default::default(),
+            sample_data: self.settings.tools.as_ref().map(|_| samples[i].1.clone()),
             scan_from: 0,
             turn_start: start,
             turn_tokens: 0,
@@ -848,9 +907,16 @@ impl<'a> Engine<'a> {
         let content = self.lm.tokenizer.decode(content_tokens, false)?;
         l.turns += 1;
         l.turn_open = false;
+        if let Some(toolbox) = &self.settings.tools {
+            let turn = toolbox.read(&content);
+            if !turn.calls.is_empty() {
+                return self.call_tools(l, tx, toolbox, turn);
+            }
+        }
         l.messages.push(Message {
             role: "assistant".into(),
             content: content.clone(),
+            ..Default::default()
         });
         match l.episode.take() {
             Some(mut episode) => {
@@ -867,7 +933,109 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    /// Acts on a plugin's answer.
+    /// The model ended a turn with function calls: record them and run them on the
+    /// worker pool (the trajectory waits), or end the trajectory at a limit.
+    fn call_tools(
+        &self,
+        l: &mut Live,
+        tx: &mpsc::Sender<Event>,
+        toolbox: &std::sync::Arc<Toolbox>,
+        turn: super::tool_calls::Turn,
+    ) -> Result<()> {
+        let written: Vec<Written> = turn
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(k, call)| Written {
+                id: format!("call_{}_{k}", l.turns),
+                call,
+            })
+            .collect();
+        l.messages
+            .push(tools::assistant_message(turn.content, &written));
+        let lim = &self.settings.limits;
+        if l.tool_calls as usize + written.len() > lim.max_tool_calls as usize {
+            l.state = State::Done(StopReason::MaxToolCalls);
+            return Ok(());
+        }
+        if l.turns >= lim.max_turns {
+            l.state = State::Done(StopReason::MaxTurns);
+            return Ok(());
+        }
+        let sessions = std::mem::take(&mut l.tools);
+        let (t, tx) = (self.index_of(l), tx.clone());
+        let toolbox = toolbox.clone();
+        let sample = l
+            .sample_data
+            .clone()
+            .expect("a trajectory with tools keeps its sample");
+        let seed = l.seed ^ u64::from(l.turns).wrapping_mul(0x6361_6c6c);
+        l.state = State::Waiting;
+        self.handle.spawn(async move {
+            let c0 = Instant::now();
+            let (sessions, answers, faults) =
+                tools::run(&toolbox, sessions, &sample, seed, &written).await;
+            let _ = tx.send(Event::Called(t, sessions, answers, faults, c0.elapsed()));
+        });
+        Ok(())
+    }
+
+    /// Appends `new` messages after the conversation so far, rendered by the chat template
+    /// (the rest of the last turn's closing text first), as tokens the model is not
+    /// trained on; the model's next turn starts after them. A template that cannot
+    /// continue ends the trajectory (`template_error`).
+    fn continue_with(&self, l: &mut Live, new: Vec<Message>, kind: SpanKind) -> Result<()> {
+        let turns = self
+            .turns
+            .as_ref()
+            .expect("an environment or tools have a turn format");
+        let last = *l.seq.tokens.last().expect("a turn was sampled");
+        let ended_with = if self.settings.sampling.stop_token_ids.contains(&last) {
+            self.lm.tokenizer.decode(&[last], false)?
+        } else {
+            String::new()
+        };
+        let text = match turns.continuation(
+            &escaped(&self.lm.tokenizer, &l.messages),
+            &escaped(&self.lm.tokenizer, &new),
+            &ended_with,
+        ) {
+            Ok(text) => text,
+            Err(e) => {
+                tracing::warn!("{e:#}");
+                l.state = State::Done(StopReason::TemplateError);
+                return Ok(());
+            }
+        };
+        l.messages.extend(new);
+        let ids = self.lm.tokenizer.encode_escaped(&text)?;
+        self.insert_ids(l, ids, kind)?;
+        if l.state == State::Active {
+            l.turn_start = l.seq.tokens.len();
+            l.turn_tokens = 0;
+            l.turn_open = true;
+        }
+        Ok(())
+    }
+
+    /// A tool's answer cut to `rollout.max_tool_output_tokens` (the marker appended).
+    fn cut_answer(&self, l: &mut Live, text: String) -> Result<String> {
+        let lim = &self.settings.limits;
+        let tok = &self.lm.tokenizer;
+        let ids = tok.encode_plain(&text)?;
+        if ids.len() <= lim.max_tool_output_tokens {
+            return Ok(text);
+        }
+        let marker = tok.encode(&lim.truncation_marker)?;
+        let keep = lim.max_tool_output_tokens.saturating_sub(marker.len());
+        l.tool_truncations += 1;
+        Ok(format!(
+            "{}{}",
+            tok.decode(&ids[..keep], false)?,
+            lim.truncation_marker
+        ))
+    }
+
     /// Acts on a plugin's answer.
     fn apply(&self, event: Event, b: &mut Batch) -> Result<()> {
         let (lives, stats) = (&mut b.lives, &mut b.stats);
@@ -915,36 +1083,24 @@ impl<'a> Engine<'a> {
                 if l.state != State::Active {
                     return Ok(());
                 }
-                let turns = self
-                    .turns
-                    .as_ref()
-                    .expect("an environment has a turn format");
-                let last = *l.seq.tokens.last().expect("a turn was sampled");
-                let ended_with = if self.settings.sampling.stop_token_ids.contains(&last) {
-                    self.lm.tokenizer.decode(&[last], false)?
-                } else {
-                    String::new()
-                };
-                let text = match turns.continuation(
-                    &escaped(&self.lm.tokenizer, &l.messages),
-                    &escaped(&self.lm.tokenizer, &step.messages),
-                    &ended_with,
-                ) {
-                    Ok(text) => text,
-                    Err(e) => {
-                        tracing::warn!("{e:#}");
-                        l.state = State::Done(StopReason::TemplateError);
-                        return Ok(());
-                    }
-                };
-                l.messages.extend(step.messages);
                 l.tool_calls += 1;
-                self.insert(l, &text, SpanKind::Env)?;
-                if l.state == State::Active {
-                    l.turn_start = l.seq.tokens.len();
-                    l.turn_tokens = 0;
-                    l.turn_open = true;
+                self.continue_with(l, step.messages, SpanKind::Env)?;
+            }
+            Event::Called(t, sessions, answers, faults, took) => {
+                stats.plugin_busy_s += took.as_secs_f64();
+                let l = &mut lives[t];
+                l.tools = sessions;
+                l.faults.extend(faults.iter().map(FaultRecord::from));
+                l.state = State::Active;
+                for a in &answers {
+                    *l.call_kinds.entry(a.kind.to_string()).or_default() += 1;
                 }
+                l.tool_calls += answers.len() as u32;
+                let mut messages = tools::tool_messages(&answers);
+                for m in &mut messages {
+                    m.content = self.cut_answer(l, std::mem::take(&mut m.content))?;
+                }
+                self.continue_with(l, messages, SpanKind::Tool)?;
             }
             Event::Sampled(t, server, result) => {
                 let l = &mut lives[t];
@@ -992,6 +1148,15 @@ impl<'a> Engine<'a> {
                 }
                 l.opened();
             }
+            Event::ToolsOpened(t, p, result) => {
+                let l = &mut lives[t];
+                match result {
+                    Ok(session) => l.tools[p] = Some(session),
+                    // Its calls are answered as the tool's failure; the fault is on record.
+                    Err(f) => l.faults.push(FaultRecord::from(&f)),
+                }
+                l.opened();
+            }
             Event::EpisodeOpened(t, result) => {
                 let l = &mut lives[t];
                 match result {
@@ -1017,6 +1182,12 @@ impl<'a> Engine<'a> {
             ids.extend(marker);
             l.tool_truncations += 1;
         }
+        self.insert_ids(l, ids, kind)
+    }
+
+    /// Appends inserted ids (not trained on), as many as fit the length limit.
+    fn insert_ids(&self, l: &mut Live, mut ids: Vec<u32>, kind: SpanKind) -> Result<()> {
+        let lim = &self.settings.limits;
         let room = lim.max_total_tokens.saturating_sub(l.seq.tokens.len());
         if ids.len() >= room {
             // No room left to answer: keep what fits and end here.
@@ -1043,6 +1214,7 @@ impl<'a> Engine<'a> {
     ) -> Result<Trajectory> {
         l.trigger = None;
         l.episode = None;
+        l.tools.clear();
         l.dec.flush()?;
         let tok = &self.lm.tokenizer;
         // A turn cut off by a limit is still the model's text: it goes in the messages.
@@ -1052,6 +1224,7 @@ impl<'a> Engine<'a> {
             l.messages.push(Message {
                 role: "assistant".into(),
                 content,
+                ..Default::default()
             });
             l.turns += 1;
         }
@@ -1092,6 +1265,7 @@ impl<'a> Engine<'a> {
             turns: l.turns,
             tool_calls: l.tool_calls,
             tool_truncations: l.tool_truncations,
+            call_kinds: std::mem::take(&mut l.call_kinds),
             stop,
             truncated: stop.truncated(),
             faults: std::mem::take(&mut l.faults),
@@ -1151,17 +1325,20 @@ impl Drop for Lease<'_> {
 pub fn prompt_tokens(
     lm: &LanguageModel,
     template_kwargs: &Map<String, Json>,
+    tools: Option<&Toolbox>,
     sample: &Sample,
 ) -> Result<Vec<u32>> {
     let tok = &lm.tokenizer;
-    let messages: Vec<Json> = sample
-        .messages
+    let messages: Vec<Json> = escaped(tok, &sample.messages)
         .iter()
-        .map(|m| serde_json::json!({"role": m.role, "content": tok.escape_specials(&m.content)}))
+        .map(|m| serde_json::to_value(m).expect("a message is JSON"))
         .collect();
-    let text = lm
-        .chat()?
-        .render_with_kwargs(&messages, None, true, template_kwargs)?;
+    let text = lm.chat()?.render_with_kwargs(
+        &messages,
+        tools.map(|t| t.template_tools.as_slice()),
+        true,
+        template_kwargs,
+    )?;
     tok.encode_escaped(&text)
 }
 
@@ -1184,8 +1361,8 @@ pub fn escaped(tok: &crate::model::tokenizer::Tokenizer, messages: &[Message]) -
     messages
         .iter()
         .map(|m| Message {
-            role: m.role.clone(),
             content: tok.escape_specials(&m.content).into_owned(),
+            ..m.clone()
         })
         .collect()
 }
@@ -1240,6 +1417,7 @@ mod tests {
             template_kwargs: Map::new(),
             trigger: None,
             environment: None,
+            tools: None,
             remote: None,
         }
     }

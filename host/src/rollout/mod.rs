@@ -2,6 +2,8 @@
 //!
 //! - [`engine`]: group sampling with trigger sessions and environment episodes in the
 //!   loop, plugin calls on a worker pool, token-in/token-out.
+//! - [`tools`]: native function calling: the run's `tools` plugins, their functions in
+//!   the prompt, one turn's calls run and answered as `tool` messages.
 //! - [`turns`]: continuing a conversation with the chat template, turn by turn.
 //! - [`trajectory`]: what a finished rollout holds (tokens, log-probs, loss mask, spans).
 //! - [`reward`]: reward plugins' components, weighted and summed.
@@ -13,6 +15,7 @@ pub mod eval;
 pub mod queue;
 pub mod reward;
 pub mod tool_calls;
+pub mod tools;
 pub mod trajectory;
 pub mod turns;
 pub mod vllm;

@@ -129,6 +129,10 @@ pub struct Trajectory {
     pub tool_calls: u32,
     /// Tool outputs cut to `rollout.max_tool_output_tokens`.
     pub tool_truncations: u32,
+    /// Function calls (the `tools` role) by how they went: `ok`, `tool_error`, `fault`,
+    /// or a malformed call's kind (`bad_json`, `unknown_function`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub call_kinds: BTreeMap<String, u32>,
     pub stop: StopReason,
     pub truncated: bool,
     pub faults: Vec<FaultRecord>,

@@ -20,7 +20,7 @@
 use crate::model::chat::ChatTemplate;
 use crate::sample::Message;
 use anyhow::{Result, bail};
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Map, Value as Json};
 
 /// A placeholder assistant message used to find what the template writes around one.
 const PROBE: &str = "\u{1}rlhost-probe\u{1}";
@@ -28,6 +28,8 @@ const PROBE: &str = "\u{1}rlhost-probe\u{1}";
 pub struct TurnFormat<'a> {
     chat: &'a ChatTemplate,
     kwargs: Map<String, Json>,
+    /// The template's `tools` variable (the run's functions), in every rendering.
+    tools: Option<Vec<Json>>,
     /// What the template writes after an assistant message's content.
     glue: String,
 }
@@ -35,25 +37,33 @@ pub struct TurnFormat<'a> {
 fn to_json(messages: &[Message]) -> Vec<Json> {
     messages
         .iter()
-        .map(|m| json!({"role": m.role, "content": m.content}))
+        .map(|m| serde_json::to_value(m).expect("a message is JSON"))
         .collect()
 }
 
 impl<'a> TurnFormat<'a> {
     /// Probes the template: `[user, assistant]` rendered without a generation prompt must
     /// start with `[user]` rendered with one, followed by the assistant's content.
-    pub fn new(chat: &'a ChatTemplate, kwargs: Map<String, Json>) -> Result<TurnFormat<'a>> {
+    /// `tools` is the template's `tools` variable for every rendering (the run's functions).
+    pub fn new(
+        chat: &'a ChatTemplate,
+        kwargs: Map<String, Json>,
+        tools: Option<Vec<Json>>,
+    ) -> Result<TurnFormat<'a>> {
         let user = Message {
             role: "user".into(),
             content: "hi".into(),
+            ..Default::default()
         };
         let assistant = Message {
             role: "assistant".into(),
             content: PROBE.into(),
+            ..Default::default()
         };
         let mut fmt = TurnFormat {
             chat,
             kwargs,
+            tools,
             glue: String::new(),
         };
         let prompt = fmt.render(std::slice::from_ref(&user), true)?;
@@ -73,7 +83,7 @@ impl<'a> TurnFormat<'a> {
     fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         self.chat.render_with_kwargs(
             &to_json(messages),
-            None,
+            self.tools.as_deref(),
             add_generation_prompt,
             &self.kwargs,
         )
@@ -135,10 +145,12 @@ impl<'a> TurnFormat<'a> {
         anchor.push(Message {
             role: "user".into(),
             content: "hi".into(),
+            ..Default::default()
         });
         anchor.push(Message {
             role: "assistant".into(),
             content: PROBE.into(),
+            ..Default::default()
         });
         let old = self.render(&anchor, false).ok()?;
         let all: Vec<Message> = anchor.iter().chain(new).cloned().collect();
@@ -169,6 +181,7 @@ mod tests {
         Message {
             role: role.into(),
             content: content.into(),
+            ..Default::default()
         }
     }
 
@@ -177,7 +190,7 @@ mod tests {
     #[test]
     fn turn_by_turn_equals_the_whole_rendering() {
         let chat = ChatTemplate::from_dir(&fixtures::model_dir("qwen2")).unwrap();
-        let fmt = TurnFormat::new(&chat, Map::new()).unwrap();
+        let fmt = TurnFormat::new(&chat, Map::new(), None).unwrap();
         assert_eq!(fmt.glue(), "<|im_end|>\n");
         let mut history = vec![msg("system", "Guess."), msg("user", "Pick a number")];
         let mut text = fmt.render(&history, true).unwrap();
@@ -207,7 +220,7 @@ mod tests {
     #[test]
     fn a_template_that_drops_earlier_thinking_continues_the_tokens_the_model_saw() {
         let chat = ChatTemplate::from_str(DROPS_THINKING, None, None).unwrap();
-        let fmt = TurnFormat::new(&chat, Map::new()).unwrap();
+        let fmt = TurnFormat::new(&chat, Map::new(), None).unwrap();
         assert_eq!(fmt.glue(), "<|im_end|>\n");
         let mut history = vec![msg("system", "Guess."), msg("user", "Pick a number")];
         let mut text = fmt.render(&history, true).unwrap();
@@ -247,6 +260,7 @@ mod tests {
         let fmt = TurnFormat {
             chat: &chat,
             kwargs: Map::new(),
+            tools: None,
             glue: String::new(),
         };
         let err = fmt

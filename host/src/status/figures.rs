@@ -198,6 +198,12 @@ pub const SOME_STEPS: &[Figure<Option<f64>>] = &[
         get: |m| m.rollout_max_ratio,
     },
     Figure {
+        name: Some("malformed_call_rate"),
+        tag: Some("rollout/malformed_call_rate"),
+        help: "Share of the step's function calls that were malformed (bad JSON, unknown function, arguments failing the schema, ...)",
+        get: |m| m.malformed_call_rate,
+    },
+    Figure {
         name: Some("adapter_load_seconds"),
         tag: Some("time/adapter_load"),
         help: "vLLM: seconds the step's batch spent writing its adapter version and loading it on the servers",
@@ -249,6 +255,9 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
     }
     for (k, v) in &m.faults {
         out.push((format!("faults/{k}"), *v as f64));
+    }
+    for (k, v) in &m.function_calls {
+        out.push((format!("function_calls/{k}"), *v as f64));
     }
     out
 }

@@ -115,6 +115,9 @@ pub struct RolloutView {
     pub truncated: bool,
     pub turns: u32,
     pub tool_calls: u32,
+    /// Function calls by how they went (`ok`, `tool_error`, a malformed call's kind, ...).
+    #[serde(default)]
+    pub call_kinds: BTreeMap<String, u32>,
     /// The prompt's messages, `role: content` per line.
     pub prompt: String,
     pub spans: Vec<ViewSpan>,
@@ -151,6 +154,7 @@ impl RolloutView {
             truncated: t.truncated,
             turns: t.turns,
             tool_calls: t.tool_calls,
+            call_kinds: t.call_kinds.clone(),
             prompt,
             spans: t
                 .spans

@@ -439,12 +439,14 @@ mod tests {
             messages: vec![crate::plugin::types::Message {
                 role: "user".into(),
                 content: "2*3?".into(),
+                ..Default::default()
             }],
             completion,
             metadata: serde_json::Value::Null,
             turns: 1,
             tool_calls: 1,
             tool_truncations: 0,
+            call_kinds: Default::default(),
             stop: StopReason::EndOfTurn,
             truncated: false,
             faults: Vec::new(),

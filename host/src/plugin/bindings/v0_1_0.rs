@@ -80,10 +80,7 @@ impl From<&types::Message> for wit::Message {
 
 impl From<wit::Message> for types::Message {
     fn from(m: wit::Message) -> Self {
-        types::Message {
-            role: m.role,
-            content: m.content,
-        }
+        types::Message::new(m.role, m.content)
     }
 }
 

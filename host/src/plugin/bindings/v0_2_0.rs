@@ -91,9 +91,16 @@ impl From<&types::Message> for wit::Message {
         wit::Message {
             role: m.role.clone(),
             content: m.content.clone(),
-            // The host's messages do not hold calls yet (the rollout does not make them).
-            tool_calls: Vec::new(),
-            tool_call_id: None,
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .map(|c| wit::ToolCall {
+                    id: c.id.clone(),
+                    name: c.function.name.clone(),
+                    arguments: c.arguments_text(),
+                })
+                .collect(),
+            tool_call_id: m.tool_call_id.clone(),
         }
     }
 }
@@ -103,6 +110,17 @@ impl From<wit::Message> for types::Message {
         types::Message {
             role: m.role,
             content: m.content,
+            // Arguments that are not JSON stay the text the plugin wrote.
+            tool_calls: m
+                .tool_calls
+                .into_iter()
+                .map(|c| {
+                    let arguments = serde_json::from_str(&c.arguments)
+                        .unwrap_or(serde_json::Value::String(c.arguments));
+                    types::MessageToolCall::new(c.id, c.name, arguments)
+                })
+                .collect(),
+            tool_call_id: m.tool_call_id,
         }
     }
 }

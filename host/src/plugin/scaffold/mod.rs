@@ -4,10 +4,11 @@
 //!
 //! Each role has one small working example, the same in every language (a trigger that
 //! upper-cases `<shout>…</shout>`, a three-turn environment, addition problems, an
-//! `<answer>` reward), so that an author starts from a plugin that keeps the contract and
-//! changes what it does. The templates are the files beside this one, with `{{name}}`-style
-//! holes; Python, JavaScript and C projects get a copy of the contract (`wit/`), and C ones
-//! its bindings, generated here by wit-bindgen's C generator.
+//! `<answer>` reward, functions `add` and `tally`), so that an author starts from a plugin
+//! that keeps the contract and changes what it does. The templates are the files beside
+//! this one, with `{{name}}`-style holes; Python, JavaScript and C projects get a copy of
+//! the contract (`wit/`), and C ones its bindings, generated here by wit-bindgen's C
+//! generator.
 
 use super::Role;
 use super::bindings::SUPPORTED;
@@ -68,20 +69,21 @@ pub struct Request {
     pub sdk: Option<PathBuf>,
 }
 
-/// The contract the projects are built against: the newest supported version.
-const WIT_VERSION: &str = SUPPORTED[SUPPORTED.len() - 1];
+/// The contract the projects are built against: the newest supported version (the first
+/// of [`SUPPORTED`]); `WIT` is its folder (a test checks that they agree).
+const WIT_VERSION: &str = SUPPORTED[0];
 const WIT: [(&str, &str); 3] = [
     (
         "roles.wit",
-        include_str!("../../../../wit/v0.1.0/roles.wit"),
+        include_str!("../../../../wit/v0.2.0/roles.wit"),
     ),
     (
         "types.wit",
-        include_str!("../../../../wit/v0.1.0/types.wit"),
+        include_str!("../../../../wit/v0.2.0/types.wit"),
     ),
     (
         "worlds.wit",
-        include_str!("../../../../wit/v0.1.0/worlds.wit"),
+        include_str!("../../../../wit/v0.2.0/worlds.wit"),
     ),
 ];
 
@@ -98,12 +100,6 @@ pub struct Made {
 /// Makes the project. Nothing is written when it fails, and an existing folder is never
 /// touched.
 pub fn create(request: &Request) -> Result<Made> {
-    if request.role == Role::Tools {
-        anyhow::bail!(
-            "`plugin new --role tools` has no templates yet (WIT 0.2.0 is work in progress): \
-             see docs/design/wit-0.2.0.md"
-        );
-    }
     check_name(&request.name)?;
     let dir = request.parent.join(&request.name);
     if dir.exists() {
@@ -258,31 +254,35 @@ fn files(request: &Request) -> Result<Vec<(String, String)>> {
 }
 
 /// Templates per role, in `Role::ALL`'s order.
-type Templates = [&'static str; 4];
+type Templates = [&'static str; Role::ALL.len()];
 
 const RUST: Templates = [
     include_str!("rust/trigger.rs"),
     include_str!("rust/environment.rs"),
     include_str!("rust/dataset.rs"),
     include_str!("rust/reward.rs"),
+    include_str!("rust/tools.rs"),
 ];
 const PYTHON: Templates = [
     include_str!("python/trigger.py"),
     include_str!("python/environment.py"),
     include_str!("python/dataset.py"),
     include_str!("python/reward.py"),
+    include_str!("python/tools.py"),
 ];
 const JS: Templates = [
     include_str!("js/trigger.js"),
     include_str!("js/environment.js"),
     include_str!("js/dataset.js"),
     include_str!("js/reward.js"),
+    include_str!("js/tools.js"),
 ];
 const C: Templates = [
     include_str!("c/trigger.c"),
     include_str!("c/environment.c"),
     include_str!("c/dataset.c"),
     include_str!("c/reward.c"),
+    include_str!("c/tools.c"),
 ];
 
 fn pick(role: Role, templates: Templates) -> &'static str {
@@ -299,7 +299,7 @@ fn description(role: Role) -> &'static str {
         Role::Environment => "A three-turn conversation that rewards saying done",
         Role::Dataset => "Addition problems with their answers",
         Role::Reward => "format and correct components for <answer>...</answer>",
-        Role::Tools => "Unit conversion as a function the model calls",
+        Role::Tools => "Functions the model calls: add two integers, keep a running tally",
     }
 }
 
@@ -309,7 +309,9 @@ fn call_example(role: Role) -> &'static str {
         Role::Environment => "--text 'one' --text 'two' --text 'done'",
         Role::Dataset => "--index 0",
         Role::Reward => "--prompt 'What is 2 + 2?' --text '<answer>4</answer>'",
-        Role::Tools => "--call 'convert:{\"value\": 3, \"from\": \"km\", \"to\": \"mi\"}'",
+        Role::Tools => {
+            "--call 'add:{\"a\": 2, \"b\": 3}' --call 'tally:{\"amount\": 5}' --call 'tally:{\"amount\": 7}'"
+        }
     }
 }
 
@@ -369,8 +371,7 @@ mod tests {
     fn every_language_and_role_fills_every_hole() {
         let parent = temp("holes");
         for lang in Lang::ALL {
-            // The tools role has no templates yet (WIT 0.2.0 is work in progress).
-            for role in Role::ALL.into_iter().filter(|r| *r != Role::Tools) {
+            for role in Role::ALL {
                 let name = format!("p_{lang}_{role}");
                 let request = Request {
                     name: name.clone(),
@@ -445,6 +446,17 @@ mod tests {
             "unknown language `cobol`: expected rust, python, js or c"
         );
         std::fs::remove_dir_all(parent).unwrap();
+    }
+
+    /// The projects' `wit/` is the version they say they target.
+    #[test]
+    fn the_wit_copied_is_the_newest_supported() {
+        for (file, text) in WIT {
+            assert!(
+                text.contains(&format!("package rlhost:plugin@{WIT_VERSION};")),
+                "{file} is not rlhost:plugin@{WIT_VERSION}"
+            );
+        }
     }
 
     /// The C plugin in `plugins/c_reward` builds with bindings made by this generator:

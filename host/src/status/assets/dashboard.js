@@ -291,6 +291,8 @@
       series: () => [
         { label: "tool_calls", get: field("tool_calls"), color: color(1) },
         { label: "turns", get: field("turns"), color: color(5) },
+        // Native function calling: the share of calls the model wrote malformed.
+        { label: "malformed_call_rate", get: field("malformed_call_rate"), color: color(3), spanGaps: true },
       ],
     },
     throughput: {
@@ -501,6 +503,12 @@
     head.append(
       el("span", null, `turns ${t.turns ?? "—"}`),
       el("span", null, `tool calls ${t.tool_calls ?? "—"}`),
+    );
+    // Function calls the function did not answer: malformed, refused, faulted.
+    for (const [kind, n] of Object.entries(t.call_kinds || {})) {
+      if (kind !== "ok") head.append(el("span", "tag warn", `${kind} ${n}`));
+    }
+    head.append(
       el("span", null, `sample ${t.sample_id ?? "?"}#${t.index ?? "?"} · step ${t.step ?? "?"} · v${t.version ?? "?"}`),
     );
     card.append(head);

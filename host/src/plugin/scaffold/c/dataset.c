@@ -65,7 +65,8 @@ bool exports_rlhost_plugin_dataset_method_source_get(exports_rlhost_plugin_datas
     snprintf(prompt, sizeof prompt, "What is %u + %u? Answer as <answer>N</answer>.", a, b);
     snprintf(metadata, sizeof metadata, "{\"answer\": %u}", a + b);
     ret->messages.len = 1;
-    ret->messages.ptr = malloc(sizeof *ret->messages.ptr);
+    // calloc: the fields not set here (the message's tool calls) are empty.
+    ret->messages.ptr = calloc(1, sizeof *ret->messages.ptr);
     dataset_plugin_string_dup(&ret->messages.ptr[0].role, "user");
     dataset_plugin_string_dup(&ret->messages.ptr[0].content, prompt);
     dataset_plugin_string_dup(&ret->metadata, metadata);

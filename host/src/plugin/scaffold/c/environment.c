@@ -65,7 +65,8 @@ bool exports_rlhost_plugin_environment_method_episode_step(exports_rlhost_plugin
         snprintf(content, sizeof content, "You wrote %zu bytes. %d turns to go; say done in the last.",
                  assistant->len, TURNS - self->turn);
         ret->messages.len = 1;
-        ret->messages.ptr = malloc(sizeof *ret->messages.ptr);
+        // calloc: the fields not set here (the message's tool calls) are empty.
+        ret->messages.ptr = calloc(1, sizeof *ret->messages.ptr);
         environment_plugin_string_dup(&ret->messages.ptr[0].role, "user");
         environment_plugin_string_dup(&ret->messages.ptr[0].content, content);
     }

@@ -18,6 +18,12 @@ function parseConfig(config, defaults) {
   return { ...defaults, ...parsed };
 }
 
+/// A chat message from `role`: every field of WIT's `message` must be there (none is
+/// optional in a record), the tool-call ones empty.
+function message(role, content) {
+  return { role, content, toolCalls: [], toolCallId: null };
+}
+
 export const about = {
   info() {
     return { name: "{{name}}", version: "0.1.0", description: "{{description}}" };

@@ -38,7 +38,7 @@ class Source {
     const a = Number(r % 1000n);
     const b = Number((r >> 32n) % 1000n);
     return {
-      messages: [{ role: "user", content: `What is ${a} + ${b}? Answer as <answer>N</answer>.` }],
+      messages: [message("user", `What is ${a} + ${b}? Answer as <answer>N</answer>.`)],
       metadata: JSON.stringify({ answer: a + b }),
     };
   }

@@ -26,7 +26,7 @@ class Episode {
     }
     const left = this.turns - this.turn;
     const content = `You wrote ${[...assistant].length} characters. ${left} turns to go; say done in the last.`;
-    return { messages: [{ role: "user", content }], done: false, reward: null };
+    return { messages: [message("user", content)], done: false, reward: null };
   }
 }
 

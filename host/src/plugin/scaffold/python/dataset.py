@@ -36,6 +36,6 @@ class Source(dataset.Source):
         a, b = r.randrange(1000), r.randrange(1000)
         prompt = f"What is {a} + {b}? Answer as <answer>N</answer>."
         return types.Sample(
-            messages=[types.Message(role="user", content=prompt)],
+            messages=[types.Message(role="user", content=prompt, tool_calls=[], tool_call_id=None)],
             metadata=json.dumps({"answer": a + b}),
         )

@@ -34,5 +34,7 @@ class Episode(environment.Episode):
         message = types.Message(
             role="user",
             content=f"You wrote {len(assistant)} characters. {left} turns to go; say done in the last.",
+            tool_calls=[],
+            tool_call_id=None,
         )
         return types.StepResult(messages=[message], done=False, reward=None)
