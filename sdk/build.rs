@@ -17,6 +17,12 @@ world dataset-reward-plugin {
     include rlhost:plugin/dataset-plugin@0.2.0;
     include rlhost:plugin/reward-plugin@0.2.0;
 }
+
+/// A task with its tool, and functions too: every role but the environment.
+world task-tools-plugin {
+    include rlhost:plugin/task-plugin@0.2.0;
+    include rlhost:plugin/tools-plugin@0.2.0;
+}
 ";
 
 fn main() {

@@ -76,5 +76,8 @@ pub struct StepMetrics {
     pub eval_accuracy: Option<f64>,
     pub eval_reward: Option<f64>,
     pub eval_tool_use: Option<f64>,
+    /// Held-out share of malformed function calls (with `rollout.tools`).
+    #[serde(default)]
+    pub eval_malformed_call_rate: Option<f64>,
     pub eval_s: Option<f64>,
 }

@@ -287,6 +287,7 @@ pub mod __glue {
 /// rlhost_sdk::export!(tools: MyFunctions);
 /// rlhost_sdk::export!(dataset: MyData, reward: MyScore); // a task for any tool
 /// rlhost_sdk::export!(dataset: MyData, reward: MyScore, trigger: MyTool); // a task
+/// rlhost_sdk::export!(dataset: MyData, reward: MyScore, trigger: MyTool, tools: MyFunctions);
 /// ```
 ///
 /// The plugin's name, version and description are its package's `name`, `version` and
@@ -313,6 +314,9 @@ macro_rules! export {
     };
     (dataset: $d:ty, reward: $r:ty, trigger: $t:ty $(,)?) => {
         $crate::__export_world!(["task-plugin"]; dataset: $d, reward: $r, trigger: $t);
+    };
+    (dataset: $d:ty, reward: $r:ty, trigger: $t:ty, tools: $f:ty $(,)?) => {
+        $crate::__export_world!([sdk "task-tools-plugin"]; dataset: $d, reward: $r, trigger: $t, tools: $f);
     };
 }
 

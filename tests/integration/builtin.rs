@@ -46,6 +46,7 @@ fn a_small_builtin_model_is_built_loaded_and_cached() {
         dataset: &dataset,
         task: "multiply",
         trigger: Some(&trigger),
+        tools: None,
         seed: 1,
     };
     let dir = ensure(&recipe, &inputs, rt.handle(), &cache, true).unwrap();

@@ -81,6 +81,7 @@ fn build_small_code_model(dir: &Path, tool: &str) -> PathBuf {
         dataset: &dataset,
         task: "code_task",
         trigger: Some(&trigger),
+        tools: None,
         seed: 1,
     };
     ensure(&recipe, &inputs, rt.handle(), &dir.join("cache"), true).unwrap()

@@ -11,6 +11,8 @@
 //! - `rollout`: the rollout engine with the real tools and environments in the loop.
 //! - `tools`: native function calling with the real `units` tools plugin: calls run,
 //!   answered as `tool` messages token-exactly, malformed ones counted by kind.
+//! - `units_task`: the units task's answers are the functions', a small built-in model
+//!   learns to call them, `--plugin units.wasm` picks the run.
 //! - `data`: the dataset module with a real dataset plugin.
 //! - `docs`: the handbook's and the README's links, anchors and includes resolve.
 //! - `init`: `rlhost init` writes a config that runs, from a model, a data file and plugins.
@@ -36,6 +38,7 @@ mod scaffold;
 mod status;
 mod tools;
 mod train_cli;
+mod units_task;
 mod vllm;
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions};

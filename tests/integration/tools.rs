@@ -394,3 +394,88 @@ fn a_run_config_with_tools_is_checked() {
         "{err:#}"
     );
 }
+
+/// The hostile plugin's functions: `count` (stateful) runs in the trajectory's session in
+/// the order written, across turns; `misbehave` (stateless) runs each call in a fresh
+/// instance, and its loop, memory bomb and panic are faults of their own calls only.
+#[test]
+fn stateful_calls_keep_order_and_session_and_faults_stay_in_their_call() {
+    let rt = tokio_runtime();
+    let limits = rlhost::plugin::Limits {
+        timeout_ms: 300,
+        memory_mib: 64,
+        ..Default::default()
+    };
+    let hostile = ToolSpec {
+        plugin: rt.block_on(super::load_with("hostile", limits)),
+        config: "{}".into(),
+    };
+    let catalogue = rt
+        .block_on(Catalogue::open(vec![("hostile".into(), hostile)]))
+        .unwrap();
+    let chat = rlhost::model::chat::ChatTemplate::from_dir(&fixture_dir()).unwrap();
+    let toolbox = Toolbox::new(catalogue, FormatSetting::Auto, &chat).unwrap();
+    assert!(toolbox.needs_session(0));
+    let sample = user("go");
+    let session = rt
+        .block_on(toolbox.plugins[0].plugin.open_tools("{}", &sample, 0))
+        .unwrap();
+    let call = |name: &str, args: &str| {
+        format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>")
+    };
+    let text = [
+        call("count", "{}"),
+        call("misbehave", r#"{"mode": "loop"}"#),
+        call("count", "{}"),
+        call("misbehave", r#"{"mode": "memory"}"#),
+        call("misbehave", r#"{"mode": "panic"}"#),
+        call("count", "{}"),
+        call("misbehave", r#"{"mode": "echo"}"#),
+    ]
+    .join("\n");
+    let written = |text: &str| -> Vec<Written> {
+        toolbox
+            .read(text)
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(k, call)| Written {
+                id: format!("call_1_{k}"),
+                call,
+            })
+            .collect()
+    };
+    let t0 = std::time::Instant::now();
+    let (sessions, answers, faults) = rt.block_on(tools::run(
+        &toolbox,
+        vec![Some(session)],
+        &sample,
+        0,
+        &written(&text),
+    ));
+    let got: Vec<(&str, &str)> = answers.iter().map(|a| (a.kind, a.text.as_str())).collect();
+    assert_eq!(got[0], ("ok", "1"));
+    assert_eq!(got[2], ("ok", "2"));
+    assert_eq!(got[5], ("ok", "3"));
+    assert_eq!(got[6], ("ok", r#"{"mode":"echo"}"#));
+    for (i, kind) in [(1, "timeout"), (3, "out-of-memory"), (4, "trap")] {
+        assert_eq!(
+            got[i],
+            ("fault", format!("error: the tool failed ({kind})").as_str())
+        );
+    }
+    let kinds: Vec<String> = faults.iter().map(|f| f.kind.to_string()).collect();
+    assert_eq!(kinds.len(), 3, "{kinds:?}");
+    // The stateless calls ran at once: one deadline, not the sum of them.
+    assert!(t0.elapsed().as_secs_f64() < 3.0, "{:?}", t0.elapsed());
+    // The next turn's calls find the same session, its count going on.
+    let (sessions, answers, _) = rt.block_on(tools::run(
+        &toolbox,
+        sessions,
+        &sample,
+        0,
+        &written(&call("count", "{}")),
+    ));
+    assert_eq!(answers[0].text, "4");
+    assert!(sessions[0].is_some());
+}

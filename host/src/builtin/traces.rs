@@ -11,10 +11,17 @@
 //! The run's tool is the real trigger plugin. Its style is the first of the reference calls
 //! it answers (tried in name order on the first sample); each tool trace is then that call,
 //! the trigger's own output (masked from the loss, as in rollouts), and the answer text.
+//!
+//! With functions (`rollout.tools`) instead, the style is the call format's name (`hermes`):
+//! the trace is that call and the end of the turn, then the real tools' answers as the chat
+//! template continues with `tool` messages (masked), then the answer text.
 //! The other traces skip the tool and guess: the answer text with each number replaced by
 //! another of as many digits. The share of tool traces is the recipe's.
 
+use crate::model::chat::ChatTemplate;
 use crate::rollout::ToolSpec;
+use crate::rollout::tools::{self as functions, Toolbox, Written};
+use crate::rollout::turns::TurnFormat;
 use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
@@ -23,7 +30,8 @@ use tokio::runtime::Handle;
 /// One warm-start conversation: the prompt, the model's text before the tool, the tool's
 /// output (not trained on), and the model's text after it.
 pub struct Trace {
-    pub messages: Vec<Message>,
+    /// The messages as the model sees them, up to the assistant's first token.
+    pub prompt: String,
     pub before: String,
     pub tool: Option<String>,
     pub after: String,
@@ -42,7 +50,54 @@ struct Reference {
 pub struct Source<'a> {
     /// The task's name for messages (its dataset plugin or file).
     pub task: &'a str,
-    pub trigger: &'a ToolSpec,
+    pub tool: Tool<'a>,
+}
+
+/// The run's tool: a trigger, or functions the model calls in its own format.
+pub enum Tool<'a> {
+    Trigger(&'a ToolSpec),
+    /// The toolbox, the chat template that renders its functions into prompts, and the
+    /// turn format that writes its answers as `tool` messages.
+    Functions(&'a Toolbox, &'a ChatTemplate, &'a TurnFormat<'a>),
+}
+
+impl Tool<'_> {
+    /// `messages` as the model sees them, up to the assistant's first token: ChatML, with
+    /// the functions in the system turn when there are functions.
+    fn prompt(&self, messages: &[Message]) -> Result<String> {
+        match self {
+            Tool::Trigger(_) => {
+                let mut s = String::new();
+                for m in messages {
+                    s.push_str(&format!(
+                        "<|im_start|>{}\n{}<|im_end|>\n",
+                        m.role, m.content
+                    ));
+                }
+                Ok(s + "<|im_start|>assistant\n")
+            }
+            Tool::Functions(toolbox, chat, _) => {
+                let messages: Vec<serde_json::Value> = messages
+                    .iter()
+                    .map(|m| serde_json::to_value(m).expect("a message is JSON"))
+                    .collect();
+                chat.render(&messages, Some(&toolbox.template_tools), true)
+            }
+        }
+    }
+
+    /// The tool's name for messages.
+    fn name(&self) -> String {
+        match self {
+            Tool::Trigger(t) => t.plugin.name().to_string(),
+            Tool::Functions(b, _, _) => b
+                .plugins
+                .iter()
+                .map(|p| p.plugin.name().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
 }
 
 /// The traces of `samples` (the task's first training samples): a `tool_share` of them
@@ -60,7 +115,10 @@ pub fn write(
             source.task
         );
     };
-    let style = handle.block_on(tool_style(source, *first_id, first))?;
+    let style = match &source.tool {
+        Tool::Trigger(trigger) => handle.block_on(tool_style(source, trigger, *first_id, first))?,
+        Tool::Functions(toolbox, _, _) => toolbox.format.name().to_string(),
+    };
     let mut rng = SplitMix(seed ^ 0x7472_6163_6573);
     let mut out = Vec::with_capacity(samples.len());
     for (id, s) in samples {
@@ -72,28 +130,43 @@ pub fn write(
                 format!(
                     "the task `{}`'s sample {id} has no reference call in the `{style}` style of the tool `{}` (it has {})",
                     source.task,
-                    source.trigger.plugin.name(),
+                    source.tool.name(),
                     styles(&reference)
                 )
             })?;
-            let tool = handle
-                .block_on(fire(source.trigger, s, call))?
-                .with_context(|| {
-                    format!(
-                        "the tool `{}` did not answer the task `{}`'s reference call for sample {id}: {call:?}",
-                        source.trigger.plugin.name(),
-                        source.task
-                    )
-                })?;
+            let (before, tool) = match &source.tool {
+                Tool::Trigger(trigger) => {
+                    let tool = handle.block_on(fire(trigger, s, call))?.with_context(|| {
+                        format!(
+                            "the tool `{}` did not answer the task `{}`'s reference call for sample {id}: {call:?}",
+                            trigger.plugin.name(),
+                            source.task
+                        )
+                    })?;
+                    (call.clone(), tool)
+                }
+                // The turn ends after its calls; the tool messages follow it.
+                Tool::Functions(toolbox, _, turns) => (
+                    format!("{call}{END_OF_TURN}"),
+                    handle
+                        .block_on(answer_calls(toolbox, turns, s, call))
+                        .with_context(|| {
+                            format!(
+                                "the task `{}`'s sample {id}'s reference call {call:?}",
+                                source.task
+                            )
+                        })?,
+                ),
+            };
             out.push(Trace {
-                messages: s.messages.clone(),
-                before: call.clone(),
+                prompt: source.tool.prompt(&s.messages)?,
+                before,
                 tool: Some(tool),
                 after: reference.answer,
             });
         } else {
             out.push(Trace {
-                messages: s.messages.clone(),
+                prompt: source.tool.prompt(&s.messages)?,
                 before: guess(&reference.answer, &mut rng),
                 tool: None,
                 after: String::new(),
@@ -121,20 +194,82 @@ fn styles(reference: &Reference) -> String {
     }
 }
 
-/// The style of the run's tool: the first of `sample`'s reference calls (by style name)
-/// that the trigger answers.
-async fn tool_style(source: &Source<'_>, id: u64, sample: &Sample) -> Result<String> {
-    let (style, styles) = answered_style(source.trigger, sample)
+/// The built-in models' end-of-turn token (ChatML).
+pub const END_OF_TURN: &str = "<|im_end|>";
+
+/// The style of the run's trigger: the first of `sample`'s reference calls (by style name)
+/// that it answers.
+async fn tool_style(
+    source: &Source<'_>,
+    trigger: &ToolSpec,
+    id: u64,
+    sample: &Sample,
+) -> Result<String> {
+    let (style, styles) = answered_style(trigger, sample)
         .await
         .with_context(|| format!("the task `{}`'s sample {id}", source.task))?;
     style.with_context(|| {
         format!(
             "the tool `{}` ({}) answers none of the task `{}`'s reference calls (styles: {styles}): the warm start has no tool call to write for it; use a tool in one of those styles, or a task whose references include this tool's",
-            source.trigger.plugin.name(),
-            source.trigger.plugin.spec().path.display(),
+            trigger.plugin.name(),
+            trigger.plugin.spec().path.display(),
             source.task,
         )
     })
+}
+
+/// What follows a reference call of functions in a trace: the real tools' answers as the
+/// chat template continues the conversation with `tool` messages, up to the next assistant
+/// header. Every call must be well formed and answered.
+async fn answer_calls(
+    toolbox: &Toolbox,
+    turns: &TurnFormat<'_>,
+    sample: &Sample,
+    call: &str,
+) -> Result<String> {
+    let turn = toolbox.read(call);
+    if turn.calls.is_empty() {
+        bail!("no call in the `{}` format", toolbox.format.name());
+    }
+    let written: Vec<Written> = turn
+        .calls
+        .into_iter()
+        .enumerate()
+        .map(|(k, call)| Written {
+            id: format!("call_1_{k}"),
+            call,
+        })
+        .collect();
+    let sessions = toolbox.plugins.iter().map(|_| None).collect();
+    let (_, answers, faults) = functions::run(toolbox, sessions, sample, 0, &written).await;
+    if let Some(f) = faults.first() {
+        bail!("the tools failed: {f}");
+    }
+    if let Some(a) = answers.iter().find(|a| a.kind != "ok") {
+        bail!("the call was answered `{}` ({}): {}", a.kind, a.id, a.text);
+    }
+    let mut history = sample.messages.clone();
+    history.push(functions::assistant_message(turn.content, &written));
+    turns.continuation(&history, &functions::tool_messages(&answers), END_OF_TURN)
+}
+
+/// Whether `sample`'s reference has a call in the toolbox's format that only calls its
+/// functions: the test a built-in run's task passes for a `--plugin` of functions.
+pub fn calls_functions(
+    toolbox_functions: &[crate::plugin::FunctionSpec],
+    format: crate::rollout::tool_calls::CallFormat,
+    sample: &Sample,
+) -> Result<bool> {
+    let reference = reference(sample)?;
+    let Some(call) = reference.tool_calls.get(format.name()) else {
+        return Ok(false);
+    };
+    let turn = crate::rollout::tool_calls::parse(format, call, toolbox_functions);
+    Ok(!turn.calls.is_empty()
+        && turn.calls.iter().all(|c| {
+            c.as_ref()
+                .is_ok_and(|c| crate::rollout::tool_calls::check(c, toolbox_functions).is_ok())
+        }))
 }
 
 /// The first style (by name) of `sample`'s reference calls that the trigger answers, if

@@ -276,7 +276,8 @@ fn write_config(
     if model.renders_tools {
         out.push_str(
             "# This model's chat template renders a `tools` list: it was trained for function\n\
-             # calling in its own format. Today's triggers fire on text patterns the task teaches.\n\n",
+             # calling in its own format. Give a tools plugin (rollout.tools) and it calls its\n\
+             # functions that way; triggers fire on text patterns the task teaches.\n\n",
         );
     }
 
@@ -322,6 +323,20 @@ fn write_config(
         .find(|p| p.roles.contains(&Role::Environment))
     {
         key(&mut out, "rollout.environment", q(&e.name));
+    }
+    let tools: Vec<String> = plugins
+        .iter()
+        .filter(|p| p.roles.contains(&Role::Tools))
+        .map(|p| q(&p.name))
+        .collect();
+    if !tools.is_empty() {
+        key(&mut out, "rollout.tools", format!("[{}]", tools.join(", ")));
+        if !model.renders_tools {
+            out.push_str(
+                "# This model's chat template does not render `tools`: the run will refuse it. Use\n\
+                 # an instruct model trained for function calling, or add a chat_template.jinja.\n\n",
+            );
+        }
     }
 
     for p in plugins {

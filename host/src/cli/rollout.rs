@@ -182,6 +182,14 @@ pub fn view(t: &Trajectory, color: bool) -> String {
     for (plugin, note) in &t.notes {
         s.push_str(&format!("  note: {plugin}: {note}\n"));
     }
+    if !t.call_kinds.is_empty() {
+        let kinds: Vec<String> = t
+            .call_kinds
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        s.push_str(&format!("  function calls: {}\n", kinds.join(", ")));
+    }
     s
 }
 
@@ -219,6 +227,24 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
     ));
     let stops: Vec<String> = stops.iter().map(|(k, v)| format!("{k} {v}")).collect();
     s.push_str(&format!("stops          {}\n", stops.join(", ")));
+    let mut calls: BTreeMap<&str, u32> = BTreeMap::new();
+    for (k, v) in all.iter().flat_map(|t| &t.call_kinds) {
+        *calls.entry(k).or_default() += v;
+    }
+    if !calls.is_empty() {
+        let total: u32 = calls.values().sum();
+        let malformed: u32 = calls
+            .iter()
+            .filter(|(k, _)| !crate::rollout::tools::WELL_FORMED.contains(k))
+            .map(|(_, n)| n)
+            .sum();
+        let kinds: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        s.push_str(&format!(
+            "function calls {total} ({}); malformed {:.1}%\n",
+            kinds.join(", "),
+            100.0 * f64::from(malformed) / f64::from(total)
+        ));
+    }
     s.push_str(&format!(
         "time           {:.1} s: prefill {:.1} s, decode {:.1} s, waiting on plugins {:.1} s ({:.1}%); plugin calls {:.2} s in all\n",
         stats.wall_s,

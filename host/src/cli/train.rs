@@ -223,8 +223,19 @@ fn held_out_line(outcome: &trainer::Outcome) -> Option<String> {
         .rev()
         .find(|m| m.eval_reward.is_some())?;
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
+    // With functions, how many of the calls were malformed (none made: `-`).
+    let malformed = if start.malformed_call_rate.is_some() || end.eval_malformed_call_rate.is_some()
+    {
+        format!(
+            ", malformed calls {} -> {}",
+            pct(start.malformed_call_rate),
+            pct(end.eval_malformed_call_rate)
+        )
+    } else {
+        String::new()
+    };
     Some(format!(
-        "held-out ({} prompts, greedy), start -> step {}: accuracy {} -> {}, tool use {} -> {}, reward {:.3} -> {:.3}",
+        "held-out ({} prompts, greedy), start -> step {}: accuracy {} -> {}, tool use {} -> {}{malformed}, reward {:.3} -> {:.3}",
         start.prompts,
         end.step,
         pct(start.accuracy),

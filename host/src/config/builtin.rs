@@ -5,13 +5,17 @@
 //! run (`configs/multiply.toml`). A `--plugin` that is a trigger picks the first run whose
 //! task has a reference call the tool answers (the code task for the Python tool, the
 //! multiply task for the calculator), the same test the warm start uses to write traces in
-//! the tool's style. The task plugins are found beside the `--plugin` files or in the
+//! the tool's style. A `--plugin` of functions (the tools role) picks the first run with
+//! `rollout.tools` whose task's reference calls name only its functions, with arguments
+//! their schemas accept (the units task for `units.wasm`). The task plugins are found beside the `--plugin` files or in the
 //! [`installed_dirs`]: `$RLHOST_PLUGIN_DIR`, `plugins/dist/` here, an installed prefix's
 //! `share/rlhost/plugins/`, the user's data folder, the checkout the binary was built in.
 
 use super::{LoadedConfig, RunConfig};
-use crate::builtin::answered_style;
+use crate::builtin::{answered_style, calls_functions};
 use crate::plugin::{Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
+use crate::rollout::tool_calls::CallFormat;
+use crate::rollout::tools::Catalogue;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
@@ -31,11 +35,16 @@ pub const CODE: BuiltinRun = BuiltinRun {
     toml: include_str!("../../../configs/code.toml"),
 };
 
+pub const UNITS: BuiltinRun = BuiltinRun {
+    name: "units",
+    toml: include_str!("../../../configs/units.toml"),
+};
+
 /// The run without `--config` and without a tool among the `--plugin` files.
 pub const DEFAULT: &BuiltinRun = &MULTIPLY;
 
 /// The runs a `--plugin` tool may pick, in the order they are tried.
-pub const BY_TOOL: [&BuiltinRun; 2] = [&CODE, &MULTIPLY];
+pub const BY_TOOL: [&BuiltinRun; 3] = [&CODE, &MULTIPLY, &UNITS];
 
 impl BuiltinRun {
     /// The run's config with `overrides` applied, its plugins pointed at the files found
@@ -160,14 +169,18 @@ pub async fn choose(extra_plugins: &[PathBuf], overrides: &[String]) -> Result<L
     let tool = load_all(&runtime, extra_plugins)
         .await?
         .into_iter()
-        .rfind(|p| p.roles().contains(&Role::Trigger));
+        .rfind(|p| p.roles().contains(&Role::Trigger) || p.roles().contains(&Role::Tools));
     let Some(tool) = tool else {
         return DEFAULT.load(extra_plugins, overrides);
     };
+    let functions = tool.roles().contains(&Role::Tools);
     let mut tried = Vec::new();
     for run in BY_TOOL {
         let loaded = run.load(extra_plugins, overrides)?;
         let c = &loaded.config;
+        if functions == c.rollout.tools.is_empty() {
+            continue;
+        }
         let task = c
             .data
             .plugin
@@ -182,6 +195,24 @@ pub async fn choose(extra_plugins: &[PathBuf], overrides: &[String]) -> Result<L
             .get(0)
             .await
             .map_err(|f| anyhow::anyhow!("the built-in `{}` run's task: {f}", run.name))?;
+        if functions {
+            let spec = crate::rollout::ToolSpec {
+                plugin: tool.clone(),
+                config: "{}".into(),
+            };
+            let catalogue = Catalogue::open(vec![(tool.name().to_string(), spec)])
+                .await
+                .with_context(|| format!("--plugin {}", tool.spec().path.display()))?;
+            if calls_functions(&catalogue.functions, CallFormat::Hermes, &sample)? {
+                return Ok(loaded);
+            }
+            tried.push(format!(
+                "`{}` (task {task}, whose reference calls name functions `{}` does not offer)",
+                run.name,
+                tool.name()
+            ));
+            continue;
+        }
         let spec = crate::rollout::ToolSpec {
             plugin: tool.clone(),
             config: c.rollout.trigger_config.to_string(),
@@ -251,7 +282,13 @@ mod tests {
         // folder holding empty stand-ins (only the paths are checked here).
         let dir = std::env::temp_dir().join(format!("rlhost-builtin-runs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for f in ["multiply.wasm", "code_task.wasm", "code_trigger.wasm"] {
+        for f in [
+            "multiply.wasm",
+            "code_task.wasm",
+            "code_trigger.wasm",
+            "units_task.wasm",
+            "units.wasm",
+        ] {
             std::fs::write(dir.join(f), b"").unwrap();
         }
         let probe = dir.join("code_trigger.wasm");

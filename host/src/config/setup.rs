@@ -212,6 +212,7 @@ impl Opened {
             dataset: &self.dataset,
             task: &self.task,
             trigger: self.trigger.as_ref(),
+            tools: self.tools.as_ref(),
             seed: c.config.run.seed,
         };
         let cache_dir = cache::default_dir()

@@ -227,12 +227,8 @@ fn step_metrics(
     for (kind, n) in trajectories.iter().flat_map(|t| &t.call_kinds) {
         *function_calls.entry(kind.clone()).or_default() += u64::from(*n);
     }
-    let calls: u64 = function_calls.values().sum();
-    let malformed: u64 = function_calls
-        .iter()
-        .filter(|(k, _)| !crate::rollout::tools::WELL_FORMED.contains(&k.as_str()))
-        .map(|(_, n)| n)
-        .sum();
+    let malformed_call_rate =
+        crate::rollout::tools::malformed_rate(trajectories.iter().flat_map(|t| &t.call_kinds));
     StepMetrics {
         reward_mean,
         reward_std,
@@ -255,7 +251,7 @@ fn step_metrics(
         truncated: mean(&|t| f64::from(u8::from(t.truncated))),
         trajectories: trajectories.len(),
         faults,
-        malformed_call_rate: (calls > 0).then(|| malformed as f64 / calls as f64),
+        malformed_call_rate,
         function_calls,
         ..Default::default()
     }

@@ -462,6 +462,7 @@ impl HeldOut {
         m.eval_accuracy = r.accuracy;
         m.eval_reward = Some(r.reward_mean);
         m.eval_tool_use = Some(r.tool_use_rate);
+        m.eval_malformed_call_rate = r.malformed_call_rate;
         m.eval_s = Some(r.wall_s);
         Ok(())
     }

@@ -208,8 +208,8 @@ struct Live<'t> {
     trigger: Option<TriggerSession>,
     patterns: Vec<String>,
     episode: Option<EnvironmentEpisode>,
-    /// One tools session per plugin of `rollout.tools` (`None` while a call runs, or
-    /// where it failed to open).
+    /// One tools session per plugin of `rollout.tools` with a stateful function (`None`
+    /// for the others, while a call runs, or where it failed to open).
     tools: Vec<Option<ToolsSession>>,
     call_kinds: std::collections::BTreeMap<String, u32>,
     /// The sample, with tools: stateless calls open fresh instances with it.
@@ -502,6 +502,9 @@ impl<'a> Engine<'a> {
                     let t = i * g + j;
                     let plugin_seed = sample_seed(seed ^ 0x746f_6f6c, *id as usize, j);
                     for (p, spec) in toolbox.plugins.iter().enumerate() {
+                        if !toolbox.needs_session(p) {
+                            continue;
+                        }
                         let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
                         self.handle.spawn(async move {
                             let r = spec
@@ -515,7 +518,9 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        let tools = s.tools.as_ref().map_or(0, |t| t.plugins.len());
+        let tools = s.tools.as_ref().map_or(0, |t| {
+            (0..t.plugins.len()).filter(|&p| t.needs_session(p)).count()
+        });
         u8::try_from(
             usize::from(s.trigger.is_some()) + usize::from(s.environment.is_some()) + tools,
         )

@@ -1,5 +1,6 @@
 //! Held-out evaluation: the same rollouts as training (tools, environments, rewards), on
-//! the eval split, summarised as accuracy, tool-use rate and rewards. Used by
+//! the eval split, summarised as accuracy, tool-use rate, malformed function calls and
+//! rewards. Used by
 //! `rlhost eval` and by the trainer every `train.eval_every` steps.
 
 use super::{Engine, Trajectory};
@@ -19,6 +20,9 @@ pub struct EvalReport {
     pub accuracy: Option<f64>,
     /// Share of trajectories with at least one tool call.
     pub tool_use_rate: f64,
+    /// Share of function calls (`rollout.tools`) that were malformed; `None` without any.
+    #[serde(default)]
+    pub malformed_call_rate: Option<f64>,
     pub reward_mean: f64,
     pub rewards: BTreeMap<String, f64>,
     pub response_tokens: f64,
@@ -52,6 +56,7 @@ pub fn evaluate(
         trajectories: all.len(),
         accuracy: rewards.get("correct").copied(),
         tool_use_rate: all.iter().filter(|t| t.tool_calls > 0).count() as f64 / n,
+        malformed_call_rate: super::tools::malformed_rate(all.iter().flat_map(|t| &t.call_kinds)),
         reward_mean: all.iter().map(|t| t.reward).sum::<f64>() / n,
         response_tokens: all.iter().map(|t| t.sampled_tokens() as f64).sum::<f64>() / n,
         rewards,

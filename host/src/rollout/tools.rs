@@ -177,6 +177,15 @@ impl Toolbox {
         tool_calls::parse(self.format, text, &self.functions)
     }
 
+    /// Whether plugin `p` has a stateful function: only those get a session per
+    /// trajectory (a stateless function's calls each open a fresh instance).
+    pub fn needs_session(&self, p: usize) -> bool {
+        self.owner
+            .iter()
+            .zip(&self.functions)
+            .any(|(&o, f)| o == p && !f.stateless)
+    }
+
     fn function(&self, name: &str) -> Option<(usize, &FunctionSpec)> {
         let i = self.functions.iter().position(|f| f.name == name)?;
         Some((self.owner[i], &self.functions[i]))
@@ -190,6 +199,18 @@ pub type CallKind = &'static str;
 /// The kinds of calls that were well formed (ran, whatever their outcome); every other
 /// kind is a malformed call's.
 pub const WELL_FORMED: [CallKind; 3] = ["ok", "tool_error", "fault"];
+
+/// The share of malformed calls among calls counted by kind; `None` without any call.
+pub fn malformed_rate<'a>(kinds: impl Iterator<Item = (&'a String, &'a u32)>) -> Option<f64> {
+    let (mut all, mut malformed) = (0u64, 0u64);
+    for (kind, n) in kinds {
+        all += u64::from(*n);
+        if !WELL_FORMED.contains(&kind.as_str()) {
+            malformed += u64::from(*n);
+        }
+    }
+    (all > 0).then(|| malformed as f64 / all as f64)
+}
 
 /// One call's answer.
 pub struct Answer {

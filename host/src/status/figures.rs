@@ -228,6 +228,12 @@ pub const SOME_STEPS: &[Figure<Option<f64>>] = &[
         get: |m| m.eval_tool_use,
     },
     Figure {
+        name: Some("eval_malformed_call_rate"),
+        tag: Some("eval/malformed_call_rate"),
+        help: "Held-out share of function calls that were malformed, at the last evaluation",
+        get: |m| m.eval_malformed_call_rate,
+    },
+    Figure {
         name: None,
         tag: Some("time/eval_s"),
         help: "Time the evaluation took",

@@ -21,8 +21,15 @@
 //! | `nan` | reward: returns a NaN component | bad-output |
 //! | `bad-metadata` | dataset: returns metadata that is not JSON | bad-output |
 //! | `many-patterns` | trigger: declares 10,000 stop patterns | bad-output |
+//!
+//! As tools it offers `count` (stateful: how many times it was called in this session,
+//! so a test sees which session a call ran in and in what order) and `misbehave`
+//! (stateless: does what its `mode` argument says, one of the modes above, in a fresh
+//! instance), and misbehaves in `open` with `"at": "open"`.
 
-use rlhost_sdk::{Component, Dataset, Message, Reward, Sample, Trajectory, Trigger};
+use rlhost_sdk::{
+    Component, Dataset, FunctionSpec, Message, Reward, Sample, Tools, Trajectory, Trigger,
+};
 use serde::Deserialize;
 use std::hint::black_box;
 
@@ -199,4 +206,56 @@ impl Reward for HostileScore {
     }
 }
 
-rlhost_sdk::export!(dataset: HostileData, reward: HostileScore, trigger: Hostile);
+struct HostileTools {
+    config: Config,
+    calls: u64,
+}
+
+impl Tools for HostileTools {
+    fn open(config: &str, _sample: Sample) -> Result<Self, String> {
+        let config = parse(config)?;
+        if config.at == "open" {
+            misbehave(&config, "")?;
+        }
+        Ok(HostileTools { config, calls: 0 })
+    }
+
+    fn functions(&self) -> Vec<FunctionSpec> {
+        vec![
+            FunctionSpec {
+                name: "count".into(),
+                description: "How many times count was called in this session, this call included.".into(),
+                parameters: r#"{"type": "object", "properties": {}}"#.into(),
+                stateless: false,
+            },
+            FunctionSpec {
+                name: "misbehave".into(),
+                description: "Misbehaves as `mode` says.".into(),
+                parameters: r#"{"type": "object", "properties": {"mode": {"type": "string"}}, "required": ["mode"]}"#.into(),
+                stateless: true,
+            },
+        ]
+    }
+
+    fn call(&mut self, name: &str, arguments: &str) -> Result<String, String> {
+        match name {
+            "count" => {
+                self.calls += 1;
+                Ok(self.calls.to_string())
+            }
+            "misbehave" => {
+                let args: serde_json::Value =
+                    serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+                let mode = args["mode"].as_str().ok_or("mode must be text")?;
+                let config = Config {
+                    mode: mode.to_string(),
+                    ..self.config.clone()
+                };
+                misbehave(&config, arguments)
+            }
+            other => Err(format!("there is no function `{other}`")),
+        }
+    }
+}
+
+rlhost_sdk::export!(dataset: HostileData, reward: HostileScore, trigger: Hostile, tools: HostileTools);
