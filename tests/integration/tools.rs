@@ -356,7 +356,7 @@ fn a_run_config_with_tools_is_checked() {
         .err()
         .unwrap();
     assert!(
-        format!("{err:#}").contains("rollout.tools_config for `units`"),
+        format!("{err:#}").contains("rollout.tools_config.units"),
         "{err:#}"
     );
     // Not a tools plugin.
@@ -478,4 +478,66 @@ fn stateful_calls_keep_order_and_session_and_faults_stay_in_their_call() {
     ));
     assert_eq!(answers[0].text, "4");
     assert!(sessions[0].is_some());
+}
+
+/// The command line names the config and the key for each mistake, in one line.
+#[test]
+fn tools_config_mistakes_are_one_line_each() {
+    let dir = rlhost_tests::temp_dir("tools-config");
+    let units = rlhost_tests::plugin("units").display().to_string();
+    let calc = rlhost_tests::plugin("calculator").display().to_string();
+    let model = fixture_dir().display().to_string();
+    let cases = [
+        (
+            format!(
+                "tools = [\"a\", \"b\"]\n[plugins.a]\npath = {units:?}\n[plugins.b]\npath = {units:?}"
+            ),
+            "rollout.tools: `a` and `b` both offer a function `convert`",
+        ),
+        (
+            format!("tools = [\"calculator\"]\n[plugins.calculator]\npath = {calc:?}"),
+            "rollout.tools[0] = \"calculator\", but calculator@",
+        ),
+        (
+            format!(
+                "tools = [\"units\"]\ntools_config = {{ units = {{ digits = 3 }} }}\n[plugins.units]\npath = {units:?}"
+            ),
+            "rollout.tools: rollout.tools_config.units: ",
+        ),
+        (
+            format!(
+                "tools = [\"units\"]\ntools_config = {{ other = {{}} }}\n[plugins.units]\npath = {units:?}"
+            ),
+            "rollout.tools_config.other: `other` is not in rollout.tools",
+        ),
+        (
+            "tools = [\"units\"]".to_string(),
+            "rollout.tools[0] = \"units\" names no plugin",
+        ),
+    ];
+    for (i, (rollout, want)) in cases.iter().enumerate() {
+        // [rollout] keys first, then the plugin sections the case adds.
+        let (keys, plugins) = rollout
+            .split_once("\n[")
+            .map_or((rollout.as_str(), String::new()), |(k, p)| {
+                (k, format!("[{p}"))
+            });
+        let config = dir.join(format!("c{i}.toml"));
+        std::fs::write(
+            &config,
+            format!("[model]\npath = {model:?}\n[data]\npath = \"none.jsonl\"\n[rollout]\n{keys}\n{plugins}\n"),
+        )
+        .unwrap();
+        let err = rlhost_tests::TestCommand::new(&["rollout", "--config"])
+            .arg(&config)
+            .arg("--out")
+            .arg(dir.join("r.jsonl"))
+            .fails();
+        assert!(err.contains(want), "case {i}: {err}");
+        assert!(
+            err.contains(&config.display().to_string()),
+            "case {i}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "case {i}: {err}");
+    }
 }

@@ -80,7 +80,8 @@ pub struct Toolbox {
 
 impl Catalogue {
     /// Opens one session of each plugin (`(config name, spec)`) with its configuration, to
-    /// check the configuration and ask for the functions. Names must be unique across
+    /// check the configuration and ask for the functions. Errors name the plugin; the
+    /// caller says they are about `rollout.tools`. Names must be unique across
     /// plugins: the model calls a function by its name alone.
     pub async fn open(plugins: Vec<(String, ToolSpec)>) -> Result<Catalogue> {
         let mut functions: Vec<FunctionSpec> = Vec::new();
@@ -90,7 +91,7 @@ impl Catalogue {
         for (i, (name, spec)) in plugins.into_iter().enumerate() {
             if !spec.plugin.roles().contains(&Role::Tools) {
                 bail!(
-                    "rollout.tools: `{name}` ({}) exports {}, not the tools role",
+                    "`{name}` ({}) exports {}, not the tools role",
                     spec.plugin.spec().path.display(),
                     crate::plugin::inspect::role_list(spec.plugin.roles())
                 );
@@ -99,14 +100,14 @@ impl Catalogue {
                 .plugin
                 .open_tools(&spec.config, &Sample::from_prompt(""), 0)
                 .await
-                .with_context(|| format!("rollout.tools_config for `{name}`"))?;
+                .with_context(|| format!("rollout.tools_config.{name}"))?;
             if session.functions().is_empty() {
-                bail!("rollout.tools: `{name}` offers no functions");
+                bail!("`{name}` offers no functions");
             }
             for f in session.functions() {
                 if let Some(other) = by_name.insert(f.name.clone(), name.clone()) {
                     bail!(
-                        "rollout.tools: `{other}` and `{name}` both offer a function `{}`; the model calls functions by name, so names must be unique across the run's tools",
+                        "`{other}` and `{name}` both offer a function `{}`; the model calls functions by name, so names must be unique across the run's tools",
                         f.name
                     );
                 }

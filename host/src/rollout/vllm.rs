@@ -466,8 +466,19 @@ impl Pool {
                 .display()
                 .to_string(),
         };
-        for s in self.servers.iter().filter(|s| s.alive()) {
-            load_with_retry(s, &name, &server_path)?;
+        // A server that stops answering while the version loads is taken out as it would
+        // be mid-request, and the batch goes on on the others.
+        let mut last = None;
+        for (i, s) in self.servers.iter().enumerate().filter(|(_, s)| s.alive()) {
+            if let Err(e) = load_with_retry(s, &name, &server_path)? {
+                self.mark_dead(i, &e);
+                last = Some(e);
+            }
+        }
+        if let Some(e) = last.filter(|_| !self.servers.iter().any(|s| s.alive())) {
+            bail!(
+                "every vLLM server has stopped answering (rollout.vllm.servers): adapter version {version} could not be loaded on any; the last: {e}"
+            );
         }
         tracing::info!(
             "vLLM: loaded adapter version {version} as {name} in {:.2} s",
@@ -546,12 +557,14 @@ impl Drop for Pool {
 }
 
 /// Loads an adapter, retrying with back-off: a shared filesystem may show the files late.
-fn load_with_retry(s: &Server, name: &str, path: &str) -> Result<()> {
+/// `Ok(Err(e))`: the server itself failed (unreachable, or a 5xx every time): it is dead
+/// to the run; `Err`: the load is refused for a reason another server would share.
+fn load_with_retry(s: &Server, name: &str, path: &str) -> Result<Result<(), RequestError>> {
     let mut wait = Duration::from_millis(200);
     let mut last = None;
     for _ in 0..5 {
         match s.load_adapter(name, path) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(Ok(())),
             Err(e) => {
                 if let RequestError::Refused { message, .. } = &e
                     && (message.contains("LoRA is not enabled")
@@ -570,6 +583,9 @@ fn load_with_retry(s: &Server, name: &str, path: &str) -> Result<()> {
         }
     }
     let e = last.expect("five tries failed");
+    if e.server_fault() {
+        return Ok(Err(e));
+    }
     Err(anyhow!(
         "{}: loading adapter {name} from {path} failed five times: {e} (is rollout.vllm.server_adapter_dir the folder as the server sees it, and --max-lora-rank at least lora.r?)",
         s.url
