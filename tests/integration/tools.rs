@@ -16,7 +16,7 @@ use rlhost::rollout::tool_calls::CallFormat;
 use rlhost::rollout::tools::{self, Catalogue, FormatSetting, Toolbox, Written};
 use rlhost::rollout::turns::TurnFormat;
 use rlhost::rollout::{
-    Engine, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason, ToolSpec,
+    Engine, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason, ToolSpec, Trajectory,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -181,17 +181,22 @@ fn settings(toolbox: &Arc<Toolbox>, lm: &LanguageModel) -> RolloutSettings {
     }
 }
 
+/// The one trajectory `settings` sample for `prompt`, greedy.
+fn roll(s: &Setup, settings: &RolloutSettings, prompt: &str) -> Trajectory {
+    let rewards = Rewards::none();
+    let engine = Engine::new(&s.lm, settings, &rewards, s.rt.handle().clone()).unwrap();
+    let mut groups = engine
+        .run(&[(0, user(prompt))], 7, 0, Mode::INFERENCE)
+        .unwrap()
+        .0;
+    groups.remove(0).trajectories.remove(0)
+}
+
 #[test]
 fn calls_run_in_the_sandbox_and_come_back_as_tool_messages_token_exactly() {
     let s = setup();
     let settings = settings(&s.toolbox, &s.lm);
-    let rewards = Rewards::none();
-    let engine = Engine::new(&s.lm, &settings, &rewards, s.rt.handle().clone()).unwrap();
-    let groups = engine
-        .run(&[(0, user(CONVERT))], 7, 0, Mode::INFERENCE)
-        .unwrap()
-        .0;
-    let t = &groups[0].trajectories[0];
+    let t = &roll(s, &settings, CONVERT);
     assert_eq!(t.stop, StopReason::EndOfTurn, "{:#?}", t.messages);
     assert!(t.faults.is_empty(), "{:?}", t.faults);
     assert_eq!(t.call_kinds, BTreeMap::from([("ok".to_string(), 2)]));
@@ -265,13 +270,7 @@ fn calls_run_in_the_sandbox_and_come_back_as_tool_messages_token_exactly() {
 fn malformed_calls_are_answered_with_errors_and_counted_by_kind() {
     let s = setup();
     let settings = settings(&s.toolbox, &s.lm);
-    let rewards = Rewards::none();
-    let engine = Engine::new(&s.lm, &settings, &rewards, s.rt.handle().clone()).unwrap();
-    let groups = engine
-        .run(&[(0, user(BREAK))], 7, 0, Mode::INFERENCE)
-        .unwrap()
-        .0;
-    let t = &groups[0].trajectories[0];
+    let t = &roll(s, &settings, BREAK);
     assert_eq!(
         t.call_kinds,
         BTreeMap::from([
@@ -315,13 +314,7 @@ fn the_tool_call_limit_ends_a_trajectory_before_its_calls_run() {
     let s = setup();
     let mut settings = settings(&s.toolbox, &s.lm);
     settings.limits.max_tool_calls = 1;
-    let rewards = Rewards::none();
-    let engine = Engine::new(&s.lm, &settings, &rewards, s.rt.handle().clone()).unwrap();
-    let groups = engine
-        .run(&[(0, user(CONVERT))], 7, 0, Mode::INFERENCE)
-        .unwrap()
-        .0;
-    let t = &groups[0].trajectories[0];
+    let t = &roll(s, &settings, CONVERT);
     assert_eq!(t.stop, StopReason::MaxToolCalls);
     assert!(t.call_kinds.is_empty() && t.tool_calls == 0);
     assert!(t.messages.iter().all(|m| m.role != "tool"));

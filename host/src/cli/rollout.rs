@@ -231,18 +231,14 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
     for (k, v) in all.iter().flat_map(|t| &t.call_kinds) {
         *calls.entry(k).or_default() += v;
     }
-    if !calls.is_empty() {
+    let kinds = all.iter().flat_map(|t| &t.call_kinds);
+    if let Some(malformed) = crate::rollout::tools::malformed_rate(kinds) {
         let total: u32 = calls.values().sum();
-        let malformed: u32 = calls
-            .iter()
-            .filter(|(k, _)| !crate::rollout::tools::WELL_FORMED.contains(k))
-            .map(|(_, n)| n)
-            .sum();
         let kinds: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v}")).collect();
         s.push_str(&format!(
             "function calls {total} ({}); malformed {:.1}%\n",
             kinds.join(", "),
-            100.0 * f64::from(malformed) / f64::from(total)
+            100.0 * malformed
         ));
     }
     s.push_str(&format!(

@@ -1023,22 +1023,15 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    /// A tool's answer cut to `rollout.max_tool_output_tokens` (the marker appended).
+    /// A function's answer cut as [`Self::cut`] cuts a tool output, as text: the tool
+    /// message is rendered by the chat template before it becomes tokens.
     fn cut_answer(&self, l: &mut Live, text: String) -> Result<String> {
-        let lim = &self.settings.limits;
         let tok = &self.lm.tokenizer;
         let ids = tok.encode_plain(&text)?;
-        if ids.len() <= lim.max_tool_output_tokens {
+        if ids.len() <= self.settings.limits.max_tool_output_tokens {
             return Ok(text);
         }
-        let marker = tok.encode(&lim.truncation_marker)?;
-        let keep = lim.max_tool_output_tokens.saturating_sub(marker.len());
-        l.tool_truncations += 1;
-        Ok(format!(
-            "{}{}",
-            tok.decode(&ids[..keep], false)?,
-            lim.truncation_marker
-        ))
+        tok.decode(&self.cut(l, ids)?, false)
     }
 
     /// Acts on a plugin's answer.
@@ -1177,17 +1170,25 @@ impl<'a> Engine<'a> {
 
     /// Appends inserted text as tokens the model is not trained on, within the limits.
     fn insert(&self, l: &mut Live, text: &str, kind: SpanKind) -> Result<()> {
-        let lim = &self.settings.limits;
         let tok = &self.lm.tokenizer;
         let mut ids = inserted_ids(tok, text, kind)?;
-        if kind == SpanKind::Tool && ids.len() > lim.max_tool_output_tokens {
-            let marker = tok.encode(&lim.truncation_marker)?;
-            let keep = lim.max_tool_output_tokens.saturating_sub(marker.len());
-            ids.truncate(keep);
+        if kind == SpanKind::Tool {
+            ids = self.cut(l, ids)?;
+        }
+        self.insert_ids(l, ids, kind)
+    }
+
+    /// A tool output's ids cut to `rollout.max_tool_output_tokens`, the truncation
+    /// marker's ids last, when longer (counted on the trajectory).
+    fn cut(&self, l: &mut Live, mut ids: Vec<u32>) -> Result<Vec<u32>> {
+        let lim = &self.settings.limits;
+        if ids.len() > lim.max_tool_output_tokens {
+            let marker = self.lm.tokenizer.encode(&lim.truncation_marker)?;
+            ids.truncate(lim.max_tool_output_tokens.saturating_sub(marker.len()));
             ids.extend(marker);
             l.tool_truncations += 1;
         }
-        self.insert_ids(l, ids, kind)
+        Ok(ids)
     }
 
     /// Appends inserted ids (not trained on), as many as fit the length limit.
