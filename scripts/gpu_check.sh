@@ -59,9 +59,9 @@ for part in "${parts[@]}"; do
         train)
             # The built-in calculator run on this machine's CPU (which builds its model
             # once), then the same run on the GPU (in bf16), each timed, with its
-            # held-out figures.
+            # held-out figures. RLHOST_GPU_TRAIN_DEVICES="cuda" runs only the GPU one.
             status=0
-            for device in cpu cuda; do
+            for device in ${RLHOST_GPU_TRAIN_DEVICES:-cpu cuda}; do
                 t=$(date +%s.%N)
                 rc=0
                 RLHOST_PLUGIN_DIR="$plugins" limited "${!var:-120}" "$out/train.txt" \
