@@ -29,7 +29,9 @@ pub use super::cpu::{applies as cpu_kernels, composed};
 /// only.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let _p = super::profile::span("linear", x.device());
-    if cpu_kernels(x) {
+    // On a GPU too where a gradient flows: candle's own matmul backward would compute the
+    // frozen weight's full gradient as well (a second product the size of the forward's).
+    if cpu_kernels(x) || (x.track_op() && x.device().is_cuda()) {
         return super::ops::frozen_linear(x, w);
     }
     let (out_f, in_f) = w.dims2()?;

@@ -13,11 +13,14 @@
 //!   per sequence against its cache (no padding, no masks to get wrong). Prefill, decode,
 //!   and appending inserted tokens (tool output) are all this one call. A cache can be
 //!   forked: the prefix becomes a frozen segment the forks share without copying, which
-//!   is how a group of samples shares its prompt's prefill.
+//!   is how a group of samples shares its prompt's prefill. On a GPU a decode step (one
+//!   token per sequence) attends for the whole batch at once instead, its caches moved
+//!   into one shared buffer per layer ([`super::kv_cache`]).
 
 use super::compute::{self, rms_norm};
 use super::config::{Arch, ModelConfig};
 use super::frozen::Weight;
+use super::kv_cache::{self, KvCache, KvShape, PooledStep};
 use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
 use super::nf4::Nf4Linear;
 use super::ops::{rope_cos_sin, rope_inv_freq, softmax_last};
@@ -449,10 +452,7 @@ impl Model {
 
     /// An empty cache for one sequence.
     pub fn new_cache(&self) -> KvCache {
-        KvCache {
-            layers: (0..self.layers.len()).map(|_| LayerKv::default()).collect(),
-            len: 0,
-        }
+        KvCache::new(self.layers.len())
     }
 
     /// Runs `tokens[i]` through the model after what `caches[i]` already holds, appends
@@ -517,14 +517,34 @@ impl Model {
         let (cos, sin) = self.rope(&positions.unsqueeze(1)?)?;
         let mut x = self.embed_tokens.index_select(&ids, 0)?;
         let eps = self.cfg.rms_norm_eps;
+        // A decode step on a GPU: every sequence's attention at once, in a shared pool.
+        let pooled = match self.layers.first() {
+            Some(first) if spans.len() == n && kv_cache::pooling(&self.device) => {
+                let shape = KvShape {
+                    heads: first.self_attn.n_kv,
+                    dim: first.self_attn.head_dim,
+                    dtype: x.dtype(),
+                };
+                Some(PooledStep::prepare(caches, shape, &self.device)?)
+            }
+            _ => None,
+        };
         for (l, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.input_layernorm, eps)?;
-            let a = layer
-                .self_attn
-                .forward_cached(&h, &cos, &sin, caches, l, &spans, mode)?;
+            let a = match &pooled {
+                Some(step) => layer
+                    .self_attn
+                    .forward_pooled(&h, &cos, &sin, step, l, mode)?,
+                None => layer
+                    .self_attn
+                    .forward_cached(&h, &cos, &sin, caches, l, &spans, mode)?,
+            };
             x = (x + a)?;
             let h = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
             x = (&x + layer.mlp.forward(&h, mode)?)?;
+        }
+        if let Some(step) = &pooled {
+            step.finish(caches);
         }
         for (cache, toks) in caches.iter_mut().zip(tokens) {
             cache.len += toks.len();
@@ -608,20 +628,17 @@ impl Attention {
         compute::lora_linear(&self.o_proj, &out.reshape((b, t, nh * d))?, mode)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn forward_cached(
+    /// Queries `[n, heads, 1, d]`, keys and values `[n, kv_heads, 1, d]` of `x: [n, hidden]`,
+    /// one position per row, normed and rotated where the model does.
+    fn cached_heads(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        caches: &mut [&mut KvCache],
-        layer: usize,
-        spans: &[(usize, usize)],
         mode: Mode,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let n = x.dim(0)?;
-        let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
-        let n_rep = nh / nkv;
+        let d = self.head_dim;
         // Every row is its own "batch" of one position for the fused rope kernel.
         let heads =
             |lin: &Linear, count: usize, norm: &Option<Tensor>, rotate: bool| -> Result<Tensor> {
@@ -636,9 +653,46 @@ impl Attention {
                     Ok(y)
                 }
             };
-        let q = heads(&self.q_proj, nh, &self.q_norm, true)?;
-        let k = heads(&self.k_proj, nkv, &self.k_norm, true)?;
-        let v = heads(&self.v_proj, nkv, &None, false)?;
+        Ok((
+            heads(&self.q_proj, self.n_heads, &self.q_norm, true)?,
+            heads(&self.k_proj, self.n_kv, &self.k_norm, true)?,
+            heads(&self.v_proj, self.n_kv, &None, false)?,
+        ))
+    }
+
+    /// The attention of a decode step through `step`'s pool: `x: [B, hidden]`, one new
+    /// token per sequence.
+    fn forward_pooled(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        step: &PooledStep,
+        layer: usize,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.cached_heads(x, cos, sin, mode)?;
+        let out = {
+            let _p = super::profile::span("pooled_attention", x.device());
+            step.attend(layer, &q, &k, &v, 1.0 / (self.head_dim as f64).sqrt())?
+        };
+        compute::lora_linear(&self.o_proj, &out, mode)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_cached(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+        spans: &[(usize, usize)],
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
+        let n_rep = nh / nkv;
+        let (q, k, v) = self.cached_heads(x, cos, sin, mode)?;
         let scale = 1.0 / (d as f64).sqrt();
         let mut outs = Vec::with_capacity(spans.len());
         let attention = super::profile::span("cached_attention", x.device());
@@ -741,101 +795,6 @@ fn batch_mask(attention_mask: &Tensor) -> Result<Tensor> {
     allowed.where_cond(&open, &shut)
 }
 
-/// Keys and values of one sequence, per layer.
-#[derive(Clone)]
-pub struct KvCache {
-    layers: Vec<LayerKv>,
-    len: usize,
-}
-
-impl KvCache {
-    /// Tokens cached so far (= the position of the next token).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// A second cache with the same contents. What is cached so far becomes a frozen
-    /// segment both share (no copy); each then appends to its own buffer.
-    pub fn fork(&mut self) -> KvCache {
-        for l in &mut self.layers {
-            l.freeze();
-        }
-        self.clone()
-    }
-}
-
-/// One layer's cache: frozen shared segments, then this sequence's own growing buffer.
-#[derive(Clone, Default)]
-struct LayerKv {
-    frozen: Vec<(Tensor, Tensor)>,
-    k: Option<Tensor>,
-    v: Option<Tensor>,
-    used: usize,
-}
-
-impl LayerKv {
-    /// Appends `[kv_heads, L, d]` keys and values, growing the buffer geometrically.
-    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
-        let (nkv, len, d) = k.dims3()?;
-        let cap = self.k.as_ref().map_or(0, |b| b.dim(1).unwrap_or(0));
-        if self.used + len > cap {
-            let new_cap = (self.used + len).max(2 * cap).max(16);
-            let grow = |old: &Option<Tensor>| -> Result<Tensor> {
-                let buf = Tensor::zeros((nkv, new_cap, d), k.dtype(), k.device())?;
-                if let Some(old) = old
-                    && self.used > 0
-                {
-                    buf.slice_set(&old.narrow(1, 0, self.used)?.contiguous()?, 1, 0)?;
-                }
-                Ok(buf)
-            };
-            self.k = Some(grow(&self.k)?);
-            self.v = Some(grow(&self.v)?);
-        }
-        let (kb, vb) = (
-            self.k.as_ref().expect("grown"),
-            self.v.as_ref().expect("grown"),
-        );
-        kb.slice_set(k, 1, self.used)?;
-        vb.slice_set(v, 1, self.used)?;
-        self.used += len;
-        Ok(())
-    }
-
-    fn segments(&self) -> Result<Vec<(Tensor, Tensor)>> {
-        let mut s = self.frozen.clone();
-        if self.used > 0 {
-            let (kb, vb) = (
-                self.k.as_ref().expect("used"),
-                self.v.as_ref().expect("used"),
-            );
-            s.push((kb.narrow(1, 0, self.used)?, vb.narrow(1, 0, self.used)?));
-        }
-        Ok(s)
-    }
-
-    /// Moves the own buffer into the frozen list: nobody writes to it again, so forks can
-    /// share it.
-    fn freeze(&mut self) {
-        if self.used > 0
-            && let (Some(k), Some(v)) = (self.k.take(), self.v.take())
-        {
-            let used = self.used;
-            // narrow cannot fail here: `used` never exceeds the buffer's length.
-            if let (Ok(k), Ok(v)) = (k.narrow(1, 0, used), v.narrow(1, 0, used)) {
-                self.frozen.push((k, v));
-            }
-        }
-        self.k = None;
-        self.v = None;
-        self.used = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -878,6 +837,12 @@ mod tests {
     /// after a prefix, batched across rows of different lengths.
     #[test]
     fn cached_prefill_and_decode_match_transformers() {
+        for pooled in [false, true] {
+            kv_cache::with_pooling(pooled, cached_prefill_and_decode_case);
+        }
+    }
+
+    fn cached_prefill_and_decode_case() {
         for name in MODELS {
             let model = fixtures::load(name);
             let r = Reference::load(name);

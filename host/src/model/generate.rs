@@ -11,8 +11,9 @@
 //! the prompt's cache (no copy) and its next-token logits, and each draws from its own
 //! seeded generator, so a sample's tokens do not depend on what else is in the batch.
 
-use super::decoder::{KvCache, Model};
+use super::decoder::Model;
 use super::device_sample::{Draw, draw_rows};
+use super::kv_cache::KvCache;
 use super::lora::Mode;
 use super::sample::{SamplingParams, sample};
 use super::tokenizer::{IncrementalDecoder, Tokenizer};

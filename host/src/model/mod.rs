@@ -16,6 +16,7 @@ pub mod device_sample;
 pub(crate) mod fixtures;
 pub mod frozen;
 pub mod generate;
+pub mod kv_cache;
 pub mod lora;
 pub mod nf4;
 pub mod ops;
@@ -28,6 +29,7 @@ pub mod weights;
 
 pub use bundle::LanguageModel;
 pub use config::{Arch, ModelConfig};
-pub use decoder::{KvCache, Model};
+pub use decoder::Model;
+pub use kv_cache::KvCache;
 pub use lora::{LoraConfig, Mode};
 pub use placement::Placement;

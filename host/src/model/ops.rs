@@ -96,6 +96,24 @@ impl CustomOp1 for FrozenMatmul {
         Ok((y, Shape::from((m, n))))
     }
 
+    /// The same product through cuBLAS: on a GPU the op is what saves the weight's
+    /// gradient (measured on an H200, issue 39).
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        x_l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (m, k) = x_l.shape().dims2()?;
+        let n = self.w.dim(0)?;
+        let (w_storage, w_l) = self.w.storage_and_layout();
+        let Storage::Cuda(w) = &*w_storage else {
+            bail!("frozen-matmul: weight is not on the GPU")
+        };
+        let y = x.matmul(w, (1, m, n, k), x_l, &w_l.transpose(0, 1)?)?;
+        Ok((y, Shape::from((m, n))))
+    }
+
     fn bwd(&self, _x: &Tensor, _y: &Tensor, grad_y: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(grad_y.matmul(&self.w)?))
     }
