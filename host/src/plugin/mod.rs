@@ -8,6 +8,7 @@
 //!   one [`Session`] shape for the four roles.
 //! - [`fault`]: typed, counted plugin faults.
 //! - [`inspect`]: what a component file is, checked before it runs.
+//! - [`net`]: outbound HTTP grants (`allow_http`) and the check each request passes.
 //! - [`conformance`]: `rlhost plugin test`, the contract checked role by role.
 //! - [`scaffold`]: `rlhost plugin new`, a project in Rust, Python, JavaScript or C.
 //! - [`bindings`]: generated bindings, one module per WIT version, and the one place
@@ -18,6 +19,7 @@ pub mod cache;
 pub mod conformance;
 pub mod fault;
 pub mod inspect;
+pub mod net;
 mod output;
 #[allow(clippy::module_inception)]
 pub mod plugin;
