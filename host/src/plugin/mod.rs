@@ -8,6 +8,7 @@
 //!   one [`Session`] shape for the four roles.
 //! - [`fault`]: typed, counted plugin faults.
 //! - [`inspect`]: what a component file is, checked before it runs.
+//! - [`http`]: plugins' outbound HTTP (`wasi:http`), sent only as granted.
 //! - [`net`]: outbound HTTP grants (`allow_http`) and the check each request passes.
 //! - [`conformance`]: `rlhost plugin test`, the contract checked role by role.
 //! - [`scaffold`]: `rlhost plugin new`, a project in Rust, Python, JavaScript or C.
@@ -18,6 +19,7 @@ pub mod bindings;
 pub mod cache;
 pub mod conformance;
 pub mod fault;
+pub mod http;
 pub mod inspect;
 pub mod net;
 mod output;

@@ -1,0 +1,634 @@
+//! Plugins' outbound HTTP (`wasi:http/outgoing-handler`), sent only as granted.
+//!
+//! Every request a plugin makes goes through [`HttpGate::send`], the `send_request` hook
+//! of wasmtime-wasi-http (whose own sender is not built: it resolves and connects by name,
+//! after any check). In order:
+//!
+//! 1. at most `max_in_flight` requests of the plugin at a time; one more is refused;
+//! 2. the URL against the plugin's `allow_http` grants ([`super::net`]);
+//! 3. the name resolved here, and every address checked: loopback, private and other
+//!    special addresses only when a grant names them;
+//! 4. the connection made to a checked address, never to the name again (no second
+//!    lookup a hostile resolver could answer differently); TLS verified against the
+//!    Mozilla roots for the name the plugin asked for;
+//! 5. request and response bodies capped at `max_bytes` each (a declared length over it
+//!    is refused before anything is sent), and the whole exchange, body included, inside
+//!    `deadline`.
+//!
+//! Redirects are not followed here: a 3xx reaches the plugin as it is, and the request it
+//! makes next is checked like any other. A refusal is an error code the plugin sees
+//! (`HTTP-request-denied`, `destination-IP-prohibited`, `connection-limit-reached`, ...)
+//! and one warning in the host's log naming the destination and the grant that would
+//! allow it.
+
+use super::net::{Denial, HttpGrants};
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep, timeout_at};
+use wasmtime_wasi_http::io::TokioIo;
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+/// What a plugin may do over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpAccess {
+    pub grants: HttpGrants,
+    /// Cap on each request body and each response body, bytes.
+    pub max_bytes: u64,
+    /// For the whole of one request: connecting, sending, the response and its body.
+    pub deadline: Duration,
+    /// Requests of the plugin in flight at once (its instances together).
+    pub max_in_flight: usize,
+}
+
+/// Counted per plugin.
+#[derive(Debug, Default)]
+pub struct HttpCounts {
+    /// Requests that got a response.
+    pub answered: AtomicU64,
+    /// Refused by a grant, an address or the in-flight cap.
+    pub denied: AtomicU64,
+    /// Failed on the way: resolution, connection, TLS, a cap or the deadline.
+    pub failed: AtomicU64,
+}
+
+/// One plugin's outbound HTTP: its access, its in-flight permits and its counts.
+#[derive(Debug)]
+pub struct HttpGate {
+    plugin: String,
+    access: HttpAccess,
+    in_flight: Arc<Semaphore>,
+    pub counts: HttpCounts,
+}
+
+/// What the response future of the `send_request` hook resolves to.
+pub type Sent = (
+    http::Response<WasiBody>,
+    Box<dyn Future<Output = Result<(), Error>> + Send>,
+);
+
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+impl HttpGate {
+    pub fn new(plugin: &str, access: HttpAccess) -> Arc<HttpGate> {
+        Arc::new(HttpGate {
+            plugin: plugin.to_string(),
+            in_flight: Arc::new(Semaphore::new(access.max_in_flight)),
+            access,
+            counts: HttpCounts::default(),
+        })
+    }
+
+    pub fn access(&self) -> &HttpAccess {
+        &self.access
+    }
+
+    /// Sends `req` as the module header says, or refuses it.
+    pub async fn send(
+        self: Arc<Self>,
+        req: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+    ) -> Result<Sent, Error> {
+        let r = self.clone().send_checked(req, options).await;
+        match &r {
+            Ok(_) => self.counts.answered.fetch_add(1, Ordering::Relaxed),
+            Err(Error::HttpRequestDenied)
+            | Err(Error::DestinationIpProhibited)
+            | Err(Error::ConnectionLimitReached) => {
+                self.counts.denied.fetch_add(1, Ordering::Relaxed)
+            }
+            Err(_) => self.counts.failed.fetch_add(1, Ordering::Relaxed),
+        };
+        r
+    }
+
+    fn deny(&self, why: &Denial, code: Error) -> Error {
+        tracing::warn!(target: "plugin", plugin = %self.plugin, "{why}");
+        code
+    }
+
+    async fn send_checked(
+        self: Arc<Self>,
+        mut req: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+    ) -> Result<Sent, Error> {
+        // A plugin's own (shorter) timeouts apply inside ours.
+        let own = options.and_then(|o| {
+            [o.connect_timeout, o.first_byte_timeout]
+                .into_iter()
+                .flatten()
+                .min()
+        });
+        let deadline =
+            Instant::now() + own.map_or(self.access.deadline, |d| d.min(self.access.deadline));
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            tracing::warn!(
+                target: "plugin", plugin = %self.plugin,
+                "HTTP to {} refused: {} requests already in flight (the plugin's max_http_in_flight)",
+                req.uri(), self.access.max_in_flight
+            );
+            return Err(Error::ConnectionLimitReached);
+        };
+        let uri = req.uri().clone();
+        let scheme = uri.scheme_str().unwrap_or_default().to_ascii_lowercase();
+        let host = uri.host().ok_or(Error::HttpRequestUriInvalid)?.to_string();
+        let bare = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri
+            .port_u16()
+            .unwrap_or(if scheme == "https" { 443 } else { 80 });
+        let grants = &self.access.grants;
+        grants
+            .check_url(&scheme, &host, port)
+            .map_err(|d| self.deny(&d, Error::HttpRequestDenied))?;
+        let max = self.access.max_bytes;
+        if content_length(req.headers()).is_some_and(|n| n > max) {
+            return Err(Error::HttpRequestBodySize(Some(max)));
+        }
+        let resolved: Vec<IpAddr> = match bare.parse::<IpAddr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => {
+                match timeout_at(deadline, tokio::net::lookup_host((bare.as_str(), port))).await {
+                    Err(_) => return Err(Error::DnsTimeout),
+                    Ok(Err(e)) => {
+                        return Err(Error::DnsError {
+                            rcode: Some(e.to_string()),
+                            info_code: None,
+                        });
+                    }
+                    Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+                }
+            }
+        };
+        let checked = grants
+            .check_addresses(&scheme, &host, port, &resolved)
+            .map_err(|d| self.deny(&d, Error::DestinationIpProhibited))?;
+        let mut tcp = None;
+        let mut last = None;
+        for ip in checked {
+            match timeout_at(deadline, TcpStream::connect((ip, port))).await {
+                Err(_) => return Err(Error::ConnectionTimeout),
+                Ok(Ok(s)) => {
+                    tcp = Some(s);
+                    break;
+                }
+                Ok(Err(e)) => last = Some(e),
+            }
+        }
+        let tcp = tcp.ok_or_else(|| match last {
+            Some(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Error::ConnectionRefused
+            }
+            Some(e) => Error::Connect(e),
+            None => Error::DestinationUnavailable,
+        })?;
+        let stream: Box<dyn Stream> = if scheme == "https" {
+            Box::new(
+                timeout_at(deadline, tls(&bare, tcp))
+                    .await
+                    .map_err(|_| Error::ConnectionTimeout)??,
+            )
+        } else {
+            Box::new(tcp)
+        };
+        let (mut sender, conn) = timeout_at(
+            deadline,
+            hyper::client::conn::http1::handshake::<_, Capped<WasiBody>>(TokioIo::new(stream)),
+        )
+        .await
+        .map_err(|_| Error::ConnectionTimeout)??;
+        // On the wire the request line holds the path only (the authority went into Host).
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        *req.uri_mut() = http::Uri::try_from(path).map_err(|_| Error::HttpRequestUriInvalid)?;
+        let req = req.map(|b| Capped::new(b, max, deadline, Side::Request, None));
+        let mut conn = Box::pin(conn);
+        let mut conn_done = false;
+        let send = sender.send_request(req);
+        tokio::pin!(send);
+        let answer = timeout_at(deadline, async {
+            loop {
+                tokio::select! {
+                    r = &mut send => break r.map_err(Error::from),
+                    c = &mut conn, if !conn_done => {
+                        conn_done = true;
+                        if let Err(e) = c {
+                            break Err(Error::from(e));
+                        }
+                    }
+                }
+            }
+        })
+        .await
+        .map_err(|_| Error::HttpResponseTimeout)??;
+        if content_length(answer.headers()).is_some_and(|n| n > max) {
+            return Err(Error::HttpResponseBodySize(Some(max)));
+        }
+        let answer = answer
+            .map(|b| Capped::new(b, max, deadline, Side::Response, Some(permit)).boxed_unsync());
+        let io = async move {
+            if conn_done {
+                return Ok(());
+            }
+            // The connection ends with the response body, or at the deadline.
+            match timeout_at(deadline, conn).await {
+                Ok(r) => r.map_err(Error::from),
+                Err(_) => Err(Error::HttpResponseTimeout),
+            }
+        };
+        Ok((answer, Box::new(io)))
+    }
+}
+
+/// A message's declared body length, when it declares one that reads as a number
+/// (wasmtime-wasi-http has refused malformed ones in requests already).
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// TLS to `host` (a name or an IP address) over `tcp`, verified against the Mozilla roots.
+async fn tls(
+    host: &str,
+    tcp: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Error> {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+    };
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::InternalError(Some(e.to_string())))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| Error::InternalError(Some(format!("TLS name {host}: {e}"))))?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(Error::Tls)
+}
+
+/// The plugin's side of [`WasiHttpHooks`]: every request through its [`HttpGate`].
+pub struct GateHooks(pub Arc<HttpGate>);
+
+impl WasiHttpHooks for GateHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> Box<dyn Future<Output = Result<Sent, Error>> + Send> {
+        Box::new(self.0.clone().send(request, options))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    Request,
+    Response,
+}
+
+/// A body cut off with an error past `max` bytes or `deadline`; holds the plugin's
+/// in-flight permit (a response's) until it ends.
+struct Capped<B> {
+    inner: B,
+    seen: u64,
+    max: u64,
+    deadline: Pin<Box<Sleep>>,
+    side: Side,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<B> Capped<B> {
+    fn new(
+        inner: B,
+        max: u64,
+        deadline: Instant,
+        side: Side,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
+        Capped {
+            inner,
+            seen: 0,
+            max,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            side,
+            permit,
+        }
+    }
+
+    fn too_big(&self) -> Error {
+        match self.side {
+            Side::Request => Error::HttpRequestBodySize(Some(self.max)),
+            Side::Response => Error::HttpResponseBodySize(Some(self.max)),
+        }
+    }
+}
+
+impl<B> Body for Capped<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Error>,
+{
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            self.permit = None;
+            return Poll::Ready(Some(Err(match self.side {
+                Side::Request => Error::ConnectionWriteTimeout,
+                Side::Response => Error::HttpResponseTimeout,
+            })));
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.seen += data.len() as u64;
+                    if self.seen > self.max {
+                        self.permit = None;
+                        return Poll::Ready(Some(Err(self.too_big())));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.permit = None;
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                self.permit = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{Empty, Full};
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A real HTTP/1.1 server on loopback: `/ok`, `/big` (2 MiB, chunked, no length),
+    /// `/big-declared` (a 2 MiB Content-Length), `/slow` (answers after 3 s), `/redirect`
+    /// (302 to `localhost` on the same port). Counts the connections it accepts.
+    async fn server() -> (u16, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).to_string();
+                    let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    let reply: Vec<u8> = match path.as_str() {
+                        "/ok" => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello".to_vec(),
+                        "/redirect" => format!(
+                            "HTTP/1.1 302 Found\r\nLocation: http://localhost:{port}/ok\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        )
+                        .into_bytes(),
+                        "/big-declared" => b"HTTP/1.1 200 OK\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\n".to_vec(),
+                        "/big" => {
+                            let mut r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+                            for _ in 0..32 {
+                                r.extend_from_slice(b"10000\r\n");
+                                r.extend(std::iter::repeat_n(b'x', 0x10000));
+                                r.extend_from_slice(b"\r\n");
+                            }
+                            r.extend_from_slice(b"0\r\n\r\n");
+                            r
+                        }
+                        "/slow" => {
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nlate".to_vec()
+                        }
+                        _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
+                    };
+                    let _ = sock.write_all(&reply).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        (port, accepted)
+    }
+
+    fn gate(
+        entries: &[String],
+        max_bytes: u64,
+        deadline_ms: u64,
+        max_in_flight: usize,
+    ) -> Arc<HttpGate> {
+        HttpGate::new(
+            "test",
+            HttpAccess {
+                grants: HttpGrants::parse(entries).unwrap(),
+                max_bytes,
+                deadline: Duration::from_millis(deadline_ms),
+                max_in_flight,
+            },
+        )
+    }
+
+    fn get(url: &str) -> http::Request<WasiBody> {
+        let body = Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        http::Request::get(url).body(body).unwrap()
+    }
+
+    /// Sends and reads the whole body, driving the connection as wasmtime-wasi-http does.
+    async fn fetch(
+        g: &Arc<HttpGate>,
+        req: http::Request<WasiBody>,
+    ) -> Result<(u16, Vec<u8>, http::HeaderMap), Error> {
+        let (res, io) = g.clone().send(req, None).await?;
+        tokio::spawn(Pin::from(io));
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let body = res.into_body().collect().await?.to_bytes().to_vec();
+        Ok((status, body, headers))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn granted_requests_go_through_and_others_never_connect() {
+        let (port, accepted) = server().await;
+        let g = gate(&[format!("http://127.0.0.1:{port}")], 1 << 20, 5000, 4);
+        let (status, body, _) = fetch(&g, get(&format!("http://127.0.0.1:{port}/ok")))
+            .await
+            .unwrap();
+        assert_eq!((status, body.as_slice()), (200, b"hello".as_slice()));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // Another port, and the same server by a name the grant does not give.
+        for url in [
+            format!("http://127.0.0.1:{}/ok", port.wrapping_add(1)),
+            format!("http://localhost:{port}/ok"),
+        ] {
+            let err = fetch(&g, get(&url)).await.unwrap_err();
+            assert!(matches!(err, Error::HttpRequestDenied), "{url}: {err:?}");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "a denied request never connects"
+        );
+        assert_eq!(g.counts.answered.load(Ordering::Relaxed), 1);
+        assert_eq!(g.counts.denied.load(Ordering::Relaxed), 2);
+        // No grants at all: nothing goes anywhere.
+        let none = gate(&[], 1 << 20, 5000, 4);
+        let err = fetch(&none, get(&format!("http://127.0.0.1:{port}/ok")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::HttpRequestDenied));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_resolving_to_loopback_needs_a_grant_naming_it() {
+        let (port, accepted) = server().await;
+        let any = gate(&[format!("http://*:{port}")], 1 << 20, 5000, 4);
+        let err = fetch(&any, get(&format!("http://localhost:{port}/ok")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::DestinationIpProhibited), "{err:?}");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            0,
+            "checked before connecting"
+        );
+        let named = gate(&[format!("http://localhost:{port}")], 1 << 20, 5000, 4);
+        let (status, _, _) = fetch(&named, get(&format!("http://localhost:{port}/ok")))
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_redirect_is_the_plugins_to_follow_and_is_checked_again() {
+        let (port, accepted) = server().await;
+        let g = gate(&[format!("http://127.0.0.1:{port}")], 1 << 20, 5000, 4);
+        let (status, _, headers) = fetch(&g, get(&format!("http://127.0.0.1:{port}/redirect")))
+            .await
+            .unwrap();
+        assert_eq!(status, 302, "not followed by the host");
+        let to = headers[http::header::LOCATION]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(to, format!("http://localhost:{port}/ok"));
+        let err = fetch(&g, get(&to)).await.unwrap_err();
+        assert!(matches!(err, Error::HttpRequestDenied), "{err:?}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bodies_past_the_cap_are_cut_off() {
+        let (port, _) = server().await;
+        let g = gate(&[format!("http://127.0.0.1:{port}")], 1 << 20, 5000, 4);
+        // A response streamed without a length: cut off at the cap.
+        let err = fetch(&g, get(&format!("http://127.0.0.1:{port}/big")))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::HttpResponseBodySize(Some(n)) if n == 1 << 20),
+            "{err:?}"
+        );
+        // A declared length over the cap: refused on the headers.
+        let err = fetch(&g, get(&format!("http://127.0.0.1:{port}/big-declared")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::HttpResponseBodySize(_)), "{err:?}");
+        // A request body declared over the cap is not sent.
+        let body = Full::new(Bytes::from(vec![b'y'; 2 << 20]))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/ok"))
+            .header(http::header::CONTENT_LENGTH, 2 << 20)
+            .body(body)
+            .unwrap();
+        let err = fetch(&g, req).await.unwrap_err();
+        assert!(matches!(err, Error::HttpRequestBodySize(_)), "{err:?}");
+        // Within the cap it is.
+        let (status, body, _) = fetch(&g, get(&format!("http://127.0.0.1:{port}/ok")))
+            .await
+            .unwrap();
+        assert_eq!((status, body.len()), (200, 5));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_server_meets_the_deadline_and_a_flood_meets_the_cap() {
+        let (port, _) = server().await;
+        let g = gate(&[format!("http://127.0.0.1:{port}")], 1 << 20, 400, 2);
+        let t = std::time::Instant::now();
+        let err = fetch(&g, get(&format!("http://127.0.0.1:{port}/slow")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::HttpResponseTimeout), "{err:?}");
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(2), "gave up after {took:?}");
+        // Two slow requests hold both permits; a third is refused at once.
+        let slow = |g: Arc<HttpGate>| {
+            tokio::spawn(
+                async move { fetch(&g, get(&format!("http://127.0.0.1:{port}/slow"))).await },
+            )
+        };
+        let (a, b) = (slow(g.clone()), slow(g.clone()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let err = fetch(&g, get(&format!("http://127.0.0.1:{port}/ok")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::ConnectionLimitReached), "{err:?}");
+        assert!(a.await.unwrap().is_err() && b.await.unwrap().is_err());
+        // Their permits came back when they timed out.
+        let (status, _, _) = fetch(&g, get(&format!("http://127.0.0.1:{port}/ok")))
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(g.counts.denied.load(Ordering::Relaxed), 1);
+        assert_eq!(g.counts.failed.load(Ordering::Relaxed), 3);
+    }
+}
