@@ -240,6 +240,7 @@ async fn a_granted_directory_is_readable_and_only_that() {
                     host: dir.clone(),
                     guest: "/data".into(),
                 }],
+                ..Grants::default()
             },
         })
         .await
@@ -264,6 +265,76 @@ async fn a_granted_directory_is_readable_and_only_that() {
         .unwrap();
     let out = session.fire("</go>").await.unwrap().unwrap();
     assert!(out.starts_with("error:"), "{out}");
+}
+
+/// `allow_http` entries are read when the plugin loads, from the library, the command
+/// line and a run config alike; a mistake is one line naming the entry.
+#[tokio::test]
+async fn http_grants_are_read_when_the_plugin_loads() {
+    let runtime = super::runtime(false);
+    let load = |allow: &[&str]| {
+        runtime.load(PluginSpec {
+            path: rlhost_tests::plugin("hostile"),
+            limits: limits(),
+            grants: Grants {
+                allow_http: allow.iter().map(|s| s.to_string()).collect(),
+                ..Grants::default()
+            },
+        })
+    };
+    let plugin = load(&["http://127.0.0.1:8080", "https://*.example.org"])
+        .await
+        .unwrap();
+    assert_eq!(plugin.http().access().max_in_flight, 4);
+    let err = format!(
+        "{:#}",
+        load(&["https://example.com/v1"]).await.err().unwrap()
+    );
+    assert!(
+        err.contains("allow_http entry \"https://example.com/v1\""),
+        "{err}"
+    );
+    assert!(err.contains("drop \"/v1\""), "{err}");
+
+    let stderr = rlhost_tests::TestCommand::new(&[
+        "plugin",
+        "call",
+        &rlhost_tests::plugin("calculator").display().to_string(),
+        "trigger",
+        "--text",
+        "x",
+        "--allow-http",
+        "ftp://files.example.com",
+    ])
+    .fails();
+    assert!(
+        stderr.contains("allow_http entry \"ftp://files.example.com\": scheme `ftp`"),
+        "{stderr}"
+    );
+
+    let dir = rlhost_tests::temp_dir("http-grant");
+    let config = dir.join("run.toml");
+    let calc = rlhost_tests::plugin("calculator").display().to_string();
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\npath = \"builtin:multiply\"\n[data]\npath = \"none.jsonl\"\n\
+             [plugins.calc]\npath = {calc:?}\nallow_http = [\"https://*.org\"]\n"
+        ),
+    )
+    .unwrap();
+    let stderr = rlhost_tests::TestCommand::new(&["rollout", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(dir.join("r.jsonl"))
+        .fails();
+    assert!(stderr.contains(&config.display().to_string()), "{stderr}");
+    assert!(
+        stderr.contains("plugins.calc.allow_http entry \"https://*.org\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("two labels"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
 
 #[tokio::test]

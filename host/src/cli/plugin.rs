@@ -139,6 +139,16 @@ pub struct SandboxArgs {
     /// Mount a host directory read-only: HOST_DIR[:GUEST_PATH] (default guest path /data).
     #[arg(long = "grant-dir")]
     grant_dirs: Vec<DirGrant>,
+    /// Allow outbound HTTP to scheme://host[:port] (Spin's allowed_outbound_hosts shape:
+    /// `*.suffix`, an IP address or `*` as the host; a port, `lo..hi` or `*`); repeatable.
+    #[arg(long = "allow-http", value_name = "DESTINATION")]
+    allow_http: Vec<String>,
+    /// Cap on each HTTP request and response body, in bytes (default 1 MiB).
+    #[arg(long)]
+    max_http_bytes: Option<u64>,
+    /// HTTP requests in flight at once (default 4).
+    #[arg(long)]
+    max_http_in_flight: Option<usize>,
     /// Compile without reading or writing the compile cache.
     #[arg(long)]
     no_cache: bool,
@@ -160,8 +170,14 @@ impl SandboxArgs {
         PluginSpec {
             path: path.to_path_buf(),
             limits,
-            grants: Grants {
-                read_only_dirs: self.grant_dirs.clone(),
+            grants: {
+                let d = Grants::default();
+                Grants {
+                    read_only_dirs: self.grant_dirs.clone(),
+                    allow_http: self.allow_http.clone(),
+                    max_http_bytes: self.max_http_bytes.unwrap_or(d.max_http_bytes),
+                    max_http_in_flight: self.max_http_in_flight.unwrap_or(d.max_http_in_flight),
+                }
             },
         }
     }

@@ -34,7 +34,7 @@ mod train;
 
 use crate::data::DataConfig;
 use crate::model::placement::{DTypeChoice, DeviceChoice, Placement};
-use crate::plugin::Limits;
+use crate::plugin::{Grants, Limits};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -381,6 +381,20 @@ pub struct PluginSection {
     /// `"HOST_DIR:GUEST_PATH"`.
     #[serde(default)]
     pub grant_dirs: Vec<String>,
+    /// Outbound HTTP the plugin may make (`wasi:http`), in Spin's `allowed_outbound_hosts`
+    /// shape: `scheme://host[:port]`, the scheme `http`, `https` or `*`, the host a name,
+    /// `*.suffix`, an IP address or `*`, the port a number, `lo..hi` or `*` (omitted: the
+    /// scheme's); no paths. Loopback and private addresses are reached only through an
+    /// entry naming them (the address, or `localhost`). None: every request refused.
+    #[serde(default)]
+    #[schemars(example = vec!["https://api.example.com", "http://127.0.0.1:8080"])]
+    pub allow_http: Vec<String>,
+    /// Cap on each HTTP request body and each response body, in bytes (default 1 MiB).
+    #[schemars(example = 4_194_304u64)]
+    pub max_http_bytes: Option<u64>,
+    /// HTTP requests in flight at once, the plugin's instances together (default 4).
+    #[schemars(example = 8)]
+    pub max_http_in_flight: Option<usize>,
 }
 
 impl PluginSection {
@@ -392,6 +406,17 @@ impl PluginSection {
             fuel: self.fuel,
             max_output_bytes: self.max_output_bytes.unwrap_or(d.max_output_bytes),
             max_log_bytes: self.max_log_bytes.unwrap_or(d.max_log_bytes),
+        }
+    }
+
+    /// The HTTP part of the plugin's grants (directories are resolved by the caller).
+    pub fn http_grants(&self) -> Grants {
+        let d = Grants::default();
+        Grants {
+            allow_http: self.allow_http.clone(),
+            max_http_bytes: self.max_http_bytes.unwrap_or(d.max_http_bytes),
+            max_http_in_flight: self.max_http_in_flight.unwrap_or(d.max_http_in_flight),
+            ..d
         }
     }
 }

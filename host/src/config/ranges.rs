@@ -91,6 +91,7 @@ pub fn allowed() -> std::collections::BTreeMap<String, String> {
     let every = toml::from_str::<RunConfig>(
         "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n\
          [plugins.NAME]\npath = \"p.wasm\"\nmemory_mib = 1\ntimeout_ms = 1\nfuel = 1\nmax_output_bytes = 1\n\
+         max_http_bytes = 1\nmax_http_in_flight = 1\n\
          [[rewards]]\nplugin = \"NAME\"\nweights = { COMPONENT = 1.0 }\n",
     )
     .expect("a config with every checked key");
@@ -164,6 +165,12 @@ fn checks(c: &RunConfig) -> Vec<Check> {
                 p.max_output_bytes.map(|v| v as u64),
                 "max_output_bytes",
                 "what one call may return",
+            ),
+            (p.max_http_bytes, "max_http_bytes", "an HTTP body's cap"),
+            (
+                p.max_http_in_flight.map(|v| v as u64),
+                "max_http_in_flight",
+                "HTTP requests at once",
             ),
         ];
         for (v, k, why) in limits {

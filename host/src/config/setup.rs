@@ -12,9 +12,7 @@ use crate::builtin::Recipe;
 use crate::data::{Dataset, PromptLimit};
 use crate::model::sample::SamplingParams;
 use crate::model::{LanguageModel, Mode, peft};
-use crate::plugin::{
-    DirGrant, Grants, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache,
-};
+use crate::plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
 use crate::rl::trainer::Sources;
 use crate::rollout::engine::prompt_tokens;
 use crate::rollout::tools::{Catalogue, Toolbox};
@@ -357,7 +355,9 @@ async fn load_plugins(
     })?;
     let mut plugins = BTreeMap::new();
     for (name, section) in &c.plugins {
-        let mut grants = Grants::default();
+        crate::plugin::net::HttpGrants::parse(&section.allow_http)
+            .map_err(|e| anyhow::anyhow!("{}: plugins.{name}.{e}", loaded.path.display()))?;
+        let mut grants = section.http_grants();
         for g in &section.grant_dirs {
             let mut grant = DirGrant::from_str(g).map_err(|e| {
                 anyhow::anyhow!("{}: plugins.{name}.grant_dirs: {e}", loaded.path.display())

@@ -65,7 +65,8 @@ pub struct HttpCounts {
 /// One plugin's outbound HTTP: its access, its in-flight permits and its counts.
 #[derive(Debug)]
 pub struct HttpGate {
-    plugin: String,
+    /// `name@version` once the plugin has said who it is, its file's name before.
+    plugin: std::sync::RwLock<String>,
     access: HttpAccess,
     in_flight: Arc<Semaphore>,
     pub counts: HttpCounts,
@@ -83,7 +84,7 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 impl HttpGate {
     pub fn new(plugin: &str, access: HttpAccess) -> Arc<HttpGate> {
         Arc::new(HttpGate {
-            plugin: plugin.to_string(),
+            plugin: std::sync::RwLock::new(plugin.to_string()),
             in_flight: Arc::new(Semaphore::new(access.max_in_flight)),
             access,
             counts: HttpCounts::default(),
@@ -92,6 +93,17 @@ impl HttpGate {
 
     pub fn access(&self) -> &HttpAccess {
         &self.access
+    }
+
+    /// The plugin's name in log lines.
+    pub fn set_name(&self, id: &str) {
+        if let Ok(mut name) = self.plugin.write() {
+            *name = id.to_string();
+        }
+    }
+
+    fn name(&self) -> String {
+        self.plugin.read().map(|n| n.clone()).unwrap_or_default()
     }
 
     /// Sends `req` as the module header says, or refuses it.
@@ -114,7 +126,7 @@ impl HttpGate {
     }
 
     fn deny(&self, why: &Denial, code: Error) -> Error {
-        tracing::warn!(target: "plugin", plugin = %self.plugin, "{why}");
+        tracing::warn!(target: "plugin", plugin = %self.name(), "{why}");
         code
     }
 
@@ -134,7 +146,7 @@ impl HttpGate {
             Instant::now() + own.map_or(self.access.deadline, |d| d.min(self.access.deadline));
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             tracing::warn!(
-                target: "plugin", plugin = %self.plugin,
+                target: "plugin", plugin = %self.name(),
                 "HTTP to {} refused: {} requests already in flight (the plugin's max_http_in_flight)",
                 req.uri(), self.access.max_in_flight
             );

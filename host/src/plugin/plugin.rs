@@ -7,10 +7,11 @@
 
 use super::bindings::Exports;
 use super::fault::{Fault, FaultCounts, FaultKind};
+use super::http::HttpGate;
 use super::inspect::{LoadError, Shape, role_list};
 use super::sandbox::{EPOCH_TICK, Grants, Limits, StoreState};
 use super::types::{PluginInfo, Role};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
 use wasmtime::component::InstancePre;
@@ -47,6 +48,8 @@ pub struct Inner {
     /// Mixed into every session seed so that two plugins given the same seed still draw
     /// different random streams.
     pub(super) seed_salt: u64,
+    /// Every `wasi:http` request of every instance goes through this.
+    http: Arc<HttpGate>,
 }
 
 impl Plugin {
@@ -77,7 +80,12 @@ impl Plugin {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "plugin".into());
+        let http = spec
+            .grants
+            .http_gate(&file_name, &spec.limits)
+            .with_context(|| format!("plugin {path}: allow_http"))?;
         let mut inner = Inner {
+            http,
             engine,
             fuel,
             pre,
@@ -108,8 +116,14 @@ impl Plugin {
             );
         }
         inner.id = format!("{}@{}", info.name, info.version);
+        inner.http.set_name(&inner.id);
         inner.info = info;
         Ok(Plugin(Arc::new(inner)))
+    }
+
+    /// The plugin's outbound HTTP: its grants and what its requests came to.
+    pub fn http(&self) -> &HttpGate {
+        &self.0.http
     }
 
     pub fn info(&self) -> &PluginInfo {
@@ -198,6 +212,7 @@ impl Inner {
             &self.id,
             &self.spec.limits,
             &self.spec.grants,
+            &self.http,
             seed ^ self.seed_salt,
         )
         .map_err(|e| self.fault(call, FaultKind::Incompatible, format!("{e:#}")))?;

@@ -112,6 +112,11 @@ impl PluginRuntime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot link WASI")?;
+        // `wasi:http` for every plugin: what a request may reach is the plugin's grant
+        // (none: every request refused), not whether it imports the interface.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot link wasi:http")?;
         bindings::add_to_linker(&mut linker)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .context("cannot link the host functions")?;

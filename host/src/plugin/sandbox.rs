@@ -7,16 +7,20 @@
 //! randomness is seeded so rollouts are reproducible. Grants widen this only when the run
 //! config names them.
 
+use super::http::{GateHooks, HttpAccess, HttpGate};
+use super::net::HttpGrants;
 use super::output::CappedPipe;
 use anyhow::{Context, Result};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 /// How often the ticker thread advances the engine's epoch. Deadlines are rounded up to
 /// whole ticks, so 10 ms keeps a 1 s deadline within 1%, for the price of one atomic
@@ -69,11 +73,47 @@ impl Limits {
 }
 
 /// Capabilities a plugin gets only when the run config names them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Grants {
     /// Host directories mounted read-only, e.g. a dataset the plugin reads.
     pub read_only_dirs: Vec<DirGrant>,
+    /// Outbound HTTP destinations (`wasi:http`), Spin's `allowed_outbound_hosts` shape
+    /// ([`super::net`]); none: every request is refused.
+    pub allow_http: Vec<String>,
+    /// Cap on each HTTP request body and each response body, in bytes.
+    pub max_http_bytes: u64,
+    /// HTTP requests in flight at once, the plugin's instances together.
+    pub max_http_in_flight: usize,
+}
+
+impl Default for Grants {
+    fn default() -> Self {
+        Grants {
+            read_only_dirs: Vec::new(),
+            allow_http: Vec::new(),
+            max_http_bytes: 1 << 20,
+            max_http_in_flight: 4,
+        }
+    }
+}
+
+impl Grants {
+    /// The plugin's HTTP gate: its grants read (an entry that does not read is the
+    /// error), each request's deadline nine tenths of the call's, so that the plugin
+    /// hears of a timeout before its call is cut off.
+    pub fn http_gate(&self, plugin: &str, limits: &Limits) -> Result<Arc<HttpGate>> {
+        let grants = HttpGrants::parse(&self.allow_http).map_err(|e| anyhow::anyhow!(e))?;
+        Ok(HttpGate::new(
+            plugin,
+            HttpAccess {
+                grants,
+                max_bytes: self.max_http_bytes,
+                deadline: limits.timeout() * 9 / 10,
+                max_in_flight: self.max_http_in_flight.max(1),
+            },
+        ))
+    }
 }
 
 /// One read-only directory: `host` on this machine, seen by the plugin as `guest`.
@@ -163,12 +203,21 @@ pub struct StoreState {
     /// says there why a trajectory lost points (the first failed test), and the host keeps
     /// it in the trajectory's record.
     note: Option<String>,
+    /// `wasi:http`: every request goes through the plugin's gate.
+    http: WasiHttpCtx,
+    http_hooks: GateHooks,
 }
 
 impl StoreState {
     /// A fresh sandbox for one instance. `seed` seeds the plugin's randomness: the same
     /// seed gives the same random numbers, so a rollout can be replayed.
-    pub fn new(plugin: &str, limits: &Limits, grants: &Grants, seed: u64) -> Result<Self> {
+    pub fn new(
+        plugin: &str,
+        limits: &Limits,
+        grants: &Grants,
+        http: &Arc<HttpGate>,
+        seed: u64,
+    ) -> Result<Self> {
         let stdout = CappedPipe::new(limits.max_log_bytes);
         let stderr = CappedPipe::new(limits.max_log_bytes);
         let mut wasi = WasiCtxBuilder::new();
@@ -218,6 +267,8 @@ impl StoreState {
             logged: 0,
             max_log_bytes: limits.max_log_bytes,
             note: None,
+            http: WasiHttpCtx::new(),
+            http_hooks: GateHooks(http.clone()),
         })
     }
 
@@ -269,6 +320,16 @@ impl WasiView for StoreState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for StoreState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
         }
     }
 }
