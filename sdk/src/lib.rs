@@ -12,8 +12,9 @@
 //! | tools | [`Tools`] | offers functions the model calls in its own tool-call format |
 //!
 //! Implement the traits for your types and name them in [`export!`]. The generated
-//! bindings stay hidden; only the types below are yours to use, with [`log`] and
-//! [`model::generate`] (asking the run's model, where the run config grants it).
+//! bindings stay hidden; only the types below are yours to use, with [`log`],
+//! [`model::generate`] (asking the run's model, where the run config grants it) and
+//! [`http`] (outbound requests, to the destinations the run config grants).
 //!
 //! # Example
 //!
@@ -141,6 +142,8 @@ pub fn log(level: Level, message: &str) {
 /// (`[plugins.NAME] generate = {...}`), and beyond the grant's limits. A dataset must not
 /// ask (the contract's dataset world does not import the model): it stays a pure function
 /// of its seed.
+pub mod http;
+
 pub mod model {
     pub use crate::__bindings::rlhost::plugin::model::{
         Completion, GenerateRequest, Prompt, Weights,

@@ -4,6 +4,7 @@
 //! - `builtin`: the self-made default model, built small.
 //! - `code_tests`: the code-tests reward scoring hostile solutions case by case.
 //! - `sandbox`: the hostile suite; every escape or abuse is contained and typed.
+//! - `http`: plugins' outbound HTTP through the host's gate to a real loopback server.
 //! - `cli`: the `rlhost` binary: `plugin inspect`, `plugin call`, loading errors.
 //! - `conformance`: `rlhost plugin test` on every example plugin, in every language.
 //! - `scaffold`: `rlhost plugin new` in every language and role: builds, passes the test.
@@ -27,6 +28,7 @@ mod code_tests;
 mod conformance;
 mod data;
 mod docs;
+mod http;
 mod init;
 mod install;
 mod model_cli;

@@ -239,7 +239,12 @@ impl HttpGrants {
                     destination: destination(&scheme, host, port),
                     address: canonical(ip),
                     kind,
-                    would_allow: would_allow(&scheme, &ip_host(canonical(ip)), port),
+                    by_name: literal_ip(host).is_none() && normal_name(host) != "localhost",
+                    would_allow: if literal_ip(host).is_none() && normal_name(host) == "localhost" {
+                        would_allow(&scheme, "localhost", port)
+                    } else {
+                        would_allow(&scheme, &ip_host(canonical(ip)), port)
+                    },
                 });
             }
         }
@@ -262,6 +267,9 @@ pub enum Denial {
         address: IpAddr,
         kind: &'static str,
         would_allow: String,
+        /// The URL named a host other than the address (or `localhost`): no entry lets
+        /// that name reach the address; only a request to the address itself can.
+        by_name: bool,
     },
     /// The name resolved to nothing.
     Unresolved { destination: String },
@@ -283,10 +291,23 @@ impl fmt::Display for Denial {
                 address,
                 kind,
                 would_allow,
+                by_name: false,
             } => write!(
                 f,
-                "HTTP to {destination} denied: it resolves to {address}, a {kind} address, \
-                 which only an entry naming it reaches (allow_http = [\"{would_allow}\"] would)"
+                "HTTP to {destination} denied: {address} is a {kind} address, which only an \
+                 entry naming it reaches (allow_http = [\"{would_allow}\"] would)"
+            ),
+            Denial::Address {
+                destination,
+                address,
+                kind,
+                would_allow,
+                by_name: true,
+            } => write!(
+                f,
+                "HTTP to {destination} denied: the name resolves to {address}, a {kind} \
+                 address, which no entry lets a name reach (to use it, request the address \
+                 itself with allow_http = [\"{would_allow}\"])"
             ),
             Denial::Unresolved { destination } => {
                 write!(
@@ -575,10 +596,23 @@ mod tests {
         ));
         let text = err.to_string();
         assert!(text.contains("http://localhost:8080"), "{text}");
-        assert!(text.contains("127.0.0.1, a loopback address"), "{text}");
+        assert!(text.contains("127.0.0.1 is a loopback address"), "{text}");
         assert!(
-            text.contains("allow_http = [\"http://127.0.0.1:8080\"]"),
+            text.contains("allow_http = [\"http://localhost:8080\"] would"),
             "{text}"
+        );
+        // Another name resolving to a private address: only the address itself can go.
+        let err = g
+            .check_addresses("http", "intranet.test", 8080, &[ip("10.1.2.3")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the name resolves to 10.1.2.3, a private address"),
+            "{err}"
+        );
+        assert!(
+            err.contains("request the address itself with allow_http = [\"http://10.1.2.3:8080\"]"),
+            "{err}"
         );
         let err = g
             .check_addresses(

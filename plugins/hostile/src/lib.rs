@@ -1,6 +1,7 @@
 //! A plugin that misbehaves on purpose, to prove the sandbox holds. Never use it in a run.
 //!
-//! Config: `{"mode": "...", "at": "fire" | "open", "path": "/etc/passwd", "port": 80}`.
+//! Config: `{"mode": "...", "at": "fire" | "open", "path": "/etc/passwd", "port": 80,
+//! "url": "http://...", "count": 16}`.
 //! The trigger misbehaves in `fire` (or in `open` with `"at": "open"`); the dataset in
 //! `get`; the reward in `score`. Modes:
 //!
@@ -21,6 +22,8 @@
 //! | `nan` | reward: returns a NaN component | bad-output |
 //! | `bad-metadata` | dataset: returns metadata that is not JSON | bad-output |
 //! | `many-patterns` | trigger: declares 10,000 stop patterns | bad-output |
+//! | `http-get` | GETs `url`, following up to 3 redirects itself | only what `allow_http` grants |
+//! | `http-flood` | sends `count` GETs to `url` at once | refuse past `max_http_in_flight` |
 //!
 //! As tools it offers `count` (stateful: how many times it was called in this session,
 //! so a test sees which session a call ran in and in what order) and `misbehave`
@@ -40,6 +43,8 @@ struct Config {
     at: String,
     path: String,
     port: u16,
+    url: String,
+    count: usize,
 }
 
 impl Default for Config {
@@ -49,6 +54,8 @@ impl Default for Config {
             at: "fire".into(),
             path: "/etc/passwd".into(),
             port: 80,
+            url: "http://127.0.0.1/".into(),
+            count: 16,
         }
     }
 }
@@ -121,6 +128,48 @@ fn misbehave(config: &Config, input: &str) -> Result<String, String> {
                 println!("{i:063}");
             }
             Ok("flooded".into())
+        }
+        "http-get" => {
+            // Each hop is a request of its own, checked by the host again.
+            let mut url = config.url.clone();
+            let mut hops = Vec::new();
+            for _ in 0..4 {
+                match rlhost_sdk::http::get(&url) {
+                    Ok(r) => match r.header("location").filter(|_| (300..400).contains(&r.status)) {
+                        Some(next) => {
+                            hops.push(r.status.to_string());
+                            url = next.to_string();
+                        }
+                        None => {
+                            hops.push(format!("{} {}", r.status, r.text()));
+                            break;
+                        }
+                    },
+                    Err(e) => {
+                        hops.push(format!("error: {e}"));
+                        break;
+                    }
+                }
+            }
+            Ok(hops.join(" -> "))
+        }
+        "http-flood" => {
+            let requests = (0..config.count)
+                .map(|_| rlhost_sdk::http::Request::get(&config.url))
+                .collect();
+            let mut tally = std::collections::BTreeMap::<String, usize>::new();
+            for r in rlhost_sdk::http::send_all(requests) {
+                let key = match r {
+                    Ok(r) => r.status.to_string(),
+                    Err(e) => e,
+                };
+                *tally.entry(key).or_default() += 1;
+            }
+            Ok(tally
+                .iter()
+                .map(|(k, n)| format!("{k} x{n}"))
+                .collect::<Vec<_>>()
+                .join(", "))
         }
         "guest-error" => Err("hostile plugin refuses on purpose".into()),
         other => Err(format!("hostile config: unknown mode `{other}`")),

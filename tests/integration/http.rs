@@ -1,0 +1,210 @@
+//! Plugins' outbound HTTP end to end: the hostile plugin's `wasi:http` requests through
+//! the host's gate to a real HTTP server on loopback, allowed only as granted.
+
+use rlhost::plugin::{Grants, Limits, Plugin, PluginSpec, Sample};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// A real HTTP/1.1 server on loopback, a thread per connection: `/ok` ("hello"),
+/// `/redirect` (302 to `localhost` on the same port), `/big` (2 MiB, chunked, no
+/// length), `/wait` (answers after 300 ms), `/slow` (after 3 s). Counts connections.
+fn server() -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut sock) = conn else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).to_string();
+                let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let ok = |body: &str| {
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .into_bytes()
+                };
+                let reply = match path.as_str() {
+                    "/ok" => ok("hello"),
+                    "/redirect" => format!(
+                        "HTTP/1.1 302 Found\r\nLocation: http://localhost:{port}/ok\r\n\
+                         Content-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                    .into_bytes(),
+                    "/big" => {
+                        let mut r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                            .to_vec();
+                        for _ in 0..32 {
+                            r.extend_from_slice(b"10000\r\n");
+                            r.extend(std::iter::repeat_n(b'x', 0x10000));
+                            r.extend_from_slice(b"\r\n");
+                        }
+                        r.extend_from_slice(b"0\r\n\r\n");
+                        r
+                    }
+                    "/wait" => {
+                        std::thread::sleep(Duration::from_millis(300));
+                        ok("waited")
+                    }
+                    "/slow" => {
+                        std::thread::sleep(Duration::from_secs(3));
+                        ok("late")
+                    }
+                    _ => {
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .to_vec()
+                    }
+                };
+                let _ = sock.write_all(&reply);
+            });
+        }
+    });
+    (port, accepted)
+}
+
+async fn hostile(allow: &[String], timeout_ms: u64, max_in_flight: usize) -> Plugin {
+    super::runtime(false)
+        .load(PluginSpec {
+            path: rlhost_tests::plugin("hostile"),
+            limits: Limits {
+                timeout_ms,
+                ..Limits::default()
+            },
+            grants: Grants {
+                allow_http: allow.to_vec(),
+                max_http_in_flight: max_in_flight,
+                ..Grants::default()
+            },
+        })
+        .await
+        .unwrap()
+}
+
+/// The hostile trigger in `mode` on `url`: what it returned (it reports HTTP errors as
+/// text) and how long it took.
+async fn call(plugin: &Plugin, mode: &str, url: &str, count: usize) -> (String, Duration) {
+    let config = format!(r#"{{"mode": "{mode}", "url": "{url}", "count": {count}}}"#);
+    let mut session = plugin
+        .open_trigger(&config, &Sample::from_prompt("hi"), 1)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let out = session.fire("go</go>").await.unwrap().unwrap();
+    (out, t.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_reaches_only_what_it_is_granted() {
+    let (port, accepted) = server();
+    let ok = format!("http://127.0.0.1:{port}/ok");
+    let by_name = format!("http://localhost:{port}/ok");
+
+    let none = hostile(&[], 5000, 4).await;
+    let (out, _) = call(&none, "http-get", &ok, 1).await;
+    assert_eq!(out, "error: ErrorCode::HttpRequestDenied");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        0,
+        "a denied request never connects"
+    );
+    assert_eq!(none.http().counts.denied.load(Ordering::Relaxed), 1);
+
+    let granted = hostile(&[format!("http://127.0.0.1:{port}")], 5000, 4).await;
+    assert_eq!(call(&granted, "http-get", &ok, 1).await.0, "200 hello");
+    // The same server by a name the grant does not give; and a redirect to that name,
+    // which the plugin follows itself and the host checks again.
+    assert_eq!(
+        call(&granted, "http-get", &by_name, 1).await.0,
+        "error: ErrorCode::HttpRequestDenied"
+    );
+    let redirect = format!("http://127.0.0.1:{port}/redirect");
+    assert_eq!(
+        call(&granted, "http-get", &redirect, 1).await.0,
+        "302 -> error: ErrorCode::HttpRequestDenied"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "the two granted requests only"
+    );
+
+    // A grant for any host never reaches loopback: the name resolves to 127.0.0.1.
+    let any = hostile(&[format!("http://*:{port}")], 5000, 4).await;
+    assert_eq!(
+        call(&any, "http-get", &by_name, 1).await.0,
+        "error: ErrorCode::DestinationIpProhibited"
+    );
+    let named = hostile(&[format!("http://localhost:{port}")], 5000, 4).await;
+    assert_eq!(call(&named, "http-get", &by_name, 1).await.0, "200 hello");
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_bodies_slow_servers_and_floods_are_contained() {
+    let (port, _) = server();
+    let grant = [format!("http://127.0.0.1:{port}")];
+    let plugin = hostile(&grant, 1000, 4).await;
+    let (out, _) = call(
+        &plugin,
+        "http-get",
+        &format!("http://127.0.0.1:{port}/big"),
+        1,
+    )
+    .await;
+    assert!(out.contains("response body size exceeds limit: 1048576 bytes"), "{out}");
+    // The request's deadline (nine tenths of the call's 1 s) ends it before the call's
+    // own deadline: the plugin hears of it and answers.
+    let (out, took) = call(
+        &plugin,
+        "http-get",
+        &format!("http://127.0.0.1:{port}/slow"),
+        1,
+    )
+    .await;
+    assert!(out.contains("HttpResponseTimeout"), "{out}");
+    assert!(took < Duration::from_millis(1000), "{took:?}");
+    // Sixteen at once against a cap of four: four answered, twelve refused.
+    let (out, _) = call(
+        &plugin,
+        "http-flood",
+        &format!("http://127.0.0.1:{port}/wait"),
+        16,
+    )
+    .await;
+    assert_eq!(out, "200 x4, ErrorCode::ConnectionLimitReached x12");
+    let counts = &plugin.http().counts;
+    assert_eq!(counts.denied.load(Ordering::Relaxed), 12);
+    // The slow one failed; the big one was answered (its body was cut off later).
+    assert_eq!(counts.failed.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        plugin.faults().total(),
+        0,
+        "refusals are answers, not faults"
+    );
+    // And the plugin goes on: the permits came back.
+    assert_eq!(
+        call(
+            &plugin,
+            "http-get",
+            &format!("http://127.0.0.1:{port}/ok"),
+            1
+        )
+        .await
+        .0,
+        "200 hello"
+    );
+}
