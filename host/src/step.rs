@@ -61,6 +61,12 @@ pub struct StepMetrics {
     /// The share of the step's function calls that were malformed (`None` without any).
     #[serde(default)]
     pub malformed_call_rate: Option<f64>,
+    /// Plugins' outbound HTTP since the previous step's record (rollouts, scoring and
+    /// held-out evaluation alike), `plugin/outcome` → count: `answered`, `denied` (a grant,
+    /// an address or the in-flight cap), `failed`. Every plugin with an `allow_http` grant,
+    /// and any other once it has tried.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub http_requests: BTreeMap<String, u64>,
     pub sampled_tokens_per_s: f64,
     /// Seconds the decoder sat idle while sampling this step's batch because every live
     /// trajectory waited on a tool or environment call.

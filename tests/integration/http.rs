@@ -165,7 +165,10 @@ async fn big_bodies_slow_servers_and_floods_are_contained() {
         1,
     )
     .await;
-    assert!(out.contains("response body size exceeds limit: 1048576 bytes"), "{out}");
+    assert!(
+        out.contains("response body size exceeds limit: 1048576 bytes"),
+        "{out}"
+    );
     // The request's deadline (nine tenths of the call's 1 s) ends it before the call's
     // own deadline: the plugin hears of it and answers.
     let (out, took) = call(
@@ -207,4 +210,74 @@ async fn big_bodies_slow_servers_and_floods_are_contained() {
         .0,
         "200 hello"
     );
+}
+
+/// A training run records each granted plugin's requests per step: the hostile reward
+/// (weight 0) fetching the loopback server once per trajectory from one config section
+/// with a grant, and once per trajectory refused from another section without one.
+#[test]
+fn a_training_run_counts_requests_per_step() {
+    let (port, _) = server();
+    let dir = rlhost_tests::temp_dir("http-train");
+    let rows: String = (0..8)
+        .map(|i| format!("{{\"prompt\": \"Say something about {i}.\"}}\n"))
+        .collect();
+    std::fs::write(dir.join("data.jsonl"), rows).unwrap();
+    let model = rlhost_tests::repo_root().join("tests/fixtures/models/qwen2");
+    let hostile = rlhost_tests::plugin("hostile");
+    let pattern = rlhost_tests::plugin("pattern_reward");
+    let url = format!("http://127.0.0.1:{port}/ok");
+    let config = format!(
+        r#"
+[model]
+path = {model:?}
+[data]
+path = "data.jsonl"
+eval_size = 0
+[sampling]
+max_new_tokens = 4
+[rollout]
+group_size = 2
+prompts_per_step = 2
+[plugins.pattern]
+path = {pattern:?}
+[plugins.fetch]
+path = {hostile:?}
+allow_http = ["http://127.0.0.1:{port}"]
+[plugins.nogrant]
+path = {hostile:?}
+[[rewards]]
+plugin = "pattern"
+config = {{ patterns = {{ e = "e" }}, cap = 4 }}
+[[rewards]]
+plugin = "fetch"
+config = {{ mode = "http-get", url = "{url}" }}
+default_weight = 0.0
+[[rewards]]
+plugin = "nogrant"
+config = {{ mode = "http-get", url = "{url}" }}
+default_weight = 0.0
+[train]
+steps = 2
+save_every = 100
+"#
+    );
+    let path = dir.join("run.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = dir.join("run");
+    rlhost_tests::TestCommand::new(&["train", "--config"])
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .ok();
+    let m = super::train_cli::metrics(&out);
+    assert_eq!(m.len(), 2);
+    for step in &m {
+        let http = &step["http_requests"];
+        // Four trajectories a step: four answered for the granted section, four refused
+        // for the other (both are the plugin `hostile`).
+        assert_eq!(http["hostile/answered"], 4, "{http}");
+        assert_eq!(http["hostile/denied"], 4, "{http}");
+        assert_eq!(http["hostile/failed"], 0, "{http}");
+    }
 }

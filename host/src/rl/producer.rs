@@ -28,6 +28,30 @@ pub struct Sources<'a> {
     pub rewards: &'a Rewards,
 }
 
+impl Sources<'_> {
+    /// The plugins a rollout calls (trigger, environment, tools, rewards), each once.
+    pub fn plugins(&self) -> Vec<&crate::plugin::Plugin> {
+        let s = self.settings;
+        let mut all: Vec<&crate::plugin::Plugin> = s
+            .trigger
+            .iter()
+            .chain(&s.environment)
+            .map(|t| &t.plugin)
+            .chain(
+                s.tools
+                    .iter()
+                    .flat_map(|t| t.plugins.iter().map(|p| &p.plugin)),
+            )
+            .chain(self.rewards.fns.iter().map(|f| f.plugin()))
+            .collect();
+        // The same plugin may play several parts; two config sections of one file are
+        // two plugins (each its own grants), so identity is the plugin, not its name.
+        let mut seen = std::collections::HashSet::new();
+        all.retain(|p| seen.insert(std::ptr::from_ref(p.http())));
+        all
+    }
+}
+
 /// A rollout batch as the producer hands it over.
 pub struct Batch {
     pub step: u64,

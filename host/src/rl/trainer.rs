@@ -34,6 +34,7 @@ use crate::sample::Sample;
 use crate::status::{EvalPoint, Phase, StatusHub};
 use crate::step::StepMetrics;
 use anyhow::{Result, bail};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -102,6 +103,7 @@ pub fn train(
             ..Outcome::default()
         },
         unsaved: None,
+        http_seen: BTreeMap::new(),
         lm,
         sources,
         plan,
@@ -153,6 +155,8 @@ struct Steps<'a> {
     outcome: Outcome,
     /// The last finished step when it has no checkpoint yet.
     unsaved: Option<(u64, Cursor)>,
+    /// Each granted plugin's HTTP counts at the last record, `plugin/outcome` → total.
+    http_seen: BTreeMap<String, u64>,
 }
 
 impl Steps<'_> {
@@ -208,6 +212,7 @@ impl Steps<'_> {
             self.held_out
                 .evaluate_into(&mut m, self.lm, self.sources, self.handle)?;
         }
+        m.http_requests = self.http_since_last();
         let out_dir = self.run.out_dir;
         self.log.write(&m).map_err(|e| write_failed(e, out_dir))?;
         self.run
@@ -223,6 +228,40 @@ impl Steps<'_> {
         }
         self.outcome.interrupted |= stop;
         Ok(!stop)
+    }
+
+    /// What the plugins' HTTP requests came to since the last call, by plugin and outcome:
+    /// every granted plugin (zeros included, so that its series has every step), and any
+    /// other once it has tried.
+    fn http_since_last(&mut self) -> BTreeMap<String, u64> {
+        // Totals by name first: two config sections of one plugin file share its name.
+        let mut totals = BTreeMap::new();
+        for p in self.sources.plugins() {
+            let gate = p.http();
+            let c = &gate.counts;
+            let tried = [&c.answered, &c.denied, &c.failed]
+                .iter()
+                .any(|n| n.load(std::sync::atomic::Ordering::Relaxed) > 0);
+            // A plugin with no grant appears once it tries: its refusals are counted.
+            if gate.access().grants.is_empty() && !tried {
+                continue;
+            }
+            for (outcome, n) in [
+                ("answered", &c.answered),
+                ("denied", &c.denied),
+                ("failed", &c.failed),
+            ] {
+                *totals.entry(format!("{}/{outcome}", p.name())).or_default() +=
+                    n.load(std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        totals
+            .into_iter()
+            .map(|(key, total)| {
+                let before = self.http_seen.insert(key.clone(), total).unwrap_or(0);
+                (key, total.saturating_sub(before))
+            })
+            .collect()
     }
 
     fn phase(&self, phase: Phase, what: &str) {

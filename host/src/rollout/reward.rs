@@ -58,6 +58,11 @@ pub struct RewardFn {
 }
 
 impl RewardFn {
+    /// The reward's plugin.
+    pub fn plugin(&self) -> &Plugin {
+        &self.spec.plugin
+    }
+
     pub fn name(&self) -> &str {
         self.spec.plugin.name()
     }

@@ -265,6 +265,9 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
     for (k, v) in &m.function_calls {
         out.push((format!("function_calls/{k}"), *v as f64));
     }
+    for (k, v) in &m.http_requests {
+        out.push((format!("http/{k}"), *v as f64));
+    }
     out
 }
 

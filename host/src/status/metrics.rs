@@ -31,6 +31,7 @@ pub struct Metrics {
     /// in between.
     some_steps: Vec<(&'static Figure<Option<f64>>, F64)>,
     faults: Family<Labels, Counter>,
+    http: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -83,7 +84,15 @@ impl Metrics {
             "Plugin faults (trap, timeout, out of memory, bad output) by plugin and kind",
             faults.clone(),
         );
+        let http = Family::<Labels, Counter>::default();
+        registry.register(
+            "plugin_http_requests",
+            "Outbound HTTP requests of plugins granted allow_http, by plugin and outcome \
+             (answered, denied, failed)",
+            http.clone(),
+        );
         Metrics {
+            http,
             registry,
             step,
             total_steps,
@@ -126,6 +135,15 @@ impl Metrics {
                 .get_or_create(&vec![
                     ("plugin".to_string(), plugin.to_string()),
                     ("kind".to_string(), kind.to_string()),
+                ])
+                .inc_by(*n);
+        }
+        for (key, n) in &m.http_requests {
+            let (plugin, outcome) = key.split_once('/').unwrap_or((key.as_str(), "unknown"));
+            self.http
+                .get_or_create(&vec![
+                    ("plugin".to_string(), plugin.to_string()),
+                    ("outcome".to_string(), outcome.to_string()),
                 ])
                 .inc_by(*n);
         }

@@ -409,6 +409,11 @@ mod tests {
             tool_calls: 1.5,
             step_s: 3.0,
             faults: [("calc/timeout".to_string(), 2)].into(),
+            http_requests: [
+                ("search@0.1.0/answered".to_string(), 3),
+                ("search@0.1.0/denied".to_string(), 1),
+            ]
+            .into(),
             ..Default::default()
         }
     }
@@ -542,6 +547,20 @@ mod tests {
         assert_eq!(
             value("rlhost_plugin_faults_total", Some(("kind", "timeout"))),
             4.0
+        );
+        assert_eq!(
+            value(
+                "rlhost_plugin_http_requests_total",
+                Some(("outcome", "answered"))
+            ),
+            6.0
+        );
+        assert_eq!(
+            value(
+                "rlhost_plugin_http_requests_total",
+                Some(("outcome", "denied"))
+            ),
+            2.0
         );
         assert_eq!(value("rlhost_phase", Some(("phase", "loading"))), 1.0);
         assert_eq!(value("rlhost_phase", Some(("phase", "done"))), 0.0);
