@@ -56,6 +56,9 @@ fn every_example_plugin_passes_the_conformance_test() {
     for (lang, _) in WIT_VERSIONS {
         assert!(names.iter().any(|n| n == lang), "{lang} missing: {names:?}");
     }
+    // The search tool asks a real retrieval service, granted to it.
+    let service = rlhost_tests::Bm25Service::start();
+    let search = format!(r#"{{"url": "{}"}}"#, service.url());
     for name in &names {
         let file = plugin_dir().join(format!("{name}.wasm"));
         let mut cmd = TestCommand::new(&["plugin", "test", "--json"]).arg(&file);
@@ -69,6 +72,11 @@ fn every_example_plugin_passes_the_conformance_test() {
             "code_tests" => cmd = cmd.arg("--sample").arg(&code),
             // The guessing game's samples hold the secret number.
             "guess_number" => cmd = cmd.arg("--sample").arg(&secrets),
+            "search" => {
+                cmd = cmd
+                    .args(["--config", &search])
+                    .args(["--allow-http", &service.url()]);
+            }
             _ => {}
         }
         let ran = cmd.run();

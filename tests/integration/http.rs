@@ -281,3 +281,58 @@ save_every = 100
         assert_eq!(http["hostile/failed"], 0, "{http}");
     }
 }
+
+/// The `search` example end to end: the real BM25 service on loopback, the plugin granted
+/// it, a question whose answer is the top hit; without the grant the function says so.
+#[test]
+fn the_search_tool_asks_the_retrieval_service_it_is_granted() {
+    let service = rlhost_tests::Bm25Service::start();
+    let config = format!(r#"{{"url": "{}"}}"#, service.url());
+    let search = rlhost_tests::plugin("search").display().to_string();
+    // The corpus's first country, from the service itself.
+    let dump = std::process::Command::new("python3")
+        .arg(rlhost_tests::repo_root().join("scripts/bm25_service.py"))
+        .args(["--dump", "--docs", "6"])
+        .output()
+        .unwrap();
+    let first: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&dump.stdout)
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let fact = first["text"].as_str().unwrap().to_string();
+    let country = first["title"].as_str().unwrap().to_string();
+    let call = format!(r#"search:{{"query": "capital of {country}", "k": 2}}"#);
+    let ran = rlhost_tests::TestCommand::new(&["plugin", "call", &search, "tools", "--json"])
+        .args([
+            "--config",
+            &config,
+            "--call",
+            &call,
+            "--allow-http",
+            &service.url(),
+        ])
+        .ok();
+    let out: serde_json::Value = serde_json::from_str(&ran.stdout).unwrap();
+    let result = out["calls"][0]["result"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        result.starts_with(&format!("[1] {country}: {fact}")),
+        "{}",
+        ran.stdout
+    );
+    assert_eq!(result.lines().count(), 2, "{result}");
+    let ran = rlhost_tests::TestCommand::new(&["plugin", "call", &search, "tools", "--json"])
+        .args(["--config", &config, "--call", &call])
+        .ok();
+    let out: serde_json::Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(
+        out["calls"][0]["error"], "the search service: ErrorCode::HttpRequestDenied",
+        "{}",
+        ran.stdout
+    );
+}

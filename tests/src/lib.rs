@@ -195,3 +195,43 @@ pub fn fixture_countdown(subcommand: &str) -> TestCommand {
         .arg("--set")
         .arg(format!("plugins.calculator.path={}", quoted("calculator")))
 }
+
+/// The retrieval service the `search` plugin calls (`scripts/bm25_service.py`), started
+/// on a free loopback port for one test and stopped when dropped.
+pub struct Bm25Service {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl Bm25Service {
+    pub fn start() -> Bm25Service {
+        use std::io::BufRead;
+        let mut child = Command::new("python3")
+            .arg(repo_root().join("scripts/bm25_service.py"))
+            .args(["--port", "0", "--print-port"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 scripts/bm25_service.py");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("the service prints its port");
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("bm25_service printed {line:?}, not a port"));
+        Bm25Service { child, port }
+    }
+
+    /// The service's address, as the plugin's config and grant name it.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Bm25Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
