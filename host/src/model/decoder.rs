@@ -33,7 +33,7 @@ use std::path::Path;
 
 /// Large negative instead of -inf for masked scores: a row with every key masked (a pad
 /// query) then gets a finite uniform softmax, as in transformers, instead of NaN.
-const MASKED: f32 = -1e30;
+pub(super) const MASKED: f32 = -1e30;
 
 /// Rows per chunk when computing log-probs over the vocabulary. On the CPU, as many as
 /// keep one `[rows, vocab]` f32 intermediate under the allocator's heap-block limit (55

@@ -14,12 +14,10 @@
 //! that finds a batch not all in one pool builds a new one (a copy of each cache, the
 //! cost of about one step done sequence by sequence).
 
+use super::decoder::MASKED;
 use super::ops::softmax_last;
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::Arc;
-
-/// Large negative instead of -inf for masked scores (see the decoder's `MASKED`).
-const MASKED: f32 = -1e30;
 
 /// Keys and values of one sequence, per layer.
 pub struct KvCache {

@@ -135,7 +135,10 @@ fn misbehave(config: &Config, input: &str) -> Result<String, String> {
             let mut hops = Vec::new();
             for _ in 0..4 {
                 match rlhost_sdk::http::get(&url) {
-                    Ok(r) => match r.header("location").filter(|_| (300..400).contains(&r.status)) {
+                    Ok(r) => match r
+                        .header("location")
+                        .filter(|_| (300..400).contains(&r.status))
+                    {
                         Some(next) => {
                             hops.push(r.status.to_string());
                             url = next.to_string();
