@@ -611,6 +611,56 @@ mod tests {
         assert_eq!((status, body.len()), (200, 5));
     }
 
+    /// HTTPS is verified: a server whose certificate no Mozilla root signed (the
+    /// self-signed one in tests/fixtures/tls) is refused in the handshake, before the
+    /// request is sent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn https_refuses_a_certificate_no_root_signed() {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tls");
+        let cert = CertificateDer::from_pem_file(dir.join("cert.pem")).unwrap();
+        let key = PrivateKeyDer::from_pem_file(dir.join("key.pem")).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let (acceptor, count) = (acceptor.clone(), count.clone());
+                tokio::spawn(async move {
+                    if let Ok(mut tls) = acceptor.accept(sock).await {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let _ = tls
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+                            .await;
+                    }
+                });
+            }
+        });
+        for host in ["127.0.0.1", "localhost"] {
+            let g = gate(&[format!("https://{host}:{port}")], 1 << 20, 5000, 4);
+            let err = fetch(&g, get(&format!("https://{host}:{port}/ok")))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Tls(_)), "{host}: {err:?}");
+            assert!(
+                format!("{err:?}").contains("UnknownIssuer"),
+                "{host}: {err:?}"
+            );
+        }
+        assert_eq!(served.load(Ordering::SeqCst), 0, "no request got through");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slow_server_meets_the_deadline_and_a_flood_meets_the_cap() {
         let (port, _) = server().await;
