@@ -170,14 +170,13 @@ impl SandboxArgs {
         PluginSpec {
             path: path.to_path_buf(),
             limits,
-            grants: {
-                let d = Grants::default();
-                Grants {
-                    read_only_dirs: self.grant_dirs.clone(),
-                    allow_http: self.allow_http.clone(),
-                    max_http_bytes: self.max_http_bytes.unwrap_or(d.max_http_bytes),
-                    max_http_in_flight: self.max_http_in_flight.unwrap_or(d.max_http_in_flight),
-                }
+            grants: Grants {
+                read_only_dirs: self.grant_dirs.clone(),
+                ..Grants::http(
+                    &self.allow_http,
+                    self.max_http_bytes,
+                    self.max_http_in_flight,
+                )
             },
         }
     }

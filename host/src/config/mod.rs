@@ -411,13 +411,11 @@ impl PluginSection {
 
     /// The HTTP part of the plugin's grants (directories are resolved by the caller).
     pub fn http_grants(&self) -> Grants {
-        let d = Grants::default();
-        Grants {
-            allow_http: self.allow_http.clone(),
-            max_http_bytes: self.max_http_bytes.unwrap_or(d.max_http_bytes),
-            max_http_in_flight: self.max_http_in_flight.unwrap_or(d.max_http_in_flight),
-            ..d
-        }
+        Grants::http(
+            &self.allow_http,
+            self.max_http_bytes,
+            self.max_http_in_flight,
+        )
     }
 }
 

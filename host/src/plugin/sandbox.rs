@@ -99,6 +99,22 @@ impl Default for Grants {
 }
 
 impl Grants {
+    /// HTTP grants as a config section or the command line gives them, the caps left
+    /// unset taking their defaults; no directories.
+    pub fn http(
+        allow_http: &[String],
+        max_bytes: Option<u64>,
+        max_in_flight: Option<usize>,
+    ) -> Grants {
+        let d = Grants::default();
+        Grants {
+            allow_http: allow_http.to_vec(),
+            max_http_bytes: max_bytes.unwrap_or(d.max_http_bytes),
+            max_http_in_flight: max_in_flight.unwrap_or(d.max_http_in_flight),
+            ..d
+        }
+    }
+
     /// The plugin's HTTP gate: its grants read (an entry that does not read is the
     /// error), each request's deadline nine tenths of the call's, so that the plugin
     /// hears of a timeout before its call is cut off.
