@@ -87,6 +87,9 @@ fn scaffolds_build_and_pass(
         std::fs::read_to_string(taken.join("README.md")).unwrap(),
         before
     );
+    // Passed: the projects go (each C and JavaScript one has ~340 MB of node_modules);
+    // a failed test leaves them to look at.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -98,6 +101,7 @@ fn rust_scaffolds_build_and_pass_the_conformance_test() {
         &[("CARGO_TARGET_DIR", target.clone())],
         |_, name| target.join(format!("wasm32-wasip2/release/{name}.wasm")),
     );
+    let _ = std::fs::remove_dir_all(&target);
 }
 
 #[test]
