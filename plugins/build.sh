@@ -17,7 +17,7 @@ mkdir -p dist
 # Build for wasm whatever the caller's environment says (this may run from a build script).
 unset CARGO_ENCODED_RUSTFLAGS RUSTFLAGS CARGO_BUILD_TARGET
 cargo build --release --quiet --target wasm32-wasip2 --target-dir "$here/target"
-for plugin in calculator calculator_v0_1_0 none countdown hostile guess_number pattern_reward multiply code_task units_task math_answer search future_version not_a_plugin; do
+for plugin in calculator calculator_v0_1_0 none countdown hostile guess_number pattern_reward multiply code_task units_task math_answer search judge sim_user future_version not_a_plugin; do
   cp -f "target/wasm32-wasip2/release/$plugin.wasm" "dist/$plugin.wasm.tmp"
   mv -f "dist/$plugin.wasm.tmp" "dist/$plugin.wasm"
 done

@@ -27,6 +27,6 @@ if [ "${RLHOST_SKIP_VLLM:-0}" != 1 ]; then
     export RLHOST_REQUIRE_VLLM=1
 fi
 cargo test --workspace
-(cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task -p math_answer -p search)
+(cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task -p math_answer -p search -p judge -p sim_user)
 # The code-tests reward's logic under CPython (the component itself is tested above).
 (cd plugins/code_tests && python3 -m unittest -q test_reward)

@@ -124,7 +124,7 @@ fn sandboxed(
                     // A task per trajectory, as the engine spawns its scoring.
                     let (f, t) = (f.clone(), t.clone());
                     async move {
-                        tokio::spawn(async move { f.score(&t).await })
+                        tokio::spawn(async move { f.score(&t, None).await })
                             .await
                             .unwrap()
                     }

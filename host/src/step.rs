@@ -67,6 +67,19 @@ pub struct StepMetrics {
     /// and any other once it has tried.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub http_requests: BTreeMap<String, u64>,
+    /// Plugins' `model.generate` calls since the previous step's record, `plugin/outcome`
+    /// → count: `answered`, `refused` (outside the grant), `failed` (the model could not
+    /// answer). Every plugin with a `generate` grant, and any other once it has tried.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub generate_calls: BTreeMap<String, u64>,
+    /// The calls the step's batch answered, the tokens sampled for them (never trained
+    /// on) and the decoding time spent on them alone (local engine; see `BatchStats`).
+    #[serde(default)]
+    pub generate_answered: u64,
+    #[serde(default)]
+    pub generate_tokens: u64,
+    #[serde(default)]
+    pub generate_s: f64,
     pub sampled_tokens_per_s: f64,
     /// Seconds the decoder sat idle while sampling this step's batch because every live
     /// trajectory waited on a tool or environment call.

@@ -42,7 +42,7 @@ fn score(
         metadata: json!({"tests": tests}),
     };
     let completion = format!("Here is my solution.\n```python\n{solution}\n```");
-    rt.block_on(rewards.fns[0].score(&Trajectory::single_turn(&sample, completion)))
+    rt.block_on(rewards.fns[0].score(&Trajectory::single_turn(&sample, completion), None))
 }
 
 fn components(s: &Scored) -> (f64, f64) {
@@ -229,8 +229,9 @@ fn the_sample_datasets_reference_solutions_pass_their_tests() {
                     metadata: metadata.clone(),
                 };
                 let completion = format!("```python\n{solution}\n```");
-                let s = rt
-                    .block_on(rewards.fns[0].score(&Trajectory::single_turn(&sample, completion)));
+                let s = rt.block_on(
+                    rewards.fns[0].score(&Trajectory::single_turn(&sample, completion), None),
+                );
                 assert_eq!(
                     components(&s),
                     (expected, expected),

@@ -77,6 +77,15 @@ fn every_example_plugin_passes_the_conformance_test() {
                     .args(["--config", &search])
                     .args(["--allow-http", &service.url()]);
             }
+            // The judge and the simulated user ask a model: the fixture, granted.
+            "judge" | "sim_user" => {
+                if name == "judge" {
+                    cmd = cmd.args(["--config", r#"{"rubric": "a correct answer"}"#]);
+                }
+                cmd = cmd
+                    .args(["--generate", "--model"])
+                    .arg(rlhost_tests::repo_root().join("tests/fixtures/models/qwen2"));
+            }
             _ => {}
         }
         let ran = cmd.run();

@@ -28,6 +28,7 @@ mod code_tests;
 mod conformance;
 mod data;
 mod docs;
+mod generate;
 mod http;
 mod init;
 mod install;

@@ -1,7 +1,10 @@
 //! `rlhost plugin new`, `inspect`, `call` and `test`: the plugin author's quick loop.
 
+use crate::model::LanguageModel;
+use crate::model::placement::Placement;
 use crate::plugin::cache;
 use crate::plugin::conformance::{self, Outcome};
+use crate::plugin::model::GenerateGrant;
 use crate::plugin::scaffold::{self, Lang};
 use crate::plugin::{
     DirGrant, Grants, Limits, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, Sample,
@@ -149,12 +152,42 @@ pub struct SandboxArgs {
     /// HTTP requests in flight at once (default 4).
     #[arg(long)]
     max_http_in_flight: Option<usize>,
+    /// Grant `model.generate`, as a JSON object with the run config's keys
+    /// (max_calls_per_trajectory, max_new_tokens, max_prompt_tokens, temperature_max,
+    /// weights); alone: the defaults. Needs --model.
+    #[arg(long, value_name = "GRANT", num_args = 0..=1, default_missing_value = "{}")]
+    generate: Option<String>,
+    /// The model directory that answers the plugin's `model.generate` calls (on the CPU,
+    /// no adapter: `policy` and `base` are the same weights here).
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
     /// Compile without reading or writing the compile cache.
     #[arg(long)]
     no_cache: bool,
 }
 
 impl SandboxArgs {
+    /// The `model.generate` grant of `--generate`, checked.
+    fn generate(&self) -> Result<Option<GenerateGrant>> {
+        let Some(json) = &self.generate else {
+            if self.model.is_some() {
+                bail!(
+                    "--model answers the plugin's model.generate calls: grant them with --generate too"
+                );
+            }
+            return Ok(None);
+        };
+        let grant: GenerateGrant =
+            serde_json::from_str(json).map_err(|e| anyhow::anyhow!("--generate {json}: {e}"))?;
+        grant
+            .check()
+            .map_err(|e| anyhow::anyhow!("--generate {json}: {e}"))?;
+        if self.model.is_none() {
+            bail!("--generate needs --model DIR: the model that answers the plugin's calls");
+        }
+        Ok(Some(grant))
+    }
+
     fn spec(&self, path: &Path) -> PluginSpec {
         let mut limits = Limits::default();
         if let Some(v) = self.memory_mib {
@@ -182,6 +215,17 @@ impl SandboxArgs {
     }
 
     async fn load(&self, path: &Path) -> Result<Plugin> {
+        let generate = self.generate()?;
+        let plugin = self.load_plugin(path, generate.clone()).await?;
+        if let (Some(_), Some(dir)) = (&generate, &self.model) {
+            let lm = LanguageModel::open(dir, &Placement::CPU)
+                .with_context(|| format!("--model {}", dir.display()))?;
+            plugin.serve_model(crate::rollout::asks::standalone(lm));
+        }
+        Ok(plugin)
+    }
+
+    async fn load_plugin(&self, path: &Path, generate: Option<GenerateGrant>) -> Result<Plugin> {
         let runtime = PluginRuntime::new(&RuntimeOptions {
             fuel: self.fuel.is_some(),
             cache_dir: if self.no_cache {
@@ -191,7 +235,9 @@ impl SandboxArgs {
             },
             ..RuntimeOptions::default()
         })?;
-        runtime.load(self.spec(path)).await
+        let mut spec = self.spec(path);
+        spec.grants.generate = generate;
+        runtime.load(spec).await
     }
 }
 

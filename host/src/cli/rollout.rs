@@ -259,6 +259,15 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
             stats.adapter_load_s,
         ));
     }
+    if stats.asks > 0 {
+        s.push_str(&format!(
+            "model calls    {} from plugins, {} tokens sampled for them, {:.2} s decoding them alone ({:.1}%)\n",
+            stats.asks,
+            stats.asked_tokens,
+            stats.ask_s,
+            100.0 * stats.ask_s / stats.wall_s.max(1e-9),
+        ));
+    }
     s.push_str(&format!(
         "throughput     {:.2} trajectories/s, {:.1} sampled tokens/s\n",
         stats.trajectories as f64 / stats.wall_s.max(1e-9),
@@ -273,6 +282,13 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
                 .map(|k| format!("{k} {}", f.get(*k)))
                 .collect();
             s.push_str(&format!("faults         {name}: {}\n", kinds.join(", ")));
+        }
+        let g = p.generate().totals();
+        if g.calls() > 0 {
+            s.push_str(&format!(
+                "generate       {name}: {} answered, {} refused, {} failed; {} prompt and {} completion tokens\n",
+                g.answered, g.refused, g.failed, g.prompt_tokens, g.completion_tokens
+            ));
         }
     }
     s

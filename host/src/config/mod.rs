@@ -395,6 +395,10 @@ pub struct PluginSection {
     /// HTTP requests in flight at once, the plugin's instances together (default 4).
     #[schemars(example = 8)]
     pub max_http_in_flight: Option<usize>,
+    /// `model.generate`: the plugin may ask the run's model (a judge, a simulated user),
+    /// within these limits; the keys left out take their defaults. None: every call
+    /// refused.
+    pub generate: Option<crate::plugin::model::GenerateGrant>,
 }
 
 impl PluginSection {

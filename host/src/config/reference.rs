@@ -347,7 +347,7 @@ mod tests {
     /// filled in, as the reference names them.
     fn keys_in_code() -> BTreeSet<String> {
         let c: RunConfig = toml::from_str(
-            "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n[plugins.NAME]\npath = \"p.wasm\"\n\
+            "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n[plugins.NAME]\npath = \"p.wasm\"\ngenerate = {}\n\
              [[rewards]]\nplugin = \"NAME\"\n",
         )
         .unwrap();
@@ -360,9 +360,14 @@ mod tests {
                     format!("{prefix}.{k}")
                 };
                 match v {
-                    // Tables of known keys (sections and `[rollout.vllm]`); free-form
-                    // tables (plugin configs, weights, template variables) are one key.
-                    Value::Object(_) if prefix.is_empty() || key == "rollout.vllm" => {
+                    // Tables of known keys (sections, `[rollout.vllm]`, a plugin's
+                    // `generate` grant); free-form tables (plugin configs, weights,
+                    // template variables) are one key.
+                    Value::Object(_)
+                        if prefix.is_empty()
+                            || key == "rollout.vllm"
+                            || key == "plugins.NAME.generate" =>
+                    {
                         walk(&key, v, keys)
                     }
                     _ => {

@@ -357,7 +357,13 @@ async fn load_plugins(
     for (name, section) in &c.plugins {
         crate::plugin::net::HttpGrants::parse(&section.allow_http)
             .map_err(|e| anyhow::anyhow!("{}: plugins.{name}.{e}", loaded.path.display()))?;
+        if let Some(grant) = &section.generate {
+            grant.check().map_err(|e| {
+                anyhow::anyhow!("{}: plugins.{name}.generate: {e}", loaded.path.display())
+            })?;
+        }
         let mut grants = section.http_grants();
+        grants.generate = section.generate.clone();
         for g in &section.grant_dirs {
             let mut grant = DirGrant::from_str(g).map_err(|e| {
                 anyhow::anyhow!("{}: plugins.{name}.grant_dirs: {e}", loaded.path.display())

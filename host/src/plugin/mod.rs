@@ -10,6 +10,7 @@
 //! - [`inspect`]: what a component file is, checked before it runs.
 //! - [`http`]: plugins' outbound HTTP (`wasi:http`), sent only as granted.
 //! - [`net`]: outbound HTTP grants (`allow_http`) and the check each request passes.
+//! - [`model`]: `model.generate`, a plugin asking the run's model as granted.
 //! - [`conformance`]: `rlhost plugin test`, the contract checked role by role.
 //! - [`scaffold`]: `rlhost plugin new`, a project in Rust, Python, JavaScript or C.
 //! - [`bindings`]: generated bindings, one module per WIT version, and the one place
@@ -21,6 +22,7 @@ pub mod conformance;
 pub mod fault;
 pub mod http;
 pub mod inspect;
+pub mod model;
 pub mod net;
 mod output;
 #[allow(clippy::module_inception)]

@@ -9,6 +9,7 @@ use super::bindings::Exports;
 use super::fault::{Fault, FaultCounts, FaultKind};
 use super::http::HttpGate;
 use super::inspect::{LoadError, Shape, role_list};
+use super::model::{GenerateCounts, ModelAccess, ModelLink, ModelServer};
 use super::sandbox::{EPOCH_TICK, Grants, Limits, StoreState};
 use super::types::{PluginInfo, Role};
 use anyhow::{Context, Result};
@@ -50,6 +51,11 @@ pub struct Inner {
     pub(super) seed_salt: u64,
     /// Every `wasi:http` request of every instance goes through this.
     http: Arc<HttpGate>,
+    /// What the plugin's `model.generate` calls came to, its instances together.
+    generate: Arc<GenerateCounts>,
+    /// Answers the `model.generate` calls of instances whose session has no link of its
+    /// own (a plugin tested or called on its own, with a model to ask).
+    standalone: std::sync::Mutex<Option<ModelServer>>,
 }
 
 impl Plugin {
@@ -84,8 +90,15 @@ impl Plugin {
             .grants
             .http_gate(&file_name, &spec.limits)
             .with_context(|| format!("plugin {path}: allow_http"))?;
+        if let Some(grant) = &spec.grants.generate {
+            grant
+                .check()
+                .map_err(|e| anyhow::anyhow!("plugin {path}: generate: {e}"))?;
+        }
         let mut inner = Inner {
             http,
+            generate: Arc::default(),
+            standalone: Default::default(),
             engine,
             fuel,
             pre,
@@ -124,6 +137,18 @@ impl Plugin {
     /// The plugin's outbound HTTP: its grants and what its requests came to.
     pub fn http(&self) -> &HttpGate {
         &self.0.http
+    }
+
+    /// What the plugin's `model.generate` calls came to.
+    pub fn generate(&self) -> &GenerateCounts {
+        &self.0.generate
+    }
+
+    /// Answers, from now on, the `model.generate` calls of every instance whose session
+    /// was given no link of its own, through a link `server` makes from the instance's
+    /// seed. For a plugin outside a rollout; the grant still decides what is answered.
+    pub fn serve_model(&self, server: ModelServer) {
+        *self.0.standalone.lock().unwrap_or_else(|e| e.into_inner()) = Some(server);
     }
 
     pub fn info(&self) -> &PluginInfo {
@@ -203,16 +228,25 @@ impl Inner {
     }
 
     /// A fresh store and instance, with randomness seeded from `seed`.
+    /// `link`: where its `model.generate` calls go (its session's trajectory's engine).
     pub(super) async fn instantiate(
         &self,
         seed: u64,
         call: &'static str,
+        link: Option<ModelLink>,
     ) -> Result<(Store<StoreState>, wasmtime::component::Instance), Fault> {
+        let link = link.or_else(|| self.standalone_link(seed));
+        let model = ModelAccess {
+            grant: self.spec.grants.generate.clone(),
+            link,
+            counts: self.generate.clone(),
+        };
         let state = StoreState::new(
             &self.id,
             &self.spec.limits,
             &self.spec.grants,
             &self.http,
+            model,
             seed ^ self.seed_salt,
         )
         .map_err(|e| self.fault(call, FaultKind::Incompatible, format!("{e:#}")))?;
@@ -226,6 +260,12 @@ impl Inner {
             })
             .await?;
         Ok((store, instance))
+    }
+
+    /// A link to the model [`Plugin::serve_model`] gave, if any.
+    pub(super) fn standalone_link(&self, seed: u64) -> Option<ModelLink> {
+        let standalone = self.standalone.lock().unwrap_or_else(|e| e.into_inner());
+        standalone.as_ref().map(|server| server(seed))
     }
 
     /// Runs one call into the guest under the plugin's limits and classifies its failure.
@@ -322,7 +362,7 @@ impl Inner {
     }
 
     async fn about_info(&self) -> Result<PluginInfo, Fault> {
-        let (mut store, instance) = self.instantiate(self.seed_salt, "about.info").await?;
+        let (mut store, instance) = self.instantiate(self.seed_salt, "about.info", None).await?;
         let about = self
             .exports
             .about(&mut store, &instance)

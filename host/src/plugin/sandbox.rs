@@ -8,6 +8,7 @@
 //! config names them.
 
 use super::http::{GateHooks, HttpAccess, HttpGate};
+use super::model::{GenerateGrant, ModelAccess};
 use super::net::HttpGrants;
 use super::output::CappedPipe;
 use anyhow::{Context, Result};
@@ -85,6 +86,8 @@ pub struct Grants {
     pub max_http_bytes: u64,
     /// HTTP requests in flight at once, the plugin's instances together.
     pub max_http_in_flight: usize,
+    /// `model.generate`: none, every call refused.
+    pub generate: Option<GenerateGrant>,
 }
 
 impl Default for Grants {
@@ -94,6 +97,7 @@ impl Default for Grants {
             allow_http: Vec::new(),
             max_http_bytes: 1 << 20,
             max_http_in_flight: 4,
+            generate: None,
         }
     }
 }
@@ -222,6 +226,8 @@ pub struct StoreState {
     /// `wasi:http`: every request goes through the plugin's gate.
     http: WasiHttpCtx,
     http_hooks: GateHooks,
+    /// `model.generate`: the grant, the session's link to the engine, the counts.
+    pub model: ModelAccess,
 }
 
 impl StoreState {
@@ -232,6 +238,7 @@ impl StoreState {
         limits: &Limits,
         grants: &Grants,
         http: &Arc<HttpGate>,
+        model: ModelAccess,
         seed: u64,
     ) -> Result<Self> {
         let stdout = CappedPipe::new(limits.max_log_bytes);
@@ -285,6 +292,7 @@ impl StoreState {
             note: None,
             http: WasiHttpCtx::new(),
             http_hooks: GateHooks(http.clone()),
+            model,
         })
     }
 

@@ -13,6 +13,7 @@
 
 use super::bindings::{self, Exports};
 use super::fault::{Fault, FaultKind};
+use super::model::ModelLink;
 use super::plugin::{Inner, Plugin};
 use super::sandbox::StoreState;
 use super::types::{Component, FunctionSpec, Message, Role, Sample, StepResult, Trajectory};
@@ -81,6 +82,8 @@ pub struct Session<K: Kind> {
     seed: u64,
     live: Option<Live<K>>,
     opened: K::Opened,
+    /// Where `model.generate` calls go: the engine sampling this session's trajectory.
+    model: Option<ModelLink>,
 }
 
 /// One live instance and the resource a session holds in it.
@@ -116,6 +119,7 @@ impl<K: Kind> Session<K> {
             seed,
             live: None,
             opened: K::Opened::default(),
+            model: None,
         };
         session.live().await?;
         Ok(session)
@@ -125,12 +129,21 @@ impl<K: Kind> Session<K> {
         &self.plugin
     }
 
+    /// Sends the session's `model.generate` calls down `link` from now on (`None`: no
+    /// model answers them), in this instance and every one it opens after a fault.
+    pub fn set_model(&mut self, link: Option<ModelLink>) {
+        if let Some(live) = &mut self.live {
+            live.store.data_mut().model.link = link.clone();
+        }
+        self.model = link;
+    }
+
     /// The live instance, opened if there is none (first use, or after a fault).
     async fn live(&mut self) -> Result<&mut Live<K>, Fault> {
         if self.live.is_none() {
             let inner = &*self.plugin.0;
             let (mut store, instance) = inner
-                .instantiate(K::seed(inner, self.seed), K::OPEN)
+                .instantiate(K::seed(inner, self.seed), K::OPEN, self.model.clone())
                 .await?;
             let guest = K::load(&inner.exports, &mut store, &instance)
                 .map_err(|e| inner.fault(K::OPEN, FaultKind::Incompatible, e.to_string()))?;
@@ -429,6 +442,14 @@ impl RewardScorer {
     /// Scores one trajectory into named components.
     pub async fn score(&mut self, trajectory: &Trajectory) -> Result<Vec<Component>, Fault> {
         let call = "reward.score";
+        // Outside a rollout each score is a trajectory of its own to the model's grant:
+        // a fresh link (its calls counted from 0, seeded alike), where one is served.
+        if self.model.is_none()
+            && let Some(live) = &mut self.live
+            && let Some(link) = self.plugin.0.standalone_link(self.plugin.0.seed_salt)
+        {
+            live.store.data_mut().model.link = Some(link);
+        }
         let components = self
             .call(call, async |guest, store, handle| {
                 guest.score(store, handle, trajectory).await

@@ -17,6 +17,7 @@
 //! may decode to more than the pattern (`</calc>\n`): the tool sees the text up to the
 //! pattern's end, and its output follows the whole token.
 
+use super::asks::Ask;
 use super::reward::{Rewards, Scored};
 use super::tools::{self, Answer, Toolbox, Written};
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
@@ -27,6 +28,7 @@ use crate::model::generate::{Sequence, advance, draw, sample_seed};
 use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
+use crate::plugin::model::{GenerateCall, ModelLink, Weights};
 use crate::plugin::{EnvironmentEpisode, Fault, Plugin, StepResult, ToolsSession, TriggerSession};
 use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
@@ -113,6 +115,14 @@ pub struct BatchStats {
     /// With vLLM servers: writing the batch's adapter version and loading it on every
     /// server (0 when it was loaded already).
     pub adapter_load_s: f64,
+    /// Plugins' `model.generate` calls this batch took, and the tokens sampled for them
+    /// (never part of a trajectory).
+    pub asks: usize,
+    pub asked_tokens: usize,
+    /// Decoding time spent on them alone (local engine): the base model's forwards, and
+    /// every step in which only asks decoded. Policy asks that share a forward with the
+    /// trajectories add to it only a few rows, not counted here.
+    pub ask_s: f64,
 }
 
 impl BatchStats {
@@ -131,6 +141,9 @@ impl BatchStats {
         self.requests += s.requests;
         self.server_wait_s += s.server_wait_s;
         self.adapter_load_s += s.adapter_load_s;
+        self.asks += s.asks;
+        self.asked_tokens += s.asked_tokens;
+        self.ask_s += s.ask_s;
     }
 }
 
@@ -175,6 +188,10 @@ enum Event {
     Scored(usize, Vec<Scored>, Duration),
     /// A vLLM server's answer for a trajectory, from server `usize`.
     Sampled(usize, usize, Result<Sampled, RequestError>),
+    /// A plugin's `model.generate` call, within its grant.
+    Generate(GenerateCall),
+    /// A vLLM server's answer for the ask in slot `usize`, from server `usize`.
+    Answered(usize, usize, Result<Sampled, RequestError>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -266,9 +283,23 @@ struct Batch<'t> {
     /// Where plugin calls send their answers, and where the decode loop reads them.
     tx: mpsc::Sender<Event>,
     rx: mpsc::Receiver<Event>,
+    /// Plugins' `model.generate` calls being answered (a slot is emptied when its call
+    /// is; with vLLM servers, a slot names its request).
+    asks: Vec<Option<Ask<'t>>>,
 }
 
 impl Batch<'_> {
+    /// Whether a plugin's `model.generate` call is being answered.
+    fn asking(&self) -> bool {
+        self.asks.iter().any(Option::is_some)
+    }
+
+    /// Whether the loop must go on for something on its way: a plugin's answer, a
+    /// server's, a trajectory's score.
+    fn awaiting(&self) -> bool {
+        self.lives.iter().any(|l| l.state.on_plugin()) || self.scored < self.scoring
+    }
+
     /// The next plugin answer: one that has come (`None` if none has), or with `block`
     /// the next to come, the wait counted as the batch's `plugin_wait_s`.
     fn next_event(&mut self, block: bool) -> Result<Option<Event>> {
@@ -426,6 +457,7 @@ impl<'a> Engine<'a> {
             scored: 0,
             tx,
             rx,
+            asks: Vec::new(),
         };
         match &lease {
             None => while self.decode_step(&mut batch, samples, version, mode)? {},
@@ -472,24 +504,37 @@ impl<'a> Engine<'a> {
             for j in 0..g {
                 let t = i * g + j;
                 let plugin_seed = sample_seed(seed ^ 0x706c_7567, *id as usize, j);
+                // The trajectory's own seed (as `prefill` draws it): its sessions'
+                // `model.generate` calls are seeded from it.
+                let traj_seed = sample_seed(seed, *id as usize, j);
                 if let Some(spec) = &s.trigger {
                     let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
+                    let link = self.link(&tx, traj_seed);
                     self.handle.spawn(async move {
                         let r = spec
                             .plugin
                             .open_trigger(&spec.config, &sample, plugin_seed)
                             .await
+                            .map(|mut s| {
+                                s.set_model(Some(link));
+                                s
+                            })
                             .map_err(|e| spec.plugin.open_fault("trigger.open", e));
                         let _ = tx.send(Event::TriggerOpened(t, r));
                     });
                 }
                 if let Some(spec) = &s.environment {
                     let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
+                    let link = self.link(&tx, traj_seed);
                     self.handle.spawn(async move {
                         let r = spec
                             .plugin
                             .open_environment(&spec.config, &sample, plugin_seed)
                             .await
+                            .map(|mut s| {
+                                s.set_model(Some(link));
+                                s
+                            })
                             .map_err(|e| spec.plugin.open_fault("environment.open", e));
                         let _ = tx.send(Event::EpisodeOpened(t, r));
                     });
@@ -501,16 +546,22 @@ impl<'a> Engine<'a> {
                 for j in 0..g {
                     let t = i * g + j;
                     let plugin_seed = sample_seed(seed ^ 0x746f_6f6c, *id as usize, j);
+                    let traj_seed = sample_seed(seed, *id as usize, j);
                     for (p, spec) in toolbox.plugins.iter().enumerate() {
                         if !toolbox.needs_session(p) {
                             continue;
                         }
                         let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
+                        let link = self.link(&tx, traj_seed);
                         self.handle.spawn(async move {
                             let r = spec
                                 .plugin
                                 .open_tools(&spec.config, &sample, plugin_seed)
                                 .await
+                                .map(|mut s| {
+                                    s.set_model(Some(link));
+                                    s
+                                })
                                 .map_err(|e| spec.plugin.open_fault("tools.open", e));
                             let _ = tx.send(Event::ToolsOpened(t, p, r));
                         });
@@ -525,6 +576,16 @@ impl<'a> Engine<'a> {
             usize::from(s.trigger.is_some()) + usize::from(s.environment.is_some()) + tools,
         )
         .expect("fewer than 255 plugins per trajectory")
+    }
+
+    /// Where the `model.generate` calls of a session of the trajectory seeded `traj_seed`
+    /// go: this batch's loop, as events.
+    fn link(&self, tx: &mpsc::Sender<Event>, traj_seed: u64) -> ModelLink {
+        let tx = tx.clone();
+        ModelLink::new(traj_seed, move |call| {
+            tx.send(Event::Generate(call))
+                .map_err(|_| "the rollout this call belonged to has ended".to_string())
+        })
     }
 
     /// Prefills each prompt once and forks its cache into its group's trajectories, which
@@ -638,8 +699,8 @@ impl<'a> Engine<'a> {
     ) -> Result<bool> {
         self.check_cancel()?;
         loop {
-            let block = !b.lives.iter().any(|l| l.state == State::Active)
-                && b.lives.iter().any(|l| l.state.on_plugin());
+            let block =
+                !b.lives.iter().any(|l| l.state == State::Active) && !b.asking() && b.awaiting();
             let Some(event) = b.next_event(block)? else {
                 break;
             };
@@ -651,19 +712,46 @@ impl<'a> Engine<'a> {
             .iter_mut()
             .filter(|l| l.state == State::Active)
             .collect();
-        if active.is_empty() {
-            // Nothing decodes: go on only while a plugin answer is still to come.
-            return Ok(b.lives.iter().any(|l| l.state.on_plugin()));
+        let asking = b.asks.iter().any(Option::is_some);
+        if active.is_empty() && !asking {
+            // Nothing decodes: go on only while an answer or a score is still to come
+            // (a reward may still ask the model).
+            return Ok(b.awaiting());
         }
         let f0 = Instant::now();
+        let asks_only = active.is_empty();
+        // The asks the policy answers join the trajectories' forward; the base model's
+        // take one of their own (adapters off).
         let mut seqs: Vec<&mut Sequence> = active
             .iter_mut()
             .filter(|l| !l.seq.ready())
             .map(|l| &mut l.seq)
+            .chain(
+                b.asks
+                    .iter_mut()
+                    .flatten()
+                    .filter(|a| a.weights == Weights::Policy && !a.seq.ready())
+                    .map(|a| &mut a.seq),
+            )
             .collect();
         if !seqs.is_empty() {
             advance(&self.lm.model, &mut seqs, mode)?;
             b.stats.forwards += 1;
+        }
+        let mut base: Vec<&mut Sequence> = b
+            .asks
+            .iter_mut()
+            .flatten()
+            .filter(|a| a.weights == Weights::Base && !a.seq.ready())
+            .map(|a| &mut a.seq)
+            .collect();
+        if !base.is_empty() {
+            let t = Instant::now();
+            advance(&self.lm.model, &mut base, Mode::BASE)?;
+            b.stats.forwards += 1;
+            if !asks_only {
+                b.stats.ask_s += t.elapsed().as_secs_f64();
+            }
         }
         // Where the logits are on a GPU, every active trajectory's token in one draw.
         draw(
@@ -673,6 +761,19 @@ impl<'a> Engine<'a> {
         b.stats.decode_s += f0.elapsed().as_secs_f64();
         for l in active {
             self.step(l, &b.tx)?;
+        }
+        for slot in b.asks.iter_mut() {
+            if let Some(ask) = slot {
+                let (tok, _) = ask.seq.sample_next(&ask.params)?;
+                b.stats.asked_tokens += 1;
+                if ask.took(tok) {
+                    *slot = None;
+                }
+            }
+        }
+        b.asks.retain(Option::is_some);
+        if asks_only {
+            b.stats.ask_s += f0.elapsed().as_secs_f64();
         }
         Ok(true)
     }
@@ -743,7 +844,48 @@ impl<'a> Engine<'a> {
                 let _ = tx.send(Event::Sampled(t, server, r));
             });
         }
-        let pending = b.lives.iter().any(|l| l.state.on_plugin());
+        // Plugins' `model.generate` calls: the base model's by its own name, the policy's
+        // by the batch's adapter version.
+        for slot in 0..b.asks.len() {
+            let Some(ask) = b.asks[slot].as_mut() else {
+                continue;
+            };
+            if ask.sent {
+                continue;
+            }
+            let Some(server) = pool.pick().filter(|&i| pool.has_room(i)) else {
+                break;
+            };
+            let p = &ask.params;
+            let req = Request {
+                model: match ask.weights {
+                    Weights::Policy => lease.name.clone(),
+                    Weights::Base => pool.settings.model.clone(),
+                },
+                prompt: ask.seq.tokens.clone(),
+                max_tokens: p.max_new_tokens,
+                temperature: p.temperature,
+                top_k: 0,
+                top_p: p.top_p,
+                min_p: 0.0,
+                seed: p.seed & (i64::MAX as u64),
+                stop: p.stop_strings.clone(),
+                stop_token_ids: p.stop_token_ids.clone(),
+            };
+            ask.sent = true;
+            b.stats.requests += 1;
+            progressed = true;
+            let (reserved, tx) = (pool.servers()[server].reserve(), b.tx.clone());
+            self.handle.spawn_blocking(move || {
+                let r = reserved.complete(&req);
+                drop(reserved);
+                let _ = tx.send(Event::Answered(slot, server, r));
+            });
+        }
+        if !b.asking() {
+            b.asks.clear();
+        }
+        let pending = b.awaiting() || b.asking();
         if !progressed && pending {
             let event = b
                 .next_event(true)?
@@ -836,7 +978,7 @@ impl<'a> Engine<'a> {
         if self.rewards.fns.is_empty() {
             self.rewards.combine(&mut traj, Vec::new(), l.env_reward);
         } else {
-            self.spawn_scoring(t, &traj, b.tx.clone());
+            self.spawn_scoring(t, l.seed, &traj, b.tx.clone());
             b.scoring += 1;
         }
         b.done[t] = Some(traj);
@@ -1035,7 +1177,7 @@ impl<'a> Engine<'a> {
     }
 
     /// Acts on a plugin's answer.
-    fn apply(&self, event: Event, b: &mut Batch) -> Result<()> {
+    fn apply(&self, event: Event, b: &mut Batch<'a>) -> Result<()> {
         let (lives, stats) = (&mut b.lives, &mut b.stats);
         match event {
             Event::Fired(t, session, result, took) => {
@@ -1126,6 +1268,43 @@ impl<'a> Engine<'a> {
                     }
                     Err(e) => return Err(anyhow::Error::new(e).context("sampling with vLLM")),
                 }
+            }
+            Event::Generate(call) => {
+                stats.asks += 1;
+                let stop = &self.settings.sampling.stop_token_ids;
+                if let Some(ask) = Ask::new(self.lm, &self.settings.template_kwargs, stop, call) {
+                    b.asks.push(Some(ask));
+                }
+            }
+            Event::Answered(slot, server, result) => {
+                let Some(ask) = b.asks[slot].as_mut() else {
+                    return Ok(());
+                };
+                match result {
+                    Ok(sampled) => {
+                        stats.asked_tokens += sampled.token_ids.len();
+                        let mut answered = false;
+                        for (tok, logp) in sampled.token_ids.into_iter().zip(sampled.logprobs) {
+                            ask.seq.push_sampled(tok, logp);
+                            if ask.took(tok) {
+                                answered = true;
+                                break;
+                            }
+                        }
+                        if !answered {
+                            ask.end(&sampled.finish_reason);
+                        }
+                    }
+                    Err(e) => {
+                        if e.server_fault()
+                            && let Some(pool) = &self.settings.remote
+                        {
+                            pool.mark_dead(server, &e);
+                        }
+                        ask.fail(format!("the vLLM server could not answer: {e}"));
+                    }
+                }
+                b.asks[slot] = None;
             }
             Event::Scored(t, results, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
@@ -1281,14 +1460,18 @@ impl<'a> Engine<'a> {
         })
     }
 
-    fn spawn_scoring(&self, t: usize, traj: &Trajectory, tx: mpsc::Sender<Event>) {
+    /// Scores trajectory `t` (seeded `traj_seed`) on the worker pool: its rewards'
+    /// `model.generate` calls come back to this batch's loop, seeded from the trajectory.
+    fn spawn_scoring(&self, t: usize, traj_seed: u64, traj: &Trajectory, tx: mpsc::Sender<Event>) {
         let fns = self.rewards.fns.clone();
         let view = traj.for_reward();
+        // A link per reward: each plugin's grant counts its own calls.
+        let links: Vec<ModelLink> = fns.iter().map(|_| self.link(&tx, traj_seed)).collect();
         self.handle.spawn(async move {
             let c0 = Instant::now();
             let mut results = Vec::with_capacity(fns.len());
-            for f in &fns {
-                results.push(f.score(&view).await);
+            for (f, link) in fns.iter().zip(links) {
+                results.push(f.score(&view, Some(link)).await);
             }
             let _ = tx.send(Event::Scored(t, results, c0.elapsed()));
         });
@@ -1487,6 +1670,7 @@ mod tests {
             scored: 0,
             tx: tx.clone(),
             rx,
+            asks: Vec::new(),
         };
         assert!(batch.next_event(false).unwrap().is_none());
         std::thread::spawn(move || {

@@ -7,9 +7,11 @@
 //! - [`turns`]: continuing a conversation with the chat template, turn by turn.
 //! - [`trajectory`]: what a finished rollout holds (tokens, log-probs, loss mask, spans).
 //! - [`reward`]: reward plugins' components, weighted and summed.
+//! - [`asks`]: plugins' `model.generate` calls, sampled beside a batch's trajectories.
 //! - [`queue`]: the bounded queue between the rollout side and the trainer, with
 //!   adapter versions and a staleness bound.
 
+pub mod asks;
 pub mod engine;
 pub mod eval;
 pub mod queue;

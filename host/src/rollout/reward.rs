@@ -12,6 +12,7 @@
 //! then each case's mean, and `all_…` components their minimum (see [`aggregate`]).
 
 use super::trajectory::{FaultRecord, Trajectory};
+use crate::plugin::model::ModelLink;
 use crate::plugin::{Component, Fault, Plugin, RewardScorer};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
@@ -68,18 +69,26 @@ impl RewardFn {
     }
 
     /// Scores one trajectory: case by case when the spec names the cases and the sample
-    /// has them, else on one of the instances.
-    pub async fn score(&self, trajectory: &crate::plugin::Trajectory) -> Scored {
+    /// has them, else on one of the instances. `model`: where the plugin's
+    /// `model.generate` calls go while it scores this trajectory (the trajectory's own
+    /// engine; none outside a rollout).
+    pub async fn score(
+        &self,
+        trajectory: &crate::plugin::Trajectory,
+        model: Option<ModelLink>,
+    ) -> Scored {
         // No cases (an empty list) is the plugin's to refuse, scored whole.
         if let Some(key) = &self.spec.cases
             && let Some(cases) = trajectory.metadata.get(key).map(split_cases)
             && !cases.is_empty()
         {
-            return self.score_cases(trajectory, key, cases).await;
+            return self.score_cases(trajectory, key, cases, model).await;
         }
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.scorers.len();
         let mut scorer = self.scorers[i].lock().await;
+        scorer.set_model(model);
         let result = scorer.score(trajectory).await;
+        scorer.set_model(None);
         Scored {
             result,
             case_faults: Vec::new(),
@@ -96,6 +105,7 @@ impl RewardFn {
         trajectory: &crate::plugin::Trajectory,
         key: &str,
         cases: Vec<Value>,
+        model: Option<ModelLink>,
     ) -> Scored {
         let count = cases.len();
         // A task per case: the cases of one trajectory run on the runtime's threads at
@@ -115,12 +125,14 @@ impl RewardFn {
                 let plugin = self.spec.plugin.clone();
                 let config = self.spec.config.clone();
                 let slots = self.case_slots.clone();
+                let model = model.clone();
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await.expect("never closed");
                     let mut scorer = match plugin.open_reward(&config).await {
                         Ok(scorer) => scorer,
                         Err(e) => return (Err(plugin.open_fault("reward.open", e)), None),
                     };
+                    scorer.set_model(model);
                     let result = scorer.score(&one).await;
                     (result, scorer.take_note())
                 })

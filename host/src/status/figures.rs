@@ -151,6 +151,24 @@ pub const EVERY_STEP: &[Figure<f64>] = &[
         |m| m.tool_wait_share,
     ),
     fig(
+        Some("generate_answered"),
+        Some("generate/answered"),
+        "Plugins' model.generate calls the step's batch answered",
+        |m| m.generate_answered as f64,
+    ),
+    fig(
+        Some("generate_tokens"),
+        Some("generate/tokens"),
+        "Tokens sampled for plugins' model.generate calls in the step's batch (never trained on)",
+        |m| m.generate_tokens as f64,
+    ),
+    fig(
+        Some("generate_seconds"),
+        Some("generate/seconds"),
+        "Decoding time spent on plugins' model.generate calls alone in the step's batch",
+        |m| m.generate_s,
+    ),
+    fig(
         Some("rollout_seconds"),
         Some("time/rollout_s"),
         "Time the step waited for rollouts",
@@ -267,6 +285,9 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
     }
     for (k, v) in &m.http_requests {
         out.push((format!("http/{k}"), *v as f64));
+    }
+    for (k, v) in &m.generate_calls {
+        out.push((format!("generate/{k}"), *v as f64));
     }
     out
 }

@@ -32,6 +32,7 @@ pub struct Metrics {
     some_steps: Vec<(&'static Figure<Option<f64>>, F64)>,
     faults: Family<Labels, Counter>,
     http: Family<Labels, Counter>,
+    generate: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -91,8 +92,15 @@ impl Metrics {
              (answered, denied, failed)",
             http.clone(),
         );
+        let generate = Family::<Labels, Counter>::default();
+        registry.register(
+            "plugin_generate_calls",
+            "model.generate calls of plugins, by plugin and outcome (answered, refused, failed)",
+            generate.clone(),
+        );
         Metrics {
             http,
+            generate,
             registry,
             step,
             total_steps,
@@ -138,14 +146,19 @@ impl Metrics {
                 ])
                 .inc_by(*n);
         }
-        for (key, n) in &m.http_requests {
-            let (plugin, outcome) = key.split_once('/').unwrap_or((key.as_str(), "unknown"));
-            self.http
-                .get_or_create(&vec![
-                    ("plugin".to_string(), plugin.to_string()),
-                    ("outcome".to_string(), outcome.to_string()),
-                ])
-                .inc_by(*n);
+        for (family, counts) in [
+            (&self.http, &m.http_requests),
+            (&self.generate, &m.generate_calls),
+        ] {
+            for (key, n) in counts {
+                let (plugin, outcome) = key.split_once('/').unwrap_or((key.as_str(), "unknown"));
+                family
+                    .get_or_create(&vec![
+                        ("plugin".to_string(), plugin.to_string()),
+                        ("outcome".to_string(), outcome.to_string()),
+                    ])
+                    .inc_by(*n);
+            }
         }
     }
 

@@ -24,12 +24,17 @@
 //! | `many-patterns` | trigger: declares 10,000 stop patterns | bad-output |
 //! | `http-get` | GETs `url`, following up to 3 redirects itself | only what `allow_http` grants |
 //! | `http-flood` | sends `count` GETs to `url` at once | refuse past `max_http_in_flight` |
+//! | `generate` | asks the base model for 8 tokens, returns the answer | answer only as granted |
+//! | `generate-flood` | asks `count` times in one call | refuse past `max_calls_per_trajectory` |
+//! | `generate-huge` | asks with a 1,000,000-token and a 64 MiB prompt | refuse, nothing rendered |
+//! | `generate-policy` | asks the trained adapter | refuse when only `base` is granted |
 //!
 //! As tools it offers `count` (stateful: how many times it was called in this session,
 //! so a test sees which session a call ran in and in what order) and `misbehave`
 //! (stateless: does what its `mode` argument says, one of the modes above, in a fresh
 //! instance), and misbehaves in `open` with `"at": "open"`.
 
+use rlhost_sdk::model::{GenerateRequest, Prompt, Weights};
 use rlhost_sdk::{
     Component, Dataset, FunctionSpec, Message, Reward, Sample, Tools, Trajectory, Trigger,
 };
@@ -174,9 +179,51 @@ fn misbehave(config: &Config, input: &str) -> Result<String, String> {
                 .collect::<Vec<_>>()
                 .join(", "))
         }
+        "generate" => Ok(match ask(Prompt::TokenIds(vec![1, 2, 3]), Weights::Base) {
+            Ok(c) => format!("{:?} {}", c.token_ids, c.finish_reason),
+            Err(e) => format!("error: {e}"),
+        }),
+        "generate-flood" => {
+            Ok(tally((0..config.count).map(|_| {
+                ask(Prompt::TokenIds(vec![1, 2, 3]), Weights::Base)
+            })))
+        }
+        "generate-huge" => Ok(tally([
+            ask(Prompt::TokenIds(vec![1; 1_000_000]), Weights::Base),
+            ask(
+                Prompt::Messages(vec![Message::new("user", "x".repeat(64 << 20))]),
+                Weights::Base,
+            ),
+        ])),
+        "generate-policy" => Ok(tally([ask(
+            Prompt::TokenIds(vec![1, 2, 3]),
+            Weights::Policy,
+        )])),
         "guest-error" => Err("hostile plugin refuses on purpose".into()),
         other => Err(format!("hostile config: unknown mode `{other}`")),
     }
+}
+
+/// One greedy 8-token `model.generate` call.
+fn ask(prompt: Prompt, weights: Weights) -> Result<rlhost_sdk::model::Completion, String> {
+    let mut request = GenerateRequest::new(prompt, 8);
+    request.weights = weights;
+    rlhost_sdk::model::generate(&request)
+}
+
+/// `ok xN` and each error `xN`, in order of the text.
+fn tally<T>(results: impl IntoIterator<Item = Result<T, String>>) -> String {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for r in results {
+        *counts
+            .entry(r.map_or_else(|e| e, |_| "ok".to_string()))
+            .or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 struct Hostile {

@@ -1,7 +1,8 @@
-//! Bindings for `rlhost:plugin@0.2.0` (work in progress, not yet in [`super::SUPPORTED`]):
-//! its export indices, its host functions (`log`, and `model.generate`, which no plugin is
-//! granted yet), and conversions to the host's own types. See docs/design/wit-0.2.0.md.
+//! Bindings for `rlhost:plugin@0.2.0`: its export indices, its host functions (`log`, and
+//! `model.generate`, answered as the plugin's grant allows), and conversions to the host's
+//! own types. See docs/design/wit-0.2.0.md.
 
+use crate::plugin::model as host_model;
 use crate::plugin::sandbox::StoreState;
 use crate::plugin::types::{self, Role};
 use wasmtime::component::{HasSelf, InstancePre, Linker};
@@ -11,6 +12,8 @@ wasmtime::component::bindgen!({
     world: "host-view",
     // As for 0.1.0: exports called with `call_async`, so the deadline can cancel them.
     exports: { default: async },
+    // `generate` waits for the rollout engine's answer without holding a worker thread.
+    imports: { "rlhost:plugin/model.generate": async },
 });
 
 pub use self::rlhost::plugin::host::{Host, Level};
@@ -72,15 +75,40 @@ impl Host for StoreState {
 }
 
 impl model::Host for StoreState {
-    /// Denied: the grants (`[plugins.NAME] generate = {...}`) and the engine's batched
-    /// serving of these requests are the next step; until then every plugin is without
-    /// the grant, which is what a plugin without one gets anyway.
-    fn generate(&mut self, _request: model::GenerateRequest) -> Result<model::Completion, String> {
-        Err(
-            "generate is not granted to this plugin (no run config grants it yet: \
-             `[plugins.NAME] generate` is not implemented in this rlhost)"
-                .into(),
-        )
+    /// Checked against the plugin's grant, then answered by the engine sampling the
+    /// session's trajectory (see [`crate::plugin::model`]).
+    async fn generate(
+        &mut self,
+        request: model::GenerateRequest,
+    ) -> Result<model::Completion, String> {
+        let access = self.model.clone();
+        let c = access.generate(&self.plugin, request.into()).await?;
+        Ok(model::Completion {
+            text: c.text,
+            token_ids: c.token_ids,
+            finish_reason: c.finish_reason,
+        })
+    }
+}
+
+impl From<model::GenerateRequest> for host_model::GenerateRequest {
+    fn from(r: model::GenerateRequest) -> Self {
+        host_model::GenerateRequest {
+            prompt: match r.prompt {
+                model::Prompt::Messages(m) => {
+                    host_model::Prompt::Messages(m.into_iter().map(Into::into).collect())
+                }
+                model::Prompt::TokenIds(ids) => host_model::Prompt::TokenIds(ids),
+            },
+            max_new_tokens: r.max_new_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            stop: r.stop,
+            weights: match r.weights {
+                model::Weights::Policy => host_model::Weights::Policy,
+                model::Weights::Base => host_model::Weights::Base,
+            },
+        }
     }
 }
 

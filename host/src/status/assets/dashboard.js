@@ -293,6 +293,8 @@
         { label: "turns", get: field("turns"), color: color(5) },
         // Native function calling: the share of calls the model wrote malformed.
         { label: "malformed_call_rate", get: field("malformed_call_rate"), color: color(3), spanGaps: true },
+        // Plugins' model.generate calls (a judge, a simulated user) the batch answered.
+        { label: "model_calls", get: field("generate_answered"), color: color(6) },
       ],
     },
     throughput: {
@@ -309,6 +311,7 @@
         { label: "rollout_s", get: field("rollout_s"), color: color(0) },
         { label: "update_s", get: field("update_s"), color: color(1) },
         { label: "tool_wait_s", get: field("tool_wait_s"), color: color(4) },
+        { label: "generate_s", get: field("generate_s"), color: color(6) },
         { label: "step_s", get: field("step_s"), color: "#111827" },
       ],
     },

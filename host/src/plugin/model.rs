@@ -1,0 +1,555 @@
+//! `model.generate` (WIT 0.2.0): a plugin asking the run's model, only as granted.
+//!
+//! The grant (`[plugins.NAME] generate = {...}`) says how many calls a trajectory may make,
+//! how long each answer may be, how hot it may be sampled and which weights may answer.
+//! A call the grant does not cover is an `err` the plugin sees, counted as `refused`; a
+//! covered one goes down the [`ModelLink`] the rollout engine gave the plugin's session
+//! for one trajectory, and the engine samples it in its own decode batch (with the other
+//! requests, never one forward pass per call), seeded from the trajectory's seed and the
+//! call's index in it, and never part of the trained tokens. Where no engine is (`plugin
+//! call`, `plugin test`), a granted call is refused with that reason.
+//!
+//! The plugin module knows nothing of the engine: a link is a function that takes a call.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Which weights answer a call.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Weights {
+    /// The adapter being trained, at the version the trajectory samples with.
+    Policy,
+    /// The base model, adapters off.
+    Base,
+}
+
+impl Weights {
+    pub fn name(self) -> &'static str {
+        match self {
+            Weights::Policy => "policy",
+            Weights::Base => "base",
+        }
+    }
+}
+
+/// `[plugins.NAME] generate = {...}`: what a plugin may ask of the run's model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerateGrant {
+    /// Calls per trajectory (one session's calls, its restarts after faults included).
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_calls_per_trajectory: u32,
+    /// Tokens per answer; a request for more gets this many.
+    #[schemars(range(min = 1, max = 8192))]
+    pub max_new_tokens: u32,
+    /// Prompt tokens per call (after the chat template); a longer prompt is refused.
+    #[schemars(range(min = 1, max = 131072))]
+    pub max_prompt_tokens: u32,
+    /// The hottest sampling a call may ask for (0: greedy only).
+    #[schemars(range(min = 0.0, max = 10.0))]
+    pub temperature_max: f32,
+    /// Which weights may answer: `"base"` (a judge that must not drift with the policy)
+    /// and/or `"policy"`.
+    pub weights: Vec<Weights>,
+}
+
+impl Default for GenerateGrant {
+    fn default() -> Self {
+        GenerateGrant {
+            max_calls_per_trajectory: 4,
+            max_new_tokens: 256,
+            max_prompt_tokens: 2048,
+            temperature_max: 1.0,
+            weights: vec![Weights::Base],
+        }
+    }
+}
+
+impl GenerateGrant {
+    /// What is wrong with the grant, if anything, naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_calls_per_trajectory == 0 {
+            return Err("max_calls_per_trajectory must be at least 1 (leave `generate` out to grant nothing)".into());
+        }
+        if self.max_new_tokens == 0 || self.max_prompt_tokens == 0 {
+            return Err("max_new_tokens and max_prompt_tokens must be at least 1".into());
+        }
+        if !(self.temperature_max >= 0.0 && self.temperature_max.is_finite()) {
+            return Err(format!(
+                "temperature_max must be 0 or more, not {}",
+                self.temperature_max
+            ));
+        }
+        if self.weights.is_empty() {
+            return Err("weights must name \"base\", \"policy\" or both".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a plugin asks for, in the host's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Rendered with the run's chat template and its generation prompt.
+    Messages(Vec<super::types::Message>),
+    TokenIds(Vec<u32>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt: Prompt,
+    pub max_new_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub stop: Vec<String>,
+    pub weights: Weights,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    /// `stop` or `length`.
+    pub finish_reason: String,
+    /// Prompt tokens the model read (for the counts).
+    pub prompt_tokens: usize,
+}
+
+/// Where a call's answer arrives.
+type Answer = tokio::sync::oneshot::Receiver<Result<Completion, String>>;
+
+/// One granted call on its way to the engine.
+pub struct GenerateCall {
+    /// `name@version` of the plugin asking.
+    pub plugin: String,
+    /// The request, already within the grant (`max_new_tokens` capped).
+    pub request: GenerateRequest,
+    pub max_prompt_tokens: usize,
+    /// The trajectory's seed and the call's index in it: the engine seeds the call's
+    /// sampling from both.
+    pub trajectory_seed: u64,
+    pub index: u32,
+    pub reply: tokio::sync::oneshot::Sender<Result<Completion, String>>,
+}
+
+/// Where a session's calls go: the engine sampling the session's trajectory, and the
+/// trajectory's seed. Cloned into every instance the session opens; the call count is
+/// shared, so a plugin that faults on purpose does not start its count again.
+#[derive(Clone)]
+pub struct ModelLink {
+    send: Arc<dyn Fn(GenerateCall) -> Result<(), String> + Send + Sync>,
+    seed: u64,
+    calls: Arc<AtomicU32>,
+}
+
+impl ModelLink {
+    /// A link that hands each call to `send` (an error: the engine is gone).
+    pub fn new(
+        seed: u64,
+        send: impl Fn(GenerateCall) -> Result<(), String> + Send + Sync + 'static,
+    ) -> ModelLink {
+        ModelLink {
+            send: Arc::new(send),
+            seed,
+            calls: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// The calls made through this link so far.
+    pub fn calls(&self) -> u32 {
+        self.calls.load(Ordering::Relaxed)
+    }
+}
+
+/// Makes the link of an instance opened with a seed, for a plugin run with no rollout
+/// around it (`plugin test`, `plugin call`): see [`crate::plugin::Plugin::serve_model`].
+pub type ModelServer = Arc<dyn Fn(u64) -> ModelLink + Send + Sync>;
+
+/// What one plugin's calls came to (its instances together).
+#[derive(Debug, Default)]
+pub struct GenerateCounts {
+    pub answered: AtomicU64,
+    pub refused: AtomicU64,
+    /// Calls the engine took and could not answer (a prompt too long for the model...).
+    pub failed: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    /// Time from a call's arrival to its answer, summed, in microseconds.
+    pub busy_us: AtomicU64,
+    /// Why calls were refused, by reason, for the run's summary.
+    pub reasons: Mutex<BTreeMap<String, u64>>,
+}
+
+/// A snapshot of [`GenerateCounts`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerateTotals {
+    pub answered: u64,
+    pub refused: u64,
+    pub failed: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub seconds: f64,
+}
+
+impl GenerateTotals {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &GenerateTotals) -> GenerateTotals {
+        GenerateTotals {
+            answered: self.answered - earlier.answered,
+            refused: self.refused - earlier.refused,
+            failed: self.failed - earlier.failed,
+            prompt_tokens: self.prompt_tokens - earlier.prompt_tokens,
+            completion_tokens: self.completion_tokens - earlier.completion_tokens,
+            seconds: (self.seconds - earlier.seconds).max(0.0),
+        }
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.answered + self.refused + self.failed
+    }
+}
+
+impl GenerateCounts {
+    pub fn totals(&self) -> GenerateTotals {
+        GenerateTotals {
+            answered: self.answered.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
+            completion_tokens: self.completion_tokens.load(Ordering::Relaxed),
+            seconds: self.busy_us.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
+
+    fn refuse(&self, reason: &str) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        *self
+            .reasons
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(reason.to_string())
+            .or_default() += 1;
+    }
+}
+
+/// The model side of one plugin instance's store: its grant, its session's link, the
+/// plugin's counts.
+#[derive(Clone, Default)]
+pub struct ModelAccess {
+    pub grant: Option<GenerateGrant>,
+    pub link: Option<ModelLink>,
+    pub counts: Arc<GenerateCounts>,
+}
+
+impl ModelAccess {
+    /// Checks `request` against the grant and the link: the call to send, or the error
+    /// the plugin gets (and the reason it is counted under).
+    fn admit(
+        &self,
+        plugin: &str,
+        mut request: GenerateRequest,
+    ) -> Result<(GenerateCall, Answer), (&'static str, String)> {
+        let Some(grant) = &self.grant else {
+            return Err((
+                "not_granted",
+                "generate is not granted to this plugin (the run config's `[plugins.NAME] generate = {...}` grants it)".into(),
+            ));
+        };
+        if !grant.weights.contains(&request.weights) {
+            let granted: Vec<&str> = grant.weights.iter().map(|w| w.name()).collect();
+            return Err((
+                "weights",
+                format!(
+                    "the {} weights are not granted (generate.weights = {granted:?})",
+                    request.weights.name()
+                ),
+            ));
+        }
+        if !(request.temperature >= 0.0 && request.temperature <= grant.temperature_max) {
+            return Err((
+                "temperature",
+                format!(
+                    "temperature {} is over the grant's {} (generate.temperature_max)",
+                    request.temperature, grant.temperature_max
+                ),
+            ));
+        }
+        if !(request.top_p > 0.0 && request.top_p <= 1.0) {
+            return Err((
+                "bad_request",
+                format!("top_p must be in (0, 1], not {}", request.top_p),
+            ));
+        }
+        if request.max_new_tokens == 0 {
+            return Err(("bad_request", "max_new_tokens must be at least 1".into()));
+        }
+        // A prompt far over the grant is refused before anything renders or tokenizes it
+        // (a token takes at least one byte of text, rarely more than 16).
+        let too_long = match &request.prompt {
+            Prompt::TokenIds(ids) => ids.len() > grant.max_prompt_tokens as usize,
+            Prompt::Messages(m) => {
+                m.iter()
+                    .map(|m| m.content.len() + m.role.len())
+                    .sum::<usize>()
+                    > 16 * grant.max_prompt_tokens as usize
+            }
+        };
+        if too_long {
+            return Err((
+                "prompt",
+                format!(
+                    "the prompt is over the grant's {} tokens (generate.max_prompt_tokens)",
+                    grant.max_prompt_tokens
+                ),
+            ));
+        }
+        if request.stop.len() > 16 || request.stop.iter().any(|s| s.is_empty() || s.len() > 256) {
+            return Err((
+                "bad_request",
+                "stop takes at most 16 texts of 1 to 256 bytes".into(),
+            ));
+        }
+        let Some(link) = &self.link else {
+            return Err((
+                "no_model",
+                "no model answers here: generate is served during rollouts (rlhost train, rollout, eval), not by `plugin call` or `plugin test`".into(),
+            ));
+        };
+        // The count goes up before the grant is checked against it: a refused call counts
+        // too, so a plugin cannot probe past its grant.
+        let index = link.calls.fetch_add(1, Ordering::Relaxed);
+        if index >= grant.max_calls_per_trajectory {
+            return Err((
+                "calls",
+                format!(
+                    "call {} of this trajectory is over the grant's {} (generate.max_calls_per_trajectory)",
+                    index + 1,
+                    grant.max_calls_per_trajectory
+                ),
+            ));
+        }
+        request.max_new_tokens = request.max_new_tokens.min(grant.max_new_tokens);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let call = GenerateCall {
+            plugin: plugin.to_string(),
+            request,
+            max_prompt_tokens: grant.max_prompt_tokens as usize,
+            trajectory_seed: link.seed,
+            index,
+            reply: tx,
+        };
+        Ok((call, rx))
+    }
+
+    /// One `model.generate` call of plugin `plugin`: refused, or sent and awaited.
+    pub async fn generate(
+        &self,
+        plugin: &str,
+        request: GenerateRequest,
+    ) -> Result<Completion, String> {
+        let (call, rx) = match self.admit(plugin, request) {
+            Ok(admitted) => admitted,
+            Err((reason, message)) => {
+                self.counts.refuse(reason);
+                return Err(message);
+            }
+        };
+        let t0 = Instant::now();
+        let link = self.link.as_ref().expect("admitted calls have a link");
+        if let Err(e) = (link.send)(call) {
+            self.counts.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        let answer = rx
+            .await
+            .unwrap_or_else(|_| Err("the rollout this call belonged to has ended".into()));
+        let took = t0.elapsed().min(Duration::from_secs(86_400));
+        self.counts
+            .busy_us
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        match &answer {
+            Ok(c) => {
+                self.counts.answered.fetch_add(1, Ordering::Relaxed);
+                self.counts
+                    .prompt_tokens
+                    .fetch_add(c.prompt_tokens as u64, Ordering::Relaxed);
+                self.counts
+                    .completion_tokens
+                    .fetch_add(c.token_ids.len() as u64, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.counts.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(weights: Weights, temperature: f32, max_new_tokens: u32) -> GenerateRequest {
+        GenerateRequest {
+            prompt: Prompt::TokenIds(vec![1, 2, 3]),
+            max_new_tokens,
+            temperature,
+            top_p: 1.0,
+            stop: Vec::new(),
+            weights,
+        }
+    }
+
+    /// A link whose engine answers every call with its seed and capped length.
+    fn echo_link(seed: u64) -> ModelLink {
+        ModelLink::new(seed, |call: GenerateCall| {
+            let _ = call.reply.send(Ok(Completion {
+                text: format!(
+                    "{} {} {}",
+                    call.trajectory_seed, call.index, call.request.max_new_tokens
+                ),
+                token_ids: vec![7; call.request.max_new_tokens as usize],
+                finish_reason: "length".into(),
+                prompt_tokens: 3,
+            }));
+            Ok(())
+        })
+    }
+
+    fn access(grant: Option<GenerateGrant>, link: Option<ModelLink>) -> ModelAccess {
+        ModelAccess {
+            grant,
+            link,
+            counts: Arc::default(),
+        }
+    }
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn calls_outside_the_grant_are_refused_and_counted_by_reason() {
+        let grant = GenerateGrant {
+            max_calls_per_trajectory: 2,
+            max_new_tokens: 8,
+            temperature_max: 0.5,
+            ..GenerateGrant::default()
+        };
+        let m = access(Some(grant.clone()), Some(echo_link(1)));
+        run(async {
+            let e = m
+                .generate("p@1", request(Weights::Policy, 0.0, 4))
+                .await
+                .unwrap_err();
+            assert!(e.contains("policy weights are not granted"), "{e}");
+            let e = m
+                .generate("p@1", request(Weights::Base, 0.9, 4))
+                .await
+                .unwrap_err();
+            assert!(e.contains("over the grant's 0.5"), "{e}");
+            // Within: the length is capped at the grant's.
+            let ok = m
+                .generate("p@1", request(Weights::Base, 0.0, 100))
+                .await
+                .unwrap();
+            assert_eq!(ok.token_ids.len(), 8);
+            m.generate("p@1", request(Weights::Base, 0.5, 4))
+                .await
+                .unwrap();
+            let e = m
+                .generate("p@1", request(Weights::Base, 0.0, 4))
+                .await
+                .unwrap_err();
+            assert!(
+                e.contains("call 3 of this trajectory is over the grant's 2"),
+                "{e}"
+            );
+        });
+        let t = m.counts.totals();
+        assert_eq!((t.answered, t.refused, t.failed), (2, 3, 0));
+        assert_eq!(t.completion_tokens, 12);
+        let reasons = m.counts.reasons.lock().unwrap().clone();
+        assert_eq!(
+            reasons,
+            BTreeMap::from([
+                ("calls".to_string(), 1),
+                ("temperature".to_string(), 1),
+                ("weights".to_string(), 1)
+            ])
+        );
+        // No grant, and a grant with no engine.
+        run(async {
+            let e = access(None, Some(echo_link(1)))
+                .generate("p@1", request(Weights::Base, 0.0, 4))
+                .await
+                .unwrap_err();
+            assert!(e.contains("not granted"), "{e}");
+            let e = access(Some(grant), None)
+                .generate("p@1", request(Weights::Base, 0.0, 4))
+                .await
+                .unwrap_err();
+            assert!(e.contains("no model answers here"), "{e}");
+        });
+    }
+
+    #[test]
+    fn each_call_is_seeded_from_the_trajectory_and_its_index() {
+        let seeds = |traj: u64| {
+            let m = access(Some(GenerateGrant::default()), Some(echo_link(traj)));
+            run(async {
+                let mut out = Vec::new();
+                for _ in 0..3 {
+                    out.push(
+                        m.generate("p@1", request(Weights::Base, 0.0, 1))
+                            .await
+                            .unwrap()
+                            .text,
+                    );
+                }
+                out
+            })
+        };
+        let a = seeds(5);
+        assert_eq!(a, seeds(5), "same trajectory, same seeds");
+        assert_ne!(a[0], a[1], "each call its own seed");
+        assert_ne!(a, seeds(6), "another trajectory, other seeds");
+    }
+
+    #[test]
+    fn a_grant_names_what_is_wrong() {
+        let bad = |g: GenerateGrant| g.check().unwrap_err();
+        assert!(
+            bad(GenerateGrant {
+                weights: vec![],
+                ..Default::default()
+            })
+            .contains("weights")
+        );
+        assert!(
+            bad(GenerateGrant {
+                max_calls_per_trajectory: 0,
+                ..Default::default()
+            })
+            .contains("max_calls_per_trajectory")
+        );
+        assert!(
+            bad(GenerateGrant {
+                temperature_max: f32::NAN,
+                ..Default::default()
+            })
+            .contains("temperature_max")
+        );
+        GenerateGrant::default().check().unwrap();
+    }
+}
