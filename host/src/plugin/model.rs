@@ -58,6 +58,11 @@ pub struct GenerateGrant {
     /// Which weights may answer: `"base"` (a judge that must not drift with the policy)
     /// and/or `"policy"`.
     pub weights: Vec<Weights>,
+    /// Milliseconds one plugin call may spend waiting for the model on top of its
+    /// `timeout_ms` (which then counts the plugin's own time only): the engine answers
+    /// between its decode steps, so a busy batch makes a call wait.
+    #[schemars(range(min = 0, max = 3_600_000))]
+    pub max_wait_ms: u64,
 }
 
 impl Default for GenerateGrant {
@@ -68,6 +73,7 @@ impl Default for GenerateGrant {
             max_prompt_tokens: 2048,
             temperature_max: 1.0,
             weights: vec![Weights::Base],
+            max_wait_ms: 60_000,
         }
     }
 }
@@ -147,6 +153,31 @@ pub struct ModelLink {
     send: Arc<dyn Fn(GenerateCall) -> Result<(), String> + Send + Sync>,
     seed: u64,
     calls: Arc<AtomicU32>,
+    /// Where the calls' outcomes are tallied for the batch the trajectory belongs to.
+    tally: Option<Arc<CallTally>>,
+}
+
+/// Calls' outcomes by plugin name, `name/answered|refused|failed` → count: one batch's,
+/// so that a training step's record counts its own batch's calls exactly, whatever the
+/// other batches sampled and scored meanwhile.
+#[derive(Debug, Default)]
+pub struct CallTally(Mutex<BTreeMap<String, u64>>);
+
+impl CallTally {
+    fn add(&self, plugin: &str, outcome: &str) {
+        // `name@version` → `name`, as the run's other per-plugin figures.
+        let name = plugin.split('@').next().unwrap_or(plugin);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(format!("{name}/{outcome}"))
+            .or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl ModelLink {
@@ -159,7 +190,14 @@ impl ModelLink {
             send: Arc::new(send),
             seed,
             calls: Arc::new(AtomicU32::new(0)),
+            tally: None,
         }
+    }
+
+    /// The same link, its calls' outcomes also tallied in `tally`.
+    pub fn tallied(mut self, tally: Arc<CallTally>) -> ModelLink {
+        self.tally = Some(tally);
+        self
     }
 
     /// The calls made through this link so far.
@@ -239,16 +277,69 @@ impl GenerateCounts {
     }
 }
 
+/// The time one guest call has spent waiting for the model: its deadlines (the epoch's
+/// for wasm time, the outer one for wall time) are moved on by it, up to the grant's
+/// `max_wait_ms`, so that a plugin's own time budget is not spent by a busy engine.
+#[derive(Debug, Default)]
+pub struct WaitClock {
+    waited: Duration,
+    since: Option<Instant>,
+    /// What the epoch deadline has been moved on by in this call.
+    credited: Duration,
+}
+
+impl WaitClock {
+    /// A guest call begins: nothing waited yet.
+    pub fn begin_call(&mut self) {
+        *self = WaitClock::default();
+    }
+
+    fn start(&mut self) {
+        self.since = Some(Instant::now());
+    }
+
+    fn stop(&mut self) {
+        if let Some(t) = self.since.take() {
+            self.waited += t.elapsed();
+        }
+    }
+
+    /// Waited in this call so far, a wait in progress included.
+    pub fn waited(&self) -> Duration {
+        self.waited + self.since.map_or(Duration::ZERO, |t| t.elapsed())
+    }
+
+    /// The wait (at most `cap` in all) not yet given back to the epoch deadline.
+    pub fn credit(&mut self, cap: Duration) -> Duration {
+        let w = self.waited().min(cap);
+        let extra = w.saturating_sub(self.credited);
+        self.credited = self.credited.max(w);
+        extra
+    }
+}
+
 /// The model side of one plugin instance's store: its grant, its session's link, the
-/// plugin's counts.
+/// plugin's counts, and the clock of its waits.
 #[derive(Clone, Default)]
 pub struct ModelAccess {
     pub grant: Option<GenerateGrant>,
     pub link: Option<ModelLink>,
     pub counts: Arc<GenerateCounts>,
+    pub clock: Arc<Mutex<WaitClock>>,
 }
 
 impl ModelAccess {
+    /// How long one guest call may wait for the model beyond its own deadline.
+    pub fn max_wait(&self) -> Duration {
+        self.grant
+            .as_ref()
+            .map_or(Duration::ZERO, |g| Duration::from_millis(g.max_wait_ms))
+    }
+
+    pub fn clock(&self) -> std::sync::MutexGuard<'_, WaitClock> {
+        self.clock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Checks `request` against the grant and the link: the call to send, or the error
     /// the plugin gets (and the reason it is counted under).
     fn admit(
@@ -354,10 +445,16 @@ impl ModelAccess {
         plugin: &str,
         request: GenerateRequest,
     ) -> Result<Completion, String> {
+        let tally = |outcome: &str| {
+            if let Some(t) = self.link.as_ref().and_then(|l| l.tally.as_ref()) {
+                t.add(plugin, outcome);
+            }
+        };
         let (call, rx) = match self.admit(plugin, request) {
             Ok(admitted) => admitted,
             Err((reason, message)) => {
                 self.counts.refuse(reason);
+                tally("refused");
                 return Err(message);
             }
         };
@@ -365,11 +462,14 @@ impl ModelAccess {
         let link = self.link.as_ref().expect("admitted calls have a link");
         if let Err(e) = (link.send)(call) {
             self.counts.failed.fetch_add(1, Ordering::Relaxed);
+            tally("failed");
             return Err(e);
         }
+        self.clock().start();
         let answer = rx
             .await
             .unwrap_or_else(|_| Err("the rollout this call belonged to has ended".into()));
+        self.clock().stop();
         let took = t0.elapsed().min(Duration::from_secs(86_400));
         self.counts
             .busy_us
@@ -377,6 +477,7 @@ impl ModelAccess {
         match &answer {
             Ok(c) => {
                 self.counts.answered.fetch_add(1, Ordering::Relaxed);
+                tally("answered");
                 self.counts
                     .prompt_tokens
                     .fetch_add(c.prompt_tokens as u64, Ordering::Relaxed);
@@ -386,6 +487,7 @@ impl ModelAccess {
             }
             Err(_) => {
                 self.counts.failed.fetch_add(1, Ordering::Relaxed);
+                tally("failed");
             }
         }
         answer
@@ -427,7 +529,7 @@ mod tests {
         ModelAccess {
             grant,
             link,
-            counts: Arc::default(),
+            ..ModelAccess::default()
         }
     }
 
@@ -551,5 +653,22 @@ mod tests {
             .contains("temperature_max")
         );
         GenerateGrant::default().check().unwrap();
+    }
+
+    #[test]
+    fn a_wait_is_credited_once_and_only_up_to_the_cap() {
+        let mut c = WaitClock::default();
+        c.waited = Duration::from_millis(300);
+        assert_eq!(c.credit(Duration::from_secs(1)), Duration::from_millis(300));
+        assert_eq!(c.credit(Duration::from_secs(1)), Duration::ZERO, "once");
+        c.waited = Duration::from_millis(1500);
+        assert_eq!(
+            c.credit(Duration::from_secs(1)),
+            Duration::from_millis(700),
+            "the cap"
+        );
+        assert_eq!(c.credit(Duration::from_secs(1)), Duration::ZERO);
+        c.begin_call();
+        assert_eq!(c.waited(), Duration::ZERO);
     }
 }

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
 use wasmtime::component::InstancePre;
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 
 /// How to load one plugin: its file and its sandbox.
 #[derive(Debug, Clone, Default)]
@@ -240,6 +240,7 @@ impl Inner {
             grant: self.spec.grants.generate.clone(),
             link,
             counts: self.generate.clone(),
+            clock: Arc::default(),
         };
         let state = StoreState::new(
             &self.id,
@@ -252,7 +253,17 @@ impl Inner {
         .map_err(|e| self.fault(call, FaultKind::Incompatible, format!("{e:#}")))?;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
-        store.epoch_deadline_trap();
+        // At the deadline the call traps, unless it waited for the model since: then the
+        // deadline moves on by that wait (up to the grant's `max_wait_ms`).
+        store.epoch_deadline_callback(|mut ctx| {
+            let model = &ctx.data_mut().model;
+            let extra = model.clock().credit(model.max_wait());
+            Ok(if extra.is_zero() {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::Continue(ticks(extra))
+            })
+        });
         let pre = self.pre.clone();
         let instance = self
             .guarded(&mut store, call, async |store| {
@@ -277,8 +288,7 @@ impl Inner {
     ) -> Result<R, Fault> {
         let limits = &self.spec.limits;
         store.data_mut().limiter.memory_exceeded = false;
-        let ticks = limits.timeout().as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64;
-        store.set_epoch_deadline(ticks.max(1));
+        store.set_epoch_deadline(ticks(limits.timeout()));
         if self.fuel {
             let fuel = limits.fuel.unwrap_or(u64::MAX);
             store
@@ -288,8 +298,34 @@ impl Inner {
         // The epoch deadline stops running wasm; this outer timeout stops a guest that
         // waits in an async host call (a WASI sleep or poll), which never reaches an
         // epoch check. Two ticks of slack let the epoch trap report first when both apply.
+        // Both move on by the time the call waits for the model (`model.generate`).
         let outer = limits.timeout() + 2 * EPOCH_TICK;
-        let result = tokio::time::timeout(outer, run(store)).await;
+        let (clock, max_wait) = {
+            let model = &store.data().model;
+            (model.clock.clone(), model.max_wait())
+        };
+        let waited = move || {
+            clock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .waited()
+                .min(max_wait)
+        };
+        store.data().model.clock().begin_call();
+        let start = tokio::time::Instant::now();
+        let result = {
+            let call = run(store);
+            tokio::pin!(call);
+            loop {
+                let before = waited();
+                match tokio::time::timeout_at(start + outer + before, &mut call).await {
+                    Ok(value) => break Ok(value),
+                    // Waiting for the model since: the deadline moves on.
+                    Err(_) if waited() > before => continue,
+                    Err(elapsed) => break Err(elapsed),
+                }
+            }
+        };
         let stderr_tail = store.data_mut().flush_output();
         match result {
             Ok(Ok(value)) => Ok(value),
@@ -378,6 +414,11 @@ impl Inner {
         }
         Ok(info)
     }
+}
+
+/// Epoch ticks covering `d` (at least one).
+fn ticks(d: std::time::Duration) -> u64 {
+    (d.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64).max(1)
 }
 
 pub(super) fn truncate_utf8(s: &mut String, max: usize) {

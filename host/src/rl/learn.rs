@@ -137,6 +137,7 @@ impl<'a> Learner<'a> {
         m.generate_answered = batch.stats.asks as u64;
         m.generate_tokens = batch.stats.asked_tokens as u64;
         m.generate_s = batch.stats.ask_s;
+        m.generate_calls = batch.stats.generate_calls.clone();
         m.tool_wait_share = batch.stats.plugin_wait_s / batch.stats.wall_s.max(1e-9);
         m.adapter_load_s = (batch.stats.requests > 0).then_some(batch.stats.adapter_load_s);
         m.update_s = t0.elapsed().as_secs_f64();

@@ -104,7 +104,6 @@ pub fn train(
         },
         unsaved: None,
         http_seen: BTreeMap::new(),
-        generate_seen: BTreeMap::new(),
         lm,
         sources,
         plan,
@@ -158,8 +157,6 @@ struct Steps<'a> {
     unsaved: Option<(u64, Cursor)>,
     /// Each granted plugin's HTTP counts at the last record, `plugin/outcome` → total.
     http_seen: BTreeMap<String, u64>,
-    /// The same for `model.generate` calls.
-    generate_seen: BTreeMap<String, u64>,
 }
 
 impl Steps<'_> {
@@ -216,7 +213,7 @@ impl Steps<'_> {
                 .evaluate_into(&mut m, self.lm, self.sources, self.handle)?;
         }
         m.http_requests = self.http_since_last();
-        m.generate_calls = self.generate_since_last();
+        m.generate_calls = self.with_granted(std::mem::take(&mut m.generate_calls));
         let out_dir = self.run.out_dir;
         self.log.write(&m).map_err(|e| write_failed(e, out_dir))?;
         self.run
@@ -268,30 +265,17 @@ impl Steps<'_> {
             .collect()
     }
 
-    /// What the plugins' `model.generate` calls came to since the last call, by plugin and
-    /// outcome: every granted plugin (zeros included), and any other once it has tried.
-    fn generate_since_last(&mut self) -> BTreeMap<String, u64> {
-        let mut totals = BTreeMap::new();
+    /// Every plugin with a `generate` grant in `calls`, with zeros where its batch made
+    /// no call, so that its series has every step.
+    fn with_granted(&self, mut calls: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
         for p in self.sources.plugins() {
-            let t = p.generate().totals();
-            if p.spec().grants.generate.is_none() && t.calls() == 0 {
-                continue;
-            }
-            for (outcome, n) in [
-                ("answered", t.answered),
-                ("refused", t.refused),
-                ("failed", t.failed),
-            ] {
-                *totals.entry(format!("{}/{outcome}", p.name())).or_default() += n;
+            if p.spec().grants.generate.is_some() {
+                for outcome in ["answered", "refused", "failed"] {
+                    calls.entry(format!("{}/{outcome}", p.name())).or_default();
+                }
             }
         }
-        totals
-            .into_iter()
-            .map(|(key, total)| {
-                let before = self.generate_seen.insert(key.clone(), total).unwrap_or(0);
-                (key, total.saturating_sub(before))
-            })
-            .collect()
+        calls
     }
 
     fn phase(&self, phase: Phase, what: &str) {

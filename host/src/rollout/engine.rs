@@ -28,7 +28,7 @@ use crate::model::generate::{Sequence, advance, draw, sample_seed};
 use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
-use crate::plugin::model::{GenerateCall, ModelLink, Weights};
+use crate::plugin::model::{CallTally, GenerateCall, ModelLink, Weights};
 use crate::plugin::{EnvironmentEpisode, Fault, Plugin, StepResult, ToolsSession, TriggerSession};
 use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
@@ -123,6 +123,10 @@ pub struct BatchStats {
     /// every step in which only asks decoded. Policy asks that share a forward with the
     /// trajectories add to it only a few rows, not counted here.
     pub ask_s: f64,
+    /// Plugins' `model.generate` calls of this batch's trajectories (their sessions and
+    /// their scoring) by outcome, `plugin/answered|refused|failed`.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub generate_calls: std::collections::BTreeMap<String, u64>,
 }
 
 impl BatchStats {
@@ -144,6 +148,9 @@ impl BatchStats {
         self.asks += s.asks;
         self.asked_tokens += s.asked_tokens;
         self.ask_s += s.ask_s;
+        for (k, n) in &s.generate_calls {
+            *self.generate_calls.entry(k.clone()).or_default() += n;
+        }
     }
 }
 
@@ -286,6 +293,8 @@ struct Batch<'t> {
     /// Plugins' `model.generate` calls being answered (a slot is emptied when its call
     /// is; with vLLM servers, a slot names its request).
     asks: Vec<Option<Ask<'t>>>,
+    /// The outcomes of those calls (and of the refused ones) by plugin.
+    tally: std::sync::Arc<CallTally>,
 }
 
 impl Batch<'_> {
@@ -333,6 +342,7 @@ impl Batch<'_> {
             .collect();
         let mut stats = self.stats;
         stats.trajectories = self.done.len();
+        stats.generate_calls = self.tally.snapshot();
         for (t, traj) in self.done.into_iter().enumerate() {
             groups[t / group_size]
                 .trajectories
@@ -442,7 +452,8 @@ impl<'a> Engine<'a> {
             }
             None => None,
         };
-        let opening = self.open_sessions(samples, seed, &tx);
+        let tally = std::sync::Arc::new(CallTally::default());
+        let opening = self.open_sessions(samples, seed, &tx, &tally);
         let lives = match &lease {
             None => self.prefill(&prompts, samples, seed, mode, opening, &mut stats)?,
             // The servers prefill as they answer each trajectory's first request.
@@ -458,6 +469,7 @@ impl<'a> Engine<'a> {
             tx,
             rx,
             asks: Vec::new(),
+            tally,
         };
         match &lease {
             None => while self.decode_step(&mut batch, samples, version, mode)? {},
@@ -497,7 +509,13 @@ impl<'a> Engine<'a> {
 
     /// Starts opening every trajectory's trigger session and environment episode on the
     /// worker pool (each answers on `tx`); how many each trajectory waits for.
-    fn open_sessions(&self, samples: &[(u64, Sample)], seed: u64, tx: &mpsc::Sender<Event>) -> u8 {
+    fn open_sessions(
+        &self,
+        samples: &[(u64, Sample)],
+        seed: u64,
+        tx: &mpsc::Sender<Event>,
+        tally: &std::sync::Arc<CallTally>,
+    ) -> u8 {
         let s = self.settings;
         let g = s.group_size;
         for (i, (id, sample)) in samples.iter().enumerate() {
@@ -509,7 +527,7 @@ impl<'a> Engine<'a> {
                 let traj_seed = sample_seed(seed, *id as usize, j);
                 if let Some(spec) = &s.trigger {
                     let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
-                    let link = self.link(&tx, traj_seed);
+                    let link = self.link(&tx, tally, traj_seed);
                     self.handle.spawn(async move {
                         let r = spec
                             .plugin
@@ -525,7 +543,7 @@ impl<'a> Engine<'a> {
                 }
                 if let Some(spec) = &s.environment {
                     let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
-                    let link = self.link(&tx, traj_seed);
+                    let link = self.link(&tx, tally, traj_seed);
                     self.handle.spawn(async move {
                         let r = spec
                             .plugin
@@ -552,7 +570,7 @@ impl<'a> Engine<'a> {
                             continue;
                         }
                         let (spec, sample, tx) = (spec.clone(), sample.clone(), tx.clone());
-                        let link = self.link(&tx, traj_seed);
+                        let link = self.link(&tx, tally, traj_seed);
                         self.handle.spawn(async move {
                             let r = spec
                                 .plugin
@@ -580,12 +598,18 @@ impl<'a> Engine<'a> {
 
     /// Where the `model.generate` calls of a session of the trajectory seeded `traj_seed`
     /// go: this batch's loop, as events.
-    fn link(&self, tx: &mpsc::Sender<Event>, traj_seed: u64) -> ModelLink {
+    fn link(
+        &self,
+        tx: &mpsc::Sender<Event>,
+        tally: &std::sync::Arc<CallTally>,
+        traj_seed: u64,
+    ) -> ModelLink {
         let tx = tx.clone();
         ModelLink::new(traj_seed, move |call| {
             tx.send(Event::Generate(call))
                 .map_err(|_| "the rollout this call belonged to has ended".to_string())
         })
+        .tallied(tally.clone())
     }
 
     /// Prefills each prompt once and forks its cache into its group's trajectories, which
@@ -978,7 +1002,7 @@ impl<'a> Engine<'a> {
         if self.rewards.fns.is_empty() {
             self.rewards.combine(&mut traj, Vec::new(), l.env_reward);
         } else {
-            self.spawn_scoring(t, l.seed, &traj, b.tx.clone());
+            self.spawn_scoring(t, l.seed, &traj, b.tx.clone(), &b.tally);
             b.scoring += 1;
         }
         b.done[t] = Some(traj);
@@ -1462,11 +1486,21 @@ impl<'a> Engine<'a> {
 
     /// Scores trajectory `t` (seeded `traj_seed`) on the worker pool: its rewards'
     /// `model.generate` calls come back to this batch's loop, seeded from the trajectory.
-    fn spawn_scoring(&self, t: usize, traj_seed: u64, traj: &Trajectory, tx: mpsc::Sender<Event>) {
+    fn spawn_scoring(
+        &self,
+        t: usize,
+        traj_seed: u64,
+        traj: &Trajectory,
+        tx: mpsc::Sender<Event>,
+        tally: &std::sync::Arc<CallTally>,
+    ) {
         let fns = self.rewards.fns.clone();
         let view = traj.for_reward();
         // A link per reward: each plugin's grant counts its own calls.
-        let links: Vec<ModelLink> = fns.iter().map(|_| self.link(&tx, traj_seed)).collect();
+        let links: Vec<ModelLink> = fns
+            .iter()
+            .map(|_| self.link(&tx, tally, traj_seed))
+            .collect();
         self.handle.spawn(async move {
             let c0 = Instant::now();
             let mut results = Vec::with_capacity(fns.len());
@@ -1671,6 +1705,7 @@ mod tests {
             tx: tx.clone(),
             rx,
             asks: Vec::new(),
+            tally: Default::default(),
         };
         assert!(batch.next_event(false).unwrap().is_none());
         std::thread::spawn(move || {

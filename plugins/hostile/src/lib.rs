@@ -25,9 +25,9 @@
 //! | `http-get` | GETs `url`, following up to 3 redirects itself | only what `allow_http` grants |
 //! | `http-flood` | sends `count` GETs to `url` at once | refuse past `max_http_in_flight` |
 //! | `generate` | asks the base model for 8 tokens, returns the answer | answer only as granted |
+//! | `generate-policy` | the same, of the trained adapter | refuse when only `base` is granted |
 //! | `generate-flood` | asks `count` times in one call | refuse past `max_calls_per_trajectory` |
 //! | `generate-huge` | asks with a 1,000,000-token and a 64 MiB prompt | refuse, nothing rendered |
-//! | `generate-policy` | asks the trained adapter | refuse when only `base` is granted |
 //!
 //! As tools it offers `count` (stateful: how many times it was called in this session,
 //! so a test sees which session a call ran in and in what order) and `misbehave`
@@ -179,10 +179,10 @@ fn misbehave(config: &Config, input: &str) -> Result<String, String> {
                 .collect::<Vec<_>>()
                 .join(", "))
         }
-        "generate" => Ok(match ask(Prompt::TokenIds(vec![1, 2, 3]), Weights::Base) {
-            Ok(c) => format!("{:?} {}", c.token_ids, c.finish_reason),
-            Err(e) => format!("error: {e}"),
-        }),
+        "generate" => Ok(answered(ask(
+            Prompt::TokenIds(vec![1, 2, 3]),
+            Weights::Base,
+        ))),
         "generate-flood" => {
             Ok(tally((0..config.count).map(|_| {
                 ask(Prompt::TokenIds(vec![1, 2, 3]), Weights::Base)
@@ -195,10 +195,10 @@ fn misbehave(config: &Config, input: &str) -> Result<String, String> {
                 Weights::Base,
             ),
         ])),
-        "generate-policy" => Ok(tally([ask(
+        "generate-policy" => Ok(answered(ask(
             Prompt::TokenIds(vec![1, 2, 3]),
             Weights::Policy,
-        )])),
+        ))),
         "guest-error" => Err("hostile plugin refuses on purpose".into()),
         other => Err(format!("hostile config: unknown mode `{other}`")),
     }
@@ -209,6 +209,14 @@ fn ask(prompt: Prompt, weights: Weights) -> Result<rlhost_sdk::model::Completion
     let mut request = GenerateRequest::new(prompt, 8);
     request.weights = weights;
     rlhost_sdk::model::generate(&request)
+}
+
+/// The answer's ids and finish reason, or the error.
+fn answered(r: Result<rlhost_sdk::model::Completion, String>) -> String {
+    match r {
+        Ok(c) => format!("{:?} {}", c.token_ids, c.finish_reason),
+        Err(e) => format!("error: {e}"),
+    }
 }
 
 /// `ok xN` and each error `xN`, in order of the text.
@@ -296,6 +304,10 @@ impl Reward for HostileScore {
 
     fn score(&mut self, trajectory: Trajectory) -> Result<Vec<Component>, String> {
         let text = misbehave(&self.config, &trajectory.completion)?;
+        // What the model answered: the trajectory's note, for a test to compare.
+        if self.config.mode.starts_with("generate") {
+            rlhost_sdk::log(rlhost_sdk::Level::Warn, &text);
+        }
         let value = if self.config.mode == "nan" {
             f64::NAN
         } else {
