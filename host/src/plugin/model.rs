@@ -657,8 +657,10 @@ mod tests {
 
     #[test]
     fn a_wait_is_credited_once_and_only_up_to_the_cap() {
-        let mut c = WaitClock::default();
-        c.waited = Duration::from_millis(300);
+        let mut c = WaitClock {
+            waited: Duration::from_millis(300),
+            ..WaitClock::default()
+        };
         assert_eq!(c.credit(Duration::from_secs(1)), Duration::from_millis(300));
         assert_eq!(c.credit(Duration::from_secs(1)), Duration::ZERO, "once");
         c.waited = Duration::from_millis(1500);
