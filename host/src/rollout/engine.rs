@@ -877,9 +877,14 @@ impl<'a> Engine<'a> {
             if ask.sent {
                 continue;
             }
-            let Some(server) = pool.pick().filter(|&i| pool.has_room(i)) else {
-                break;
+            let Some(server) = pool.pick() else {
+                ask.fail("every vLLM server has stopped answering".into());
+                b.asks[slot] = None;
+                continue;
             };
+            if !pool.has_room(server) {
+                break;
+            }
             let p = &ask.params;
             let req = Request {
                 model: match ask.weights {
@@ -909,20 +914,23 @@ impl<'a> Engine<'a> {
         if !b.asking() {
             b.asks.clear();
         }
-        let pending = b.awaiting() || b.asking();
+        // What will send this batch an event: its requests and plugin calls in flight, its
+        // scoring. An ask not yet sent (no server had room) is not among them.
+        let pending = b.awaiting() || b.asks.iter().flatten().any(|a| a.sent);
         if !progressed && pending {
             let event = b
                 .next_event(true)?
                 .expect("a blocking wait returns an event");
             self.apply(event, b)?;
         } else if !progressed {
-            // Every active trajectory waits for room on a server that another batch
-            // (a held-out evaluation beside the producer) keeps full.
+            // Every active trajectory (and ask) waits for room on a server that another
+            // batch (a held-out evaluation beside the producer) keeps full.
             std::thread::sleep(Duration::from_millis(2));
         }
-        let unfinished = b.lives.iter().zip(&b.done).any(|(l, d)| {
-            l.state == State::Active || (matches!(l.state, State::Done(_)) && d.is_none())
-        });
+        let unfinished = b.asking()
+            || b.lives.iter().zip(&b.done).any(|(l, d)| {
+                l.state == State::Active || (matches!(l.state, State::Done(_)) && d.is_none())
+            });
         Ok(pending || unfinished)
     }
 
@@ -1319,12 +1327,15 @@ impl<'a> Engine<'a> {
                             ask.end(&sampled.finish_reason);
                         }
                     }
-                    Err(e) => {
-                        if e.server_fault()
-                            && let Some(pool) = &self.settings.remote
-                        {
+                    // As a trajectory's request: sent again, to another server.
+                    Err(e) if e.server_fault() => {
+                        if let Some(pool) = &self.settings.remote {
                             pool.mark_dead(server, &e);
                         }
+                        ask.sent = false;
+                        return Ok(());
+                    }
+                    Err(e) => {
                         ask.fail(format!("the vLLM server could not answer: {e}"));
                     }
                 }
