@@ -73,6 +73,10 @@ pub struct StepMetrics {
     /// included), and any other that tried.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub generate_calls: BTreeMap<String, u64>,
+    /// Seconds each plugin's calls of the step's batch waited for their answers, summed
+    /// (calls overlap one another and the decoding), by plugin name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub generate_wait_s: BTreeMap<String, f64>,
     /// The calls the step's batch answered, the tokens sampled for them (never trained
     /// on) and the decoding time spent on them alone (local engine; see `BatchStats`).
     #[serde(default)]

@@ -153,6 +153,10 @@ fn a_training_run_counts_each_plugins_calls_and_refuses_past_the_grants() {
         assert!(answered >= 12, "{step}");
         assert!(step["generate_tokens"].as_u64().unwrap() >= 4 * 8, "{step}");
         assert!(step["generate_s"].as_f64().unwrap() > 0.0, "{step}");
+        assert!(
+            step["generate_wait_s"]["judge"].as_f64().unwrap() > 0.0,
+            "{step}"
+        );
     }
 }
 

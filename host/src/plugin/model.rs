@@ -157,26 +157,50 @@ pub struct ModelLink {
     tally: Option<Arc<CallTally>>,
 }
 
-/// Calls' outcomes by plugin name, `name/answered|refused|failed` → count: one batch's,
-/// so that a training step's record counts its own batch's calls exactly, whatever the
-/// other batches sampled and scored meanwhile.
+/// One batch's calls: their outcomes by plugin name (`name/answered|refused|failed` →
+/// count) and how long each plugin's calls waited for their answers, so that a training
+/// step's record counts its own batch's calls exactly, whatever the other batches sampled
+/// and scored meanwhile.
 #[derive(Debug, Default)]
-pub struct CallTally(Mutex<BTreeMap<String, u64>>);
+pub struct CallTally(Mutex<(BTreeMap<String, u64>, BTreeMap<String, Duration>)>);
+
+/// `name@version` → `name`, as the run's other per-plugin figures.
+fn plugin_name(plugin: &str) -> &str {
+    plugin.split('@').next().unwrap_or(plugin)
+}
 
 impl CallTally {
-    fn add(&self, plugin: &str, outcome: &str) {
-        // `name@version` → `name`, as the run's other per-plugin figures.
-        let name = plugin.split('@').next().unwrap_or(plugin);
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(format!("{name}/{outcome}"))
-            .or_default() += 1;
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (BTreeMap<String, u64>, BTreeMap<String, Duration>)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn add(&self, plugin: &str, outcome: &str) {
+        let key = format!("{}/{outcome}", plugin_name(plugin));
+        *self.lock().0.entry(key).or_default() += 1;
+    }
+
+    fn waited(&self, plugin: &str, took: Duration) {
+        *self
+            .lock()
+            .1
+            .entry(plugin_name(plugin).to_string())
+            .or_default() += took;
+    }
+
+    /// The outcomes, `name/outcome` → count.
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.lock().0.clone()
+    }
+
+    /// Seconds each plugin's calls waited for their answers, summed.
+    pub fn wait_s(&self) -> BTreeMap<String, f64> {
+        self.lock()
+            .1
+            .iter()
+            .map(|(k, d)| (k.clone(), d.as_secs_f64()))
+            .collect()
     }
 }
 
@@ -471,6 +495,9 @@ impl ModelAccess {
             .unwrap_or_else(|_| Err("the rollout this call belonged to has ended".into()));
         self.clock().stop();
         let took = t0.elapsed().min(Duration::from_secs(86_400));
+        if let Some(t) = self.link.as_ref().and_then(|l| l.tally.as_ref()) {
+            t.waited(plugin, took);
+        }
         self.counts
             .busy_us
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);

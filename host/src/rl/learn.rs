@@ -134,10 +134,17 @@ impl<'a> Learner<'a> {
         m.groups_dropped = batch.dropped;
         m.sampled_tokens_per_s = batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9);
         m.tool_wait_s = batch.stats.plugin_wait_s;
-        m.generate_answered = batch.stats.asks as u64;
+        m.generate_answered = batch
+            .stats
+            .generate_calls
+            .iter()
+            .filter(|(k, _)| k.ends_with("/answered"))
+            .map(|(_, n)| n)
+            .sum();
         m.generate_tokens = batch.stats.asked_tokens as u64;
         m.generate_s = batch.stats.ask_s;
         m.generate_calls = batch.stats.generate_calls.clone();
+        m.generate_wait_s = batch.stats.generate_wait_s.clone();
         m.tool_wait_share = batch.stats.plugin_wait_s / batch.stats.wall_s.max(1e-9);
         m.adapter_load_s = (batch.stats.requests > 0).then_some(batch.stats.adapter_load_s);
         m.update_s = t0.elapsed().as_secs_f64();

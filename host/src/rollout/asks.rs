@@ -13,15 +13,12 @@ use crate::model::tokenizer::IncrementalDecoder;
 use crate::plugin::model::{Completion, GenerateCall, Prompt, Weights};
 use crate::sample::Sample;
 use serde_json::{Map, Value as Json};
-use std::time::Instant;
 
 /// Mixed into an ask's seed so that its stream differs from its trajectory's own.
 const ASK_STREAM: usize = 0x0061_736b;
 
 /// One call being answered.
 pub struct Ask<'t> {
-    /// `name@version` of the plugin asking.
-    pub plugin: String,
     pub weights: Weights,
     pub seq: Sequence,
     dec: IncrementalDecoder<'t>,
@@ -31,7 +28,6 @@ pub struct Ask<'t> {
     reply: Option<tokio::sync::oneshot::Sender<Result<Completion, String>>>,
     /// With vLLM servers: a request for it is in flight.
     pub sent: bool,
-    pub since: Instant,
 }
 
 impl<'t> Ask<'t> {
@@ -88,6 +84,7 @@ impl<'t> Ask<'t> {
         let ids = match checked {
             Ok(ids) => ids,
             Err(e) => {
+                tracing::debug!(plugin = %plugin, "model.generate not run: {e}");
                 let _ = reply.send(Err(e));
                 return None;
             }
@@ -103,7 +100,6 @@ impl<'t> Ask<'t> {
             ..SamplingParams::default()
         };
         Some(Ask {
-            plugin,
             weights: r.weights,
             seq: Sequence::new(&lm.model, ids, seed),
             dec: IncrementalDecoder::new(&lm.tokenizer, true),
@@ -111,7 +107,6 @@ impl<'t> Ask<'t> {
             produced: 0,
             reply: Some(reply),
             sent: false,
-            since: Instant::now(),
         })
     }
 

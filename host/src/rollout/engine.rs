@@ -115,8 +115,9 @@ pub struct BatchStats {
     /// With vLLM servers: writing the batch's adapter version and loading it on every
     /// server (0 when it was loaded already).
     pub adapter_load_s: f64,
-    /// Plugins' `model.generate` calls this batch took, and the tokens sampled for them
-    /// (never part of a trajectory).
+    /// Plugins' `model.generate` calls this batch took (within their grants; some may
+    /// still fail, e.g. a prompt longer than the model's context), and the tokens sampled
+    /// for them (never part of a trajectory).
     pub asks: usize,
     pub asked_tokens: usize,
     /// Decoding time spent on them alone (local engine): the base model's forwards, and
@@ -127,6 +128,9 @@ pub struct BatchStats {
     /// their scoring) by outcome, `plugin/answered|refused|failed`.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub generate_calls: std::collections::BTreeMap<String, u64>,
+    /// Seconds each plugin's calls waited for their answers, summed (they overlap).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub generate_wait_s: std::collections::BTreeMap<String, f64>,
 }
 
 impl BatchStats {
@@ -150,6 +154,9 @@ impl BatchStats {
         self.ask_s += s.ask_s;
         for (k, n) in &s.generate_calls {
             *self.generate_calls.entry(k.clone()).or_default() += n;
+        }
+        for (k, w) in &s.generate_wait_s {
+            *self.generate_wait_s.entry(k.clone()).or_default() += w;
         }
     }
 }
@@ -343,6 +350,7 @@ impl Batch<'_> {
         let mut stats = self.stats;
         stats.trajectories = self.done.len();
         stats.generate_calls = self.tally.snapshot();
+        stats.generate_wait_s = self.tally.wait_s();
         for (t, traj) in self.done.into_iter().enumerate() {
             groups[t / group_size]
                 .trajectories

@@ -289,6 +289,9 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
     for (k, v) in &m.generate_calls {
         out.push((format!("generate/{k}"), *v as f64));
     }
+    for (k, v) in &m.generate_wait_s {
+        out.push((format!("generate/{k}/wait_s"), *v));
+    }
     out
 }
 

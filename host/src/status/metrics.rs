@@ -33,6 +33,7 @@ pub struct Metrics {
     faults: Family<Labels, Counter>,
     http: Family<Labels, Counter>,
     generate: Family<Labels, Counter>,
+    generate_wait: Family<Labels, Counter<f64, AtomicU64>>,
 }
 
 impl Metrics {
@@ -98,9 +99,16 @@ impl Metrics {
             "model.generate calls of plugins, by plugin and outcome (answered, refused, failed)",
             generate.clone(),
         );
+        let generate_wait = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "plugin_generate_wait_seconds",
+            "Seconds plugins' model.generate calls waited for their answers, summed, by plugin",
+            generate_wait.clone(),
+        );
         Metrics {
             http,
             generate,
+            generate_wait,
             registry,
             step,
             total_steps,
@@ -145,6 +153,11 @@ impl Metrics {
                     ("kind".to_string(), kind.to_string()),
                 ])
                 .inc_by(*n);
+        }
+        for (plugin, s) in &m.generate_wait_s {
+            self.generate_wait
+                .get_or_create(&vec![("plugin".to_string(), plugin.clone())])
+                .inc_by(*s);
         }
         for (family, counts) in [
             (&self.http, &m.http_requests),

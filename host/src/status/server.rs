@@ -414,6 +414,12 @@ mod tests {
                 ("search@0.1.0/denied".to_string(), 1),
             ]
             .into(),
+            generate_calls: [
+                ("judge/answered".to_string(), 8),
+                ("judge/refused".to_string(), 2),
+            ]
+            .into(),
+            generate_wait_s: [("judge".to_string(), 0.25)].into(),
             ..Default::default()
         }
     }
@@ -561,6 +567,20 @@ mod tests {
                 Some(("outcome", "denied"))
             ),
             2.0
+        );
+        assert_eq!(
+            value(
+                "rlhost_plugin_generate_calls_total",
+                Some(("outcome", "refused"))
+            ),
+            4.0
+        );
+        assert_eq!(
+            value(
+                "rlhost_plugin_generate_wait_seconds_total",
+                Some(("plugin", "judge"))
+            ),
+            0.5
         );
         assert_eq!(value("rlhost_phase", Some(("phase", "loading"))), 1.0);
         assert_eq!(value("rlhost_phase", Some(("phase", "done"))), 0.0);
