@@ -154,7 +154,7 @@ pub struct SandboxArgs {
     max_http_in_flight: Option<usize>,
     /// Grant `model.generate`, as a JSON object with the run config's keys
     /// (max_calls_per_trajectory, max_new_tokens, max_prompt_tokens, temperature_max,
-    /// weights); alone: the defaults. Needs --model.
+    /// weights, max_wait_ms); alone: the defaults. Needs --model.
     #[arg(long, value_name = "GRANT", num_args = 0..=1, default_missing_value = "{}")]
     generate: Option<String>,
     /// The model directory that answers the plugin's `model.generate` calls (on the CPU,

@@ -377,6 +377,25 @@ impl ModelAccess {
                 "generate is not granted to this plugin (the run config's `[plugins.NAME] generate = {...}` grants it)".into(),
             ));
         };
+        let Some(link) = &self.link else {
+            return Err((
+                "no_model",
+                "no model answers here: generate is answered in rollouts (rlhost train, rollout, eval), and by `plugin call` and `plugin test` given --generate and --model".into(),
+            ));
+        };
+        // Every call counts, whatever comes of it: a plugin cannot make more calls than
+        // its grant, not even refused ones.
+        let index = link.calls.fetch_add(1, Ordering::Relaxed);
+        if index >= grant.max_calls_per_trajectory {
+            return Err((
+                "calls",
+                format!(
+                    "call {} of this trajectory is over the grant's {} (generate.max_calls_per_trajectory)",
+                    index + 1,
+                    grant.max_calls_per_trajectory
+                ),
+            ));
+        }
         if !grant.weights.contains(&request.weights) {
             let granted: Vec<&str> = grant.weights.iter().map(|w| w.name()).collect();
             return Err((
@@ -429,25 +448,6 @@ impl ModelAccess {
             return Err((
                 "bad_request",
                 "stop takes at most 16 texts of 1 to 256 bytes".into(),
-            ));
-        }
-        let Some(link) = &self.link else {
-            return Err((
-                "no_model",
-                "no model answers here: generate is served during rollouts (rlhost train, rollout, eval), not by `plugin call` or `plugin test`".into(),
-            ));
-        };
-        // The count goes up before the grant is checked against it: a refused call counts
-        // too, so a plugin cannot probe past its grant.
-        let index = link.calls.fetch_add(1, Ordering::Relaxed);
-        if index >= grant.max_calls_per_trajectory {
-            return Err((
-                "calls",
-                format!(
-                    "call {} of this trajectory is over the grant's {} (generate.max_calls_per_trajectory)",
-                    index + 1,
-                    grant.max_calls_per_trajectory
-                ),
             ));
         }
         request.max_new_tokens = request.max_new_tokens.min(grant.max_new_tokens);
@@ -570,7 +570,7 @@ mod tests {
     #[test]
     fn calls_outside_the_grant_are_refused_and_counted_by_reason() {
         let grant = GenerateGrant {
-            max_calls_per_trajectory: 2,
+            max_calls_per_trajectory: 4,
             max_new_tokens: 8,
             temperature_max: 0.5,
             ..GenerateGrant::default()
@@ -600,8 +600,9 @@ mod tests {
                 .generate("p@1", request(Weights::Base, 0.0, 4))
                 .await
                 .unwrap_err();
+            // The two refused calls counted towards the four too.
             assert!(
-                e.contains("call 3 of this trajectory is over the grant's 2"),
+                e.contains("call 5 of this trajectory is over the grant's 4"),
                 "{e}"
             );
         });
