@@ -36,14 +36,6 @@ fn config(dir: &Path, name: &str, extra: &str) -> std::path::PathBuf {
     path
 }
 
-fn trajectories(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 fn rollout(config: &Path, out: &Path) -> Vec<Value> {
     TestCommand::new(&[
         "rollout",
@@ -58,7 +50,7 @@ fn rollout(config: &Path, out: &Path) -> Vec<Value> {
     .arg("--out")
     .arg(out)
     .ok();
-    trajectories(out)
+    super::vllm::trajectories(out)
 }
 
 const JUDGE: &str = "[plugins.judge]\npath = JUDGE\n\

@@ -60,7 +60,8 @@ fn on_vllm(url: &str) -> Vec<String> {
     ]
 }
 
-fn trajectories(path: &Path) -> Vec<Value> {
+/// The JSON records of a `rollout --out` file.
+pub(super) fn trajectories(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
         .lines()

@@ -223,11 +223,6 @@ impl ModelLink {
         self.tally = Some(tally);
         self
     }
-
-    /// The calls made through this link so far.
-    pub fn calls(&self) -> u32 {
-        self.calls.load(Ordering::Relaxed)
-    }
 }
 
 /// Makes the link of an instance opened with a seed, for a plugin run with no rollout
@@ -245,7 +240,7 @@ pub struct GenerateCounts {
     pub completion_tokens: AtomicU64,
     /// Time from a call's arrival to its answer, summed, in microseconds.
     pub busy_us: AtomicU64,
-    /// Why calls were refused, by reason, for the run's summary.
+    /// Why calls were refused, by reason (`weights`, `calls`, `prompt`, ...).
     pub reasons: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -261,18 +256,6 @@ pub struct GenerateTotals {
 }
 
 impl GenerateTotals {
-    /// What happened between `earlier` and `self`.
-    pub fn since(&self, earlier: &GenerateTotals) -> GenerateTotals {
-        GenerateTotals {
-            answered: self.answered - earlier.answered,
-            refused: self.refused - earlier.refused,
-            failed: self.failed - earlier.failed,
-            prompt_tokens: self.prompt_tokens - earlier.prompt_tokens,
-            completion_tokens: self.completion_tokens - earlier.completion_tokens,
-            seconds: (self.seconds - earlier.seconds).max(0.0),
-        }
-    }
-
     pub fn calls(&self) -> u64 {
         self.answered + self.refused + self.failed
     }
