@@ -19,7 +19,8 @@ bench/.work/ (once; --small uses 4 layers for a quick check), everything in bf16
    (sdpa); `--checkpointing` recomputes each decoder layer in the backward, on both sides.
    Peak GPU memory of each process from `nvidia-smi` polled every 20 ms (the same
    yardstick for both: PyTorch's caching allocator and candle's allocations alike), and
-   PyTorch's own `max_memory_reserved` beside it.
+   PyTorch's own `max_memory_reserved` beside it. A second peer, PEFT with Liger's kernels
+   (liger-kernel, `--no-liger` leaves it out), runs the same step from its fused head.
 Each measurement runs in its own process; rlhost and the peer alternate for --rounds and
 the medians are compared. Prints one table with the ratios (> 1: rlhost better).
 """
@@ -36,20 +37,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.path.join(ROOT, "bench", ".work")
 
-SHAPE = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
-             num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
-             max_position_embeddings=32768, tie_word_embeddings=True)
+SHAPES = {
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
+                 max_position_embeddings=32768, tie_word_embeddings=True),
+    # Qwen2.5-7B's shape (issue 50's second goal: its step on one 80 GB H100).
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
+               max_position_embeddings=32768, tie_word_embeddings=False),
+}
+SHAPE = SHAPES["1.5b"]
 PROMPTS, PROMPT_LEN, NEW = 64, 128, 256
 TRAIN_BATCH, TRAIN_SEQ, RANK = 8, 1024, 16
 
 
-def make_model(path, layers):
+def make_model(path, layers, shape="1.5b"):
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
-    cfg = Qwen2Config(**{**SHAPE, "num_hidden_layers": layers}, rope_theta=1000000.0,
+    cfg = Qwen2Config(**{**SHAPES[shape], "num_hidden_layers": layers}, rope_theta=1000000.0,
                       rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
     # Initialised on the GPU where there is one: a 1.5B model's random init in f32 on
     # the CPU takes longer than the measurements.
@@ -92,6 +100,13 @@ def torch_worker(args):
     """Runs inside a child process: one transformers/PEFT measurement on the GPU."""
     import torch
     from transformers import AutoModelForCausalLM
+    if args.liger:
+        # Liger's Triton kernels patched into transformers' Qwen2 before the model loads
+        # (RoPE, RMSNorm, SwiGLU, and the LM head fused with the cross-entropy, which
+        # never makes the full logits): the fastest PyTorch peer measured (issue 50).
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+        apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=True)
     dev = torch.device("cuda")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
                                                  attn_implementation="sdpa").to(dev)
@@ -131,17 +146,22 @@ def torch_worker(args):
         for step in range(args.steps + 1):
             torch.cuda.synchronize()
             t = time.perf_counter()
-            logits = model(input_ids=ids).logits[:, :-1].float()
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     ids[:, 1:].reshape(-1))
+            if args.liger:
+                # The same mean next-token NLL, from Liger's fused head (labels shift inside).
+                loss = model(input_ids=ids, labels=ids).loss
+            else:
+                logits = model(input_ids=ids).logits[:, :-1].float()
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                         ids[:, 1:].reshape(-1))
+                del logits
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            del logits, loss
+            del loss
             torch.cuda.synchronize()
             if step > 0:
                 times.append(time.perf_counter() - t)
-        print(json.dumps({"impl": "peft", "mode": "train", "step_seconds": sum(times) / len(times),
+        print(json.dumps({"impl": "peft+liger" if args.liger else "peft", "mode": "train", "step_seconds": sum(times) / len(times),
                           "steps": times,
                           "torch_max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9,
                           "torch_max_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}))
@@ -151,12 +171,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "examples", "model_bench"))
     ap.add_argument("--small", action="store_true", help="4 layers instead of 28 (quick check)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b",
+                    help="the random model's shape: Qwen2.5-1.5B's (default) or Qwen2.5-7B's")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--checkpointing", action="store_true",
                     help="the training step with per-layer gradient checkpointing, both sides")
+    ap.add_argument("--no-liger", action="store_true",
+                    help="leave out the PEFT + Liger peer (it needs liger-kernel installed)")
+    ap.add_argument("--liger", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["decode", "train"])
     ap.add_argument("--model")
     args = ap.parse_args()
@@ -164,9 +189,9 @@ def main():
         return torch_worker(args)
     if not os.path.exists(args.bin):
         sys.exit(f"{args.bin} missing: scripts/build_cuda.sh build --release -p rlhost --example model_bench")
-    layers = 4 if args.small else SHAPE["num_hidden_layers"]
-    model = os.path.join(WORK, f"qwen2.5-1.5b-shape-{layers}l-bf16")
-    make_model(model, layers)
+    layers = 4 if args.small else SHAPES[args.shape]["num_hidden_layers"]
+    model = os.path.join(WORK, f"qwen2.5-{args.shape}-shape-{layers}l-bf16")
+    make_model(model, layers, args.shape)
     py = [sys.executable, os.path.abspath(__file__), "--model", model, "--steps", str(args.steps)]
     py += ["--checkpointing"] if args.checkpointing else []
     ours = [args.bin, "--model", model, "--device", "cuda", "--dtype", "bf16"]
@@ -189,19 +214,30 @@ def main():
         compare(f"rollout {PROMPTS}x{PROMPT_LEN}+{NEW}, tokens/s", mine, peer, "tokens_per_s", True)
         compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
     if not args.skip_train:
-        mine, peer = [], []
+        liger = not args.no_liger
+        mine, peer, peer_liger = [], [], []
         for _ in range(args.rounds):
             mine.append(run([ours[0], "train", *ours[1:], "--batch", str(TRAIN_BATCH), "--seq",
                              str(TRAIN_SEQ), "--rank", str(RANK), "--steps", str(args.steps),
                              "--checkpointing", str(int(args.checkpointing))]))
             peer.append(run(py + ["--worker", "train"]))
-            print(f"train round: rlhost {mine[-1]['step_seconds']:.3f} s "
-                  f"({mine[-1]['gpu_peak_gb']:.1f} GB), PEFT {peer[-1]['step_seconds']:.3f} s "
-                  f"({peer[-1]['gpu_peak_gb']:.1f} GB; torch reserved "
-                  f"{peer[-1]['torch_max_reserved_gb']:.1f} GB)", flush=True)
+            line = (f"train round: rlhost {mine[-1]['step_seconds']:.3f} s "
+                    f"({mine[-1]['gpu_peak_gb']:.1f} GB), PEFT {peer[-1]['step_seconds']:.3f} s "
+                    f"({peer[-1]['gpu_peak_gb']:.1f} GB; torch reserved "
+                    f"{peer[-1]['torch_max_reserved_gb']:.1f} GB)")
+            if liger:
+                peer_liger.append(run(py + ["--worker", "train", "--liger"]))
+                line += (f", PEFT + Liger {peer_liger[-1]['step_seconds']:.3f} s "
+                         f"({peer_liger[-1]['gpu_peak_gb']:.1f} GB; torch reserved "
+                         f"{peer_liger[-1]['torch_max_reserved_gb']:.1f} GB)")
+            print(line, flush=True)
         ckpt = ", checkpointed" if args.checkpointing else ""
-        compare(f"LoRA r{RANK} step {TRAIN_BATCH}x{TRAIN_SEQ}{ckpt}, s", mine, peer, "step_seconds", False)
+        compare(f"{args.shape}: LoRA r{RANK} step {TRAIN_BATCH}x{TRAIN_SEQ}{ckpt}, s (PEFT)", mine, peer,
+                "step_seconds", False)
         compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
+        if liger:
+            compare("  the step, s (PEFT + Liger)", mine, peer_liger, "step_seconds", False)
+            compare("  its peak GPU memory, GB", mine, peer_liger, "gpu_peak_gb", False)
     print(f"\n{'':44} {'rlhost':>10} {'peer':>10} {'ratio':>7}  (> 1: rlhost better)")
     for name, a, b, ratio in rows:
         print(f"{name:44} {a:10.3f} {b:10.3f} {ratio:6.2f}x")

@@ -5,9 +5,11 @@
 # bench/gpu_speed.py (which wants torch with CUDA, transformers and peft), and a profile
 # of the compute entry points (RLHOST_PROFILE=1).
 #
-#   scripts/gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [profile]   # default: all
+#   scripts/gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [bench7b] [profile]
+#                                                       # default: all but bench7b
 #
-# Each part writes one file under OUT (tests.txt, train.txt, qlora.txt, bench.txt, profile.txt),
+# Each part writes one file under OUT (tests.txt, train.txt, qlora.txt, bench.txt, bench7b.txt,
+# profile.txt),
 # stops at its own time limit (RLHOST_GPU_LIMIT_<PART> seconds) and goes on when another
 # fails; summary.txt has each part's exit status and time; the exit status is the number
 # of parts that failed. Plugins come from RLHOST_PLUGIN_DIR (default plugins/dist).
@@ -34,6 +36,13 @@ fi
 nvlib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13/lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${nvlib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+# Wheels carried in .whl (liger-kernel for the bench's second peer: the machine has no
+# network), installed beside the machine's own packages.
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/rlhost-site .whl/*.whl \
+        && export PYTHONPATH=/tmp/rlhost-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 plugins=${RLHOST_PLUGIN_DIR:-$PWD/plugins/dist}
 work=$(mktemp -d)
@@ -102,6 +111,12 @@ for line in open(sys.argv[1]):
             limited "${!var:-300}" "$out/bench.txt" \
                 python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-train \
                 && [ $first -eq 0 ] ;;
+        bench7b)
+            # The training step on Qwen2.5-7B's shape against plain PEFT (the model is made
+            # on the GPU and saved in bf16 first: ~15 GB, about a minute).
+            limited "${!var:-420}" "$out/bench7b.txt" \
+                python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-decode \
+                --shape 7b --no-liger ;;
         profile)
             # Where the time goes: each compute entry point timed alone (the device
             # waited for around each call), on the bench's model (made by the bench).
@@ -116,7 +131,7 @@ for line in open(sys.argv[1]):
                 --model "$model" --device cuda --dtype bf16 --batch 8 --seq 1024 --rank 16 --steps 1 \
                 --checkpointing "${RLHOST_GPU_CHECKPOINTING:-0}" && [ $first -eq 0 ] ;;
         *)
-            echo "unknown part $part (tests, train, qlora, bench, profile)" >&2
+            echo "unknown part $part (tests, train, qlora, bench, bench7b, profile)" >&2
             false ;;
     esac
     status=$?

@@ -88,9 +88,8 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
             None => Ok(y),
         };
     }
-    let y = affine(x, &lin.weight, lin.bias.as_ref())?;
     let Some(lora) = lin.lora.as_ref().filter(|_| mode.adapters) else {
-        return Ok(y);
+        return affine(x, &lin.weight, lin.bias.as_ref());
     };
     let (a, b) = if let Some((a, b)) = mode.adapter.and_then(|s| s.get(lora)) {
         // A trainable set builds a graph only when asked to.
@@ -110,8 +109,28 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
             lora.lora_b.as_tensor().detach(),
         )
     };
-    // The adapter is f32 whatever the compute dtype: as PEFT does, its input is cast to
-    // f32 and the sum `y + delta` taken in f32, then cast back (a no-op in f32).
+    // On a GPU in half precision the adapter's products run in the compute dtype (cuBLAS,
+    // f32 accumulation) from f32 master weights cast per call (r · (in + out) elements),
+    // their gradients cast back to f32 by the cast's backward: no f32 copy of an
+    // activation either way (issue 50; 784 such casts of ≈1.8 ms made half of an H200's
+    // LoRA step). Elsewhere, as PEFT does, the input is cast to f32 and the sum
+    // `y + delta` taken in f32, then cast back (a no-op in f32).
+    #[cfg(feature = "cuda")]
+    if x.dtype() != DType::F32 && super::cuda::applies(x) {
+        let dropping = mode.dropout_rng.is_some() && lora.dropout > 0.0;
+        if let (Weight::Dense(w), false) = (&lin.weight, dropping) {
+            // One node with its own backward: the base product is taken without a graph.
+            let base = affine(&x.detach(), &lin.weight, lin.bias.as_ref())?;
+            return super::cuda::lora::lora_linear(x, &base, w, &a, &b, lora.scaling);
+        }
+        let y = affine(x, &lin.weight, lin.bias.as_ref())?;
+        let x = match mode.dropout_rng {
+            Some(rng) if lora.dropout > 0.0 => dropout(x, lora.dropout, rng)?,
+            _ => x.clone(),
+        };
+        return half_lora_delta(&x, &a, &b, lora.scaling).and_then(|delta| y + delta);
+    }
+    let y = affine(x, &lin.weight, lin.bias.as_ref())?;
     let x = x.to_dtype(a.dtype())?;
     let x = match mode.dropout_rng {
         Some(rng) if lora.dropout > 0.0 => dropout(&x, lora.dropout, rng)?,
@@ -120,6 +139,23 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
     let low = x.broadcast_matmul(&a.t()?)?;
     let delta = (low.broadcast_matmul(&b.t()?)? * lora.scaling)?;
     (y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())
+}
+
+/// `s · (x Aᵀ) Bᵀ` in `x`'s dtype for f32 adapter weights `a: [r, in]`, `b: [out, r]`,
+/// shaped as `x` with `out` features; the scaling is applied to the rank-`r` product,
+/// the smallest of the three.
+#[cfg(feature = "cuda")]
+fn half_lora_delta(x: &Tensor, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
+    let dt = x.dtype();
+    let (r, in_f) = a.dims2()?;
+    let out_f = b.dim(0)?;
+    let rows = x.elem_count() / in_f;
+    let low = x.reshape((rows, in_f))?.matmul(&a.to_dtype(dt)?.t()?)?;
+    debug_assert_eq!(low.dims(), [rows, r]);
+    let delta = (low * scaling)?.matmul(&b.to_dtype(dt)?.t()?)?;
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("x has at least one dim") = out_f;
+    delta.reshape(dims)
 }
 
 /// Inverted dropout with a seeded generator: zero with probability `p`, scale the rest by
@@ -154,6 +190,10 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     // carries no gradient yet) and recomputed layers take this branch, and with the CUDA
     // kernel there the LoRA gradients were 1.0e-1 from PEFT's, 1.5e-2 without it, and the
     // loss moved from transformers' 8.361626 to 8.363729.
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(x) {
+        return super::cuda::rms_norm::rms_norm(x, w, eps);
+    }
     if !x.track_op() && x.dtype() == DType::F32 {
         return candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32);
     }
@@ -181,6 +221,12 @@ pub fn rope_heads(
     let d = y.elem_count() / (b * t * n);
     if y.track_op() && cpu_kernels(y) {
         return super::cpu::fused::heads_rope(y, n, groups, rope);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some((cos, sin)) = rope
+        && super::cuda::applies(y)
+    {
+        return super::cuda::rope::rope_heads(y, n, groups, cos, sin);
     }
     let heads = y.reshape((b, t, n, d))?.transpose(1, 2)?.contiguous()?;
     let heads = match rope {
@@ -210,6 +256,10 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) 
     let _p = super::profile::span("attention", q.device());
     if cpu_kernels(q) {
         return super::cpu::fused::attention(q, k, v, mask, scale);
+    }
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(q) {
+        return super::cuda::attention::attention(q, k, v, mask, scale);
     }
     let (b, g, rt, d) = q.dims4()?;
     let t = k.dim(2)?;
@@ -251,6 +301,10 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     if (gate.track_op() || up.track_op()) && cpu_kernels(gate) {
         return super::cpu::fused::swiglu(gate, up);
     }
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(gate) {
+        return super::cuda::swiglu::swiglu(gate, up);
+    }
     gate.silu()? * up
 }
 
@@ -268,6 +322,10 @@ pub fn target_logprobs(
     let _p = super::profile::span("target_logprobs", hidden.device());
     if cpu_kernels(hidden) {
         return super::ops::target_logprobs(hidden, lm_head, targets, chunk_rows, keep_logits);
+    }
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(hidden) {
+        return super::cuda::logprobs::target_logprobs(hidden, lm_head, targets, chunk_rows);
     }
     let n = hidden.dim(0)?;
     if targets.dims() != [n] {
@@ -410,6 +468,15 @@ mod tests {
                 assert_eq!(model.dtype(), dtype);
                 peft::load_adapter(&mut model, &fixtures::model_dir(name).join("adapter")).unwrap();
                 let get = |k: &str| r.get(&format!("{tag}.{k}")).to_dtype(DType::F32).unwrap();
+                // On a GPU the adapter computes in the half dtype (issue 50): its reference
+                // is PEFT with the adapter cast to that dtype; on the CPU, PEFT's default
+                // (an f32 adapter), which the CPU path follows.
+                let half_adapter = fixtures::device()
+                    .is_cuda()
+                    .then(|| Reference::load_half_adapter(name));
+                let lora_ref = half_adapter.as_ref().unwrap_or(&r);
+                let get_lora =
+                    |k: &str| lora_ref.get(&format!("{tag}.{k}")).to_dtype(DType::F32).unwrap();
                 // What "close" means in this dtype: transformers' eager and sdpa attention
                 // fall this far apart (and the dtype this far from f32).
                 let spread = masked_max_diff(&get("sdpa_lora_logits"), &get("lora_logits"), &mask);
@@ -419,19 +486,19 @@ mod tests {
                 let lora = f32_ref.logits(&model, Mode::INFERENCE);
                 assert_eq!(lora.dtype(), DType::F32);
                 let base_d = masked_max_diff(&base, &get("logits"), &mask);
-                let lora_d = masked_max_diff(&lora, &get("lora_logits"), &mask);
+                let lora_d = masked_max_diff(&lora, &get_lora("lora_logits"), &mask);
 
                 let loss = f32_ref.lora_loss(&model, Mode::TRAIN);
                 let grads = loss.backward().unwrap();
                 let loss = loss.to_scalar::<f32>().unwrap();
-                let want = get("lora_loss").to_scalar::<f32>().unwrap();
+                let want = get_lora("lora_loss").to_scalar::<f32>().unwrap();
                 assert!(model.missing_grads(&grads).is_empty(), "{name} {tag}");
                 for (_, v) in model.lora_vars() {
                     assert_eq!(v.dtype(), DType::F32);
                     assert_eq!(grads.get(v.as_tensor()).unwrap().dtype(), DType::F32);
                 }
                 let grad_d = fixtures::worst_lora_grad_diff(&model, &grads, |k| {
-                    r.get(&format!("{tag}.grad.{k}"))
+                    lora_ref.get(&format!("{tag}.grad.{k}"))
                 });
 
                 // The cached path: row 0's prefix in one prefill, then a token at a time.
@@ -456,7 +523,7 @@ mod tests {
                     );
                 }
                 let cached = Tensor::cat(&logits, 0).unwrap();
-                let cached_d = fixtures::max_diff(&cached, &get("lora_logits").get(0).unwrap());
+                let cached_d = fixtures::max_diff(&cached, &get_lora("lora_logits").get(0).unwrap());
                 let to_f32 = masked_max_diff(&lora, f32_ref.get("lora_logits"), &mask);
 
                 eprintln!(

@@ -33,6 +33,13 @@ impl Reference {
         Self::load_file(name, "reference_half.safetensors")
     }
 
+    /// PEFT with the adapter cast to the half dtype (`reference_half_adapter.safetensors`,
+    /// made by scripts/make_half_adapter_refs.py): the reference of the GPU's
+    /// half-precision LoRA path.
+    pub fn load_half_adapter(name: &str) -> Reference {
+        Self::load_file(name, "reference_half_adapter.safetensors")
+    }
+
     fn load_file(name: &str, file: &str) -> Reference {
         let t = candle_core::safetensors::load(model_dir(name).join(file), &device()).unwrap();
         Reference { t }
@@ -151,6 +158,19 @@ pub fn masked_max_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+/// `‖a − b‖ / ‖b‖` (Euclidean norms, in f32): the measure the GPU ops' tests hold fused
+/// against composed forms with.
+pub fn relative_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let [a, b] = [a, b].map(|t| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    });
+    let norm = |t: &Tensor| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+    norm(&(&a - &b).unwrap()) / norm(&b).max(f32::MIN_POSITIVE)
 }
 
 pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -10,6 +10,8 @@ pub mod checkpoint;
 pub mod compute;
 pub mod config;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod decoder;
 pub mod device_sample;
 #[cfg(test)]

@@ -43,6 +43,11 @@ pub fn composed<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether this thread asked for the composed forms ([`composed`]).
+pub fn composed_forced() -> bool {
+    COMPOSED.get()
+}
+
 /// Whether the CPU kernels may run on `x`: f32 on the CPU with AVX2 and FMA, unless this
 /// thread asked for the composed forms ([`composed`]).
 pub fn applies(x: &Tensor) -> bool {

@@ -1,0 +1,178 @@
+//! The fused ops on CUDA: attention (its scores' softmax in one pass, the products
+//! cuBLAS's, the backward recomputing the scores instead of keeping them), the LoRA
+//! projection in half precision, target log-probs without the full logits, RMSNorm, the
+//! rotary placement of heads and SwiGLU, each with its own backward. One op per file,
+//! beside its kernels (`<op>.cu`, compiled to PTX by `build.rs`); each must equal its
+//! composed form in [`super::compute`], which stays the reference and the CPU path, and
+//! each is tested against it on a GPU (`RLHOST_TEST_DEVICE=cuda`). The kernels take
+//! tensors and plain numbers, never the decoder's types.
+//!
+//! [`applies`] says where they run: a contiguous f32, bf16 or f16 tensor on a CUDA device,
+//! unless the thread asked for the composed forms ([`super::cpu::composed`]).
+
+pub mod attention;
+pub mod logprobs;
+pub mod lora;
+pub mod rms_norm;
+pub mod rope;
+pub mod swiglu;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig,
+};
+use std::sync::Arc;
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor, bail};
+
+/// Whether the fused CUDA ops may run on `x`.
+pub fn applies(x: &Tensor) -> bool {
+    x.device().is_cuda()
+        && matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
+        && !super::cpu::composed_forced()
+}
+
+/// The PTX of one kernel file, as `build.rs` compiled it.
+macro_rules! ptx {
+    ($name:literal) => {
+        include_str!(concat!(env!("OUT_DIR"), "/", $name, ".ptx"))
+    };
+}
+pub(crate) use ptx;
+
+/// A kernel file: its module name (candle caches loaded modules by it) and PTX.
+#[derive(Clone, Copy)]
+pub(crate) struct Module {
+    pub name: &'static str,
+    pub ptx: &'static str,
+}
+
+impl Module {
+    /// The entry `<kernel>_<dtype>` of this module on `dev` (loaded once per device) and
+    /// the device's stream to launch it on: `stream.launch_builder(&func)`.
+    pub fn load(
+        &self,
+        dev: &CudaDevice,
+        kernel: &str,
+        dtype: DType,
+    ) -> Result<(Arc<CudaStream>, CudaFunction)> {
+        let suffix = match dtype {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            other => bail!("{kernel}: no CUDA kernel for {other:?}"),
+        };
+        let func = dev.get_or_load_custom_func(&format!("{kernel}_{suffix}"), self.name, self.ptx)?;
+        Ok((dev.cuda_stream(), (*func).clone()))
+    }
+}
+
+/// Runs `$body` with `$T` the Rust type of the storage dtype `$dtype` (f32, bf16, f16).
+macro_rules! with_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            other => candle_core::bail!("no fused CUDA op for {other:?}"),
+        }
+    };
+}
+pub(crate) use with_dtype;
+
+/// The CUDA storage behind a storage guard.
+pub(crate) fn cuda<'a>(s: &'a Storage, op: &str) -> Result<&'a CudaStorage> {
+    match s {
+        Storage::Cuda(c) => Ok(c),
+        _ => bail!("{op}: the tensor is not on a CUDA device"),
+    }
+}
+
+/// The elements of a contiguous storage layout as a device view of `T`.
+pub(crate) fn view<'a, T: CudaDType>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    op: &str,
+) -> Result<CudaView<'a, T>> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        bail!("{op}: input must be contiguous")
+    };
+    Ok(s.as_cuda_slice::<T>()?.slice(a..b))
+}
+
+/// Fresh device memory for `n` elements, to be written whole by a kernel.
+pub(crate) fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: every caller's kernel writes all `n` elements before anything reads them.
+    unsafe { dev.alloc::<T>(n.max(1)) }
+}
+
+/// A kernel's output as a storage.
+pub(crate) fn storage<T: CudaDType>(slice: CudaSlice<T>, dev: &CudaDevice) -> CudaStorage {
+    CudaStorage::wrap_cuda_slice(slice, dev.clone())
+}
+
+/// A kernel's output as a tensor with no gradient graph.
+pub(crate) fn tensor<T: CudaDType>(
+    slice: CudaSlice<T>,
+    dev: &CudaDevice,
+    shape: impl Into<Shape>,
+) -> Tensor {
+    Tensor::from_storage(
+        Storage::Cuda(storage(slice, dev)),
+        shape,
+        BackpropOp::none(),
+        false,
+    )
+}
+
+/// One block of `threads` per row.
+pub(crate) fn per_row(rows: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Threads for a row of `n` elements: a warp per 4 elements at first, 32 to 256.
+pub(crate) fn row_threads(n: usize) -> u32 {
+    (n.div_ceil(4).div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+/// A grid-stride launch over `n` elements.
+pub(crate) fn elementwise(n: usize) -> LaunchConfig {
+    const THREADS: usize = 256;
+    LaunchConfig {
+        grid_dim: (n.div_ceil(THREADS).clamp(1, 65_535 * 8) as u32, 1, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The device of a CUDA storage.
+pub(crate) fn device(s: &CudaStorage) -> &CudaDevice {
+    s.device()
+}
+
+pub(crate) use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+
+/// Launches `f` and maps its error to candle's.
+pub(crate) fn launch(
+    builder: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'_>,
+    cfg: LaunchConfig,
+) -> Result<()> {
+    // SAFETY: each caller passes the arguments its kernel's signature names, in order,
+    // with device buffers of the sizes the kernel indexes.
+    unsafe { builder.launch(cfg) }.w()?;
+    Ok(())
+}

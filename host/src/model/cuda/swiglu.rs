@@ -1,0 +1,135 @@
+//! SwiGLU `silu(gate) ⊙ up` on CUDA, forward and backward, the fused form of
+//! [`crate::model::compute::swiglu`]: one elementwise pass each way where the composed
+//! form makes four tensors forward and keeps them for a backward of six more.
+
+use super::{Module, PushKernelArg, alloc, cuda, elementwise, launch, ptx, storage, tensor, view, with_dtype};
+use candle_core::{CudaStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
+
+const KERNELS: Module = Module {
+    name: "rlhost_swiglu",
+    ptx: ptx!("swiglu"),
+};
+
+/// `silu(gate) ⊙ up` for two tensors of one shape.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if gate.dims() != up.dims() || gate.dtype() != up.dtype() {
+        bail!("fused swiglu: gate {:?} {:?}, up {:?} {:?}", gate.dims(), gate.dtype(), up.dims(), up.dtype());
+    }
+    let (gate, up) = (gate.contiguous()?, up.contiguous()?);
+    if gate.track_op() || up.track_op() {
+        gate.apply_op2(&up, SwiGlu)
+    } else {
+        gate.apply_op2_no_bwd(&up, &SwiGlu)
+    }
+}
+
+struct SwiGlu;
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "fused-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
+        bail!("fused swiglu: CUDA only")
+    }
+
+    fn cuda_fwd(&self, g: &CudaStorage, g_l: &Layout, u: &CudaStorage, u_l: &Layout) -> Result<(CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let n = g_l.shape().elem_count();
+        let dev = super::device(g);
+        let dtype = g.dtype();
+        with_dtype!(dtype, T => {
+            let gv = view::<T>(g, g_l, "swiglu")?;
+            let uv = view::<T>(u, u_l, "swiglu")?;
+            let y = alloc::<T>(dev, n)?;
+            let (stream, func) = KERNELS.load(dev, "swiglu_fwd", dtype)?;
+            let mut args = stream.launch_builder(&func);
+            let n64 = n as i64;
+            args.arg(&gv).arg(&uv).arg(&y).arg(&n64);
+            launch(&mut args, elementwise(n))?;
+            Ok((storage(y, dev), g_l.shape().clone()))
+        })
+    }
+
+    fn bwd(&self, gate: &Tensor, up: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = gate.elem_count();
+        let grad = grad.contiguous()?;
+        let (g_guard, g_l) = gate.storage_and_layout();
+        let gs = cuda(&g_guard, "swiglu backward")?;
+        let (u_guard, u_l) = up.storage_and_layout();
+        let us = cuda(&u_guard, "swiglu backward")?;
+        let (d_guard, d_l) = grad.storage_and_layout();
+        let ds = cuda(&d_guard, "swiglu backward")?;
+        let dev = super::device(gs);
+        with_dtype!(gate.dtype(), T => {
+            let gv = view::<T>(gs, g_l, "swiglu backward")?;
+            let uv = view::<T>(us, u_l, "swiglu backward")?;
+            let dv = view::<T>(ds, d_l, "swiglu backward")?;
+            let dg = alloc::<T>(dev, n)?;
+            let du = alloc::<T>(dev, n)?;
+            let (stream, func) = KERNELS.load(dev, "swiglu_bwd", gate.dtype())?;
+            let mut args = stream.launch_builder(&func);
+            let n64 = n as i64;
+            args.arg(&gv).arg(&uv).arg(&dv).arg(&dg).arg(&du).arg(&n64);
+            launch(&mut args, elementwise(n))?;
+            Ok((
+                Some(tensor(dg, dev, gate.shape().clone())),
+                Some(tensor(du, dev, up.shape().clone())),
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{compute, fixtures};
+    use candle_core::{DType, Var};
+
+    /// The fused SwiGLU against the composed form on the GPU, values and both gradients,
+    /// in f32, bf16 and f16. Skipped without `RLHOST_TEST_DEVICE=cuda`.
+    #[test]
+    fn fused_swiglu_matches_the_composed_form() {
+        let dev = fixtures::device();
+        if !dev.is_cuda() {
+            return;
+        }
+        let shape = [3, 11, 896];
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+            let make = |s: u64| {
+                (fixtures::uniform(&shape, s) * 4.0).unwrap().to_device(&dev).unwrap().to_dtype(dtype).unwrap()
+            };
+            let gate = Var::from_tensor(&make(1)).unwrap();
+            let up = Var::from_tensor(&make(2)).unwrap();
+            let coef = make(3).to_dtype(DType::F32).unwrap();
+            let run = |fused: bool| {
+                let y = if fused {
+                    swiglu(gate.as_tensor(), up.as_tensor())
+                } else {
+                    crate::model::cpu::composed(|| compute::swiglu(gate.as_tensor(), up.as_tensor()))
+                }
+                .unwrap();
+                let loss = (y.to_dtype(DType::F32).unwrap() * &coef).unwrap().sum_all().unwrap();
+                let grads = loss.backward().unwrap();
+                let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+                (y, g(&gate), g(&up))
+            };
+            let (yf, ggf, guf) = run(true);
+            let (yc, ggc, guc) = run(false);
+            let e = [
+                fixtures::relative_diff(&yf, &yc),
+                fixtures::relative_diff(&ggf, &ggc),
+                fixtures::relative_diff(&guf, &guc),
+            ];
+            eprintln!("swiglu {dtype:?}: output, grad gate, grad up {e:?}");
+            assert!(e[0] <= tol && e[1] <= tol * 2.0 && e[2] <= tol * 2.0, "{dtype:?}: {e:?}");
+        }
+    }
+}
