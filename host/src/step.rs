@@ -39,6 +39,10 @@ pub struct StepMetrics {
     /// loading it on the servers.
     #[serde(default)]
     pub adapter_load_s: Option<f64>,
+    /// With vLLM servers: requests of this step's batch sent again after a fault the
+    /// server got over or not (a 5xx, a reset connection, a malformed answer).
+    #[serde(default)]
+    pub vllm_retries: Option<u64>,
     /// PPO: the critic's mean per-token clipped value loss.
     #[serde(default)]
     pub value_loss: Option<f64>,

@@ -15,6 +15,8 @@
 //! - `units_task`: the units task's answers are the functions', a small built-in model
 //!   learns to call them, `--plugin units.wasm` picks the run.
 //! - `data`: the dataset module with a real dataset plugin.
+//! - `faults`: remote engines against servers that misbehave, through a fault-injecting
+//!   proxy: each fault refused or retried as the book's table says, the server named.
 //! - `docs`: the handbook's and the README's links, anchors and includes resolve.
 //! - `init`: `rlhost init` writes a config that runs, from a model, a data file and plugins.
 //! - `install`: `scripts/install.sh` and the installed binary, run outside the checkout.
@@ -28,6 +30,7 @@ mod code_tests;
 mod conformance;
 mod data;
 mod docs;
+mod faults;
 mod generate;
 mod http;
 mod init;

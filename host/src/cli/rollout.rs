@@ -252,8 +252,9 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
     ));
     if stats.requests > 0 {
         s.push_str(&format!(
-            "vLLM           {} requests, waiting on the servers {:.1} s ({:.1}%), loading adapters {:.2} s\n",
+            "vLLM           {} requests ({} sent again after a fault), waiting on the servers {:.1} s ({:.1}%), loading adapters {:.2} s\n",
             stats.requests,
+            stats.retries,
             stats.server_wait_s,
             100.0 * stats.server_wait_s / stats.wall_s.max(1e-9),
             stats.adapter_load_s,

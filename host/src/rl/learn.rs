@@ -147,6 +147,7 @@ impl<'a> Learner<'a> {
         m.generate_wait_s = batch.stats.generate_wait_s.clone();
         m.tool_wait_share = batch.stats.plugin_wait_s / batch.stats.wall_s.max(1e-9);
         m.adapter_load_s = (batch.stats.requests > 0).then_some(batch.stats.adapter_load_s);
+        m.vllm_retries = (batch.stats.requests > 0).then_some(batch.stats.retries as u64);
         m.update_s = t0.elapsed().as_secs_f64();
         Ok((m, groups))
     }

@@ -112,6 +112,9 @@ pub struct BatchStats {
     /// for their answers (plugin calls overlapping them are not counted there).
     pub requests: usize,
     pub server_wait_s: f64,
+    /// With vLLM servers: requests sent again after a fault the server may get over (a
+    /// 5xx, a reset connection, a malformed answer).
+    pub retries: usize,
     /// With vLLM servers: writing the batch's adapter version and loading it on every
     /// server (0 when it was loaded already).
     pub adapter_load_s: f64,
@@ -147,6 +150,7 @@ impl BatchStats {
         self.forwards += s.forwards;
         self.trajectories += s.trajectories;
         self.requests += s.requests;
+        self.retries += s.retries;
         self.server_wait_s += s.server_wait_s;
         self.adapter_load_s += s.adapter_load_s;
         self.asks += s.asks;
@@ -451,6 +455,7 @@ impl<'a> Engine<'a> {
         let (tx, rx) = mpsc::channel::<Event>();
         // With vLLM servers, the adapter version this batch samples with is loaded on
         // them first (and stays loaded while the lease lives).
+        let retries_before = self.settings.remote.as_ref().map_or(0, |p| p.retries());
         let lease = match &self.settings.remote {
             Some(pool) => {
                 let t0 = Instant::now();
@@ -481,7 +486,10 @@ impl<'a> Engine<'a> {
         };
         match &lease {
             None => while self.decode_step(&mut batch, samples, version, mode)? {},
-            Some(lease) => while self.remote_step(&mut batch, samples, version, lease)? {},
+            Some(lease) => {
+                while self.remote_step(&mut batch, samples, version, lease)? {}
+                batch.stats.retries = (lease.pool.retries() - retries_before) as usize;
+            }
         }
         while batch.scored < batch.scoring {
             let event = batch
@@ -855,7 +863,8 @@ impl<'a> Engine<'a> {
                 None => match pool.pick() {
                     Some(i) => i,
                     None => bail!(
-                        "every vLLM server has stopped answering (rollout.vllm.servers): the batch cannot finish"
+                        "every vLLM server has stopped answering (rollout.vllm.servers): the batch cannot finish; the last, {}",
+                        pool.last_fault()
                     ),
                 },
             };
@@ -886,7 +895,10 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let Some(server) = pool.pick() else {
-                ask.fail("every vLLM server has stopped answering".into());
+                ask.fail(format!(
+                    "every vLLM server has stopped answering; the last, {}",
+                    pool.last_fault()
+                ));
                 b.asks[slot] = None;
                 continue;
             };

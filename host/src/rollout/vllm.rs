@@ -13,13 +13,22 @@
 //! under a new name per version (`NAME-rlhost-RUN-vN`): the prefix cache is keyed by
 //! adapter name, so a reused name would mix two policies' keys and values (vllm#42125).
 //! Versions older than the staleness bound allows are unloaded once no request uses them.
+//!
+//! Nothing a server answers is trusted: an answer whose ids fall outside the trainer's
+//! vocabulary (or past `u32`), whose log-probs are not finite or above 0, that holds more
+//! ids than asked for, that is not JSON or that is larger than its request can explain is
+//! refused as malformed, naming the server. A request that fails in a way the server may
+//! get over (a 5xx, a reset connection, a malformed answer) is sent again a few times with
+//! back-off ([`RETRIES`], counted); a server that keeps failing, or that does not answer
+//! in time, is taken out, and the error that ends a run for want of servers names the
+//! last one and why.
 
 use crate::model::{LanguageModel, Mode, peft};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,9 +54,12 @@ pub struct VllmSettings {
 /// A request's failure: the server's own message where it gave one.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
-    /// The server could not be reached or did not answer in time: try another.
+    /// The server could not be reached, or the connection failed: try another.
     #[error("{url}: {message}")]
     Unreachable { url: String, message: String },
+    /// The server did not answer in time: try another.
+    #[error("{url}: {message}")]
+    TimedOut { url: String, message: String },
     /// The server answered with an error status: its message.
     #[error("{url} answered {status}: {message}")]
     Refused {
@@ -64,8 +76,44 @@ impl RequestError {
     /// Whether another server may succeed where this one failed.
     pub fn server_fault(&self) -> bool {
         match self {
-            RequestError::Unreachable { .. } | RequestError::Malformed { .. } => true,
+            RequestError::Unreachable { .. }
+            | RequestError::TimedOut { .. }
+            | RequestError::Malformed { .. } => true,
             RequestError::Refused { status, .. } => *status >= 500,
+        }
+    }
+
+    /// Whether the same server may succeed if asked again: a server fault other than
+    /// running out of time (the request already waited `timeout_s`).
+    fn transient(&self) -> bool {
+        !matches!(self, RequestError::TimedOut { .. }) && self.server_fault()
+    }
+
+    /// The error, saying it happened on each of `tries` tries.
+    fn tried(self, tries: u32) -> RequestError {
+        let more = |m: String| format!("{m} (on each of {tries} tries)");
+        match self {
+            RequestError::Unreachable { url, message } => RequestError::Unreachable {
+                url,
+                message: more(message),
+            },
+            RequestError::TimedOut { url, message } => RequestError::TimedOut {
+                url,
+                message: more(message),
+            },
+            RequestError::Refused {
+                url,
+                status,
+                message,
+            } => RequestError::Refused {
+                url,
+                status,
+                message: more(message),
+            },
+            RequestError::Malformed { url, message } => RequestError::Malformed {
+                url,
+                message: more(message),
+            },
         }
     }
 }
@@ -97,6 +145,25 @@ pub struct Sampled {
 /// How long the start-up checks wait for a server's answer, at least.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// Times a completion request is sent again after a fault the server may get over (a 5xx,
+/// a reset connection, a malformed answer), waiting [`FIRST_BACKOFF`], then twice that,
+/// and so on: a server restarting or briefly overloaded is not taken out for one failed
+/// request, and one that keeps failing is out after about 1.75 s. A timeout is not tried
+/// again: the request already waited `timeout_s`.
+pub const RETRIES: u32 = 3;
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The largest answer read for a request of `prompt` ids and `max_tokens` to sample: 1
+/// MiB, and 1 KiB per id (vLLM echoes the prompt's ids; each sampled one comes with its
+/// text and log-prob). More than that is no completion of this request, and reading it
+/// would let a server make the host hold whatever it sends.
+fn answer_limit(prompt: usize, max_tokens: usize) -> u64 {
+    (1u64 << 20) + 1024 * (prompt as u64 + max_tokens as u64)
+}
+
+/// Routes whose answers are small (models, adapter loading).
+const SMALL_ANSWER: u64 = 4 << 20;
+
 /// One vLLM server.
 pub struct Server {
     pub url: String,
@@ -106,10 +173,15 @@ pub struct Server {
     in_flight: AtomicUsize,
     /// Cleared when it stops answering: no new trajectory goes there.
     alive: AtomicBool,
+    /// The trainer's vocabulary size: an id the server returns must be below it.
+    vocab: u32,
+    /// Completion requests sent again after a fault ([`RETRIES`]).
+    retries: AtomicU64,
 }
 
 impl Server {
-    pub fn new(url: &str, timeout: Duration) -> Server {
+    /// A server whose answers are checked against a vocabulary of `vocab` ids.
+    pub fn new(url: &str, timeout: Duration, vocab: u32) -> Server {
         Server::with_limit(
             url,
             timeout,
@@ -117,10 +189,11 @@ impl Server {
                 "no answer in {} s (rollout.vllm.timeout_s)",
                 timeout.as_secs_f64()
             ),
+            vocab,
         )
     }
 
-    fn with_limit(url: &str, timeout: Duration, limit: String) -> Server {
+    fn with_limit(url: &str, timeout: Duration, limit: String, vocab: u32) -> Server {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             // Error statuses carry vLLM's message in the body: read it.
@@ -133,7 +206,14 @@ impl Server {
             limit,
             in_flight: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
+            vocab,
+            retries: AtomicU64::new(0),
         }
+    }
+
+    /// Completion requests sent again so far.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 
     pub fn alive(&self) -> bool {
@@ -144,15 +224,35 @@ impl Server {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<&Json>) -> Result<Json, RequestError> {
+    /// Sends a request and reads a 2xx answer's body, at most `max_bytes` of it.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Json>,
+        max_bytes: u64,
+    ) -> Result<String, RequestError> {
         let url = format!("{}{path}", self.url);
-        let unreachable = |e: ureq::Error| RequestError::Unreachable {
-            url: self.url.clone(),
-            message: match e {
-                ureq::Error::Timeout(_) => self.limit.clone(),
-                ureq::Error::Io(e) => format!("cannot connect ({e})"),
-                ureq::Error::ConnectionFailed => "cannot connect".into(),
-                other => other.to_string(),
+        let unreachable = |e: ureq::Error| match e {
+            ureq::Error::BodyExceedsLimit(n) => RequestError::Malformed {
+                url: self.url.clone(),
+                message: format!(
+                    "the answer is larger than {n} bytes, more than this request can take"
+                ),
+            },
+            ureq::Error::Timeout(_) => RequestError::TimedOut {
+                url: self.url.clone(),
+                message: self.limit.clone(),
+            },
+            e => RequestError::Unreachable {
+                url: self.url.clone(),
+                message: match e {
+                    // A reset or a cut answer as much as a refused connection: say what
+                    // the system said, once.
+                    ureq::Error::Io(e) => format!("connection failed: {e}"),
+                    ureq::Error::ConnectionFailed => "cannot connect".into(),
+                    other => other.to_string(),
+                },
             },
         };
         let mut resp = match body {
@@ -169,7 +269,7 @@ impl Server {
         let text = resp
             .body_mut()
             .with_config()
-            .limit(64 << 20)
+            .limit(max_bytes)
             .read_to_string()
             .map_err(unreachable)?;
         if !(200..300).contains(&status) {
@@ -179,6 +279,12 @@ impl Server {
                 message: error_message(&text),
             });
         }
+        Ok(text)
+    }
+
+    /// A request whose answer may be JSON or plain text (adapter loading answers text).
+    fn call(&self, method: &str, path: &str, body: Option<&Json>) -> Result<Json, RequestError> {
+        let text = self.send(method, path, body, SMALL_ANSWER)?;
         if text.trim().is_empty() {
             return Ok(Json::Null);
         }
@@ -215,8 +321,29 @@ impl Server {
         Reserved(self.clone())
     }
 
-    /// Samples one continuation of `req.prompt`.
+    /// Samples one continuation of `req.prompt`, sending the request again after a fault
+    /// the server may get over, at most [`RETRIES`] times (each counted).
     pub fn complete(&self, req: &Request) -> Result<Sampled, RequestError> {
+        let mut wait = FIRST_BACKOFF;
+        let mut tries = 0;
+        loop {
+            match self.complete_once(req) {
+                Err(e) if tries < RETRIES && e.transient() => {
+                    tracing::debug!("{e}: sending the request again in {wait:?}");
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                    tries += 1;
+                    self.retries.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) if tries > 0 => {
+                    return Err(e.tried(tries + 1));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn complete_once(&self, req: &Request) -> Result<Sampled, RequestError> {
         let body = json!({
             "model": req.model,
             "prompt": req.prompt,
@@ -236,11 +363,19 @@ impl Server {
             "return_token_ids": true,
             "skip_special_tokens": false,
         });
-        let v = self.call("POST", "/v1/completions", Some(&body))?;
-        parse_completion(&v).map_err(|message| RequestError::Malformed {
+        let limit = answer_limit(req.prompt.len(), req.max_tokens);
+        let text = self.send("POST", "/v1/completions", Some(&body), limit)?;
+        let malformed = |message| RequestError::Malformed {
             url: self.url.clone(),
             message,
-        })
+        };
+        let v: Json = serde_json::from_str(&text).map_err(|e| {
+            malformed(format!(
+                "the answer is not JSON ({e}; it begins {:?})",
+                text.chars().take(80).collect::<String>()
+            ))
+        })?;
+        parse_completion(&v, self.vocab, req.max_tokens).map_err(malformed)
     }
 
     pub fn load_adapter(&self, name: &str, path: &str) -> Result<(), RequestError> {
@@ -294,28 +429,58 @@ fn error_message(text: &str) -> String {
     v.to_string()
 }
 
-/// The first choice of a `/v1/completions` answer. Unknown and null fields are ignored
-/// (vLLM adds fields from version to version).
-fn parse_completion(v: &Json) -> Result<Sampled, String> {
+/// Log-probs above 0 by at most this much are rounding (taken as 0); more is no
+/// log-probability.
+const LOGPROB_ROUNDING: f64 = 1e-4;
+
+/// The first choice of a `/v1/completions` answer to a request for at most `max_tokens`
+/// ids, checked: every id below `vocab`, one finite log-prob of at most 0 per id. Unknown
+/// and null fields are ignored (vLLM adds fields from version to version).
+fn parse_completion(v: &Json, vocab: u32, max_tokens: usize) -> Result<Sampled, String> {
     let choice = v
         .pointer("/choices/0")
         .ok_or("no `choices[0]`".to_string())?;
-    let token_ids: Vec<u32> = choice
+    let ids = choice
         .get("token_ids")
         .and_then(Json::as_array)
-        .ok_or("no `token_ids` (is this vLLM ≥ 0.10 with return_token_ids?)".to_string())?
-        .iter()
-        .map(|t| t.as_u64().map(|t| t as u32))
-        .collect::<Option<_>>()
-        .ok_or("`token_ids` holds a non-integer".to_string())?;
-    let logprobs: Vec<f32> = choice
+        .ok_or("no `token_ids` (is this vLLM ≥ 0.10 with return_token_ids?)".to_string())?;
+    if ids.len() > max_tokens {
+        return Err(format!(
+            "{} token ids for a request of at most {max_tokens}",
+            ids.len()
+        ));
+    }
+    let mut token_ids = Vec::with_capacity(ids.len());
+    for t in ids {
+        // Never narrowed: 2^32 + 5 is not 5.
+        let id = t
+            .as_u64()
+            .ok_or_else(|| format!("`token_ids` holds {t}, not a token id"))?;
+        if id >= u64::from(vocab) {
+            return Err(format!(
+                "token id {id} is outside the trainer's vocabulary (0..{vocab})"
+            ));
+        }
+        token_ids.push(id as u32);
+    }
+    let logprobs = choice
         .pointer("/logprobs/token_logprobs")
         .and_then(Json::as_array)
         .ok_or("no `logprobs.token_logprobs`".to_string())?
         .iter()
-        // vLLM writes -inf as a very negative number or null for impossible tokens.
-        .map(|l| l.as_f64().map(|l| l as f32).unwrap_or(f32::NEG_INFINITY))
-        .collect();
+        .enumerate()
+        .map(|(k, l)| {
+            // The log-prob of an id the server sampled: finite, and at most 0.
+            match l.as_f64() {
+                Some(l) if l.is_finite() && (l as f32).is_finite() && l <= LOGPROB_ROUNDING => {
+                    Ok(l.min(0.0) as f32)
+                }
+                _ => Err(format!(
+                    "the log-prob of sampled token {k} is {l}, not a finite number of at most 0"
+                )),
+            }
+        })
+        .collect::<Result<Vec<f32>, String>>()?;
     if logprobs.len() != token_ids.len() {
         return Err(format!(
             "{} token ids but {} log-probs",
@@ -353,6 +518,8 @@ pub struct Pool {
     versions: Mutex<BTreeMap<u64, Loaded>>,
     /// Seconds spent writing and loading adapters, and how many versions.
     pub load_stats: Mutex<(f64, u64)>,
+    /// The error that took the last server out ([`Pool::last_fault`]).
+    last_fault: Mutex<Option<String>>,
 }
 
 impl Pool {
@@ -375,10 +542,11 @@ impl Pool {
                 settings.adapter_dir.display()
             )
         })?;
+        let vocab = lm.model.cfg.vocab_size as u32;
         let servers: Vec<Arc<Server>> = settings
             .servers
             .iter()
-            .map(|u| Arc::new(Server::new(u, settings.timeout)))
+            .map(|u| Arc::new(Server::new(u, settings.timeout, vocab)))
             .collect();
         for s in &servers {
             // A server started moments ago answers its first completions slowly (30 s
@@ -390,6 +558,7 @@ impl Pool {
                 &s.url,
                 limit,
                 format!("no answer in {} s at start-up", limit.as_secs_f64()),
+                vocab,
             );
             check_server(&patient, &settings.model, lm, max_total_tokens, temperature)?;
         }
@@ -407,7 +576,23 @@ impl Pool {
             run_tag,
             versions: Mutex::new(BTreeMap::new()),
             load_stats: Mutex::new((0.0, 0)),
+            last_fault: Mutex::new(None),
         })
+    }
+
+    /// Completion requests sent again after a fault, over all servers, so far.
+    pub fn retries(&self) -> u64 {
+        self.servers.iter().map(|s| s.retries()).sum()
+    }
+
+    /// Why the last server taken out was taken out (its URL and the error), for the
+    /// error that ends a run with no server left.
+    pub fn last_fault(&self) -> String {
+        self.last_fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "no server answered".into())
     }
 
     pub fn servers(&self) -> &[Arc<Server>] {
@@ -431,6 +616,7 @@ impl Pool {
 
     /// Takes server `i` out after `error`; says so once.
     pub fn mark_dead(&self, i: usize, error: &RequestError) {
+        *self.last_fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.to_string());
         if self.servers[i].alive.swap(false, Ordering::Relaxed) {
             tracing::warn!(
                 "vLLM server {} stopped answering ({error}): its trajectories continue on the others",
@@ -602,7 +788,7 @@ fn check_server(
 ) -> Result<()> {
     let start_hint = "start one with `bash scripts/vllm.sh start MODEL_DIR PORT NAME`";
     let models = s.models().map_err(|e| match e {
-        RequestError::Unreachable { .. } => {
+        RequestError::Unreachable { .. } | RequestError::TimedOut { .. } => {
             anyhow!("vLLM server {} is not reachable ({e}): {start_hint}", s.url)
         }
         e => anyhow!("vLLM server {}: {e}", s.url),
@@ -680,12 +866,6 @@ fn score_probe(s: &Server, model: &str, lm: &LanguageModel) -> Result<Probe> {
     if got.token_ids.is_empty() {
         bail!("the probe request returned no tokens");
     }
-    let vocab = lm.model.cfg.vocab_size as u32;
-    if let Some(t) = got.token_ids.iter().find(|&&t| t >= vocab) {
-        bail!(
-            "it returned token id {t}, outside the trainer's vocabulary of {vocab}: it serves another model"
-        );
-    }
     let mut all = prompt.clone();
     all.extend(&got.token_ids);
     let mut cache = lm.model.new_cache();
@@ -725,25 +905,75 @@ mod tests {
     fn a_completion_is_read_leniently() {
         let v: Json = serde_json::from_str(
             r#"{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" 42",
-            "logprobs":{"text_offset":[0],"token_logprobs":[-0.25,null],"tokens":["a","b"],"top_logprobs":null},
+            "logprobs":{"text_offset":[0],"token_logprobs":[-0.25,-1e-3],"tokens":["a","b"],"top_logprobs":null},
             "finish_reason":"stop","stop_reason":"</calc>","token_ids":[17,99],"prompt_token_ids":[1,2],
             "routed_experts":null,"kv_transfer_params":null}],"usage":{"prompt_tokens":2}}"#,
         )
         .unwrap();
-        let s = parse_completion(&v).unwrap();
+        let s = parse_completion(&v, 320, 8).unwrap();
         assert_eq!(s.token_ids, vec![17, 99]);
-        assert_eq!(s.logprobs[0], -0.25);
-        assert_eq!(s.logprobs[1], f32::NEG_INFINITY);
+        assert_eq!(s.logprobs, vec![-0.25, -1e-3]);
         assert_eq!(s.finish_reason, "stop");
         let bad: Json = serde_json::from_str(
             r#"{"choices":[{"token_ids":[1],"logprobs":{"token_logprobs":[]}}]}"#,
         )
         .unwrap();
         assert!(
-            parse_completion(&bad)
+            parse_completion(&bad, 320, 8)
                 .unwrap_err()
                 .contains("1 token ids but 0")
         );
+    }
+
+    /// Issue 51: an answer is never narrowed or trusted. Ids past u32 (2^32 + 5 once
+    /// became 5) or outside the vocabulary, log-probs that are null, too large for f32 or
+    /// above 0, and more ids than asked for are refused, saying which.
+    #[test]
+    fn an_answer_outside_what_a_server_can_sample_is_refused() {
+        let answer = |ids: &str, logps: &str| -> Json {
+            serde_json::from_str(&format!(
+                r#"{{"choices":[{{"token_ids":{ids},"logprobs":{{"token_logprobs":{logps}}},"finish_reason":"length"}}]}}"#
+            ))
+            .unwrap()
+        };
+        for (ids, logps, max_tokens, why) in [
+            (
+                "[4294967301]",
+                "[-0.5]",
+                8,
+                "token id 4294967301 is outside the trainer's vocabulary (0..320)",
+            ),
+            ("[320]", "[-0.5]", 8, "token id 320 is outside"),
+            ("[-1]", "[-0.5]", 8, "`token_ids` holds -1, not a token id"),
+            ("[1.5]", "[-0.5]", 8, "holds 1.5"),
+            (
+                "[1]",
+                "[null]",
+                8,
+                "the log-prob of sampled token 0 is null",
+            ),
+            ("[1, 2]", "[-0.5, 1e300]", 8, "sampled token 1 is 1e+300"),
+            ("[1]", "[-1e300]", 8, "is -1e+300, not a finite"),
+            (
+                "[1]",
+                "[0.5]",
+                8,
+                "is 0.5, not a finite number of at most 0",
+            ),
+            (
+                "[1, 2, 3]",
+                "[-1, -1, -1]",
+                2,
+                "3 token ids for a request of at most 2",
+            ),
+        ] {
+            let err = parse_completion(&answer(ids, logps), 320, max_tokens).unwrap_err();
+            assert!(err.contains(why), "{ids} {logps}: {err}");
+        }
+        // Rounding just above 0 is 0; exactly representable answers pass untouched.
+        let ok = parse_completion(&answer("[0, 319]", "[0.00001, -3.0]"), 320, 2).unwrap();
+        assert_eq!(ok.token_ids, vec![0, 319]);
+        assert_eq!(ok.logprobs, vec![0.0, -3.0]);
     }
 
     #[test]

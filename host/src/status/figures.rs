@@ -228,6 +228,12 @@ pub const SOME_STEPS: &[Figure<Option<f64>>] = &[
         get: |m| m.adapter_load_s,
     },
     Figure {
+        name: Some("vllm_retries"),
+        tag: Some("rollout/vllm_retries"),
+        help: "vLLM: requests of the step's batch sent again after a 5xx, a reset connection or a malformed answer",
+        get: |m| m.vllm_retries.map(|n| n as f64),
+    },
+    Figure {
         name: Some("eval_accuracy"),
         tag: Some("eval/accuracy"),
         help: "Held-out accuracy, greedy, at the last evaluation (NaN before one)",
