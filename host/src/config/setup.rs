@@ -271,6 +271,21 @@ impl Opened {
             .validate()
             .with_context(|| format!("{file}: [sampling]"))?;
         let r = &c.rollout;
+        // A grant's prompts are bounded by the model's context (the engine's links cap
+        // them): one that asks for more than the model can read is told so once.
+        let context = lm.model.cfg.max_position_embeddings;
+        for (name, p) in &plugins {
+            if let Some(g) = &p.spec().grants.generate
+                && g.max_prompt_tokens as usize > context
+                && g.max_prompt_tokens
+                    != crate::plugin::model::GenerateGrant::default().max_prompt_tokens
+            {
+                tracing::warn!(
+                    "{file}: plugins.{name}.generate.max_prompt_tokens is {}, over the model's context of {context} tokens: its prompts are capped at {context}",
+                    g.max_prompt_tokens
+                );
+            }
+        }
         let remote = match r.engine {
             EngineKind::Local => None,
             EngineKind::Vllm => Some(std::sync::Arc::new(

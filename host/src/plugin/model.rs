@@ -39,6 +39,42 @@ impl Weights {
     }
 }
 
+/// The largest `max_prompt_tokens`, `max_new_tokens` and `max_calls_per_trajectory` a grant
+/// may give (the schema's bounds, checked when the config is read).
+const MAX_PROMPT_TOKENS: u32 = 131_072;
+const MAX_NEW_TOKENS: u32 = 8192;
+const MAX_CALLS: u32 = 1024;
+
+/// A token takes at least one byte of text and rarely more than this many: a prompt of
+/// more bytes than this many times its token bound is over it, and is refused before
+/// anything renders or tokenizes it.
+const BYTES_PER_TOKEN: usize = 16;
+
+/// The bytes of text a message gives the chat template: its role, content and function
+/// calls (their arguments counted as JSON, without writing them out).
+fn text_bytes(m: &crate::sample::Message) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let calls: usize = m
+        .tool_calls
+        .iter()
+        .map(|c| {
+            let mut n = Count(0);
+            let _ = serde_json::to_writer(&mut n, &c.function.arguments);
+            c.id.len() + c.function.name.len() + n.0
+        })
+        .sum();
+    m.role.len() + m.content.len() + m.tool_call_id.as_ref().map_or(0, String::len) + calls
+}
+
 /// `[plugins.NAME] generate = {...}`: what a plugin may ask of the run's model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -86,6 +122,25 @@ impl GenerateGrant {
         }
         if self.max_new_tokens == 0 || self.max_prompt_tokens == 0 {
             return Err("max_new_tokens and max_prompt_tokens must be at least 1".into());
+        }
+        // The schema's bounds, which serde does not enforce: a grant is read before the
+        // model is, and the engine bounds prompts by the model's context as well.
+        for (key, value, max) in [
+            ("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS),
+            (
+                "max_prompt_tokens",
+                self.max_prompt_tokens,
+                MAX_PROMPT_TOKENS,
+            ),
+            (
+                "max_calls_per_trajectory",
+                self.max_calls_per_trajectory,
+                MAX_CALLS,
+            ),
+        ] {
+            if value > max {
+                return Err(format!("{key} is {value}, over its bound of {max}"));
+            }
         }
         if !(self.temperature_max >= 0.0 && self.temperature_max.is_finite()) {
             return Err(format!(
@@ -155,6 +210,9 @@ pub struct ModelLink {
     calls: Arc<AtomicU32>,
     /// Where the calls' outcomes are tallied for the batch the trajectory belongs to.
     tally: Option<Arc<CallTally>>,
+    /// The answering model's context in tokens: no prompt longer is rendered, whatever
+    /// the grant's `max_prompt_tokens`.
+    context: u32,
 }
 
 /// One batch's calls: their outcomes by plugin name (`name/answered|refused|failed` →
@@ -215,7 +273,14 @@ impl ModelLink {
             seed,
             calls: Arc::new(AtomicU32::new(0)),
             tally: None,
+            context: u32::MAX,
         }
+    }
+
+    /// The same link, its prompts bounded by a model context of `context` tokens.
+    pub fn within(mut self, context: usize) -> ModelLink {
+        self.context = u32::try_from(context).unwrap_or(u32::MAX);
+        self
     }
 
     /// The same link, its calls' outcomes also tallied in `tally`.
@@ -407,24 +472,25 @@ impl ModelAccess {
         if request.max_new_tokens == 0 {
             return Err(("bad_request", "max_new_tokens must be at least 1".into()));
         }
-        // A prompt far over the grant is refused before anything renders or tokenizes it
-        // (a token takes at least one byte of text, rarely more than 16).
+        // A prompt far over the grant, or over the model's context, is refused by its
+        // length before anything renders or tokenizes it.
+        let max_prompt_tokens = grant.max_prompt_tokens.min(link.context) as usize;
         let too_long = match &request.prompt {
-            Prompt::TokenIds(ids) => ids.len() > grant.max_prompt_tokens as usize,
+            Prompt::TokenIds(ids) => ids.len() > max_prompt_tokens,
             Prompt::Messages(m) => {
-                m.iter()
-                    .map(|m| m.content.len() + m.role.len())
-                    .sum::<usize>()
-                    > 16 * grant.max_prompt_tokens as usize
+                m.iter().map(text_bytes).sum::<usize>() > BYTES_PER_TOKEN * max_prompt_tokens
             }
         };
         if too_long {
             return Err((
                 "prompt",
-                format!(
-                    "the prompt is over the grant's {} tokens (generate.max_prompt_tokens)",
-                    grant.max_prompt_tokens
-                ),
+                if max_prompt_tokens < grant.max_prompt_tokens as usize {
+                    format!("the prompt is over the model's context of {max_prompt_tokens} tokens")
+                } else {
+                    format!(
+                        "the prompt is over the grant's {max_prompt_tokens} tokens (generate.max_prompt_tokens)"
+                    )
+                },
             ));
         }
         if request.stop.len() > 16 || request.stop.iter().any(|s| s.is_empty() || s.len() > 256) {
@@ -438,7 +504,7 @@ impl ModelAccess {
         let call = GenerateCall {
             plugin: plugin.to_string(),
             request,
-            max_prompt_tokens: grant.max_prompt_tokens as usize,
+            max_prompt_tokens,
             trajectory_seed: link.seed,
             index,
             reply: tx,
@@ -470,7 +536,7 @@ impl ModelAccess {
         if let Err(e) = (link.send)(call) {
             self.counts.failed.fetch_add(1, Ordering::Relaxed);
             tally("failed");
-            return Err(e);
+            return Err(message_alone(&e));
         }
         self.clock().start();
         let answer = rx
@@ -500,8 +566,26 @@ impl ModelAccess {
                 tally("failed");
             }
         }
-        answer
+        answer.map_err(|e| message_alone(&e))
     }
+}
+
+/// What of a host error's text crosses into the sandbox: the message, never a stack
+/// backtrace. candle's errors carry one in their text when `RUST_BACKTRACE` is set in the
+/// host's environment, and its frames name the host's files and functions.
+pub fn message_alone(text: &str) -> String {
+    let frame = |line: &str| {
+        let t = line.trim_start();
+        let indented = t.len() < line.len();
+        let numbered = t
+            .split_once(": ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        (indented && (numbered || t.starts_with("at ")))
+            || t == "Stack backtrace:"
+            || t.starts_with("note: Some details are omitted")
+    };
+    let kept: Vec<&str> = text.lines().filter(|l| !frame(l)).collect();
+    kept.join("\n").trim_end().to_string()
 }
 
 #[cfg(test)]
@@ -614,6 +698,87 @@ mod tests {
                 .unwrap_err();
             assert!(e.contains("no model answers here"), "{e}");
         });
+    }
+
+    /// Issue 51: a grant of 100,000,000 prompt tokens made the host render and tokenize a
+    /// 64 MiB prompt (33–50 s, 9.9 GB) before refusing it. Such a grant is refused when the
+    /// config is read, and within any grant a prompt is bounded by the model's context,
+    /// refused by its byte length before it is rendered (the link's engine never sees it).
+    #[test]
+    fn a_prompt_is_bounded_by_the_models_context_before_it_renders() {
+        let huge = GenerateGrant {
+            max_prompt_tokens: 100_000_000,
+            ..GenerateGrant::default()
+        };
+        let e = huge.check().unwrap_err();
+        assert!(
+            e.contains("max_prompt_tokens is 100000000, over its bound of 131072"),
+            "{e}"
+        );
+        let grant = GenerateGrant {
+            max_prompt_tokens: 131_072,
+            ..GenerateGrant::default()
+        };
+        assert!(grant.check().is_ok());
+        let sent = Arc::new(AtomicU32::new(0));
+        let seen = sent.clone();
+        let link = ModelLink::new(1, move |_call: GenerateCall| {
+            seen.fetch_add(1, Ordering::Relaxed);
+            Err("not answered in this test".into())
+        })
+        .within(1024);
+        let m = access(Some(grant), Some(link));
+        let messages = |bytes: usize| GenerateRequest {
+            prompt: Prompt::Messages(vec![crate::sample::Message::new("user", "x".repeat(bytes))]),
+            ..request(Weights::Base, 0.0, 4)
+        };
+        run(async {
+            let e = m.generate("p@1", messages(1 << 20)).await.unwrap_err();
+            assert!(e.contains("over the model's context of 1024 tokens"), "{e}");
+            let e = m
+                .generate(
+                    "p@1",
+                    GenerateRequest {
+                        prompt: Prompt::TokenIds(vec![1; 1025]),
+                        ..request(Weights::Base, 0.0, 4)
+                    },
+                )
+                .await
+                .unwrap_err();
+            assert!(e.contains("over the model's context of 1024 tokens"), "{e}");
+            // Within the context it goes to the engine.
+            m.generate("p@1", messages(1000)).await.unwrap_err();
+        });
+        assert_eq!(sent.load(Ordering::Relaxed), 1);
+        assert_eq!(m.counts.reasons.lock().unwrap()["prompt"], 2);
+    }
+
+    /// Issue 51: with RUST_BACKTRACE=1 in the host's environment, a failed call's error
+    /// carried the host's stack backtrace (candle writes it into its errors' text) into
+    /// the sandbox. The plugin gets the message alone.
+    #[test]
+    fn a_host_backtrace_never_reaches_the_plugin() {
+        let failed = candle_core::Error::WithBacktrace {
+            inner: Box::new(candle_core::Error::Msg(
+                "index-select invalid index 9".into(),
+            )),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        let text = format!(
+            "the model failed: {:#}",
+            anyhow::Error::new(failed).context("decoding")
+        );
+        assert!(text.lines().count() > 1, "a backtrace to strip: {text}");
+        let link = ModelLink::new(1, move |call: GenerateCall| {
+            let _ = call.reply.send(Err(text.clone()));
+            Ok(())
+        });
+        let m = access(Some(GenerateGrant::default()), Some(link));
+        let e = run(m.generate("p@1", request(Weights::Base, 0.0, 4))).unwrap_err();
+        assert_eq!(
+            e,
+            "the model failed: decoding: index-select invalid index 9"
+        );
     }
 
     #[test]

@@ -185,6 +185,7 @@ impl<'t> Ask<'t> {
 /// `policy` and `base` (there is no adapter here).
 pub fn standalone(lm: LanguageModel) -> crate::plugin::model::ModelServer {
     let (tx, rx) = std::sync::mpsc::channel::<GenerateCall>();
+    let context = lm.model.cfg.max_position_embeddings;
     std::thread::Builder::new()
         .name("rlhost-model".into())
         .spawn(move || serve(&lm, &rx))
@@ -195,6 +196,7 @@ pub fn standalone(lm: LanguageModel) -> crate::plugin::model::ModelServer {
             tx.send(call)
                 .map_err(|_| "the model thread has stopped".to_string())
         })
+        .within(context)
     })
 }
 

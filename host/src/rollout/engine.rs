@@ -626,6 +626,7 @@ impl<'a> Engine<'a> {
                 .map_err(|_| "the rollout this call belonged to has ended".to_string())
         })
         .tallied(tally.clone())
+        .within(self.lm.model.cfg.max_position_embeddings)
     }
 
     /// Prefills each prompt once and forks its cache into its group's trajectories, which
