@@ -159,9 +159,16 @@ impl HttpGate {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        let port = uri
-            .port_u16()
-            .unwrap_or(if scheme == "https" { 443 } else { 80 });
+        let port = match explicit_port(&uri) {
+            Ok(port) => port.unwrap_or(if scheme == "https" { 443 } else { 80 }),
+            Err(written) => {
+                tracing::warn!(
+                    target: "plugin", plugin = %self.name(),
+                    "HTTP to {uri} refused: port `{written}` is not a port (1 to 65535)"
+                );
+                return Err(Error::HttpRequestUriInvalid);
+            }
+        };
         let grants = &self.access.grants;
         grants
             .check_url(&scheme, &host, port)
@@ -261,6 +268,27 @@ impl HttpGate {
             }
         };
         Ok((answer, Box::new(io)))
+    }
+}
+
+/// The port a URL writes, if any, or `Err` with what it wrote when that is no port (1 to
+/// 65535): `http` reads a port past 65535 as none at all, which would send the request to
+/// the scheme's default port. An empty port (`host:`) is the default (RFC 3986).
+fn explicit_port(uri: &http::Uri) -> Result<Option<u16>, String> {
+    let Some(authority) = uri.authority() else {
+        return Ok(None);
+    };
+    let host_port = authority.as_str().rsplit('@').next().unwrap_or_default();
+    let after_host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or("", |(_, rest)| rest),
+        None => host_port,
+    };
+    match after_host.rsplit_once(':') {
+        None | Some((_, "")) => Ok(None),
+        Some((_, written)) => match written.parse::<u16>() {
+            Ok(port) if port > 0 => Ok(Some(port)),
+            _ => Err(written.to_string()),
+        },
     }
 }
 
@@ -537,6 +565,42 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::HttpRequestDenied));
+    }
+
+    /// Issue 51: `http://127.0.0.1:65616/` was sent to port 80 (the URL's port past 65535
+    /// read as none). A port that is no port is an invalid URL, refused before any
+    /// connection, whatever the grant.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_port_past_65535_is_an_invalid_url() {
+        let (port, accepted) = server().await;
+        let g = gate(&["http://127.0.0.1:*".to_string()], 1 << 20, 5000, 4);
+        for url in [
+            format!("http://127.0.0.1:{}/ok", u32::from(port) + 65536),
+            "http://127.0.0.1:65616/ok".to_string(),
+            "http://127.0.0.1:99999999999/ok".to_string(),
+            "http://127.0.0.1:0/ok".to_string(),
+        ] {
+            let err = fetch(&g, get(&url)).await.unwrap_err();
+            assert!(
+                matches!(err, Error::HttpRequestUriInvalid),
+                "{url}: {err:?}"
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 0);
+        // Ports written in full, or left empty (the default), are read as written.
+        let uri = |u: &str| u.parse::<http::Uri>().unwrap();
+        assert_eq!(explicit_port(&uri("http://[::1]:8080/")), Ok(Some(8080)));
+        assert_eq!(explicit_port(&uri("http://[::1]/")), Ok(None));
+        assert_eq!(explicit_port(&uri("http://a:b@h:81/")), Ok(Some(81)));
+        assert_eq!(explicit_port(&uri("http://h:/")), Ok(None));
+        assert_eq!(
+            explicit_port(&uri("http://[::1]:70000/")),
+            Err("70000".into())
+        );
+        let (status, _, _) = fetch(&g, get(&format!("http://127.0.0.1:{port}/ok")))
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

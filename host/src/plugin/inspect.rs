@@ -12,11 +12,10 @@ use wasmtime::component::Component;
 /// fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read plugin {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The OS error is in the message, and so not the error's `source`: a chain printed
+    /// whole (`{:#}`) would say it twice.
+    #[error("cannot read plugin {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error(
         "{path} is not a WebAssembly file (it starts with {start}); build the plugin for wasm32-wasip2"
     )]
@@ -70,9 +69,9 @@ pub struct Shape {
 /// Reads a plugin file, telling apart the usual mistakes before compiling.
 pub fn read_wasm(path: &Path) -> Result<Vec<u8>, LoadError> {
     let display = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+    let bytes = std::fs::read(path).map_err(|error| LoadError::Read {
         path: display.clone(),
-        source,
+        error,
     })?;
     if !bytes.starts_with(b"\0asm") {
         let start = bytes
@@ -213,6 +212,10 @@ mod tests {
         std::fs::write(&empty, "").unwrap();
         let err = read_wasm(&empty).unwrap_err().to_string();
         assert!(err.contains("the file is empty"), "{err}");
+        // Issue 51: the OS error's text once in the line the CLI prints, not twice.
+        let missing = anyhow::Error::new(read_wasm(&dir.join("missing.wasm")).unwrap_err());
+        let line = format!("{missing:#}");
+        assert_eq!(line.matches("(os error 2)").count(), 1, "{line}");
         let core = dir.join("core.wasm");
         std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
         let err = read_wasm(&core).unwrap_err().to_string();

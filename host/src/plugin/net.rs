@@ -294,8 +294,9 @@ impl fmt::Display for Denial {
                 by_name: false,
             } => write!(
                 f,
-                "HTTP to {destination} denied: {address} is a {kind} address, which only an \
-                 entry naming it reaches (allow_http = [\"{would_allow}\"] would)"
+                "HTTP to {destination} denied: {address} is {} address, which only an \
+                 entry naming it reaches (allow_http = [\"{would_allow}\"] would)",
+                with_article(kind)
             ),
             Denial::Address {
                 destination,
@@ -305,9 +306,10 @@ impl fmt::Display for Denial {
                 by_name: true,
             } => write!(
                 f,
-                "HTTP to {destination} denied: the name resolves to {address}, a {kind} \
+                "HTTP to {destination} denied: the name resolves to {address}, {} \
                  address, which no entry lets a name reach (to use it, request the address \
-                 itself with allow_http = [\"{would_allow}\"])"
+                 itself with allow_http = [\"{would_allow}\"])",
+                with_article(kind)
             ),
             Denial::Unresolved { destination } => {
                 write!(
@@ -320,6 +322,12 @@ impl fmt::Display for Denial {
 }
 
 impl std::error::Error for Denial {}
+
+/// `a loopback`, `an unspecified`: the kind of address with its article.
+fn with_article(kind: &str) -> String {
+    let vowel = kind.starts_with(['a', 'e', 'i', 'o', 'u', 'I']);
+    format!("{} {kind}", if vowel { "an" } else { "a" })
+}
 
 /// What kind of special address `ip` is, or `None` for a public one. IPv4-mapped IPv6
 /// addresses are judged as the IPv4 address they carry.
@@ -573,6 +581,22 @@ mod tests {
         ] {
             assert_eq!(special(ip(addr)), None, "{addr}");
         }
+    }
+
+    /// Issue 51: "a unspecified address".
+    #[test]
+    fn a_denial_names_the_kind_with_its_article() {
+        let g = grants(&["http://*:8080"]);
+        let err = g
+            .check_addresses("http", "0.0.0.0", 8080, &[ip("0.0.0.0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0.0.0.0 is an unspecified address"), "{err}");
+        let err = g
+            .check_addresses("http", "127.0.0.1", 8080, &[ip("127.0.0.1")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("127.0.0.1 is a loopback address"), "{err}");
     }
 
     #[test]

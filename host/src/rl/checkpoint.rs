@@ -142,7 +142,7 @@ pub fn resolve(out_dir: &Path, spec: &str) -> Result<Resolved> {
             )),
         }),
         None => bail!(
-            "--resume latest: no checkpoint in {} (the run has not saved one yet)",
+            "--resume latest: no checkpoint in {} (the run has not saved one yet): start it again without --resume, with --overwrite to delete what it wrote, or choose another directory with --out",
             root.display()
         ),
     }
@@ -294,7 +294,11 @@ mod tests {
         }
         let empty = run_dir("latest-empty", &[]);
         let e = resolve(&empty, "latest").unwrap_err().to_string();
-        assert!(e.contains("no checkpoint in"), "{e}");
+        // Issue 51: it says how to start again, as the fresh start's refusal does.
+        assert!(
+            e.contains("no checkpoint in") && e.contains("--overwrite") && e.contains("--out"),
+            "{e}"
+        );
     }
 
     #[test]
