@@ -9,6 +9,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The dashboard's browser test drives headless Chromium through chromedriver: installed
+# when missing (Debian packages, as .ci/run installs them), so that the README's two
+# commands alone pass on a fresh machine.
+browser=()
+command -v chromium >/dev/null || browser+=(chromium)
+command -v chromedriver >/dev/null || browser+=(chromium-driver)
+if [ ${#browser[@]} -gt 0 ]; then
+    if command -v apt-get >/dev/null; then
+        SUDO=""
+        if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+        echo "installing ${browser[*]} for the dashboard's browser test"
+        $SUDO apt-get update -qq
+        $SUDO apt-get install -y -qq --no-install-recommends "${browser[@]}"
+    else
+        echo "warning: no apt-get to install ${browser[*]}: install them for the dashboard's browser test" >&2
+    fi
+fi
+
 cargo build -p rlhost
 if [ "${RLHOST_SKIP_VLLM:-0}" != 1 ]; then
     port="${RLHOST_VLLM_PORT:-8765}"

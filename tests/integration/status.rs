@@ -267,6 +267,32 @@ fn binding_beyond_loopback_needs_a_flag_and_warns() {
 
 // ---------------------------------------------------------------- the browser test
 
+/// Issue 51: on a fresh machine the README's test command (scripts/test.sh) failed this
+/// file's browser test, whose chromium and chromedriver only .ci/run installed. The test
+/// command installs each browser package .ci/run does, when its command is missing.
+#[test]
+fn the_readme_test_command_installs_the_browser() {
+    let read = |p: &str| std::fs::read_to_string(rlhost_tests::repo_root().join(p)).unwrap();
+    let (ci, test) = (read(".ci/run"), read("scripts/test.sh"));
+    for (command, package) in [
+        ("chromium", "chromium"),
+        ("chromedriver", "chromium-driver"),
+    ] {
+        let check = format!("command -v {command} >/dev/null ||");
+        for (file, text) in [(".ci/run", &ci), ("scripts/test.sh", &test)] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&check) && l.contains(&format!("({package})"))),
+                "{file} does not install {package} when {command} is missing"
+            );
+        }
+    }
+    assert!(
+        test.contains("apt-get install"),
+        "scripts/test.sh installs nothing"
+    );
+}
+
 /// Debian's chromedriver driving Debian's chromium, headless. CI installs both
 /// (`.ci/run`); elsewhere the test says how to get them.
 struct Browser {
@@ -318,8 +344,8 @@ impl Browser {
             .unwrap_or_else(|e| {
                 panic!(
                     "cannot start {driver_bin} ({e}): the dashboard test needs a headless browser; \
-                     install Debian's `chromium` and `chromium-driver` (as .ci/run does), or point \
-                     RLHOST_CHROMEDRIVER and RLHOST_CHROMIUM at them"
+                     install Debian's `chromium` and `chromium-driver` (as scripts/test.sh and \
+                     .ci/run do), or point RLHOST_CHROMEDRIVER and RLHOST_CHROMIUM at them"
                 )
             });
         let base = format!("http://127.0.0.1:{port}");
