@@ -191,7 +191,13 @@ def main():
         sys.exit(f"{args.bin} missing: scripts/build_cuda.sh build --release -p rlhost --example model_bench")
     layers = 4 if args.small else SHAPES[args.shape]["num_hidden_layers"]
     model = os.path.join(WORK, f"qwen2.5-{args.shape}-shape-{layers}l-bf16")
-    make_model(model, layers, args.shape)
+    # In a process of its own: torch keeps the memory it made the model with reserved
+    # until its process ends, and a 7B model made in f32 on the GPU holds ~30 GB, which
+    # the measured processes would then not have (an 80 GB H100 ran out that way).
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "import gpu_speed; gpu_speed.make_model(sys.argv[2], int(sys.argv[3]), sys.argv[4])",
+                    os.path.dirname(os.path.abspath(__file__)), model, str(layers), args.shape],
+                   check=True)
     py = [sys.executable, os.path.abspath(__file__), "--model", model, "--steps", str(args.steps)]
     py += ["--checkpointing"] if args.checkpointing else []
     ours = [args.bin, "--model", model, "--device", "cuda", "--dtype", "bf16"]

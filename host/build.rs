@@ -16,7 +16,10 @@ fn main() {
         return;
     }
     let dir = PathBuf::from("src/model/cuda");
-    println!("cargo::rerun-if-changed={}", dir.join("common.cuh").display());
+    println!(
+        "cargo::rerun-if-changed={}",
+        dir.join("common.cuh").display()
+    );
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
@@ -32,7 +35,10 @@ fn main() {
             .arg(&ptx)
             .status()
             .unwrap_or_else(|e| {
-                panic!("cannot run {nvcc} for {} ({e}): scripts/build_cuda.sh sets it up", src.display())
+                panic!(
+                    "cannot run {nvcc} for {} ({e}): scripts/build_cuda.sh sets it up",
+                    src.display()
+                )
             });
         assert!(status.success(), "nvcc failed on {}", src.display());
     }

@@ -169,7 +169,15 @@ pub fn relative_diff(a: &Tensor, b: &Tensor) -> f32 {
             .to_dtype(DType::F32)
             .unwrap()
     });
-    let norm = |t: &Tensor| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+    let norm = |t: &Tensor| {
+        t.sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+            .sqrt()
+    };
     norm(&(&a - &b).unwrap()) / norm(&b).max(f32::MIN_POSITIVE)
 }
 

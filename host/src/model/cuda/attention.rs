@@ -17,7 +17,9 @@
 //! (the R query heads of a group share its K and V, so `Pᵀ dO` and `dSᵀ Q` sum over them
 //! by the layout alone).
 
-use super::{Module, PushKernelArg, alloc, cuda, launch, per_row, ptx, row_threads, tensor, view, with_dtype};
+use super::{
+    Module, PushKernelArg, alloc, cuda, launch, per_row, ptx, row_threads, tensor, view, with_dtype,
+};
 use candle_core::{CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
@@ -40,7 +42,10 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) 
     }
     let mask = mask.to_dtype(DType::F32)?.contiguous()?;
     if mask.elem_count() != b * t * t {
-        bail!("fused attention: mask {:?} is not [B, 1, 1, T, T]", mask.dims());
+        bail!(
+            "fused attention: mask {:?} is not [B, 1, 1, T, T]",
+            mask.dims()
+        );
     }
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     let scores = q.detach().matmul(&k.detach().t()?)?;
@@ -82,13 +87,35 @@ fn softmax_fwd(
         let mv = view::<f32>(m, m_l, "attention")?;
         let p = alloc::<T>(dev, rows * t)?;
         let stats = alloc::<f32>(dev, rows * 2)?;
-        let (stream, func) = KERNELS.load(dev, "attn_softmax_fwd", scores.dtype())?;
+        let (kernel, threads) = row_kernel("attn_softmax_fwd", t);
+        let (stream, func) = KERNELS.load(dev, kernel, scores.dtype())?;
         let mut args = stream.launch_builder(&func);
         let (t32, rpb) = (t as i32, rows_per_batch as i64);
         args.arg(&sv).arg(&mv).arg(&p).arg(&stats).arg(&t32).arg(&rpb).arg(&scale);
-        launch(&mut args, per_row(rows, row_threads(t)))?;
+        launch(&mut args, per_row(rows, threads))?;
         Ok((tensor(p, dev, scores.shape().clone()), tensor(stats, dev, (rows, 2))))
     })
+}
+
+/// Elements a thread holds in the register form of a row kernel (`REG` in attention.cu).
+const REG: usize = 8;
+
+/// The register form of a row kernel (`<name>_reg`, the row read once) and its threads
+/// where a row fits (`REG` elements a thread, at most 1024 threads), else the three-pass
+/// form.
+fn row_kernel(name: &'static str, t: usize) -> (&'static str, u32) {
+    if t <= REG * 1024 {
+        let reg = match name {
+            "attn_softmax_fwd" => "attn_softmax_fwd_reg",
+            _ => "attn_softmax_bwd_reg",
+        };
+        (
+            reg,
+            (t.div_ceil(REG).div_ceil(32) * 32).clamp(32, 1024) as u32,
+        )
+    } else {
+        (name, row_threads(t))
+    }
 }
 
 /// P again from the same scores and the forward's stats.
@@ -134,11 +161,12 @@ fn softmax_bwd(p: &Tensor, dp: &Tensor, scale: f32, t: usize) -> Result<Tensor> 
         let pv = view::<T>(ps, p_l, "attention backward")?;
         let dv = view::<T>(ds, d_l, "attention backward")?;
         let out = alloc::<T>(dev, rows * t)?;
-        let (stream, func) = KERNELS.load(dev, "attn_softmax_bwd", p.dtype())?;
+        let (kernel, threads) = row_kernel("attn_softmax_bwd", t);
+        let (stream, func) = KERNELS.load(dev, kernel, p.dtype())?;
         let mut args = stream.launch_builder(&func);
         let t32 = t as i32;
         args.arg(&pv).arg(&dv).arg(&out).arg(&t32).arg(&scale);
-        launch(&mut args, per_row(rows, row_threads(t)))?;
+        launch(&mut args, per_row(rows, threads))?;
         Ok(tensor(out, dev, p.shape().clone()))
     })
 }
@@ -250,7 +278,10 @@ mod tests {
                 let v = Var::from_tensor(&make(&[b, g, t, d], seed + 2)).unwrap();
                 // Row 0 unpadded, row 1 with five pads on the left.
                 let am: Vec<u32> = (0..b * t).map(|i| u32::from(i < t || i % t >= 5)).collect();
-                let am = Tensor::from_vec(am, (b, t), &Device::Cpu).unwrap().to_device(&dev).unwrap();
+                let am = Tensor::from_vec(am, (b, t), &Device::Cpu)
+                    .unwrap()
+                    .to_device(&dev)
+                    .unwrap();
                 let mask = crate::model::decoder::batch_mask(&am).unwrap();
                 let coef = make(&[b, g, r * t, d], seed + 3);
                 let run = |fused: bool| {
@@ -259,14 +290,21 @@ mod tests {
                         attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale)
                     } else {
                         crate::model::cpu::composed(|| {
-                            compute::attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale)
+                            compute::attention(
+                                q.as_tensor(),
+                                k.as_tensor(),
+                                v.as_tensor(),
+                                &mask,
+                                scale,
+                            )
                         })
                     }
                     .unwrap();
-                    let loss = (out.to_dtype(DType::F32).unwrap() * coef.to_dtype(DType::F32).unwrap())
-                        .unwrap()
-                        .sum_all()
-                        .unwrap();
+                    let loss = (out.to_dtype(DType::F32).unwrap()
+                        * coef.to_dtype(DType::F32).unwrap())
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
                     let grads = loss.backward().unwrap();
                     let gs: Vec<Tensor> = [&q, &k, &v]
                         .iter()

@@ -108,7 +108,8 @@ fn backward_chunk(
     let rows = logits.dim(0)?;
     let [logits, targets, out, lse, grad] =
         [logits, targets, out, lse, grad].map(|t| t.contiguous());
-    let (logits, targets, out, lse, grad) = (logits?, targets?, out?, lse?, grad?.to_dtype(DType::F32)?);
+    let (logits, targets, out, lse, grad) =
+        (logits?, targets?, out?, lse?, grad?.to_dtype(DType::F32)?);
     let (z_guard, z_l) = logits.storage_and_layout();
     let z = cuda(&z_guard, "log-probs backward")?;
     let (t_guard, t_l) = targets.storage_and_layout();
@@ -151,11 +152,19 @@ impl CustomOp1 for FusedHead {
         "fused-target-logprobs"
     }
 
-    fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> Result<(candle_core::CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
         bail!("fused log-probs: CUDA only")
     }
 
-    fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
         use candle_core::backend::BackendStorage;
         let value = self
             .value
@@ -214,7 +223,8 @@ mod tests {
         }
         let (n, h, v) = (45, 64, 3001);
         for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2), (DType::F16, 3e-3)] {
-            let make = |shape: &[usize], s: u64| fixtures::uniform(shape, s).to_device(&dev).unwrap();
+            let make =
+                |shape: &[usize], s: u64| fixtures::uniform(shape, s).to_device(&dev).unwrap();
             let hidden = Var::from_tensor(&make(&[n, h], 1).to_dtype(dtype).unwrap()).unwrap();
             let head = (make(&[v, h], 2) * 0.5).unwrap().to_dtype(dtype).unwrap();
             let targets: Vec<u32> = (0..n as u32).map(|i| (i * 617) % v as u32).collect();
@@ -229,8 +239,16 @@ mod tests {
                     })
                 }
                 .unwrap();
-                let loss = ((&logp * &coef).unwrap() + (&ent * 0.3).unwrap()).unwrap().sum_all().unwrap();
-                let g = loss.backward().unwrap().get(hidden.as_tensor()).unwrap().clone();
+                let loss = ((&logp * &coef).unwrap() + (&ent * 0.3).unwrap())
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
+                let g = loss
+                    .backward()
+                    .unwrap()
+                    .get(hidden.as_tensor())
+                    .unwrap()
+                    .clone();
                 (logp, ent, g)
             };
             let (lf, ef, gf) = run(true);
@@ -241,7 +259,10 @@ mod tests {
                 fixtures::relative_diff(&gf, &gc),
             ];
             eprintln!("log-probs {dtype:?}: logp, entropy, grad {e:?}");
-            assert!(e[0] <= tol && e[1] <= tol && e[2] <= tol * 2.0, "{dtype:?}: {e:?}");
+            assert!(
+                e[0] <= tol && e[1] <= tol && e[2] <= tol * 2.0,
+                "{dtype:?}: {e:?}"
+            );
         }
     }
 }

@@ -9,52 +9,59 @@
 //!   dx   = dy W + dlow A     [N, in]   (W frozen: no gradient of its own)
 //!   dA   = dlowᵀ x           [r, in]
 //!   dB   = s · dyᵀ (x Aᵀ)    [out, r]  (x Aᵀ recomputed: N · r elements)
-//! The gradients of A and B come back in their own dtype (f32), rounded once from the
-//! compute dtype's products, as PEFT's mixed precision has them.
+//! The gradients of A and B are written in f32 straight from cuBLAS's f32 accumulators.
+//! Forward and backward are cuBLAS products into buffers of their own ([`super::gemm`]):
+//! the base product, the bias and the adapter's share accumulate in the output, `dy W`
+//! and `dlow A` in `dx`, so no `[N, out]` or `[N, in]` temporary is made.
 
-use candle_core::{CustomOp3, Layout, Result, Shape, Tensor, bail};
-use std::sync::Mutex;
+use super::gemm::{Op, Operand, gemm};
+use super::{cuda, with_dtype};
+use candle_core::backend::BackendStorage;
+use candle_core::{CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
 
-/// `base + s · (x Aᵀ) Bᵀ` where `base = x Wᵀ (+ bias)` was computed by the caller without a
-/// gradient graph; `x: [.., in]` in half precision, `w: [out, in]` frozen, `a: [r, in]`,
-/// `b: [out, r]` (f32). The result tracks gradients to x, A and B where they do.
+/// `x Wᵀ + bias + s · (x Aᵀ) Bᵀ` for `x: [.., in]` in half precision, the frozen `w: [out,
+/// in]` and `bias: [out]` in its dtype, `a: [r, in]` and `b: [out, r]` (f32). The result
+/// tracks gradients to x, A and B where they do.
 pub fn lora_linear(
     x: &Tensor,
-    base: &Tensor,
     w: &Tensor,
+    bias: Option<&Tensor>,
     a: &Tensor,
     b: &Tensor,
     scaling: f64,
 ) -> Result<Tensor> {
-    let dt = x.dtype();
     let (r, in_f) = a.dims2()?;
     let (out_f, r_b) = b.dims2()?;
-    if r_b != r || w.dims() != [out_f, in_f] || x.dim(candle_core::D::Minus1)? != in_f {
+    if r_b != r
+        || w.dims() != [out_f, in_f]
+        || x.dim(candle_core::D::Minus1)? != in_f
+        || bias.is_some_and(|b| b.elem_count() != out_f)
+        || w.dtype() != x.dtype()
+    {
         bail!(
-            "fused lora: x {:?}, W {:?}, A {:?}, B {:?} do not chain",
+            "fused lora: x {:?} {:?}, W {:?} {:?}, A {:?}, B {:?} do not chain",
             x.dims(),
+            x.dtype(),
             w.dims(),
+            w.dtype(),
             a.dims(),
             b.dims()
         );
     }
     let rows = x.elem_count() / in_f;
-    let x2 = x.reshape((rows, in_f))?;
-    let low = x2.detach().matmul(&a.to_dtype(dt)?.t()?)?;
-    let delta = (low * scaling)?.matmul(&b.to_dtype(dt)?.t()?)?;
-    let out = (base.detach().reshape((rows, out_f))? + delta)?;
+    let op = LoraLinear {
+        w: w.contiguous()?,
+        bias: bias
+            .map(|b| b.to_dtype(x.dtype())?.contiguous())
+            .transpose()?,
+        scaling,
+    };
+    let x2 = x.reshape((rows, in_f))?.contiguous()?;
+    let (a, b) = (a.contiguous()?, b.contiguous()?);
     let out = if x.track_op() || a.track_op() || b.track_op() {
-        x2.apply_op3(
-            a,
-            b,
-            LoraLinear {
-                value: Mutex::new(Some(out)),
-                w: w.clone(),
-                scaling,
-            },
-        )?
+        x2.apply_op3(&a, &b, op)?
     } else {
-        out
+        x2.apply_op3_no_bwd(&a, &b, &op)?
     };
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("x has at least one dim") = out_f;
@@ -62,10 +69,14 @@ pub fn lora_linear(
 }
 
 struct LoraLinear {
-    /// The forward's result, computed before the op is applied and handed over once.
-    value: Mutex<Option<Tensor>>,
     w: Tensor,
+    bias: Option<Tensor>,
     scaling: f64,
+}
+
+/// An uninitialised contiguous buffer of `n` elements of `dtype`.
+fn buffer(dev: &candle_core::CudaDevice, n: usize, dtype: DType) -> Result<CudaStorage> {
+    with_dtype!(dtype, T => Ok(super::storage(super::alloc::<T>(dev, n)?, dev)))
 }
 
 impl CustomOp3 for LoraLinear {
@@ -85,31 +96,89 @@ impl CustomOp3 for LoraLinear {
         bail!("fused lora: CUDA only (the CPU has model/cpu/lora_op.rs)")
     }
 
+    /// Into one buffer: the bias's rows, then `+= x Wᵀ`, then `+= s · (x Aᵀ) Bᵀ`, each
+    /// product accumulated by cuBLAS with one rounding (the bias and the base product as
+    /// PyTorch's `addmm` sums them).
     fn cuda_fwd(
         &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        let value = self
-            .value
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("fused lora: poisoned".into()))?
-            .take();
-        let Some(value) = value else {
-            bail!("fused lora: forward ran twice")
-        };
-        let (guard, layout) = value.storage_and_layout();
-        // candle wants the op's storage by value: one copy of the output, the cost of the
-        // add the composed form makes anyway.
-        let copy = super::cuda(&guard, "fused lora")?.try_clone(layout)?;
-        Ok((copy, value.shape().clone()))
+        x: &CudaStorage,
+        x_l: &Layout,
+        a: &CudaStorage,
+        a_l: &Layout,
+        b: &CudaStorage,
+        b_l: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = super::device(x);
+        let dt = x.dtype();
+        let (rows, in_f) = x_l.shape().dims2()?;
+        let (r, _) = a_l.shape().dims2()?;
+        let (out_f, _) = b_l.shape().dims2()?;
+        let mut c = buffer(dev, rows * out_f, dt)?;
+        let mut beta = 0.0;
+        if let Some(bias) = &self.bias {
+            let (g, l) = bias.storage_and_layout();
+            cuda(&g, "fused lora")?.copy_strided_src(&mut c, 0, &l.broadcast_as((rows, out_f))?)?;
+            beta = 1.0;
+        }
+        let (w_guard, w_l) = self.w.storage_and_layout();
+        let w = cuda(&w_guard, "fused lora")?;
+        let xo = |op| Operand { s: x, l: x_l, op };
+        gemm(
+            dev,
+            xo(Op::N),
+            Operand {
+                s: w,
+                l: w_l,
+                op: Op::T,
+            },
+            &mut c,
+            (rows, out_f, in_f),
+            1.0,
+            beta,
+        )?;
+        // The adapter in the compute dtype: r · (in + out) elements cast per call.
+        let a_h = a.to_dtype(a_l, dt)?;
+        let b_h = b.to_dtype(b_l, dt)?;
+        let a_hl = Layout::contiguous((r, in_f));
+        let b_hl = Layout::contiguous((out_f, r));
+        let mut low = buffer(dev, rows * r, dt)?;
+        gemm(
+            dev,
+            xo(Op::N),
+            Operand {
+                s: &a_h,
+                l: &a_hl,
+                op: Op::T,
+            },
+            &mut low,
+            (rows, r, in_f),
+            1.0,
+            0.0,
+        )?;
+        let low_l = Layout::contiguous((rows, r));
+        gemm(
+            dev,
+            Operand {
+                s: &low,
+                l: &low_l,
+                op: Op::N,
+            },
+            Operand {
+                s: &b_h,
+                l: &b_hl,
+                op: Op::T,
+            },
+            &mut c,
+            (rows, out_f, r),
+            self.scaling as f32,
+            1.0,
+        )?;
+        Ok((c, Shape::from((rows, out_f))))
     }
 
+    /// Unsloth's derivation (the module header), each product through cuBLAS: `dx` in one
+    /// buffer (`dy W`, then `+= dlow A`), `dA` and `dB` written in f32 from f32
+    /// accumulators.
     fn bwd(
         &self,
         x: &Tensor,
@@ -119,22 +188,147 @@ impl CustomOp3 for LoraLinear {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dt = x.dtype();
-        let need_dx = x.track_op();
-        let x = x.detach();
+        let (rows, in_f) = x.dims2()?;
+        let (r, _) = a.dims2()?;
+        let (out_f, _) = b.dims2()?;
         let dy = dy.contiguous()?;
-        let a_h = a.detach().to_dtype(dt)?;
-        let b_h = b.detach().to_dtype(dt)?;
-        let dlow = (dy.matmul(&b_h)? * self.scaling)?;
-        let dx = if need_dx {
-            Some((dy.matmul(&self.w)? + dlow.matmul(&a_h)?)?)
+        let a_h = a.detach().to_dtype(dt)?.contiguous()?;
+        let b_h = b.detach().to_dtype(dt)?.contiguous()?;
+        let (dy_g, dy_l) = dy.storage_and_layout();
+        let dys = cuda(&dy_g, "fused lora backward")?;
+        let (a_g, a_l) = a_h.storage_and_layout();
+        let ah = cuda(&a_g, "fused lora backward")?;
+        let (b_g, b_l) = b_h.storage_and_layout();
+        let bh = cuda(&b_g, "fused lora backward")?;
+        let (x_g, x_l) = x.storage_and_layout();
+        let xs = cuda(&x_g, "fused lora backward")?;
+        let dev = super::device(xs);
+        let s = self.scaling as f32;
+        // dlow = s · dy B  [rows, r]
+        let mut dlow = buffer(dev, rows * r, dt)?;
+        let dlow_l = Layout::contiguous((rows, r));
+        gemm(
+            dev,
+            Operand {
+                s: dys,
+                l: dy_l,
+                op: Op::N,
+            },
+            Operand {
+                s: bh,
+                l: b_l,
+                op: Op::N,
+            },
+            &mut dlow,
+            (rows, r, out_f),
+            s,
+            0.0,
+        )?;
+        let dx = if x.track_op() {
+            // dx = dy W + dlow A  [rows, in]
+            let (w_g, w_l) = self.w.storage_and_layout();
+            let w = cuda(&w_g, "fused lora backward")?;
+            let mut dx = buffer(dev, rows * in_f, dt)?;
+            gemm(
+                dev,
+                Operand {
+                    s: dys,
+                    l: dy_l,
+                    op: Op::N,
+                },
+                Operand {
+                    s: w,
+                    l: w_l,
+                    op: Op::N,
+                },
+                &mut dx,
+                (rows, in_f, out_f),
+                1.0,
+                0.0,
+            )?;
+            gemm(
+                dev,
+                Operand {
+                    s: &dlow,
+                    l: &dlow_l,
+                    op: Op::N,
+                },
+                Operand {
+                    s: ah,
+                    l: a_l,
+                    op: Op::N,
+                },
+                &mut dx,
+                (rows, in_f, r),
+                1.0,
+                1.0,
+            )?;
+            Some(wrap(dx, (rows, in_f)))
         } else {
             None
         };
         let (da, db) = if a.track_op() || b.track_op() {
-            let low = x.matmul(&a_h.t()?)?;
-            let db = (dy.t()?.matmul(&low)? * self.scaling)?.to_dtype(b.dtype())?;
-            let da = dlow.t()?.matmul(&x)?.to_dtype(a.dtype())?;
-            (Some(da), Some(db))
+            // low = x Aᵀ  [rows, r], recomputed
+            let mut low = buffer(dev, rows * r, dt)?;
+            let low_l = Layout::contiguous((rows, r));
+            gemm(
+                dev,
+                Operand {
+                    s: xs,
+                    l: x_l,
+                    op: Op::N,
+                },
+                Operand {
+                    s: ah,
+                    l: a_l,
+                    op: Op::T,
+                },
+                &mut low,
+                (rows, r, in_f),
+                1.0,
+                0.0,
+            )?;
+            // dA = dlowᵀ x  [r, in], dB = s · dyᵀ low  [out, r], in f32
+            let mut da = buffer(dev, r * in_f, DType::F32)?;
+            gemm(
+                dev,
+                Operand {
+                    s: &dlow,
+                    l: &dlow_l,
+                    op: Op::T,
+                },
+                Operand {
+                    s: xs,
+                    l: x_l,
+                    op: Op::N,
+                },
+                &mut da,
+                (r, in_f, rows),
+                1.0,
+                0.0,
+            )?;
+            let mut db = buffer(dev, out_f * r, DType::F32)?;
+            gemm(
+                dev,
+                Operand {
+                    s: dys,
+                    l: dy_l,
+                    op: Op::T,
+                },
+                Operand {
+                    s: &low,
+                    l: &low_l,
+                    op: Op::N,
+                },
+                &mut db,
+                (out_f, r, rows),
+                s,
+                0.0,
+            )?;
+            (
+                Some(wrap(da, (r, in_f)).to_dtype(a.dtype())?),
+                Some(wrap(db, (out_f, r)).to_dtype(b.dtype())?),
+            )
         } else {
             (None, None)
         };
@@ -142,15 +336,25 @@ impl CustomOp3 for LoraLinear {
     }
 }
 
+/// A storage as a tensor with no gradient graph.
+fn wrap(s: CudaStorage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(
+        candle_core::Storage::Cuda(s),
+        shape,
+        candle_core::op::BackpropOp::none(),
+        false,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::fixtures;
-    use candle_core::{DType, Var};
+    use candle_core::Var;
 
     /// The fused projection against the same sum from candle's differentiable ops in the
-    /// same dtype on the GPU: values and the gradients of x, A and B, in bf16 and f16.
-    /// Skipped without `RLHOST_TEST_DEVICE=cuda`.
+    /// same dtype on the GPU, with and without a bias: values and the gradients of x, A and
+    /// B, in bf16 and f16. Skipped without `RLHOST_TEST_DEVICE=cuda`.
     #[test]
     fn fused_lora_linear_matches_the_composed_sum() {
         let dev = fixtures::device();
@@ -159,40 +363,58 @@ mod tests {
         }
         let (rows, in_f, out_f, r, s) = (37, 96, 160, 8, 2.0);
         for (dtype, tol) in [(DType::BF16, 1.5e-2), (DType::F16, 3e-3)] {
-            let make = |shape: &[usize], seed: u64| fixtures::uniform(shape, seed).to_device(&dev).unwrap();
-            let x = Var::from_tensor(&make(&[rows, in_f], 1).to_dtype(dtype).unwrap()).unwrap();
-            let w = (make(&[out_f, in_f], 2) * 0.1).unwrap().to_dtype(dtype).unwrap();
-            let a = Var::from_tensor(&make(&[r, in_f], 3)).unwrap();
-            let b = Var::from_tensor(&(make(&[out_f, r], 4) * 0.5).unwrap()).unwrap();
-            let coef = make(&[rows, out_f], 5);
-            let run = |fused: bool| {
-                let xt = x.as_tensor();
-                let base = xt.detach().matmul(&w.t().unwrap()).unwrap();
-                let y = if fused {
-                    lora_linear(xt, &base, &w, a.as_tensor(), b.as_tensor(), s).unwrap()
-                } else {
-                    let low = xt.matmul(&a.as_tensor().to_dtype(dtype).unwrap().t().unwrap()).unwrap();
-                    let delta = (low * s)
-                        .unwrap()
-                        .matmul(&b.as_tensor().to_dtype(dtype).unwrap().t().unwrap())
-                        .unwrap();
-                    (crate::model::ops::frozen_linear(xt, &w).unwrap() + delta).unwrap()
+            for with_bias in [false, true] {
+                let make = |shape: &[usize], seed: u64| {
+                    fixtures::uniform(shape, seed).to_device(&dev).unwrap()
                 };
-                let loss = (y.to_dtype(DType::F32).unwrap() * &coef).unwrap().sum_all().unwrap();
-                let grads = loss.backward().unwrap();
-                let g = |t: &Tensor| grads.get(t).unwrap().clone();
-                (y, [g(xt), g(a.as_tensor()), g(b.as_tensor())])
-            };
-            let (yf, gf) = run(true);
-            let (yc, gc) = run(false);
-            let e = fixtures::relative_diff(&yf, &yc);
-            eprintln!("lora linear {dtype:?}: output {e:.2e}");
-            assert!(e <= tol, "{dtype:?}: output {e}");
-            for (name, (f, c)) in ["x", "A", "B"].iter().zip(gf.iter().zip(&gc)) {
-                assert_eq!(f.dtype(), c.dtype(), "{name}");
-                let e = fixtures::relative_diff(f, c);
-                eprintln!("lora linear {dtype:?}: grad {name} {e:.2e}");
-                assert!(e <= tol * 2.0, "{dtype:?}: grad {name} {e}");
+                let x =
+                    Var::from_tensor(&make(&[2, rows, in_f], 1).to_dtype(dtype).unwrap()).unwrap();
+                let w = (make(&[out_f, in_f], 2) * 0.1)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let bias = with_bias.then(|| make(&[out_f], 6).to_dtype(dtype).unwrap());
+                let a = Var::from_tensor(&make(&[r, in_f], 3)).unwrap();
+                let b = Var::from_tensor(&(make(&[out_f, r], 4) * 0.5).unwrap()).unwrap();
+                let coef = make(&[2, rows, out_f], 5);
+                let run = |fused: bool| {
+                    let xt = x.as_tensor();
+                    let y = if fused {
+                        lora_linear(xt, &w, bias.as_ref(), a.as_tensor(), b.as_tensor(), s).unwrap()
+                    } else {
+                        let low = xt
+                            .broadcast_matmul(&a.as_tensor().to_dtype(dtype).unwrap().t().unwrap())
+                            .unwrap();
+                        let delta = (low * s)
+                            .unwrap()
+                            .broadcast_matmul(&b.as_tensor().to_dtype(dtype).unwrap().t().unwrap())
+                            .unwrap();
+                        let base = crate::model::ops::frozen_linear(xt, &w).unwrap();
+                        let base = match &bias {
+                            Some(bias) => base.broadcast_add(bias).unwrap(),
+                            None => base,
+                        };
+                        (base + delta).unwrap()
+                    };
+                    let loss = (y.to_dtype(DType::F32).unwrap() * &coef)
+                        .unwrap()
+                        .sum_all()
+                        .unwrap();
+                    let grads = loss.backward().unwrap();
+                    let g = |t: &Tensor| grads.get(t).unwrap().clone();
+                    (y, [g(xt), g(a.as_tensor()), g(b.as_tensor())])
+                };
+                let (yf, gf) = run(true);
+                let (yc, gc) = run(false);
+                let e = fixtures::relative_diff(&yf, &yc);
+                eprintln!("lora linear {dtype:?} bias {with_bias}: output {e:.2e}");
+                assert!(e <= tol, "{dtype:?}: output {e}");
+                for (name, (f, c)) in ["x", "A", "B"].iter().zip(gf.iter().zip(&gc)) {
+                    assert_eq!(f.dtype(), c.dtype(), "{name}");
+                    let e = fixtures::relative_diff(f, c);
+                    eprintln!("lora linear {dtype:?} bias {with_bias}: grad {name} {e:.2e}");
+                    assert!(e <= tol * 2.0, "{dtype:?}: grad {name} {e}");
+                }
             }
         }
     }

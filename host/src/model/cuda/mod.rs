@@ -11,6 +11,7 @@
 //! unless the thread asked for the composed forms ([`super::cpu::composed`]).
 
 pub mod attention;
+pub(crate) mod gemm;
 pub mod logprobs;
 pub mod lora;
 pub mod rms_norm;
@@ -21,10 +22,10 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig,
 };
-use std::sync::Arc;
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor, bail};
+use std::sync::Arc;
 
 /// Whether the fused CUDA ops may run on `x`.
 pub fn applies(x: &Tensor) -> bool {
@@ -63,7 +64,8 @@ impl Module {
             DType::F16 => "f16",
             other => bail!("{kernel}: no CUDA kernel for {other:?}"),
         };
-        let func = dev.get_or_load_custom_func(&format!("{kernel}_{suffix}"), self.name, self.ptx)?;
+        let func =
+            dev.get_or_load_custom_func(&format!("{kernel}_{suffix}"), self.name, self.ptx)?;
         Ok((dev.cuda_stream(), (*func).clone()))
     }
 }

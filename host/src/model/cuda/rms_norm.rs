@@ -5,7 +5,10 @@
 //! where transformers rounds (`rms_norm.cu` has the equations); the weight gets no
 //! gradient (norm weights are frozen under LoRA).
 
-use super::{Module, PushKernelArg, alloc, cuda, launch, per_row, ptx, row_threads, storage, tensor, view, with_dtype};
+use super::{
+    Module, PushKernelArg, alloc, cuda, launch, per_row, ptx, row_threads, storage, tensor, view,
+    with_dtype,
+};
 use candle_core::{CudaStorage, CustomOp1, Layout, Result, Shape, Tensor, bail};
 
 const KERNELS: Module = Module {
@@ -41,7 +44,11 @@ impl CustomOp1 for RmsNorm {
         "fused-rms-norm"
     }
 
-    fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> Result<(candle_core::CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
         bail!("fused rms_norm: CUDA only")
     }
 
@@ -109,7 +116,11 @@ mod tests {
         for (shape, n) in [(vec![3, 7, 1536], 1536), (vec![2, 5, 4, 128], 128)] {
             for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
                 let make = |shape: &[usize], s: u64| {
-                    fixtures::uniform(shape, s).to_device(&dev).unwrap().to_dtype(dtype).unwrap()
+                    fixtures::uniform(shape, s)
+                        .to_device(&dev)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
                 };
                 let x = Var::from_tensor(&(make(&shape, 1) * 3.0).unwrap()).unwrap();
                 let w = (make(&[n], 2) + 1.0).unwrap();
@@ -121,15 +132,24 @@ mod tests {
                         crate::model::cpu::composed(|| compute::rms_norm(x.as_tensor(), &w, 1e-6))
                     }
                     .unwrap();
-                    let loss = (y.to_dtype(DType::F32).unwrap() * &coef).unwrap().sum_all().unwrap();
+                    let loss = (y.to_dtype(DType::F32).unwrap() * &coef)
+                        .unwrap()
+                        .sum_all()
+                        .unwrap();
                     let g = loss.backward().unwrap().get(x.as_tensor()).unwrap().clone();
                     (y, g)
                 };
                 let (yf, gf) = run(true);
                 let (yc, gc) = run(false);
-                let (ey, eg) = (fixtures::relative_diff(&yf, &yc), fixtures::relative_diff(&gf, &gc));
+                let (ey, eg) = (
+                    fixtures::relative_diff(&yf, &yc),
+                    fixtures::relative_diff(&gf, &gc),
+                );
                 eprintln!("rms_norm {shape:?} {dtype:?}: output {ey:.2e}, grad {eg:.2e}");
-                assert!(ey <= tol && eg <= tol * 2.0, "{shape:?} {dtype:?}: {ey} {eg}");
+                assert!(
+                    ey <= tol && eg <= tol * 2.0,
+                    "{shape:?} {dtype:?}: {ey} {eg}"
+                );
             }
         }
     }

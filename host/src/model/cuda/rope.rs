@@ -6,7 +6,9 @@
 //! concatenation, two products, a sum); its backward rotates back and lays the gradient
 //! out as the input lay, in one pass too.
 
-use super::{Module, PushKernelArg, alloc, cuda, elementwise, launch, ptx, storage, view, with_dtype};
+use super::{
+    Module, PushKernelArg, alloc, cuda, elementwise, launch, ptx, storage, view, with_dtype,
+};
 use candle_core::{CudaStorage, CustomOp1, Layout, Result, Shape, Tensor, bail};
 
 const KERNELS: Module = Module {
@@ -15,10 +17,20 @@ const KERNELS: Module = Module {
 };
 
 /// `y: [B, T, n·d]` (or `[B, T, n, d]`) → rotated heads `[B, groups, (n/groups)·T, d]`.
-pub fn rope_heads(y: &Tensor, n: usize, groups: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+pub fn rope_heads(
+    y: &Tensor,
+    n: usize,
+    groups: usize,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
     let (b, t) = (y.dim(0)?, y.dim(1)?);
     let d = y.elem_count() / (b * t * n);
-    if d % 2 != 0 || b * t * n * d != y.elem_count() || cos.elem_count() != b * t * d / 2 || n % groups != 0 {
+    if d % 2 != 0
+        || b * t * n * d != y.elem_count()
+        || cos.elem_count() != b * t * d / 2
+        || n % groups != 0
+    {
         bail!(
             "fused rope: heads {:?} as {n} heads of {d}, tables {:?}, {groups} groups",
             y.dims(),
@@ -31,7 +43,11 @@ pub fn rope_heads(y: &Tensor, n: usize, groups: usize, cos: &Tensor, sin: &Tenso
         dims: [b, t, n, d],
     };
     let y = y.contiguous()?;
-    let out = if y.track_op() { y.apply_op1(op)? } else { y.apply_op1_no_bwd(&op)? };
+    let out = if y.track_op() {
+        y.apply_op1(op)?
+    } else {
+        y.apply_op1_no_bwd(&op)?
+    };
     out.reshape((b, groups, n / groups * t, d))
 }
 
@@ -74,13 +90,20 @@ impl CustomOp1 for Rope {
         "fused-rope-heads"
     }
 
-    fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> Result<(candle_core::CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
         bail!("fused rope: CUDA only")
     }
 
     fn cuda_fwd(&self, y: &CudaStorage, y_l: &Layout) -> Result<(CudaStorage, Shape)> {
         let [b, t, n, d] = self.dims;
-        Ok((self.run("rope_heads_fwd", y, y_l)?, Shape::from((b, n, t, d))))
+        Ok((
+            self.run("rope_heads_fwd", y, y_l)?,
+            Shape::from((b, n, t, d)),
+        ))
     }
 
     fn bwd(&self, y: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -116,33 +139,52 @@ mod tests {
         for (n, groups, d) in [(12, 2, 128), (4, 4, 64)] {
             for (dtype, tol) in [(DType::F32, 1e-6), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
                 let y = Var::from_tensor(
-                    &fixtures::uniform(&[b, t, n * d], 1).to_device(&dev).unwrap().to_dtype(dtype).unwrap(),
+                    &fixtures::uniform(&[b, t, n * d], 1)
+                        .to_device(&dev)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap(),
                 )
                 .unwrap();
                 let positions = candle_core::Tensor::arange(0u32, (b * t) as u32, &dev)
                     .unwrap()
                     .reshape((b, t))
                     .unwrap();
-                let inv = ops::rope_inv_freq(d, 10000.0, &crate::model::config::RopeScaling::None, &dev).unwrap();
+                let inv =
+                    ops::rope_inv_freq(d, 10000.0, &crate::model::config::RopeScaling::None, &dev)
+                        .unwrap();
                 let (cos, sin) = ops::rope_cos_sin(&inv, &positions).unwrap();
                 let (cos, sin) = (cos.to_dtype(dtype).unwrap(), sin.to_dtype(dtype).unwrap());
-                let coef = fixtures::uniform(&[b, groups, n / groups * t, d], 2).to_device(&dev).unwrap();
+                let coef = fixtures::uniform(&[b, groups, n / groups * t, d], 2)
+                    .to_device(&dev)
+                    .unwrap();
                 let run = |fused: bool| {
                     let out = if fused {
                         rope_heads(y.as_tensor(), n, groups, &cos, &sin)
                     } else {
-                        crate::model::cpu::composed(|| compute::rope_heads(y.as_tensor(), n, groups, Some((&cos, &sin))))
+                        crate::model::cpu::composed(|| {
+                            compute::rope_heads(y.as_tensor(), n, groups, Some((&cos, &sin)))
+                        })
                     }
                     .unwrap();
-                    let loss = (out.to_dtype(DType::F32).unwrap() * &coef).unwrap().sum_all().unwrap();
+                    let loss = (out.to_dtype(DType::F32).unwrap() * &coef)
+                        .unwrap()
+                        .sum_all()
+                        .unwrap();
                     let g = loss.backward().unwrap().get(y.as_tensor()).unwrap().clone();
                     (out, g)
                 };
                 let (of, gf) = run(true);
                 let (oc, gc) = run(false);
-                let (eo, eg) = (fixtures::relative_diff(&of, &oc), fixtures::relative_diff(&gf, &gc));
+                let (eo, eg) = (
+                    fixtures::relative_diff(&of, &oc),
+                    fixtures::relative_diff(&gf, &gc),
+                );
                 eprintln!("rope n={n} d={d} {dtype:?}: output {eo:.2e}, grad {eg:.2e}");
-                assert!(eo <= tol && eg <= tol * 2.0, "n={n} d={d} {dtype:?}: {eo} {eg}");
+                assert!(
+                    eo <= tol && eg <= tol * 2.0,
+                    "n={n} d={d} {dtype:?}: {eo} {eg}"
+                );
             }
         }
     }

@@ -2,7 +2,9 @@
 //! [`crate::model::compute::swiglu`]: one elementwise pass each way where the composed
 //! form makes four tensors forward and keeps them for a backward of six more.
 
-use super::{Module, PushKernelArg, alloc, cuda, elementwise, launch, ptx, storage, tensor, view, with_dtype};
+use super::{
+    Module, PushKernelArg, alloc, cuda, elementwise, launch, ptx, storage, tensor, view, with_dtype,
+};
 use candle_core::{CudaStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
 
 const KERNELS: Module = Module {
@@ -13,7 +15,13 @@ const KERNELS: Module = Module {
 /// `silu(gate) ⊙ up` for two tensors of one shape.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     if gate.dims() != up.dims() || gate.dtype() != up.dtype() {
-        bail!("fused swiglu: gate {:?} {:?}, up {:?} {:?}", gate.dims(), gate.dtype(), up.dims(), up.dtype());
+        bail!(
+            "fused swiglu: gate {:?} {:?}, up {:?} {:?}",
+            gate.dims(),
+            gate.dtype(),
+            up.dims(),
+            up.dtype()
+        );
     }
     let (gate, up) = (gate.contiguous()?, up.contiguous()?);
     if gate.track_op() || up.track_op() {
@@ -40,7 +48,13 @@ impl CustomOp2 for SwiGlu {
         bail!("fused swiglu: CUDA only")
     }
 
-    fn cuda_fwd(&self, g: &CudaStorage, g_l: &Layout, u: &CudaStorage, u_l: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        g: &CudaStorage,
+        g_l: &Layout,
+        u: &CudaStorage,
+        u_l: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
         use candle_core::backend::BackendStorage;
         let n = g_l.shape().elem_count();
         let dev = super::device(g);
@@ -58,7 +72,13 @@ impl CustomOp2 for SwiGlu {
         })
     }
 
-    fn bwd(&self, gate: &Tensor, up: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let n = gate.elem_count();
         let grad = grad.contiguous()?;
         let (g_guard, g_l) = gate.storage_and_layout();
@@ -104,7 +124,12 @@ mod tests {
         let shape = [3, 11, 896];
         for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
             let make = |s: u64| {
-                (fixtures::uniform(&shape, s) * 4.0).unwrap().to_device(&dev).unwrap().to_dtype(dtype).unwrap()
+                (fixtures::uniform(&shape, s) * 4.0)
+                    .unwrap()
+                    .to_device(&dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
             };
             let gate = Var::from_tensor(&make(1)).unwrap();
             let up = Var::from_tensor(&make(2)).unwrap();
@@ -113,10 +138,15 @@ mod tests {
                 let y = if fused {
                     swiglu(gate.as_tensor(), up.as_tensor())
                 } else {
-                    crate::model::cpu::composed(|| compute::swiglu(gate.as_tensor(), up.as_tensor()))
+                    crate::model::cpu::composed(|| {
+                        compute::swiglu(gate.as_tensor(), up.as_tensor())
+                    })
                 }
                 .unwrap();
-                let loss = (y.to_dtype(DType::F32).unwrap() * &coef).unwrap().sum_all().unwrap();
+                let loss = (y.to_dtype(DType::F32).unwrap() * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
                 let grads = loss.backward().unwrap();
                 let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
                 (y, g(&gate), g(&up))
@@ -129,7 +159,10 @@ mod tests {
                 fixtures::relative_diff(&guf, &guc),
             ];
             eprintln!("swiglu {dtype:?}: output, grad gate, grad up {e:?}");
-            assert!(e[0] <= tol && e[1] <= tol * 2.0 && e[2] <= tol * 2.0, "{dtype:?}: {e:?}");
+            assert!(
+                e[0] <= tol && e[1] <= tol * 2.0 && e[2] <= tol * 2.0,
+                "{dtype:?}: {e:?}"
+            );
         }
     }
 }
