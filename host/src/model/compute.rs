@@ -25,6 +25,11 @@ use std::sync::Mutex;
 
 pub use super::cpu::{applies as cpu_kernels, composed};
 
+/// The additive mask's value for a score a query may not see (the decoder's batch masks,
+/// the pooled decode's): large and negative instead of -inf, so that a row with every key
+/// masked (a pad query) gets a finite uniform softmax, as in transformers, instead of NaN.
+pub const MASKED: f32 = -1e30;
+
 /// `x · wᵀ` for a frozen weight `w: [out, in]` and `x: [..., in]`; differentiable in `x`
 /// only.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {

@@ -17,7 +17,7 @@
 //!   token per sequence) attends for the whole batch at once instead, its caches moved
 //!   into one shared buffer per layer ([`super::kv_cache`]).
 
-use super::compute::{self, rms_norm};
+use super::compute::{self, MASKED, rms_norm};
 use super::config::{Arch, ModelConfig};
 use super::frozen::Weight;
 use super::kv_cache::{self, KvCache, KvShape, PooledStep};
@@ -30,10 +30,6 @@ use anyhow::Context;
 use candle_core::{DType, Device, Result, Tensor, Var, backprop::GradStore};
 use rand::RngExt;
 use std::path::Path;
-
-/// Large negative instead of -inf for masked scores: a row with every key masked (a pad
-/// query) then gets a finite uniform softmax, as in transformers, instead of NaN.
-pub(super) const MASKED: f32 = -1e30;
 
 /// Rows per chunk when computing log-probs over the vocabulary. On the CPU, as many as
 /// keep one `[rows, vocab]` f32 intermediate under the allocator's heap-block limit (55

@@ -14,7 +14,7 @@
 //! that finds a batch not all in one pool builds a new one (a copy of each cache, the
 //! cost of about one step done sequence by sequence).
 
-use super::decoder::MASKED;
+use super::compute::MASKED;
 use super::ops::softmax_last;
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::Arc;

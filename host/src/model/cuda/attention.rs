@@ -32,7 +32,7 @@ const KERNELS: Module = Module {
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
     let (b, g, rt, d) = q.dims4()?;
     let t = k.dim(2)?;
-    if k.dims() != [b, g, t, d] || v.dims() != [b, g, t, d] || rt % t != 0 {
+    if k.dims() != [b, g, t, d] || v.dims() != [b, g, t, d] || !rt.is_multiple_of(t) {
         bail!(
             "fused attention: q {:?}, k {:?}, v {:?} are not [B, g, R·T, d], [B, g, T, d] twice",
             q.dims(),

@@ -26,10 +26,10 @@ pub fn rope_heads(
 ) -> Result<Tensor> {
     let (b, t) = (y.dim(0)?, y.dim(1)?);
     let d = y.elem_count() / (b * t * n);
-    if d % 2 != 0
+    if !d.is_multiple_of(2)
         || b * t * n * d != y.elem_count()
         || cos.elem_count() != b * t * d / 2
-        || n % groups != 0
+        || !n.is_multiple_of(groups)
     {
         bail!(
             "fused rope: heads {:?} as {n} heads of {d}, tables {:?}, {groups} groups",
