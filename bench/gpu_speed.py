@@ -21,7 +21,9 @@ bench/.work/ (once; --small uses 4 layers for a quick check), everything in bf16
    yardstick for both: PyTorch's caching allocator and candle's allocations alike), and
    PyTorch's own `max_memory_reserved` beside it. A second peer, PEFT with Liger's kernels
    (liger-kernel, `--no-liger` leaves it out), runs the same step from its fused head.
-Each measurement runs in its own process; rlhost and the peer alternate for --rounds and
+`--shape 7b` takes Qwen2.5-7B's shape instead (hidden 3584, 28/4 heads, intermediate 18,944,
+vocabulary 152,064, untied head). Each measurement runs in its own process (the model is made
+in one of its own too); rlhost and the peer alternate for --rounds and
 the medians are compared. Prints one table with the ratios (> 1: rlhost better).
 """
 

@@ -10,7 +10,11 @@
 //! against transformers and PEFT in f32, bf16 and f16 on the CPU and on an H200 (an NF4
 //! weight is dequantized on the GPU for its product). The hand-tuned CPU kernels
 //! (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`, `mlp_op`) are picked only
-//! where they apply: an f32 tensor on the CPU with AVX2 and FMA. Never candle's fused
+//! where they apply: an f32 tensor on the CPU with AVX2 and FMA; the fused CUDA ops
+//! ([`super::cuda`]: attention, the LoRA projection, log-probs, RMSNorm, rope, SwiGLU,
+//! each with its own backward) on a CUDA tensor, where the adapter computes in the
+//! model's dtype from its f32 weights (PEFT's mixed precision, not its f32-adapter
+//! default; the tests hold it to PEFT's half-precision adapter). Never candle's fused
 //! `rms_norm`, `softmax_last_dim` or `rope` where a gradient is needed: they drop it
 //! silently (they are used here only on tensors that carry none), nor, in half precision
 //! on a GPU, where they round otherwise than transformers. With `RLHOST_PROFILE=1` each
@@ -116,10 +120,11 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
     };
     // On a GPU in half precision the adapter's products run in the compute dtype (cuBLAS,
     // f32 accumulation) from f32 master weights cast per call (r · (in + out) elements),
-    // their gradients cast back to f32 by the cast's backward: no f32 copy of an
-    // activation either way (issue 50; 784 such casts of ≈1.8 ms made half of an H200's
-    // LoRA step). Elsewhere, as PEFT does, the input is cast to f32 and the sum
-    // `y + delta` taken in f32, then cast back (a no-op in f32).
+    // their gradients written back in f32: no f32 copy of an activation either way (issue
+    // 50; 784 such casts of ≈1.8 ms made half of an H200's LoRA step). With dropout drawn
+    // or an NF4 base, the same products composed from candle's ops. Elsewhere, as PEFT
+    // does, the input is cast to f32 and the sum `y + delta` taken in f32, then cast back
+    // (a no-op in f32).
     #[cfg(feature = "cuda")]
     if x.dtype() != DType::F32 && super::cuda::applies(x) {
         let dropping = mode.dropout_rng.is_some() && lora.dropout > 0.0;
@@ -195,6 +200,8 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     // carries no gradient yet) and recomputed layers take this branch, and with the CUDA
     // kernel there the LoRA gradients were 1.0e-1 from PEFT's, 1.5e-2 without it, and the
     // loss moved from transformers' 8.361626 to 8.363729.
+    // The fused CUDA op rounds where transformers rounds (the normalised row, then its
+    // product with `w`), gradient or not.
     #[cfg(feature = "cuda")]
     if super::cuda::applies(x) {
         return super::cuda::rms_norm::rms_norm(x, w, eps);

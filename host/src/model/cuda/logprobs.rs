@@ -40,6 +40,14 @@ pub fn target_logprobs(
     let chunk_rows = chunk_rows.max(1);
     let head = lm_head.detach().to_dtype(hidden.dtype())?;
     let targets = targets.to_dtype(DType::U32)?.contiguous()?;
+    // A target outside the vocabulary would read past a row of logits in the kernel:
+    // refused here (one small read back per batch).
+    if n > 0 {
+        let top = targets.max(0)?.to_scalar::<u32>()?;
+        if top as usize >= v {
+            bail!("fused log-probs: target token {top} is outside the vocabulary of {v}");
+        }
+    }
     let detached = hidden.detach();
     let (mut outs, mut lses) = (Vec::new(), Vec::new());
     for start in (0..n).step_by(chunk_rows) {
