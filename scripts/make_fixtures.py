@@ -498,6 +498,9 @@ def kv_cache_check(model, input_ids, full_logits):
 def build_model(name, vocab, ids):
     shape = common_shape(vocab, ids)
     if name == "qwen2":
+        # rlhost bounds rollout.max_total_tokens by the context: the countdown configs run
+        # this model on prompts of ~290 tokens with a limit of 512.
+        shape["max_position_embeddings"] = 1024
         cfg = Qwen2Config(**shape, tie_word_embeddings=True, use_sliding_window=False)
         cls, seed = Qwen2ForCausalLM, 1002
     elif name == "qwen3":
@@ -1631,7 +1634,8 @@ def write_readme(out, ids, facts, cases, jchecks, tool):
     w("## Models (`models/<name>/`)")
     w("")
     w("All three: hidden 64, 2 layers, 4 attention heads, 2 KV heads, head_dim 16,")
-    w(f"intermediate 128, vocab {VOCAB_SIZE}, max_position_embeddings 256, rms_norm_eps 1e-6,")
+    w(f"intermediate 128, vocab {VOCAB_SIZE}, max_position_embeddings 256 (1024 for qwen2, whose")
+    w("countdown configs run longer), rms_norm_eps 1e-6,")
     w("rope_theta 10000, silu. Seeded random weights: linear/embedding N(0, 0.2²), norm weights")
     w("1 + N(0, 0.1²), biases N(0, 0.1²). Each folder has config.json (as transformers writes")
     w("it), weights, and copies of the tokenizer files and generation_config.json.")

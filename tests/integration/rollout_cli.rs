@@ -44,10 +44,20 @@ fn rollout_writes_scored_trajectories_and_a_summary() {
 fn bad_configs_get_one_clear_line() {
     let dir = temp_dir("rollout-cli-bad");
     let out = dir.join("r.jsonl");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--set", "rollout.grup_size=2"],
             "unknown field `grup_size`",
+        ),
+        // Issue 51: 100,000,000 with long prompts aborted the process on a 70 TB
+        // allocation; a limit past the model's context (1024) is refused by its key.
+        (
+            &["--set", "rollout.max_total_tokens=100000000"],
+            "rollout.max_total_tokens is 100000000, over the model's context of 1024 tokens (max_position_embeddings in ",
+        ),
+        (
+            &["--set", "rollout.max_total_tokens=1025"],
+            "set it to at most 1024",
         ),
         (
             &["--set", "model.path=\"/nonexistent/model\""],

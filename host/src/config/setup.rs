@@ -271,6 +271,8 @@ impl Opened {
             .validate()
             .with_context(|| format!("{file}: [sampling]"))?;
         let r = &c.rollout;
+        let max_total_tokens =
+            within_context(r.max_total_tokens, &lm).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         // A grant's prompts are bounded by the model's context (the engine's links cap
         // them): one that asks for more than the model can read is told so once.
         let context = lm.model.cfg.max_position_embeddings;
@@ -289,7 +291,7 @@ impl Opened {
         let remote = match r.engine {
             EngineKind::Local => None,
             EngineKind::Vllm => Some(std::sync::Arc::new(
-                vllm_pool(&loaded, &lm, &sampling)
+                vllm_pool(&loaded, &lm, &sampling, max_total_tokens)
                     .with_context(|| format!("{file}: [rollout.vllm]"))?,
             )),
         };
@@ -307,7 +309,7 @@ impl Opened {
                 max_turns: r.max_turns,
                 max_tool_calls: r.max_tool_calls,
                 max_tool_output_tokens: r.max_tool_output_tokens,
-                max_total_tokens: r.max_total_tokens,
+                max_total_tokens,
                 truncation_marker: r.truncation_marker.clone(),
             },
             template_kwargs: r.template_kwargs.clone(),
@@ -320,7 +322,7 @@ impl Opened {
         let kwargs = &settings.template_kwargs;
         dataset
             .check_prompts(&PromptLimit {
-                max_tokens: r.max_total_tokens.saturating_sub(1),
+                max_tokens: max_total_tokens.saturating_sub(1),
                 max_token_bytes: lm.tokenizer.max_token_bytes(),
                 count: &|sample| {
                     Ok(prompt_tokens(&lm, kwargs, settings.tools.as_deref(), sample)?.len())
@@ -428,8 +430,33 @@ async fn load_plugins(
 }
 
 /// The run's output folder: `run.out_dir`, or `runs/<config name>` beside the config.
+/// `rollout.max_total_tokens` bounded by the model's context (`max_position_embeddings`):
+/// a limit past it is refused, naming the key, since a trajectory's buffers (its prompt,
+/// KV cache, attention mask) are sized by the limit, and nothing else stops a prompt of
+/// millions of tokens (issue 51: 100,000,000 with 2 MB prompts aborted the process on a
+/// 70 TB allocation). Left at its default (4096), the limit is the context of a model
+/// with a shorter one.
+fn within_context(limit: usize, lm: &LanguageModel) -> Result<usize, String> {
+    let context = lm.model.cfg.max_position_embeddings;
+    if limit <= context {
+        Ok(limit)
+    } else if limit == RolloutLimits::default().max_total_tokens {
+        Ok(context)
+    } else {
+        Err(format!(
+            "rollout.max_total_tokens is {limit}, over the model's context of {context} tokens (max_position_embeddings in {}): set it to at most {context}",
+            lm.dir.join("config.json").display()
+        ))
+    }
+}
+
 /// Connects to the vLLM servers of `[rollout.vllm]` and checks them against `lm`.
-fn vllm_pool(loaded: &LoadedConfig, lm: &LanguageModel, sampling: &SamplingParams) -> Result<Pool> {
+fn vllm_pool(
+    loaded: &LoadedConfig,
+    lm: &LanguageModel,
+    sampling: &SamplingParams,
+    max_total_tokens: usize,
+) -> Result<Pool> {
     let c = &loaded.config;
     let v = &c.rollout.vllm;
     let adapter_dir = match &v.adapter_dir {
@@ -445,12 +472,7 @@ fn vllm_pool(loaded: &LoadedConfig, lm: &LanguageModel, sampling: &SamplingParam
         max_in_flight: v.max_in_flight,
         keep_versions: c.rollout.max_staleness + 2,
     };
-    Pool::connect(
-        settings,
-        lm,
-        c.rollout.max_total_tokens,
-        sampling.temperature,
-    )
+    Pool::connect(settings, lm, max_total_tokens, sampling.temperature)
 }
 
 pub fn out_dir(loaded: &LoadedConfig) -> PathBuf {
