@@ -102,8 +102,9 @@ for line in open(sys.argv[1]):
         bench)
             # The training step first (shorter), then the rollout: each half makes its
             # line of the table even when the other runs out of time. The step keeps
-            # every layer's activations unless RLHOST_GPU_CHECKPOINTING=1 (at 8 x 1024
-            # on a 1.5B shape that is over 139 GB for rlhost's composed attention).
+            # every layer's activations unless RLHOST_GPU_CHECKPOINTING=1 (25 GB at
+            # 8 x 1024 on the 1.5B shape with the fused CUDA ops, measured on an H100);
+            # PEFT + Liger is the second peer when liger-kernel's wheel is in .whl/.
             limited "${!var:-300}" "$out/bench.txt" \
                 python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-decode \
                 ${RLHOST_GPU_CHECKPOINTING:+--checkpointing}
