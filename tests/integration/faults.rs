@@ -1,7 +1,8 @@
 //! Remote engines against servers that misbehave (issue 51): a fault-injecting HTTP proxy
 //! in front of a server that answers the OpenAI completions shape, one fault per mode, and
-//! the outcome each must have. The book's table (docs/src/troubleshooting.md, "A remote
-//! server that misbehaves") lists the same modes and outcomes.
+//! the outcome each must have. The book's table (docs/src/troubleshooting.md, "vLLM
+//! servers", "A server that answers what no server can") lists the same modes and
+//! outcomes.
 //!
 //! The server behind the proxy is [`TinyServer`], a real HTTP server on loopback written
 //! for these tests: it answers `/v1/completions` greedily from rlhost's own model (the
