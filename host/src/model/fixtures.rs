@@ -162,6 +162,7 @@ pub fn masked_max_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f32 {
 
 /// `‖a − b‖ / ‖b‖` (Euclidean norms, in f32): the measure the GPU ops' tests hold fused
 /// against composed forms with.
+#[cfg(feature = "cuda")]
 pub fn relative_diff(a: &Tensor, b: &Tensor) -> f32 {
     let [a, b] = [a, b].map(|t| {
         t.to_device(&Device::Cpu)
