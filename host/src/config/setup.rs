@@ -429,7 +429,6 @@ async fn load_plugins(
     Ok(plugins)
 }
 
-/// The run's output folder: `run.out_dir`, or `runs/<config name>` beside the config.
 /// `rollout.max_total_tokens` bounded by the model's context (`max_position_embeddings`):
 /// a limit past it is refused, naming the key, since a trajectory's buffers (its prompt,
 /// KV cache, attention mask) are sized by the limit, and nothing else stops a prompt of
@@ -475,6 +474,7 @@ fn vllm_pool(
     Pool::connect(settings, lm, max_total_tokens, sampling.temperature)
 }
 
+/// The run's output folder: `run.out_dir`, or `runs/<config name>` beside the config.
 pub fn out_dir(loaded: &LoadedConfig) -> PathBuf {
     match &loaded.config.run.out_dir {
         Some(dir) => loaded.resolve(dir),
