@@ -173,18 +173,7 @@ impl CustomOp1 for FusedHead {
         _: &candle_core::CudaStorage,
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        let value = self
-            .value
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("fused log-probs: poisoned".into()))?
-            .take();
-        let Some(value) = value else {
-            bail!("fused log-probs: forward ran twice")
-        };
-        let (guard, layout) = value.storage_and_layout();
-        let copy = cuda(&guard, "fused log-probs")?.try_clone(layout)?;
-        Ok((copy, value.shape().clone()))
+        super::precomputed(&self.value, "fused log-probs")
     }
 
     fn bwd(&self, hidden: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

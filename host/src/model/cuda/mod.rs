@@ -178,3 +178,21 @@ pub(crate) fn launch(
     unsafe { builder.launch(cfg) }.w()?;
     Ok(())
 }
+
+/// A forward result computed with tensor ops before its op was applied, handed to candle
+/// as the op's output (a copy of its storage: candle takes the output by value).
+pub(crate) fn precomputed(
+    value: &std::sync::Mutex<Option<Tensor>>,
+    op: &str,
+) -> Result<(CudaStorage, Shape)> {
+    let value = value
+        .lock()
+        .map_err(|_| candle_core::Error::Msg(format!("{op}: poisoned")))?
+        .take();
+    let Some(value) = value else {
+        bail!("{op}: forward ran twice")
+    };
+    let (guard, layout) = value.storage_and_layout();
+    let copy = cuda(&guard, op)?.try_clone(layout)?;
+    Ok((copy, value.shape().clone()))
+}
