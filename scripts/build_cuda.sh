@@ -85,4 +85,7 @@ fi
 if [ $# -eq 0 ]; then
     set -- build --release -p rlhost
 fi
-exec cargo "$@" --features cuda
+# `--features cuda` goes before a `--` (clippy's `-- -D warnings`), where cargo reads it.
+args=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+exec cargo "${args[@]}" --features cuda "$@"
