@@ -1,5 +1,6 @@
 //! Finding the final answer in a completion: `\boxed{…}` (nested braces) or `\fbox{…}`,
-//! GSM8K's `#### 42`, "the answer is …", or the last number, tried in a configured order.
+//! GSM8K's `#### 42`, "the answer is …", the last math span (`$…$`, `\(…\)`), or the
+//! last number, tried in a configured order.
 
 use serde::Deserialize;
 
@@ -13,6 +14,9 @@ pub enum Source {
     Hash,
     /// What follows the last "the answer is" / "final answer:" on its line.
     AnswerIs,
+    /// The last `$…$`, `$$…$$`, `\(…\)` or `\[…\]` span: "the probability is
+    /// $\frac{1}{2}$."
+    LastMath,
     /// The last number in the text.
     LastNumber,
 }
@@ -24,6 +28,7 @@ pub fn find(text: &str, order: &[Source]) -> Option<(Source, String)> {
             Source::Boxed => boxed(text),
             Source::Hash => hash(text),
             Source::AnswerIs => answer_is(text),
+            Source::LastMath => last_math(text),
             Source::LastNumber => last_number(text),
         };
         found
@@ -87,20 +92,74 @@ fn answer_is(text: &str) -> Option<String> {
     if lower.len() != text.len() {
         return None;
     }
+    // The last marker in the text; at one place the longest (`max_by_key` keeps the last
+    // of equals, so the bare "final answer" comes first).
     let (at, len) = [
+        "final answer",
+        "answer:",
         "the answer is",
         "final answer is",
         "final answer:",
-        "answer:",
     ]
     .iter()
     .filter_map(|m| lower.rfind(m).map(|i| (i, m.len())))
     .max_by_key(|&(i, _)| i)?;
-    let rest = text[at + len..].trim_start_matches([' ', ':']);
-    let line = rest.lines().next().unwrap_or("");
+    // Markdown's bold around the label: `**Answer:** 3`, `**Final Answer** (E)`.
+    let rest = text[at + len..].trim_start_matches([' ', ':', '*']);
+    let line = rest
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim_end_matches(['*', ' ']);
     // A sentence ends at ". " or a final "." (not a decimal point).
     let end = line.find(". ").unwrap_or(line.len());
     Some(line[..end].trim().trim_end_matches('.').to_string())
+}
+
+/// The content of the last math span: `$…$` (or `$$…$$`), `\(…\)`, `\[…\]`.
+fn last_math(text: &str) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    let mut consider = |end: usize, inner: &str| {
+        if best.as_ref().is_none_or(|(e, _)| end > *e) {
+            best = Some((end, inner.to_string()));
+        }
+    };
+    for (open, close) in [("\\(", "\\)"), ("\\[", "\\]")] {
+        if let Some(end) = text.rfind(close)
+            && let Some(start) = text[..end].rfind(open)
+        {
+            consider(end, &text[start + open.len()..end]);
+        }
+    }
+    // Dollars pair up from the start: the last complete pair (an escaped `\$` is money).
+    let mut spans = Vec::new();
+    let mut open: Option<usize> = None;
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'$' && (i == 0 || bytes[i - 1] != b'\\') {
+            let width = if bytes.get(i + 1) == Some(&b'$') {
+                2
+            } else {
+                1
+            };
+            match open {
+                None => open = Some(i + width),
+                Some(start) => {
+                    spans.push((start, i));
+                    open = None;
+                }
+            }
+            i += width;
+            continue;
+        }
+        i += 1;
+    }
+    if let Some(&(start, end)) = spans.last() {
+        consider(end, &text[start..end]);
+    }
+    best.map(|(_, inner)| inner.trim().to_string())
+        .filter(|inner| !inner.is_empty())
 }
 
 /// The last number: an optional sign, digits with optional thousands commas, an optional
@@ -139,10 +198,11 @@ fn last_number(text: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    const ALL: [Source; 4] = [
+    const ALL: [Source; 5] = [
         Source::Boxed,
         Source::Hash,
         Source::AnswerIs,
+        Source::LastMath,
         Source::LastNumber,
     ];
 
@@ -169,6 +229,18 @@ mod tests {
             Some("-3/4".into())
         );
         assert_eq!(first("no answer here"), None);
+        assert_eq!(first("**Answer:** 3"), Some("3".into()));
+        assert_eq!(first("**Final Answer** (E)"), Some("(E)".into()));
+        assert_eq!(first("My final answer is 12."), Some("12".into()));
+        assert_eq!(
+            first("so $x=1$ and the probability is $\\frac{1}{2}$."),
+            Some("\\frac{1}{2}".into())
+        );
+        assert_eq!(
+            first("it is \\(\\frac{3}{4}\\)."),
+            Some("\\frac{3}{4}".into())
+        );
+        assert_eq!(first("costs \\$5 and \\$7"), Some("7".into()));
         // An unclosed box finds nothing there and falls through.
         assert_eq!(first("\\boxed{12 and 7"), Some("7".into()));
     }

@@ -9,43 +9,14 @@ const UNITS: &[&str] = &[
     "ft", "miles", "mile", "yards", "yard", "kg", "g", "grams", "gram", "pounds", "pound", "lbs",
     "dollars", "dollar", "cents", "cent", "degrees", "degree", "hours", "hour", "minutes",
     "minute", "seconds", "second", "days", "day", "years", "year", "square", "sq", "cubic", "mph",
-    "percent",
+    "percent", "in", "yd", "yards", "oz", "ounces", "ounce", "lb", "sec", "secs", "min", "mins",
+    "hr", "hrs", "ml", "mL", "liters", "liter", "litres", "litre", "weeks", "week", "months",
+    "month", "people", "students",
 ];
 
 /// The canonical spelling of `answer`, and whether it carried a percent sign.
 pub fn normalize(answer: &str) -> (String, bool) {
-    let mut s = answer.trim().to_string();
-    for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
-        if s.len() >= open.len() + close.len() && s.starts_with(open) && s.ends_with(close) {
-            s = s[open.len()..s.len() - close.len()].to_string();
-        }
-    }
-    for (from, to) in [
-        ("\\left", ""),
-        ("\\right", ""),
-        ("\\!", ""),
-        ("\\,", ""),
-        ("\\;", ""),
-        ("\\:", ""),
-        ("\\ ", ""),
-        ("\\dfrac", "\\frac"),
-        ("\\tfrac", "\\frac"),
-        ("^\\circ", ""),
-        ("^{\\circ}", ""),
-        ("\\circ", ""),
-        ("°", ""),
-        ("\\$", ""),
-        ("$", ""),
-        ("\\displaystyle", ""),
-    ] {
-        s = s.replace(from, to);
-    }
-    for command in ["\\text", "\\textbf", "\\mathrm", "\\mbox", "\\mathbf"] {
-        s = unwrap_command(&s, command);
-    }
-    let percent = s.contains('%');
-    s = s.replace("\\%", "").replace('%', "");
-    s = drop_unit(s.trim());
+    let (mut s, percent) = clean(answer);
     s.retain(|c| !c.is_whitespace());
     s = drop_thousands(&s);
     while s.ends_with('.') {
@@ -57,6 +28,92 @@ pub fn normalize(answer: &str) -> (String, bool) {
         s = (b[1] as char).to_string();
     }
     (s, percent)
+}
+
+/// `answer` with its delimiters, sizing and spacing commands, text wrappers, units,
+/// degree, dollar and percent signs and LaTeX thousands separators (`1{,}200`) removed,
+/// but its spaces kept: what [`crate::parse`] reads (`\sin x`, `\log_2 8` need them).
+/// Whether it carried a percent sign.
+pub fn clean(answer: &str) -> (String, bool) {
+    let mut s = answer.trim().to_string();
+    for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
+        if s.len() >= open.len() + close.len() && s.starts_with(open) && s.ends_with(close) {
+            s = s[open.len()..s.len() - close.len()].to_string();
+        }
+    }
+    s = spacing(&s);
+    for (from, to) in [
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\bigl", ""),
+        ("\\bigr", ""),
+        ("\\Bigl", ""),
+        ("\\Bigr", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+        ("\\circ", ""),
+        ("°", ""),
+        ("\\$", ""),
+        ("$", ""),
+        ("\\displaystyle", ""),
+        ("{,}", ""),
+    ] {
+        s = s.replace(from, to);
+    }
+    for command in [
+        "\\text",
+        "\\textbf",
+        "\\mathrm",
+        "\\mbox",
+        "\\mathbf",
+        "\\textnormal",
+    ] {
+        s = unwrap_command(&s, command);
+    }
+    let percent = s.contains('%');
+    s = s.replace("\\%", "").replace('%', "");
+    (drop_unit(s.trim()), percent)
+}
+
+/// LaTeX's spacing commands: the thin ones (`\,`, `\!`, as in `1\,200`) removed, the
+/// wide ones (`\ `, `\;`, `\:`, `\quad`) made a space; a row break `\\` is kept whole.
+fn spacing(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek() {
+            Some('\\') => {
+                chars.next();
+                out.push_str("\\\\");
+            }
+            Some(',' | '!') => {
+                chars.next();
+            }
+            Some(' ' | ';' | ':') => {
+                chars.next();
+                out.push(' ');
+            }
+            _ => out.push(c),
+        }
+    }
+    out.replace("\\qquad", " ").replace("\\quad", " ")
+}
+
+/// An answer that names a lettered choice, AMC style (`\textbf{(C)}\ 3`, `(C)`): the
+/// letter and the value written after it, if any.
+pub fn choice(answer: &str) -> Option<(char, Option<String>)> {
+    let (s, _) = clean(answer);
+    let rest = s.trim().strip_prefix('(')?;
+    let mut chars = rest.chars();
+    let letter = chars.next().filter(|c| ('A'..='E').contains(c))?;
+    let after = chars.as_str().strip_prefix(')')?.trim();
+    Some((letter, (!after.is_empty()).then(|| after.to_string())))
 }
 
 /// `\command{x}` → `x`, everywhere (nested braces kept whole).
@@ -96,8 +153,9 @@ fn drop_unit(s: &str) -> String {
             .map_or(0, |i| i + 1);
         let word = &head[word_start..];
         // A unit, or any plain word after a number ("42 apples"); a LaTeX command's name
-        // (`\pi`) is not a word: it follows a backslash.
-        let plain = head[..word_start].ends_with(' ');
+        // (`\pi`) is not a word: it follows a backslash, and one letter is a variable
+        // (`\frac{1}{2} x`).
+        let plain = head[..word_start].ends_with(' ') && word.len() > 1;
         if word.is_empty() || !(UNITS.contains(&word.to_lowercase().as_str()) || plain) {
             break;
         }

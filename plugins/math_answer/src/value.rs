@@ -76,6 +76,7 @@ pub fn eval(s: &str) -> Option<f64> {
     let mut p = Parser {
         s: s.as_bytes(),
         at: 0,
+        depth: 0,
     };
     let v = p.expr()?;
     (p.at == p.s.len() && v.is_finite()).then_some(v)
@@ -84,6 +85,9 @@ pub fn eval(s: &str) -> Option<f64> {
 struct Parser<'a> {
     s: &'a [u8],
     at: usize,
+    /// Nesting so far: brackets, exponents and signs past [`crate::parse::MAX_DEPTH`]
+    /// make no number (a hostile answer never overflows the stack).
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -116,7 +120,24 @@ impl Parser<'_> {
 
     // term := power (('*' | '/' | '\cdot' | '\times' | '\div' | implicit) power)*
     fn term(&mut self) -> Option<f64> {
+        let start = self.at;
         let mut v = self.power()?;
+        // A mixed number: `3\frac{1}{2}` is 3½ (a whole number, then a fraction of whole
+        // numbers), as MATH writes them.
+        let whole = self.s[start..self.at]
+            .iter()
+            .enumerate()
+            .all(|(i, c)| c.is_ascii_digit() || (i == 0 && *c == b'-'));
+        if whole && self.at > start && self.s[self.at..].starts_with(b"\\frac") {
+            let save = self.at;
+            self.at += "\\frac".len();
+            match (self.group(), self.group()) {
+                (Some(a), Some(b)) if a.fract() == 0.0 && b.fract() == 0.0 && b != 0.0 => {
+                    v = if v < 0.0 { v - a / b } else { v + a / b };
+                }
+                _ => self.at = save,
+            }
+        }
         loop {
             if self.eat("*") || self.eat("\\cdot") || self.eat("\\times") {
                 v *= self.power()?;
@@ -134,20 +155,31 @@ impl Parser<'_> {
     fn power(&mut self) -> Option<f64> {
         let base = self.unary()?;
         if self.eat("^") {
+            self.depth += 1;
+            if self.depth > crate::parse::MAX_DEPTH {
+                return None;
+            }
             let exp = self.power()?;
+            self.depth -= 1;
             return Some(base.powf(exp));
         }
         Some(base)
     }
 
     fn unary(&mut self) -> Option<f64> {
-        if self.eat("-") {
-            return Some(-self.unary()?);
+        self.depth += 1;
+        if self.depth > crate::parse::MAX_DEPTH {
+            return None;
         }
-        if self.eat("+") {
-            return self.unary();
-        }
-        self.primary()
+        let v = if self.eat("-") {
+            self.unary().map(|v| -v)
+        } else if self.eat("+") {
+            self.unary()
+        } else {
+            self.primary()
+        };
+        self.depth -= 1;
+        v
     }
 
     fn starts_primary(&self) -> bool {
@@ -229,6 +261,13 @@ mod tests {
         assert_eq!(eval("x+1"), None);
         assert_eq!(eval("(B)"), None);
         assert_eq!(eval("1/0"), None);
+        // Nesting past the bound is no number, not a stack overflow.
+        assert_eq!(eval(&("2^".repeat(100_000) + "2")), None);
+        assert_eq!(
+            eval(&format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000))),
+            None
+        );
+        assert_eq!(eval(&"-".repeat(100_000)), None);
     }
 
     #[test]
