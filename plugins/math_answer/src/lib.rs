@@ -189,6 +189,11 @@ mod tests {
         assert!(check("\\boxed{25\\%}", "0.25"));
         assert!(check("\\boxed{2\\sqrt{3}}", "\\sqrt{12}"));
         assert!(!check("\\boxed{[1, 2)}", "[1,2]"));
+        assert!(check("\\boxed{\\lvert x\\rvert \\ge 1}", "(-\\infty,-1]\\cup[1,\\infty)"));
+        assert!(!check("\\boxed{\\left| x \\right|}", "x"));
+        assert!(check("\\boxed{\\$1.50}", "1.5"));
+        assert!(check("\\boxed{2^10}", "1024"));
+        assert!(!check("\\boxed{60\\%}", "0.6\\%"));
         assert!(!check("\\boxed{13}", "12"));
         assert!(!check("I do not know", "12"));
     }
