@@ -189,7 +189,10 @@ mod tests {
         assert!(check("\\boxed{25\\%}", "0.25"));
         assert!(check("\\boxed{2\\sqrt{3}}", "\\sqrt{12}"));
         assert!(!check("\\boxed{[1, 2)}", "[1,2]"));
-        assert!(check("\\boxed{\\lvert x\\rvert \\ge 1}", "(-\\infty,-1]\\cup[1,\\infty)"));
+        assert!(check(
+            "\\boxed{\\lvert x\\rvert \\ge 1}",
+            "(-\\infty,-1]\\cup[1,\\infty)"
+        ));
         assert!(!check("\\boxed{\\left| x \\right|}", "x"));
         assert!(check("\\boxed{\\$1.50}", "1.5"));
         assert!(check("\\boxed{2^10}", "1024"));
