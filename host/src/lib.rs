@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod model;
+pub mod openenv;
 pub mod plugin;
 pub mod progress;
 pub mod rl;

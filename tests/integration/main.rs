@@ -20,6 +20,7 @@
 //! - `docs`: the handbook's and the README's links, anchors and includes resolve.
 //! - `init`: `rlhost init` writes a config that runs, from a model, a data file and plugins.
 //! - `install`: `scripts/install.sh` and the installed binary, run outside the checkout.
+//! - `openenv`: `rlhost env serve` driven by OpenEnv's own Python client.
 //! - `status`: a training run's status endpoint, `rlhost status`, and the dashboard in
 //!   a real headless Chromium.
 
@@ -36,6 +37,7 @@ mod http;
 mod init;
 mod install;
 mod model_cli;
+mod openenv;
 mod plugins;
 mod rollout;
 mod rollout_cli;

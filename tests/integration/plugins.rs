@@ -659,3 +659,65 @@ async fn multiply_problems_are_scored_by_their_product() {
         .unwrap();
     assert_eq!((none[0].value, none[1].value), (0.0, 0.0));
 }
+
+/// math_answer in the sandbox: answers equal only as mathematics are right, and hostile
+/// answers (a 1 MB expression, a power tower, a deep fraction, a huge factorial, nesting
+/// past any stack) end well inside the default deadline as wrong answers, not faults.
+#[tokio::test]
+async fn math_answer_compares_as_math_and_hostile_answers_end_as_wrong() {
+    let plugin = load("math_answer").await;
+    let mut scorer = plugin.open_reward("{}").await.unwrap();
+    let score = |gold: &str, completion: String| Trajectory {
+        messages: vec![Message::new("user", "q")],
+        completion,
+        metadata: serde_json::json!({ "answer": gold }),
+        turns: 1,
+        truncated: false,
+    };
+    for (gold, given, right) in [
+        ("2x+1", "\\boxed{1+2x}", true),
+        ("x^2+2x+1", "\\boxed{(x+1)^2}", true),
+        ("\\{1,2,3\\}", "\\boxed{\\{3,1,2\\}}", true),
+        ("e^{2}", "\\boxed{e^2}", true),
+        ("3", "\\boxed{\\log_2 8}", true),
+        ("1200", "\\boxed{1{,}200}", true),
+        ("\\frac13", "\\boxed{0.\\overline{3}}", true),
+        ("\\textbf{(C)}\\ 3", "\\boxed{C}", true),
+        ("(1,2]", "\\boxed{(1,2)}", false),
+        ("x^2-x-6", "\\boxed{(x-2)(x+3)}", false),
+    ] {
+        let c = scorer.score(&score(gold, given.into())).await.unwrap();
+        assert_eq!(c[0].value, f64::from(u8::from(right)), "{gold} vs {given}");
+    }
+    let limit = Limits::default().timeout();
+    for (name, answer) in [
+        ("1 MB sum", ["x"; 500_000].join("+")),
+        ("power tower", "10^{10^{10}}".to_string()),
+        ("factorial", "(10^{100})!".to_string()),
+        (
+            "deep fraction",
+            format!("{}1{}", "\\frac{1}{1+".repeat(20_000), "}".repeat(20_000)),
+        ),
+        (
+            "nesting",
+            format!("{}1{}", "(".repeat(200_000), ")".repeat(200_000)),
+        ),
+        ("exponents", "2^".repeat(200_000) + "2"),
+    ] {
+        let started = std::time::Instant::now();
+        let c = scorer
+            .score(&score("2x+1", format!("\\boxed{{{answer}}}")))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let took = started.elapsed();
+        assert_eq!(c[0].value, 0.0, "{name}");
+        assert!(took < limit / 5, "{name} took {took:?}");
+    }
+    // A short answer deep enough to defeat the parser's bound: still a wrong answer.
+    let deep = format!("{}x{}", "\\sqrt{".repeat(300), "}".repeat(300));
+    let c = scorer
+        .score(&score("x", format!("\\boxed{{{deep}}}")))
+        .await
+        .unwrap();
+    assert_eq!(c[0].value, 0.0);
+}

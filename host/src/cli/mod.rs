@@ -3,6 +3,7 @@
 //! user mistakes never panic.
 
 mod config;
+mod env;
 mod export;
 mod generate;
 mod init;
@@ -36,6 +37,9 @@ enum Command {
     /// Inspect and try out plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Environments in OpenEnv's standard: `env serve` serves a plugin under its API.
+    #[command(subcommand)]
+    Env(env::EnvCommand),
     /// Sample from a Hugging Face model directory (optionally with a LoRA adapter).
     Generate(generate::GenerateArgs),
     /// Write an adapter merged into its base model, as a Hugging Face model directory.
@@ -91,6 +95,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Plugin(command) => runtime.block_on(plugin::run(command)),
+        Command::Env(command) => runtime.block_on(env::run(command)),
         Command::Generate(args) => generate::run(args),
         Command::Export(args) => export::run(args),
         Command::Rollout(args) => rollout::run(args, runtime.handle(), cli.quiet),

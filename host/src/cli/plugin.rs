@@ -114,6 +114,11 @@ pub struct CallArgs {
     /// dataset: which sample to show (default: the first).
     #[arg(long)]
     index: Option<u64>,
+    /// reward: score the trajectory this many times on one open scorer and print the
+    /// time per score (the component already loaded and instantiated): a plugin's own
+    /// cost, without the process and the load.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     /// Seed for the plugin's randomness and the dataset.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -214,7 +219,7 @@ impl SandboxArgs {
         }
     }
 
-    async fn load(&self, path: &Path) -> Result<Plugin> {
+    pub(super) async fn load(&self, path: &Path) -> Result<Plugin> {
         let generate = self.generate()?;
         let plugin = self.load_plugin(path, generate.clone()).await?;
         if let (Some(_), Some(dir)) = (&generate, &self.model) {
@@ -603,7 +608,25 @@ async fn call(args: CallArgs) -> Result<()> {
                 None => Trajectory::single_turn(&args.sample()?, args.text.concat()),
             };
             let mut scorer = plugin.open_reward(&args.config).await?;
+            let started = std::time::Instant::now();
             let components = scorer.score(&trajectory).await?;
+            let mut seconds = started.elapsed().as_secs_f64();
+            if args.repeat > 1 {
+                // The first score is timed apart: it may touch memory for the first time.
+                let started = std::time::Instant::now();
+                for _ in 1..args.repeat {
+                    scorer.score(&trajectory).await?;
+                }
+                seconds = started.elapsed().as_secs_f64() / f64::from(args.repeat - 1);
+                if !args.json {
+                    println!(
+                        "time per score: {:.1} µs ({} scores after the first)",
+                        seconds * 1e6,
+                        args.repeat - 1
+                    );
+                }
+            }
+            out.insert("seconds_per_score".into(), seconds.into());
             let note = scorer.take_note();
             if !args.json {
                 for c in &components {

@@ -1,0 +1,35 @@
+//! OpenEnv (Meta and Hugging Face's environment standard): rlhost's environment and tools
+//! plugins served under its API, so that OpenEnv's clients, TRL's `environment_factory`
+//! and anything else that speaks it can use a sandboxed plugin as an environment.
+//!
+//! [`wire`] holds the protocol's messages, [`episode`] one episode over a plugin (the
+//! action mapping), [`server`] the HTTP and WebSocket routes. `rlhost env serve` runs it.
+
+pub mod episode;
+pub mod server;
+pub mod wire;
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+pub use episode::Served;
+pub use server::Options;
+
+/// Serves `served` on `addr` until the process ends (Ctrl-C: no episode keeps anything
+/// worth saving); `ready` is told the bound address first (a port of 0 picks a free one).
+pub async fn serve(
+    served: Served,
+    addr: &str,
+    options: Options,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} (is the port taken? --port 0 picks a free one)")
+    })?;
+    ready(listener.local_addr()?);
+    let app = server::router(Arc::new(served), options);
+    axum::serve(listener, app)
+        .await
+        .context("the OpenEnv server stopped")
+}
