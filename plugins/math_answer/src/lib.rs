@@ -74,27 +74,20 @@ const MAX_SYMBOLIC: usize = 4096;
 /// Two final answers are the same: as text or numbers on the fast path, else as
 /// mathematics.
 pub fn equal(given: &str, gold: &str, tolerance: f64) -> bool {
+    // Each side cleaned once: the fast path's spelling and the parser's text come from it.
+    let (given_clean, given_percent) = normal::clean(given);
+    let (gold_clean, gold_percent) = normal::clean(gold);
     // An AMC choice: `\textbf{(C)}\ 3` is answered by `C`, `(C)` or `3`.
-    match (normal::choice(given), normal::choice(gold)) {
+    match (normal::choice(&given_clean), normal::choice(&gold_clean)) {
         (Some((a, x)), Some((b, y))) => {
             return a == b || x.zip(y).is_some_and(|(x, y)| equal(&x, &y, tolerance));
         }
-        (Some((letter, value)), None) | (None, Some((letter, value))) => {
-            let other = if normal::choice(given).is_some() {
-                gold
-            } else {
-                given
-            };
-            let (plain, _) = normal::normalize(other);
-            if plain.len() == 1 && plain.chars().all(|c| c.is_ascii_uppercase()) {
-                return plain.starts_with(letter);
-            }
-            return value.is_some_and(|v| equal(other, &v, tolerance));
-        }
+        (Some(choice), None) => return names_choice(choice, gold, &gold_clean, tolerance),
+        (None, Some(choice)) => return names_choice(choice, given, &given_clean, tolerance),
         (None, None) => {}
     }
-    let (g, given_percent) = normal::normalize(given);
-    let (d, gold_percent) = normal::normalize(gold);
+    let g = normal::compact(given_clean.clone());
+    let d = normal::compact(gold_clean.clone());
     // One side in percent (`25\%` and `0.25`): a value and its hundredth also match; both
     // in percent (`60\%` and `0.6\%`), they compare as written.
     let percent = given_percent != gold_percent;
@@ -113,13 +106,25 @@ pub fn equal(given: &str, gold: &str, tolerance: f64) -> bool {
     if given.len() > MAX_SYMBOLIC || gold.len() > MAX_SYMBOLIC {
         return false;
     }
-    let (Some(x), Some(y)) = (
-        parse::answer(&normal::clean(given).0),
-        parse::answer(&normal::clean(gold).0),
-    ) else {
+    let (Some(x), Some(y)) = (parse::answer(&given_clean), parse::answer(&gold_clean)) else {
         return false;
     };
     compare::same(&x, &y, percent, tolerance)
+}
+
+/// Whether `other` answers a lettered choice: by its letter, or by the value written
+/// after the letter.
+fn names_choice(
+    (letter, value): (char, Option<String>),
+    other: &str,
+    other_clean: &str,
+    tolerance: f64,
+) -> bool {
+    let plain = normal::compact(other_clean.to_string());
+    if plain.len() == 1 && plain.chars().all(|c| c.is_ascii_uppercase()) {
+        return plain.starts_with(letter);
+    }
+    value.is_some_and(|v| equal(other, &v, tolerance))
 }
 
 impl Reward for MathAnswer {

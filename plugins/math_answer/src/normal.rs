@@ -16,7 +16,13 @@ const UNITS: &[&str] = &[
 
 /// The canonical spelling of `answer`, and whether it carried a percent sign.
 pub fn normalize(answer: &str) -> (String, bool) {
-    let (mut s, percent) = clean(answer);
+    let (s, percent) = clean(answer);
+    (compact(s), percent)
+}
+
+/// A [`clean`]ed answer's canonical spelling: spaces and thousands separators gone, `(B)`
+/// is `B`.
+pub fn compact(mut s: String) -> String {
     s.retain(|c| !c.is_whitespace());
     s = drop_thousands(&s);
     while s.ends_with('.') {
@@ -27,7 +33,7 @@ pub fn normalize(answer: &str) -> (String, bool) {
     if b.len() == 3 && b[0] == b'(' && b[2] == b')' && b[1].is_ascii_alphabetic() {
         s = (b[1] as char).to_string();
     }
-    (s, percent)
+    s
 }
 
 /// `answer` with its delimiters, sizing and spacing commands, text wrappers, units,
@@ -108,11 +114,10 @@ fn spacing(s: &str) -> String {
     out.replace("\\qquad", " ").replace("\\quad", " ")
 }
 
-/// An answer that names a lettered choice, AMC style (`\textbf{(C)}\ 3`, `(C)`): the
-/// letter and the value written after it, if any.
-pub fn choice(answer: &str) -> Option<(char, Option<String>)> {
-    let (s, _) = clean(answer);
-    let rest = s.trim().strip_prefix('(')?;
+/// A [`clean`]ed answer that names a lettered choice, AMC style (`\textbf{(C)}\ 3` is
+/// `(C) 3` cleaned, `(C)`): the letter and the value written after it, if any.
+pub fn choice(cleaned: &str) -> Option<(char, Option<String>)> {
+    let rest = cleaned.trim().strip_prefix('(')?;
     let mut chars = rest.chars();
     let letter = chars.next().filter(|c| ('A'..='E').contains(c))?;
     let after = chars.as_str().strip_prefix(')')?.trim();
