@@ -25,7 +25,7 @@ use crate::plugin::{
 /// Where episodes' samples come from.
 pub enum Samples {
     /// The plugin's own dataset role, opened once for the server's seed.
-    Dataset(tokio::sync::Mutex<DatasetSource>),
+    Dataset(Box<tokio::sync::Mutex<DatasetSource>>),
     /// A JSONL file of `{"messages": […], "metadata": {…}}`.
     File(Vec<Sample>),
     /// No data: an episode starts from an empty prompt.
@@ -74,10 +74,10 @@ impl Served {
                     .open_dataset(&config, seed)
                     .await
                     .with_context(|| format!("{}: opening its dataset", plugin.id()))?;
-                if source.len() == 0 {
+                if source.is_empty() {
                     bail!("{}: its dataset is empty", plugin.id());
                 }
-                Samples::Dataset(tokio::sync::Mutex::new(source))
+                Samples::Dataset(Box::new(tokio::sync::Mutex::new(source)))
             }
             None => Samples::Empty,
         };

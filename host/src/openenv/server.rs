@@ -85,17 +85,20 @@ fn refused(r: Refusal) -> Response {
     }
 }
 
-/// A body that is JSON, or empty (`None`), or FastAPI's 422.
-fn json_body(body: &Bytes) -> Result<Option<Value>, Response> {
+/// A body that is JSON, or empty (`None`); else why not.
+fn json_body(body: &Bytes) -> Result<Option<Value>, serde_json::Error> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    serde_json::from_slice(body).map(Some).map_err(|e| {
-        detail(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            json!([{"type": "json_invalid", "loc": ["body", 0], "msg": format!("JSON decode error: {e}")}]),
-        )
-    })
+    serde_json::from_slice(body).map(Some)
+}
+
+/// FastAPI's 422 for a body that is not JSON.
+fn not_json(e: serde_json::Error) -> Response {
+    detail(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        json!([{"type": "json_invalid", "loc": ["body", 0], "msg": format!("JSON decode error: {e}")}]),
+    )
 }
 
 fn at_capacity(app: &App) -> Response {
@@ -112,7 +115,7 @@ fn at_capacity(app: &App) -> Response {
 async fn reset(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let body = match json_body(&body) {
         Ok(b) => b.unwrap_or(Value::Null),
-        Err(r) => return r,
+        Err(e) => return not_json(e),
     };
     let Ok(_permit) = app.permits.clone().try_acquire_owned() else {
         return at_capacity(&app);
@@ -128,7 +131,7 @@ async fn reset(State(app): State<Arc<App>>, body: Bytes) -> Response {
 async fn step(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let body = match json_body(&body) {
         Ok(b) => b.unwrap_or_else(|| json!({})),
-        Err(r) => return r,
+        Err(e) => return not_json(e),
     };
     let Some(action) = body.get("action") else {
         return detail(
