@@ -703,6 +703,9 @@ async fn math_answer_compares_as_math_and_hostile_answers_end_as_wrong() {
             format!("{}1{}", "(".repeat(200_000), ")".repeat(200_000)),
         ),
         ("exponents", "2^".repeat(200_000) + "2"),
+        ("plus-minus", format!("1{}", " \\pm 1".repeat(18))),
+        ("factorials", format!("1{}", "!".repeat(4000))),
+        ("non-ASCII", "2π km² −∞ \u{212A}".to_string()),
     ] {
         let started = std::time::Instant::now();
         let c = scorer

@@ -153,7 +153,10 @@ def http():
     assert call["result"]["isError"] is False, call
     none = post(GUESS + "/mcp", {"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
     assert none["error"]["code"] == -32603, none
-    print("http: health, metadata, schema, reset, step, 422, mcp tools/list and tools/call: ok")
+    stats = get(TOOLS + "/stats")
+    # The faulting session's panic, counted; every session closed by now.
+    assert stats["faults"] >= 1 and stats["steps"] >= 40 and stats["sessions"] == 0, stats
+    print(f"http: health, metadata, schema, reset, step, 422, mcp tools/list and tools/call, stats {stats}: ok")
 
 
 guess_episode()

@@ -40,7 +40,7 @@ pub struct ServeArgs {
     /// Seconds a session may go without a message before it is closed.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     idle_timeout_s: u64,
-    /// The largest message a client may send, in MiB.
+    /// The largest message (a `/ws` message or an HTTP body) a client may send, in MiB.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     max_message_mib: u32,
     /// The seed the plugin's dataset is opened with.

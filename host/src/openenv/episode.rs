@@ -32,7 +32,7 @@ pub enum Samples {
     Empty,
 }
 
-/// What the server serves, shared by its sessions.
+/// What the server serves, shared by its sessions, and what it has done (`GET /stats`).
 pub struct Served {
     pub plugin: Plugin,
     pub config: String,
@@ -43,6 +43,7 @@ pub struct Served {
     next: AtomicU64,
     pub episodes: AtomicU64,
     pub steps: AtomicU64,
+    /// Plugin faults (each ended an episode) and dataset faults.
     pub faults: AtomicU64,
 }
 
@@ -103,6 +104,16 @@ impl Served {
             episodes: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             faults: AtomicU64::new(0),
+        })
+    }
+
+    /// `GET /stats`: episodes started, steps taken, faults, sessions open.
+    pub fn stats(&self, sessions: usize) -> Value {
+        json!({
+            "episodes": self.episodes.load(Ordering::Relaxed),
+            "steps": self.steps.load(Ordering::Relaxed),
+            "faults": self.faults.load(Ordering::Relaxed),
+            "sessions": sessions,
         })
     }
 
@@ -349,7 +360,7 @@ impl Episode {
         let index = whole("index")?;
         let id = match data.get("episode_id") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s.len() <= 255 => Some(s.clone()),
+            Some(Value::String(s)) if s.chars().count() <= 255 => Some(s.clone()),
             Some(_) => {
                 return Err(Refusal::Invalid(vec![wire::invalid(
                     "string_type",
@@ -389,14 +400,8 @@ impl Episode {
                 Err(e) => return Err(self.fault("the tools refused the episode", format!("{e:#}"))),
             }
         }
-        self.served.episodes.fetch_add(1, Ordering::Relaxed);
-        self.id = Some(id.unwrap_or_else(|| {
-            format!(
-                "{}-{}",
-                plugin_seed,
-                self.served.episodes.load(Ordering::Relaxed)
-            )
-        }));
+        let n = self.served.episodes.fetch_add(1, Ordering::Relaxed) + 1;
+        self.id = Some(id.unwrap_or_else(|| format!("{plugin_seed}-{n}")));
         self.steps = 0;
         self.done = false;
         self.total_reward = 0.0;
@@ -607,8 +612,8 @@ impl Episode {
                         "Invalid params - 'name' is required",
                     );
                 };
-                if self.tools.is_none() {
-                    // A call outside any episode: a fresh session on an empty prompt.
+                if !self.started {
+                    // A call outside any episode (`POST /mcp`): a fresh one first.
                     if let Err(e) = self.reset(&Value::Null).await {
                         let message = match e {
                             Refusal::Execution(m) => m,

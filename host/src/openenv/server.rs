@@ -1,8 +1,9 @@
 //! The OpenEnv server: `/ws` sessions (one [`Episode`] per connection, at most
-//! `max_sessions` at once, closed after `idle` without a message), OpenEnv's HTTP routes
-//! (`/health`, `/metadata`, `/schema`, and `/reset`, `/step`, `/state` on a fresh episode
-//! per request, as OpenEnv's own server runs them), and `/mcp` (JSON-RPC 2.0: a tools
-//! plugin's functions).
+//! `max_sessions` at once, closed after `idle` without a message: pings do not count),
+//! OpenEnv's HTTP routes (`/health`, `/metadata`, `/schema`, and `/reset`, `/step`,
+//! `/state` on a fresh episode per request, as OpenEnv's own server runs them), `POST
+//! /mcp` (JSON-RPC 2.0: a tools plugin's functions; OpenEnv's WebSocket `/mcp` is not
+//! served, `mcp` messages on `/ws` are), and rlhost's `GET /stats`.
 //!
 //! A session's messages are answered in order, one frame each: a step runs to its end
 //! (bounded by the plugin's deadline) before the next message is read. OpenEnv's clients
@@ -45,6 +46,7 @@ struct App {
 
 /// The routes, over `served`.
 pub fn router(served: Arc<Served>, options: Options) -> Router {
+    let max_body = options.max_message_bytes;
     let app = Arc::new(App {
         served,
         permits: Arc::new(Semaphore::new(options.max_sessions)),
@@ -62,11 +64,18 @@ pub fn router(served: Arc<Served>, options: Options) -> Router {
         .route("/state", get(state))
         .route("/mcp", post(mcp))
         .route("/ws", get(ws))
+        .route("/stats", get(stats))
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(app)
 }
 
 async fn metadata(State(app): State<Arc<App>>) -> Response {
     axum::Json(app.served.metadata()).into_response()
+}
+
+async fn stats(State(app): State<Arc<App>>) -> Response {
+    let open = app.options.max_sessions - app.permits.available_permits();
+    axum::Json(app.served.stats(open)).into_response()
 }
 
 async fn schema(State(app): State<Arc<App>>) -> Response {
@@ -213,8 +222,10 @@ async fn session(mut socket: WebSocket, app: Arc<App>) {
         return;
     };
     let mut episode = Episode::new(app.served.clone());
+    // Only a message moves the deadline: a client that pings and never asks keeps no slot.
+    let mut deadline = tokio::time::Instant::now() + app.options.idle;
     loop {
-        let message = match tokio::time::timeout(app.options.idle, socket.recv()).await {
+        let message = match tokio::time::timeout_at(deadline, socket.recv()).await {
             Err(_) => {
                 tracing::debug!("openenv: closed a session idle for {:?}", app.options.idle);
                 let _ = socket.send(close(1000, "idle")).await;
@@ -238,6 +249,7 @@ async fn session(mut socket: WebSocket, app: Arc<App>) {
             Message::Close(_) => break,
             Message::Ping(_) | Message::Pong(_) => continue,
         };
+        deadline = tokio::time::Instant::now() + app.options.idle;
         let reply = match answer(&mut episode, text.as_str()).await {
             Some(reply) => reply,
             None => {

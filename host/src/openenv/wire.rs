@@ -28,7 +28,9 @@ pub enum Incoming {
     },
 }
 
-/// OpenEnv's error codes (`WSErrorCode`). The connection stays open after the first four.
+/// OpenEnv's error codes (`WSErrorCode`) that rlhost sends. The connection stays open
+/// after the first four. (OpenEnv's `FACTORY_ERROR` has no counterpart: an episode that
+/// cannot open is an `EXECUTION_ERROR` of its `reset`, and the session goes on.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
     InvalidJson,
@@ -36,7 +38,6 @@ pub enum Code {
     ValidationError,
     ExecutionError,
     CapacityReached,
-    FactoryError,
     SessionError,
 }
 
@@ -48,7 +49,6 @@ impl Code {
             Code::ValidationError => "VALIDATION_ERROR",
             Code::ExecutionError => "EXECUTION_ERROR",
             Code::CapacityReached => "CAPACITY_REACHED",
-            Code::FactoryError => "FACTORY_ERROR",
             Code::SessionError => "SESSION_ERROR",
         }
     }

@@ -461,6 +461,9 @@ mod tests {
         assert!(eq("\\begin{pmatrix} 2 \\\\ 4 \\end{pmatrix}", "(2, 4)"));
         assert!(!eq("|x|", "x"));
         assert!(!eq("x+1", "y+1"));
+        assert!(eq("x_1+1", "x_{1}+1"));
+        assert!(eq("a_{n+1}", "a_{n+1}+0"));
+        assert!(!eq("x_1", "x_2"));
         assert!(!eq("1.414", "\\sqrt{2}"));
     }
 

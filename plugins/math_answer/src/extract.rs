@@ -84,17 +84,14 @@ fn hash(text: &str) -> Option<String> {
 }
 
 /// What follows the last "the answer is" (or "final answer is", "final answer:",
-/// "answer:"), to the end of its sentence or line.
+/// "final answer", "answer:"), to the end of its sentence or line.
 fn answer_is(text: &str) -> Option<String> {
-    let lower = text.to_lowercase();
-    // Lowercasing can change byte lengths outside ASCII: search the ASCII-folded copy
-    // only where it lines up with the original.
-    if lower.len() != text.len() {
-        return None;
-    }
-    // The last marker in the text; at one place the longest (`max_by_key` keeps the last
-    // of equals, so the bare "final answer" comes first).
-    let (at, len) = [
+    // ASCII case folding keeps every byte where it is (`to_lowercase` may not: `K`, the
+    // Kelvin sign, folds to one byte), so offsets in `lower` are offsets in `text`.
+    let lower = text.to_ascii_lowercase();
+    // Every marker's last place, the latest first (at one place, the longest); a marker
+    // with nothing after it ("… my final answer.") gives way to the one before it.
+    let mut found: Vec<(usize, usize)> = [
         "final answer",
         "answer:",
         "the answer is",
@@ -103,17 +100,21 @@ fn answer_is(text: &str) -> Option<String> {
     ]
     .iter()
     .filter_map(|m| lower.rfind(m).map(|i| (i, m.len())))
-    .max_by_key(|&(i, _)| i)?;
-    // Markdown's bold around the label: `**Answer:** 3`, `**Final Answer** (E)`.
-    let rest = text[at + len..].trim_start_matches([' ', ':', '*']);
-    let line = rest
-        .lines()
-        .next()
-        .unwrap_or("")
-        .trim_end_matches(['*', ' ']);
-    // A sentence ends at ". " or a final "." (not a decimal point).
-    let end = line.find(". ").unwrap_or(line.len());
-    Some(line[..end].trim().trim_end_matches('.').to_string())
+    .collect();
+    found.sort_by(|a, b| b.cmp(a));
+    found.into_iter().find_map(|(at, len)| {
+        // Markdown's bold around the label: `**Answer:** 3`, `**Final Answer** (E)`.
+        let rest = text[at + len..].trim_start_matches([' ', ':', '*']);
+        let line = rest
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_end_matches(['*', ' ']);
+        // A sentence ends at ". " or a final "." (not a decimal point).
+        let end = line.find(". ").unwrap_or(line.len());
+        let answer = line[..end].trim().trim_end_matches('.').to_string();
+        (!answer.is_empty()).then_some(answer)
+    })
 }
 
 /// The content of the last math span: `$…$` (or `$$…$$`), `\(…\)`, `\[…\]`.
@@ -232,6 +233,15 @@ mod tests {
         assert_eq!(first("**Answer:** 3"), Some("3".into()));
         assert_eq!(first("**Final Answer** (E)"), Some("(E)".into()));
         assert_eq!(first("My final answer is 12."), Some("12".into()));
+        assert_eq!(
+            find("The answer is 12. That is my final answer.", &ALL),
+            Some((Source::AnswerIs, "12".into()))
+        );
+        // Case folding that changes byte lengths cannot shift the slice.
+        assert_eq!(
+            first("\u{212A}\u{212A}answer: 7 \u{130}\u{130}"),
+            Some("7 \u{130}\u{130}".into())
+        );
         assert_eq!(
             first("so $x=1$ and the probability is $\\frac{1}{2}$."),
             Some("\\frac{1}{2}".into())

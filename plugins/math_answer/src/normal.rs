@@ -154,19 +154,28 @@ fn unwrap_command(s: &str, command: &str) -> String {
 fn drop_unit(s: &str) -> String {
     let trimmed = s.trim_end();
     let mut cut = trimmed.len();
+    // Whether a dropped word was written against what precedes it (`5cm`, `4in`).
+    let mut attached = false;
     loop {
         let head = trimmed[..cut].trim_end();
         let word_start = head
-            .rfind(|c: char| !c.is_ascii_alphabetic())
-            .map_or(0, |i| i + 1);
-        let word = &head[word_start..];
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !c.is_ascii_alphabetic())
+            .map_or(0, |(i, c)| i + c.len_utf8());
+        let (before_word, word) = head.split_at(word_start);
+        let spaced = before_word.ends_with(' ');
         // A unit, or any plain word after a number ("42 apples"); a LaTeX command's name
-        // (`\pi`) is not a word: it follows a backslash, and one letter is a variable
+        // (`\pi`, `\sec`) is not a word, and one letter alone is a variable
         // (`\frac{1}{2} x`).
-        let plain = head[..word_start].ends_with(' ') && word.len() > 1;
-        if word.is_empty() || !(UNITS.contains(&word.to_lowercase().as_str()) || plain) {
+        let plain = spaced && word.len() > 1;
+        if word.is_empty()
+            || before_word.ends_with('\\')
+            || !(UNITS.contains(&word.to_lowercase().as_str()) || plain)
+        {
             break;
         }
+        attached |= !spaced;
         cut = word_start;
     }
     let before = trimmed[..cut].trim_end();
@@ -174,7 +183,13 @@ fn drop_unit(s: &str) -> String {
         .chars()
         .last()
         .is_some_and(|c| c.is_ascii_digit() || c == '}' || c == ')');
-    if cut < trimmed.len() && ends_in_value {
+    // A unit against its value only after a plain number: in `x^2+2m` the `m` is a
+    // variable.
+    let number = !before.is_empty()
+        && before
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | ',' | '-' | '{' | '}'));
+    if cut < trimmed.len() && ends_in_value && (!attached || number) {
         before.to_string()
     } else {
         trimmed.to_string()
@@ -227,5 +242,12 @@ mod tests {
         assert_eq!(n("42 apples"), "42");
         // A command's name is not a word.
         assert_eq!(n("3\\pi"), "3\\pi");
+        assert_eq!(n("4\\,\\text{in}"), "4");
+        assert_eq!(n("x^2+2m"), "x^2+2m");
+        assert_eq!(n("2\\sec"), "2\\sec");
+        // Not a character boundary after a multi-byte character: no panic.
+        assert_eq!(n("2π"), "2π");
+        assert_eq!(n("5 km²"), "5km²");
+        assert_eq!(n("-∞"), "-∞");
     }
 }

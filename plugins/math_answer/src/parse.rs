@@ -174,6 +174,11 @@ fn structure(toks: &[Tok], depth: usize) -> Option<Answer> {
     }
     // `2 \pm \sqrt{3}`: both values, as a set.
     let pm = top_level(toks, |t| matches!(t, Tok::Cmd(c) if c == "pm" || c == "mp"))?;
+    // Each `\pm` doubles the values: more than two is no answer anyone writes, and 2ⁿ
+    // parses would let a short answer stall the reward.
+    if pm.len() > 2 {
+        return None;
+    }
     if let Some(&at) = pm.first() {
         let mut plus = toks.to_vec();
         let mut minus = toks.to_vec();
@@ -417,7 +422,7 @@ impl Parser {
         if !matches!(self.peek(), Some(Tok::Cmd(c)) if c == "frac") {
             return Some(first);
         }
-        let save = (self.at, self.toks.clone());
+        let save = (self.at, self.toks.clone(), self.depth);
         self.at += 1;
         if let (Some(Expr::Num(a)), Some(Expr::Num(b))) = (self.group(), self.group())
             && a.fract() == 0.0
@@ -431,7 +436,7 @@ impl Parser {
                 whole + part
             }));
         }
-        (self.at, self.toks) = save;
+        (self.at, self.toks, self.depth) = save;
         Some(first)
     }
 
@@ -458,7 +463,7 @@ impl Parser {
             let base = self.postfix()?;
             if self.eat_sym('^') {
                 let exp = self.exponent()?;
-                self.factorials(Expr::Pow(Box::new(base), Box::new(exp)))
+                self.factorials(Expr::Pow(Box::new(base), Box::new(exp)))?
             } else {
                 base
             }
@@ -489,14 +494,18 @@ impl Parser {
 
     fn postfix(&mut self) -> Option<Expr> {
         let atom = self.atom()?;
-        Some(self.factorials(atom))
+        self.factorials(atom)
     }
 
-    fn factorials(&mut self, mut e: Expr) -> Expr {
+    /// `n!`, `n!!…`: each `!` nests one call deeper, so each counts against the bound.
+    fn factorials(&mut self, mut e: Expr) -> Option<Expr> {
+        let depth = self.depth;
         while self.eat_sym('!') {
+            self.enter()?;
             e = Expr::Call(Func::Factorial, Box::new(e));
         }
-        e
+        self.depth = depth;
+        Some(e)
     }
 
     /// One token, or a braced group: a braceless argument of `\frac`, `\sqrt` and `_`.
@@ -573,6 +582,7 @@ impl Parser {
         }
         name.push('_');
         match self.next()? {
+            // `x_{1}` is `x_1`: the subscript's tokens as written, without its braces.
             Tok::Sym('{') => {
                 let mut depth = 1;
                 loop {
@@ -587,7 +597,7 @@ impl Parser {
                         }
                         _ => {}
                     }
-                    name.push_str(&format!("{t:?}"));
+                    name.push_str(&spelling(&t));
                 }
             }
             Tok::Num(text, _) => {
@@ -600,7 +610,7 @@ impl Parser {
                     self.toks[self.at] = Tok::Num(rest.to_string(), rv);
                 }
             }
-            t => name.push_str(&format!("{t:?}")),
+            t => name.push_str(&spelling(&t)),
         }
         Some(name)
     }
@@ -710,6 +720,15 @@ impl Parser {
         } else {
             Expr::Product(factors)
         })
+    }
+}
+
+/// A token as written, for a subscript's part of a variable's name.
+fn spelling(t: &Tok) -> String {
+    match t {
+        Tok::Num(text, _) => text.clone(),
+        Tok::Letter(c) | Tok::Sym(c) => c.to_string(),
+        Tok::Cmd(c) => format!("\\{c} "),
     }
 }
 
@@ -867,6 +886,11 @@ mod tests {
         assert_eq!(answer(&deep), None);
         let powers = "2^".repeat(100_000) + "2";
         assert_eq!(answer(&powers), None);
+        assert_eq!(answer(&format!("1{}", "!".repeat(4000))), None);
+        // Each `\pm` doubles the work: past two, no answer (in no time).
+        let started = std::time::Instant::now();
+        assert_eq!(answer(&format!("1{}", " \\pm 1".repeat(18))), None);
+        assert!(started.elapsed() < std::time::Duration::from_millis(100));
         let fracs = "\\frac{1}{".repeat(50_000) + "2" + &"}".repeat(50_000);
         assert_eq!(answer(&fracs), None);
     }

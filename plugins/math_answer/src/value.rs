@@ -129,13 +129,13 @@ impl Parser<'_> {
             .enumerate()
             .all(|(i, c)| c.is_ascii_digit() || (i == 0 && *c == b'-'));
         if whole && self.at > start && self.s[self.at..].starts_with(b"\\frac") {
-            let save = self.at;
+            let save = (self.at, self.depth);
             self.at += "\\frac".len();
             match (self.group(), self.group()) {
                 (Some(a), Some(b)) if a.fract() == 0.0 && b.fract() == 0.0 && b != 0.0 => {
                     v = if v < 0.0 { v - a / b } else { v + a / b };
                 }
-                _ => self.at = save,
+                _ => (self.at, self.depth) = save,
             }
         }
         loop {
