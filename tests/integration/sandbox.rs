@@ -405,7 +405,10 @@ async fn javascript_tool_contains_hostile_code() {
     let fault = session.fire(&js("while (true) {}")).await.unwrap_err();
     assert_eq!(fault.kind, FaultKind::Timeout, "{fault}");
     assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS) + SLACK);
-    let bomb = "const a = []; while (true) a.push(new Array(1e6).fill(1.5));";
+    // Chunks past a tenth of the 64 MiB cap each: the cap is hit within a few pushes,
+    // long before the deadline even on a loaded machine (1e6-element chunks took the
+    // whole 400 ms there once, and the bomb timed out instead).
+    let bomb = "const a = []; while (true) a.push(new Array(1e7).fill(1.5));";
     let fault = session.fire(&js(bomb)).await.unwrap_err();
     assert_eq!(fault.kind, FaultKind::OutOfMemory, "{fault}");
     let out = session
