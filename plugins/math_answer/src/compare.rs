@@ -500,6 +500,14 @@ mod tests {
             "\\begin{pmatrix} 1 & \\frac12 \\\\ 3 & 4 \\end{pmatrix}",
             "\\begin{bmatrix}1&0.5\\\\3&4\\end{bmatrix}"
         ));
+        assert!(eq(
+            "-\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}",
+            "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}"
+        ));
+        assert!(eq(
+            "\\frac12\\begin{bmatrix} 2 & 4 \\end{bmatrix}",
+            "\\begin{bmatrix} 1 & 2 \\end{bmatrix}"
+        ));
         assert!(!eq(
             "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
             "\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}"

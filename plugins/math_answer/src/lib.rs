@@ -248,12 +248,14 @@ mod tests {
     }
 
     /// `tests/answers_heldout.jsonl`: pairs written by someone who had not seen the plugin
-    /// or the pairs above. Printed, not asserted: a measurement of how the grader
-    /// generalises (`cargo test -p math_answer heldout -- --nocapture`).
+    /// or the pairs above. The count is printed, not asserted (a measurement of how the
+    /// grader generalises: `cargo test -p math_answer heldout -- --nocapture`); that no
+    /// pair math-verify gets right is wrong here is asserted.
     #[test]
     fn heldout_pairs_measured() {
         let order = Config::default().order;
         let (mut ours, mut theirs, mut n) = (0, 0, 0);
+        let mut worse = Vec::new();
         for line in include_str!("../tests/answers_heldout.jsonl").lines() {
             let row: serde_json::Value = serde_json::from_str(line).unwrap();
             let text = |k: &str| row[k].as_str().unwrap().to_string();
@@ -264,15 +266,24 @@ mod tests {
             ours += usize::from(got == label);
             theirs += usize::from(mv == label);
             if got != label {
-                println!(
+                let pair = format!(
                     "[{}] gold {:?} completion {:?}: labelled {label}, ours {got}, math-verify {mv}",
                     text("class"),
                     text("gold"),
                     text("completion")
                 );
+                println!("{pair}");
+                if mv == label {
+                    worse.push(pair);
+                }
             }
         }
         println!("held out: {n} pairs, math_answer right on {ours}, math-verify on {theirs}");
+        assert!(
+            worse.is_empty(),
+            "wrong where math-verify is right:\n{}",
+            worse.join("\n")
+        );
     }
 
     #[test]

@@ -829,7 +829,15 @@ fn matrix(text: &str) -> Option<Answer> {
             t = inner.trim();
         }
     }
-    let rest = t.strip_prefix("\\begin{")?;
+    // A scalar before the matrix (`-\begin{pmatrix}…`, `2\begin{bmatrix}…`,
+    // `\frac{1}{2}\begin{pmatrix}…`) multiplies every entry.
+    let begin = t.find("\\begin{")?;
+    let scalar = match t[..begin].trim() {
+        "" => None,
+        "-" => Some(Expr::Num(-1.0)),
+        prefix => Some(expression(&crate::token::tokenize(prefix).ok()?)?),
+    };
+    let rest = &t[begin + "\\begin{".len()..];
     let (env, body) = rest.split_once('}')?;
     if !env.ends_with("matrix") && env != "array" {
         return None;
@@ -847,8 +855,11 @@ fn matrix(text: &str) -> Option<Answer> {
         .map(|row| {
             row.split('&')
                 .map(|cell| {
-                    let toks = crate::token::tokenize(cell).ok()?;
-                    expression(&toks)
+                    let entry = expression(&crate::token::tokenize(cell).ok()?)?;
+                    Some(match &scalar {
+                        Some(k) => Expr::Product(vec![(false, k.clone()), (false, entry)]),
+                        None => entry,
+                    })
                 })
                 .collect::<Option<Vec<_>>>()
         })
