@@ -297,7 +297,7 @@ async fn answer(episode: &mut Episode, text: &str) -> Option<String> {
         }
     };
     Some(match incoming {
-        Incoming::Close => return None,
+        Incoming::Close {} => return None,
         Incoming::Reset { data } => match episode.reset(&data.unwrap_or(Value::Null)).await {
             Ok(o) => o.frame(),
             Err(r) => r.frame(),
@@ -306,7 +306,7 @@ async fn answer(episode: &mut Episode, text: &str) -> Option<String> {
             Ok(o) => o.frame(),
             Err(r) => r.frame(),
         },
-        Incoming::State => wire::state_frame(&episode.state()),
+        Incoming::State {} => wire::state_frame(&episode.state()),
         Incoming::Mcp { data } => wire::mcp_frame(&episode.mcp(&data).await),
     })
 }

@@ -21,8 +21,10 @@ pub enum Incoming {
     Step {
         data: Value,
     },
-    State,
-    Close,
+    // Braces, not unit variants: serde checks unknown fields only on struct variants, and
+    // OpenEnv refuses `{"type": "state", "data": {}}`.
+    State {},
+    Close {},
     Mcp {
         data: Value,
     },
@@ -133,7 +135,7 @@ mod tests {
         assert!(matches!(step, Incoming::Step { .. }));
         assert!(matches!(
             serde_json::from_str(r#"{"type": "state"}"#).unwrap(),
-            Incoming::State
+            Incoming::State {}
         ));
         // As OpenEnv's models forbid: `state` with data, `step` without, extra keys.
         assert!(serde_json::from_str::<Incoming>(r#"{"type":"state","data":{}}"#).is_err());
