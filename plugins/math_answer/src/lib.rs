@@ -206,16 +206,14 @@ mod tests {
         assert!(!check("I do not know", "12"));
     }
 
-    /// The hand-labelled pairs of `tests/answers.jsonl` (every class the issue names,
-    /// math-verify's verdicts filled in by `tests/label_math_verify.py`): right wherever
-    /// math-verify is right, and right on the rest but for the pairs listed here.
-    #[test]
-    fn hand_labelled_pairs_at_least_as_right_as_math_verify() {
+    /// Each pair of a labelled file (`tests/*.jsonl`, math-verify's verdicts filled in by
+    /// `tests/label_math_verify.py`) scored: the pairs math_answer gets wrong, and those of
+    /// them math-verify gets right. Prints the counts.
+    fn graded(name: &str, lines: &str) -> (Vec<String>, Vec<String>) {
         let order = Config::default().order;
-        let mut wrong = Vec::new();
-        let mut worse = Vec::new();
+        let (mut wrong, mut worse) = (Vec::new(), Vec::new());
         let (mut ours, mut theirs, mut n) = (0, 0, 0);
-        for (i, line) in include_str!("../tests/answers.jsonl").lines().enumerate() {
+        for (i, line) in lines.lines().enumerate() {
             let row: serde_json::Value = serde_json::from_str(line).unwrap();
             let text = |k: &str| row[k].as_str().unwrap().to_string();
             let label = row["same"].as_bool().unwrap();
@@ -224,21 +222,30 @@ mod tests {
             n += 1;
             ours += usize::from(got == label);
             theirs += usize::from(mv == label);
-            let pair = format!(
-                "line {}: [{}] gold {:?} completion {:?}: labelled {label}, ours {got}, math-verify {mv}",
-                i + 1,
-                text("class"),
-                text("gold"),
-                text("completion")
-            );
             if got != label {
+                let pair = format!(
+                    "line {}: [{}] gold {:?} completion {:?}: labelled {label}, ours {got}, math-verify {mv}",
+                    i + 1,
+                    text("class"),
+                    text("gold"),
+                    text("completion")
+                );
+                println!("{pair}");
                 if mv == label {
                     worse.push(pair.clone());
                 }
                 wrong.push(pair);
             }
         }
-        println!("{n} pairs: math_answer right on {ours}, math-verify on {theirs}");
+        println!("{name}: {n} pairs, math_answer right on {ours}, math-verify on {theirs}");
+        (wrong, worse)
+    }
+
+    /// The hand-labelled pairs of `tests/answers.jsonl` (every class the issue names):
+    /// right wherever math-verify is right, and right on the rest.
+    #[test]
+    fn hand_labelled_pairs_at_least_as_right_as_math_verify() {
+        let (wrong, worse) = graded("hand-labelled", include_str!("../tests/answers.jsonl"));
         assert!(
             worse.is_empty(),
             "wrong where math-verify is right:\n{}",
@@ -253,32 +260,7 @@ mod tests {
     /// pair math-verify gets right is wrong here is asserted.
     #[test]
     fn heldout_pairs_measured() {
-        let order = Config::default().order;
-        let (mut ours, mut theirs, mut n) = (0, 0, 0);
-        let mut worse = Vec::new();
-        for line in include_str!("../tests/answers_heldout.jsonl").lines() {
-            let row: serde_json::Value = serde_json::from_str(line).unwrap();
-            let text = |k: &str| row[k].as_str().unwrap().to_string();
-            let label = row["same"].as_bool().unwrap();
-            let mv = row["math_verify"].as_bool().unwrap();
-            let got = score(&text("completion"), &text("gold"), &order, 1e-9).0;
-            n += 1;
-            ours += usize::from(got == label);
-            theirs += usize::from(mv == label);
-            if got != label {
-                let pair = format!(
-                    "[{}] gold {:?} completion {:?}: labelled {label}, ours {got}, math-verify {mv}",
-                    text("class"),
-                    text("gold"),
-                    text("completion")
-                );
-                println!("{pair}");
-                if mv == label {
-                    worse.push(pair);
-                }
-            }
-        }
-        println!("held out: {n} pairs, math_answer right on {ours}, math-verify on {theirs}");
+        let (_, worse) = graded("held out", include_str!("../tests/answers_heldout.jsonl"));
         assert!(
             worse.is_empty(),
             "wrong where math-verify is right:\n{}",
