@@ -38,6 +38,7 @@ mod init;
 mod install;
 mod model_cli;
 mod openenv;
+mod openenv_train;
 mod plugins;
 mod rollout;
 mod rollout_cli;

@@ -8,13 +8,13 @@ use std::io::BufRead;
 use std::process::Child;
 
 /// A running `rlhost env serve`, stopped when dropped.
-struct Server {
+pub(super) struct Server {
     child: Child,
-    url: String,
+    pub(super) url: String,
 }
 
 impl Server {
-    fn start(args: &[&str]) -> Server {
+    pub(super) fn start(args: &[&str]) -> Server {
         let mut child = TestCommand::new(&["env", "serve"])
             .args(args)
             .args(["--port", "0"])
@@ -47,7 +47,7 @@ impl Drop for Server {
 }
 
 /// The client's python, or `None` (skipped).
-fn openenv_python() -> Option<std::path::PathBuf> {
+pub(super) fn openenv_python() -> Option<std::path::PathBuf> {
     let venv = std::env::var_os("RLHOST_OPENENV_VENV")
         .map(std::path::PathBuf::from)
         .or_else(|| {

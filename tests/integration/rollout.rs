@@ -24,7 +24,7 @@ fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/qwen2")
 }
 
-fn msg(role: &str, content: &str) -> Message {
+pub(super) fn msg(role: &str, content: &str) -> Message {
     Message {
         role: role.into(),
         content: content.into(),
@@ -32,7 +32,7 @@ fn msg(role: &str, content: &str) -> Message {
     }
 }
 
-fn sample(prompt: &str, metadata: serde_json::Value) -> Sample {
+pub(super) fn sample(prompt: &str, metadata: serde_json::Value) -> Sample {
     Sample {
         messages: vec![msg("user", prompt)],
         metadata,
@@ -41,7 +41,7 @@ fn sample(prompt: &str, metadata: serde_json::Value) -> Sample {
 
 const CALC: &str = "What is 7*8?";
 const CODE: &str = "Compute 6*7 in Python.";
-const GUESS: &str = "Guess my number (1-100).";
+pub(super) const GUESS: &str = "Guess my number (1-100).";
 const GO: &str = "Go.";
 
 /// The conversations the model is taught, as chat messages after each prompt. Tool
@@ -77,7 +77,7 @@ fn lessons() -> Vec<(&'static str, Vec<Message>)> {
 }
 
 /// The qwen2 fixture with an adapter fitted to [`lessons`], shared by the tests.
-fn taught() -> &'static LanguageModel {
+pub(super) fn taught() -> &'static LanguageModel {
     static LM: OnceLock<LanguageModel> = OnceLock::new();
     LM.get_or_init(|| {
         let mut lm = LanguageModel::open(&fixture_dir(), &Placement::CPU).unwrap();
@@ -139,7 +139,7 @@ fn settings(trigger: Option<ToolSpec>, environment: Option<ToolSpec>) -> Rollout
 }
 
 /// Greedy sampling of `lm`, two trajectories a prompt.
-fn settings_for(
+pub(super) fn settings_for(
     lm: &LanguageModel,
     trigger: Option<ToolSpec>,
     environment: Option<ToolSpec>,
@@ -156,17 +156,18 @@ fn settings_for(
         environment,
         tools: None,
         remote: None,
+            openenv: None,
     }
 }
 
-fn tool(rt: &tokio::runtime::Runtime, name: &str, config: &str, limits: Limits) -> ToolSpec {
+pub(super) fn tool(rt: &tokio::runtime::Runtime, name: &str, config: &str, limits: Limits) -> ToolSpec {
     ToolSpec {
         plugin: rt.block_on(load_with(name, limits)),
         config: config.into(),
     }
 }
 
-fn run(
+pub(super) fn run(
     rt: &tokio::runtime::Runtime,
     settings: &RolloutSettings,
     rewards: &Rewards,

@@ -67,7 +67,7 @@ fn the_units_tasks_answers_are_what_the_units_functions_return() {
 }
 
 /// A small `builtin:units` model warm-started on `add_days` problems, in a private cache.
-fn small_units_model() -> &'static PathBuf {
+pub(super) fn small_units_model() -> &'static PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
     MODEL.get_or_init(|| build_small_units_model(&temp_dir("units-model")))
 }

@@ -201,7 +201,7 @@ pub fn ensure(
     let seed = inputs.seed;
     if inputs.trigger.is_none() && inputs.tools.is_none() {
         bail!(
-            "{SCHEME}{} is warm-started on tool-use traces: set rollout.trigger or rollout.tools (or pass --plugin TOOL.wasm)",
+            "{SCHEME}{} is warm-started on tool-use traces: set rollout.trigger or rollout.tools (or pass --plugin TOOL.wasm); a run against an OpenEnv server takes a model folder (one a run with rollout.tools built: it prints where)",
             recipe.name
         );
     }

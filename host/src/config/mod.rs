@@ -27,6 +27,7 @@
 //! ```
 
 pub mod builtin;
+pub mod openenv;
 mod ranges;
 pub mod reference;
 pub mod setup;
@@ -273,6 +274,8 @@ pub struct RolloutSection {
     pub engine: EngineKind,
     /// The vLLM servers, with `engine = "vllm"`.
     pub vllm: VllmSection,
+    /// An OpenEnv server as the environment, in place of `environment`.
+    pub openenv: Option<openenv::OpenEnvSection>,
 }
 
 /// `rollout.engine`.
@@ -347,6 +350,7 @@ impl Default for RolloutSection {
             reward_instances: 2,
             engine: EngineKind::Local,
             vllm: VllmSection::default(),
+            openenv: None,
         }
     }
 }
@@ -576,6 +580,20 @@ impl LoadedConfig {
         ] {
             if !v.is_object() {
                 bail!("{file}: {key} must be a table, e.g. {key} = {{}}");
+            }
+        }
+        if let Some(o) = &r.openenv {
+            o.check()
+                .map_err(|e| anyhow::anyhow!("{file}: rollout.openenv.{e}"))?;
+            if let Some(name) = &r.environment {
+                bail!(
+                    "{file}: rollout.environment = \"{name}\" and [rollout.openenv] both name the environment; keep one"
+                );
+            }
+            if o.action.kind == openenv::ActionKind::Call && !r.tools.is_empty() {
+                bail!(
+                    "{file}: rollout.openenv.action.kind = \"call\" reads the model's function calls as the server's actions, and rollout.tools runs them in plugins; keep one"
+                );
             }
         }
         if r.engine == EngineKind::Vllm {

@@ -16,6 +16,7 @@ use crate::plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOp
 use crate::rl::trainer::Sources;
 use crate::rollout::engine::prompt_tokens;
 use crate::rollout::tools::{Catalogue, Toolbox};
+use crate::openenv::client::Remote;
 use crate::rollout::vllm::{Pool, VllmSettings};
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use crate::sample::Sample;
@@ -37,6 +38,8 @@ pub struct Opened {
     trigger: Option<ToolSpec>,
     environment: Option<ToolSpec>,
     tools: Option<Catalogue>,
+    /// An OpenEnv server as the environment, checked.
+    openenv: Option<Remote>,
     /// The task's name in messages: its dataset plugin or file.
     task: String,
 }
@@ -121,6 +124,22 @@ impl Opened {
             }),
             None => None,
         };
+        let openenv = match &c.rollout.openenv {
+            Some(section) => {
+                if let Some(name) = &environment {
+                    bail!(
+                        "{file}: [rollout.openenv] names the environment, and so does `{}` (--plugin or rollout.environment); keep one",
+                        name.plugin.name()
+                    );
+                }
+                Some(
+                    handle
+                        .block_on(Remote::connect(section))
+                        .with_context(|| format!("{file}: [rollout.openenv]"))?,
+                )
+            }
+            None => None,
+        };
         let tools = if tool_names.is_empty() {
             None
         } else {
@@ -185,6 +204,7 @@ impl Opened {
             trigger,
             environment,
             tools,
+            openenv,
             task,
         })
     }
@@ -236,6 +256,7 @@ impl Opened {
             trigger,
             environment,
             tools,
+            mut openenv,
             task: _,
         } = self;
         let c = &loaded.config;
@@ -302,6 +323,11 @@ impl Opened {
             )),
             None => None,
         };
+        if let Some(remote) = openenv.as_mut().filter(|r| !r.functions.is_empty()) {
+            let format = crate::rollout::tools::call_format(r.tool_call_format, lm.chat()?)
+                .with_context(|| format!("{file}: rollout.openenv.action.kind = \"call\""))?;
+            remote.set_format(format);
+        }
         let settings = RolloutSettings {
             group_size: r.group_size,
             sampling,
@@ -317,6 +343,7 @@ impl Opened {
             environment,
             tools,
             remote,
+            openenv: openenv.map(std::sync::Arc::new),
         };
         // Every prompt is checked against the length limit now, not when it is drawn.
         let kwargs = &settings.template_kwargs;
@@ -325,7 +352,7 @@ impl Opened {
                 max_tokens: max_total_tokens.saturating_sub(1),
                 max_token_bytes: lm.tokenizer.max_token_bytes(),
                 count: &|sample| {
-                    Ok(prompt_tokens(&lm, kwargs, settings.tools.as_deref(), sample)?.len())
+                    Ok(prompt_tokens(&lm, kwargs, settings.template_tools(), sample)?.len())
                 },
                 on_bad_row: c.data.on_bad_row,
             })

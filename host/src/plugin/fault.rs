@@ -23,16 +23,19 @@ pub enum FaultKind {
     /// The component does not fit this host: another WIT version, a missing export, an
     /// import the host does not provide.
     Incompatible,
+    /// A remote environment could not be reached, or closed its connection.
+    Connection,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::Trap,
         FaultKind::Timeout,
         FaultKind::OutOfMemory,
         FaultKind::BadOutput,
         FaultKind::GuestError,
         FaultKind::Incompatible,
+        FaultKind::Connection,
     ];
 
     /// The kebab-case name used in logs, metrics and error texts.
@@ -44,6 +47,7 @@ impl FaultKind {
             FaultKind::BadOutput => "bad-output",
             FaultKind::GuestError => "guest-error",
             FaultKind::Incompatible => "incompatible",
+            FaultKind::Connection => "connection",
         }
     }
 }
@@ -78,7 +82,7 @@ impl Fault {
 
 /// Fault counts of one plugin, by kind. Shared by all of the plugin's sessions.
 #[derive(Debug, Default)]
-pub struct FaultCounts([AtomicU64; 6]);
+pub struct FaultCounts([AtomicU64; 7]);
 
 impl FaultCounts {
     pub fn record(&self, kind: FaultKind) {

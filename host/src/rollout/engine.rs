@@ -28,6 +28,7 @@ use crate::model::generate::{Sequence, advance, draw, sample_seed};
 use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
+use crate::openenv::client::{Remote, RemoteEpisode};
 use crate::plugin::model::{CallTally, GenerateCall, ModelLink, Weights};
 use crate::plugin::{EnvironmentEpisode, Fault, Plugin, StepResult, ToolsSession, TriggerSession};
 use crate::sample::{Message, Sample};
@@ -90,6 +91,42 @@ pub struct RolloutSettings {
     pub tools: Option<std::sync::Arc<Toolbox>>,
     /// vLLM servers that sample in place of the local model (`rollout.engine = "vllm"`).
     pub remote: Option<std::sync::Arc<Pool>>,
+    /// An OpenEnv server as the environment (`[rollout.openenv]`), in place of
+    /// `environment`.
+    pub openenv: Option<std::sync::Arc<Remote>>,
+}
+
+impl RolloutSettings {
+    /// The chat template's `tools`: the tools plugins' functions, or those of an OpenEnv
+    /// server whose actions are calls.
+    pub fn template_tools(&self) -> Option<&[Json]> {
+        match (&self.tools, &self.openenv) {
+            (Some(t), _) => Some(&t.template_tools),
+            (None, Some(r)) if !r.functions.is_empty() => Some(&r.template_tools),
+            _ => None,
+        }
+    }
+}
+
+/// A trajectory's environment: a plugin's episode in the sandbox, or a session on an
+/// OpenEnv server.
+enum Episode {
+    Plugin(EnvironmentEpisode),
+    Remote(RemoteEpisode),
+}
+
+/// How a trajectory starts: its prompt as messages and ids, and with an OpenEnv `reset`
+/// prompt its session (or the fault that left it without one).
+struct Start {
+    messages: Vec<Message>,
+    prompt: Vec<u32>,
+    episode: Option<Episode>,
+    fault: Option<FaultRecord>,
+}
+
+/// The `episode_id` an OpenEnv session of trajectory `j` of sample `id` is reset with.
+fn episode_id(seed: u64, id: u64, j: usize) -> String {
+    format!("rlhost-{seed:016x}-{id}-{j}")
 }
 
 /// Where a batch's time went.
@@ -180,19 +217,16 @@ pub struct Engine<'a> {
 /// What a plugin call sends back to the decode loop.
 enum Event {
     TriggerOpened(usize, Result<TriggerSession, Fault>),
-    EpisodeOpened(usize, Result<EnvironmentEpisode, Fault>),
+    EpisodeOpened(usize, Result<Episode, Fault>),
     Fired(
         usize,
         TriggerSession,
         Result<Option<String>, Fault>,
         Duration,
     ),
-    Stepped(
-        usize,
-        EnvironmentEpisode,
-        Result<StepResult, Fault>,
-        Duration,
-    ),
+    /// An environment's answer to a turn; `u32` is the function calls the turn sent as
+    /// actions (0 when the turn itself was the action).
+    Stepped(usize, Episode, Result<StepResult, Fault>, u32, Duration),
     ToolsOpened(usize, usize, Result<ToolsSession, Fault>),
     /// A turn's function calls answered: the trajectory's sessions back, the answers in
     /// the calls' order, the faults.
@@ -242,7 +276,7 @@ struct Live<'t> {
     state: State,
     trigger: Option<TriggerSession>,
     patterns: Vec<String>,
-    episode: Option<EnvironmentEpisode>,
+    episode: Option<Episode>,
     /// One tools session per plugin of `rollout.tools` with a stateful function (`None`
     /// for the others, while a call runs, or where it failed to open).
     tools: Vec<Option<ToolsSession>>,
@@ -382,17 +416,24 @@ impl<'a> Engine<'a> {
         }
         settings.sampling.validate()?;
         let chat = lm.chat()?;
-        let continued_by = match (&settings.environment, &settings.tools) {
-            (Some(env), _) => Some(format!("environment `{}`", env.plugin.name())),
-            (None, Some(_)) => Some("rollout.tools".to_string()),
-            (None, None) => None,
+        let continued_by = match (&settings.environment, &settings.tools, &settings.openenv) {
+            (Some(env), _, _) => Some(format!("environment `{}`", env.plugin.name())),
+            (None, _, Some(r)) => Some(format!("the OpenEnv server at {}", r.url)),
+            (None, Some(_), None) => Some("rollout.tools".to_string()),
+            (None, None, None) => None,
         };
+        if let Some(r) = &settings.openenv
+            && !r.functions.is_empty()
+            && r.format.is_none()
+        {
+            bail!("the OpenEnv server's functions need a call format (Remote::set_format)");
+        }
         let turns = match continued_by {
             Some(what) => Some(
                 TurnFormat::new(
                     chat,
                     settings.template_kwargs.clone(),
-                    settings.tools.as_ref().map(|t| t.template_tools.clone()),
+                    settings.template_tools().map(<[Json]>::to_vec),
                 )
                 .with_context(|| {
                     format!("{what} needs a chat template that can continue a conversation")
@@ -427,7 +468,7 @@ impl<'a> Engine<'a> {
         prompt_tokens(
             self.lm,
             &self.settings.template_kwargs,
-            self.settings.tools.as_deref(),
+            self.settings.template_tools(),
             sample,
         )
     }
@@ -448,7 +489,7 @@ impl<'a> Engine<'a> {
             bar.set_length((samples.len() * self.settings.group_size) as u64);
         }
         let mut stats = BatchStats::default();
-        let prompts = self.prompts(samples, &mut stats)?;
+        let starts = self.starts(samples, seed, &mut stats)?;
         // Plugin sessions open on the worker pool while the prompts prefill; a trajectory
         // starts decoding once its own are open, not when all are (opening 64 Python
         // sessions takes longer than a prefill on two cores).
@@ -468,10 +509,11 @@ impl<'a> Engine<'a> {
         let tally = std::sync::Arc::new(CallTally::default());
         let opening = self.open_sessions(samples, seed, &tx, &tally);
         let lives = match &lease {
-            None => self.prefill(&prompts, samples, seed, mode, opening, &mut stats)?,
+            None => self.prefill(starts, samples, seed, mode, opening)?,
             // The servers prefill as they answer each trajectory's first request.
-            Some(_) => self.unprefilled(prompts, samples, seed, opening),
+            Some(_) => self.unprefilled(starts, samples, seed, opening),
         };
+        stats.forwards += usize::from(lease.is_none());
         stats.prefill_s = t0.elapsed().as_secs_f64();
         let mut batch = Batch {
             done: (0..lives.len()).map(|_| None).collect(),
@@ -523,6 +565,147 @@ impl<'a> Engine<'a> {
         Ok(prompts)
     }
 
+    /// How each trajectory starts (sample `i`'s `j`th at `i * G + j`): its prompt. With an
+    /// OpenEnv server whose `reset` gives the prompt, every trajectory's session opens
+    /// here first, all at once: its prompt is the reset observation's messages (after the
+    /// sample's with `prompt = "append"`). A session that fails to open, or whose observation would not fit
+    /// `max_total_tokens`, is a fault, and that trajectory starts from the sample alone.
+    fn starts(
+        &self,
+        samples: &[(u64, Sample)],
+        seed: u64,
+        stats: &mut BatchStats,
+    ) -> Result<Vec<Start>> {
+        let g = self.settings.group_size;
+        let remote = self
+            .settings
+            .openenv
+            .as_ref()
+            .filter(|r| r.prompt_from_reset());
+        let Some(remote) = remote else {
+            let prompts = self.prompts(samples, stats)?;
+            return Ok(samples
+                .iter()
+                .zip(prompts)
+                .flat_map(|((_, sample), prompt)| {
+                    (0..g).map(move |_| Start {
+                        messages: sample.messages.clone(),
+                        prompt: prompt.clone(),
+                        episode: None,
+                        fault: None,
+                    })
+                })
+                .collect());
+        };
+        let opening: Vec<_> = samples
+            .iter()
+            .flat_map(|(id, sample)| (0..g).map(move |j| (*id, sample, j)))
+            .map(|(id, sample, j)| {
+                let (remote, metadata) = (remote.clone(), sample.metadata.clone());
+                self.handle.spawn(async move {
+                    RemoteEpisode::open(remote, id, episode_id(seed, id, j), &metadata).await
+                })
+            })
+            .collect();
+        let opened = self.handle.block_on(futures_util::future::join_all(opening));
+        let limit = self.settings.limits.max_total_tokens;
+        // Where a session fails, its trajectory starts from the sample alone: its
+        // messages, or (with `prompt = "reset"` they are often none) an empty user turn.
+        let alone_prompts = if remote.prompt_keeps_sample() {
+            self.prompts(samples, stats)?
+        } else {
+            Vec::new()
+        };
+        let mut starts: Vec<Start> = Vec::with_capacity(opened.len());
+        for (t, result) in opened.into_iter().enumerate() {
+            let (i, sample) = (t / g, &samples[t / g].1);
+            let alone = |fault: Option<Fault>| -> Result<Start> {
+                let (messages, prompt) = match alone_prompts.get(i) {
+                    Some(p) => (sample.messages.clone(), p.clone()),
+                    None => {
+                        let mut messages = sample.messages.clone();
+                        if messages.is_empty() {
+                            messages.push(Message::new("user", ""));
+                        }
+                        let alone = Sample {
+                            messages: messages.clone(),
+                            metadata: sample.metadata.clone(),
+                        };
+                        let p = self
+                            .prompt_tokens(&alone)
+                            .with_context(|| format!("rendering the prompt of sample {}", samples[i].0))?;
+                        if p.len() >= limit {
+                            bail!(
+                                "sample {}'s prompt has {} tokens, rollout.max_total_tokens is {limit}",
+                                samples[i].0,
+                                p.len()
+                            );
+                        }
+                        (messages, p)
+                    }
+                };
+                Ok(Start {
+                    messages,
+                    prompt,
+                    episode: None,
+                    fault: fault.as_ref().map(FaultRecord::from),
+                })
+            };
+            let (episode, reset) = match result.context("an OpenEnv reset task panicked")? {
+                Ok(opened) => opened,
+                Err(fault) => {
+                    starts.push(alone(Some(fault))?);
+                    continue;
+                }
+            };
+            let mut messages = if remote.prompt_keeps_sample() {
+                sample.messages.clone()
+            } else {
+                Vec::new()
+            };
+            messages.extend(reset);
+            // The group's sessions usually answer alike: render once.
+            let same = starts
+                .last()
+                .filter(|s| t % g != 0 && s.messages == messages)
+                .map(|s| s.prompt.clone());
+            let prompt = match same {
+                Some(p) => p,
+                None => {
+                    let p = self
+                        .prompt_tokens(&Sample {
+                            messages: messages.clone(),
+                            metadata: sample.metadata.clone(),
+                        })
+                        .with_context(|| {
+                            format!("rendering the prompt of sample {} after its reset", samples[i].0)
+                        })?;
+                    if p.len() >= limit {
+                        starts.push(alone(Some(Fault {
+                            plugin: format!("openenv:{}", remote.url),
+                            call: "openenv.reset",
+                            kind: crate::plugin::FaultKind::BadOutput,
+                            message: format!(
+                                "the reset observation makes a prompt of {} tokens, past rollout.max_total_tokens ({limit})",
+                                p.len()
+                            ),
+                        }))?);
+                        continue;
+                    }
+                    stats.prompt_tokens += p.len();
+                    p
+                }
+            };
+            starts.push(Start {
+                messages,
+                prompt,
+                episode: Some(Episode::Remote(episode)),
+                fault: None,
+            });
+        }
+        Ok(starts)
+    }
+
     /// Starts opening every trajectory's trigger session and environment episode on the
     /// worker pool (each answers on `tx`); how many each trajectory waits for.
     fn open_sessions(
@@ -570,7 +753,19 @@ impl<'a> Engine<'a> {
                                 s
                             })
                             .map_err(|e| spec.plugin.open_fault("environment.open", e));
-                        let _ = tx.send(Event::EpisodeOpened(t, r));
+                        let _ = tx.send(Event::EpisodeOpened(t, r.map(Episode::Plugin)));
+                    });
+                }
+                if let Some(remote) = s.openenv.as_ref().filter(|r| !r.prompt_from_reset()) {
+                    let (remote, metadata, tx) =
+                        (remote.clone(), sample.metadata.clone(), tx.clone());
+                    let (id, episode) = (*id, episode_id(seed, *id, j));
+                    self.handle.spawn(async move {
+                        let r = RemoteEpisode::open(remote, id, episode, &metadata).await;
+                        let _ = tx.send(Event::EpisodeOpened(
+                            t,
+                            r.map(|(e, _)| Episode::Remote(e)),
+                        ));
                     });
                 }
             }
@@ -606,8 +801,12 @@ impl<'a> Engine<'a> {
         let tools = s.tools.as_ref().map_or(0, |t| {
             (0..t.plugins.len()).filter(|&p| t.needs_session(p)).count()
         });
+        let remote = s.openenv.as_ref().is_some_and(|r| !r.prompt_from_reset());
         u8::try_from(
-            usize::from(s.trigger.is_some()) + usize::from(s.environment.is_some()) + tools,
+            usize::from(s.trigger.is_some())
+                + usize::from(s.environment.is_some())
+                + usize::from(remote)
+                + tools,
         )
         .expect("fewer than 255 plugins per trajectory")
     }
@@ -629,32 +828,36 @@ impl<'a> Engine<'a> {
         .within(self.lm.model.cfg.max_position_embeddings)
     }
 
-    /// Prefills each prompt once and forks its cache into its group's trajectories, which
-    /// wait for `opening` plugin sessions each before they decode.
+    /// Prefills each distinct prompt once and forks its cache into its group's
+    /// trajectories (with an OpenEnv `reset` prompt, trajectories of a group may differ),
+    /// which wait for `opening` plugin sessions each before they decode.
     fn prefill(
         &self,
-        prompts: &[Vec<u32>],
+        starts: Vec<Start>,
         samples: &[(u64, Sample)],
         seed: u64,
         mode: Mode,
         opening: u8,
-        stats: &mut BatchStats,
     ) -> Result<Vec<Live<'a>>> {
         let model = &self.lm.model;
-        let mut heads: Vec<Sequence> = prompts
-            .iter()
-            .map(|p| Sequence::new(model, p.clone(), 0))
-            .collect();
-        advance(model, &mut heads.iter_mut().collect::<Vec<_>>(), mode)?;
-        stats.forwards += 1;
         let g = self.settings.group_size;
-        let mut lives = Vec::with_capacity(heads.len() * g);
-        for (i, head) in heads.iter_mut().enumerate() {
-            for j in 0..g {
-                let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
-                let seq = head.fork(traj_seed);
-                lives.push(self.live(i, j, seq, traj_seed, opening, samples));
+        let mut heads: Vec<Sequence> = Vec::new();
+        let mut head_of = Vec::with_capacity(starts.len());
+        for (t, start) in starts.iter().enumerate() {
+            if t % g != 0 && start.prompt == starts[t - 1].prompt {
+                head_of.push(*head_of.last().expect("t > 0"));
+            } else {
+                heads.push(Sequence::new(model, start.prompt.clone(), 0));
+                head_of.push(heads.len() - 1);
             }
+        }
+        advance(model, &mut heads.iter_mut().collect::<Vec<_>>(), mode)?;
+        let mut lives = Vec::with_capacity(starts.len());
+        for (t, start) in starts.into_iter().enumerate() {
+            let (i, j) = (t / g, t % g);
+            let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
+            let seq = heads[head_of[t]].fork(traj_seed);
+            lives.push(self.live(i, j, seq, traj_seed, opening, samples, start));
         }
         Ok(lives)
     }
@@ -662,24 +865,24 @@ impl<'a> Engine<'a> {
     /// The trajectories of a batch sampled by vLLM servers: nothing computed here.
     fn unprefilled(
         &self,
-        prompts: Vec<Vec<u32>>,
+        starts: Vec<Start>,
         samples: &[(u64, Sample)],
         seed: u64,
         opening: u8,
     ) -> Vec<Live<'a>> {
         let g = self.settings.group_size;
-        let mut lives = Vec::with_capacity(prompts.len() * g);
-        for (i, prompt) in prompts.into_iter().enumerate() {
-            for j in 0..g {
-                let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
-                let seq = Sequence::new(&self.lm.model, prompt.clone(), traj_seed);
-                lives.push(self.live(i, j, seq, traj_seed, opening, samples));
-            }
+        let mut lives = Vec::with_capacity(starts.len());
+        for (t, start) in starts.into_iter().enumerate() {
+            let (i, j) = (t / g, t % g);
+            let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
+            let seq = Sequence::new(&self.lm.model, start.prompt.clone(), traj_seed);
+            lives.push(self.live(i, j, seq, traj_seed, opening, samples, start));
         }
         lives
     }
 
     /// Trajectory `j` of sample `i`, about to decode after its prompt.
+    #[allow(clippy::too_many_arguments)]
     fn live(
         &self,
         i: usize,
@@ -688,8 +891,9 @@ impl<'a> Engine<'a> {
         seed: u64,
         opening: u8,
         samples: &[(u64, Sample)],
+        start: Start,
     ) -> Live<'a> {
-        let start = seq.tokens.len();
+        let first = seq.tokens.len();
         Live {
             sample: i,
             index: j,
@@ -702,23 +906,23 @@ impl<'a> Engine<'a> {
             },
             trigger: None,
             patterns: Vec::new(),
-            episode: None,
+            episode: start.episode,
             tools: (0..self.settings.tools.as_ref().map_or(0, |t| t.plugins.len()))
                 .map(|_| None)
                 .collect(),
             call_kinds: Default::default(),
             sample_data: self.settings.tools.as_ref().map(|_| samples[i].1.clone()),
             scan_from: 0,
-            turn_start: start,
+            turn_start: first,
             turn_tokens: 0,
             turn_open: true,
             checked: 0,
             inserted: Vec::new(),
-            messages: samples[i].1.messages.clone(),
+            messages: start.messages,
             turns: 0,
             tool_calls: 0,
             tool_truncations: 0,
-            faults: Vec::new(),
+            faults: start.fault.into_iter().collect(),
             env_reward: None,
             remote: Default::default(),
             server: None,
@@ -1113,6 +1317,10 @@ impl<'a> Engine<'a> {
                 return self.call_tools(l, tx, toolbox, turn);
             }
         }
+        if let Some(remote) = self.settings.openenv.as_ref().filter(|r| !r.functions.is_empty())
+        {
+            return self.call_remote(l, tx, remote, content);
+        }
         l.messages.push(Message {
             role: "assistant".into(),
             content: content.clone(),
@@ -1124,12 +1332,81 @@ impl<'a> Engine<'a> {
                 l.state = State::Waiting;
                 self.handle.spawn(async move {
                     let c0 = Instant::now();
-                    let r = episode.step(&content).await;
-                    let _ = tx.send(Event::Stepped(t, episode, r, c0.elapsed()));
+                    let r = match &mut episode {
+                        Episode::Plugin(e) => e.step(&content).await,
+                        Episode::Remote(e) => e.step_text(&content).await,
+                    };
+                    let _ = tx.send(Event::Stepped(t, episode, r, 0, c0.elapsed()));
                 });
             }
             None => l.state = State::Done(StopReason::EndOfTurn),
         }
+        Ok(())
+    }
+
+    /// A turn for an OpenEnv server whose actions are function calls: the calls it wrote
+    /// go to the server as actions (the trajectory waits), a turn without one is the
+    /// final answer, and the limits end the trajectory as they do for `rollout.tools`.
+    fn call_remote(
+        &self,
+        l: &mut Live,
+        tx: &mpsc::Sender<Event>,
+        remote: &Remote,
+        content: String,
+    ) -> Result<()> {
+        let format = remote.format.expect("checked in Engine::new");
+        let turn = super::tool_calls::parse(format, &content, &remote.functions);
+        if turn.calls.is_empty() {
+            l.messages.push(Message::new("assistant", content));
+            l.state = State::Done(StopReason::EndOfTurn);
+            return Ok(());
+        }
+        let written: Vec<Written> = turn
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(k, call)| Written {
+                id: format!("call_{}_{k}", l.turns),
+                call,
+            })
+            .collect();
+        for w in &written {
+            let kind = match &w.call {
+                Ok(c) => match super::tool_calls::check(c, &remote.functions) {
+                    Ok(()) => "ok",
+                    Err(e) => e.kind(),
+                },
+                Err(m) => m.error.kind(),
+            };
+            *l.call_kinds.entry(kind.to_string()).or_default() += 1;
+        }
+        l.messages
+            .push(tools::assistant_message(turn.content, &written));
+        let lim = &self.settings.limits;
+        if l.tool_calls as usize + written.len() > lim.max_tool_calls as usize {
+            l.state = State::Done(StopReason::MaxToolCalls);
+            return Ok(());
+        }
+        if l.turns >= lim.max_turns {
+            l.state = State::Done(StopReason::MaxTurns);
+            return Ok(());
+        }
+        let Some(mut episode) = l.episode.take() else {
+            // Its session did not open (the fault is on record): nothing to answer.
+            l.state = State::Done(StopReason::EndOfTurn);
+            return Ok(());
+        };
+        let (t, tx) = (self.index_of(l), tx.clone());
+        let n = written.len() as u32;
+        l.state = State::Waiting;
+        self.handle.spawn(async move {
+            let c0 = Instant::now();
+            let r = match &mut episode {
+                Episode::Remote(e) => e.step_calls(&written).await,
+                Episode::Plugin(_) => unreachable!("an OpenEnv run has no plugin environment"),
+            };
+            let _ = tx.send(Event::Stepped(t, episode, r, n, c0.elapsed()));
+        });
         Ok(())
     }
 
@@ -1249,7 +1526,7 @@ impl<'a> Engine<'a> {
                 l.tool_calls += 1;
                 self.insert(l, &text, SpanKind::Tool)?;
             }
-            Event::Stepped(t, episode, result, took) => {
+            Event::Stepped(t, episode, result, calls, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
                 let l = &mut lives[t];
                 l.episode = Some(episode);
@@ -1264,11 +1541,12 @@ impl<'a> Engine<'a> {
                 if let Some(r) = step.reward {
                     *l.env_reward.get_or_insert(0.0) += r;
                 }
+                // A turn of calls met the limits before it was sent.
                 l.state = if step.done {
                     State::Done(StopReason::EnvDone)
-                } else if l.turns >= self.settings.limits.max_turns {
+                } else if calls == 0 && l.turns >= self.settings.limits.max_turns {
                     State::Done(StopReason::MaxTurns)
-                } else if l.tool_calls >= self.settings.limits.max_tool_calls {
+                } else if calls == 0 && l.tool_calls >= self.settings.limits.max_tool_calls {
                     State::Done(StopReason::MaxToolCalls)
                 } else {
                     State::Active
@@ -1276,8 +1554,17 @@ impl<'a> Engine<'a> {
                 if l.state != State::Active {
                     return Ok(());
                 }
-                l.tool_calls += 1;
-                self.continue_with(l, step.messages, SpanKind::Env)?;
+                if calls == 0 {
+                    l.tool_calls += 1;
+                    self.continue_with(l, step.messages, SpanKind::Env)?;
+                } else {
+                    l.tool_calls += calls;
+                    let mut messages = step.messages;
+                    for m in &mut messages {
+                        m.content = self.cut_answer(l, std::mem::take(&mut m.content))?;
+                    }
+                    self.continue_with(l, messages, SpanKind::Tool)?;
+                }
             }
             Event::Called(t, sessions, answers, faults, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
@@ -1580,7 +1867,7 @@ impl Drop for Lease<'_> {
 pub fn prompt_tokens(
     lm: &LanguageModel,
     template_kwargs: &Map<String, Json>,
-    tools: Option<&Toolbox>,
+    tools: Option<&[Json]>,
     sample: &Sample,
 ) -> Result<Vec<u32>> {
     let tok = &lm.tokenizer;
@@ -1590,7 +1877,7 @@ pub fn prompt_tokens(
         .collect();
     let text = lm.chat()?.render_with_kwargs(
         &messages,
-        tools.map(|t| t.template_tools.as_slice()),
+        tools,
         true,
         template_kwargs,
     )?;
@@ -1674,6 +1961,7 @@ mod tests {
             environment: None,
             tools: None,
             remote: None,
+            openenv: None,
         }
     }
 

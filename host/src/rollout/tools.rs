@@ -124,6 +124,21 @@ impl Catalogue {
     }
 }
 
+/// How the model writes calls: `setting`, or with `auto` the format `chat`'s markup shows.
+pub fn call_format(setting: FormatSetting, chat: &ChatTemplate) -> Result<CallFormat> {
+    Ok(match setting {
+        FormatSetting::Hermes => CallFormat::Hermes,
+        FormatSetting::Llama3Json => CallFormat::Llama3Json,
+        FormatSetting::Qwen3Coder => CallFormat::Qwen3Coder,
+        FormatSetting::Auto => CallFormat::implied_by(chat.source()).with_context(|| {
+            format!(
+                "rollout.tool_call_format = \"auto\", but the chat template shows no tool-call format (no `<tool_call>`, `<function=`, or Llama's `\"parameters\"`): set rollout.tool_call_format to one of {}",
+                CallFormat::ALL.map(|f| format!("\"{}\"", f.name())).join(", ")
+            )
+        })?,
+    })
+}
+
 impl Toolbox {
     /// The toolbox for `chat`: the call format from `setting`, and a check that the
     /// template renders `tools` at all (a template that ignores them would leave the
@@ -138,17 +153,7 @@ impl Toolbox {
             functions,
             owner,
         } = catalogue;
-        let format = match setting {
-            FormatSetting::Hermes => CallFormat::Hermes,
-            FormatSetting::Llama3Json => CallFormat::Llama3Json,
-            FormatSetting::Qwen3Coder => CallFormat::Qwen3Coder,
-            FormatSetting::Auto => CallFormat::implied_by(chat.source()).with_context(|| {
-                format!(
-                    "rollout.tool_call_format = \"auto\", but the chat template shows no tool-call format (no `<tool_call>`, `<function=`, or Llama's `\"parameters\"`): set rollout.tool_call_format to one of {}",
-                    CallFormat::ALL.map(|f| format!("\"{}\"", f.name())).join(", ")
-                )
-            })?,
-        };
+        let format = call_format(setting, chat)?;
         let template_tools: Vec<Json> = functions
             .iter()
             .map(|f| {
