@@ -173,6 +173,7 @@ fn main() -> Result<()> {
                 environment: None,
                 tools: None,
                 remote: None,
+                openenv: None,
             };
             let batch: Vec<(u64, Sample)> = if shared {
                 samples.clone()

@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let cache = PathBuf::from(args.next().context("usage: units_model CACHE_DIR [PLUGINS_DIR]")?);
+    let cache = PathBuf::from(
+        args.next()
+            .context("usage: units_model CACHE_DIR [PLUGINS_DIR]")?,
+    );
     let plugins = PathBuf::from(args.next().unwrap_or_else(|| "plugins/dist".into()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -43,7 +43,10 @@ impl PyServer {
         let mut seen = Vec::new();
         let url = loop {
             let Some(Ok(line)) = lines.next() else {
-                panic!("uvicorn {module} ended before it listened:\n{}", seen.join("\n"));
+                panic!(
+                    "uvicorn {module} ended before it listened:\n{}",
+                    seen.join("\n")
+                );
             };
             if let Some(at) = line.find("Uvicorn running on http://") {
                 let rest = &line[at + "Uvicorn running on ".len()..];
@@ -136,7 +139,10 @@ fn a_served_environment_plays_token_exactly_as_in_process() {
         assert_eq!(g.messages, w.messages);
         assert_eq!(g.tokens, w.tokens, "{}", g.completion);
         assert_eq!(g.prompt_len, w.prompt_len);
-        assert_eq!((g.stop, g.turns, g.tool_calls), (w.stop, w.turns, w.tool_calls));
+        assert_eq!(
+            (g.stop, g.turns, g.tool_calls),
+            (w.stop, w.turns, w.tool_calls)
+        );
         assert_eq!(g.rewards.get("env"), w.rewards.get("env"));
     }
     assert_eq!(want[0].trajectories[0].stop, StopReason::EnvDone);
@@ -168,10 +174,11 @@ fn the_openenv_template_echoes_turns_back_as_user_turns() {
     let server = PyServer::start(&python, &dir.join("echo_env"), "server.app", &[]);
     let mut s = section(&server.url);
     s.observation = vec!["echoed_message".into()];
+    // The template serves one session at a time (`max_concurrent_envs=1`).
+    s.max_sessions = 1;
     let remote = connect(&rt, &s);
     assert_eq!(remote.name, "EchoEnvironment");
-    // The template serves one session at a time (`max_concurrent_envs=1`).
-    let mut settings = with_openenv(remote, 1);
+    let mut settings = with_openenv(remote, 2);
     settings.limits.max_turns = 3;
     let groups = run(
         &rt,
@@ -179,20 +186,30 @@ fn the_openenv_template_echoes_turns_back_as_user_turns() {
         &Rewards::none(),
         &[(4, sample(GUESS, json!({})))],
     );
-    let t = &groups[0].trajectories[0];
-    assert_eq!(t.faults, vec![], "{:?}", faults(t));
-    assert_eq!((t.stop, t.turns), (StopReason::MaxTurns, 3), "{:?}", t.messages);
-    assert_eq!(t.messages[0], msg("user", GUESS));
-    let mut reward = 0.0;
-    for pair in t.messages[1..].chunks(2) {
-        assert_eq!(pair[0].role, "assistant");
-        reward += 0.1 * pair[0].content.chars().count() as f64;
-        if let Some(echo) = pair.get(1) {
-            assert_eq!(echo, &msg("user", &pair[0].content));
+    // Two trajectories, one session at a time: the second waits for the first's.
+    for t in &groups[0].trajectories {
+        assert_eq!(t.faults, vec![], "{:?}", faults(t));
+        assert_eq!(
+            (t.stop, t.turns),
+            (StopReason::MaxTurns, 3),
+            "{:?}",
+            t.messages
+        );
+        assert_eq!(t.messages[0], msg("user", GUESS));
+        let mut reward = 0.0;
+        for pair in t.messages[1..].chunks(2) {
+            assert_eq!(pair[0].role, "assistant");
+            reward += 0.1 * pair[0].content.chars().count() as f64;
+            if let Some(echo) = pair.get(1) {
+                assert_eq!(echo, &msg("user", &pair[0].content));
+            }
         }
+        let env = t.rewards["env"];
+        assert!(
+            (env - reward).abs() < 1e-9,
+            "env reward {env}, echoed {reward}"
+        );
     }
-    let env = t.rewards["env"];
-    assert!((env - reward).abs() < 1e-9, "env reward {env}, echoed {reward}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -225,7 +242,12 @@ fn openenv_faults_are_counted_and_the_run_goes_on() {
         })
         .collect();
     let t0 = std::time::Instant::now();
-    let groups = run(&rt, &with_openenv(remote.clone(), 1), &Rewards::none(), &samples);
+    let groups = run(
+        &rt,
+        &with_openenv(remote.clone(), 1),
+        &Rewards::none(),
+        &samples,
+    );
     // The silent server is bounded by step_timeout_s, not waited for.
     assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
     let server_name = format!("openenv:{}", server.url);
@@ -239,7 +261,10 @@ fn openenv_faults_are_counted_and_the_run_goes_on() {
         }
         assert_eq!(t.stop, StopReason::EnvFault, "{mode}: {:?}", faults(t));
         let f = &t.faults[0];
-        assert_eq!((f.plugin.as_str(), f.call.as_str()), (server_name.as_str(), "openenv.step"));
+        assert_eq!(
+            (f.plugin.as_str(), f.call.as_str()),
+            (server_name.as_str(), "openenv.step")
+        );
         let (kind, says) = match *mode {
             "malformed" => ("bad-output", "not JSON"),
             "huge" => ("bad-output", "max_message_mib"),
@@ -281,7 +306,10 @@ fn openenv_faults_are_counted_and_the_run_goes_on() {
     let mut other = section(&server.url);
     other.allow = vec!["http://127.0.0.1:1".into()];
     let err = format!("{:#}", rt.block_on(Remote::connect(&other)).err().unwrap());
-    assert!(err.contains("not granted by rollout.openenv.allow"), "{err}");
+    assert!(
+        err.contains("not granted by rollout.openenv.allow"),
+        "{err}"
+    );
     let strict = PyServer::start(&python, &here, "faulty", &[("FAULTY_SCHEMA", "strict")]);
     let err = format!(
         "{:#}",
@@ -305,7 +333,12 @@ fn a_model_learns_to_call_an_openenv_mcp_environment() {
     let Some(python) = openenv_python() else {
         return;
     };
-    let server = PyServer::start(&python, &repo_root().join("tests/openenv"), "dates_env", &[]);
+    let server = PyServer::start(
+        &python,
+        &repo_root().join("tests/openenv"),
+        "dates_env",
+        &[],
+    );
     let grant = rlhost::openenv::client::Endpoint::parse(&server.url)
         .unwrap()
         .grant();
@@ -331,6 +364,7 @@ max_total_tokens = 768
 url = "{url}"
 allow = ["{grant}"]
 observation = ["result", "error"]
+errors = ["error"]
 action = {{ kind = "call", name = "tool_name", arguments = "arguments", fixed = {{ type = "call_tool" }} }}
 [plugins.units_task]
 path = {task:?}
@@ -371,7 +405,11 @@ save_every = 100
         .iter()
         .filter_map(|r| r["function_calls"]["ok"].as_f64())
         .sum();
-    assert!(ran > 0.0, "no call ran: {:?}", rows.last().unwrap()["function_calls"]);
+    assert!(
+        ran > 0.0,
+        "no call ran: {:?}",
+        rows.last().unwrap()["function_calls"]
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -418,5 +456,78 @@ path = "rows.jsonl"
         assert!(err.contains(says), "{extra}: {err}");
         assert!(err.contains("c.toml"), "{err}");
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The units functions served by `rlhost env serve` and called through `[rollout.openenv]`
+/// with the call mapping give the trajectories `rollout.tools` gives in process, token for
+/// token: the same calls read in the same format, the same answers (a refusal included)
+/// rendered as the same `tool` turns, counted alike.
+#[test]
+fn served_functions_answer_calls_token_exactly_as_in_process() {
+    let server = Server::start(&[
+        plugin("units").to_str().unwrap(),
+        "--max-sessions",
+        "64",
+    ]);
+    let dir = temp_dir("openenv-calls");
+    let model = super::units_task::small_units_model();
+    let common = format!(
+        r#"
+[run]
+seed = 11
+[model]
+path = {model:?}
+[data]
+plugin = "units_task"
+plugin_config = {{ kinds = ["add_days"] }}
+eval_size = 0
+[sampling]
+max_new_tokens = 48
+[plugins.units_task]
+path = {task:?}
+[[rewards]]
+plugin = "units_task"
+"#,
+        model = model.display().to_string(),
+        task = plugin("units_task").display().to_string(),
+    );
+    let local = format!(
+        "{common}[rollout]\ngroup_size = 8\nprompts_per_step = 8\ntools = [\"units\"]\nmax_total_tokens = 768\n[plugins.units]\npath = {:?}\n",
+        plugin("units").display().to_string()
+    );
+    let remote = format!(
+        "{common}[rollout]\ngroup_size = 8\nprompts_per_step = 8\nmax_total_tokens = 768\n[rollout.openenv]\nurl = \"{url}\"\nallow = [\"{url}\"]\nobservation = [\"result\", \"error\"]\nerrors = [\"error\"]\naction = {{ kind = \"call\" }}\nmax_sessions = 64\n",
+        url = server.url
+    );
+    let mut runs = Vec::new();
+    for (name, config) in [("local", local), ("remote", remote)] {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config).unwrap();
+        let out = dir.join(format!("{name}.jsonl"));
+        TestCommand::new(&["rollout", "-q", "--split", "train", "--prompts", "8", "--show", "0"])
+            .arg("--config")
+            .arg(&path)
+            .arg("--out")
+            .arg(&out)
+            .ok();
+        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        runs.push(rows);
+    }
+    let (local, remote) = (&runs[0], &runs[1]);
+    assert_eq!(local.len(), 64);
+    let mut calls = 0;
+    for (a, b) in local.iter().zip(remote) {
+        assert_eq!(a["tokens"], b["tokens"], "{}\n{}", a["completion"], b["completion"]);
+        assert_eq!(a["messages"], b["messages"]);
+        assert_eq!(a["rewards"], b["rewards"]);
+        assert_eq!(b["faults"], json!([]));
+        calls += a["tool_calls"].as_u64().unwrap();
+    }
+    assert!(calls > 0, "no call was made: nothing compared");
     let _ = std::fs::remove_dir_all(dir);
 }

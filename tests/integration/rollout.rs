@@ -156,11 +156,16 @@ pub(super) fn settings_for(
         environment,
         tools: None,
         remote: None,
-            openenv: None,
+        openenv: None,
     }
 }
 
-pub(super) fn tool(rt: &tokio::runtime::Runtime, name: &str, config: &str, limits: Limits) -> ToolSpec {
+pub(super) fn tool(
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    config: &str,
+    limits: Limits,
+) -> ToolSpec {
     ToolSpec {
         plugin: rt.block_on(load_with(name, limits)),
         config: config.into(),

@@ -178,7 +178,7 @@ fn settings(toolbox: &Arc<Toolbox>, lm: &LanguageModel) -> RolloutSettings {
         environment: None,
         tools: Some(toolbox.clone()),
         remote: None,
-            openenv: None,
+        openenv: None,
     }
 }
 

@@ -26,6 +26,11 @@ pub struct OpenEnvSection {
     /// The role of a turn made from a string field: `user` or `tool` (a call's answer is
     /// always a `tool` message).
     pub role: String,
+    /// Observation fields that carry a function's refusal of a call (with
+    /// `action.kind = "call"`): the model reads `error: <text>`, as rlhost's own tools
+    /// write a refusal, and the call counts as a `tool_error`.
+    #[schemars(example = vec!["error"])]
+    pub errors: Vec<String>,
     /// Where the prompt comes from: `dataset` (the sample's messages), `reset` (the reset
     /// observation's, read as `observation` says; the dataset then gives each episode
     /// its seed, its metadata and the rewards' references) or `append` (the sample's
@@ -37,6 +42,11 @@ pub struct OpenEnvSection {
     /// `environment_factory` passes a dataset row's columns); the server keeps those its
     /// `reset` takes.
     pub reset_metadata: bool,
+    /// Sessions open at once (the server's own cap: `rlhost env serve --max-sessions`,
+    /// `max_concurrent_envs` in openenv-core's `create_app`); a trajectory waits for one.
+    /// With `prompt = "reset"` a batch's sessions all open before it samples, so a batch
+    /// may have at most this many trajectories.
+    pub max_sessions: usize,
     /// Seconds to open a session (connect, handshake, `reset`).
     pub connect_timeout_s: f64,
     /// Seconds one `step` may take; past it the episode ends with a timeout fault.
@@ -53,9 +63,11 @@ impl Default for OpenEnvSection {
             action: ActionMapping::default(),
             observation: vec!["messages".into()],
             role: "user".into(),
+            errors: Vec::new(),
             prompt: PromptFrom::Dataset,
             reset: Map::new(),
             reset_metadata: true,
+            max_sessions: 16,
             connect_timeout_s: 10.0,
             step_timeout_s: 60.0,
             max_message_mib: 16.0,
@@ -150,7 +162,10 @@ impl OpenEnvSection {
             );
         }
         if self.role != "user" && self.role != "tool" {
-            return Err(format!("role = {:?}: write \"user\" or \"tool\"", self.role));
+            return Err(format!(
+                "role = {:?}: write \"user\" or \"tool\"",
+                self.role
+            ));
         }
         let a = &self.action;
         let fields: &[(&str, &String)] = match a.kind {
@@ -178,6 +193,9 @@ impl OpenEnvSection {
             if !(v > 0.0 && v.is_finite()) {
                 return Err(format!("{key} must be a positive number, not {v}"));
             }
+        }
+        if self.max_sessions == 0 {
+            return Err("max_sessions must be at least 1".into());
         }
         if self.max_message_mib > 1024.0 {
             return Err(format!(

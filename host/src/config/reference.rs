@@ -348,7 +348,7 @@ mod tests {
     fn keys_in_code() -> BTreeSet<String> {
         let c: RunConfig = toml::from_str(
             "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n[plugins.NAME]\npath = \"p.wasm\"\ngenerate = {}\n\
-             [[rewards]]\nplugin = \"NAME\"\n",
+             [rollout.openenv]\n[[rewards]]\nplugin = \"NAME\"\n",
         )
         .unwrap();
         let mut keys = BTreeSet::new();
@@ -360,12 +360,15 @@ mod tests {
                     format!("{prefix}.{k}")
                 };
                 match v {
-                    // Tables of known keys (sections, `[rollout.vllm]`, a plugin's
-                    // `generate` grant); free-form tables (plugin configs, weights,
-                    // template variables) are one key.
+                    // Tables of known keys (sections, `[rollout.vllm]`,
+                    // `[rollout.openenv]` and its action mapping, a plugin's `generate`
+                    // grant); free-form tables (plugin configs, weights, template
+                    // variables, an action's fixed fields) are one key.
                     Value::Object(_)
                         if prefix.is_empty()
                             || key == "rollout.vllm"
+                            || key == "rollout.openenv"
+                            || key == "rollout.openenv.action"
                             || key == "plugins.NAME.generate" =>
                     {
                         walk(&key, v, keys)

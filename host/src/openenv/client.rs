@@ -60,7 +60,9 @@ impl Endpoint {
             None => (rest, ""),
         };
         if authority.contains('@') || base.contains(['?', '#']) {
-            return Err(format!("{url:?}: no user, query or fragment in the server's URL"));
+            return Err(format!(
+                "{url:?}: no user, query or fragment in the server's URL"
+            ));
         }
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let (ip, after) = v6
@@ -80,7 +82,11 @@ impl Endpoint {
             None => 80,
             Some(p) => match p.parse::<u16>() {
                 Ok(p) if p > 0 => p,
-                _ => return Err(format!("{url:?}: port {p:?} is not a number from 1 to 65535")),
+                _ => {
+                    return Err(format!(
+                        "{url:?}: port {p:?} is not a number from 1 to 65535"
+                    ));
+                }
             },
         };
         Ok(Endpoint {
@@ -121,6 +127,8 @@ pub struct Remote {
     pub template_tools: Vec<Value>,
     /// `/metadata`'s `name`, for messages.
     pub name: String,
+    /// One permit per session open (`max_sessions`).
+    sessions: Arc<tokio::sync::Semaphore>,
 }
 
 /// What `reset` and `step` answer.
@@ -144,17 +152,23 @@ impl Remote {
         let host = endpoint.bare_host().to_string();
         grants
             .check_url("http", &endpoint.host, endpoint.port)
-            .map_err(|d| anyhow::anyhow!("rollout.openenv.url is not granted by rollout.openenv.allow: {d}"))?;
-        let resolved: Vec<SocketAddr> =
-            tokio::time::timeout(Duration::from_secs(10), tokio::net::lookup_host((host.as_str(), endpoint.port)))
-                .await
-                .map_err(|_| anyhow::anyhow!("resolving {host} took over 10 s"))?
-                .with_context(|| format!("cannot resolve the OpenEnv server's host {host}"))?
-                .collect();
+            .map_err(|d| {
+                anyhow::anyhow!("rollout.openenv.url is not granted by rollout.openenv.allow: {d}")
+            })?;
+        let resolved: Vec<SocketAddr> = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::net::lookup_host((host.as_str(), endpoint.port)),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("resolving {host} took over 10 s"))?
+        .with_context(|| format!("cannot resolve the OpenEnv server's host {host}"))?
+        .collect();
         let ips: Vec<_> = resolved.iter().map(SocketAddr::ip).collect();
         let checked = grants
             .check_addresses("http", &endpoint.host, endpoint.port, &ips)
-            .map_err(|d| anyhow::anyhow!("rollout.openenv.url is not granted by rollout.openenv.allow: {d}"))?;
+            .map_err(|d| {
+                anyhow::anyhow!("rollout.openenv.url is not granted by rollout.openenv.allow: {d}")
+            })?;
         let addrs = checked
             .into_iter()
             .map(|ip| SocketAddr::new(ip, endpoint.port))
@@ -168,6 +182,7 @@ impl Remote {
             format: None,
             template_tools: Vec::new(),
             name: String::new(),
+            sessions: Arc::new(tokio::sync::Semaphore::new(section.max_sessions)),
         };
         let (status, _) = remote.http("GET", "/health", None).await.with_context(|| {
             format!(
@@ -236,6 +251,11 @@ impl Remote {
         self.section.prompt != PromptFrom::Dataset
     }
 
+    /// Sessions open at once.
+    pub fn max_sessions(&self) -> usize {
+        self.section.max_sessions
+    }
+
     /// Whether the sample's messages come first in the prompt.
     pub fn prompt_keeps_sample(&self) -> bool {
         self.section.prompt != PromptFrom::Reset
@@ -282,8 +302,7 @@ impl Remote {
         let work = async {
             let stream = self.tcp().await?;
             let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await?;
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
             tokio::spawn(conn);
             let mut request = http::Request::builder()
                 .method(method)
@@ -302,7 +321,10 @@ impl Remote {
                 .await
                 .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?
                 .to_bytes();
-            anyhow::Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+            anyhow::Ok((
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            ))
         };
         tokio::time::timeout(limit, work)
             .await
@@ -376,10 +398,21 @@ impl Remote {
         role: &str,
         roles: &[&str],
     ) -> Result<Vec<Message>, Fault> {
+        self.read(call, observation, role, roles).map(|(m, _)| m)
+    }
+
+    /// [`Self::messages`], and the field they came from.
+    fn read(
+        &self,
+        call: &'static str,
+        observation: &Value,
+        role: &str,
+        roles: &[&str],
+    ) -> Result<(Vec<Message>, String), Fault> {
         let fields = &self.section.observation;
-        let Some(value) = fields
+        let Some((field, value)) = fields
             .iter()
-            .find_map(|f| observation.get(f).filter(|v| !v.is_null()))
+            .find_map(|f| observation.get(f).filter(|v| !v.is_null()).map(|v| (f, v)))
         else {
             let has: Vec<&String> = observation
                 .as_object()
@@ -393,14 +426,18 @@ impl Remote {
                 ),
             ));
         };
-        match value {
+        let messages = match value {
             Value::Array(items)
                 if !items.is_empty() && items.iter().all(|m| m.get("role").is_some()) =>
             {
                 let mut out = Vec::with_capacity(items.len());
                 for m in items {
                     let m: Message = serde_json::from_value(m.clone()).map_err(|e| {
-                        self.fault(call, FaultKind::BadOutput, format!("an observation message: {e}"))
+                        self.fault(
+                            call,
+                            FaultKind::BadOutput,
+                            format!("an observation message: {e}"),
+                        )
                     })?;
                     if !roles.contains(&m.role.as_str()) {
                         return Err(self.fault(
@@ -414,11 +451,12 @@ impl Remote {
                     }
                     out.push(m);
                 }
-                Ok(out)
+                out
             }
-            Value::Array(items) if items.is_empty() => Ok(Vec::new()),
-            other => Ok(vec![Message::new(role, text_of(other))]),
-        }
+            Value::Array(items) if items.is_empty() => Vec::new(),
+            other => vec![Message::new(role, text_of(other))],
+        };
+        Ok((messages, field.clone()))
     }
 }
 
@@ -506,6 +544,9 @@ pub struct RemoteEpisode {
     remote: Arc<Remote>,
     ws: Option<WebSocketStream<TcpStream>>,
     handle: tokio::runtime::Handle,
+    /// Its place under `max_sessions`, given back once the server has been told the
+    /// session is over (so that the next session does not find the server full).
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl RemoteEpisode {
@@ -519,13 +560,23 @@ impl RemoteEpisode {
         metadata: &Value,
     ) -> Result<(RemoteEpisode, Vec<Message>), Fault> {
         let call = "openenv.reset";
+        let permit = remote
+            .sessions
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the session semaphore is never closed");
         let limit = Duration::from_secs_f64(remote.section.connect_timeout_s);
         let connect = async {
             let stream = remote.tcp().await.map_err(|e| e.to_string())?;
             let config = WebSocketConfig::default()
                 .max_message_size(Some(remote.max_message()))
                 .max_frame_size(Some(remote.max_message()));
-            let url = format!("ws://{}{}/ws", remote.endpoint.authority(), remote.endpoint.base);
+            let url = format!(
+                "ws://{}{}/ws",
+                remote.endpoint.authority(),
+                remote.endpoint.base
+            );
             tokio_tungstenite::client_async_with_config(url, stream, Some(config))
                 .await
                 .map(|(ws, _)| ws)
@@ -555,6 +606,7 @@ impl RemoteEpisode {
             remote: remote.clone(),
             ws: Some(ws),
             handle: tokio::runtime::Handle::current(),
+            permit: Some(permit),
         };
         let mut data = Map::new();
         if remote.section.reset_metadata
@@ -569,7 +621,12 @@ impl RemoteEpisode {
             .exchange(call, json!({"type": "reset", "data": data}), limit)
             .await?;
         let prompt = if remote.prompt_from_reset() {
-            remote.messages(call, &observed.observation, "user", &["system", "user", "assistant"])?
+            remote.messages(
+                call,
+                &observed.observation,
+                "user",
+                &["system", "user", "assistant"],
+            )?
         } else {
             Vec::new()
         };
@@ -586,7 +643,12 @@ impl RemoteEpisode {
         let messages = if observed.done {
             Vec::new()
         } else {
-            remote.messages("openenv.step", &observed.observation, &remote.section.role, &["user", "tool"])?
+            remote.messages(
+                "openenv.step",
+                &observed.observation,
+                &remote.section.role,
+                &["user", "tool"],
+            )?
         };
         Ok(StepResult {
             messages,
@@ -597,17 +659,27 @@ impl RemoteEpisode {
 
     /// Sends a turn's function calls as actions, in order, until the episode is done: a
     /// `tool` message answers each (a malformed call is answered with its error and
-    /// sends nothing). The rewards are summed.
-    pub async fn step_calls(&mut self, calls: &[Written]) -> Result<StepResult, Fault> {
+    /// sends nothing). The rewards are summed. Also how each call went, as
+    /// `rollout.tools` counts calls: `ok`, `tool_error` (answered in one of
+    /// `rollout.openenv.errors`) or the malformed call's kind.
+    pub async fn step_calls(
+        &mut self,
+        calls: &[Written],
+    ) -> Result<(StepResult, Vec<&'static str>), Fault> {
         let remote = self.remote.clone();
         let a = &remote.section.action;
         let (mut messages, mut reward, mut done) = (Vec::new(), None, false);
+        let mut kinds = Vec::with_capacity(calls.len());
         for w in calls {
-            let checked = w.call.as_ref().map_err(|m| m.error.clone()).and_then(|c| {
-                crate::rollout::tool_calls::check(c, &remote.functions).map(|()| c)
-            });
+            let checked =
+                w.call.as_ref().map_err(|m| m.error.clone()).and_then(|c| {
+                    crate::rollout::tool_calls::check(c, &remote.functions).map(|()| c)
+                });
             let text = match checked {
-                Err(e) => format!("error: {}", refused(&e)),
+                Err(e) => {
+                    kinds.push(e.kind());
+                    format!("error: {}", refused(&e))
+                }
                 Ok(call) => {
                     let mut action = a.fixed.clone();
                     action.insert(a.name.clone(), json!(call.name));
@@ -618,14 +690,23 @@ impl RemoteEpisode {
                     }
                     done = observed.done;
                     if done {
+                        kinds.push("ok");
                         break;
                     }
-                    remote
-                        .messages("openenv.step", &observed.observation, "tool", &["tool"])?
+                    let (answer, field) =
+                        remote.read("openenv.step", &observed.observation, "tool", &["tool"])?;
+                    let text = answer
                         .into_iter()
                         .map(|m| m.content)
                         .collect::<Vec<_>>()
-                        .join("\n")
+                        .join("\n");
+                    if remote.section.errors.contains(&field) {
+                        kinds.push("tool_error");
+                        format!("error: {text}")
+                    } else {
+                        kinds.push("ok");
+                        text
+                    }
                 }
             };
             messages.push(Message {
@@ -635,17 +716,22 @@ impl RemoteEpisode {
                 tool_call_id: Some(w.id.clone()),
             });
         }
-        Ok(StepResult {
+        let result = StepResult {
             messages: if done { Vec::new() } else { messages },
             done,
             reward,
-        })
+        };
+        Ok((result, kinds))
     }
 
     async fn step(&mut self, action: Map<String, Value>) -> Result<Observed, Fault> {
         let limit = Duration::from_secs_f64(self.remote.section.step_timeout_s);
-        self.exchange("openenv.step", json!({"type": "step", "data": action}), limit)
-            .await
+        self.exchange(
+            "openenv.step",
+            json!({"type": "step", "data": action}),
+            limit,
+        )
+        .await
     }
 
     /// Sends one message and reads its answer (pings between are answered by the
@@ -719,6 +805,7 @@ impl RemoteEpisode {
 
     /// Tells the server the session is over (in the background) and drops it.
     fn close(&mut self) {
+        let permit = self.permit.take();
         if let Some(mut ws) = self.ws.take() {
             self.handle.spawn(async move {
                 let _ = tokio::time::timeout(Duration::from_secs(2), async {
@@ -726,6 +813,7 @@ impl RemoteEpisode {
                     let _ = ws.close(None).await;
                 })
                 .await;
+                drop(permit);
             });
         }
     }
@@ -746,8 +834,12 @@ fn refused(e: &CallError) -> String {
 /// {"observation", "reward", "done"}}`, or its error.
 fn read_answer(text: &str) -> Result<Observed, (FaultKind, String)> {
     let bad = |why: String| (FaultKind::BadOutput, why);
-    let answer: Value = serde_json::from_str(text)
-        .map_err(|e| bad(format!("an answer that is not JSON ({e}): {}", short(text, 200))))?;
+    let answer: Value = serde_json::from_str(text).map_err(|e| {
+        bad(format!(
+            "an answer that is not JSON ({e}): {}",
+            short(text, 200)
+        ))
+    })?;
     let data = answer.get("data").cloned().unwrap_or(Value::Null);
     match answer.get("type").and_then(Value::as_str) {
         Some("observation") => {}
@@ -756,8 +848,12 @@ fn read_answer(text: &str) -> Result<Observed, (FaultKind, String)> {
                 FaultKind::GuestError,
                 format!(
                     "{} ({})",
-                    data.get("message").and_then(Value::as_str).unwrap_or("no message"),
-                    data.get("code").and_then(Value::as_str).unwrap_or("no code")
+                    data.get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no message"),
+                    data.get("code")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no code")
                 ),
             ));
         }
@@ -770,13 +866,21 @@ fn read_answer(text: &str) -> Result<Observed, (FaultKind, String)> {
     }
     let observation = match data.get("observation") {
         Some(o @ Value::Object(_)) => o.clone(),
-        _ => return Err(bad("an observation answer without an `observation` object".into())),
+        _ => {
+            return Err(bad(
+                "an observation answer without an `observation` object".into()
+            ));
+        }
     };
     let reward = match data.get("reward") {
         None | Some(Value::Null) => None,
         Some(r) => match r.as_f64() {
             Some(r) if r.is_finite() => Some(r),
-            _ => return Err(bad(format!("a reward of {r}; rewards must be finite numbers"))),
+            _ => {
+                return Err(bad(format!(
+                    "a reward of {r}; rewards must be finite numbers"
+                )));
+            }
         },
     };
     let done = match data.get("done") {
@@ -798,10 +902,16 @@ mod tests {
     #[test]
     fn urls_are_read_or_refused_with_the_reason() {
         let e = Endpoint::parse("http://127.0.0.1:8000/").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.base.as_str()), ("127.0.0.1", 8000, ""));
+        assert_eq!(
+            (e.host.as_str(), e.port, e.base.as_str()),
+            ("127.0.0.1", 8000, "")
+        );
         assert_eq!(e.grant(), "http://127.0.0.1:8000");
         let e = Endpoint::parse("ws://[::1]:9/env").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.base.as_str()), ("[::1]", 9, "/env"));
+        assert_eq!(
+            (e.host.as_str(), e.port, e.base.as_str()),
+            ("[::1]", 9, "/env")
+        );
         assert_eq!(Endpoint::parse("http://localhost").unwrap().port, 80);
         for (url, says) in [
             ("https://x:1", "TLS"),
@@ -824,14 +934,21 @@ mod tests {
         let none = Map::new();
         assert!(admits(&echo, &none, &["message"]).is_ok());
         let err = admits(&echo, &none, &["text"]).unwrap_err();
-        assert!(err.contains("no field [\"text\"]") && err.contains("[\"message\"]"), "{err}");
+        assert!(
+            err.contains("no field [\"text\"]") && err.contains("[\"message\"]"),
+            "{err}"
+        );
         let mcp = json!({"oneOf": [
             {"type": "object", "properties": {"type": {"const": "list_tools"}}, "required": ["type"]},
             {"type": "object", "properties": {"type": {"const": "call_tool"},
                 "tool_name": {"type": "string"}, "arguments": {"type": "object"}},
                 "required": ["type", "tool_name"]}]});
         let mut fixed = Map::new();
-        assert!(admits(&mcp, &fixed, &["tool_name", "arguments"]).unwrap_err().contains("action.fixed"));
+        assert!(
+            admits(&mcp, &fixed, &["tool_name", "arguments"])
+                .unwrap_err()
+                .contains("action.fixed")
+        );
         fixed.insert("type".into(), json!("call_tool"));
         assert!(admits(&mcp, &fixed, &["tool_name", "arguments"]).is_ok());
         assert!(admits(&Value::Null, &fixed, &["x"]).is_err());
@@ -843,7 +960,8 @@ mod tests {
         let mcp = json!({"content": [{"type": "text", "text": "2026-01-04", "annotations": null}],
             "structured_content": {"result": "2026-01-04"}, "is_error": false});
         assert_eq!(text_of(&mcp), "2026-01-04");
-        let error = json!({"error_type": "invalid_args", "message": "Invalid isoformat string: 'bad'"});
+        let error =
+            json!({"error_type": "invalid_args", "message": "Invalid isoformat string: 'bad'"});
         assert_eq!(text_of(&error), "Invalid isoformat string: 'bad'");
         assert_eq!(text_of(&json!({"n": 5})), r#"{"n":5}"#);
         assert_eq!(text_of(&json!(3.5)), "3.5");
@@ -851,17 +969,41 @@ mod tests {
 
     #[test]
     fn answers_are_read_strictly() {
-        let ok = read_answer(r#"{"type":"observation","data":{"observation":{"a":1},"reward":0.5,"done":true}}"#).unwrap();
+        let ok = read_answer(
+            r#"{"type":"observation","data":{"observation":{"a":1},"reward":0.5,"done":true}}"#,
+        )
+        .unwrap();
         assert_eq!((ok.reward, ok.done), (Some(0.5), true));
-        let ok = read_answer(r#"{"type":"observation","data":{"observation":{},"reward":null}}"#).unwrap();
+        let ok = read_answer(r#"{"type":"observation","data":{"observation":{},"reward":null}}"#)
+            .unwrap();
         assert_eq!((ok.reward, ok.done), (None, false));
         for (text, kind, says) in [
             ("not json", FaultKind::BadOutput, "not JSON"),
-            (r#"{"type":"error","data":{"message":"boom","code":"EXECUTION_ERROR"}}"#, FaultKind::GuestError, "boom (EXECUTION_ERROR)"),
-            (r#"{"type":"state","data":{}}"#, FaultKind::BadOutput, "neither"),
-            (r#"{"type":"observation","data":{"observation":3}}"#, FaultKind::BadOutput, "without an `observation`"),
-            (r#"{"type":"observation","data":{"observation":{},"reward":"x"}}"#, FaultKind::BadOutput, "finite"),
-            (r#"{"type":"observation","data":{"observation":{},"done":1}}"#, FaultKind::BadOutput, "`done`"),
+            (
+                r#"{"type":"error","data":{"message":"boom","code":"EXECUTION_ERROR"}}"#,
+                FaultKind::GuestError,
+                "boom (EXECUTION_ERROR)",
+            ),
+            (
+                r#"{"type":"state","data":{}}"#,
+                FaultKind::BadOutput,
+                "neither",
+            ),
+            (
+                r#"{"type":"observation","data":{"observation":3}}"#,
+                FaultKind::BadOutput,
+                "without an `observation`",
+            ),
+            (
+                r#"{"type":"observation","data":{"observation":{},"reward":"x"}}"#,
+                FaultKind::BadOutput,
+                "finite",
+            ),
+            (
+                r#"{"type":"observation","data":{"observation":{},"done":1}}"#,
+                FaultKind::BadOutput,
+                "`done`",
+            ),
         ] {
             let (k, m) = read_answer(text).unwrap_err();
             assert_eq!(k, kind, "{text}");

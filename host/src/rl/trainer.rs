@@ -552,7 +552,7 @@ mod tests {
                 environment: None,
                 tools: None,
                 remote: None,
-            openenv: None,
+                openenv: None,
             },
         };
         let due: Vec<u64> = (1..=7).filter(|&d| held_out(3).due(d, 7)).collect();

@@ -224,9 +224,14 @@ enum Event {
         Result<Option<String>, Fault>,
         Duration,
     ),
-    /// An environment's answer to a turn; `u32` is the function calls the turn sent as
-    /// actions (0 when the turn itself was the action).
-    Stepped(usize, Episode, Result<StepResult, Fault>, u32, Duration),
+    /// An environment's answer to a turn, with how each of the turn's function calls
+    /// went when it sent them as actions (none when the turn itself was the action).
+    Stepped(
+        usize,
+        Episode,
+        Result<(StepResult, Vec<&'static str>), Fault>,
+        Duration,
+    ),
     ToolsOpened(usize, usize, Result<ToolsSession, Fault>),
     /// A turn's function calls answered: the trajectory's sessions back, the answers in
     /// the calls' order, the faults.
@@ -597,6 +602,13 @@ impl<'a> Engine<'a> {
                 })
                 .collect());
         };
+        if samples.len() * g > remote.max_sessions() {
+            bail!(
+                "rollout.openenv.prompt = \"reset\" opens every session of a batch before it samples: this batch has {} trajectories, rollout.openenv.max_sessions is {}; raise it (and the server's own cap) or lower rollout.prompts_per_step",
+                samples.len() * g,
+                remote.max_sessions()
+            );
+        }
         let opening: Vec<_> = samples
             .iter()
             .flat_map(|(id, sample)| (0..g).map(move |j| (*id, sample, j)))
@@ -607,7 +619,9 @@ impl<'a> Engine<'a> {
                 })
             })
             .collect();
-        let opened = self.handle.block_on(futures_util::future::join_all(opening));
+        let opened = self
+            .handle
+            .block_on(futures_util::future::join_all(opening));
         let limit = self.settings.limits.max_total_tokens;
         // Where a session fails, its trajectory starts from the sample alone: its
         // messages, or (with `prompt = "reset"` they are often none) an empty user turn.
@@ -631,9 +645,9 @@ impl<'a> Engine<'a> {
                             messages: messages.clone(),
                             metadata: sample.metadata.clone(),
                         };
-                        let p = self
-                            .prompt_tokens(&alone)
-                            .with_context(|| format!("rendering the prompt of sample {}", samples[i].0))?;
+                        let p = self.prompt_tokens(&alone).with_context(|| {
+                            format!("rendering the prompt of sample {}", samples[i].0)
+                        })?;
                         if p.len() >= limit {
                             bail!(
                                 "sample {}'s prompt has {} tokens, rollout.max_total_tokens is {limit}",
@@ -669,33 +683,42 @@ impl<'a> Engine<'a> {
                 .last()
                 .filter(|s| t % g != 0 && s.messages == messages)
                 .map(|s| s.prompt.clone());
-            let prompt = match same {
-                Some(p) => p,
-                None => {
-                    let p = self
-                        .prompt_tokens(&Sample {
-                            messages: messages.clone(),
-                            metadata: sample.metadata.clone(),
-                        })
-                        .with_context(|| {
-                            format!("rendering the prompt of sample {} after its reset", samples[i].0)
-                        })?;
-                    if p.len() >= limit {
-                        starts.push(alone(Some(Fault {
-                            plugin: format!("openenv:{}", remote.url),
-                            call: "openenv.reset",
-                            kind: crate::plugin::FaultKind::BadOutput,
-                            message: format!(
+            let fresh = same.is_none();
+            let rendered = match same {
+                Some(p) => Ok(p),
+                None => self
+                    .prompt_tokens(&Sample {
+                        messages: messages.clone(),
+                        metadata: sample.metadata.clone(),
+                    })
+                    .map_err(|e| format!("the chat template cannot render the reset observation's prompt: {e:#}"))
+                    .and_then(|p| {
+                        if p.len() >= limit {
+                            Err(format!(
                                 "the reset observation makes a prompt of {} tokens, past rollout.max_total_tokens ({limit})",
                                 p.len()
-                            ),
-                        }))?);
-                        continue;
-                    }
-                    stats.prompt_tokens += p.len();
-                    p
+                            ))
+                        } else {
+                            Ok(p)
+                        }
+                    }),
+            };
+            // What the server sent must not stop the run: the episode is a fault.
+            let prompt = match rendered {
+                Ok(p) => p,
+                Err(message) => {
+                    starts.push(alone(Some(Fault {
+                        plugin: format!("openenv:{}", remote.url),
+                        call: "openenv.reset",
+                        kind: crate::plugin::FaultKind::BadOutput,
+                        message,
+                    }))?);
+                    continue;
                 }
             };
+            if fresh {
+                stats.prompt_tokens += prompt.len();
+            }
             starts.push(Start {
                 messages,
                 prompt,
@@ -762,10 +785,8 @@ impl<'a> Engine<'a> {
                     let (id, episode) = (*id, episode_id(seed, *id, j));
                     self.handle.spawn(async move {
                         let r = RemoteEpisode::open(remote, id, episode, &metadata).await;
-                        let _ = tx.send(Event::EpisodeOpened(
-                            t,
-                            r.map(|(e, _)| Episode::Remote(e)),
-                        ));
+                        let _ =
+                            tx.send(Event::EpisodeOpened(t, r.map(|(e, _)| Episode::Remote(e))));
                     });
                 }
             }
@@ -946,6 +967,11 @@ impl<'a> Engine<'a> {
         loop {
             let block =
                 !b.lives.iter().any(|l| l.state == State::Active) && !b.asking() && b.awaiting();
+            if block {
+                // A finished trajectory gives back its sessions before the loop waits:
+                // another may be waiting for its place (`rollout.openenv.max_sessions`).
+                self.hand_over_finished(b, samples, version)?;
+            }
             let Some(event) = b.next_event(block)? else {
                 break;
             };
@@ -1143,6 +1169,7 @@ impl<'a> Engine<'a> {
         // scoring. An ask not yet sent (no server had room) is not among them.
         let pending = b.awaiting() || b.asks.iter().flatten().any(|a| a.sent);
         if !progressed && pending {
+            self.hand_over_finished(b, samples, version)?;
             let event = b
                 .next_event(true)?
                 .expect("a blocking wait returns an event");
@@ -1317,7 +1344,11 @@ impl<'a> Engine<'a> {
                 return self.call_tools(l, tx, toolbox, turn);
             }
         }
-        if let Some(remote) = self.settings.openenv.as_ref().filter(|r| !r.functions.is_empty())
+        if let Some(remote) = self
+            .settings
+            .openenv
+            .as_ref()
+            .filter(|r| !r.functions.is_empty())
         {
             return self.call_remote(l, tx, remote, content);
         }
@@ -1336,7 +1367,8 @@ impl<'a> Engine<'a> {
                         Episode::Plugin(e) => e.step(&content).await,
                         Episode::Remote(e) => e.step_text(&content).await,
                     };
-                    let _ = tx.send(Event::Stepped(t, episode, r, 0, c0.elapsed()));
+                    let r = r.map(|step| (step, Vec::new()));
+                    let _ = tx.send(Event::Stepped(t, episode, r, c0.elapsed()));
                 });
             }
             None => l.state = State::Done(StopReason::EndOfTurn),
@@ -1370,16 +1402,6 @@ impl<'a> Engine<'a> {
                 call,
             })
             .collect();
-        for w in &written {
-            let kind = match &w.call {
-                Ok(c) => match super::tool_calls::check(c, &remote.functions) {
-                    Ok(()) => "ok",
-                    Err(e) => e.kind(),
-                },
-                Err(m) => m.error.kind(),
-            };
-            *l.call_kinds.entry(kind.to_string()).or_default() += 1;
-        }
         l.messages
             .push(tools::assistant_message(turn.content, &written));
         let lim = &self.settings.limits;
@@ -1397,7 +1419,6 @@ impl<'a> Engine<'a> {
             return Ok(());
         };
         let (t, tx) = (self.index_of(l), tx.clone());
-        let n = written.len() as u32;
         l.state = State::Waiting;
         self.handle.spawn(async move {
             let c0 = Instant::now();
@@ -1405,7 +1426,7 @@ impl<'a> Engine<'a> {
                 Episode::Remote(e) => e.step_calls(&written).await,
                 Episode::Plugin(_) => unreachable!("an OpenEnv run has no plugin environment"),
             };
-            let _ = tx.send(Event::Stepped(t, episode, r, n, c0.elapsed()));
+            let _ = tx.send(Event::Stepped(t, episode, r, c0.elapsed()));
         });
         Ok(())
     }
@@ -1526,18 +1547,31 @@ impl<'a> Engine<'a> {
                 l.tool_calls += 1;
                 self.insert(l, &text, SpanKind::Tool)?;
             }
-            Event::Stepped(t, episode, result, calls, took) => {
+            Event::Stepped(t, episode, result, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
                 let l = &mut lives[t];
                 l.episode = Some(episode);
-                let step = match result {
-                    Ok(step) => step,
+                let (step, kinds) = match result {
+                    Ok(answered) => answered,
                     Err(fault) => {
                         l.faults.push(FaultRecord::from(&fault));
+                        // A turn of calls sent to the server: the call it failed on.
+                        if self
+                            .settings
+                            .openenv
+                            .as_ref()
+                            .is_some_and(|r| !r.functions.is_empty())
+                        {
+                            *l.call_kinds.entry("fault".into()).or_default() += 1;
+                        }
                         l.state = State::Done(StopReason::EnvFault);
                         return Ok(());
                     }
                 };
+                for kind in &kinds {
+                    *l.call_kinds.entry(kind.to_string()).or_default() += 1;
+                }
+                let calls = kinds.len() as u32;
                 if let Some(r) = step.reward {
                     *l.env_reward.get_or_insert(0.0) += r;
                 }
@@ -1875,12 +1909,9 @@ pub fn prompt_tokens(
         .iter()
         .map(|m| serde_json::to_value(m).expect("a message is JSON"))
         .collect();
-    let text = lm.chat()?.render_with_kwargs(
-        &messages,
-        tools,
-        true,
-        template_kwargs,
-    )?;
+    let text = lm
+        .chat()?
+        .render_with_kwargs(&messages, tools, true, template_kwargs)?;
     tok.encode_escaped(&text)
 }
 
