@@ -465,11 +465,7 @@ path = "rows.jsonl"
 /// rendered as the same `tool` turns, counted alike.
 #[test]
 fn served_functions_answer_calls_token_exactly_as_in_process() {
-    let server = Server::start(&[
-        plugin("units").to_str().unwrap(),
-        "--max-sessions",
-        "64",
-    ]);
+    let server = Server::start(&[plugin("units").to_str().unwrap(), "--max-sessions", "64"]);
     let dir = temp_dir("openenv-calls");
     let model = super::units_task::small_units_model();
     let common = format!(
@@ -505,12 +501,21 @@ plugin = "units_task"
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, config).unwrap();
         let out = dir.join(format!("{name}.jsonl"));
-        TestCommand::new(&["rollout", "-q", "--split", "train", "--prompts", "8", "--show", "0"])
-            .arg("--config")
-            .arg(&path)
-            .arg("--out")
-            .arg(&out)
-            .ok();
+        TestCommand::new(&[
+            "rollout",
+            "-q",
+            "--split",
+            "train",
+            "--prompts",
+            "8",
+            "--show",
+            "0",
+        ])
+        .arg("--config")
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .ok();
         let rows: Vec<serde_json::Value> = std::fs::read_to_string(&out)
             .unwrap()
             .lines()
@@ -522,7 +527,11 @@ plugin = "units_task"
     assert_eq!(local.len(), 64);
     let mut calls = 0;
     for (a, b) in local.iter().zip(remote) {
-        assert_eq!(a["tokens"], b["tokens"], "{}\n{}", a["completion"], b["completion"]);
+        assert_eq!(
+            a["tokens"], b["tokens"],
+            "{}\n{}",
+            a["completion"], b["completion"]
+        );
         assert_eq!(a["messages"], b["messages"]);
         assert_eq!(a["rewards"], b["rewards"]);
         assert_eq!(b["faults"], json!([]));

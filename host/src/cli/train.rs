@@ -106,7 +106,8 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         }
         None => None,
     };
-    let plan = loaded.config.train_plan(&loaded.path);
+    let mut plan = loaded.config.train_plan(&loaded.path);
+    let norm_from_limit = loaded.config.train.norm_constant <= 0.0;
     std::fs::create_dir_all(&out)
         .with_context(|| format!("cannot create the run directory {}", out.display()))?;
     // The resolved config, as this run used it (on resume, the checks above ensured that
@@ -153,6 +154,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             hub: &hub,
             interrupt: Some(interrupt::arm()),
         };
+        plan.within_room(setup.settings.limits.max_total_tokens, norm_from_limit);
         let (lm, sources) = setup.train_parts();
         let outcome = trainer::train(lm, sources, &plan, &run, handle);
         interrupt::disarm();

@@ -416,4 +416,28 @@ mod tests {
         assert!((p.update.temperature - 0.7).abs() < 1e-6);
         assert_eq!(p.update.norm_constant, 64.0);
     }
+
+    /// A limit past the model's context is clamped when the model opens: the overlong
+    /// penalty and a constant left to the limit follow; a constant the config set stays.
+    #[test]
+    fn the_clamped_room_reaches_the_shaping_and_the_constant() {
+        let mut p = plan(&[]);
+        p.within_room(256, true);
+        assert_eq!(
+            (p.shaping.max_total_tokens, p.update.norm_constant),
+            (256, 256.0)
+        );
+        let mut p = plan(&["train.norm_constant=64"]);
+        p.within_room(256, false);
+        assert_eq!(
+            (p.shaping.max_total_tokens, p.update.norm_constant),
+            (256, 64.0)
+        );
+        let mut p = plan(&[]);
+        p.within_room(1000, true);
+        assert_eq!(
+            (p.shaping.max_total_tokens, p.update.norm_constant),
+            (300, 300.0)
+        );
+    }
 }

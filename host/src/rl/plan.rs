@@ -29,6 +29,21 @@ pub struct TrainPlan {
     pub source: String,
 }
 
+impl TrainPlan {
+    /// The room the rollouts really have: `rollout.max_total_tokens` clamped to the
+    /// model's context when the model opened. The overlong penalty measures against it,
+    /// and so does Dr. GRPO's constant where the config left it to the limit
+    /// (`norm_from_limit`, `train.norm_constant = 0`).
+    pub fn within_room(&mut self, room: usize, norm_from_limit: bool) {
+        if room < self.shaping.max_total_tokens {
+            self.shaping.max_total_tokens = room;
+            if norm_from_limit {
+                self.update.norm_constant = room as f64;
+            }
+        }
+    }
+}
+
 /// The learning rate: linear warm-up, then a cosine to `min_lr_ratio · lr`.
 #[derive(Debug, Clone, Copy)]
 pub struct Schedule {
