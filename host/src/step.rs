@@ -97,8 +97,9 @@ pub struct StepMetrics {
     /// `tool_wait_s` over the batch's sampling time: the tools' share of the critical path.
     #[serde(default)]
     pub tool_wait_share: f64,
-    /// Seconds the batch's tool and environment calls took, summed (they overlap one
-    /// another and the decoding): over `tool_calls` × trajectories, the time of one call.
+    /// Seconds the batch's tool and environment calls took (trigger firings, function
+    /// calls, environment steps; not scoring), summed (they overlap one another and the
+    /// decoding): over `tool_calls` × trajectories, the time of one call.
     #[serde(default)]
     pub tool_busy_s: f64,
     pub rollout_s: f64,

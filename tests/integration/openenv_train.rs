@@ -445,6 +445,18 @@ path = "rows.jsonl"
             "url = \"http://127.0.0.1:9\"\nallow = [\"http://127.0.0.1:9\"]\nstep_timeout_s = 0",
             "step_timeout_s must be a positive number",
         ),
+        (
+            "url = \"http://127.0.0.1:9\"\nallow = [\"http://127.0.0.1:9\"]\nstep_timeout_s = 1e30",
+            "past a day",
+        ),
+        (
+            "url = \"http://127.0.0.1:9\"\nallow = [\"http://127.0.0.1:9\"]\naction = { kind = \"call\" }\nerrors = [\"error\"]",
+            "errors names `error`, which observation",
+        ),
+        (
+            "url = \"http://127.0.0.1:9\"\nallow = [\"http://127.0.0.1:9\"]\nreset = { seed = 3 }",
+            "reset sets `seed`",
+        ),
     ] {
         let path = dir.join("c.toml");
         std::fs::write(&path, format!("{base}{extra}\n")).unwrap();

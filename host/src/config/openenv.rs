@@ -194,6 +194,34 @@ impl OpenEnvSection {
                 return Err(format!("{key} must be a positive number, not {v}"));
             }
         }
+        for (key, v) in [
+            ("connect_timeout_s", self.connect_timeout_s),
+            ("step_timeout_s", self.step_timeout_s),
+        ] {
+            if v > 86_400.0 {
+                return Err(format!("{key} = {v} is past a day (86400 s)"));
+            }
+        }
+        if let Some(field) = self.errors.iter().find(|f| !self.observation.contains(f)) {
+            return Err(format!(
+                "errors names `{field}`, which observation ({:?}) does not read: add it there",
+                self.observation
+            ));
+        }
+        if !self.errors.is_empty() && self.action.kind == ActionKind::Text {
+            return Err(
+                "errors applies to function calls (action.kind = \"call\"); a text action's observation is the turn as it is"
+                    .into(),
+            );
+        }
+        if let Some(key) = ["seed", "episode_id"]
+            .into_iter()
+            .find(|k| self.reset.contains_key(*k))
+        {
+            return Err(format!(
+                "reset sets `{key}`, which rlhost sends itself (the sample's index, and the trajectory's id)"
+            ));
+        }
         if self.max_sessions == 0 {
             return Err("max_sessions must be at least 1".into());
         }

@@ -126,6 +126,13 @@ impl Opened {
         };
         let openenv = match &c.rollout.openenv {
             Some(section) => {
+                if section.action.kind == super::openenv::ActionKind::Call
+                    && let Some(name) = tool_names.first()
+                {
+                    bail!(
+                        "{file}: rollout.openenv.action.kind = \"call\" sends the model's function calls to the server, and `{name}` (--plugin or rollout.tools) would run them in the sandbox; keep one"
+                    );
+                }
                 if let Some(name) = &environment {
                     bail!(
                         "{file}: [rollout.openenv] names the environment, and so does `{}` (--plugin or rollout.environment); keep one",
@@ -324,8 +331,11 @@ impl Opened {
             None => None,
         };
         if let Some(remote) = openenv.as_mut().filter(|r| !r.functions.is_empty()) {
+            let key = || format!("{file}: rollout.openenv.action.kind = \"call\"");
             let format = crate::rollout::tools::call_format(r.tool_call_format, lm.chat()?)
-                .with_context(|| format!("{file}: rollout.openenv.action.kind = \"call\""))?;
+                .with_context(key)?;
+            crate::rollout::tools::renders_tools(lm.chat()?, &remote.template_tools)
+                .with_context(key)?;
             remote.set_format(format);
         }
         let settings = RolloutSettings {

@@ -68,6 +68,9 @@ impl Endpoint {
             let (ip, after) = v6
                 .split_once(']')
                 .ok_or_else(|| format!("{url:?}: an IPv6 address needs its closing `]`"))?;
+            if !after.is_empty() && !after.starts_with(':') {
+                return Err(format!("{url:?}: after `]` comes `:port` or nothing"));
+            }
             (format!("[{ip}]"), after.strip_prefix(':'))
         } else {
             match authority.rsplit_once(':') {
@@ -256,6 +259,15 @@ impl Remote {
         self.section.max_sessions
     }
 
+    /// `n` places under `max_sessions` at once (`n` at most that), to split one a session.
+    pub async fn places(&self, n: usize) -> tokio::sync::OwnedSemaphorePermit {
+        self.sessions
+            .clone()
+            .acquire_many_owned(n as u32)
+            .await
+            .expect("the session semaphore is never closed")
+    }
+
     /// Whether the sample's messages come first in the prompt.
     pub fn prompt_keeps_sample(&self) -> bool {
         self.section.prompt != PromptFrom::Reset
@@ -432,7 +444,7 @@ impl Remote {
             {
                 let mut out = Vec::with_capacity(items.len());
                 for m in items {
-                    let m: Message = serde_json::from_value(m.clone()).map_err(|e| {
+                    let mut m: Message = serde_json::from_value(m.clone()).map_err(|e| {
                         self.fault(
                             call,
                             FaultKind::BadOutput,
@@ -449,6 +461,10 @@ impl Remote {
                             ),
                         ));
                     }
+                    // A server's messages keep their role and text: calls and call ids
+                    // are rendered unescaped by templates, so they are not taken from it.
+                    m.tool_calls.clear();
+                    m.tool_call_id = None;
                     out.push(m);
                 }
                 out
@@ -553,19 +569,26 @@ impl RemoteEpisode {
     /// Opens a session and resets it (`seed`, `episode_id`, `rollout.openenv.reset`, and
     /// with `reset_metadata` the sample's metadata fields): the episode, and the reset
     /// observation's messages when the prompt comes from it (else none).
+    /// `permit` is the session's place under `max_sessions` when the caller took it (a
+    /// batch that needs all its sessions at once takes them together: two batches taking
+    /// places one by one could each hold part of what it needs); else it waits for one.
     pub async fn open(
         remote: Arc<Remote>,
         seed: u64,
         episode_id: String,
         metadata: &Value,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<(RemoteEpisode, Vec<Message>), Fault> {
         let call = "openenv.reset";
-        let permit = remote
-            .sessions
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the session semaphore is never closed");
+        let permit = match permit {
+            Some(p) => p,
+            None => remote
+                .sessions
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the session semaphore is never closed"),
+        };
         let limit = Duration::from_secs_f64(remote.section.connect_timeout_s);
         let connect = async {
             let stream = remote.tcp().await.map_err(|e| e.to_string())?;
@@ -700,7 +723,12 @@ impl RemoteEpisode {
                         .map(|m| m.content)
                         .collect::<Vec<_>>()
                         .join("\n");
-                    if remote.section.errors.contains(&field) {
+                    // MCP's own flag on a result: the tool refused (`is_error`).
+                    let flagged = observed.observation[&field]
+                        .get("is_error")
+                        .and_then(Value::as_bool)
+                        == Some(true);
+                    if flagged || remote.section.errors.contains(&field) {
                         kinds.push("tool_error");
                         format!("error: {text}")
                     } else {
@@ -808,9 +836,13 @@ impl RemoteEpisode {
         let permit = self.permit.take();
         if let Some(mut ws) = self.ws.take() {
             self.handle.spawn(async move {
+                // The place is given back once the server has let the session go (its
+                // close answered, or the connection gone), so that the next session does
+                // not find it still counted.
                 let _ = tokio::time::timeout(Duration::from_secs(2), async {
                     let _ = ws.send(WsMessage::text(r#"{"type":"close"}"#)).await;
                     let _ = ws.close(None).await;
+                    while let Some(Ok(_)) = ws.next().await {}
                 })
                 .await;
                 drop(permit);
@@ -920,6 +952,7 @@ mod tests {
             ("http://x:0", "1 to 65535"),
             ("http://:80", "no host"),
             ("http://u@x:80", "no user"),
+            ("http://[::1]abc", "after `]`"),
         ] {
             let err = Endpoint::parse(url).unwrap_err();
             assert!(err.contains(says), "{url}: {err}");

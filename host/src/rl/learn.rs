@@ -134,7 +134,7 @@ impl<'a> Learner<'a> {
         m.groups_dropped = batch.dropped;
         m.sampled_tokens_per_s = batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9);
         m.tool_wait_s = batch.stats.plugin_wait_s;
-        m.tool_busy_s = batch.stats.plugin_busy_s;
+        m.tool_busy_s = batch.stats.tool_busy_s;
         m.generate_answered = batch
             .stats
             .generate_calls

@@ -140,6 +140,9 @@ pub struct BatchStats {
     pub plugin_wait_s: f64,
     /// Sum of the durations of all plugin calls (they overlap decoding and each other).
     pub plugin_busy_s: f64,
+    /// The part of it spent in tool and environment calls (trigger firings, function
+    /// calls, environment steps: not scoring), an OpenEnv server's included.
+    pub tool_busy_s: f64,
     pub prompt_tokens: usize,
     pub sampled_tokens: usize,
     pub inserted_tokens: usize,
@@ -181,6 +184,7 @@ impl BatchStats {
         self.decode_s += s.decode_s;
         self.plugin_wait_s += s.plugin_wait_s;
         self.plugin_busy_s += s.plugin_busy_s;
+        self.tool_busy_s += s.tool_busy_s;
         self.prompt_tokens += s.prompt_tokens;
         self.sampled_tokens += s.sampled_tokens;
         self.inserted_tokens += s.inserted_tokens;
@@ -609,13 +613,18 @@ impl<'a> Engine<'a> {
                 remote.max_sessions()
             );
         }
+        // All the batch's places at once: a held-out evaluation opening beside it could
+        // otherwise hold part of what each needs.
+        let mut places = self.handle.block_on(remote.places(samples.len() * g));
         let opening: Vec<_> = samples
             .iter()
             .flat_map(|(id, sample)| (0..g).map(move |j| (*id, sample, j)))
             .map(|(id, sample, j)| {
                 let (remote, metadata) = (remote.clone(), sample.metadata.clone());
+                let place = places.split(1).expect("one place per trajectory");
                 self.handle.spawn(async move {
-                    RemoteEpisode::open(remote, id, episode_id(seed, id, j), &metadata).await
+                    let id_text = episode_id(seed, id, j);
+                    RemoteEpisode::open(remote, id, id_text, &metadata, Some(place)).await
                 })
             })
             .collect();
@@ -626,7 +635,8 @@ impl<'a> Engine<'a> {
         // Where a session fails, its trajectory starts from the sample alone: its
         // messages, or (with `prompt = "reset"` they are often none) an empty user turn.
         let alone_prompts = if remote.prompt_keeps_sample() {
-            self.prompts(samples, stats)?
+            // Counted where a trajectory starts from one, not here.
+            self.prompts(samples, &mut BatchStats::default())?
         } else {
             Vec::new()
         };
@@ -693,7 +703,9 @@ impl<'a> Engine<'a> {
                     })
                     .map_err(|e| format!("the chat template cannot render the reset observation's prompt: {e:#}"))
                     .and_then(|p| {
-                        if p.len() >= limit {
+                        if p.is_empty() {
+                            Err("the reset observation renders to an empty prompt".into())
+                        } else if p.len() >= limit {
                             Err(format!(
                                 "the reset observation makes a prompt of {} tokens, past rollout.max_total_tokens ({limit})",
                                 p.len()
@@ -726,6 +738,12 @@ impl<'a> Engine<'a> {
                 fault: None,
             });
         }
+        // The prompts of trajectories that start from their sample alone.
+        stats.prompt_tokens += starts
+            .iter()
+            .filter(|s| s.episode.is_none())
+            .map(|s| s.prompt.len())
+            .sum::<usize>();
         Ok(starts)
     }
 
@@ -784,7 +802,7 @@ impl<'a> Engine<'a> {
                         (remote.clone(), sample.metadata.clone(), tx.clone());
                     let (id, episode) = (*id, episode_id(seed, *id, j));
                     self.handle.spawn(async move {
-                        let r = RemoteEpisode::open(remote, id, episode, &metadata).await;
+                        let r = RemoteEpisode::open(remote, id, episode, &metadata, None).await;
                         let _ =
                             tx.send(Event::EpisodeOpened(t, r.map(|(e, _)| Episode::Remote(e))));
                     });
@@ -1533,6 +1551,7 @@ impl<'a> Engine<'a> {
         match event {
             Event::Fired(t, session, result, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
+                stats.tool_busy_s += took.as_secs_f64();
                 let l = &mut lives[t];
                 l.trigger = Some(session);
                 l.state = State::Active;
@@ -1549,6 +1568,7 @@ impl<'a> Engine<'a> {
             }
             Event::Stepped(t, episode, result, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
+                stats.tool_busy_s += took.as_secs_f64();
                 let l = &mut lives[t];
                 l.episode = Some(episode);
                 let (step, kinds) = match result {
@@ -1563,6 +1583,7 @@ impl<'a> Engine<'a> {
                             .is_some_and(|r| !r.functions.is_empty())
                         {
                             *l.call_kinds.entry("fault".into()).or_default() += 1;
+                            l.tool_calls += 1;
                         }
                         l.state = State::Done(StopReason::EnvFault);
                         return Ok(());
@@ -1571,7 +1592,9 @@ impl<'a> Engine<'a> {
                 for kind in &kinds {
                     *l.call_kinds.entry(kind.to_string()).or_default() += 1;
                 }
+                // Calls count whether or not the episode goes on after them.
                 let calls = kinds.len() as u32;
+                l.tool_calls += calls;
                 if let Some(r) = step.reward {
                     *l.env_reward.get_or_insert(0.0) += r;
                 }
@@ -1592,7 +1615,6 @@ impl<'a> Engine<'a> {
                     l.tool_calls += 1;
                     self.continue_with(l, step.messages, SpanKind::Env)?;
                 } else {
-                    l.tool_calls += calls;
                     let mut messages = step.messages;
                     for m in &mut messages {
                         m.content = self.cut_answer(l, std::mem::take(&mut m.content))?;
@@ -1602,6 +1624,7 @@ impl<'a> Engine<'a> {
             }
             Event::Called(t, sessions, answers, faults, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
+                stats.tool_busy_s += took.as_secs_f64();
                 let l = &mut lives[t];
                 l.tools = sessions;
                 l.faults.extend(faults.iter().map(FaultRecord::from));

@@ -124,6 +124,20 @@ impl Catalogue {
     }
 }
 
+/// Checks that `chat` renders `tools` at all: a template that ignores them would leave the
+/// model blind to the functions.
+pub fn renders_tools(chat: &ChatTemplate, tools: &[Json]) -> Result<()> {
+    let probe = [json!({"role": "user", "content": "hi"})];
+    let with = chat.render(&probe, Some(tools), true)?;
+    let without = chat.render(&probe, None, true)?;
+    if with == without {
+        bail!(
+            "the chat template does not render `tools`: the model would never see the functions (use a model whose template renders them, or add a chat_template.jinja that does)"
+        );
+    }
+    Ok(())
+}
+
 /// How the model writes calls: `setting`, or with `auto` the format `chat`'s markup shows.
 pub fn call_format(setting: FormatSetting, chat: &ChatTemplate) -> Result<CallFormat> {
     Ok(match setting {
@@ -161,14 +175,7 @@ impl Toolbox {
                     "name": f.name, "description": f.description, "parameters": f.parameters}})
             })
             .collect();
-        let probe = [json!({"role": "user", "content": "hi"})];
-        let with = chat.render(&probe, Some(&template_tools), true)?;
-        let without = chat.render(&probe, None, true)?;
-        if with == without {
-            bail!(
-                "the chat template does not render `tools`: the model would never see the functions (use a model whose template renders them, or add a chat_template.jinja that does)"
-            );
-        }
+        renders_tools(chat, &template_tools)?;
         Ok(Toolbox {
             plugins,
             functions,

@@ -146,7 +146,8 @@ impl Metrics {
                 .set(*v);
         }
         for (key, n) in &m.faults {
-            let (plugin, kind) = key.split_once('/').unwrap_or((key.as_str(), "unknown"));
+            // `plugin/kind`; a plugin name may hold `/` itself (`openenv:http://…`).
+            let (plugin, kind) = key.rsplit_once('/').unwrap_or((key.as_str(), "unknown"));
             self.faults
                 .get_or_create(&vec![
                     ("plugin".to_string(), plugin.to_string()),
