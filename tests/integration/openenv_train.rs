@@ -277,6 +277,35 @@ fn openenv_faults_are_counted_and_the_run_goes_on() {
         assert!(f.message.contains(says), "{mode}: {}", f.message);
     }
 
+    // `rlhost rollout` names the server's faults in its summary (here a reset refused:
+    // each trajectory runs one turn from its sample alone).
+    let dir = temp_dir("openenv-rollout-faults");
+    std::fs::write(
+        dir.join("rows.jsonl"),
+        // With `prompt = "reset"` the row's messages are not the prompt (the server's are);
+        // its other fields are the sample's metadata, sent with `reset`.
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"unused\"}], \"fault\": \"refuse\"}\n",
+    )
+    .unwrap();
+    let config = format!(
+        "[model]\npath = {model:?}\n[data]\npath = \"rows.jsonl\"\neval_size = 0\n[sampling]\nmax_new_tokens = 8\n[rollout]\ngroup_size = 2\nprompts_per_step = 1\n[rollout.openenv]\nurl = \"{url}\"\nallow = [\"{url}\"]\nprompt = \"reset\"\n",
+        model = super::rollout::fixture_dir().display().to_string(),
+        url = server.url,
+    );
+    std::fs::write(dir.join("run.toml"), config).unwrap();
+    let ran = TestCommand::new(&["rollout", "--split", "train", "--show", "0", "--config"])
+        .arg(dir.join("run.toml"))
+        .arg("--out")
+        .arg(dir.join("out.jsonl"))
+        .ok();
+    assert!(
+        ran.stdout
+            .contains(&format!("faults         {server_name}: guest-error 2")),
+        "{}",
+        ran.stdout
+    );
+    let _ = std::fs::remove_dir_all(dir);
+
     // A server that dies mid-episode: that episode's fault, then every reset's, and the
     // batches still come back.
     let dying = PyServer::start(&python, &here, "faulty", &[]);

@@ -20,7 +20,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-fn fixture_dir() -> PathBuf {
+pub(super) fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/qwen2")
 }
 

@@ -8,6 +8,7 @@ was reset with (`{"type": "reset", "data": {"fault": MODE}}`) strikes at its fir
     error      answers OpenEnv's error message
     close      closes the connection
     die        the whole server process exits
+    refuse     answers the reset itself with OpenEnv's error message
     (none)     behaves: a user turn, reward 0.5, done after the third step
 
     cd tests/openenv && python -m uvicorn faulty:app --host 127.0.0.1 --port 0
@@ -69,6 +70,12 @@ async def session(ws: WebSocket):
             kind = message.get("type")
             if kind == "reset":
                 fault, steps = message.get("data", {}).get("fault"), 0
+                if fault == "refuse":
+                    await ws.send_text(json.dumps({
+                        "type": "error",
+                        "data": {"message": "no episode for you", "code": "EXECUTION_ERROR"},
+                    }))
+                    continue
                 await ws.send_text(observation("Say something."))
             elif kind == "step":
                 steps += 1

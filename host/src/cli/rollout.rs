@@ -292,6 +292,27 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
             ));
         }
     }
+    // An OpenEnv server's faults are not a plugin's: counted from the trajectories.
+    let mut remote: BTreeMap<&str, BTreeMap<&str, u32>> = BTreeMap::new();
+    for f in all
+        .iter()
+        .flat_map(|t| &t.faults)
+        .filter(|f| f.plugin.starts_with("openenv:"))
+    {
+        *remote
+            .entry(f.plugin.as_str())
+            .or_default()
+            .entry(f.kind.as_str())
+            .or_default() += 1;
+    }
+    for (server, kinds) in remote {
+        let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        s.push_str(&format!(
+            "faults         {server}: {}
+",
+            kinds.join(", ")
+        ));
+    }
     s
 }
 
