@@ -287,11 +287,12 @@ save_every = 100
     assert!(total("hostile/answered") >= 8, "{all:?}");
     assert!(total("hostile/denied") >= 8, "{all:?}");
     assert_eq!(total("hostile/failed"), 0, "{all:?}");
-    assert!(
-        m.iter()
-            .all(|s| s["http_requests"]["hostile/answered"].as_u64() > Some(0)),
-        "{all:?}"
-    );
+    // The first record holds at least the first batch's (scored before its step trained).
+    // A later one may hold none: the next batch can be sampled and scored whole while a
+    // step trains, and its requests then fall in the record before (seen on 2 cores).
+    let first = &m[0]["http_requests"];
+    assert!(first["hostile/answered"].as_u64() >= Some(4), "{all:?}");
+    assert!(first["hostile/denied"].as_u64() >= Some(4), "{all:?}");
 }
 
 /// The `search` example end to end: the real BM25 service on loopback, the plugin granted
