@@ -15,12 +15,14 @@ bench/.work/ (once; --small uses 4 layers for a quick check), everything in bf16
    no truncation, EOS ignored), tokens/s: rlhost's batched decoding vs transformers
    `generate` with the same batch (sdpa attention), prefill included in both.
 2. One LoRA r16 step, all 7 projections, on 8 x 1024 tokens: forward, mean next-token NLL,
-   backward, AdamW; the mean of the timed steps after a warm-up: rlhost vs PyTorch + PEFT
+   backward, gradient clipping at 1.0, AdamW; the mean of the timed steps after a warm-up: rlhost vs PyTorch + PEFT
    (sdpa); `--checkpointing` recomputes each decoder layer in the backward, on both sides.
    Peak GPU memory of each process from `nvidia-smi` polled every 20 ms (the same
    yardstick for both: PyTorch's caching allocator and candle's allocations alike), and
    PyTorch's own `max_memory_reserved` beside it. A second peer, PEFT with Liger's kernels
    (liger-kernel, `--no-liger` leaves it out), runs the same step from its fused head.
+`--cublas-attention` adds rlhost with its attention as cuBLAS products around a softmax pass
+(the form before the flash kernels), `--qlora` rlhost's QLoRA step (the base in NF4).
 `--shape 7b` takes Qwen2.5-7B's shape instead (hidden 3584, 28/4 heads, intermediate 18,944,
 vocabulary 152,064, untied head). Each measurement runs in its own process (the model is made
 in one of its own too); rlhost and the peer alternate for --rounds and
@@ -75,9 +77,9 @@ def gpu_used_mib():
     return float(out.strip().splitlines()[0])
 
 
-def run(cmd):
-    """Runs one measurement; returns its JSON line with the GPU's peak memory use above
-    what was in use before it started."""
+def run(cmd, env=None):
+    """Runs one measurement (with `env` added to the environment); returns its JSON line
+    with the GPU's peak memory use above what was in use before it started."""
     base = gpu_used_mib()
     peak = [base]
     done = threading.Event()
@@ -88,7 +90,8 @@ def run(cmd):
             time.sleep(0.02)
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, **(env or {})})
     done.set()
     poller.join()
     if proc.returncode != 0:
@@ -157,6 +160,8 @@ def torch_worker(args):
                                                          ids[:, 1:].reshape(-1))
                 del logits
             loss.backward()
+            # Clipped at 1.0 as TRL's default and rlhost's trainer do, both sides.
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             del loss
@@ -181,6 +186,11 @@ def main():
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--checkpointing", action="store_true",
                     help="the training step with per-layer gradient checkpointing, both sides")
+    ap.add_argument("--cublas-attention", action="store_true",
+                    help="a third rlhost row: attention as cuBLAS products around a softmax pass "
+                         "(RLHOST_ATTENTION=cublas, the form before the flash kernels)")
+    ap.add_argument("--qlora", action="store_true",
+                    help="a row for rlhost's QLoRA step (the base in NF4) against its LoRA step")
     ap.add_argument("--no-liger", action="store_true",
                     help="leave out the PEFT + Liger peer (it needs liger-kernel installed)")
     ap.add_argument("--liger", action="store_true", help=argparse.SUPPRESS)
@@ -223,11 +233,12 @@ def main():
         compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
     if not args.skip_train:
         liger = not args.no_liger
-        mine, peer, peer_liger = [], [], []
+        mine, peer, peer_liger, cublas, qlora = [], [], [], [], []
+        train = [ours[0], "train", *ours[1:], "--batch", str(TRAIN_BATCH), "--seq",
+                 str(TRAIN_SEQ), "--rank", str(RANK), "--steps", str(args.steps),
+                 "--checkpointing", str(int(args.checkpointing))]
         for _ in range(args.rounds):
-            mine.append(run([ours[0], "train", *ours[1:], "--batch", str(TRAIN_BATCH), "--seq",
-                             str(TRAIN_SEQ), "--rank", str(RANK), "--steps", str(args.steps),
-                             "--checkpointing", str(int(args.checkpointing))]))
+            mine.append(run(train))
             peer.append(run(py + ["--worker", "train"]))
             line = (f"train round: rlhost {mine[-1]['step_seconds']:.3f} s "
                     f"({mine[-1]['gpu_peak_gb']:.1f} GB), PEFT {peer[-1]['step_seconds']:.3f} s "
@@ -238,6 +249,14 @@ def main():
                 line += (f", PEFT + Liger {peer_liger[-1]['step_seconds']:.3f} s "
                          f"({peer_liger[-1]['gpu_peak_gb']:.1f} GB; torch reserved "
                          f"{peer_liger[-1]['torch_max_reserved_gb']:.1f} GB)")
+            if args.cublas_attention:
+                cublas.append(run(train, {"RLHOST_ATTENTION": "cublas"}))
+                line += (f", rlhost with cuBLAS attention {cublas[-1]['step_seconds']:.3f} s "
+                         f"({cublas[-1]['gpu_peak_gb']:.1f} GB)")
+            if args.qlora:
+                qlora.append(run(train + ["--quantize", "nf4"]))
+                line += (f", rlhost QLoRA {qlora[-1]['step_seconds']:.3f} s "
+                         f"({qlora[-1]['gpu_peak_gb']:.1f} GB)")
             print(line, flush=True)
         ckpt = ", checkpointed" if args.checkpointing else ""
         compare(f"{args.shape}: LoRA r{RANK} step {TRAIN_BATCH}x{TRAIN_SEQ}{ckpt}, s (PEFT)", mine, peer,
@@ -246,6 +265,13 @@ def main():
         if liger:
             compare("  the step, s (PEFT + Liger)", mine, peer_liger, "step_seconds", False)
             compare("  its peak GPU memory, GB", mine, peer_liger, "gpu_peak_gb", False)
+        if args.cublas_attention:
+            compare("  the step, s (rlhost, cuBLAS attention)", mine, cublas, "step_seconds", False)
+        if args.qlora:
+            # Here "rlhost" is the LoRA step and the peer rlhost's own QLoRA step: the ratio
+            # is how much of the LoRA step's speed QLoRA keeps (issue 50: at most 1.3x slower).
+            compare("  rlhost LoRA vs its QLoRA step, s", mine, qlora, "step_seconds", False)
+            compare("  their peak GPU memory, GB", mine, qlora, "gpu_peak_gb", False)
     print(f"\n{'':44} {'rlhost':>10} {'peer':>10} {'ratio':>7}  (> 1: rlhost better)")
     for name, a, b, ratio in rows:
         print(f"{name:44} {a:10.3f} {b:10.3f} {ratio:6.2f}x")

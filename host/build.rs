@@ -6,7 +6,15 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 5] = ["attention", "logprobs", "rms_norm", "rope", "swiglu"];
+const KERNELS: [&str; 7] = [
+    "adamw",
+    "attention",
+    "flash",
+    "logprobs",
+    "rms_norm",
+    "rope",
+    "swiglu",
+];
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");

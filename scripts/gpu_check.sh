@@ -5,11 +5,11 @@
 # bench/gpu_speed.py (which wants torch with CUDA, transformers and peft), and a profile
 # of the compute entry points (RLHOST_PROFILE=1).
 #
-#   scripts/gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [bench7b] [profile]
-#                                                       # default: all but bench7b
+#   scripts/gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [bench7b] [profile] [ops]
+#                                                       # default: tests train qlora bench profile
 #
 # Each part writes one file under OUT (tests.txt, train.txt, qlora.txt, bench.txt, bench7b.txt,
-# profile.txt),
+# profile.txt, ops.txt and, with nsys, step_*.csv),
 # stops at its own time limit (RLHOST_GPU_LIMIT_<PART> seconds) and goes on when another
 # fails; summary.txt has each part's exit status and time; the exit status is the number
 # of parts that failed. Plugins come from RLHOST_PLUGIN_DIR (default plugins/dist).
@@ -104,14 +104,21 @@ for line in open(sys.argv[1]):
             # line of the table even when the other runs out of time. The step keeps
             # every layer's activations unless RLHOST_GPU_CHECKPOINTING=1 (25 GB at
             # 8 x 1024 on the 1.5B shape with the fused CUDA ops, measured on an H100);
-            # PEFT + Liger is the second peer when liger-kernel's wheel is in .whl/.
-            limited "${!var:-300}" "$out/bench.txt" \
-                python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-decode \
-                ${RLHOST_GPU_CHECKPOINTING:+--checkpointing}
-            first=$?
-            limited "${!var:-300}" "$out/bench.txt" \
-                python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-train \
-                && [ $first -eq 0 ] ;;
+            # PEFT + Liger is the second peer when liger-kernel's wheel is in .whl/, and
+            # rlhost with its attention as cuBLAS products (the form before the flash
+            # kernels) and its QLoRA step further rows. RLHOST_GPU_BENCH="train" or
+            # "decode" runs one half.
+            first=0
+            if [[ " ${RLHOST_GPU_BENCH:-train decode} " == *" train "* ]]; then
+                limited "${!var:-300}" "$out/bench.txt" \
+                    python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-decode \
+                    --cublas-attention --qlora ${RLHOST_GPU_CHECKPOINTING:+--checkpointing}
+                first=$?
+            fi
+            if [[ " ${RLHOST_GPU_BENCH:-train decode} " == *" decode "* ]]; then
+                limited "${!var:-300}" "$out/bench.txt" \
+                    python3 bench/gpu_speed.py --bin "$pack/model_bench" --rounds 1 --skip-train
+            fi && [ $first -eq 0 ] ;;
         bench7b)
             # The training step on Qwen2.5-7B's shape against plain PEFT (the model is made
             # on the GPU and saved in bf16 first: ~15 GB, about a minute).
@@ -131,8 +138,28 @@ for line in open(sys.argv[1]):
             RLHOST_PROFILE=1 limited "${!var:-90}" "$out/profile.txt" "$pack/model_bench" train \
                 --model "$model" --device cuda --dtype bf16 --batch 8 --seq 1024 --rank 16 --steps 1 \
                 --checkpointing "${RLHOST_GPU_CHECKPOINTING:-0}" && [ $first -eq 0 ] ;;
+        ops)
+            # Single ops timed alone (model_bench ops: attention flash vs cuBLAS, one LoRA
+            # projection, a gradient edge), then, where the machine has Nsight Systems,
+            # every kernel and memory operation of one 1.5B training step by GPU time.
+            model=bench/.work/qwen2.5-1.5b-shape-28l-bf16
+            [ -e "$model/model.safetensors" ] || python3 -c 'import sys; sys.path.insert(0, "bench"); import gpu_speed as g; g.make_model("bench/.work/qwen2.5-1.5b-shape-28l-bf16", 28)'
+            limited "${!var:-60}" "$out/ops.txt" "$pack/model_bench" ops --device cuda --dtype bf16
+            first=$?
+            if command -v nsys > /dev/null; then
+                limited "${!var:-60}" "$out/ops.txt" nsys profile --trace=cuda --force-overwrite true \
+                    -o "$work/step" "$pack/model_bench" train --model "$model" --device cuda \
+                    --dtype bf16 --batch 8 --seq 1024 --rank 16 --steps 1
+                for report in cuda_gpu_kern_sum cuda_gpu_mem_time_sum cuda_api_sum; do
+                    nsys stats --report "$report" --format csv -o "$out/step" "$work/step.nsys-rep" \
+                        >> "$out/ops.txt" 2>&1
+                done
+            else
+                echo "no nsys on this machine" >> "$out/ops.txt"
+            fi
+            [ $first -eq 0 ] ;;
         *)
-            echo "unknown part $part (tests, train, qlora, bench, bench7b, profile)" >&2
+            echo "unknown part $part (tests, train, qlora, bench, bench7b, profile, ops)" >&2
             false ;;
     esac
     status=$?

@@ -7,6 +7,7 @@
 //! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2] [--quantize nf4]
 //!                       [--checkpointing 1]
 //! model_bench bandwidth [--mib 1024] [--threads 2]
+//! model_bench ops       --device cuda --dtype bf16 [--batch 8] [--seq 1024] [--iters 20]
 //! ```
 //!
 //! `decode` and `train` also take `--device cpu|cuda|cuda:N` (default cpu) and `--dtype
@@ -16,11 +17,11 @@
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rlhost::model::generate::{Sequence, advance, draw};
 use rlhost::model::placement::{DTypeChoice, DeviceChoice, Placement};
 use rlhost::model::sample::SamplingParams;
 use rlhost::model::{LoraConfig, Mode, Model};
+use rlhost::rl::optim::{Accumulator, AdamW, AdamWConfig, clip_grad_norm};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -84,6 +85,8 @@ fn main() -> Result<()> {
             num("steps", 2)?,
         ),
         "bandwidth" => bandwidth(num("mib", 1024)?, num("threads", 2)?),
+        #[cfg(feature = "cuda")]
+        "ops" => ops(&at, num("batch", 8)?, num("seq", 1024)?, num("iters", 20)?),
         other => bail!("unknown mode {other}"),
     }?;
     if let Some(table) = rlhost::model::profile::report() {
@@ -151,7 +154,7 @@ fn decode(
 }
 
 /// LoRA training steps on `batch × seq` tokens: forward with adapters, mean negative
-/// log-likelihood of the next token, backward, AdamW. Reports the mean of the timed steps
+/// log-likelihood of the next token, backward, gradient clipping, AdamW. Reports the mean of the timed steps
 /// after one warm-up step.
 fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
     let dev = model.device().clone();
@@ -163,14 +166,9 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
         },
         0,
     )?;
-    let vars: Vec<_> = model.lora_vars().into_iter().map(|(_, v)| v).collect();
-    let mut opt = AdamW::new(
-        vars,
-        ParamsAdamW {
-            lr: 1e-4,
-            ..ParamsAdamW::default()
-        },
-    )?;
+    // The trainer's own optimizer (rlhost::rl::optim), clipped at 1.0 as the trainer's
+    // default and the PyTorch peer are.
+    let mut opt = AdamW::new(model.lora_vars(), AdamWConfig::default())?;
     let vocab = model.cfg.vocab_size.min(500);
     let data = ids(batch * seq, vocab, 7);
     let input = Tensor::from_vec(data, (batch, seq), &dev)?;
@@ -210,8 +208,13 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
         if !missing.is_empty() {
             bail!("no gradient for {missing:?}");
         }
-        opt.step(&grads)?;
+        let mut acc = Accumulator::new(opt.params().len());
+        acc.add(opt.params(), &grads)?;
         drop(grads);
+        let mut summed = acc.take(opt.params())?;
+        clip_grad_norm(&mut summed, 1.0)?;
+        opt.update(&summed, 1e-4)?;
+        drop(summed);
         dev.synchronize()?;
         if step > 0 {
             times.push(t.elapsed().as_secs_f64());
@@ -230,6 +233,98 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
             "step_seconds": mean, "steps": times, "phase_peak_rss_gb": peak_rss_gb(),
             "start_rss_gb": start_rss})
     );
+    Ok(())
+}
+
+/// Times of single ops on the GPU at the 1.5B shape (12 query / 2 kv heads of 128, hidden
+/// 1536, intermediate 8960) on `batch × seq` tokens, each the mean of `iters` runs between
+/// device synchronisations: attention forward and forward + backward (the flash kernels
+/// and the cuBLAS form), one LoRA projection forward + backward, and what candle's
+/// backward adds per gradient edge (a zeros tensor and an add).
+#[cfg(feature = "cuda")]
+fn ops(at: &Placement, batch: usize, seq: usize, iters: usize) -> Result<()> {
+    use candle_core::Var;
+    use rlhost::model::cuda::{attention, flash};
+    let dev = at.device.clone();
+    let dt = at.dtype;
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        f()?;
+        dev.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        dev.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() / iters as f64 * 1e3)
+    };
+    let rand = |shape: &[usize]| -> Result<Tensor> {
+        Ok(Tensor::randn(0f32, 1.0, shape, &dev)?.to_dtype(dt)?)
+    };
+    let (g, r, d) = (2, 6, 128);
+    let q = Var::from_tensor(&rand(&[batch, g, r * seq, d])?)?;
+    let k = Var::from_tensor(&rand(&[batch, g, seq, d])?)?;
+    let v = Var::from_tensor(&rand(&[batch, g, seq, d])?)?;
+    let am = Tensor::ones((batch, seq), DType::U32, &dev)?;
+    let mask = rlhost::model::decoder::batch_mask(&am)?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut rows = Vec::new();
+    type Attn = fn(&Tensor, &Tensor, &Tensor, &Tensor, f64) -> candle_core::Result<Tensor>;
+    let variants: [(&str, Attn); 3] = [
+        ("flash, 16 queries a backward step", |q, k, v, m, s| {
+            flash::attention_tuned(q, k, v, m, s, 16)
+        }),
+        ("flash, 32 queries a backward step", |q, k, v, m, s| {
+            flash::attention_tuned(q, k, v, m, s, 32)
+        }),
+        ("cublas", attention::cublas_attention),
+    ];
+    for (name, f) in variants {
+        let (qt, kt, vt) = (q.detach(), k.detach(), v.detach());
+        let fwd = time(&mut || {
+            f(&qt, &kt, &vt, &mask, scale)?;
+            Ok(())
+        })?;
+        let both = time(&mut || {
+            let out = f(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale)?;
+            out.sum_all()?.backward()?;
+            Ok(())
+        })?;
+        rows.push(
+            serde_json::json!({"op": format!("attention ({name})"), "forward_ms": fwd,
+            "forward_backward_ms": both}),
+        );
+    }
+    let x = Var::from_tensor(&rand(&[batch * seq, 1536])?)?;
+    let w = rand(&[8960, 1536])?;
+    let a = Var::from_tensor(&Tensor::randn(0f32, 0.02, (16, 1536), &dev)?)?;
+    let b = Var::from_tensor(&Tensor::randn(0f32, 0.02, (8960, 16), &dev)?)?;
+    let lora = |x: &Tensor| -> candle_core::Result<Tensor> {
+        rlhost::model::cuda::lora::lora_linear(x, &w, None, a.as_tensor(), b.as_tensor(), 2.0)
+    };
+    let fwd = time(&mut || {
+        lora(&x.detach())?;
+        Ok(())
+    })?;
+    let both = time(&mut || {
+        lora(x.as_tensor())?.sum_all()?.backward()?;
+        Ok(())
+    })?;
+    rows.push(
+        serde_json::json!({"op": "LoRA projection 1536→8960 r16", "forward_ms": fwd,
+        "forward_backward_ms": both}),
+    );
+    let big = rand(&[batch * seq, 8960])?;
+    let edge = time(&mut || {
+        big.zeros_like()?.add(&big)?;
+        Ok(())
+    })?;
+    rows.push(
+        serde_json::json!({"op": "a gradient edge: zeros + add, [tokens, 8960]",
+        "forward_ms": edge}),
+    );
+    for row in &rows {
+        println!("{row}");
+    }
     Ok(())
 }
 

@@ -775,7 +775,7 @@ impl Mlp {
 /// query i may see key j when j <= i and j is not padding. Built with tensor ops where
 /// `attention_mask` lives, so that on a GPU only the `[B, T]` mask crosses over, not
 /// `B·T²` floats.
-pub(crate) fn batch_mask(attention_mask: &Tensor) -> Result<Tensor> {
+pub fn batch_mask(attention_mask: &Tensor) -> Result<Tensor> {
     let (b, t) = attention_mask.dims2()?;
     let dev = attention_mask.device();
     let pos = Tensor::arange(0u32, t as u32, dev)?;

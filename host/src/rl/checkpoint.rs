@@ -54,7 +54,7 @@ pub fn save(
     if let Some(head) = critic {
         head.save(&tmp)?;
     }
-    let tensors: Vec<(String, candle_core::Tensor)> = opt.state();
+    let tensors: Vec<(String, candle_core::Tensor)> = opt.state()?;
     let path = tmp.join(OPTIMIZER_FILE);
     candle_core::safetensors::save(
         &tensors

@@ -33,25 +33,69 @@ impl Default for AdamWConfig {
 /// AdamW over named parameters:
 /// p ← p·(1 − lr·wd); m ← β1·m + (1 − β1)·g; v ← β2·v + (1 − β2)·g²;
 /// p ← p − lr · (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε).
+///
+/// An f32 parameter on a CUDA device takes the fused in-place update
+/// ([`crate::model::cuda::adamw`]: two launches, no buffers) with its moments kept
+/// interleaved; checkpoints see the same `exp_avg`/`exp_avg_sq` tensors either way.
 pub struct AdamW {
     params: Vec<(String, Var)>,
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    moments: Vec<Moments>,
     pub step: u64,
     pub cfg: AdamWConfig,
 }
 
+/// One parameter's first and second moments.
+enum Moments {
+    /// Two tensors of the parameter's shape, for the composed update.
+    Split { m: Tensor, v: Tensor },
+    /// `[n, 2]` f32, `m` then `v` per element, for the fused CUDA update.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Interleaved(Tensor),
+}
+
+impl Moments {
+    /// Zeros for `p`, in the form its device's update takes.
+    fn zeros(p: &Tensor) -> Result<Moments> {
+        Moments::from_split(p.zeros_like()?, p.zeros_like()?, p)
+    }
+
+    fn from_split(m: Tensor, v: Tensor, p: &Tensor) -> Result<Moments> {
+        #[cfg(feature = "cuda")]
+        if fused(p) {
+            let mv = Tensor::stack(&[m.flatten_all()?, v.flatten_all()?], 1)?.contiguous()?;
+            return Ok(Moments::Interleaved(mv));
+        }
+        let _ = p;
+        Ok(Moments::Split { m, v })
+    }
+
+    /// `(m, v)` in the parameter's shape.
+    fn split(&self, p: &Tensor) -> Result<(Tensor, Tensor)> {
+        match self {
+            Moments::Split { m, v } => Ok((m.clone(), v.clone())),
+            Moments::Interleaved(mv) => Ok((
+                mv.narrow(1, 0, 1)?.contiguous()?.reshape(p.shape())?,
+                mv.narrow(1, 1, 1)?.contiguous()?.reshape(p.shape())?,
+            )),
+        }
+    }
+}
+
+/// Whether `p` takes the fused CUDA update.
+#[cfg(feature = "cuda")]
+fn fused(p: &Tensor) -> bool {
+    p.device().is_cuda()
+        && p.dtype() == candle_core::DType::F32
+        && p.is_contiguous()
+        && !crate::model::cpu::composed_forced()
+}
+
 impl AdamW {
     pub fn new(params: Vec<(String, Var)>, cfg: AdamWConfig) -> Result<AdamW> {
-        let zeros = |p: &Var| p.as_tensor().zeros_like();
         Ok(AdamW {
-            m: params
+            moments: params
                 .iter()
-                .map(|(_, p)| zeros(p))
-                .collect::<Result<_>>()?,
-            v: params
-                .iter()
-                .map(|(_, p)| zeros(p))
+                .map(|(_, p)| Moments::zeros(p.as_tensor()))
                 .collect::<Result<_>>()?,
             params,
             step: 0,
@@ -69,26 +113,50 @@ impl AdamW {
         let c = self.cfg;
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2 = 1.0 - c.beta2.powi(self.step as i32);
-        for (i, ((_, p), g)) in self.params.iter().zip(grads).enumerate() {
-            let m = ((&self.m[i] * c.beta1)? + (g * (1.0 - c.beta1))?)?;
-            let v = ((&self.v[i] * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
-            let step = ((&m / bc1)? / ((&v / bc2)?.sqrt()? + c.eps)?)?;
-            let decayed = (p.as_tensor() * (1.0 - lr * c.weight_decay))?;
-            p.set(&(decayed - (step * lr)?)?)?;
-            self.m[i] = m;
-            self.v[i] = v;
+        for ((_, p), (g, moments)) in self.params.iter().zip(grads.iter().zip(&mut self.moments)) {
+            match moments {
+                Moments::Split { m, v } => {
+                    *m = ((&*m * c.beta1)? + (g * (1.0 - c.beta1))?)?;
+                    *v = ((&*v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+                    let step = ((&*m / bc1)? / ((&*v / bc2)?.sqrt()? + c.eps)?)?;
+                    let decayed = (p.as_tensor() * (1.0 - lr * c.weight_decay))?;
+                    p.set(&(decayed - (step * lr)?)?)?;
+                }
+                #[cfg(feature = "cuda")]
+                Moments::Interleaved(mv) => crate::model::cuda::adamw::update(
+                    p.as_tensor(),
+                    mv,
+                    g,
+                    crate::model::cuda::adamw::Step {
+                        lr: lr as f32,
+                        decay: (1.0 - lr * c.weight_decay) as f32,
+                        beta1: c.beta1 as f32,
+                        rest1: (1.0 - c.beta1) as f32,
+                        beta2: c.beta2 as f32,
+                        rest2: (1.0 - c.beta2) as f32,
+                        inv_bc1: (1.0 / bc1) as f32,
+                        inv_bc2: (1.0 / bc2) as f32,
+                        eps: c.eps as f32,
+                    },
+                )?,
+                #[cfg(not(feature = "cuda"))]
+                Moments::Interleaved(_) => {
+                    candle_core::bail!("interleaved moments without the cuda feature")
+                }
+            }
         }
         Ok(())
     }
 
     /// The moments by name (`exp_avg.NAME`, `exp_avg_sq.NAME`), for a checkpoint.
-    pub fn state(&self) -> Vec<(String, Tensor)> {
+    pub fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
-        for (i, (name, _)) in self.params.iter().enumerate() {
-            out.push((format!("exp_avg.{name}"), self.m[i].clone()));
-            out.push((format!("exp_avg_sq.{name}"), self.v[i].clone()));
+        for ((name, p), moments) in self.params.iter().zip(&self.moments) {
+            let (m, v) = moments.split(p.as_tensor())?;
+            out.push((format!("exp_avg.{name}"), m));
+            out.push((format!("exp_avg_sq.{name}"), v));
         }
-        out
+        Ok(out)
     }
 
     /// Restores moments written by [`AdamW::state`] and the step count.
@@ -97,11 +165,9 @@ impl AdamW {
         tensors: &HashMap<String, Tensor>,
         step: u64,
     ) -> anyhow::Result<()> {
-        for (i, (name, p)) in self.params.iter().enumerate() {
-            for (key, slot) in [
-                (format!("exp_avg.{name}"), &mut self.m[i]),
-                (format!("exp_avg_sq.{name}"), &mut self.v[i]),
-            ] {
+        for ((name, p), slot) in self.params.iter().zip(&mut self.moments) {
+            let mut pair = Vec::with_capacity(2);
+            for key in [format!("exp_avg.{name}"), format!("exp_avg_sq.{name}")] {
                 let t = tensors
                     .get(&key)
                     .ok_or_else(|| anyhow::anyhow!("optimizer state has no `{key}`"))?;
@@ -112,8 +178,11 @@ impl AdamW {
                         p.dims()
                     );
                 }
-                *slot = t.to_device(p.device())?;
+                pair.push(t.to_device(p.device())?.to_dtype(p.dtype())?);
             }
+            let v = pair.pop().expect("two moments");
+            let m = pair.pop().expect("two moments");
+            *slot = Moments::from_split(m, v, p.as_tensor())?;
         }
         self.step = step;
         Ok(())
@@ -165,10 +234,26 @@ impl Accumulator {
 /// Scales `grads` so that their global L2 norm is at most `max_norm` (if > 0); returns the
 /// norm before clipping (`torch.nn.utils.clip_grad_norm_`).
 pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
-    let mut sq = 0.0f64;
-    for g in grads.iter() {
-        sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-    }
+    // Each tensor's sum of squares stays on its device until one read of them all (a read
+    // per tensor waited on the device hundreds of times a step); summed in f64 as before.
+    let sums = grads
+        .iter()
+        .map(|g| {
+            g.to_dtype(candle_core::DType::F32)?
+                .sqr()?
+                .sum_all()?
+                .reshape(1)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let sq: f64 = if sums.is_empty() {
+        0.0
+    } else {
+        Tensor::cat(&sums, 0)?
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|&s| s as f64)
+            .sum()
+    };
     let norm = sq.sqrt();
     if max_norm > 0.0 && norm > max_norm {
         let scale = max_norm / (norm + 1e-6);

@@ -29,7 +29,18 @@ const KERNELS: Module = Module {
 };
 
 /// The fused attention; the result tracks gradients to `q`, `k` and `v` when any does.
+/// Half precision with head size 64 or 128 takes the flash kernels ([`super::flash`]),
+/// anything else (f32 among them) the cuBLAS products around one softmax pass.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+    check(q, k, v, mask)?;
+    if super::flash::applies(q) {
+        return super::flash::attention(q, k, v, mask, scale);
+    }
+    cublas_attention(q, k, v, mask, scale)
+}
+
+/// The shapes of [`attention`]'s arguments checked.
+fn check(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<()> {
     let (b, g, rt, d) = q.dims4()?;
     let t = k.dim(2)?;
     if k.dims() != [b, g, t, d] || v.dims() != [b, g, t, d] || !rt.is_multiple_of(t) {
@@ -40,13 +51,27 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) 
             v.dims()
         );
     }
-    let mask = mask.to_dtype(DType::F32)?.contiguous()?;
     if mask.elem_count() != b * t * t {
         bail!(
             "fused attention: mask {:?} is not [B, 1, 1, T, T]",
             mask.dims()
         );
     }
+    Ok(())
+}
+
+/// The attention as cuBLAS's products around [`softmax_fwd`]'s one pass a row (what
+/// `RLHOST_ATTENTION=cublas` keeps; the benchmark times it beside the flash kernels).
+pub fn cublas_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    let (_, g, rt, _) = q.dims4()?;
+    let t = k.dim(2)?;
+    let mask = mask.to_dtype(DType::F32)?.contiguous()?;
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     let scores = q.detach().matmul(&k.detach().t()?)?;
     let (p, stats) = softmax_fwd(&scores, &mask, scale as f32, g * rt, t)?;
@@ -240,7 +265,7 @@ mod tests {
     use crate::model::fixtures;
     use candle_core::{Device, Var};
 
-    /// The fused attention against the composed form on the GPU: values and the
+    /// The cuBLAS form against the composed form on the GPU: values and the
     /// gradients of q, k and v, causal with left padding, grouped queries (R = 3), head
     /// sizes 64 and 128, in f32, bf16 and f16. Skipped without `RLHOST_TEST_DEVICE=cuda`.
     #[test]
@@ -274,7 +299,7 @@ mod tests {
                 let run = |fused: bool| {
                     let scale = 1.0 / (d as f64).sqrt();
                     let out = if fused {
-                        attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale)
+                        cublas_attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale)
                     } else {
                         crate::model::cpu::composed(|| {
                             compute::attention(

@@ -1,7 +1,9 @@
-//! The fused ops on CUDA: attention (its scores' softmax in one pass, the products
-//! cuBLAS's, the backward recomputing the scores instead of keeping them), the LoRA
-//! projection in half precision, target log-probs without the full logits, RMSNorm, the
-//! rotary placement of heads and SwiGLU, each with its own backward. One op per file,
+//! The fused ops on CUDA: attention (FlashAttention-2 on the tensor cores for half
+//! precision, [`flash`]; else cuBLAS's products around one softmax pass a row, the backward
+//! recomputing the scores instead of keeping them), the LoRA projection in half precision,
+//! target log-probs without the full logits, RMSNorm, the rotary placement of heads and
+//! SwiGLU, each with its own backward, and AdamW's update in place ([`adamw`], used by
+//! `rl::optim`). One op per file,
 //! beside its kernels (`<op>.cu`, compiled to PTX by `build.rs`); each must equal its
 //! composed form in [`super::compute`], which stays the reference and the CPU path, and
 //! each is tested against it on a GPU (`RLHOST_TEST_DEVICE=cuda`). The kernels take
@@ -10,7 +12,9 @@
 //! [`applies`] says where they run: a contiguous f32, bf16 or f16 tensor on a CUDA device,
 //! unless the thread asked for the composed forms ([`super::cpu::composed`]).
 
+pub mod adamw;
 pub mod attention;
+pub mod flash;
 pub(crate) mod gemm;
 pub mod logprobs;
 pub mod lora;
