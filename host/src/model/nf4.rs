@@ -401,6 +401,17 @@ impl Nf4Linear {
         }
     }
 
+    /// The whole weight in `dtype` on `device`, dequantized there ([`Self::dense_on`]) and
+    /// rounded once, as bitsandbytes dequantizes to its compute dtype: what the fused
+    /// half-precision LoRA op on a GPU takes for an NF4 base.
+    pub fn dense_in(
+        &self,
+        device: &Device,
+        dtype: candle_core::DType,
+    ) -> candle_core::Result<Tensor> {
+        self.dense_on(device)?.to_dtype(dtype)
+    }
+
     /// The whole weight in f32 on `device` (a GPU's path; the tests run it on the CPU),
     /// dequantized there with candle's ops from the codes kept on it: `NF4[code] · absmax[block]`, the high nibble of each
     /// byte first, as [`code_pairs`] decodes them on the CPU.

@@ -418,4 +418,85 @@ mod tests {
             }
         }
     }
+
+    /// An NF4 projection in half precision on the GPU (`compute::lora_linear`: the weight
+    /// dequantized to the compute dtype, the fused op) against the composed NF4 path, which
+    /// computes the base product in f32 and the adapter in f32: values and the gradients
+    /// of x, A and B, bf16 and f16, held to the dense projection's tolerances. Without a
+    /// GPU (as on the CPU) the two are the same path. Skipped without
+    /// `RLHOST_TEST_DEVICE=cuda`.
+    #[test]
+    fn an_nf4_projection_takes_the_fused_op_in_half_precision() {
+        use crate::model::lora::{Linear, Lora, LoraConfig, Mode, seeded};
+        let dev = fixtures::device();
+        if !dev.is_cuda() {
+            return;
+        }
+        let (rows, in_f, out_f) = (37, 128, 192);
+        for (dtype, tol) in [(DType::BF16, 1.5e-2), (DType::F16, 3e-3)] {
+            let w = (fixtures::uniform(&[out_f, in_f], 2) * 0.1).unwrap();
+            let mut lin = Linear::new(w.to_device(&dev).unwrap(), None);
+            lin.quantize_nf4(true).unwrap();
+            let cfg = LoraConfig {
+                r: 8,
+                ..LoraConfig::default()
+            };
+            let mut lora = Lora::init(in_f, out_f, &cfg, &mut seeded(3), &dev).unwrap();
+            // B away from zero, so that its gradient and the adapter's share are not trivial.
+            lora.lora_b = Var::from_tensor(
+                &(fixtures::uniform(&[out_f, 8], 4) * 0.5)
+                    .unwrap()
+                    .to_device(&dev)
+                    .unwrap(),
+            )
+            .unwrap();
+            lin.lora = Some(lora);
+            let x = Var::from_tensor(
+                &fixtures::uniform(&[2, rows, in_f], 1)
+                    .to_device(&dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            )
+            .unwrap();
+            let coef = fixtures::uniform(&[2, rows, out_f], 5)
+                .to_device(&dev)
+                .unwrap();
+            let l = lin.lora.as_ref().unwrap();
+            let run = |fused: bool| {
+                let forward =
+                    || crate::model::compute::lora_linear(&lin, x.as_tensor(), Mode::TRAIN);
+                let y = if fused {
+                    forward()
+                } else {
+                    crate::model::cpu::composed(forward)
+                }
+                .unwrap();
+                let loss = (y.to_dtype(DType::F32).unwrap() * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
+                let grads = loss.backward().unwrap();
+                let g = |t: &Tensor| grads.get(t).unwrap().clone();
+                (
+                    y,
+                    [
+                        g(x.as_tensor()),
+                        g(l.lora_a.as_tensor()),
+                        g(l.lora_b.as_tensor()),
+                    ],
+                )
+            };
+            let (yf, gf) = run(true);
+            let (yc, gc) = run(false);
+            let e = fixtures::relative_diff(&yf, &yc);
+            eprintln!("nf4 lora linear {dtype:?}: output {e:.2e}");
+            assert!(e <= tol, "{dtype:?}: output {e}");
+            for (name, (f, c)) in ["x", "A", "B"].iter().zip(gf.iter().zip(&gc)) {
+                let e = fixtures::relative_diff(f, c);
+                eprintln!("nf4 lora linear {dtype:?}: grad {name} {e:.2e}");
+                assert!(e <= tol * 2.0, "{dtype:?}: grad {name} {e}");
+            }
+        }
+    }
 }
