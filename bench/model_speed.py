@@ -15,7 +15,7 @@ What it does:
 2. Greedy decode of 64 new tokens after a 32-token prompt at batch 1 and 8: rlhost vs
    transformers `generate` (prefill included in both).
 3. One LoRA r16 training step (all 7 projections) on 4 x 256 tokens: forward, mean
-   next-token NLL, backward, AdamW; mean of 2 timed steps after a warm-up, and the peak
+   next-token NLL, backward, gradient clipping at 1.0, AdamW; mean of 2 timed steps after a warm-up, and the peak
    RSS of the whole process, rlhost vs PyTorch + PEFT. The two alternate for --rounds
    runs each (default 3); the medians are compared, and each round's ratio is printed.
 4. Memory read bandwidth with the same thread count, and batch-1 decode as a fraction of
@@ -104,6 +104,8 @@ def torch_worker(args):
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                      ids[:, 1:].reshape(-1))
             loss.backward()
+            # Clipped at 1.0, as model_bench's step (rlhost's trainer) is.
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             del logits, loss

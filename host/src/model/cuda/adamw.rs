@@ -44,15 +44,24 @@ pub fn update(p: &Tensor, mv: &Tensor, g: &Tensor, step: Step) -> Result<()> {
         );
     }
     let g = g.to_dtype(candle_core::DType::F32)?.contiguous()?;
-    mv.inplace_op2(&g, &Moments(step))?;
-    p.inplace_op2(mv, &Apply(step))
+    mv.inplace_op2(&g, &Pass::Moments(step))?;
+    p.inplace_op2(mv, &Pass::Apply(step))
 }
 
-struct Moments(Step);
+/// One of the two passes: the moments from the gradient (written: the moments, read: the
+/// gradient), or the parameter from the moments (written: the parameter, read: the
+/// moments).
+enum Pass {
+    Moments(Step),
+    Apply(Step),
+}
 
-impl InplaceOp2 for Moments {
+impl InplaceOp2 for Pass {
     fn name(&self) -> &'static str {
-        "fused-adamw-moments"
+        match self {
+            Pass::Moments(_) => "fused-adamw-moments",
+            Pass::Apply(_) => "fused-adamw-apply",
+        }
     }
 
     fn cpu_fwd(
@@ -67,75 +76,40 @@ impl InplaceOp2 for Moments {
 
     fn cuda_fwd(
         &self,
-        mv: &mut CudaStorage,
-        mv_l: &Layout,
-        g: &CudaStorage,
-        g_l: &Layout,
+        written: &mut CudaStorage,
+        written_l: &Layout,
+        read: &CudaStorage,
+        read_l: &Layout,
     ) -> Result<()> {
-        let n = g_l.shape().elem_count();
-        let dev = super::device(g).clone();
-        let gv = view::<f32>(g, g_l, "adamw")?;
-        let Some((a, b)) = mv_l.contiguous_offsets() else {
-            bail!("fused adamw: the moments must be contiguous")
+        let dev = super::device(read).clone();
+        let rv = view::<f32>(read, read_l, "adamw")?;
+        let Some((a, b)) = written_l.contiguous_offsets() else {
+            bail!(
+                "fused adamw: {} must write a contiguous tensor",
+                self.name()
+            )
         };
-        let mut mvv = mv.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
-        let (stream, func) = KERNELS.load(&dev, "adamw_moments", candle_core::DType::F32)?;
+        let mut wv = written.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
+        let (kernel, n) = match self {
+            Pass::Moments(_) => ("adamw_moments", read_l.shape().elem_count()),
+            Pass::Apply(_) => ("adamw_apply", written_l.shape().elem_count()),
+        };
+        let (stream, func) = KERNELS.load(&dev, kernel, candle_core::DType::F32)?;
         let mut args = stream.launch_builder(&func);
         let n64 = n as i64;
-        args.arg(&mut mvv)
-            .arg(&gv)
-            .arg(&n64)
-            .arg(&self.0.beta1)
-            .arg(&self.0.rest1)
-            .arg(&self.0.beta2)
-            .arg(&self.0.rest2);
-        launch(&mut args, elementwise(n))
-    }
-}
-
-struct Apply(Step);
-
-impl InplaceOp2 for Apply {
-    fn name(&self) -> &'static str {
-        "fused-adamw-apply"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &mut candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-    ) -> Result<()> {
-        bail!("fused adamw: CUDA only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        p: &mut CudaStorage,
-        p_l: &Layout,
-        mv: &CudaStorage,
-        mv_l: &Layout,
-    ) -> Result<()> {
-        let n = p_l.shape().elem_count();
-        let dev = super::device(mv).clone();
-        let mvv = view::<f32>(mv, mv_l, "adamw")?;
-        let Some((a, b)) = p_l.contiguous_offsets() else {
-            bail!("fused adamw: the parameter must be contiguous")
-        };
-        let mut pv = p.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
-        let (stream, func) = KERNELS.load(&dev, "adamw_apply", candle_core::DType::F32)?;
-        let mut args = stream.launch_builder(&func);
-        let n64 = n as i64;
-        let s = self.0;
-        args.arg(&mut pv)
-            .arg(&mvv)
-            .arg(&n64)
-            .arg(&s.lr)
-            .arg(&s.decay)
-            .arg(&s.inv_bc1)
-            .arg(&s.inv_bc2)
-            .arg(&s.eps);
+        args.arg(&mut wv).arg(&rv).arg(&n64);
+        match self {
+            Pass::Moments(s) => {
+                args.arg(&s.beta1).arg(&s.rest1).arg(&s.beta2).arg(&s.rest2);
+            }
+            Pass::Apply(s) => {
+                args.arg(&s.lr)
+                    .arg(&s.decay)
+                    .arg(&s.inv_bc1)
+                    .arg(&s.inv_bc2)
+                    .arg(&s.eps);
+            }
+        }
         launch(&mut args, elementwise(n))
     }
 }

@@ -20,8 +20,7 @@
 use super::{
     Module, PushKernelArg, alloc, cuda, launch, per_row, ptx, row_threads, tensor, view, with_dtype,
 };
-use candle_core::{CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
-use std::sync::Mutex;
+use candle_core::{DType, Result, Tensor, bail};
 
 const KERNELS: Module = Module {
     name: "rlhost_attention",
@@ -81,11 +80,12 @@ pub fn cublas_attention(
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
     }
-    q.apply_op3(
+    super::apply_precomputed3(
+        &q,
         &k,
         &v,
+        out,
         FusedAttention {
-            value: Mutex::new(Some(out)),
             stats,
             mask,
             scale: scale as f32,
@@ -197,43 +197,15 @@ fn softmax_bwd(p: &Tensor, dp: &Tensor, scale: f32, t: usize) -> Result<Tensor> 
 }
 
 struct FusedAttention {
-    /// The forward's result, computed before the op is applied and handed over once.
-    value: Mutex<Option<Tensor>>,
     stats: Tensor,
     mask: Tensor,
     scale: f32,
 }
 
-impl CustomOp3 for FusedAttention {
-    fn name(&self) -> &'static str {
-        "fused-attention"
-    }
+impl super::Backward3 for FusedAttention {
+    const NAME: &'static str = "fused attention";
 
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::CpuStorage, Shape)> {
-        bail!("fused attention: CUDA only (the CPU takes the composed form or its own kernel)")
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::precomputed(&self.value, "fused attention")
-    }
-
-    fn bwd(
+    fn backward(
         &self,
         q: &Tensor,
         k: &Tensor,

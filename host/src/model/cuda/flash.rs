@@ -20,8 +20,8 @@ use super::{Module, PushKernelArg, cuda, launch, ptx, tensor, view, with_dtype};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::{CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
-use std::sync::{Mutex, OnceLock};
+use candle_core::{DType, Result, Tensor, bail};
+use std::sync::OnceLock;
 
 const KERNELS: Module = Module {
     name: "rlhost_flash",
@@ -92,11 +92,12 @@ pub fn attention_tuned(
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
     }
-    q.apply_op3(
+    super::apply_precomputed3(
+        &q,
         &k,
         &v,
+        out,
         FlashAttention {
-            value: Mutex::new(Some(out)),
             lse,
             kbias,
             geometry,
@@ -189,8 +190,6 @@ fn forward(
 }
 
 struct FlashAttention {
-    /// The forward's result, computed before the op is applied and handed over once.
-    value: Mutex<Option<Tensor>>,
     lse: Tensor,
     kbias: Tensor,
     geometry: Geometry,
@@ -198,7 +197,7 @@ struct FlashAttention {
 
 impl FlashAttention {
     /// `(dq, dk, dv)` in q's dtype.
-    fn backward(
+    fn gradients(
         &self,
         q: &Tensor,
         k: &Tensor,
@@ -281,36 +280,10 @@ impl FlashAttention {
     }
 }
 
-impl CustomOp3 for FlashAttention {
-    fn name(&self) -> &'static str {
-        "flash-attention"
-    }
+impl super::Backward3 for FlashAttention {
+    const NAME: &'static str = "flash attention";
 
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::CpuStorage, Shape)> {
-        bail!("flash attention: CUDA only (the CPU takes the composed form or its own kernel)")
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::precomputed(&self.value, "flash attention")
-    }
-
-    fn bwd(
+    fn backward(
         &self,
         q: &Tensor,
         k: &Tensor,
@@ -323,7 +296,7 @@ impl CustomOp3 for FlashAttention {
             aligned(&k.detach())?,
             aligned(&v.detach())?,
         );
-        let (dq, dk, dv) = self.backward(&q, &k, &v, &out.detach(), grad)?;
+        let (dq, dk, dv) = self.gradients(&q, &k, &v, &out.detach(), grad)?;
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }

@@ -200,3 +200,89 @@ pub(crate) fn precomputed(
     let copy = cuda(&guard, op)?.try_clone(layout)?;
     Ok((copy, value.shape().clone()))
 }
+
+/// The backward of a three-input op whose forward ran as tensor ops before the op was
+/// applied ([`apply_precomputed3`]): the attention forms.
+pub(crate) trait Backward3: Send + Sync {
+    /// The op's name in candle's graph and in its errors.
+    const NAME: &'static str;
+
+    /// The gradients of the three inputs from the output and its incoming gradient.
+    fn backward(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>;
+}
+
+/// `value`, computed from `a`, `b`, `c` with tensor ops, as the output of an op over them
+/// whose backward is `backward`'s.
+pub(crate) fn apply_precomputed3<B: Backward3 + 'static>(
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    value: Tensor,
+    backward: B,
+) -> Result<Tensor> {
+    a.apply_op3(
+        b,
+        c,
+        Precomputed3 {
+            value: std::sync::Mutex::new(Some(value)),
+            backward,
+        },
+    )
+}
+
+struct Precomputed3<B> {
+    /// The forward's result, handed over once.
+    value: std::sync::Mutex<Option<Tensor>>,
+    backward: B,
+}
+
+impl<B: Backward3> candle_core::CustomOp3 for Precomputed3<B> {
+    fn name(&self) -> &'static str {
+        B::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
+        bail!(
+            "{}: CUDA only (the CPU takes the composed form or its own kernel)",
+            B::NAME
+        )
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        precomputed(&self.value, B::NAME)
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.backward.backward(a, b, c, out, grad)
+    }
+}
