@@ -45,6 +45,14 @@ impl ApiError {
         }
     }
 
+    /// A 400 about the body as a whole (no one field to name).
+    pub fn bad_body(message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: None,
+            ..ApiError::invalid("", message)
+        }
+    }
+
     /// A 404 for a model the gateway does not serve (400s and 404s are never retried by
     /// the client, as a missing model should not be).
     pub fn model_not_found(model: &str, served: &str) -> ApiError {
@@ -264,7 +272,7 @@ fn bounded(
 ) -> Result<Option<f64>, ApiError> {
     let v: Option<f64> = field(object, name)?;
     match v {
-        Some(x) if !(lo..=hi).contains(&x) || !x.is_finite() => Err(ApiError::invalid(
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid(
             name,
             format!("`{name}` is {x}; it must be between {lo} and {hi}"),
         )),
@@ -275,15 +283,10 @@ fn bounded(
 impl ChatRequest {
     /// Reads and checks a request body.
     pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError {
-            param: None,
-            ..ApiError::invalid("", format!("the request body is not JSON: {e}"))
-        })?;
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_body(format!("the request body is not JSON: {e}")))?;
         let Value::Object(object) = value else {
-            return Err(ApiError {
-                param: None,
-                ..ApiError::invalid("", "the request body must be a JSON object")
-            });
+            return Err(ApiError::bad_body("the request body must be a JSON object"));
         };
         Self::from_object(&object)
     }

@@ -312,10 +312,9 @@ mod tests {
     /// both backward step sizes, grouped (R = 3) and not, lengths that end inside a tile
     /// and span several, with left padding. The yardstick is the composed form's own
     /// rounding: each is compared with the composed form in f32 on the same inputs, and
-    /// the flash error may be at
-    /// most 1.5× the composed half-precision error (plus 1e-3). Padded query rows carry
-    /// no gradient (as in training) and are left out of the comparison. Skipped without
-    /// `RLHOST_TEST_DEVICE=cuda`.
+    /// the flash error may be at most 1.5× the composed half-precision error (plus
+    /// 1e-3). Padded query rows carry no gradient (as in training) and are left out of
+    /// the comparison. Skipped without `RLHOST_TEST_DEVICE=cuda`.
     #[test]
     fn flash_attention_matches_the_composed_form() {
         let dev = fixtures::device();
