@@ -32,6 +32,7 @@ mod conformance;
 mod data;
 mod docs;
 mod faults;
+mod gateway;
 mod generate;
 mod http;
 mod init;

@@ -10,6 +10,7 @@ mod init;
 mod interrupt;
 mod plugin;
 mod rollout;
+mod serve;
 mod sft;
 mod status;
 mod train;
@@ -48,6 +49,8 @@ enum Command {
     Train(train::TrainArgs),
     /// Sample and score trajectories with a run config, without training.
     Rollout(rollout::RolloutArgs),
+    /// Serve the run's model behind an OpenAI-compatible API, recording sessions.
+    Serve(serve::ServeArgs),
     /// Supervised fine-tuning of an adapter on conversations (assistant tokens only).
     Sft(sft::SftArgs),
     /// Accuracy, tool-use rate and rewards on the held-out split.
@@ -100,6 +103,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export(args) => export::run(args),
         Command::Rollout(args) => rollout::run(args, runtime.handle(), cli.quiet),
         Command::Train(args) => train::run(args, runtime.handle(), cli.quiet),
+        Command::Serve(args) => serve::run(args, runtime.handle(), cli.quiet),
         Command::Sft(args) => sft::run(args, cli.quiet),
         Command::Eval(args) => rollout::eval(args, runtime.handle(), cli.quiet),
         Command::Status(args) => status::run(args),

@@ -2,11 +2,21 @@
 //! Completions API points its `base_url` here, its calls are sampled from the policy and
 //! recorded token-exactly per session, and finished sessions train the policy.
 //!
-//! Where it stands: [`wire`], the request checks and the answer shapes, and [`record`], a
-//! session's token-exact rows with drift detection, are in; the server, sessions' routes
-//! and rewards, training from them and the sampler seam they need (`rollout/engine.rs`
-//! serving any source of requests in one decode loop) are not yet. `docs/design/openai-wire.md` holds
-//! the wire format as openai-python, OpenAI's OpenAPI spec and vLLM define it.
+//! - [`wire`]: the requests' checks and the answers' shapes (`docs/design/openai-wire.md`
+//!   holds the format as openai-python, OpenAI's OpenAPI spec and vLLM define it);
+//! - [`chat`]: messages to prompt ids with the model's template, sampled ids to answers
+//!   with tool calls read in the model's format;
+//! - [`record`]: a session's token-exact rows with drift detection;
+//! - [`sessions`]: the open sessions, their tasks, groups and rewards;
+//! - [`server`]: the routes; [`pump`]: the model's thread, where every call in flight is
+//!   decoded in one batch (`model/sampler.rs`).
+//!
+//! Where it stands: `rlhost serve` serves a model and records sessions to a file;
+//! training from sessions (`rlhost train` with `[gateway]`) is not yet in.
 
+pub mod chat;
+pub mod pump;
 pub mod record;
+pub mod server;
+pub mod sessions;
 pub mod wire;

@@ -8,7 +8,7 @@
 //! never re-tokenized.
 
 /// One row of a session: a trajectory grown call by call.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
 pub struct Row {
     /// Prompt, then completions and inserted turns, exactly as the model saw them.
     pub tokens: Vec<u32>,
@@ -29,7 +29,7 @@ impl Row {
 }
 
 /// Where a call's prompt left its session's row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Drift {
     /// The row it left.
     pub row: usize,
@@ -121,6 +121,11 @@ impl Session {
         row.versions.push(version);
         self.open = false;
         Ok(())
+    }
+
+    /// Whether a call is begun and not yet finished.
+    pub fn is_open(&self) -> bool {
+        self.open
     }
 
     /// Ends an open call with nothing sampled (the client went away, the request

@@ -525,6 +525,187 @@ fn tool_choice(value: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, ApiE
     Ok(choice)
 }
 
+/// One prompt of `POST /v1/completions`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// The most alternatives `/v1/completions`' `logprobs` asks for (OpenAI's).
+pub const MAX_COMPLETION_LOGPROBS: usize = 5;
+
+/// A checked `POST /v1/completions` request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    /// One or several (a batch: choice `i * n + j` is prompt `i`'s `j`th).
+    pub prompts: Vec<Prompt>,
+    /// `None`: OpenAI's 16.
+    pub max_tokens: Option<usize>,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub n: usize,
+    pub stop: Vec<String>,
+    pub seed: Option<u64>,
+    /// `Some(k)`: sampled tokens' log-probs with the `k` likeliest beside them.
+    pub logprobs: Option<usize>,
+}
+
+impl CompletionRequest {
+    /// Reads and checks a request body; token ids must be below `vocab`.
+    pub fn parse(body: &[u8], vocab: usize) -> Result<CompletionRequest, ApiError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_body(format!("the request body is not JSON: {e}")))?;
+        let Value::Object(o) = value else {
+            return Err(ApiError::bad_body("the request body must be a JSON object"));
+        };
+        let model: Option<String> = field(&o, "model")?;
+        let prompts = match o.get("prompt") {
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid("prompt", "`prompt` is required"));
+            }
+            Some(Value::String(s)) => vec![Prompt::Text(s.clone())],
+            Some(Value::Array(items)) if items.is_empty() => {
+                return Err(ApiError::invalid("prompt", "`prompt` is empty"));
+            }
+            Some(Value::Array(items)) if items.iter().all(Value::is_number) => {
+                vec![Prompt::Ids(ids(items, "prompt", vocab)?)]
+            }
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::String(s) => Ok(Prompt::Text(s.clone())),
+                    Value::Array(a) => Ok(Prompt::Ids(ids(a, &format!("prompt[{i}]"), vocab)?)),
+                    other => Err(ApiError::invalid(
+                        format!("prompt[{i}]"),
+                        format!("a prompt is a string or a list of token ids, got {other}"),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "`prompt` is a string, a list of token ids, or a list of either; got {other}"
+                    ),
+                ));
+            }
+        };
+        let max_tokens = field::<u64>(&o, "max_tokens")?;
+        if max_tokens == Some(0) {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                "`max_tokens` must be at least 1",
+            ));
+        }
+        let temperature = bounded(&o, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
+        let top_p = bounded(&o, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
+        if top_p == 0.0 {
+            return Err(ApiError::invalid("top_p", "`top_p` must be above 0"));
+        }
+        let n = field::<u64>(&o, "n")?.unwrap_or(1) as usize;
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` is {n}; it must be 1 to {MAX_N}"),
+            ));
+        }
+        if let Some(b) = field::<u64>(&o, "best_of")?
+            && b as usize != n
+        {
+            return Err(ApiError::invalid(
+                "best_of",
+                "`best_of` is not supported (every sample is returned): leave it out",
+            ));
+        }
+        let stop = match field::<Stop>(&o, "stop")? {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        if stop.len() > MAX_STOP || stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "`stop` holds {} strings; at most {MAX_STOP}, none empty",
+                    stop.len()
+                ),
+            ));
+        }
+        let logprobs = field::<u64>(&o, "logprobs")?.map(|k| k as usize);
+        if logprobs.is_some_and(|k| k > MAX_COMPLETION_LOGPROBS) {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("`logprobs` is at most {MAX_COMPLETION_LOGPROBS}"),
+            ));
+        }
+        if field::<bool>(&o, "echo")? == Some(true) {
+            return Err(ApiError::invalid(
+                "echo",
+                "`echo` is not supported: leave it out",
+            ));
+        }
+        if field::<String>(&o, "suffix")?.is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid(
+                "suffix",
+                "`suffix` is not supported: leave it out",
+            ));
+        }
+        if field::<bool>(&o, "stream")? == Some(true) {
+            return Err(ApiError::invalid(
+                "stream",
+                "streaming is served for /v1/chat/completions; call /v1/completions without `stream`",
+            ));
+        }
+        for name in ["presence_penalty", "frequency_penalty"] {
+            if bounded(&o, name, -2.0, 2.0)?.is_some_and(|x| x != 0.0) {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("`{name}` is not supported: the policy samples as it is trained"),
+                ));
+            }
+        }
+        if field::<Map<String, Value>>(&o, "logit_bias")?.is_some_and(|m| !m.is_empty()) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "`logit_bias` is not supported: the policy samples as it is trained",
+            ));
+        }
+        Ok(CompletionRequest {
+            model,
+            prompts,
+            max_tokens: max_tokens.map(|n| n as usize),
+            temperature,
+            top_p,
+            n,
+            stop,
+            seed: field::<i64>(&o, "seed")?.map(|s| s as u64),
+            logprobs,
+        })
+    }
+}
+
+/// Token ids, each below `vocab`.
+fn ids(items: &[Value], param: &str, vocab: usize) -> Result<Vec<u32>, ApiError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .filter(|&id| (id as usize) < vocab)
+                .map(|id| id as u32)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{param}[{i}]"),
+                        format!("token id {v} is not in the vocabulary (0 to {})", vocab - 1),
+                    )
+                })
+        })
+        .collect()
+}
+
 /// Why a choice ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -880,5 +1061,34 @@ mod tests {
             v["choices"][0]["delta"],
             json!({"role": "assistant", "content": ""})
         );
+    }
+
+    /// `/v1/completions` reads text, ids and batches of either, and names what is wrong.
+    #[test]
+    fn completion_prompts_read_in_every_shape() {
+        let read = |v: Value| CompletionRequest::parse(v.to_string().as_bytes(), 100);
+        let r = read(json!({"model": "m", "prompt": "hi", "max_tokens": null})).unwrap();
+        assert_eq!(r.prompts, [Prompt::Text("hi".into())]);
+        assert_eq!(r.max_tokens, None);
+        let r = read(json!({"prompt": [1, 2, 99]})).unwrap();
+        assert_eq!(r.prompts, [Prompt::Ids(vec![1, 2, 99])]);
+        let r = read(json!({"prompt": ["a", [3]], "n": 2, "logprobs": 5})).unwrap();
+        assert_eq!(r.prompts.len(), 2);
+        assert_eq!((r.n, r.logprobs), (2, Some(5)));
+        for (body, param) in [
+            (json!({}), "prompt"),
+            (json!({"prompt": []}), "prompt"),
+            (json!({"prompt": [1, 100]}), "prompt[1]"),
+            (json!({"prompt": ["a", [-1]]}), "prompt[1][0]"),
+            (json!({"prompt": ["a", 3]}), "prompt[1]"),
+            (json!({"prompt": "a", "logprobs": 6}), "logprobs"),
+            (json!({"prompt": "a", "echo": true}), "echo"),
+            (json!({"prompt": "a", "best_of": 3}), "best_of"),
+            (json!({"prompt": "a", "stream": true}), "stream"),
+            (json!({"prompt": "a", "max_tokens": 0}), "max_tokens"),
+        ] {
+            let e = read(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
     }
 }

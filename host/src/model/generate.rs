@@ -16,11 +16,13 @@ use super::device_sample::{Draw, draw_rows};
 use super::kv_cache::KvCache;
 use super::lora::Mode;
 use super::sample::{SamplingParams, sample};
+use super::sampler::{Collect, Request, Sampler};
 use super::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use std::sync::Mutex;
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +107,22 @@ impl Sequence {
     /// Whether the next token can be sampled (the model has seen everything).
     pub fn ready(&self) -> bool {
         self.next_logits.is_some()
+    }
+
+    /// The `k` likeliest next tokens and their log-probs at `temperature` (as
+    /// [`sample`] reports a drawn token's), most likely first. Call after [`advance`] and
+    /// before [`draw`].
+    pub fn top_logprobs(&self, k: usize, temperature: f32) -> Result<Vec<(u32, f32)>> {
+        let logits = match &self.next_logits {
+            Some(Next::Host(l)) => std::borrow::Cow::Borrowed(l.as_slice()),
+            Some(Next::Device(row)) => {
+                std::borrow::Cow::Owned(row.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
+            }
+            Some(Next::Drawn(_)) | None => {
+                anyhow::bail!("top_logprobs needs the logits: call it after advance, before draw")
+            }
+        };
+        Ok(super::sample::top_logprobs(&logits, k, temperature))
     }
 
     /// Appends a token another sampler drew (a vLLM server), with its log-prob there.
@@ -278,69 +296,44 @@ pub fn generate(
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         anyhow::bail!("prompt {i} is empty");
     }
-    let mut heads: Vec<Sequence> = prompts
-        .iter()
-        .map(|p| Sequence::new(model, p.clone(), 0))
-        .collect();
-    advance(model, &mut heads.iter_mut().collect::<Vec<_>>(), mode)?;
-    let mut seqs: Vec<Sequence> = Vec::with_capacity(prompts.len() * n);
-    let mut owner = Vec::new();
-    for (i, head) in heads.iter_mut().enumerate() {
-        for j in 0..n {
-            seqs.push(head.fork(sample_seed(params.seed, i, j)));
-            owner.push(i);
-        }
+    let outs: Vec<Mutex<Vec<Option<Completion>>>> =
+        prompts.iter().map(|_| Mutex::new(vec![None; n])).collect();
+    let failed = Mutex::new(None);
+    let mut sampler = Sampler::new(model, tokenizer, mode);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let request = Request {
+            prompt: prompt.clone(),
+            n,
+            params: params.clone(),
+            index: i,
+            top_logprobs: 0,
+        };
+        let sink = Collect {
+            out: &outs[i],
+            failed: &failed,
+        };
+        sampler.admit(request, Box::new(sink));
     }
-    drop(heads);
-    let mut decoders: Vec<IncrementalDecoder> = seqs
-        .iter()
-        .map(|_| IncrementalDecoder::new(tokenizer, false))
-        .collect();
-    loop {
-        let mut any = false;
-        draw(
-            &mut seqs
-                .iter_mut()
-                .filter(|s| s.finish.is_none())
-                .collect::<Vec<_>>(),
-            params,
-        )?;
-        for (s, dec) in seqs.iter_mut().zip(decoders.iter_mut()) {
-            if s.finish.is_some() {
-                continue;
-            }
-            let (tok, _) = s.sample_next(params)?;
-            dec.push(tok)?;
-            s.finish = stop_check(s, dec, tok, params);
-            any |= s.finish.is_none();
-        }
-        if !any {
-            break;
-        }
-        let mut active: Vec<&mut Sequence> =
-            seqs.iter_mut().filter(|s| s.finish.is_none()).collect();
-        advance(model, &mut active, mode)?;
+    while !sampler.is_empty() {
+        sampler.step()?;
     }
-    let mut out: Vec<Vec<Completion>> = prompts.iter().map(|_| Vec::new()).collect();
-    for ((s, mut dec), i) in seqs.into_iter().zip(decoders).zip(owner) {
-        dec.flush()?;
-        let mut text = dec.text().to_string();
-        if let Some(Finish::StopString(stop)) = &s.finish
-            && let Some(at) = text.find(stop.as_str())
-        {
-            text.truncate(at + stop.len());
-        }
-        out[i].push(Completion {
-            tokens: s.completion().to_vec(),
-            logprobs: s.logprobs.iter().map(|l| l.unwrap_or(f32::NAN)).collect(),
-            text,
-            finish: s.finish.clone().unwrap_or(Finish::Length),
-        });
+    drop(sampler);
+    if let Some(why) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        anyhow::bail!("{why}");
     }
-    Ok(out)
+    Ok(outs
+        .into_iter()
+        .map(|out| {
+            out.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .into_iter()
+                .map(|c| c.expect("every choice of a request that did not fail is done"))
+                .collect()
+        })
+        .collect())
 }
 
-fn stop_check(
+pub(crate) fn stop_check(
     s: &Sequence,
     dec: &IncrementalDecoder,
     tok: u32,

@@ -26,6 +26,7 @@ pub mod peft;
 pub mod placement;
 pub mod profile;
 pub mod sample;
+pub mod sampler;
 pub mod tokenizer;
 pub mod weights;
 

@@ -96,6 +96,36 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut StdRng) -> (u32
     (last as u32, logp(last))
 }
 
+/// The `k` likeliest tokens with their log-probs `log softmax(logits / T)` (T = 1 when
+/// greedy, as [`sample`] reports a drawn token's), most likely first; ties by id.
+pub fn top_logprobs(logits: &[f32], k: usize, temperature: f32) -> Vec<(u32, f32)> {
+    let inv_t = if temperature <= 0.0 {
+        1.0
+    } else {
+        1.0 / temperature
+    };
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .map(|&l| (((l - max) * inv_t) as f64).exp())
+        .sum();
+    let lse = max * inv_t + sum.ln() as f32;
+    let by_logit_desc = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, by_logit_desc);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(by_logit_desc);
+    idx.into_iter()
+        .map(|i| (i as u32, logits[i] * inv_t - lse))
+        .collect()
+}
+
 fn argmax(xs: &[f32]) -> usize {
     let mut best = 0;
     for (i, &x) in xs.iter().enumerate() {

@@ -233,7 +233,7 @@ type Table = Arc<Mutex<VecDeque<Open>>>;
 /// Accepts connections and serves each over HTTP/1.1 with a header timeout, at most
 /// `max_connections` at once: a connection beyond that closes the oldest idle one, or,
 /// when none is idle, waits for one to end.
-async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     max_connections: usize,

@@ -1,0 +1,1241 @@
+//! The gateway's HTTP side: OpenAI's routes (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`), each also under a session's prefix `/sessions/{id}/v1/...` and reached
+//! with a session's id as the API key; the RL routes (`/rl/tasks/next`, `/rl/sessions`,
+//! `/sessions/{id}`, `.../reward`, `.../end`) and `/status`.
+//!
+//! Handlers render and read; sampling happens on the model's thread ([`super::pump`]),
+//! reached through a queue. A call in a session is recorded token-exactly: its prompt
+//! placed in the session's row before sampling, choice 0's ids and log-probs appended when
+//! it ends; a call whose client goes away (or that fails) is abandoned, nothing else lost.
+
+use super::chat::{Answer, Renderer};
+use super::pump::{Event, Job};
+use super::sessions::{Finished, Reward, SessionError, Sessions, Task, read_reward};
+use super::wire::{
+    ApiError, ChatChunk, ChatCompletion, ChatRequest, Choice, ChoiceLogprobs, ChunkChoice,
+    DONE_EVENT, Delta, FinishReason, FunctionDelta, ModelCard, TokenLogprob, ToolCallDelta,
+    TopLogprob, Usage, model_list,
+};
+use crate::data::{Cursor, Dataset};
+use crate::model::generate::{Completion, Finish};
+use crate::model::sample::SamplingParams;
+use crate::model::sampler::{Request, Token};
+use crate::sample::{Message, MessageToolCall, Sample};
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+/// The largest request body read (a long conversation with tools fits many times over).
+pub const MAX_BODY: usize = 16 << 20;
+
+/// Counters `/status` and the metrics report.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub calls: AtomicU64,
+    pub session_calls: AtomicU64,
+    pub extended: AtomicU64,
+    pub drifts: AtomicU64,
+    pub malformed_calls: AtomicU64,
+    pub abandoned: AtomicU64,
+    pub refused_updating: AtomicU64,
+    pub failed: AtomicU64,
+    pub bad_requests: AtomicU64,
+    pub sampled_tokens: AtomicU64,
+}
+
+/// Where `/rl/tasks/next` takes tasks: the run's dataset, G sessions a task.
+pub struct Tasks {
+    pub dataset: Arc<Dataset>,
+    pub group_size: usize,
+    /// The cursor, and the group being handed out (its task and sessions still to give).
+    state: tokio::sync::Mutex<(Cursor, Option<(Task, usize)>)>,
+}
+
+impl Tasks {
+    pub fn new(dataset: Arc<Dataset>, group_size: usize) -> Tasks {
+        Tasks {
+            dataset,
+            group_size: group_size.max(1),
+            state: tokio::sync::Mutex::new((Cursor::default(), None)),
+        }
+    }
+}
+
+/// Everything the handlers share.
+pub struct Gateway {
+    /// The model id clients name (`GET /v1/models` lists it).
+    pub model: String,
+    pub renderer: Renderer,
+    jobs: std::sync::mpsc::Sender<Job>,
+    pub sessions: Mutex<Sessions>,
+    pub tasks: Option<Tasks>,
+    /// Ended sessions go here (the trainer or the record file takes them).
+    finished: std::sync::mpsc::Sender<Finished>,
+    /// The policy version sampling now.
+    pub version: AtomicU64,
+    /// Set while the policy is being updated.
+    pub updating: AtomicBool,
+    /// Refuse calls with a 503 while updating (else they wait in the queue).
+    pub refuse_while_updating: bool,
+    pub counters: Counters,
+    /// The address it listens on (set once bound): the base URLs it hands out.
+    pub addr: OnceLock<SocketAddr>,
+}
+
+impl Gateway {
+    pub fn new(
+        model: String,
+        renderer: Renderer,
+        jobs: std::sync::mpsc::Sender<Job>,
+        finished: std::sync::mpsc::Sender<Finished>,
+        tasks: Option<Tasks>,
+    ) -> Gateway {
+        Gateway {
+            model,
+            renderer,
+            jobs,
+            sessions: Mutex::new(Sessions::default()),
+            tasks,
+            finished,
+            version: AtomicU64::new(0),
+            updating: AtomicBool::new(false),
+            refuse_while_updating: false,
+            counters: Counters::default(),
+            addr: OnceLock::new(),
+        }
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn base_url(&self, session: &str) -> String {
+        match self.addr.get() {
+            Some(addr) => format!("http://{addr}/sessions/{session}/v1"),
+            None => format!("/sessions/{session}/v1"),
+        }
+    }
+
+    /// `/status`'s body.
+    pub fn status(&self) -> Value {
+        let c = &self.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let s = self.sessions();
+        json!({
+            "model": self.model,
+            "version": self.version.load(Ordering::Relaxed),
+            "updating": self.updating.load(Ordering::Relaxed),
+            "sessions": {"open": s.len(), "opened": s.opened, "ended": s.ended},
+            "calls": n(&c.calls),
+            "session_calls": n(&c.session_calls),
+            "extended_calls": n(&c.extended),
+            "drifts": n(&c.drifts),
+            "malformed_tool_calls": n(&c.malformed_calls),
+            "abandoned_calls": n(&c.abandoned),
+            "refused_while_updating": n(&c.refused_updating),
+            "failed_calls": n(&c.failed),
+            "bad_requests": n(&c.bad_requests),
+            "sampled_tokens": n(&c.sampled_tokens),
+        })
+    }
+}
+
+/// The routes, without a listener (tests call it in process).
+pub fn router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_anywhere))
+        .route("/sessions/{id}/v1/chat/completions", post(chat_in_session))
+        .route("/v1/completions", post(complete_anywhere))
+        .route("/sessions/{id}/v1/completions", post(complete_in_session))
+        .route("/v1/models", get(models))
+        .route("/sessions/{id}/v1/models", get(models))
+        .route("/rl/tasks/next", post(next_task))
+        .route("/rl/sessions", post(open_session))
+        .route("/sessions/{id}", get(show_session))
+        .route("/sessions/{id}/reward", post(reward))
+        .route("/sessions/{id}/end", post(end))
+        .route("/status", get(status))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(gw)
+}
+
+fn error(e: ApiError) -> Response {
+    let mut r = (
+        StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        axum::Json(e.body()),
+    )
+        .into_response();
+    if let Some(s) = e.retry_after_s {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}
+
+fn status_error(status: u16, kind: &'static str, message: String) -> ApiError {
+    ApiError {
+        status,
+        message,
+        kind,
+        param: None,
+        code: None,
+        retry_after_s: None,
+    }
+}
+
+fn session_error(e: SessionError) -> ApiError {
+    match e {
+        SessionError::Unknown(_) => ApiError {
+            code: Some("session_not_found"),
+            ..status_error(404, "invalid_request_error", e.to_string())
+        },
+        SessionError::Misuse(_) => ApiError {
+            code: Some("session_busy"),
+            ..status_error(409, "invalid_request_error", e.to_string())
+        },
+    }
+}
+
+async fn not_found() -> Response {
+    error(status_error(
+        404,
+        "invalid_request_error",
+        "no such route: the gateway serves /v1/chat/completions, /v1/completions, /v1/models \
+         (also under /sessions/{id}/v1), /rl/tasks/next, /rl/sessions, /sessions/{id}[/reward|/end] \
+         and /status"
+            .into(),
+    ))
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The session a call belongs to: the path's, else an `Authorization: Bearer sess_…` key
+/// (any other key is a call outside sessions).
+fn session_of(path: Option<String>, headers: &HeaderMap) -> Option<String> {
+    path.or_else(|| {
+        let auth = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+        let key = auth.strip_prefix("Bearer ")?.trim();
+        key.starts_with("sess_").then(|| key.to_string())
+    })
+}
+
+async fn models(State(gw): State<Arc<Gateway>>) -> Response {
+    axum::Json(model_list(vec![ModelCard {
+        id: gw.model.clone(),
+        object: "model",
+        created: now_s(),
+        owned_by: "rlhost",
+    }]))
+    .into_response()
+}
+
+async fn status(State(gw): State<Arc<Gateway>>) -> Response {
+    axum::Json(gw.status()).into_response()
+}
+
+async fn chat_anywhere(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let session = session_of(None, &headers);
+    chat(gw, session, body).await
+}
+
+async fn chat_in_session(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    chat(gw, Some(id), body).await
+}
+
+async fn complete_anywhere(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let session = session_of(None, &headers);
+    complete(gw, session, body).await
+}
+
+async fn complete_in_session(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    complete(gw, Some(id), body).await
+}
+
+/// A session's call in progress: abandoned when dropped unfinished (the client went
+/// away, the request failed), so the session can take its next call.
+struct CallGuard {
+    gw: Arc<Gateway>,
+    session: Option<String>,
+    done: bool,
+}
+
+impl CallGuard {
+    /// Places `prompt` in the session (when there is one).
+    fn begin(
+        gw: &Arc<Gateway>,
+        session: Option<String>,
+        prompt: &[u32],
+    ) -> Result<CallGuard, ApiError> {
+        gw.counters.calls.fetch_add(1, Ordering::Relaxed);
+        if let Some(id) = &session {
+            let mut sessions = gw.sessions();
+            let open = sessions.get_mut(id).map_err(session_error)?;
+            let placed = open
+                .record
+                .begin_call(prompt)
+                .map_err(|why| session_error(SessionError::Misuse(why)))?;
+            open.calls += 1;
+            open.last_call = std::time::Instant::now();
+            gw.counters.session_calls.fetch_add(1, Ordering::Relaxed);
+            match placed {
+                super::record::Placed::Drifted(_) => {
+                    gw.counters.drifts.fetch_add(1, Ordering::Relaxed);
+                }
+                super::record::Placed::Extended { .. } => {
+                    gw.counters.extended.fetch_add(1, Ordering::Relaxed);
+                }
+                super::record::Placed::First => {}
+            }
+        }
+        Ok(CallGuard {
+            gw: gw.clone(),
+            session,
+            done: false,
+        })
+    }
+
+    /// Records choice 0's ids and log-probs, and the transcript.
+    fn finish(&mut self, c: &Completion, version: u64, transcript: Option<Vec<Message>>) {
+        self.done = true;
+        let Some(id) = &self.session else { return };
+        let mut sessions = self.gw.sessions();
+        if let Ok(open) = sessions.get_mut(id) {
+            if let Err(why) = open.record.finish_call(&c.tokens, &c.logprobs, version) {
+                tracing::warn!("gateway: session {id}: {why}");
+            }
+            if let Some(t) = transcript {
+                open.transcript = t;
+            }
+        }
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Some(id) = &self.session {
+            self.gw.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            if let Ok(open) = self.gw.sessions().get_mut(id) {
+                open.record.abandon_call();
+            }
+        }
+    }
+}
+
+/// The checks every sampling call shares: the model's name and the update pause.
+fn admit(gw: &Gateway, model: Option<&str>) -> Result<(), ApiError> {
+    if let Some(m) = model
+        && m != gw.model
+    {
+        return Err(ApiError::model_not_found(m, &gw.model));
+    }
+    if gw.refuse_while_updating && gw.updating.load(Ordering::Acquire) {
+        gw.counters.refused_updating.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::updating(5));
+    }
+    Ok(())
+}
+
+/// `max_tokens` within the room the context leaves after the prompt (the whole room when
+/// not given).
+fn room(
+    gw: &Gateway,
+    prompt: usize,
+    max_tokens: Option<usize>,
+    param: &str,
+) -> Result<usize, ApiError> {
+    let room = gw.renderer.context.saturating_sub(prompt);
+    match max_tokens {
+        None => Ok(room),
+        Some(n) if n <= room => Ok(n),
+        Some(n) => Err(ApiError::invalid(
+            param,
+            format!(
+                "`{param}` is {n}, but the prompt has {prompt} tokens and the model's context is {}: at most {room}",
+                gw.renderer.context
+            ),
+        )),
+    }
+}
+
+/// Queues a request; its events come on the returned channel.
+fn submit(gw: &Gateway, request: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+    let (tx, rx) = unbounded_channel();
+    gw.jobs.send(Job { request, tx }).map_err(|_| {
+        status_error(
+            503,
+            "server_error",
+            "the model's sampler has stopped (the run is ending)".into(),
+        )
+    })?;
+    Ok(rx)
+}
+
+/// One choice's tokens as they came.
+#[derive(Default)]
+struct Gathered {
+    tokens: Vec<Token>,
+    done: Option<(Completion, u64)>,
+}
+
+/// Waits for every choice of a request.
+async fn gather(mut rx: UnboundedReceiver<Event>, n: usize) -> Result<Vec<Gathered>, ApiError> {
+    let mut out: Vec<Gathered> = (0..n).map(|_| Gathered::default()).collect();
+    let mut left = n;
+    while left > 0 {
+        match rx.recv().await {
+            Some(Event::Token(t)) => out[t.choice].tokens.push(t),
+            Some(Event::Done {
+                choice,
+                completion,
+                version,
+            }) => {
+                out[choice].done = Some((completion, version));
+                left -= 1;
+            }
+            Some(Event::Failed(why)) => return Err(status_error(500, "server_error", why)),
+            None => {
+                return Err(status_error(
+                    500,
+                    "server_error",
+                    "the sampler dropped the request".into(),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn params(
+    gw: &Gateway,
+    temperature: f64,
+    top_p: f64,
+    max: usize,
+    stop: Vec<String>,
+    seed: Option<u64>,
+) -> SamplingParams {
+    SamplingParams {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        max_new_tokens: max,
+        stop_token_ids: gw.renderer.eos_token_ids.clone(),
+        stop_strings: stop,
+        seed: seed.unwrap_or_else(rand::random),
+        ..SamplingParams::default()
+    }
+}
+
+async fn chat(gw: Arc<Gateway>, session: Option<String>, body: Bytes) -> Response {
+    match chat_inner(gw.clone(), session, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status == 400 {
+                gw.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+            }
+            error(e)
+        }
+    }
+}
+
+async fn chat_inner(
+    gw: Arc<Gateway>,
+    session: Option<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req = ChatRequest::parse(&body)?;
+    admit(&gw, req.model.as_deref())?;
+    let prompt = gw.renderer.prompt(&req)?;
+    let max = room(&gw, prompt.len(), req.max_tokens, "max_tokens")?;
+    let request = Request {
+        prompt: prompt.clone(),
+        n: req.n,
+        params: params(
+            &gw,
+            req.temperature,
+            req.top_p,
+            max,
+            req.stop.clone(),
+            req.seed,
+        ),
+        index: 0,
+        top_logprobs: req.logprobs.unwrap_or(0),
+    };
+    let guard = CallGuard::begin(&gw, session, &prompt)?;
+    let rx = submit(&gw, request)?;
+    let id = format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32);
+    if req.stream {
+        return Ok(stream_chat(gw, req, rx, guard, id, prompt.len()));
+    }
+    let mut guard = guard;
+    let gathered = gather(rx, req.n).await.inspect_err(|_| {
+        gw.counters.failed.fetch_add(1, Ordering::Relaxed);
+    })?;
+    let mut choices = Vec::with_capacity(req.n);
+    let mut completion_tokens = 0;
+    for (index, g) in gathered.iter().enumerate() {
+        let (c, version) = g.done.as_ref().expect("gathered until done");
+        completion_tokens += c.tokens.len();
+        let answer = gw.renderer.answer(&req, &c.tokens, &c.finish);
+        gw.counters
+            .malformed_calls
+            .fetch_add(answer.malformed_calls as u64, Ordering::Relaxed);
+        if index == 0 {
+            guard.finish(c, *version, Some(transcript(&req, &answer)));
+        }
+        choices.push(Choice {
+            index,
+            logprobs: req.logprobs.map(|_| logprobs(&gw, &g.tokens, &c.finish)),
+            message: answer.message,
+            finish_reason: answer.finish_reason,
+        });
+    }
+    gw.counters
+        .sampled_tokens
+        .fetch_add(completion_tokens as u64, Ordering::Relaxed);
+    let body = ChatCompletion {
+        id,
+        object: "chat.completion",
+        created: now_s(),
+        model: gw.model.clone(),
+        choices,
+        usage: Usage {
+            prompt_tokens: prompt.len(),
+            completion_tokens,
+            total_tokens: prompt.len() + completion_tokens,
+        },
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+/// The conversation so far as reward plugins read it: the request's messages and the
+/// answer.
+fn transcript(req: &ChatRequest, answer: &Answer) -> Vec<Message> {
+    let mut out: Vec<Message> = req
+        .messages
+        .iter()
+        .map(|m| Message {
+            role: m.role.template_role().to_string(),
+            content: m.text().unwrap_or_default(),
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .flatten()
+                .map(|c| {
+                    MessageToolCall::new(
+                        c.id.clone(),
+                        c.function.name.clone(),
+                        serde_json::from_str(&c.function.arguments)
+                            .unwrap_or_else(|_| json!(c.function.arguments)),
+                    )
+                })
+                .collect(),
+            tool_call_id: m.tool_call_id.clone(),
+        })
+        .collect();
+    out.push(Message {
+        role: "assistant".into(),
+        content: answer.message.content.clone().unwrap_or_default(),
+        tool_calls: answer
+            .message
+            .tool_calls
+            .iter()
+            .map(|c| {
+                MessageToolCall::new(
+                    c.id.clone(),
+                    c.function.name.clone(),
+                    serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null),
+                )
+            })
+            .collect(),
+        tool_call_id: None,
+    });
+    out
+}
+
+/// A choice's `logprobs`: every sampled token but an end-of-turn one.
+fn logprobs(gw: &Gateway, tokens: &[Token], finish: &Finish) -> ChoiceLogprobs {
+    let shown = match finish {
+        Finish::StopToken(_) => tokens.len().saturating_sub(1),
+        _ => tokens.len(),
+    };
+    ChoiceLogprobs {
+        content: tokens[..shown]
+            .iter()
+            .map(|t| token_logprob(gw, t))
+            .collect(),
+        refusal: None,
+    }
+}
+
+fn token_logprob(gw: &Gateway, t: &Token) -> TokenLogprob {
+    let (token, bytes) = gw.renderer.token_text(t.id);
+    TokenLogprob {
+        token,
+        logprob: t.logp,
+        bytes,
+        top_logprobs: t
+            .top
+            .iter()
+            .map(|&(id, logprob)| {
+                let (token, bytes) = gw.renderer.token_text(id);
+                TopLogprob {
+                    token,
+                    logprob,
+                    bytes,
+                }
+            })
+            .collect(),
+    }
+}
+
+/// One streamed choice's state.
+struct Streamed {
+    /// Text decoded so far (end-of-turn tokens left out) and how much of it was sent.
+    text: String,
+    sent: usize,
+    /// Tokens whose log-probs are not sent yet.
+    unsent: Vec<Token>,
+    done: bool,
+}
+
+/// Streams a chat answer as server-sent events. Text goes out as it is decoded, less the
+/// tail a stop string could still claim; with `tools` a choice's answer goes out whole
+/// when it ends (its calls are read from the complete text).
+fn stream_chat(
+    gw: Arc<Gateway>,
+    req: ChatRequest,
+    rx: UnboundedReceiver<Event>,
+    guard: CallGuard,
+    id: String,
+    prompt_len: usize,
+) -> Response {
+    let created = now_s();
+    let holdback = req.stop.iter().map(String::len).max().unwrap_or(1) - 1;
+    let buffered = !req.tools.is_empty() && gw.renderer.format.is_some();
+    let choices: Vec<Streamed> = (0..req.n)
+        .map(|_| Streamed {
+            text: String::new(),
+            sent: 0,
+            unsent: Vec::new(),
+            done: false,
+        })
+        .collect();
+    let chunk = {
+        let (id, model) = (id.clone(), gw.model.clone());
+        move |choice: ChunkChoice| {
+            Bytes::from(
+                ChatChunk {
+                    id: id.clone(),
+                    object: "chat.completion.chunk",
+                    created,
+                    model: model.clone(),
+                    choices: vec![choice],
+                    usage: None,
+                }
+                .event(),
+            )
+        }
+    };
+    // The role chunk of every choice first, as vLLM sends them.
+    let mut first: Vec<Bytes> = (0..req.n)
+        .map(|index| {
+            chunk(ChunkChoice {
+                index,
+                delta: Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                    tool_calls: Vec::new(),
+                },
+                logprobs: None,
+                finish_reason: None,
+            })
+        })
+        .collect();
+    first.reverse();
+    struct St {
+        gw: Arc<Gateway>,
+        req: ChatRequest,
+        rx: UnboundedReceiver<Event>,
+        guard: CallGuard,
+        choices: Vec<Streamed>,
+        queue: Vec<Bytes>,
+        completion_tokens: usize,
+        ended: bool,
+    }
+    let st = St {
+        gw,
+        req,
+        rx,
+        guard,
+        choices,
+        queue: first,
+        completion_tokens: 0,
+        ended: false,
+    };
+    let stream = futures_util::stream::unfold(st, move |mut st| {
+        let chunk = chunk.clone();
+        let id = id.clone();
+        async move {
+            loop {
+                if let Some(b) = st.queue.pop() {
+                    return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
+                }
+                if st.ended {
+                    return None;
+                }
+                let mut out: Vec<Bytes> = Vec::new();
+                match st.rx.recv().await {
+                    Some(Event::Token(t)) => {
+                        st.completion_tokens += 1;
+                        let c = &mut st.choices[t.choice];
+                        if !st.gw.renderer.eos_token_ids.contains(&t.id) {
+                            c.text.push_str(&t.text);
+                        }
+                        let index = t.choice;
+                        c.unsent.push(t);
+                        if !buffered {
+                            let mut upto = c.text.len().saturating_sub(holdback);
+                            while !c.text.is_char_boundary(upto) {
+                                upto -= 1;
+                            }
+                            if upto > c.sent {
+                                let delta = c.text[c.sent..upto].to_string();
+                                c.sent = upto;
+                                let lp = st.req.logprobs.map(|_| ChoiceLogprobs {
+                                    content: c
+                                        .unsent
+                                        .drain(..)
+                                        .map(|t| token_logprob(&st.gw, &t))
+                                        .collect(),
+                                    refusal: None,
+                                });
+                                out.push(chunk(ChunkChoice {
+                                    index,
+                                    delta: Delta {
+                                        content: Some(delta),
+                                        ..Delta::default()
+                                    },
+                                    logprobs: lp,
+                                    finish_reason: None,
+                                }));
+                            }
+                        }
+                    }
+                    Some(Event::Done {
+                        choice,
+                        completion,
+                        version,
+                    }) => {
+                        let gw = st.gw.clone();
+                        let answer =
+                            gw.renderer
+                                .answer(&st.req, &completion.tokens, &completion.finish);
+                        gw.counters
+                            .malformed_calls
+                            .fetch_add(answer.malformed_calls as u64, Ordering::Relaxed);
+                        if choice == 0 {
+                            st.guard.finish(
+                                &completion,
+                                version,
+                                Some(transcript(&st.req, &answer)),
+                            );
+                        }
+                        let c = &mut st.choices[choice];
+                        c.done = true;
+                        let lp = st.req.logprobs.map(|_| {
+                            let shown: Vec<Token> = c
+                                .unsent
+                                .drain(..)
+                                .filter(|t| !gw.renderer.eos_token_ids.contains(&t.id))
+                                .collect();
+                            ChoiceLogprobs {
+                                content: shown.iter().map(|t| token_logprob(&gw, t)).collect(),
+                                refusal: None,
+                            }
+                        });
+                        if buffered {
+                            let tool_calls: Vec<ToolCallDelta> = answer
+                                .message
+                                .tool_calls
+                                .iter()
+                                .enumerate()
+                                .map(|(i, call)| ToolCallDelta {
+                                    index: i,
+                                    id: Some(call.id.clone()),
+                                    kind: Some("function"),
+                                    function: FunctionDelta {
+                                        name: Some(call.function.name.clone()),
+                                        arguments: call.function.arguments.clone(),
+                                    },
+                                })
+                                .collect();
+                            out.push(chunk(ChunkChoice {
+                                index: choice,
+                                delta: Delta {
+                                    role: None,
+                                    content: answer.message.content.clone(),
+                                    tool_calls,
+                                },
+                                logprobs: lp,
+                                finish_reason: None,
+                            }));
+                        } else {
+                            // What is left of the final text (the held-back tail, less a
+                            // stop string).
+                            let rest = answer
+                                .message
+                                .content
+                                .as_deref()
+                                .and_then(|t| t.get(c.sent..))
+                                .unwrap_or("")
+                                .to_string();
+                            if !rest.is_empty()
+                                || lp.as_ref().is_some_and(|l| !l.content.is_empty())
+                            {
+                                out.push(chunk(ChunkChoice {
+                                    index: choice,
+                                    delta: Delta {
+                                        content: Some(rest),
+                                        ..Delta::default()
+                                    },
+                                    logprobs: lp,
+                                    finish_reason: None,
+                                }));
+                            }
+                        }
+                        out.push(chunk(ChunkChoice {
+                            index: choice,
+                            delta: Delta::default(),
+                            logprobs: None,
+                            finish_reason: Some(answer.finish_reason),
+                        }));
+                        if st.choices.iter().all(|c| c.done) {
+                            st.gw
+                                .counters
+                                .sampled_tokens
+                                .fetch_add(st.completion_tokens as u64, Ordering::Relaxed);
+                            if st.req.include_usage {
+                                out.push(Bytes::from(
+                                    ChatChunk {
+                                        id: id.clone(),
+                                        object: "chat.completion.chunk",
+                                        created,
+                                        model: st.gw.model.clone(),
+                                        choices: Vec::new(),
+                                        usage: Some(Usage {
+                                            prompt_tokens: prompt_len,
+                                            completion_tokens: st.completion_tokens,
+                                            total_tokens: prompt_len + st.completion_tokens,
+                                        }),
+                                    }
+                                    .event(),
+                                ));
+                            }
+                            out.push(Bytes::from_static(DONE_EVENT.as_bytes()));
+                            st.ended = true;
+                        }
+                    }
+                    Some(Event::Failed(why)) => {
+                        st.gw.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        let e = status_error(500, "server_error", why);
+                        out.push(Bytes::from(format!("data: {}\n\n", e.body())));
+                        out.push(Bytes::from_static(DONE_EVENT.as_bytes()));
+                        st.ended = true;
+                    }
+                    None => {
+                        st.ended = true;
+                    }
+                }
+                out.reverse();
+                st.queue = out;
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("a valid response")
+}
+
+/// `POST /v1/completions`: a text prompt, or token ids, or a list of either.
+async fn complete(gw: Arc<Gateway>, session: Option<String>, body: Bytes) -> Response {
+    match complete_inner(gw.clone(), session, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status == 400 {
+                gw.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+            }
+            error(e)
+        }
+    }
+}
+
+async fn complete_inner(
+    gw: Arc<Gateway>,
+    session: Option<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req = super::wire::CompletionRequest::parse(&body, gw.renderer.tokenizer.vocab_size())?;
+    admit(&gw, req.model.as_deref())?;
+    if req.prompts.len() > 1 && session.is_some() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "a session's call has one prompt (its trajectory continues from one)",
+        ));
+    }
+    let mut prompts = Vec::with_capacity(req.prompts.len());
+    for (i, p) in req.prompts.iter().enumerate() {
+        let ids = match p {
+            super::wire::Prompt::Ids(ids) => ids.clone(),
+            super::wire::Prompt::Text(t) => {
+                gw.renderer.tokenizer.encode_raw_prompt(t).map_err(|e| {
+                    ApiError::invalid(format!("prompt[{i}]"), format!("cannot tokenize it: {e:#}"))
+                })?
+            }
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                format!("prompt[{i}]"),
+                "the prompt is empty",
+            ));
+        }
+        if ids.len() >= gw.renderer.context {
+            return Err(ApiError::invalid(
+                format!("prompt[{i}]"),
+                format!(
+                    "the prompt has {} tokens and the model's context is {}",
+                    ids.len(),
+                    gw.renderer.context
+                ),
+            ));
+        }
+        prompts.push(ids);
+    }
+    let mut guard = CallGuard::begin(&gw, session, &prompts[0])?;
+    let mut receivers = Vec::with_capacity(prompts.len());
+    for (i, ids) in prompts.iter().enumerate() {
+        // OpenAI's default for completions is 16 tokens.
+        let max = match req.max_tokens {
+            Some(_) => room(&gw, ids.len(), req.max_tokens, "max_tokens")?,
+            None => room(&gw, ids.len(), None, "max_tokens")?.min(16),
+        };
+        let request = Request {
+            prompt: ids.clone(),
+            n: req.n,
+            params: params(
+                &gw,
+                req.temperature,
+                req.top_p,
+                max,
+                req.stop.clone(),
+                req.seed,
+            ),
+            index: i,
+            top_logprobs: req.logprobs.unwrap_or(0),
+        };
+        receivers.push(submit(&gw, request)?);
+    }
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0;
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let gathered = gather(rx, req.n).await.inspect_err(|_| {
+            gw.counters.failed.fetch_add(1, Ordering::Relaxed);
+        })?;
+        for (j, g) in gathered.iter().enumerate() {
+            let (c, version) = g.done.as_ref().expect("gathered until done");
+            completion_tokens += c.tokens.len();
+            if i == 0 && j == 0 {
+                guard.finish(c, *version, None);
+            }
+            let text = gw.renderer.text_of(&c.tokens, &c.finish);
+            let finish_reason = match c.finish {
+                Finish::Length => FinishReason::Length,
+                _ => FinishReason::Stop,
+            };
+            let logprobs = req.logprobs.map(|_| {
+                let shown: Vec<&Token> = g.tokens.iter().collect();
+                json!({
+                    "tokens": shown.iter().map(|t| gw.renderer.token_text(t.id).0).collect::<Vec<_>>(),
+                    "token_logprobs": shown.iter().map(|t| t.logp).collect::<Vec<_>>(),
+                    "top_logprobs": shown.iter().map(|t| t.top.iter().map(|&(id, lp)| (gw.renderer.token_text(id).0, lp)).collect::<BTreeMap<_, _>>()).collect::<Vec<_>>(),
+                    "text_offset": Value::Null,
+                })
+            });
+            choices.push(json!({
+                "index": i * req.n + j,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "token_ids": c.tokens,
+            }));
+        }
+    }
+    gw.counters
+        .sampled_tokens
+        .fetch_add(completion_tokens as u64, Ordering::Relaxed);
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    Ok(axum::Json(json!({
+        "id": format!("cmpl-{:024x}", rand::random::<u128>() >> 32),
+        "object": "text_completion",
+        "created": now_s(),
+        "model": gw.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }))
+    .into_response())
+}
+
+/// `POST /rl/tasks/next`: the next task of the run's dataset with a new session; the
+/// same task goes to G sessions in a row (its group).
+async fn next_task(State(gw): State<Arc<Gateway>>) -> Response {
+    let Some(tasks) = &gw.tasks else {
+        return error(status_error(
+            404,
+            "invalid_request_error",
+            "this gateway has no dataset to hand out: open sessions with POST /rl/sessions".into(),
+        ));
+    };
+    let task = {
+        let mut state = tasks.state.lock().await;
+        let (cursor, current) = &mut *state;
+        if current.as_ref().is_none_or(|(_, left)| *left == 0) {
+            let batch = match tasks.dataset.next_batch(cursor, 1).await {
+                Ok(b) => b,
+                Err(e) => {
+                    return error(status_error(
+                        500,
+                        "server_error",
+                        format!("the dataset failed: {e:#}"),
+                    ));
+                }
+            };
+            let Some((id, sample)) = batch.into_iter().next() else {
+                return error(status_error(
+                    500,
+                    "server_error",
+                    "the dataset is empty".into(),
+                ));
+            };
+            let group = gw.sessions().new_group();
+            *current = Some((
+                Task {
+                    id: Some(id),
+                    group,
+                    index: 0,
+                    group_size: tasks.group_size,
+                    sample,
+                },
+                tasks.group_size,
+            ));
+        }
+        let (task, left) = current.as_mut().expect("set above");
+        let mut handed = task.clone();
+        handed.index = tasks.group_size - *left;
+        *left -= 1;
+        handed
+    };
+    opened(&gw, task)
+}
+
+/// A new session's answer: its id (also its API key), its base URL and its task.
+fn opened(gw: &Arc<Gateway>, task: Task) -> Response {
+    let body = json!({
+        "task": {"id": task.id, "messages": task.sample.messages, "metadata": task.sample.metadata},
+        "group": {"id": task.group, "index": task.index, "size": task.group_size},
+        "model": gw.model,
+    });
+    let id = gw.sessions().open(task);
+    let mut body = body;
+    body["session_id"] = json!(id);
+    body["api_key"] = json!(id);
+    body["base_url"] = json!(gw.base_url(&id));
+    (StatusCode::CREATED, axum::Json(body)).into_response()
+}
+
+/// `POST /rl/sessions`: a session for a task the agent brings (`messages`, `metadata`,
+/// both optional), in a group of its own.
+async fn open_session(State(gw): State<Arc<Gateway>>, body: Bytes) -> Response {
+    let v: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
+        }
+    };
+    let messages: Vec<Message> = match v.get("messages") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(m) => match serde_json::from_value(m.clone()) {
+            Ok(m) => m,
+            Err(e) => return error(ApiError::invalid("messages", format!("`messages`: {e}"))),
+        },
+    };
+    let metadata = v.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    if !metadata.is_object() {
+        return error(ApiError::invalid(
+            "metadata",
+            "`metadata` must be an object",
+        ));
+    }
+    let group = gw.sessions().new_group();
+    opened(
+        &gw,
+        Task {
+            id: None,
+            group,
+            index: 0,
+            group_size: 1,
+            sample: Sample { messages, metadata },
+        },
+    )
+}
+
+/// `GET /sessions/{id}`: the recording so far.
+async fn show_session(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
+    let sessions = gw.sessions();
+    match sessions.get(&id) {
+        Ok(open) => axum::Json(json!({
+            "session_id": id,
+            "task": open.task,
+            "rows": open.record.rows,
+            "drifts": open.record.drifts,
+            "reward": open.reward,
+            "calls": open.calls,
+        }))
+        .into_response(),
+        Err(e) => error(session_error(e)),
+    }
+}
+
+/// `POST /sessions/{id}/reward`.
+async fn reward(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, body: Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
+    };
+    let r: Reward = match read_reward(&v) {
+        Ok(r) => r,
+        Err(why) => return error(ApiError::invalid("reward", why)),
+    };
+    let mut sessions = gw.sessions();
+    match sessions.get_mut(&id) {
+        Ok(open) => {
+            open.reward = Some(r.clone());
+            axum::Json(json!({"session_id": id, "reward": r})).into_response()
+        }
+        Err(e) => error(session_error(e)),
+    }
+}
+
+/// `POST /sessions/{id}/end` (a body may carry the reward too).
+async fn end(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, body: Bytes) -> Response {
+    if !body.is_empty() {
+        let v: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
+        };
+        if v.get("reward").is_some() || v.get("rewards").is_some() {
+            match read_reward(&v) {
+                Ok(r) => {
+                    if let Ok(open) = gw.sessions().get_mut(&id) {
+                        open.reward = Some(r);
+                    }
+                }
+                Err(why) => return error(ApiError::invalid("reward", why)),
+            }
+        }
+    }
+    let finished = match gw.sessions().end(&id) {
+        Ok(f) => f,
+        Err(e) => return error(session_error(e)),
+    };
+    let body = json!({
+        "session_id": id,
+        "rows": finished.rows.len(),
+        "drifts": finished.drifts.len(),
+        "sampled_tokens": finished.rows.iter().map(|r| r.sampled()).sum::<usize>(),
+        "reward": finished.reward,
+    });
+    if gw.finished.send(finished).is_err() {
+        tracing::warn!("gateway: session {id} ended after the run stopped taking sessions");
+    }
+    axum::Json(body).into_response()
+}
+
+/// Connections served at once: agents hold one each while their calls are sampled; past
+/// this the oldest idle one is closed to admit a new one (or the new one waits).
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Binds `addr` now (a taken port is an error before anything loads) and serves the
+/// routes on a runtime of their own, on two threads; returns the bound address.
+pub fn spawn(gw: Arc<Gateway>, addr: &str, max_connections: usize) -> anyhow::Result<SocketAddr> {
+    use anyhow::Context;
+    let listener = std::net::TcpListener::bind(addr).with_context(|| {
+        format!("cannot listen on {addr} (is the port taken? `127.0.0.1:0` picks a free one)")
+    })?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let _ = gw.addr.set(local);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rlhost-gateway")
+        .enable_all()
+        .build()
+        .context("cannot start the gateway's runtime")?;
+    std::thread::Builder::new()
+        .name("rlhost-gateway".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        crate::status::server::serve(
+                            listener,
+                            router(gw),
+                            max_connections,
+                            crate::status::server::HEADER_TIMEOUT,
+                        )
+                        .await
+                    }
+                    Err(e) => tracing::error!("gateway: {e}"),
+                }
+            })
+        })
+        .context("cannot start the gateway's thread")?;
+    Ok(local)
+}

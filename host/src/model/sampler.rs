@@ -1,0 +1,439 @@
+//! Continuous batching: a [`Sampler`] takes requests whenever they come and decodes every
+//! live one in the same forward, one token a step. A request joins at the next step
+//! (its prompt prefilled in the same packed forward as the others' next tokens), its `n`
+//! choices fork the prompt's cache, and each token goes to the request's [`Sink`] as it
+//! is drawn, so a caller can stream it or stop listening (the choice is dropped at the
+//! next step: a client that hangs up costs nothing more).
+//!
+//! It is the sampler behind the gateway (`gateway/serve.rs`, requests from many HTTP
+//! sessions) and behind [`generate`](super::generate::generate), which admits its prompts
+//! at once and steps until they are done. Choice `j` of a request draws from a generator
+//! seeded by `(params.seed, request.index, j)` only, so its tokens do not depend on what
+//! else is in the batch.
+
+use super::decoder::Model;
+use super::generate::{Completion, Finish, Sequence, advance, draw, sample_seed, stop_check};
+use super::lora::Mode;
+use super::sample::SamplingParams;
+use super::tokenizer::{IncrementalDecoder, Tokenizer};
+use anyhow::Result;
+
+/// What to sample.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Choices, sharing the prompt's prefill.
+    pub n: usize,
+    pub params: SamplingParams,
+    /// The request's place in its caller's numbering: choice `j` is seeded by
+    /// `sample_seed(params.seed, index, j)`.
+    pub index: usize,
+    /// With each token, the log-probs of the `top_logprobs` likeliest (0: none).
+    pub top_logprobs: usize,
+}
+
+/// One drawn token of one choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Token {
+    pub choice: usize,
+    pub id: u32,
+    /// Its log-prob under the sampling temperature (see `sample.rs`).
+    pub logp: f32,
+    /// The text it completes (empty while a character is still incomplete).
+    pub text: String,
+    /// The likeliest tokens and their log-probs, most likely first, when asked for.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Where a request's tokens go, on the sampler's thread.
+pub trait Sink: Send {
+    /// A token was drawn. `false`: the caller stopped listening; the choice is dropped.
+    fn token(&mut self, token: Token) -> bool;
+    /// A choice ended (its text cut after a stop string, as `generate` cuts it).
+    fn done(&mut self, choice: usize, completion: Completion);
+    /// The model failed on this request (the message names why); nothing more comes.
+    fn failed(&mut self, message: &str);
+}
+
+/// A token's likeliest alternatives, with their log-probs.
+type Tops = Vec<(u32, f32)>;
+
+/// A request being sampled.
+struct Live<'t> {
+    request: Request,
+    sink: Box<dyn Sink + 't>,
+    /// Until its prompt is prefilled, one head; then its `n` choices.
+    head: Option<Sequence>,
+    choices: Vec<Choice<'t>>,
+}
+
+struct Choice<'t> {
+    index: usize,
+    seq: Sequence,
+    dec: IncrementalDecoder<'t>,
+    /// Dropped: the sink stopped listening.
+    gone: bool,
+}
+
+/// The continuous-batching sampler over one model.
+pub struct Sampler<'t> {
+    model: &'t Model,
+    tokenizer: &'t Tokenizer,
+    mode: Mode<'t>,
+    live: Vec<Live<'t>>,
+    /// Forwards run so far (each step's one packed forward).
+    pub forwards: u64,
+}
+
+impl<'t> Sampler<'t> {
+    pub fn new(model: &'t Model, tokenizer: &'t Tokenizer, mode: Mode<'t>) -> Sampler<'t> {
+        Sampler {
+            model,
+            tokenizer,
+            mode,
+            live: Vec::new(),
+            forwards: 0,
+        }
+    }
+
+    /// Takes a request; it joins the next [`step`](Self::step). A request that cannot be
+    /// sampled (empty prompt, bad parameters, no room in the context) fails at once
+    /// through its sink.
+    pub fn admit(&mut self, request: Request, mut sink: Box<dyn Sink + 't>) {
+        let context = self.model.cfg.max_position_embeddings;
+        let refused = if request.prompt.is_empty() {
+            Some("the prompt is empty".to_string())
+        } else if request.n == 0 {
+            Some("n must be at least 1".to_string())
+        } else if request.prompt.len() >= context {
+            Some(format!(
+                "the prompt has {} tokens and the model's context is {context}: no room to sample",
+                request.prompt.len()
+            ))
+        } else {
+            request.params.validate().err().map(|e| e.to_string())
+        };
+        if let Some(why) = refused {
+            sink.failed(&why);
+            return;
+        }
+        let head = Sequence::new(self.model, request.prompt.clone(), 0);
+        self.live.push(Live {
+            request,
+            sink,
+            head: Some(head),
+            choices: Vec::new(),
+        });
+    }
+
+    /// Requests not yet finished.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// One step: one packed forward over every new prompt and every live choice's last
+    /// token, then one token drawn for each choice and handed to its sink. A model error
+    /// fails every request that was in the forward (their sinks are told) and is returned.
+    pub fn step(&mut self) -> Result<()> {
+        self.live
+            .retain(|l| l.head.is_some() || !l.choices.is_empty());
+        if self.live.is_empty() {
+            return Ok(());
+        }
+        let forward = {
+            let mut seqs: Vec<&mut Sequence> = Vec::new();
+            for l in self.live.iter_mut() {
+                if let Some(head) = &mut l.head {
+                    seqs.push(head);
+                }
+                seqs.extend(l.choices.iter_mut().filter(|c| !c.gone).map(|c| &mut c.seq));
+            }
+            advance(self.model, &mut seqs, self.mode)
+        };
+        self.forwards += 1;
+        if let Err(e) = forward {
+            let message = format!("the model failed: {e:#}");
+            for l in self.live.drain(..) {
+                let mut sink = l.sink;
+                sink.failed(&message);
+            }
+            return Err(e);
+        }
+        let (model, tokenizer) = (self.model, self.tokenizer);
+        let context = model.cfg.max_position_embeddings;
+        for l in self.live.iter_mut() {
+            if let Some(mut head) = l.head.take() {
+                let r = &l.request;
+                l.choices = (0..r.n)
+                    .map(|j| Choice {
+                        index: j,
+                        seq: head.fork(sample_seed(r.params.seed, r.index, j)),
+                        dec: IncrementalDecoder::new(tokenizer, false),
+                        gone: false,
+                    })
+                    .collect();
+            }
+        }
+        // The likeliest tokens are read before the draw takes the logits.
+        let mut tops: Vec<Result<Vec<Tops>>> = Vec::with_capacity(self.live.len());
+        for l in &self.live {
+            let (k, t) = (l.request.top_logprobs, l.request.params.temperature);
+            tops.push(
+                l.choices
+                    .iter()
+                    .map(|c| {
+                        if k == 0 {
+                            Ok(Vec::new())
+                        } else {
+                            c.seq.top_logprobs(k, t)
+                        }
+                    })
+                    .collect(),
+            );
+        }
+        // Where the logits are on a GPU, one draw for every request with the same
+        // parameters (`generate`'s prompts share theirs: one draw a step, as before).
+        let mut drawn = vec![false; self.live.len()];
+        for i in 0..self.live.len() {
+            if drawn[i] {
+                continue;
+            }
+            let params = self.live[i].request.params.clone();
+            let mut seqs: Vec<&mut Sequence> = Vec::new();
+            for (l, d) in self.live.iter_mut().zip(drawn.iter_mut()) {
+                if !*d && l.request.params == params {
+                    *d = true;
+                    seqs.extend(l.choices.iter_mut().map(|c| &mut c.seq));
+                }
+            }
+            if let Err(e) = draw(&mut seqs, &params) {
+                let message = format!("sampling failed: {e:#}");
+                for l in self.live.iter_mut().filter(|l| l.request.params == params) {
+                    l.sink.failed(&message);
+                    l.choices.clear();
+                }
+            }
+        }
+        for (l, tops) in self.live.iter_mut().zip(tops) {
+            if l.choices.is_empty() {
+                continue;
+            }
+            if let Err(e) = tops.and_then(|tops| Self::take(l, tops, context)) {
+                l.sink.failed(&format!("sampling failed: {e:#}"));
+                l.choices.clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the drawn token of each of a request's choices, tells its sink, and ends
+    /// the choices that stop.
+    fn take(l: &mut Live<'t>, tops: Vec<Tops>, context: usize) -> Result<()> {
+        let params = &l.request.params;
+        for (c, top) in l.choices.iter_mut().zip(tops) {
+            let (id, logp) = c.seq.sample_next(params)?;
+            let text = c.dec.push(id)?.unwrap_or_default();
+            let mut finish = stop_check(&c.seq, &c.dec, id, params);
+            if finish.is_none() && c.seq.tokens.len() >= context {
+                finish = Some(Finish::Length);
+            }
+            let token = Token {
+                choice: c.index,
+                id,
+                logp,
+                text,
+                top,
+            };
+            if !l.sink.token(token) {
+                c.gone = true;
+                continue;
+            }
+            if let Some(finish) = finish {
+                c.seq.finish = Some(finish);
+                c.dec.flush()?;
+                let completion = completion_of(&c.seq, &c.dec);
+                l.sink.done(c.index, completion);
+                c.gone = true;
+            }
+        }
+        l.choices.retain(|c| !c.gone);
+        Ok(())
+    }
+}
+
+/// A finished choice as [`generate`](super::generate::generate) returns it.
+pub(crate) fn completion_of(seq: &Sequence, dec: &IncrementalDecoder) -> Completion {
+    let mut text = dec.text().to_string();
+    if let Some(Finish::StopString(stop)) = &seq.finish
+        && let Some(at) = text.find(stop.as_str())
+    {
+        text.truncate(at + stop.len());
+    }
+    Completion {
+        tokens: seq.completion().to_vec(),
+        logprobs: seq.logprobs.iter().map(|l| l.unwrap_or(f32::NAN)).collect(),
+        text,
+        finish: seq.finish.clone().unwrap_or(Finish::Length),
+    }
+}
+
+/// A sink that keeps finished choices in order (for [`generate`](super::generate::generate)).
+pub(crate) struct Collect<'a> {
+    pub out: &'a std::sync::Mutex<Vec<Option<Completion>>>,
+    pub failed: &'a std::sync::Mutex<Option<String>>,
+}
+
+impl Sink for Collect<'_> {
+    fn token(&mut self, _: Token) -> bool {
+        true
+    }
+
+    fn done(&mut self, choice: usize, completion: Completion) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        out[choice] = Some(completion);
+    }
+
+    fn failed(&mut self, message: &str) {
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        failed.get_or_insert_with(|| message.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures;
+    use crate::model::generate::generate;
+    use std::sync::{Arc, Mutex};
+
+    /// Tokens and finishes as a sink saw them; `listen` false hangs up after one token.
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<(Vec<Token>, Vec<Completion>, Option<String>)>>);
+
+    struct Probe {
+        seen: Seen,
+        listen: bool,
+    }
+
+    impl Sink for Probe {
+        fn token(&mut self, t: Token) -> bool {
+            self.seen.0.lock().unwrap().0.push(t);
+            self.listen
+        }
+        fn done(&mut self, _: usize, c: Completion) {
+            self.seen.0.lock().unwrap().1.push(c);
+        }
+        fn failed(&mut self, m: &str) {
+            self.seen.0.lock().unwrap().2 = Some(m.to_string());
+        }
+    }
+
+    fn request(prompt: Vec<u32>, seed: u64, top: usize) -> Request {
+        Request {
+            prompt,
+            n: 1,
+            params: SamplingParams {
+                temperature: 1.0,
+                max_new_tokens: 10,
+                seed,
+                ..SamplingParams::default()
+            },
+            index: 0,
+            top_logprobs: top,
+        }
+    }
+
+    /// A request that joins while another decodes samples what it samples alone, and
+    /// the first is not disturbed; one whose listener hangs up is dropped; its likeliest
+    /// tokens' log-probs hold the drawn token's when it is among them.
+    #[test]
+    fn requests_join_and_leave_a_running_batch() {
+        let dir = fixtures::model_dir("qwen2");
+        let (model, tok) = (fixtures::load("qwen2"), Tokenizer::from_dir(&dir).unwrap());
+        let (a, b) = (vec![1, 2, 3, 4], vec![7, 8]);
+        let alone = |p: &Vec<u32>, seed| {
+            let params = request(p.clone(), seed, 0).params;
+            generate(
+                &model,
+                &tok,
+                std::slice::from_ref(p),
+                1,
+                &params,
+                Mode::INFERENCE,
+            )
+            .unwrap()
+            .remove(0)
+            .remove(0)
+        };
+        let mut sampler = Sampler::new(&model, &tok, Mode::INFERENCE);
+        let (sa, sb, sc) = (Seen::default(), Seen::default(), Seen::default());
+        let probe = |seen: &Seen, listen| {
+            Box::new(Probe {
+                seen: seen.clone(),
+                listen,
+            })
+        };
+        sampler.admit(request(a.clone(), 11, 3), probe(&sa, true));
+        sampler.admit(request(a.clone(), 5, 0), probe(&sc, false));
+        for _ in 0..3 {
+            sampler.step().unwrap();
+        }
+        assert_eq!(
+            sc.0.lock().unwrap().0.len(),
+            1,
+            "a hung-up request decodes on"
+        );
+        sampler.admit(request(b.clone(), 12, 0), probe(&sb, true));
+        while !sampler.is_empty() {
+            sampler.step().unwrap();
+        }
+        for (seen, prompt, seed) in [(&sa, &a, 11), (&sb, &b, 12)] {
+            let seen = seen.0.lock().unwrap();
+            let want = alone(prompt, seed);
+            assert_eq!(seen.1[0].tokens, want.tokens);
+            assert_eq!(seen.0.iter().map(|t| t.id).collect::<Vec<_>>(), want.tokens);
+            for (x, y) in seen.1[0].logprobs.iter().zip(&want.logprobs) {
+                assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+            }
+        }
+        for t in &sa.0.lock().unwrap().0 {
+            assert_eq!(t.top.len(), 3);
+            assert!(t.top.windows(2).all(|w| w[0].1 >= w[1].1));
+            if let Some(&(_, lp)) = t.top.iter().find(|(id, _)| *id == t.id) {
+                assert!((lp - t.logp).abs() < 1e-5, "{lp} vs {}", t.logp);
+            }
+        }
+    }
+
+    /// What cannot be sampled fails through the sink, before any step.
+    #[test]
+    fn requests_that_cannot_be_sampled_fail_at_once() {
+        let dir = fixtures::model_dir("qwen2");
+        let (model, tok) = (fixtures::load("qwen2"), Tokenizer::from_dir(&dir).unwrap());
+        let mut sampler = Sampler::new(&model, &tok, Mode::INFERENCE);
+        let long = vec![1; model.cfg.max_position_embeddings];
+        for r in [
+            request(vec![], 0, 0),
+            request(long, 0, 0),
+            Request {
+                n: 0,
+                ..request(vec![1], 0, 0)
+            },
+        ] {
+            let seen = Seen::default();
+            sampler.admit(
+                r,
+                Box::new(Probe {
+                    seen: seen.clone(),
+                    listen: true,
+                }),
+            );
+            assert!(seen.0.lock().unwrap().2.is_some());
+        }
+        assert!(sampler.is_empty());
+    }
+}

@@ -1,0 +1,324 @@
+"""Drives `rlhost serve` with the official `openai` package (tests/integration/gateway.rs).
+
+Usage: client.py BASE_URL   (e.g. http://127.0.0.1:PORT; the routes are under /v1)
+
+Each check asserts what an agent written against the OpenAI API relies on; the first
+that fails ends the script with a message naming it. The RL routes (/rl/..., /sessions/...)
+are plain HTTP, called with the standard library as an agent would with any client.
+"""
+
+import json
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+BASE = sys.argv[1].rstrip("/")
+MODEL = "policy"
+
+# The units plugin's functions (plugins/units/tools.py), declared by the agent itself
+# as the model saw them in its warm start; add_days is run here, in Python.
+ALL_UNITS = sorted(["m", "km", "cm", "mm", "mi", "ft", "in", "yd", "kg", "g", "lb", "oz",
+                    "s", "min", "h", "day", "C", "F", "K"])
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "convert",
+        "description": "Convert a quantity between units of length, mass, time or temperature.",
+        "parameters": {"type": "object", "properties": {
+            "value": {"type": "number", "description": "The quantity."},
+            "from": {"type": "string", "enum": ALL_UNITS},
+            "to": {"type": "string", "enum": ALL_UNITS}},
+            "required": ["value", "from", "to"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add_days",
+        "description": "The date a number of days after (or before, if negative) a date given as YYYY-MM-DD.",
+        "parameters": {"type": "object", "properties": {
+            "date": {"type": "string", "description": "YYYY-MM-DD"},
+            "days": {"type": "integer", "minimum": -1000000, "maximum": 1000000}},
+            "required": ["date", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "exact",
+        "description": "Exact arithmetic on fractions: a op b with op one of + - * /, as a reduced fraction.",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "string", "description": "An integer or fraction, e.g. 3/4"},
+            "op": {"type": "string", "enum": ["+", "-", "*", "/"]},
+            "b": {"type": "string"}},
+            "required": ["a", "op", "b"], "additionalProperties": False}}},
+]
+
+
+def run_tool(name, args):
+    """The agent's own implementation of a call (only add_days; others answer an error)."""
+    import datetime
+    if name == "add_days":
+        try:
+            start = datetime.date.fromisoformat(args["date"])
+            return (start + datetime.timedelta(days=int(args["days"]))).isoformat()
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            return f"error: {e}"
+    return f"error: {name} is not available"
+
+
+checks = []
+
+
+def check(name):
+    def wrap(f):
+        checks.append((name, f))
+        return f
+
+    return wrap
+
+
+def post(path, body=None):
+    data = json.dumps(body if body is not None else {}).encode()
+    req = urllib.request.Request(
+        BASE + path, data=data, headers={"content-type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(path):
+    with urllib.request.urlopen(BASE + path, timeout=60) as r:
+        return json.loads(r.read())
+
+
+client = OpenAI(base_url=BASE + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+QUESTION = [{"role": "user", "content": "Convert 3 km to m."}]
+
+
+@check("the model list names the served model")
+def _():
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL], ids
+
+
+@check("a completion has the spec's fields, and the same seed samples the same text")
+def _():
+    a = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, seed=5)
+    b = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, seed=5)
+    c = a.choices[0]
+    assert a.object == "chat.completion" and a.id.startswith("chatcmpl-"), a
+    assert c.finish_reason in ("stop", "length"), c.finish_reason
+    assert isinstance(c.message.content, str), c.message
+    assert a.usage.completion_tokens >= 1 and a.usage.total_tokens == a.usage.prompt_tokens + a.usage.completion_tokens
+    assert c.message.content == b.choices[0].message.content, (c.message.content, b.choices[0].message.content)
+
+
+@check("a stream carries the text a whole answer has, role first, finish last, usage at the end")
+def _():
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=32, seed=9)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=32, seed=9, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert chunks[0].choices[0].delta.role == "assistant", chunks[0]
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason], finishes
+    assert len({ch.id for ch in chunks}) == 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # Tool-call markup is text here (no `tools` in the request): it streams as content.
+    assert text == whole.choices[0].message.content, (text, whole.choices[0].message.content)
+
+
+@check("n choices, each with log-probs and its likeliest alternatives")
+def _():
+    r = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=8, n=3, seed=1, logprobs=True, top_logprobs=2,
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for c in r.choices:
+        assert c.logprobs is not None and len(c.logprobs.content) >= 1
+        for t in c.logprobs.content:
+            assert t.logprob <= 0 and len(t.top_logprobs) == 2, t
+            assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+            assert t.logprob <= t.top_logprobs[0].logprob + 1e-4
+
+
+@check("bad requests are 400/404 errors naming the field")
+def _():
+    cases = [
+        (dict(messages=QUESTION, temperature=3), openai.BadRequestError, "temperature"),
+        (dict(messages=[{"role": "tool", "content": "3000"}]), openai.BadRequestError, "messages[0].tool_call_id"),
+        (dict(messages=QUESTION, tool_choice="auto"), openai.BadRequestError, "tool_choice"),
+        (dict(messages=QUESTION, max_tokens=10**6), openai.BadRequestError, "max_tokens"),
+    ]
+    for kwargs, kind, param in cases:
+        try:
+            client.chat.completions.create(model=MODEL, **kwargs)
+        except kind as e:
+            assert e.body["param"] == param, (param, e.body)
+            assert e.body["type"] == "invalid_request_error"
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
+    try:
+        client.chat.completions.create(model="gpt-4o", messages=QUESTION)
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "model_not_found", e.body
+    else:
+        raise AssertionError("an unknown model was served")
+
+
+@check("/v1/completions takes text and token ids")
+def _():
+    r = client.completions.create(model=MODEL, prompt="3 km is", max_tokens=5, seed=2)
+    assert r.object == "text_completion" and len(r.choices) == 1
+    ids = client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=3, logprobs=1)
+    assert len(ids.choices[0].logprobs.token_logprobs) >= 1
+    try:
+        client.completions.create(model=MODEL, prompt=[10**9], max_tokens=3)
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "prompt[0]", e.body
+    else:
+        raise AssertionError("a token outside the vocabulary was accepted")
+
+
+def episode(s, turns=3):
+    """An agent's loop in session `s`: tools declared, calls run here, results sent back
+    as `tool` messages. Returns the calls made and the messages."""
+    agent = OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0, timeout=120)
+    messages = list(s["task"]["messages"])
+    calls = 0
+    for _ in range(turns):
+        r = agent.chat.completions.create(
+            model=MODEL, messages=messages, tools=TOOLS, max_tokens=64, temperature=1.0
+        )
+        m = r.choices[0].message
+        messages.append(m.model_dump(exclude_none=True))
+        if not m.tool_calls:
+            assert r.choices[0].finish_reason in ("stop", "length")
+            break
+        assert r.choices[0].finish_reason == "tool_calls"
+        for call in m.tool_calls:
+            calls += 1
+            result = run_tool(call.function.name, json.loads(call.function.arguments))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return calls, messages
+
+
+@check("a task's sessions replay their history token-exactly: one row each, no drift")
+def _():
+    group = [post("/rl/tasks/next")[1] for _ in range(8)]
+    assert len({g["task"]["id"] for g in group}) == 1 and [g["group"]["index"] for g in group] == list(range(8))
+    total_calls = 0
+    for s in group:
+        calls, _ = episode(s)
+        total_calls += calls
+        rec = get(f"/sessions/{s['session_id']}")
+        assert len(rec["rows"]) == 1 and rec["drifts"] == [], rec["drifts"]
+        row = rec["rows"][0]
+        sampled = [lp for lp in row["logps"] if lp is not None]
+        assert sampled and all(lp <= 0 for lp in sampled)
+        assert len(row["versions"]) == rec["calls"]
+        status, end = post(f"/sessions/{s['session_id']}/end", {"reward": 1.0})
+        assert status == 200 and end["rows"] == 1 and end["reward"]["total"] == 1.0, end
+    # The warm-started model calls the function in some of them: replayed calls are tested.
+    assert total_calls >= 1, "no session made a tool call"
+
+
+@check("an edited history starts a new row and counts a drift")
+def _():
+    status, s = post("/rl/sessions", {"messages": QUESTION})
+    assert status == 201, s
+    agent = OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    r = agent.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8)
+    edited = [{"role": "user", "content": "Convert 5 km to m."},
+              {"role": "assistant", "content": r.choices[0].message.content or "?"},
+              {"role": "user", "content": "And 2 km?"}]
+    agent.chat.completions.create(model=MODEL, messages=edited, max_tokens=8)
+    rec = get(f"/sessions/{s['session_id']}")
+    assert len(rec["rows"]) == 2 and len(rec["drifts"]) == 1, rec["drifts"]
+    post(f"/sessions/{s['session_id']}/end")
+
+
+@check("concurrent sessions never see each other's trajectories")
+def _():
+    results = {}
+
+    def run(k):
+        status, s = post("/rl/sessions", {"metadata": {"k": k}})
+        msgs = [{"role": "user", "content": f"Convert {k + 1} km to m."}]
+        agent = OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+        prompt_tokens = []
+        for _ in range(2):
+            r = agent.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=k)
+            prompt_tokens.append(r.usage.prompt_tokens)
+            msgs = msgs + [{"role": "assistant", "content": r.choices[0].message.content or "?"},
+                           {"role": "user", "content": "Again."}]
+        results[k] = (s["session_id"], prompt_tokens)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(6)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    rows = {}
+    for k, (sid, prompt_tokens) in results.items():
+        rec = get(f"/sessions/{sid}")
+        assert rec["task"]["sample"]["metadata"] == {"k": k}, rec["task"]
+        assert rec["calls"] == 2
+        # Each row starts with its own first prompt: its length is the first call's.
+        assert rec["rows"][0]["prompt_len"] == prompt_tokens[0]
+        rows[k] = rec["rows"][0]["tokens"]
+        post(f"/sessions/{sid}/end")
+    assert len({tuple(r) for r in rows.values()}) == len(rows)
+
+
+@check("a client that hangs up mid-stream loses only its own call")
+def _():
+    status, s = post("/rl/sessions", {})
+    agent = OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+    before = get("/status")["abandoned_calls"]
+    stream = agent.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=200, stream=True, temperature=1.5, seed=3)
+    next(iter(stream))
+    stream.close()
+    # The session takes its next call (the abandoned one is closed when its stream drops).
+    for _ in range(50):
+        try:
+            r = agent.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)
+            break
+        except openai.ConflictError:
+            import time
+            time.sleep(0.1)
+    else:
+        raise AssertionError("the session stayed busy after its client hung up")
+    assert r.choices[0].message is not None
+    assert get("/status")["abandoned_calls"] >= before + 1
+    post(f"/sessions/{s['session_id']}/end")
+
+
+@check("session routes answer unknown sessions and bad rewards in the error shape")
+def _():
+    status, body = post("/sessions/sess_nope/end")
+    assert status == 404 and body["error"]["code"] == "session_not_found", body
+    status, s = post("/rl/sessions", {})
+    status, body = post(f"/sessions/{s['session_id']}/reward", {"reward": "high"})
+    assert status == 400 and body["error"]["param"] == "reward", body
+    bad = OpenAI(base_url=BASE + "/sessions/sess_nope/v1", api_key="x", max_retries=0)
+    try:
+        bad.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "session_not_found", e.body
+    else:
+        raise AssertionError("a call in an unknown session was served")
+    post(f"/sessions/{s['session_id']}/end")
+
+
+failed = 0
+for name, f in checks:
+    try:
+        f()
+        print(f"ok: {name}", flush=True)
+    except Exception as e:  # noqa: BLE001 — every failure is reported, then the script fails
+        failed += 1
+        print(f"FAILED: {name}: {type(e).__name__}: {e}", flush=True)
+status = get("/status")
+print("status:", json.dumps(status), flush=True)
+sys.exit(1 if failed else 0)

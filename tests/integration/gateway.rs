@@ -1,0 +1,251 @@
+//! `rlhost serve`, the OpenAI-compatible gateway (issue 46), driven by real clients: the
+//! official `openai` package (tests/gateway/client.py, from the venv that
+//! `bash scripts/openenv.sh install` makes), `curl` for a second client, and a flood of
+//! idle connections. Served: a small `builtin:units` model warm-started on `add_days`
+//! calls, so that agents' function calls and their replayed results are exercised.
+
+use rlhost_tests::{TestCommand, plugin, repo_root, temp_dir};
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
+
+/// A running `rlhost serve`, stopped when dropped.
+struct Gateway {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    url: String,
+}
+
+impl Gateway {
+    fn start(dir: &Path, record: &Path, extra: &[&str]) -> Gateway {
+        let model = super::units_task::small_units_model();
+        let config = format!(
+            r#"
+[run]
+seed = 3
+[model]
+path = {model:?}
+[data]
+plugin = "units_task"
+plugin_config = {{ kinds = ["add_days"] }}
+eval_size = 0
+[rollout]
+group_size = 8
+[plugins.units_task]
+path = {task:?}
+[[rewards]]
+plugin = "units_task"
+"#,
+            model = model.display().to_string(),
+            task = plugin("units_task").display().to_string(),
+        );
+        let path = dir.join("serve.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut child = TestCommand::new(&["serve", "--addr", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .arg("--record")
+            .arg(record)
+            .args(extra)
+            .spawn();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("serve prints where it listens");
+        let url = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http://"))
+            .map(|w| format!("http://{}", w.trim_end_matches("/v1")))
+            .unwrap_or_else(|| {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("serve printed {line:?}; stderr: {err}")
+            });
+        Gateway { child, url }
+    }
+
+    fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The official client's python, or `None` (skipped) — the OpenEnv venv holds `openai`.
+fn openai_python() -> Option<PathBuf> {
+    let python = super::openenv::openenv_python()?;
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "{} has no `openai` package", python.display());
+    Some(python)
+}
+
+/// Every check of tests/gateway/client.py passes against the gateway, and the sessions it
+/// ended are in the record file with their token-exact rows.
+#[test]
+fn the_official_openai_client_drives_the_gateway() {
+    let Some(python) = openai_python() else {
+        return;
+    };
+    let dir = temp_dir("gateway-openai");
+    let record = dir.join("sessions.jsonl");
+    let gw = Gateway::start(&dir, &record, &[]);
+    let out = std::process::Command::new(python)
+        .arg(repo_root().join("tests/gateway/client.py"))
+        .arg(&gw.url)
+        .output()
+        .expect("run client.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "client.py failed:\n{stdout}\n{stderr}"
+    );
+    let sessions: Vec<serde_json::Value> = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The task group's 8, the drifted one, 6 concurrent, the hung-up one, the bad-reward one.
+    assert!(sessions.len() >= 17, "{} sessions recorded", sessions.len());
+    let grouped: Vec<_> = sessions
+        .iter()
+        .filter(|s| s["task"]["group_size"] == 8)
+        .collect();
+    assert_eq!(grouped.len(), 8);
+    for s in grouped {
+        assert_eq!(s["reward"]["total"], 1.0);
+        let row = &s["rows"][0];
+        let (tokens, logps) = (
+            row["tokens"].as_array().unwrap(),
+            row["logps"].as_array().unwrap(),
+        );
+        assert_eq!(
+            tokens.len(),
+            row["prompt_len"].as_u64().unwrap() as usize + logps.len()
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A second client in another language: `curl` opens a session, calls the model in it
+/// with the session as its API key, rewards and ends it.
+#[test]
+fn curl_drives_a_session() {
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no curl");
+        return;
+    }
+    let dir = temp_dir("gateway-curl");
+    let gw = Gateway::start(&dir, &dir.join("sessions.jsonl"), &[]);
+    let curl = |args: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "60",
+                "-H",
+                "content-type: application/json",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let s = curl(&["-X", "POST", &format!("{}/rl/tasks/next", gw.url)]);
+    let key = s["api_key"].as_str().unwrap();
+    let body =
+        serde_json::json!({"model": "policy", "messages": s["task"]["messages"], "max_tokens": 16});
+    let answer = curl(&[
+        "-H",
+        &format!("Authorization: Bearer {key}"),
+        "-d",
+        &body.to_string(),
+        &format!("{}/v1/chat/completions", gw.url),
+    ]);
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    let recorded = curl(&[&format!("{}/sessions/{key}", gw.url)]);
+    assert_eq!(recorded["calls"], 1, "{recorded}");
+    assert_eq!(
+        recorded["rows"][0]["logps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| !l.is_null())
+            .count() as u64,
+        answer["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let end = curl(&[
+        "-d",
+        r#"{"rewards": {"correct": 1, "format": 0.5}}"#,
+        &format!("{}/sessions/{key}/end", gw.url),
+    ]);
+    assert_eq!(end["reward"]["total"], 1.5, "{end}");
+    let again = curl(&[&format!("{}/sessions/{key}", gw.url)]);
+    assert_eq!(again["error"]["code"], "session_not_found", "{again}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// 1,000 connections that never send a request, twice what the gateway is set to serve
+/// at once: the oldest idle ones are closed to admit new ones, and `/status` still
+/// answers.
+#[test]
+fn a_flood_of_idle_connections_leaves_status_answering() {
+    raise_open_files(4096);
+    let dir = temp_dir("gateway-flood");
+    let gw = Gateway::start(
+        &dir,
+        &dir.join("sessions.jsonl"),
+        &["--max-connections", "500"],
+    );
+    let idle: Vec<std::net::TcpStream> = (0..1000)
+        .filter_map(|_| std::net::TcpStream::connect(gw.addr()).ok())
+        .collect();
+    assert_eq!(idle.len(), 1000, "connections refused");
+    let mut s = std::net::TcpStream::connect(gw.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"sessions\""), "{answer}");
+    drop(idle);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Raises this process's open-file limit (inherited by the server it starts) to `n`, or
+/// as far as the hard limit allows.
+fn raise_open_files(n: u64) {
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < n {
+            lim.rlim_cur = n.min(lim.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
