@@ -249,3 +249,109 @@ fn raise_open_files(n: u64) {
         }
     }
 }
+
+/// `rlhost train` with `[gateway]`, driven by examples/agents/units_agent.py (the official
+/// `openai` package, its functions run in Python): three steps train on the agent's
+/// sessions, scored by the units_task reward; the trainer's log-probs of the recorded
+/// tokens equal the sampler's (the recording is token-exact; on-policy, a session that
+/// straddles an update is left out). The run refuses calls while it updates
+/// (`while_updating = "refuse"`): the official client retries them after `Retry-After`
+/// (the 503 itself is tested in `gateway/server.rs`).
+#[test]
+fn a_run_trains_on_the_sessions_of_an_agent() {
+    let Some(python) = openai_python() else {
+        return;
+    };
+    let dir = temp_dir("gateway-train");
+    let model = super::units_task::small_units_model();
+    let config = format!(
+        r#"
+[run]
+seed = 5
+[model]
+path = {model:?}
+[data]
+plugin = "units_task"
+plugin_config = {{ kinds = ["add_days"] }}
+eval_size = 0
+[rollout]
+group_size = 4
+prompts_per_step = 2
+tools = ["units"]
+max_total_tokens = 768
+[plugins.units_task]
+path = {task:?}
+[plugins.units]
+path = {units:?}
+[[rewards]]
+plugin = "units_task"
+weights = {{ tool_use = 1.0, correct = 1.0, format = 0.0 }}
+[gateway]
+addr = "127.0.0.1:0"
+while_updating = "refuse"
+[train]
+steps = 3
+lr = 0.004
+save_every = 100
+"#,
+        model = model.display().to_string(),
+        task = plugin("units_task").display().to_string(),
+        units = plugin("units").display().to_string(),
+    );
+    std::fs::write(dir.join("gw.toml"), config).unwrap();
+    let out = dir.join("run");
+    let mut train = TestCommand::new(&["train", "--no-status", "--config"])
+        .arg(dir.join("gw.toml"))
+        .arg("--out")
+        .arg(&out)
+        .spawn();
+    // The gateway's line comes on stderr once the model is loaded.
+    let mut stderr = std::io::BufReader::new(train.stderr.take().expect("piped"));
+    let mut url = None;
+    let mut seen = String::new();
+    for _ in 0..50 {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+        if let Some(rest) = line.strip_prefix("gateway: ") {
+            url = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+    }
+    let url = url.unwrap_or_else(|| panic!("no gateway line; stderr: {seen}"));
+    let agent = std::process::Command::new(python)
+        .arg(repo_root().join("examples/agents/units_agent.py"))
+        .args(["--url", &url, "--workers", "4", "--wait", "60"])
+        .output()
+        .expect("run units_agent.py");
+    let agent_out = String::from_utf8_lossy(&agent.stdout);
+    let mut rest = String::new();
+    let _ = stderr.read_to_string(&mut rest);
+    let status = train.wait().unwrap();
+    assert!(status.success(), "train failed: {seen}{rest}");
+    assert!(
+        agent.status.success(),
+        "{agent_out}{}",
+        String::from_utf8_lossy(&agent.stderr)
+    );
+    assert!(agent_out.contains("units_agent: done"), "{agent_out}");
+    let rows = super::train_cli::metrics(&out);
+    assert_eq!(rows.len(), 3, "{rest}");
+    for r in &rows {
+        assert!(r["trajectories"].as_u64().unwrap() >= 2, "{r}");
+        assert!(
+            r["rewards"].get("correct").is_some(),
+            "scored by units_task: {r}"
+        );
+        // Sampled and recomputed log-probs of the same ids agree: nothing re-tokenized.
+        let ratio = r["rollout_max_ratio"].as_f64().unwrap();
+        assert!(
+            (ratio - 1.0).abs() < 1e-3,
+            "max importance ratio {ratio}: {r}"
+        );
+    }
+    assert!(out.join("checkpoints").is_dir());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -64,7 +64,7 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let crate::config::setup::Setup { lm, dataset, .. } = setup;
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Finished>();
-    let tasks = Tasks::new(Arc::new(dataset), group_size);
+    let tasks = Tasks::new(dataset, group_size);
     let gw = Arc::new(Gateway::new(
         args.served_model_name.clone(),
         renderer,

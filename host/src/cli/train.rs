@@ -145,6 +145,13 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             eprintln!("model: {} on {}", display(&setup.lm.dir), at.describe());
         }
         write_plugins(&out, &setup)?;
+        // Printed even with --quiet: the agents need the address (`127.0.0.1:0` picks it).
+        if let Some(url) = setup.open_gateway()? {
+            eprintln!(
+                "gateway: {url} (agents take tasks from POST {}/rl/tasks/next)",
+                url.trim_end_matches("/v1")
+            );
+        }
         // From here on an interruption has something to save.
         let run = trainer::RunOptions {
             out_dir: &out,

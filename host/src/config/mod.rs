@@ -63,6 +63,52 @@ pub struct RunConfig {
     pub rewards: Vec<RewardSection>,
     #[serde(default)]
     pub train: TrainSection,
+    /// Serve the policy behind an OpenAI-compatible API and train on the sessions of the
+    /// agents that call it, in place of plugin rollouts.
+    pub gateway: Option<GatewaySection>,
+}
+
+/// `[gateway]`: the OpenAI-compatible endpoint a run trains through (docs/src/gateway.md).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewaySection {
+    /// Where to listen (`127.0.0.1:0` picks a free port; the run prints the address).
+    pub addr: String,
+    /// The model id agents name in `model`.
+    pub served_model_name: String,
+    /// What a call gets while the policy is not sampling (being updated): it waits
+    /// (`hold`), or is refused with a 503 and `Retry-After` (`refuse`).
+    pub while_updating: WhileUpdating,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// A session with no call or end for this long is ended and left out of training
+    /// (its agent went away); its group completes without it.
+    pub session_timeout_s: f64,
+}
+
+impl Default for GatewaySection {
+    fn default() -> Self {
+        GatewaySection {
+            addr: "127.0.0.1:8000".into(),
+            served_model_name: "policy".into(),
+            while_updating: WhileUpdating::Hold,
+            max_connections: crate::gateway::server::MAX_CONNECTIONS,
+            session_timeout_s: 600.0,
+        }
+    }
+}
+
+/// `gateway.while_updating`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum WhileUpdating {
+    /// Calls wait in the queue until the next version samples.
+    #[default]
+    Hold,
+    /// Calls are refused with a 503 and `Retry-After`.
+    Refuse,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
@@ -582,6 +628,29 @@ impl LoadedConfig {
                 bail!("{file}: {key} must be a table, e.g. {key} = {{}}");
             }
         }
+        if let Some(g) = &c.gateway {
+            if !(g.session_timeout_s > 0.0 && g.session_timeout_s <= 86_400.0) {
+                bail!(
+                    "{file}: gateway.session_timeout_s is {}; it must be above 0 and at most a day (86400)",
+                    g.session_timeout_s
+                );
+            }
+            if g.max_connections == 0 {
+                bail!("{file}: gateway.max_connections must be at least 1");
+            }
+            if g.served_model_name.is_empty() {
+                bail!("{file}: gateway.served_model_name must not be empty");
+            }
+            if r.engine == EngineKind::Vllm
+                || r.openenv.is_some()
+                || r.environment.is_some()
+                || r.trigger.is_some()
+            {
+                bail!(
+                    "{file}: [gateway] trains on the sessions of agents that call it: rollout.engine = \"vllm\", [rollout.openenv], rollout.environment and rollout.trigger sample rollouts of their own; keep one or the other (rollout.tools stay, for the held-out evaluation)"
+                );
+            }
+        }
         if let Some(o) = &r.openenv {
             o.check()
                 .map_err(|e| anyhow::anyhow!("{file}: rollout.openenv.{e}"))?;
@@ -800,6 +869,36 @@ weights = { correct = 1.0 }
         );
         let e = format!("{:#}", load(BASE, &["rollout.group_size=0"]).unwrap_err());
         assert!(e.contains("group_size"), "{e}");
+    }
+
+    /// `[gateway]` reads with its defaults; bad values and rollouts of the run's own
+    /// beside it are named.
+    #[test]
+    fn a_gateway_section_is_checked() {
+        let text =
+            BASE.replace("trigger = \"calc\"\n", "") + "[gateway]\nwhile_updating = \"refuse\"\n";
+        let g = load(&text, &[]).unwrap().config.gateway.unwrap();
+        assert_eq!(
+            (g.addr.as_str(), g.served_model_name.as_str()),
+            ("127.0.0.1:8000", "policy")
+        );
+        assert_eq!(g.while_updating, WhileUpdating::Refuse);
+        for (set, want) in [
+            ("gateway.session_timeout_s=0", "gateway.session_timeout_s"),
+            ("gateway.max_connections=0", "gateway.max_connections"),
+            (
+                "gateway.served_model_name=\"\"",
+                "gateway.served_model_name",
+            ),
+            (
+                "rollout.trigger=\"calc\"",
+                "[gateway] trains on the sessions",
+            ),
+            ("gateway.while_updating=\"drop\"", "while_updating"),
+        ] {
+            let e = format!("{:#}", load(&text, &[set]).unwrap_err());
+            assert!(e.contains(want), "{set}: {e}");
+        }
     }
 
     /// Issue 19: `lr = -1` trained by gradient ascent, `lr = nan` failed steps later, and

@@ -41,7 +41,8 @@ pub fn entries() -> Vec<Entry> {
     };
     let mut out = Vec::new();
     for (name, field) in properties(&schema) {
-        let field = walk.resolve(field);
+        // An optional section (`[gateway]`) documents the table it holds.
+        let field = walk.unwrap_optional(field);
         if let Some(items) = field.get("items") {
             // `[[rewards]]`: an array of tables.
             let table = walk.resolve(items);
@@ -348,7 +349,7 @@ mod tests {
     fn keys_in_code() -> BTreeSet<String> {
         let c: RunConfig = toml::from_str(
             "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n[plugins.NAME]\npath = \"p.wasm\"\ngenerate = {}\n\
-             [rollout.openenv]\n[[rewards]]\nplugin = \"NAME\"\n",
+             [rollout.openenv]\n[gateway]\n[[rewards]]\nplugin = \"NAME\"\n",
         )
         .unwrap();
         let mut keys = BTreeSet::new();

@@ -51,9 +51,11 @@ pub struct Setup {
     pub lm: LanguageModel,
     /// By config name (a `--plugin` file by its own name).
     pub plugins: BTreeMap<String, Plugin>,
-    pub dataset: Dataset,
+    pub dataset: std::sync::Arc<Dataset>,
     pub settings: RolloutSettings,
     pub rewards: Rewards,
+    /// The run's `[gateway]`, once [`Setup::open_gateway`] has bound it.
+    pub gateway: Option<crate::gateway::train::Link>,
 }
 
 impl Opened {
@@ -371,9 +373,10 @@ impl Opened {
             loaded,
             lm,
             plugins,
-            dataset,
+            dataset: std::sync::Arc::new(dataset),
             settings,
             rewards,
+            gateway: None,
         })
     }
 }
@@ -384,12 +387,31 @@ impl Setup {
         Mode::INFERENCE
     }
 
+    /// Binds and serves the run's `[gateway]` (when it has one); returns its URL.
+    pub fn open_gateway(&mut self) -> Result<Option<String>> {
+        let Some(section) = &self.loaded.config.gateway else {
+            return Ok(None);
+        };
+        let link = crate::gateway::train::Link::open(
+            section,
+            &self.lm,
+            self.settings.template_kwargs.clone(),
+            self.dataset.clone(),
+            self.settings.group_size,
+        )
+        .with_context(|| format!("{}: [gateway]", self.loaded.path.display()))?;
+        let url = link.url();
+        self.gateway = Some(link);
+        Ok(Some(url))
+    }
+
     /// The model to train, and what the trainer samples from beside it.
     pub fn train_parts(&mut self) -> (&mut LanguageModel, Sources<'_>) {
         let sources = Sources {
             dataset: &self.dataset,
             settings: &self.settings,
             rewards: &self.rewards,
+            gateway: self.gateway.as_ref(),
         };
         (&mut self.lm, sources)
     }

@@ -9,14 +9,16 @@
 //! - [`record`]: a session's token-exact rows with drift detection;
 //! - [`sessions`]: the open sessions, their tasks, groups and rewards;
 //! - [`server`]: the routes; [`pump`]: the model's thread, where every call in flight is
-//!   decoded in one batch (`model/sampler.rs`).
+//!   decoded in one batch (`model/sampler.rs`);
+//! - [`train`]: a `[gateway]` run's batches, made of the task groups agents finish.
 //!
-//! Where it stands: `rlhost serve` serves a model and records sessions to a file;
-//! training from sessions (`rlhost train` with `[gateway]`) is not yet in.
+//! `rlhost serve` serves a model and records sessions to a file; `rlhost train` with
+//! `[gateway]` trains on them (docs/src/gateway.md).
 
 pub mod chat;
 pub mod pump;
 pub mod record;
 pub mod server;
 pub mod sessions;
+pub mod train;
 pub mod wire;

@@ -364,7 +364,7 @@ fn admit(gw: &Gateway, model: Option<&str>) -> Result<(), ApiError> {
     }
     if gw.refuse_while_updating && gw.updating.load(Ordering::Acquire) {
         gw.counters.refused_updating.fetch_add(1, Ordering::Relaxed);
-        return Err(ApiError::updating(5));
+        return Err(ApiError::updating(1));
     }
     Ok(())
 }
@@ -1238,4 +1238,80 @@ pub fn spawn(gw: Arc<Gateway>, addr: &str, max_connections: usize) -> anyhow::Re
         })
         .context("cannot start the gateway's thread")?;
     Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures;
+    use crate::model::{LanguageModel, Mode, Placement};
+
+    fn post(url: &str, body: &Value) -> (u16, Option<String>, Value) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(std::time::Duration::from_secs(60)))
+            .build()
+            .into();
+        let mut r = agent
+            .post(url)
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .unwrap();
+        let retry = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        let text = r.body_mut().read_to_string().unwrap();
+        (
+            r.status().as_u16(),
+            retry,
+            serde_json::from_str(&text).unwrap(),
+        )
+    }
+
+    /// A gateway on the qwen2 fixture that is updating; its queue's receiving end.
+    fn updating(
+        lm: &LanguageModel,
+        refuse: bool,
+    ) -> (Arc<Gateway>, String, std::sync::mpsc::Receiver<Job>) {
+        let renderer = Renderer::new(lm, Default::default()).unwrap();
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+        let (done_tx, _) = std::sync::mpsc::channel();
+        let mut gw = Gateway::new("policy".into(), renderer, jobs_tx, done_tx, None);
+        gw.refuse_while_updating = refuse;
+        gw.updating.store(true, Ordering::Release);
+        let gw = Arc::new(gw);
+        let addr = spawn(gw.clone(), "127.0.0.1:0", 16).unwrap();
+        (gw, format!("http://{addr}/v1/chat/completions"), jobs_rx)
+    }
+
+    /// While the policy updates, a call is refused with a 503, `Retry-After` and the
+    /// error object (`while_updating = "refuse"`), or waits in the queue and is answered
+    /// once sampling resumes (`hold`).
+    #[test]
+    fn calls_during_an_update_are_refused_or_held() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        let body = json!({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+        let (gw, url, _queue) = updating(&lm, true);
+        let (status, retry, v) = post(&url, &body);
+        assert_eq!((status, retry.as_deref()), (503, Some("1")), "{v}");
+        assert_eq!(v["error"]["code"], "policy_updating", "{v}");
+        assert_eq!(gw.counters.refused_updating.load(Ordering::Relaxed), 1);
+
+        let (gw, url, queue) = updating(&lm, false);
+        let held = std::thread::spawn(move || post(&url, &body));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            !held.is_finished(),
+            "a held call was answered while updating"
+        );
+        gw.updating.store(false, Ordering::Release);
+        let pumped =
+            crate::gateway::pump::pump(&lm, Mode::INFERENCE, &queue, 7, &|| held.is_finished())
+                .unwrap();
+        assert_eq!(pumped.requests, 1);
+        let (status, _, v) = held.join().unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["object"], "chat.completion");
+    }
 }

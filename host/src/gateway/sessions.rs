@@ -60,6 +60,8 @@ pub struct Finished {
     pub transcript: Vec<Message>,
     pub calls: u64,
     pub seconds: f64,
+    /// Ended by the gateway: its agent was silent past the run's session timeout.
+    pub timed_out: bool,
 }
 
 /// Why a session could not be used.
@@ -138,16 +140,39 @@ impl Sessions {
         }
         let open = self.open.remove(id).expect("looked up above");
         self.ended += 1;
-        Ok(Finished {
-            session: id.to_string(),
-            task: open.task,
-            rows: open.record.rows,
-            drifts: open.record.drifts,
-            reward: open.reward,
-            transcript: open.transcript,
-            calls: open.calls,
-            seconds: open.opened.elapsed().as_secs_f64(),
-        })
+        Ok(finished(id, open, false))
+    }
+
+    /// Ends the sessions with no call open whose last call (or opening) is older than
+    /// `timeout`: their agents went away.
+    pub fn reap(&mut self, timeout: std::time::Duration) -> Vec<Finished> {
+        let old: Vec<String> = self
+            .open
+            .iter()
+            .filter(|(_, o)| !o.record.is_open() && o.last_call.elapsed() > timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
+        old.into_iter()
+            .filter_map(|id| {
+                let open = self.open.remove(&id)?;
+                self.ended += 1;
+                Some(finished(&id, open, true))
+            })
+            .collect()
+    }
+}
+
+fn finished(id: &str, open: Open, timed_out: bool) -> Finished {
+    Finished {
+        session: id.to_string(),
+        task: open.task,
+        rows: open.record.rows,
+        drifts: open.record.drifts,
+        reward: open.reward,
+        transcript: open.transcript,
+        calls: open.calls,
+        seconds: open.opened.elapsed().as_secs_f64(),
+        timed_out,
     }
 }
 
@@ -224,5 +249,18 @@ mod tests {
         assert_eq!(done.rows[0].tokens, [1, 2, 3]);
         assert!(matches!(s.end(&id), Err(SessionError::Unknown(_))));
         assert!(s.is_empty());
+        // A silent session is reaped; a fresh one is not.
+        let silent = s.open(Task {
+            id: None,
+            group,
+            index: 0,
+            group_size: 1,
+            sample: Sample::from_prompt("hi"),
+        });
+        assert!(s.reap(std::time::Duration::from_secs(60)).is_empty());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let reaped = s.reap(std::time::Duration::from_millis(1));
+        assert_eq!(reaped.len(), 1);
+        assert!(reaped[0].timed_out && reaped[0].session == silent);
     }
 }

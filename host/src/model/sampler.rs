@@ -310,9 +310,12 @@ mod tests {
     use crate::model::generate::generate;
     use std::sync::{Arc, Mutex};
 
-    /// Tokens and finishes as a sink saw them; `listen` false hangs up after one token.
+    /// Tokens, finished choices and the failure a sink saw.
+    type Log = (Vec<Token>, Vec<Completion>, Option<String>);
+
+    /// What a sink saw; with `listen` false its probe hangs up after one token.
     #[derive(Clone, Default)]
-    struct Seen(Arc<Mutex<(Vec<Token>, Vec<Completion>, Option<String>)>>);
+    struct Seen(Arc<Mutex<Log>>);
 
     struct Probe {
         seen: Seen,

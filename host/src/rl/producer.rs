@@ -26,6 +26,8 @@ pub struct Sources<'a> {
     pub dataset: &'a Dataset,
     pub settings: &'a RolloutSettings,
     pub rewards: &'a Rewards,
+    /// With `[gateway]`: batches come from the sessions of agents calling it.
+    pub gateway: Option<&'a crate::gateway::train::Link>,
 }
 
 impl Sources<'_> {
@@ -105,6 +107,9 @@ pub fn produce(
     options: ProducerOptions,
     handle: &Handle,
 ) {
+    if let Some(link) = sources.gateway {
+        return from_gateway(lm, link, sources, plan, queue, options, handle);
+    }
     let mut engine = match Engine::new(lm, sources.settings, sources.rewards, handle.clone()) {
         Ok(e) => e,
         Err(e) => {
@@ -151,6 +156,51 @@ pub fn produce(
         }
         batch.cursor = cursor;
         Ok(batch)
+    });
+}
+
+/// [`produce`] for a `[gateway]` run: each batch is the next `prompts` task groups the
+/// agents finish, sampled by the newest adapter the trainer published.
+fn from_gateway(
+    lm: &LanguageModel,
+    link: &crate::gateway::train::Link,
+    sources: Sources,
+    plan: &TrainPlan,
+    queue: &RolloutQueue<Batch>,
+    options: ProducerOptions,
+    handle: &Handle,
+) {
+    let b = &plan.batches;
+    let cursor = options.cursor;
+    let _ = queue.produce(options.step, |step, version| {
+        let adapter = options.adapters.latest();
+        debug_assert!(adapter.version >= version);
+        let mode = Mode {
+            adapter: Some(&adapter),
+            ..Mode::INFERENCE
+        };
+        let taken = link.take(
+            lm,
+            mode,
+            adapter.version,
+            b.prompts,
+            b.max_staleness,
+            sources.rewards,
+            handle,
+            options.cancel,
+        )?;
+        if let Some(bar) = &options.bar {
+            bar.set_length(taken.stats.trajectories as u64);
+            bar.set_position(taken.stats.trajectories as u64);
+        }
+        let (groups, dropped) = keep_groups(taken.groups, b.dynamic_sampling);
+        Ok(Batch {
+            step,
+            groups,
+            dropped,
+            stats: taken.stats,
+            cursor,
+        })
     });
 }
 

@@ -1,0 +1,327 @@
+//! Training from the gateway's sessions (issue 46, point 4): a run with a `[gateway]`
+//! section serves its policy while it trains. Each step, the producer pumps the agents'
+//! calls through the policy it samples with until enough task groups have ended (every
+//! session of a group handed out by `/rl/tasks/next`), then turns their rows into
+//! trajectories (a session's reward on each of its rows; a session the agent did not
+//! reward scored by the run's reward plugins on its transcript), and hands the batch to
+//! the trainer as a plugin run's batch. While the producer is not sampling (the trainer
+//! updating, or the queue full) calls wait in the queue, or are refused with a 503 when
+//! `while_updating = "refuse"`.
+
+use super::chat::Renderer;
+use super::pump::{Job, pump};
+use super::server::{self, Gateway, Tasks};
+use super::sessions::Finished;
+use crate::config::{GatewaySection, WhileUpdating};
+use crate::data::Dataset;
+use crate::model::{LanguageModel, Mode};
+use crate::rollout::trajectory::{Span, SpanKind, StopReason};
+use crate::rollout::{BatchStats, Group, Rewards, Trajectory};
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+
+/// A run's gateway, as the producer drives it.
+pub struct Link {
+    pub gw: Arc<Gateway>,
+    jobs: Mutex<Receiver<Job>>,
+    finished: Mutex<Receiver<Finished>>,
+    /// Ended sessions by group, until their group is whole.
+    pending: Mutex<BTreeMap<u64, Vec<Finished>>>,
+    session_timeout: Duration,
+}
+
+/// What one step took from the gateway.
+pub struct Taken {
+    pub groups: Vec<Group>,
+    pub stats: BatchStats,
+    /// Rows left out: sampled by a policy older than `max_staleness` allows.
+    pub stale_rows: usize,
+    /// Sessions that timed out (never ended by their agent) in the groups taken.
+    pub timed_out: usize,
+}
+
+impl Link {
+    /// Serves `lm`'s policy on `section.addr`: the routes of `rlhost serve`, tasks from
+    /// `dataset`, `group_size` sessions a task.
+    pub fn open(
+        section: &GatewaySection,
+        lm: &LanguageModel,
+        template_kwargs: serde_json::Map<String, serde_json::Value>,
+        dataset: Arc<Dataset>,
+        group_size: usize,
+    ) -> Result<Link> {
+        let renderer = Renderer::new(lm, template_kwargs)?;
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let mut gw = Gateway::new(
+            section.served_model_name.clone(),
+            renderer,
+            jobs_tx,
+            done_tx,
+            Some(Tasks::new(dataset, group_size)),
+        );
+        gw.refuse_while_updating = section.while_updating == WhileUpdating::Refuse;
+        // Nothing samples until the producer's first step.
+        gw.updating.store(true, Ordering::Release);
+        let gw = Arc::new(gw);
+        server::spawn(gw.clone(), &section.addr, section.max_connections)?;
+        Ok(Link {
+            gw,
+            jobs: Mutex::new(jobs_rx),
+            finished: Mutex::new(done_rx),
+            pending: Mutex::new(BTreeMap::new()),
+            session_timeout: Duration::from_secs_f64(section.session_timeout_s),
+        })
+    }
+
+    /// `http://ADDR/v1`.
+    pub fn url(&self) -> String {
+        match self.gw.addr.get() {
+            Some(a) => format!("http://{a}/v1"),
+            None => "(not listening)".into(),
+        }
+    }
+
+    /// Serves calls with `mode` (policy `version`) until `want` task groups have ended,
+    /// then returns them as trajectory groups. `cancel` abandons the wait.
+    #[allow(clippy::too_many_arguments)]
+    pub fn take(
+        &self,
+        lm: &LanguageModel,
+        mode: Mode,
+        version: u64,
+        want: usize,
+        max_staleness: u64,
+        rewards: &Rewards,
+        handle: &Handle,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Taken> {
+        let t0 = Instant::now();
+        self.gw.version.store(version, Ordering::Release);
+        let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+        let oldest = version.saturating_sub(max_staleness);
+        let mut stats = BatchStats::default();
+        let (mut stale_rows, mut timed_out) = (0, 0);
+        let mut groups = Vec::new();
+        // Until a group has something to train on (every row of the groups that ended
+        // may be stale, or their sessions timed out).
+        while groups.is_empty() {
+            self.gw.updating.store(false, Ordering::Release);
+            let stop = || {
+                self.collect();
+                cancelled() || self.complete() >= want
+            };
+            let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let pumped = pump(lm, mode, &jobs, version, &stop);
+            drop(jobs);
+            self.gw.updating.store(true, Ordering::Release);
+            let pumped = pumped?;
+            if cancelled() {
+                anyhow::bail!(crate::rollout::engine::ABANDONED);
+            }
+            stats.forwards += pumped.forwards as usize;
+            stats.requests += pumped.requests as usize;
+            for group in self.take_complete(want) {
+                let sample_id = group[0].task.id.unwrap_or(u64::MAX);
+                let mut scored = Vec::new();
+                for s in group {
+                    if s.timed_out {
+                        timed_out += 1;
+                        continue;
+                    }
+                    for row in &s.rows {
+                        if row.sampled() == 0 {
+                            continue;
+                        }
+                        if row.versions.iter().any(|&v| v < oldest) {
+                            stale_rows += 1;
+                            continue;
+                        }
+                        scored.push(trajectory(&self.gw.renderer, &s, row, sample_id));
+                    }
+                }
+                if scored.is_empty() {
+                    continue;
+                }
+                let trajectories = score(scored, rewards, handle);
+                for t in &trajectories {
+                    stats.sampled_tokens += t.sampled_tokens();
+                    stats.prompt_tokens += t.prompt_len;
+                    stats.inserted_tokens += t.logps.len() - t.sampled_tokens();
+                }
+                stats.trajectories += trajectories.len();
+                groups.push(Group {
+                    sample_id,
+                    trajectories,
+                });
+            }
+        }
+        stats.wall_s = t0.elapsed().as_secs_f64();
+        stats.decode_s = stats.wall_s;
+        if stale_rows > 0 {
+            tracing::warn!(
+                "gateway: {stale_rows} session rows were sampled by a policy older than version {oldest} (rollout.max_staleness = {max_staleness}) and are left out"
+            );
+        }
+        Ok(Taken {
+            groups,
+            stats,
+            stale_rows,
+            timed_out,
+        })
+    }
+
+    /// Moves ended sessions into their groups, and ends the sessions whose agent has been
+    /// silent past the timeout (they count towards their group, and are not trained on).
+    fn collect(&self) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let rx = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        for f in rx.try_iter() {
+            pending.entry(f.task.group).or_default().push(f);
+        }
+        let reaped = self
+            .gw
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reap(self.session_timeout);
+        for f in reaped {
+            tracing::warn!(
+                "gateway: session {} timed out (no call or end in {:?}): left out of training",
+                f.session,
+                self.session_timeout
+            );
+            pending.entry(f.task.group).or_default().push(f);
+        }
+    }
+
+    /// Groups all of whose sessions have ended.
+    fn complete(&self) -> usize {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending
+            .values()
+            .filter(|g| g.len() >= g[0].task.group_size)
+            .count()
+    }
+
+    /// The first `want` whole groups, oldest first.
+    fn take_complete(&self, want: usize) -> Vec<Vec<Finished>> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let whole: Vec<u64> = pending
+            .iter()
+            .filter(|(_, g)| g.len() >= g[0].task.group_size)
+            .map(|(&k, _)| k)
+            .take(want)
+            .collect();
+        whole
+            .into_iter()
+            .filter_map(|k| pending.remove(&k))
+            .collect()
+    }
+}
+
+/// Each trajectory's reward: the one its agent reported (named parts as components, a
+/// number as `agent`), else what the run's reward plugins give its transcript (all
+/// trajectories scored at once on the worker pool; a reward plugin cannot ask the model
+/// here: there is no rollout loop to answer it).
+fn score(
+    ts: Vec<(Trajectory, Option<super::sessions::Reward>)>,
+    rewards: &Rewards,
+    handle: &Handle,
+) -> Vec<Trajectory> {
+    let scoring = ts.iter().map(|(t, r)| {
+        let view = t.for_reward();
+        let unrewarded = r.is_none();
+        async move {
+            let mut results = Vec::new();
+            if unrewarded {
+                for f in &rewards.fns {
+                    results.push(f.score(&view, None).await);
+                }
+            }
+            results
+        }
+    });
+    let results = handle.block_on(futures_util::future::join_all(scoring));
+    ts.into_iter()
+        .zip(results)
+        .map(|((mut t, reported), results)| {
+            match reported {
+                Some(r) => {
+                    if r.components.is_empty() {
+                        t.rewards.insert("agent".into(), r.total);
+                    } else {
+                        t.rewards.extend(r.components);
+                    }
+                    t.reward = r.total;
+                }
+                None => rewards.combine(&mut t, results, None),
+            }
+            t
+        })
+        .collect()
+}
+
+/// A session row as a trajectory: its ids and log-probs as recorded, spans by who wrote
+/// each stretch (the model, or the agent's inserted turns), the session's transcript and
+/// task metadata for reward plugins.
+fn trajectory(
+    renderer: &Renderer,
+    s: &Finished,
+    row: &super::record::Row,
+    sample_id: u64,
+) -> (Trajectory, Option<super::sessions::Reward>) {
+    let tok = &renderer.tokenizer;
+    let completion = &row.tokens[row.prompt_len..];
+    let mut spans = Vec::new();
+    let mut start = 0;
+    while start < row.logps.len() {
+        let sampled = row.logps[start].is_some();
+        let mut end = start + 1;
+        while end < row.logps.len() && row.logps[end].is_some() == sampled {
+            end += 1;
+        }
+        spans.push(Span {
+            kind: if sampled {
+                SpanKind::Model
+            } else {
+                SpanKind::Env
+            },
+            start,
+            end,
+            text: tok
+                .decode(&completion[start..end], false)
+                .unwrap_or_default(),
+        });
+        start = end;
+    }
+    let tool_calls = s.transcript.iter().filter(|m| m.role == "tool").count() as u32;
+    let t = Trajectory {
+        sample_id,
+        index: s.task.index,
+        version: row.versions.iter().copied().min().unwrap_or(0),
+        tokens: row.tokens.clone(),
+        prompt_len: row.prompt_len,
+        logps: row.logps.clone(),
+        spans,
+        messages: s.transcript.clone(),
+        completion: tok.decode(completion, false).unwrap_or_default(),
+        metadata: s.task.sample.metadata.clone(),
+        turns: row.versions.len() as u32,
+        tool_calls,
+        tool_truncations: 0,
+        call_kinds: BTreeMap::new(),
+        stop: StopReason::EndOfTurn,
+        truncated: false,
+        faults: Vec::new(),
+        notes: BTreeMap::new(),
+        rewards: BTreeMap::new(),
+        reward: 0.0,
+    };
+    (t, s.reward.clone())
+}
