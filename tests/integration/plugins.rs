@@ -352,7 +352,7 @@ async fn code_tool_output_is_valid_text_and_the_session_survives() {
 async fn tool_and_environment_text_cannot_forge_special_tokens() {
     use rlhost::model::tokenizer::Tokenizer;
     use rlhost::rollout::SpanKind;
-    use rlhost::rollout::engine::{escaped, inserted_ids};
+    use rlhost::rollout::render::{escaped, inserted_ids};
     let plugin = load("code_trigger").await;
     for model in ["qwen2", "qwen3", "llama"] {
         let dir = rlhost_tests::repo_root()

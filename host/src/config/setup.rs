@@ -15,7 +15,7 @@ use crate::model::{LanguageModel, Mode, peft};
 use crate::openenv::client::Remote;
 use crate::plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
 use crate::rl::trainer::Sources;
-use crate::rollout::engine::prompt_tokens;
+use crate::rollout::render::prompt_tokens;
 use crate::rollout::tools::{Catalogue, Toolbox};
 use crate::rollout::vllm::{Pool, VllmSettings};
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};

@@ -19,7 +19,7 @@ use crate::rollout::trajectory::{Span, SpanKind, StopReason};
 use crate::rollout::{BatchStats, Group, Rewards, Trajectory};
 use anyhow::Result;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -88,7 +88,8 @@ impl Link {
     }
 
     /// Serves calls with `mode` (policy `version`) until `want` task groups have ended,
-    /// then returns them as trajectory groups. `cancel` abandons the wait.
+    /// then returns them as trajectory groups. `give_up` (the run interrupted or over)
+    /// abandons the wait.
     #[allow(clippy::too_many_arguments)]
     pub fn take(
         &self,
@@ -99,11 +100,10 @@ impl Link {
         max_staleness: u64,
         rewards: &Rewards,
         handle: &Handle,
-        cancel: Option<&AtomicBool>,
+        give_up: &dyn Fn() -> bool,
     ) -> Result<Taken> {
         let t0 = Instant::now();
         self.gw.version.store(version, Ordering::Release);
-        let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
         let oldest = version.saturating_sub(max_staleness);
         let mut stats = BatchStats::default();
         let (mut stale_rows, mut timed_out) = (0, 0);
@@ -114,14 +114,14 @@ impl Link {
             self.gw.updating.store(false, Ordering::Release);
             let stop = || {
                 self.collect();
-                cancelled() || self.complete() >= want
+                give_up() || self.complete() >= want
             };
             let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
             let pumped = pump(lm, mode, &jobs, version, &stop);
             drop(jobs);
             self.gw.updating.store(true, Ordering::Release);
             let pumped = pumped?;
-            if cancelled() {
+            if give_up() {
                 anyhow::bail!(crate::rollout::engine::ABANDONED);
             }
             stats.forwards += pumped.forwards as usize;

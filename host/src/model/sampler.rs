@@ -227,6 +227,7 @@ impl<'t> Sampler<'t> {
                 l.choices.clear();
             }
         }
+        self.live.retain(|l| !l.choices.is_empty());
         Ok(())
     }
 

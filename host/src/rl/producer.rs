@@ -187,7 +187,12 @@ fn from_gateway(
             b.max_staleness,
             sources.rewards,
             handle,
-            options.cancel,
+            &|| {
+                queue.is_closed()
+                    || options
+                        .cancel
+                        .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            },
         )?;
         if let Some(bar) = &options.bar {
             bar.set_length(taken.stats.trajectories as u64);

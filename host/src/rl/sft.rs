@@ -11,7 +11,7 @@
 
 use super::optim::{Accumulator, AdamW as Optim, AdamWConfig, clip_grad_norm, lr_at};
 use crate::model::{LanguageModel, Mode, Model};
-use crate::rollout::engine::escaped;
+use crate::rollout::render::escaped;
 use crate::rollout::turns::TurnFormat;
 use crate::sample::Message;
 use anyhow::{Context, Result, bail};

@@ -54,7 +54,7 @@ impl<'t> Ask<'t> {
                     messages,
                     metadata: Json::Object(Map::new()),
                 };
-                super::engine::prompt_tokens(lm, template_kwargs, None, &sample).map_err(|e| {
+                super::render::prompt_tokens(lm, template_kwargs, None, &sample).map_err(|e| {
                     format!("the messages do not render with the chat template: {e:#}")
                 })
             }

@@ -18,8 +18,9 @@
 //! pattern's end, and its output follows the whole token.
 
 use super::asks::Ask;
+use super::render::{escaped, inserted_ids, prompt_tokens};
 use super::reward::{Rewards, Scored};
-use super::tools::{self, Answer, Toolbox, Written};
+use super::tools::{self, Answer, ToolSpec, Toolbox, Written};
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
 use super::turns::TurnFormat;
 use super::vllm::{Pool, Request, RequestError, Sampled};
@@ -30,7 +31,7 @@ use crate::model::sample::SamplingParams;
 use crate::model::tokenizer::IncrementalDecoder;
 use crate::openenv::client::{Remote, RemoteEpisode};
 use crate::plugin::model::{CallTally, GenerateCall, ModelLink, Weights};
-use crate::plugin::{EnvironmentEpisode, Fault, Plugin, StepResult, ToolsSession, TriggerSession};
+use crate::plugin::{EnvironmentEpisode, Fault, StepResult, ToolsSession, TriggerSession};
 use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value as Json};
@@ -67,13 +68,6 @@ impl Default for RolloutLimits {
             truncation_marker: "…[truncated]".into(),
         }
     }
-}
-
-/// A plugin in one role, with its configuration for that role.
-#[derive(Clone)]
-pub struct ToolSpec {
-    pub plugin: Plugin,
-    pub config: String,
 }
 
 /// What the engine needs besides the model.
@@ -1916,51 +1910,6 @@ impl Drop for Lease<'_> {
     fn drop(&mut self) {
         self.pool.release(self.version, self.mode, self.lm);
     }
-}
-
-/// A sample's prompt as token ids: its messages rendered by the chat template with a
-/// generation prompt. The contents are dataset text, not the template's: a special-token
-/// string in them stays plain text (see [`crate::model::tokenizer`]).
-pub fn prompt_tokens(
-    lm: &LanguageModel,
-    template_kwargs: &Map<String, Json>,
-    tools: Option<&[Json]>,
-    sample: &Sample,
-) -> Result<Vec<u32>> {
-    let tok = &lm.tokenizer;
-    let messages: Vec<Json> = escaped(tok, &sample.messages)
-        .iter()
-        .map(|m| serde_json::to_value(m).expect("a message is JSON"))
-        .collect();
-    let text = lm
-        .chat()?
-        .render_with_kwargs(&messages, tools, true, template_kwargs)?;
-    tok.encode_escaped(&text)
-}
-
-/// The ids of text inserted into a trajectory. Tool output is untrusted text; an
-/// environment turn is the template's rendering of [`escaped`] messages: neither can
-/// write a special token of its own (a turn boundary, an end of text).
-pub fn inserted_ids(
-    tok: &crate::model::tokenizer::Tokenizer,
-    text: &str,
-    kind: SpanKind,
-) -> Result<Vec<u32>> {
-    match kind {
-        SpanKind::Env => tok.encode_escaped(text),
-        _ => tok.encode_plain(text),
-    }
-}
-
-/// Messages with their contents escaped for rendering (see [`prompt_tokens`]).
-pub fn escaped(tok: &crate::model::tokenizer::Tokenizer, messages: &[Message]) -> Vec<Message> {
-    messages
-        .iter()
-        .map(|m| Message {
-            content: tok.escape_specials(&m.content).into_owned(),
-            ..m.clone()
-        })
-        .collect()
 }
 
 /// Where a search for `patterns` must start so that it sees every occurrence ending in

@@ -5,6 +5,7 @@
 //! - [`tools`]: native function calling: the run's `tools` plugins, their functions in
 //!   the prompt, one turn's calls run and answered as `tool` messages.
 //! - [`turns`]: continuing a conversation with the chat template, turn by turn.
+//! - [`render`]: a sample's prompt and inserted text as token ids, specials escaped.
 //! - [`trajectory`]: what a finished rollout holds (tokens, log-probs, loss mask, spans).
 //! - [`reward`]: reward plugins' components, weighted and summed.
 //! - [`asks`]: plugins' `model.generate` calls, sampled beside a batch's trajectories.
@@ -15,6 +16,7 @@ pub mod asks;
 pub mod engine;
 pub mod eval;
 pub mod queue;
+pub mod render;
 pub mod reward;
 pub mod tool_calls;
 pub mod tools;
@@ -22,6 +24,7 @@ pub mod trajectory;
 pub mod turns;
 pub mod vllm;
 
-pub use engine::{BatchStats, Engine, RolloutLimits, RolloutSettings, ToolSpec};
+pub use engine::{BatchStats, Engine, RolloutLimits, RolloutSettings};
 pub use reward::{RewardSpec, Rewards, Scored};
+pub use tools::ToolSpec;
 pub use trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};

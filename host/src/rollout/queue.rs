@@ -153,6 +153,11 @@ impl<T> RolloutQueue<T> {
         self.len() == 0
     }
 
+    /// Whether the run has ended (a producer waiting on something else looks here).
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Ends the run: waiting producers and consumers return `Closed`.
     pub fn close(&self) {
         self.lock().closed = true;

@@ -17,15 +17,21 @@
 //!   a trap, the deadline or the memory cap is the plugin's fault (`fault`), recorded on
 //!   the trajectory, and the model reads `error: the tool failed (…)`.
 
-use super::engine::ToolSpec;
 use super::tool_calls::{self, CallError, CallFormat, Malformed, ToolCall};
 use crate::model::chat::ChatTemplate;
-use crate::plugin::{Fault, FunctionSpec, Role, ToolsSession};
+use crate::plugin::{Fault, FunctionSpec, Plugin, Role, ToolsSession};
 use crate::sample::{Message, MessageToolCall, Sample};
 use anyhow::{Context, Result, bail};
 use futures_util::future::{join, join_all};
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
+
+/// A plugin in one role, with its configuration for that role.
+#[derive(Clone)]
+pub struct ToolSpec {
+    pub plugin: Plugin,
+    pub config: String,
+}
 
 /// `rollout.tool_call_format`.
 #[derive(
