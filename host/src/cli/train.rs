@@ -165,6 +165,19 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         let (lm, sources) = setup.train_parts();
         let outcome = trainer::train(lm, sources, &plan, &run, handle);
         interrupt::disarm();
+        if let Some(link) = &setup.gateway {
+            let s = link.gw.status();
+            eprintln!(
+                "gateway: {} sessions ended, {} calls ({} continued their session's row, {} drifted), {} malformed tool calls, {} abandoned, {} refused while updating",
+                s["sessions"]["ended"],
+                s["session_calls"],
+                s["extended_calls"],
+                s["drifts"],
+                s["malformed_tool_calls"],
+                s["abandoned_calls"],
+                s["refused_while_updating"]
+            );
+        }
         outcome
     })();
     match &result {
