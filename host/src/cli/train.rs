@@ -168,14 +168,16 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         if let Some(link) = &setup.gateway {
             let s = link.gw.status();
             eprintln!(
-                "gateway: {} sessions ended, {} calls ({} continued their session's row, {} drifted), {} malformed tool calls, {} abandoned, {} refused while updating",
+                "gateway: {} sessions ended, {} calls ({} continued their session's row, {} drifted), {} malformed tool calls, {} abandoned, {} refused while updating, {} stale rows and {} timed-out sessions left out",
                 s["sessions"]["ended"],
                 s["session_calls"],
                 s["extended_calls"],
                 s["drifts"],
                 s["malformed_tool_calls"],
                 s["abandoned_calls"],
-                s["refused_while_updating"]
+                s["refused_while_updating"],
+                s["stale_rows"],
+                s["timed_out_sessions"]
             );
         }
         outcome

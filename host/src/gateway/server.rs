@@ -51,6 +51,9 @@ pub struct Counters {
     pub failed: AtomicU64,
     pub bad_requests: AtomicU64,
     pub sampled_tokens: AtomicU64,
+    /// A training run's: session rows left out as too stale, sessions that timed out.
+    pub stale_rows: AtomicU64,
+    pub timed_out_sessions: AtomicU64,
 }
 
 /// Where `/rl/tasks/next` takes tasks: the run's dataset, G sessions a task.
@@ -146,6 +149,8 @@ impl Gateway {
             "failed_calls": n(&c.failed),
             "bad_requests": n(&c.bad_requests),
             "sampled_tokens": n(&c.sampled_tokens),
+            "stale_rows": n(&c.stale_rows),
+            "timed_out_sessions": n(&c.timed_out_sessions),
         })
     }
 }

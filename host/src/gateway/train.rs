@@ -163,6 +163,10 @@ impl Link {
         }
         stats.wall_s = t0.elapsed().as_secs_f64();
         stats.decode_s = stats.wall_s;
+        let c = &self.gw.counters;
+        c.stale_rows.fetch_add(stale_rows as u64, Ordering::Relaxed);
+        c.timed_out_sessions
+            .fetch_add(timed_out as u64, Ordering::Relaxed);
         if stale_rows > 0 {
             tracing::warn!(
                 "gateway: {stale_rows} session rows were sampled by a policy older than version {oldest} (rollout.max_staleness = {max_staleness}) and are left out"
