@@ -19,26 +19,9 @@ struct Gateway {
 
 impl Gateway {
     fn start(dir: &Path, record: &Path, extra: &[&str]) -> Gateway {
-        let model = super::units_task::small_units_model();
-        let config = format!(
-            r#"
-[run]
-seed = 3
-[model]
-path = {model:?}
-[data]
-plugin = "units_task"
-plugin_config = {{ kinds = ["add_days"] }}
-eval_size = 0
-[rollout]
-group_size = 8
-[plugins.units_task]
-path = {task:?}
-[[rewards]]
-plugin = "units_task"
-"#,
-            model = model.display().to_string(),
-            task = plugin("units_task").display().to_string(),
+        let config = units_config(
+            3,
+            "[rollout]\ngroup_size = 8\n[[rewards]]\nplugin = \"units_task\"\n",
         );
         let path = dir.join("serve.toml");
         std::fs::write(&path, config).unwrap();
@@ -76,6 +59,26 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A run config on the small units model and its `add_days` tasks, `rest` after it.
+fn units_config(seed: u64, rest: &str) -> String {
+    format!(
+        r#"
+[run]
+seed = {seed}
+[model]
+path = {model:?}
+[data]
+plugin = "units_task"
+plugin_config = {{ kinds = ["add_days"] }}
+eval_size = 0
+[plugins.units_task]
+path = {task:?}
+{rest}"#,
+        model = super::units_task::small_units_model().display().to_string(),
+        task = plugin("units_task").display().to_string(),
+    )
 }
 
 /// The official client's python, or `None` (skipped) — the OpenEnv venv holds `openai`.
@@ -263,24 +266,15 @@ fn a_run_trains_on_the_sessions_of_an_agent() {
         return;
     };
     let dir = temp_dir("gateway-train");
-    let model = super::units_task::small_units_model();
-    let config = format!(
-        r#"
-[run]
-seed = 5
-[model]
-path = {model:?}
-[data]
-plugin = "units_task"
-plugin_config = {{ kinds = ["add_days"] }}
-eval_size = 0
+    let config = units_config(
+        5,
+        &format!(
+            r#"
 [rollout]
 group_size = 4
 prompts_per_step = 2
 tools = ["units"]
 max_total_tokens = 768
-[plugins.units_task]
-path = {task:?}
 [plugins.units]
 path = {units:?}
 [[rewards]]
@@ -294,9 +288,8 @@ steps = 3
 lr = 0.004
 save_every = 100
 "#,
-        model = model.display().to_string(),
-        task = plugin("units_task").display().to_string(),
-        units = plugin("units").display().to_string(),
+            units = plugin("units").display().to_string(),
+        ),
     );
     std::fs::write(dir.join("gw.toml"), config).unwrap();
     let out = dir.join("run");

@@ -259,7 +259,7 @@ async fn chat_anywhere(
     body: Bytes,
 ) -> Response {
     let session = session_of(None, &headers);
-    chat(gw, session, body).await
+    answered(&gw, chat(gw.clone(), session, body).await)
 }
 
 async fn chat_in_session(
@@ -267,7 +267,7 @@ async fn chat_in_session(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    chat(gw, Some(id), body).await
+    answered(&gw, chat(gw.clone(), Some(id), body).await)
 }
 
 async fn complete_anywhere(
@@ -276,7 +276,7 @@ async fn complete_anywhere(
     body: Bytes,
 ) -> Response {
     let session = session_of(None, &headers);
-    complete(gw, session, body).await
+    answered(&gw, complete(gw.clone(), session, body).await)
 }
 
 async fn complete_in_session(
@@ -284,7 +284,17 @@ async fn complete_in_session(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    complete(gw, Some(id), body).await
+    answered(&gw, complete(gw.clone(), Some(id), body).await)
+}
+
+/// A sampling route's answer, or its error (a 400 counted as a bad request).
+fn answered(gw: &Gateway, result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(|e| {
+        if e.status == 400 {
+            gw.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+        }
+        error(e)
+    })
 }
 
 /// A session's call in progress: abandoned when dropped unfinished (the client went
@@ -463,19 +473,7 @@ fn params(
     }
 }
 
-async fn chat(gw: Arc<Gateway>, session: Option<String>, body: Bytes) -> Response {
-    match chat_inner(gw.clone(), session, body).await {
-        Ok(r) => r,
-        Err(e) => {
-            if e.status == 400 {
-                gw.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
-            }
-            error(e)
-        }
-    }
-}
-
-async fn chat_inner(
+async fn chat(
     gw: Arc<Gateway>,
     session: Option<String>,
     body: Bytes,
@@ -898,19 +896,7 @@ fn stream_chat(
 }
 
 /// `POST /v1/completions`: a text prompt, or token ids, or a list of either.
-async fn complete(gw: Arc<Gateway>, session: Option<String>, body: Bytes) -> Response {
-    match complete_inner(gw.clone(), session, body).await {
-        Ok(r) => r,
-        Err(e) => {
-            if e.status == 400 {
-                gw.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
-            }
-            error(e)
-        }
-    }
-}
-
-async fn complete_inner(
+async fn complete(
     gw: Arc<Gateway>,
     session: Option<String>,
     body: Bytes,

@@ -339,11 +339,13 @@ impl ChatRequest {
             }
         }
         let tool_choice = tool_choice(o.get("tool_choice"), &tools)?;
-        let temperature = bounded(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
-        let top_p = bounded(o, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
-        if top_p == 0.0 {
-            return Err(ApiError::invalid("top_p", "`top_p` must be above 0"));
-        }
+        let Sampling {
+            temperature,
+            top_p,
+            n,
+            stop,
+            seed,
+        } = sampling(o)?;
         let max_tokens = match field::<u64>(o, "max_completion_tokens")? {
             Some(n) => Some((n, "max_completion_tokens")),
             None => field::<u64>(o, "max_tokens")?.map(|n| (n, "max_tokens")),
@@ -354,28 +356,6 @@ impl ChatRequest {
                 format!("`{name}` must be at least 1"),
             ));
         }
-        let stop = match field::<Stop>(o, "stop")? {
-            None => vec![],
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
-        };
-        if stop.len() > MAX_STOP || stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid(
-                "stop",
-                format!(
-                    "`stop` holds {} strings; at most {MAX_STOP}, none empty",
-                    stop.len()
-                ),
-            ));
-        }
-        let n = field::<u64>(o, "n")?.unwrap_or(1) as usize;
-        if !(1..=MAX_N).contains(&n) {
-            return Err(ApiError::invalid(
-                "n",
-                format!("`n` is {n}; it must be 1 to {MAX_N}"),
-            ));
-        }
-        let seed = field::<i64>(o, "seed")?.map(|s| s as u64);
         let want_logprobs = field::<bool>(o, "logprobs")?.unwrap_or(false);
         let top = field::<u64>(o, "top_logprobs")?;
         let logprobs = match (want_logprobs, top) {
@@ -400,21 +380,6 @@ impl ChatRequest {
             return Err(ApiError::invalid(
                 "stream_options",
                 "`stream_options` is only for `stream: true`",
-            ));
-        }
-        // Honoured or refused, never ignored: each would change what the caller gets.
-        for name in ["presence_penalty", "frequency_penalty"] {
-            if bounded(o, name, -2.0, 2.0)?.is_some_and(|x| x != 0.0) {
-                return Err(ApiError::invalid(
-                    name,
-                    format!("`{name}` is not supported: the policy samples as it is trained"),
-                ));
-            }
-        }
-        if field::<Map<String, Value>>(o, "logit_bias")?.is_some_and(|m| !m.is_empty()) {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                "`logit_bias` is not supported: the policy samples as it is trained",
             ));
         }
         if let Some(format) = field::<Value>(o, "response_format")?
@@ -442,6 +407,68 @@ impl ChatRequest {
             parallel_tool_calls: field::<bool>(o, "parallel_tool_calls")?.unwrap_or(true),
         })
     }
+}
+
+/// The sampling fields both requests share, checked.
+struct Sampling {
+    temperature: f64,
+    top_p: f64,
+    n: usize,
+    stop: Vec<String>,
+    seed: Option<u64>,
+}
+
+/// Reads the shared sampling fields, and refuses those that would change what the
+/// caller gets if ignored (the penalties, `logit_bias`): honoured or refused, never
+/// ignored.
+fn sampling(o: &Map<String, Value>) -> Result<Sampling, ApiError> {
+    let temperature = bounded(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
+    let top_p = bounded(o, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
+    if top_p == 0.0 {
+        return Err(ApiError::invalid("top_p", "`top_p` must be above 0"));
+    }
+    let n = field::<u64>(o, "n")?.unwrap_or(1) as usize;
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` is {n}; it must be 1 to {MAX_N}"),
+        ));
+    }
+    let stop = match field::<Stop>(o, "stop")? {
+        None => vec![],
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop.len() > MAX_STOP || stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "`stop` holds {} strings; at most {MAX_STOP}, none empty",
+                stop.len()
+            ),
+        ));
+    }
+    for name in ["presence_penalty", "frequency_penalty"] {
+        if bounded(o, name, -2.0, 2.0)?.is_some_and(|x| x != 0.0) {
+            return Err(ApiError::invalid(
+                name,
+                format!("`{name}` is not supported: the policy samples as it is trained"),
+            ));
+        }
+    }
+    if field::<Map<String, Value>>(o, "logit_bias")?.is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported: the policy samples as it is trained",
+        ));
+    }
+    Ok(Sampling {
+        temperature,
+        top_p,
+        n,
+        stop,
+        seed: field::<i64>(o, "seed")?.map(|s| s as u64),
+    })
 }
 
 /// What each role must carry.
@@ -600,38 +627,19 @@ impl CompletionRequest {
                 "`max_tokens` must be at least 1",
             ));
         }
-        let temperature = bounded(&o, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
-        let top_p = bounded(&o, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
-        if top_p == 0.0 {
-            return Err(ApiError::invalid("top_p", "`top_p` must be above 0"));
-        }
-        let n = field::<u64>(&o, "n")?.unwrap_or(1) as usize;
-        if !(1..=MAX_N).contains(&n) {
-            return Err(ApiError::invalid(
-                "n",
-                format!("`n` is {n}; it must be 1 to {MAX_N}"),
-            ));
-        }
+        let Sampling {
+            temperature,
+            top_p,
+            n,
+            stop,
+            seed,
+        } = sampling(&o)?;
         if let Some(b) = field::<u64>(&o, "best_of")?
             && b as usize != n
         {
             return Err(ApiError::invalid(
                 "best_of",
                 "`best_of` is not supported (every sample is returned): leave it out",
-            ));
-        }
-        let stop = match field::<Stop>(&o, "stop")? {
-            None => vec![],
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
-        };
-        if stop.len() > MAX_STOP || stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid(
-                "stop",
-                format!(
-                    "`stop` holds {} strings; at most {MAX_STOP}, none empty",
-                    stop.len()
-                ),
             ));
         }
         let logprobs = field::<u64>(&o, "logprobs")?.map(|k| k as usize);
@@ -659,20 +667,6 @@ impl CompletionRequest {
                 "streaming is served for /v1/chat/completions; call /v1/completions without `stream`",
             ));
         }
-        for name in ["presence_penalty", "frequency_penalty"] {
-            if bounded(&o, name, -2.0, 2.0)?.is_some_and(|x| x != 0.0) {
-                return Err(ApiError::invalid(
-                    name,
-                    format!("`{name}` is not supported: the policy samples as it is trained"),
-                ));
-            }
-        }
-        if field::<Map<String, Value>>(&o, "logit_bias")?.is_some_and(|m| !m.is_empty()) {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                "`logit_bias` is not supported: the policy samples as it is trained",
-            ));
-        }
         Ok(CompletionRequest {
             model,
             prompts,
@@ -681,7 +675,7 @@ impl CompletionRequest {
             top_p,
             n,
             stop,
-            seed: field::<i64>(&o, "seed")?.map(|s| s as u64),
+            seed,
             logprobs,
         })
     }
