@@ -8,6 +8,7 @@ are plain HTTP, called with the standard library as an agent would with any clie
 """
 
 import json
+import os
 import sys
 import threading
 import urllib.error
@@ -19,47 +20,10 @@ from openai import OpenAI
 BASE = sys.argv[1].rstrip("/")
 MODEL = "policy"
 
-# The units plugin's functions (plugins/units/tools.py), declared by the agent itself
-# as the model saw them in its warm start; add_days is run here, in Python.
-ALL_UNITS = sorted(["m", "km", "cm", "mm", "mi", "ft", "in", "yd", "kg", "g", "lb", "oz",
-                    "s", "min", "h", "day", "C", "F", "K"])
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "convert",
-        "description": "Convert a quantity between units of length, mass, time or temperature.",
-        "parameters": {"type": "object", "properties": {
-            "value": {"type": "number", "description": "The quantity."},
-            "from": {"type": "string", "enum": ALL_UNITS},
-            "to": {"type": "string", "enum": ALL_UNITS}},
-            "required": ["value", "from", "to"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "add_days",
-        "description": "The date a number of days after (or before, if negative) a date given as YYYY-MM-DD.",
-        "parameters": {"type": "object", "properties": {
-            "date": {"type": "string", "description": "YYYY-MM-DD"},
-            "days": {"type": "integer", "minimum": -1000000, "maximum": 1000000}},
-            "required": ["date", "days"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "exact",
-        "description": "Exact arithmetic on fractions: a op b with op one of + - * /, as a reduced fraction.",
-        "parameters": {"type": "object", "properties": {
-            "a": {"type": "string", "description": "An integer or fraction, e.g. 3/4"},
-            "op": {"type": "string", "enum": ["+", "-", "*", "/"]},
-            "b": {"type": "string"}},
-            "required": ["a", "op", "b"], "additionalProperties": False}}},
-]
-
-
-def run_tool(name, args):
-    """The agent's own implementation of a call (only add_days; others answer an error)."""
-    import datetime
-    if name == "add_days":
-        try:
-            start = datetime.date.fromisoformat(args["date"])
-            return (start + datetime.timedelta(days=int(args["days"]))).isoformat()
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
-            return f"error: {e}"
-    return f"error: {name} is not available"
+# The agent's own declarations of the units functions and its Python implementation of
+# them (examples/agents/units_agent.py), as the model saw them in its warm start.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "agents"))
+from units_agent import TOOLS, run_call  # noqa: E402
 
 
 checks = []
@@ -200,29 +164,46 @@ def episode(s, turns=3):
         assert r.choices[0].finish_reason == "tool_calls"
         for call in m.tool_calls:
             calls += 1
-            result = run_tool(call.function.name, json.loads(call.function.arguments))
+            json.loads(call.function.arguments)
+            result = run_call(call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return calls, messages
 
 
-@check("a task's sessions replay their history token-exactly: one row each, no drift")
+def replay(s):
+    """Runs an episode in session `s` and ends it with reward 1; checks its recording
+    (one row per drift plus one, log-probs of sampled tokens); returns the calls made and
+    whether a follow-up call drifted."""
+    calls, _ = episode(s)
+    rec = get(f"/sessions/{s['session_id']}")
+    assert len(rec["rows"]) == len(rec["drifts"]) + 1, rec
+    for row in rec["rows"]:
+        sampled = [lp for lp in row["logps"] if lp is not None]
+        assert sampled and all(lp <= 0 for lp in sampled)
+    assert sum(len(r["versions"]) for r in rec["rows"]) == rec["calls"]
+    status, end = post(f"/sessions/{s['session_id']}/end", {"reward": 1.0})
+    assert status == 200 and end["rows"] == len(rec["rows"]) and end["reward"]["total"] == 1.0, end
+    return calls, bool(rec["drifts"])
+
+
+@check("a task's sessions replay their history token-exactly: one row each, drift rare")
 def _():
     group = [post("/rl/tasks/next")[1] for _ in range(8)]
     assert len({g["task"]["id"] for g in group}) == 1 and [g["group"]["index"] for g in group] == list(range(8))
-    total_calls = 0
-    for s in group:
-        calls, _ = episode(s)
-        total_calls += calls
-        rec = get(f"/sessions/{s['session_id']}")
-        assert len(rec["rows"]) == 1 and rec["drifts"] == [], rec["drifts"]
-        row = rec["rows"][0]
-        sampled = [lp for lp in row["logps"] if lp is not None]
-        assert sampled and all(lp <= 0 for lp in sampled)
-        assert len(row["versions"]) == rec["calls"]
-        status, end = post(f"/sessions/{s['session_id']}/end", {"reward": 1.0})
-        assert status == 200 and end["rows"] == 1 and end["reward"]["total"] == 1.0, end
-    # The warm-started model calls the function in some of them: replayed calls are tested.
-    assert total_calls >= 1, "no session made a tool call"
+    runs = [replay(s) for s in group]
+    # The warm-started model calls a function in some sessions (sampled at T = 1): more
+    # sessions of the same task until one replayed its call and result into one row.
+    for _ in range(40):
+        if any(calls and not drifted for calls, drifted in runs):
+            break
+        status, s = post("/rl/sessions", {"messages": group[0]["task"]["messages"],
+                                          "metadata": group[0]["task"]["metadata"]})
+        assert status == 201, s
+        runs.append(replay(s))
+    assert any(calls and not drifted for calls, drifted in runs), f"no session replayed a call into one row: {runs}"
+    # A drift comes from the model writing text that re-renders to other tokens (3 in
+    # 7,386 calls of the built-in run); with replayed history it stays the exception.
+    assert sum(drifted for _, drifted in runs) <= len(runs) // 4, runs
 
 
 @check("an edited history starts a new row and counts a drift")
