@@ -18,3 +18,4 @@ pub mod rollout;
 pub mod sample;
 pub mod status;
 pub mod step;
+pub mod tinker;

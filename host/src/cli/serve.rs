@@ -2,6 +2,9 @@
 //! (the built-in one by default, with `--adapter` applied) answers Chat Completions on
 //! 127.0.0.1; sessions hand out the config's tasks (`/rl/tasks/next`) and are recorded
 //! token-exactly; each ended session is written as one JSON line to `--record`.
+//!
+//! `rlhost serve --tinker` serves the Tinker training API instead, on the same model:
+//! clients create LoRA adapters on it, train them with their own loop and sample from them.
 
 use crate::gateway::chat::Renderer;
 use crate::gateway::pump::{Job, pump};
@@ -39,9 +42,20 @@ pub struct ServeArgs {
     /// Connections served at once.
     #[arg(long, default_value_t = server::MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Serve the Tinker training API (for the official `tinker` SDK: set TINKER_BASE_URL
+    /// to the printed URL) instead of the OpenAI-compatible one.
+    #[arg(long)]
+    tinker: bool,
+    /// With --tinker: where checkpoints (`save_state`, `save_weights_for_sampler`) are
+    /// written, as `<dir>/<model id>/<weights|sampler_weights>/<name>/` in PEFT's format.
+    #[arg(long, default_value = "tinker-checkpoints", requires = "tinker")]
+    checkpoints: PathBuf,
 }
 
 pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
+    if args.tinker {
+        return tinker(args, handle, quiet);
+    }
     let mut set = args.source.set.clone();
     if let Some(adapter) = &args.adapter {
         set.push(crate::config::set_path("model.adapter", adapter)?);
@@ -120,6 +134,44 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
             "rlhost serve: stopped after {} requests ({} forwards), {} sessions ended, {} drifts",
             pumped.requests, pumped.forwards, s["sessions"]["ended"], s["drifts"]
         );
+    }
+    Ok(())
+}
+
+/// `rlhost serve --tinker`: the Tinker API on the run config's model until interrupted.
+fn tinker(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
+    if args.adapter.is_some() || args.record.is_some() || args.group_size.is_some() {
+        anyhow::bail!(
+            "--adapter, --record and --group-size are the OpenAI gateway's; with --tinker, clients \
+             create their adapters (load one with create_training_client_from_state)"
+        );
+    }
+    let loaded = super::load_config(
+        args.source.config.as_deref(),
+        &args.source.plugins,
+        &args.source.set,
+        handle,
+    )?;
+    let name = loaded.config.model.path.display().to_string();
+    let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
+    let dir = setup.lm.dir.clone();
+    let serving = crate::tinker::serve(
+        setup.lm,
+        name.clone(),
+        args.checkpoints.clone(),
+        &args.addr,
+        args.max_connections,
+    )?;
+    println!(
+        "rlhost serve --tinker: {} as base model `{name}` at http://{} (TINKER_BASE_URL; checkpoints in {})",
+        dir.display(),
+        serving.addr,
+        serving.tinker.root.display()
+    );
+    std::io::stdout().flush()?;
+    let interrupted = super::interrupt::arm();
+    while !interrupted.load(Ordering::Relaxed) && !serving.worker.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
     Ok(())
 }

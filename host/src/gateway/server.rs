@@ -1196,38 +1196,16 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// Binds `addr` now (a taken port is an error before anything loads) and serves the
 /// routes on a runtime of their own, on two threads; returns the bound address.
 pub fn spawn(gw: Arc<Gateway>, addr: &str, max_connections: usize) -> anyhow::Result<SocketAddr> {
-    use anyhow::Context;
-    let listener = std::net::TcpListener::bind(addr).with_context(|| {
-        format!("cannot listen on {addr} (is the port taken? `127.0.0.1:0` picks a free one)")
-    })?;
-    listener.set_nonblocking(true)?;
-    let local = listener.local_addr()?;
+    let local = crate::status::server::spawn_app(
+        "gateway",
+        addr,
+        max_connections,
+        Box::new({
+            let gw = gw.clone();
+            move || router(gw)
+        }),
+    )?;
     let _ = gw.addr.set(local);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("rlhost-gateway")
-        .enable_all()
-        .build()
-        .context("cannot start the gateway's runtime")?;
-    std::thread::Builder::new()
-        .name("rlhost-gateway".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(listener) => {
-                        crate::status::server::serve(
-                            listener,
-                            router(gw),
-                            max_connections,
-                            crate::status::server::HEADER_TIMEOUT,
-                        )
-                        .await
-                    }
-                    Err(e) => tracing::error!("gateway: {e}"),
-                }
-            })
-        })
-        .context("cannot start the gateway's thread")?;
     Ok(local)
 }
 

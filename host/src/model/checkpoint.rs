@@ -64,7 +64,8 @@ pub fn recomputed(
         adapters
             .iter()
             .map(|(id, a, b)| (*id, a.detach(), b.detach())),
-    );
+    )
+    .with_scaling(mode.adapter.and_then(|s| s.scaling));
     let y = block(
         &x.detach(),
         Mode {

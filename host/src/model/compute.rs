@@ -97,7 +97,8 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
         && super::cpu::lora_op::applies(lin, x)
     {
         let (a, b) = lora.pair(mode.adapter);
-        let y = super::cpu::lora_op::lora_linear(x, &lin.weight, a, b, lora.scaling)?;
+        let s = lora.scaling_in(mode.adapter);
+        let y = super::cpu::lora_op::lora_linear(x, &lin.weight, a, b, s)?;
         return match &lin.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -106,6 +107,7 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
     let Some(lora) = lin.lora.as_ref().filter(|_| mode.adapters) else {
         return affine(x, &lin.weight, lin.bias.as_ref());
     };
+    let scaling = lora.scaling_in(mode.adapter);
     let (a, b) = if let Some((a, b)) = mode.adapter.and_then(|s| s.get(lora)) {
         // A trainable set builds a graph only when asked to.
         if mode.grad {
@@ -148,14 +150,14 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
                     &dense
                 }
             };
-            return super::cuda::lora::lora_linear(x, w, lin.bias.as_ref(), &a, &b, lora.scaling);
+            return super::cuda::lora::lora_linear(x, w, lin.bias.as_ref(), &a, &b, scaling);
         }
         let y = affine(x, &lin.weight, lin.bias.as_ref())?;
         let x = match mode.dropout_rng {
             Some(rng) if lora.dropout > 0.0 => dropout(x, lora.dropout, rng)?,
             _ => x.clone(),
         };
-        return half_lora_delta(&x, &a, &b, lora.scaling).and_then(|delta| y + delta);
+        return half_lora_delta(&x, &a, &b, scaling).and_then(|delta| y + delta);
     }
     let y = affine(x, &lin.weight, lin.bias.as_ref())?;
     let x = x.to_dtype(a.dtype())?;
@@ -164,7 +166,7 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
         _ => x,
     };
     let low = x.broadcast_matmul(&a.t()?)?;
-    let delta = (low.broadcast_matmul(&b.t()?)? * lora.scaling)?;
+    let delta = (low.broadcast_matmul(&b.t()?)? * scaling)?;
     (y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())
 }
 

@@ -102,6 +102,16 @@ impl Lora {
         }
     }
 
+    /// The scaling a forward applies: `set`'s own when it holds this adapter and has one
+    /// (an adapter of another rank or alpha on the same projections: the Tinker API's
+    /// tenants), the live adapter's otherwise.
+    pub fn scaling_in(&self, set: Option<&AdapterSnapshot>) -> f64 {
+        match set {
+            Some(s) if s.get(self).is_some() => s.scaling.unwrap_or(self.scaling),
+            _ => self.scaling,
+        }
+    }
+
     /// PEFT's initialisation: A Kaiming-uniform, B zero.
     pub fn init(
         in_f: usize,
@@ -171,6 +181,9 @@ pub struct AdapterSnapshot {
     /// Keyed by the live `lora_A` tensor's id (the optimizer updates it in place, so the
     /// id stays).
     tensors: HashMap<TensorId, (Tensor, Tensor)>,
+    /// `alpha / r` of a set whose adapter is not the live one's shape (`None`: the live
+    /// adapter's scaling).
+    pub scaling: Option<f64>,
 }
 
 impl AdapterSnapshot {
@@ -184,7 +197,11 @@ impl AdapterSnapshot {
                 tensors.insert(a.id(), (copy(a)?, copy(l.lora_b.as_tensor())?));
             }
         }
-        Ok(AdapterSnapshot { version, tensors })
+        Ok(AdapterSnapshot {
+            version,
+            tensors,
+            scaling: None,
+        })
     }
 
     /// A second, trainable adapter on the same projections, initialised as PEFT does (A
@@ -220,6 +237,7 @@ impl AdapterSnapshot {
             AdapterSnapshot {
                 version: 0,
                 tensors,
+                scaling: None,
             },
             vars,
         ))
@@ -233,7 +251,14 @@ impl AdapterSnapshot {
         AdapterSnapshot {
             version,
             tensors: pairs.into_iter().map(|(id, a, b)| (id, (a, b))).collect(),
+            scaling: None,
         }
+    }
+
+    /// The set with `scaling` in place of the live adapter's.
+    pub fn with_scaling(mut self, scaling: Option<f64>) -> Self {
+        self.scaling = scaling;
+        self
     }
 
     pub fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {

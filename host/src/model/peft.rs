@@ -112,6 +112,32 @@ fn parse_config(v: &Value) -> Result<LoraConfig> {
 
 /// Attaches the adapter in `dir` to `model`, replacing any adapter it has.
 pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
+    let (cfg, pairs) = read_pairs(model, dir)?;
+    let mut pairs: HashMap<String, (Tensor, Tensor)> =
+        pairs.into_iter().map(|(m, a, b)| (m, (a, b))).collect();
+    let paths: Vec<String> = model.projections().into_iter().map(|(p, _, _)| p).collect();
+    for module in paths {
+        let lin = model
+            .projection_mut(&module)
+            .expect("listed by projections()");
+        lin.lora = match pairs.remove(&module) {
+            None => None,
+            Some((a, b)) => Some(super::lora::Lora {
+                lora_a: Var::from_tensor(&a)?,
+                lora_b: Var::from_tensor(&b)?,
+                scaling: cfg.scaling(),
+                dropout: cfg.dropout,
+            }),
+        };
+    }
+    model.lora = Some(cfg);
+    Ok(())
+}
+
+/// The adapter in `dir` as its config and, for each projection of `model` it targets, the
+/// module path with `A: [r, in]` and `B: [out, r]` in f32 on the model's device, checked
+/// against the model's shapes.
+pub fn read_pairs(model: &Model, dir: &Path) -> Result<(LoraConfig, Vec<(String, Tensor, Tensor)>)> {
     let cfg = read_config(dir)?;
     let path = dir.join(WEIGHTS_FILE);
     if !path.is_file() {
@@ -122,21 +148,13 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
     }
     let mut tensors = candle_core::safetensors::load(&path, model.device())
         .with_context(|| format!("{} is not a readable safetensors file", path.display()))?;
-    let paths: Vec<(String, &'static str)> = model
-        .projections()
-        .into_iter()
-        .map(|(p, name, _)| (p, name))
-        .collect();
-    for (module, name) in paths {
-        let lin = model
-            .projection_mut(&module)
-            .expect("listed by projections()");
+    let mut pairs = Vec::new();
+    for (module, name, lin) in model.projections() {
         if !cfg.targets(name) {
-            lin.lora = None;
             continue;
         }
         let (out_f, in_f) = (lin.out_features(), lin.in_features());
-        let mut take = |which: &str, shape: [usize; 2]| -> Result<Var> {
+        let mut take = |which: &str, shape: [usize; 2]| -> Result<Tensor> {
             let key = format!("{KEY_PREFIX}{module}.{which}.weight");
             let t = tensors
                 .remove(&key)
@@ -149,16 +167,11 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
                     cfg.r
                 );
             }
-            Ok(Var::from_tensor(&t.to_dtype(DType::F32)?)?)
+            Ok(t.to_dtype(DType::F32)?)
         };
-        let lora_a = take("lora_A", [cfg.r, in_f])?;
-        let lora_b = take("lora_B", [out_f, cfg.r])?;
-        lin.lora = Some(super::lora::Lora {
-            lora_a,
-            lora_b,
-            scaling: cfg.scaling(),
-            dropout: cfg.dropout,
-        });
+        let a = take("lora_A", [cfg.r, in_f])?;
+        let b = take("lora_B", [out_f, cfg.r])?;
+        pairs.push((module, a, b));
     }
     if let Some(extra) = tensors.keys().min() {
         bail!(
@@ -166,8 +179,7 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
             path.display()
         );
     }
-    model.lora = Some(cfg);
-    Ok(())
+    Ok((cfg, pairs))
 }
 
 /// Writes `model`'s adapter to `dir` in PEFT's format. Each file is written to a temporary
@@ -188,14 +200,29 @@ pub fn save_adapter_as(
         .lora
         .as_ref()
         .context("the model has no adapter to save")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let mut pairs = Vec::new();
     for (module, _, lin) in model.projections() {
         if let Some(l) = &lin.lora {
             let (a, b) = l.pair(snapshot);
-            tensors.push((format!("{KEY_PREFIX}{module}.lora_A.weight"), a.clone()));
-            tensors.push((format!("{KEY_PREFIX}{module}.lora_B.weight"), b.clone()));
+            pairs.push((module, a.clone(), b.clone()));
         }
+    }
+    save_pairs(pairs, cfg, dir, base_model)
+}
+
+/// Writes an adapter given as `(module path, A, B)` triples with its config to `dir` in
+/// PEFT's format, each file atomically.
+pub fn save_pairs(
+    pairs: Vec<(String, Tensor, Tensor)>,
+    cfg: &LoraConfig,
+    dir: &Path,
+    base_model: Option<&str>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for (module, a, b) in pairs {
+        tensors.push((format!("{KEY_PREFIX}{module}.lora_A.weight"), a));
+        tensors.push((format!("{KEY_PREFIX}{module}.lora_B.weight"), b));
     }
     write_safetensors(&dir.join(WEIGHTS_FILE), tensors)?;
     let mut targets = cfg.target_modules.clone();

@@ -230,6 +230,43 @@ struct Open {
 /// The open connections, oldest first.
 type Table = Arc<Mutex<VecDeque<Open>>>;
 
+/// Binds `addr` now (a taken port is an error before anything loads) and serves the app
+/// `make` builds on a runtime of its own, on two threads named `rlhost-NAME`, connections
+/// bounded as [`serve`] bounds them; returns the bound address.
+pub fn spawn_app(
+    name: &str,
+    addr: &str,
+    max_connections: usize,
+    make: Box<dyn FnOnce() -> Router + Send>,
+) -> Result<std::net::SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr).with_context(|| {
+        format!("cannot listen on {addr} (is the port taken? `127.0.0.1:0` picks a free one)")
+    })?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(format!("rlhost-{name}"))
+        .enable_all()
+        .build()
+        .with_context(|| format!("cannot start the {name}'s runtime"))?;
+    let label = name.to_string();
+    std::thread::Builder::new()
+        .name(format!("rlhost-{name}"))
+        .spawn(move || {
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        serve(listener, make(), max_connections, HEADER_TIMEOUT).await
+                    }
+                    Err(e) => tracing::error!("{label}: {e}"),
+                }
+            })
+        })
+        .with_context(|| format!("cannot start the {name}'s thread"))?;
+    Ok(local)
+}
+
 /// Accepts connections and serves each over HTTP/1.1 with a header timeout, at most
 /// `max_connections` at once: a connection beyond that closes the oldest idle one, or,
 /// when none is idle, waits for one to end.

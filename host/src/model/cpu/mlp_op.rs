@@ -73,7 +73,7 @@ pub fn lora_mlp(
             bail!("mlp: adapter {i} is A {:?}, B {:?}", a.dims(), b.dims());
         }
         ranks[i] = r;
-        scaling[i] = lora.scaling as f32;
+        scaling[i] = lora.scaling_in(set) as f32;
         parts.push(a.flatten_all()?);
         parts.push(b.flatten_all()?);
     }

@@ -1,0 +1,240 @@
+//! One training client's adapter on the shared base: its LoRA pairs (any rank, any of the
+//! projections), the AdamW state and the gradients summed since the last step. The base
+//! model carries a rank-1 host adapter with `B = 0` on every projection; a client's
+//! forward reads its own pairs through [`AdapterSnapshot`] in place of the host's (keyed
+//! by the host pair's id, with the client's own scaling), and a projection the client does
+//! not train falls back to the host pair, which adds nothing. The base weights are held
+//! once whatever the number of clients.
+
+use crate::model::lora::{AdapterSnapshot, Lora, LoraConfig, TARGETS, seeded};
+use crate::model::{Model, peft};
+use crate::rl::optim::{AdamW, AdamWConfig, Accumulator, clip_grad_norm};
+use anyhow::{Context, Result, bail};
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor, TensorId, Var};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The host adapter every client's pairs stand in for.
+pub fn host_config() -> LoraConfig {
+    LoraConfig {
+        r: 1,
+        alpha: 1.0,
+        dropout: 0.0,
+        use_rslora: false,
+        target_modules: TARGETS.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Attaches the host adapter (`B = 0`: the base model's outputs unchanged).
+pub fn attach_host(model: &mut Model) -> Result<()> {
+    model.attach_lora(&host_config(), 0)
+}
+
+/// The module paths of the host pairs, by the id of their `lora_A`.
+fn host_ids(model: &Model) -> Result<HashMap<String, TensorId>> {
+    let mut ids = HashMap::new();
+    for (path, _, lin) in model.projections() {
+        let l = lin
+            .lora
+            .as_ref()
+            .with_context(|| format!("{path} has no host adapter (attach_host first)"))?;
+        ids.insert(path, l.lora_a.as_tensor().id());
+    }
+    Ok(ids)
+}
+
+/// What Tinker's `create_model` asks for, as rlhost's LoRA config: rank `r`, alpha 32
+/// (Tinker's, for every rank), the attention and/or MLP projections.
+pub fn lora_config(rank: usize, train_attn: bool, train_mlp: bool) -> Result<LoraConfig> {
+    let mut targets = Vec::new();
+    if train_attn {
+        targets.extend(["q_proj", "k_proj", "v_proj", "o_proj"]);
+    }
+    if train_mlp {
+        targets.extend(["gate_proj", "up_proj", "down_proj"]);
+    }
+    let cfg = LoraConfig {
+        r: rank,
+        alpha: 32.0,
+        dropout: 0.0,
+        use_rslora: false,
+        target_modules: targets.into_iter().map(String::from).collect(),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+pub struct Adapter {
+    pub cfg: LoraConfig,
+    /// `(module path, A, B)` for each projection trained.
+    pairs: Vec<(String, Var, Var)>,
+    /// The live pairs keyed for a forward.
+    set: AdapterSnapshot,
+    optim: AdamW,
+    grads: Option<Accumulator>,
+    /// `optim_step`s taken.
+    pub steps: u64,
+}
+
+impl Adapter {
+    /// A fresh adapter (PEFT's initialisation from `seed`: A Kaiming-uniform, B zero).
+    pub fn fresh(model: &Model, cfg: LoraConfig, seed: u64) -> Result<Adapter> {
+        let mut rng = seeded(seed);
+        let mut pairs = Vec::new();
+        for (path, name, lin) in model.projections() {
+            if cfg.targets(name) {
+                let l = Lora::init(
+                    lin.in_features(),
+                    lin.out_features(),
+                    &cfg,
+                    &mut rng,
+                    model.device(),
+                )?;
+                pairs.push((path, l.lora_a, l.lora_b));
+            }
+        }
+        Self::from_pairs(model, cfg, pairs)
+    }
+
+    fn from_pairs(model: &Model, cfg: LoraConfig, pairs: Vec<(String, Var, Var)>) -> Result<Adapter> {
+        let ids = host_ids(model)?;
+        let set = AdapterSnapshot::from_pairs(
+            0,
+            pairs.iter().map(|(p, a, b)| {
+                (
+                    ids[p],
+                    a.as_tensor().clone(),
+                    b.as_tensor().clone(),
+                )
+            }),
+        )
+        .with_scaling(Some(cfg.scaling()));
+        let params = named(&pairs);
+        Ok(Adapter {
+            optim: AdamW::new(params, AdamWConfig::default())?,
+            cfg,
+            pairs,
+            set,
+            grads: None,
+            steps: 0,
+        })
+    }
+
+    /// The live pairs, for a forward that trains them.
+    pub fn live(&self) -> &AdapterSnapshot {
+        &self.set
+    }
+
+    /// A detached copy of the pairs as they are now, for sampling while training goes on.
+    pub fn snapshot(&self, model: &Model, version: u64) -> Result<AdapterSnapshot> {
+        let ids = host_ids(model)?;
+        let mut copies = Vec::with_capacity(self.pairs.len());
+        for (p, a, b) in &self.pairs {
+            copies.push((ids[p], a.as_tensor().copy()?.detach(), b.as_tensor().copy()?.detach()));
+        }
+        Ok(AdapterSnapshot::from_pairs(version, copies).with_scaling(Some(self.cfg.scaling())))
+    }
+
+    /// The trainable tensors by name (`<module path>.lora_A` / `.lora_B`).
+    pub fn params(&self) -> &[(String, Var)] {
+        self.optim.params()
+    }
+
+    /// Adds one backward pass's gradients to those summed since the last step.
+    pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        let acc = self
+            .grads
+            .get_or_insert_with(|| Accumulator::new(self.pairs.len() * 2));
+        acc.add(self.optim.params(), grads)
+    }
+
+    /// One AdamW step with the summed gradients, clipped to `clip` by global norm when
+    /// `clip` > 0; returns the norm before clipping. With nothing accumulated the step is
+    /// skipped, as PyTorch's optimizers skip parameters without a gradient (`None`).
+    pub fn step(&mut self, lr: f64, cfg: AdamWConfig, clip: f64) -> Result<Option<f64>> {
+        let Some(acc) = self.grads.take() else {
+            return Ok(None);
+        };
+        let mut grads = acc.take(self.optim.params())?;
+        let norm = clip_grad_norm(&mut grads, clip)?;
+        self.optim.cfg = cfg;
+        self.optim.update(&grads, lr)?;
+        self.steps += 1;
+        Ok(Some(norm))
+    }
+
+    /// Writes the adapter in PEFT's format to `dir` (and, with `optimizer`, the AdamW
+    /// moments and step count beside it, to resume training exactly).
+    pub fn save(&self, dir: &Path, base: &str, optimizer: bool) -> Result<()> {
+        let pairs = self
+            .pairs
+            .iter()
+            .map(|(p, a, b)| (p.clone(), a.as_tensor().clone(), b.as_tensor().clone()))
+            .collect();
+        peft::save_pairs(pairs, &self.cfg, dir, Some(base))?;
+        if optimizer {
+            let mut tensors = self.optim.state()?;
+            tensors.push((
+                "step".to_string(),
+                Tensor::new(&[self.optim.step as f32], &candle_core::Device::Cpu)?,
+            ));
+            let path = dir.join(OPTIMIZER_FILE);
+            let tmp = dir.join(format!("{OPTIMIZER_FILE}.tmp"));
+            let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+            candle_core::safetensors::save(&map, &tmp)
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// An adapter read from `dir` (PEFT's format), with its optimizer state when the
+    /// directory has one and `optimizer` is asked for.
+    pub fn load(model: &Model, dir: &Path, optimizer: bool) -> Result<Adapter> {
+        let (cfg, read) = peft::read_pairs(model, dir)?;
+        let pairs = read
+            .into_iter()
+            .map(|(p, a, b)| Ok((p, Var::from_tensor(&a)?, Var::from_tensor(&b)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut adapter = Self::from_pairs(model, cfg, pairs)?;
+        let path = dir.join(OPTIMIZER_FILE);
+        if optimizer {
+            if !path.is_file() {
+                bail!(
+                    "{} has no optimizer state ({OPTIMIZER_FILE}): it was saved for sampling; \
+                     load it without the optimizer",
+                    dir.display()
+                );
+            }
+            let state = candle_core::safetensors::load(&path, model.device())
+                .with_context(|| format!("{} is not a readable safetensors file", path.display()))?;
+            let step = state
+                .get("step")
+                .with_context(|| format!("{} has no `step`", path.display()))?
+                .to_dtype(candle_core::DType::F32)?
+                .to_vec1::<f32>()?
+                .first()
+                .copied()
+                .unwrap_or(0.0) as u64;
+            adapter.optim.load_state(&state, step)?;
+            adapter.steps = step;
+        }
+        Ok(adapter)
+    }
+}
+
+/// The optimizer's file in a full checkpoint (`save_weights`).
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+
+fn named(pairs: &[(String, Var, Var)]) -> Vec<(String, Var)> {
+    pairs
+        .iter()
+        .flat_map(|(p, a, b)| {
+            [
+                (format!("{p}.lora_A"), a.clone()),
+                (format!("{p}.lora_B"), b.clone()),
+            ]
+        })
+        .collect()
+}

@@ -1,0 +1,137 @@
+//! The futures table: every operation the API accepts gets a request id at once and its
+//! outcome later; `retrieve_future` waits on it (a long poll: the SDK re-polls at once
+//! when told to try again, so the server holds each poll until the outcome is there or a
+//! while has passed). Outcomes are kept for a while after they are ready, since the SDK
+//! may poll again after a dropped connection and never says it has read one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How long a finished outcome stays retrievable.
+pub const KEEP: Duration = Duration::from_secs(30 * 60);
+
+/// What an operation came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A JSON result.
+    Json(serde_json::Value),
+    /// A protobuf result (forward/backward, sampling).
+    Proto(Vec<u8>),
+    /// It failed; the message says why. `user`: the request cannot succeed as sent.
+    Failed {
+        message: String,
+        category: &'static str,
+    },
+}
+
+impl Outcome {
+    pub fn user_error(message: impl Into<String>) -> Outcome {
+        Outcome::Failed {
+            message: message.into(),
+            category: "user",
+        }
+    }
+
+    pub fn server_error(message: impl Into<String>) -> Outcome {
+        Outcome::Failed {
+            message: message.into(),
+            category: "server",
+        }
+    }
+}
+
+struct Slot {
+    tx: watch::Sender<Option<Arc<Outcome>>>,
+    finished: Option<Instant>,
+}
+
+#[derive(Default)]
+pub struct Futures {
+    slots: Mutex<HashMap<String, Slot>>,
+    next: AtomicU64,
+}
+
+/// Why a wait did not give an outcome.
+#[derive(Debug, PartialEq)]
+pub enum Waited {
+    /// Not ready within the wait.
+    Pending,
+    /// No such request id (never issued, or expired).
+    Unknown,
+}
+
+impl Futures {
+    /// A new pending request; returns its id.
+    pub fn open(&self) -> String {
+        let id = format!("req-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        let (tx, _) = watch::channel(None);
+        let mut slots = self.slots.lock().expect("futures lock");
+        // Forget outcomes read long ago (checked here, where the table grows).
+        slots.retain(|_, s| s.finished.is_none_or(|t| t.elapsed() < KEEP));
+        slots.insert(id.clone(), Slot { tx, finished: None });
+        id
+    }
+
+    /// Settles `id` (a second outcome for the same id is ignored).
+    pub fn finish(&self, id: &str, outcome: Outcome) {
+        let mut slots = self.slots.lock().expect("futures lock");
+        if let Some(slot) = slots.get_mut(id)
+            && slot.finished.is_none()
+        {
+            slot.finished = Some(Instant::now());
+            slot.tx.send_replace(Some(Arc::new(outcome)));
+        }
+    }
+
+    /// Whether `id` is still running.
+    pub fn pending(&self, id: &str) -> bool {
+        let slots = self.slots.lock().expect("futures lock");
+        slots.get(id).is_some_and(|s| s.finished.is_none())
+    }
+
+    /// The outcome of `id`, waiting up to `wait` for it.
+    pub async fn wait(&self, id: &str, wait: Duration) -> Result<Arc<Outcome>, Waited> {
+        let mut rx = {
+            let slots = self.slots.lock().expect("futures lock");
+            slots.get(id).ok_or(Waited::Unknown)?.tx.subscribe()
+        };
+        let ready = tokio::time::timeout(wait, rx.wait_for(|o| o.is_some())).await;
+        match ready {
+            Ok(Ok(o)) => Ok(o.clone().expect("waited for Some")),
+            Ok(Err(_)) => Err(Waited::Unknown),
+            Err(_) => Err(Waited::Pending),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_poll_waits_for_the_outcome_and_a_later_one_reads_it_again() {
+        let f = Arc::new(Futures::default());
+        let id = f.open();
+        assert_eq!(
+            f.wait(&id, Duration::from_millis(20)).await,
+            Err(Waited::Pending)
+        );
+        let (f2, id2) = (f.clone(), id.clone());
+        let waiter = tokio::spawn(async move { f2.wait(&id2, Duration::from_secs(10)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        f.finish(&id, Outcome::Json(serde_json::json!({"ok": 1})));
+        let got = waiter.await.unwrap().unwrap();
+        assert_eq!(*got, Outcome::Json(serde_json::json!({"ok": 1})));
+        // Read again (a retried poll), and a second outcome does not replace the first.
+        f.finish(&id, Outcome::user_error("late"));
+        let again = f.wait(&id, Duration::from_millis(1)).await.unwrap();
+        assert_eq!(*again, Outcome::Json(serde_json::json!({"ok": 1})));
+        assert_eq!(
+            f.wait("req-999", Duration::from_millis(1)).await,
+            Err(Waited::Unknown)
+        );
+    }
+}

@@ -1,0 +1,93 @@
+//! A local Tinker: the Tinker training API (Thinking Machines' `forward_backward`,
+//! `optim_step`, `save_weights_for_sampler`, `sample`) served by rlhost, so that scripts
+//! written against the official `tinker` SDK run their own loop on one's own machine.
+//! Many training clients share one loaded base model, each with its own LoRA adapter and
+//! AdamW state ([`adapter`]).
+//!
+//! `rlhost serve --tinker` starts it ([`serve`]); the wire is the SDK's (JSON, and
+//! protobuf for forward/backward and sampling: [`proto`], [`wire`]); operations are
+//! futures the SDK polls ([`futures`]), run in each client's order ([`gate`]) on the
+//! model's thread ([`worker`]).
+
+pub mod adapter;
+pub mod futures;
+pub mod gate;
+pub mod losses;
+pub mod proto;
+pub mod server;
+pub mod wire;
+pub mod worker;
+
+use crate::model::LanguageModel;
+use anyhow::{Context, Result};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A running server: its address and the model's thread to wait on.
+pub struct Serving {
+    pub addr: SocketAddr,
+    pub tinker: Arc<server::Tinker>,
+    pub worker: std::thread::JoinHandle<()>,
+}
+
+/// Serves the Tinker API on `addr` with `lm` as the base model named `name`, checkpoints
+/// under `root`.
+pub fn serve(
+    mut lm: LanguageModel,
+    name: String,
+    root: PathBuf,
+    addr: &str,
+    max_connections: usize,
+) -> Result<Serving> {
+    adapter::attach_host(&mut lm.model)?;
+    std::fs::create_dir_all(&root)
+        .with_context(|| format!("cannot create the checkpoint directory {}", root.display()))?;
+    let root = root
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", root.display()))?;
+    let dir = lm
+        .dir
+        .canonicalize()
+        .unwrap_or_else(|_| lm.dir.clone());
+    let base = server::Base {
+        name: name.clone(),
+        aliases: vec![dir.display().to_string()],
+        arch: format!("{:?}", lm.model.cfg.arch).to_lowercase(),
+        tokenizer_dir: dir.display().to_string(),
+        vocab: lm.model.cfg.vocab_size,
+        context: lm.model.cfg.max_position_embeddings,
+        eos: lm.eos_token_ids.clone(),
+    };
+    let futures = Arc::new(futures::Futures::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tinker = Arc::new(server::Tinker::new(base, futures.clone(), root, tx));
+    let app = {
+        let t = tinker.clone();
+        Box::new(move || server::router(t))
+    };
+    let addr = crate::status::server::spawn_app("tinker", addr, max_connections, app)?;
+    // Operations held for a turn that never came are let go on a timer.
+    {
+        let t = Arc::downgrade(&tinker);
+        std::thread::Builder::new()
+            .name("rlhost-tinker-gate".into())
+            .spawn(move || {
+                while let Some(t) = t.upgrade() {
+                    t.release_late();
+                    drop(t);
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            })
+            .context("cannot start the gate's thread")?;
+    }
+    let worker = std::thread::Builder::new()
+        .name("rlhost-tinker-model".into())
+        .spawn(move || worker::Worker::new(lm, name, futures).run(&rx))
+        .context("cannot start the model's thread")?;
+    Ok(Serving {
+        addr,
+        tinker,
+        worker,
+    })
+}

@@ -1,0 +1,1127 @@
+//! The Tinker API's HTTP side (`/api/v1/...`, as the official SDK 0.38 calls it): sessions,
+//! training clients, sampling sessions and the futures the SDK polls. Handlers check what
+//! they are sent and hand the work to the model's thread ([`super::worker`]); a request
+//! the API cannot take answers 4xx with `{"detail": …}` (the SDK raises `BadRequestError`
+//! or `NotFoundError` with it), and a problem in an accepted operation's data settles its
+//! future as failed (`RequestFailedError`, category `user`), naming the datum and field.
+
+use super::futures::{Futures, Outcome, Waited};
+use super::gate::Gate;
+use super::losses::Loss;
+use super::proto::{self, chunk, tensor};
+use super::wire;
+use super::worker::{Row, SampleJob, Weights, Work};
+use crate::model::sample::SamplingParams;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a `retrieve_future` poll is held before answering "try again" (the SDK's read
+/// timeout for it is 45 s). `RLHOST_TINKER_POLL_MS` shortens it (the tests do, to see
+/// futures outlive several polls).
+pub const POLL: Duration = Duration::from_secs(20);
+
+fn poll() -> Duration {
+    static POLL_TIME: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *POLL_TIME.get_or_init(|| {
+        std::env::var("RLHOST_TINKER_POLL_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(POLL)
+    })
+}
+
+/// The most samples one `asample` may ask for.
+pub const MAX_SAMPLES: usize = 256;
+
+/// What the server serves: the base model's facts the handlers check requests against.
+#[derive(Debug, Clone)]
+pub struct Base {
+    /// The name clients pass as `base_model` (the run config's `model.path`).
+    pub name: String,
+    /// Other names accepted for it (its directory).
+    pub aliases: Vec<String>,
+    pub arch: String,
+    /// The directory `get_tokenizer()` loads (absolute; the SDK cuts it at a `:`).
+    pub tokenizer_dir: String,
+    pub vocab: usize,
+    pub context: usize,
+    pub eos: Vec<u32>,
+}
+
+struct ModelInfo {
+    session: String,
+    rank: usize,
+}
+
+struct SamplerInfo {
+    weights: Weights,
+    model_path: Option<String>,
+}
+
+#[derive(Default)]
+struct Books {
+    /// Session id → finished.
+    sessions: HashMap<String, bool>,
+    models: HashMap<String, ModelInfo>,
+    samplers: HashMap<String, SamplerInfo>,
+    gate: Gate<Work>,
+}
+
+pub struct Tinker {
+    pub base: Base,
+    pub futures: Arc<Futures>,
+    /// Where checkpoints go: `<root>/<model id>/<weights|sampler_weights>/<name>/`.
+    pub root: PathBuf,
+    work: Mutex<Sender<Work>>,
+    books: Mutex<Books>,
+}
+
+impl Tinker {
+    pub fn new(base: Base, futures: Arc<Futures>, root: PathBuf, work: Sender<Work>) -> Tinker {
+        Tinker {
+            base,
+            futures,
+            root,
+            work: Mutex::new(work),
+            books: Mutex::default(),
+        }
+    }
+
+    fn send(&self, works: Vec<Work>) {
+        let tx = self.work.lock().expect("work lock");
+        for w in works {
+            if tx.send(w).is_err() {
+                tracing::error!("tinker: the model's thread has stopped");
+            }
+        }
+    }
+
+    /// Passes on `work` for `model` in its turn.
+    fn submit(&self, model: &str, seq: Option<i64>, work: Work) {
+        let ready = self
+            .books
+            .lock()
+            .expect("books lock")
+            .gate
+            .submit(model, seq, work, Instant::now());
+        self.send(ready);
+    }
+
+    /// Releases operations that waited past the gate's grace for a turn that never came.
+    pub fn release_late(&self) {
+        let ready: Vec<Work> = {
+            let mut books = self.books.lock().expect("books lock");
+            let now = Instant::now();
+            let models = books.gate.waiting();
+            models
+                .iter()
+                .flat_map(|m| books.gate.release(m, now))
+                .collect()
+        };
+        self.send(ready);
+    }
+
+    /// The directory a `tinker://<model>/<kind>/<name>` path names.
+    pub fn checkpoint_dir(&self, path: &str) -> Result<PathBuf, String> {
+        let (model, kind, name) = parse_path(path)?;
+        Ok(self.root.join(model).join(kind).join(name))
+    }
+}
+
+/// The parts of a Tinker path, checked: three, none empty, none that leaves the checkpoint
+/// root.
+pub fn parse_path(path: &str) -> Result<(&str, &str, &str), String> {
+    let rest = path.strip_prefix("tinker://").ok_or_else(|| {
+        format!("{path:?} is not a Tinker path (tinker://<model id>/<weights|sampler_weights>/<name>)")
+    })?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    let [model, kind, name] = parts[..] else {
+        return Err(format!(
+            "{path:?} is not a Tinker path (tinker://<model id>/<weights|sampler_weights>/<name>)"
+        ));
+    };
+    if !matches!(kind, "weights" | "sampler_weights") {
+        return Err(format!(
+            "{path:?}: rlhost keeps `weights` and `sampler_weights` checkpoints, not {kind:?}"
+        ));
+    }
+    for part in [model, name] {
+        check_name(part).map_err(|e| format!("{path:?}: {e}"))?;
+    }
+    Ok((model, kind, name))
+}
+
+/// A checkpoint or model name: letters, digits, `.`, `_`, `-`, `:`, not starting with `.`.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a usable name (letters, digits, `.`, `_`, `-`, `:`; not starting with `.`)"
+        ))
+    }
+}
+
+pub fn router(t: Arc<Tinker>) -> Router {
+    Router::new()
+        .route("/api/v1/client/config", post(client_config))
+        .route("/api/v1/client/dynamic_config", post(empty))
+        .route("/api/v1/healthz", get(healthz))
+        .route("/api/v1/get_server_capabilities", get(capabilities))
+        .route("/api/v1/create_session", post(create_session))
+        .route("/api/v1/session_heartbeat", post(heartbeat))
+        .route("/api/v1/telemetry", post(telemetry))
+        .route("/api/v1/sessions/{id}/finish", post(finish_session))
+        .route("/api/v1/create_model", post(create_model))
+        .route("/api/v1/get_info", post(get_info))
+        .route("/api/v1/forward_backward", post(forward_backward))
+        .route("/api/v1/optim_step", post(optim_step))
+        .route("/api/v1/save_weights", post(save_weights))
+        .route("/api/v1/save_weights_for_sampler", post(save_for_sampler))
+        .route("/api/v1/load_weights", post(load_weights))
+        .route("/api/v1/create_sampling_session", post(create_sampling_session))
+        .route("/api/v1/samplers/{id}", get(sampler_info))
+        .route("/api/v1/asample", post(asample))
+        .route("/api/v1/retrieve_future", post(retrieve_future))
+        .fallback(not_found)
+        .with_state(t)
+}
+
+/// A refusal the SDK raises as `BadRequestError`/`NotFoundError` with this message.
+fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "detail": message.into() }))).into_response()
+}
+
+fn ok(v: Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Response> {
+    serde_json::from_slice(body).map_err(|e| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            format!("{what}: the body is not a valid request: {e}"),
+        )
+    })
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    refuse(
+        StatusCode::NOT_FOUND,
+        format!(
+            "rlhost's Tinker server has no {} (the subset it serves is in the book's \"Your own RL loop\" page)",
+            uri.path()
+        ),
+    )
+}
+
+async fn client_config() -> Response {
+    // The SDK's defaults, spelled out: no token exchange, uncompressed forward/backward
+    // bodies (the server does not read zstd), sampling polled per request.
+    ok(json!({
+        "pjwt_auth_enabled": false,
+        "proto_compress_fwdbwd": false,
+        "sample_use_retrieve_futures": false,
+        "custom_loss_server_side": false,
+    }))
+}
+
+async fn empty() -> Response {
+    ok(json!({}))
+}
+
+async fn healthz() -> Response {
+    ok(json!({"status": "ok"}))
+}
+
+async fn telemetry() -> Response {
+    ok(json!({"status": "accepted"}))
+}
+
+async fn capabilities(State(t): State<Arc<Tinker>>) -> Response {
+    ok(json!({"supported_models": [{
+        "model_name": t.base.name,
+        "max_context_length": t.base.context,
+        "trainable": true,
+        "sampleable": true,
+    }]}))
+}
+
+fn new_session_id() -> String {
+    let mut bytes = [0u8; 6];
+    rand::fill(&mut bytes);
+    format!(
+        "sess-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+async fn create_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    if let Err(r) = parse::<wire::CreateSession>(&body, "create_session") {
+        return r;
+    }
+    let id = new_session_id();
+    t.books
+        .lock()
+        .expect("books lock")
+        .sessions
+        .insert(id.clone(), false);
+    ok(json!({"type": "create_session", "session_id": id}))
+}
+
+async fn heartbeat(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let s: wire::SessionRef = match parse(&body, "session_heartbeat") {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    // 410 ends the SDK's heartbeat loop: the session is over (or from before a restart).
+    match t.books.lock().expect("books lock").sessions.get(&s.session_id) {
+        Some(false) => ok(json!({"type": "session_heartbeat"})),
+        _ => refuse(
+            StatusCode::GONE,
+            format!("session {:?} has ended", s.session_id),
+        ),
+    }
+}
+
+async fn finish_session(State(t): State<Arc<Tinker>>, Path(id): Path<String>) -> Response {
+    let model_ids: Vec<String> = {
+        let mut books = t.books.lock().expect("books lock");
+        if let Some(done) = books.sessions.get_mut(&id) {
+            *done = true;
+        }
+        let ids: Vec<String> = books
+            .models
+            .iter()
+            .filter(|(_, m)| m.session == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for m in &ids {
+            books.models.remove(m);
+            books.gate.close(m);
+        }
+        ids
+    };
+    // The session's adapters and optimizer state are freed; its checkpoints stay on disk.
+    t.send(vec![Work::Unload { model_ids }]);
+    ok(json!({}))
+}
+
+/// Checks the session is open; the refusal otherwise.
+fn open_session(t: &Tinker, id: &str) -> Result<(), Response> {
+    match t.books.lock().expect("books lock").sessions.get(id) {
+        Some(false) => Ok(()),
+        Some(true) => Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!("session {id:?} has ended"),
+        )),
+        None => Err(refuse(
+            StatusCode::NOT_FOUND,
+            format!("unknown session {id:?} (create_session first; sessions do not outlive a server restart)"),
+        )),
+    }
+}
+
+fn check_base(t: &Tinker, name: &str) -> Result<(), Response> {
+    if name == t.base.name || t.base.aliases.iter().any(|a| a == name) {
+        Ok(())
+    } else {
+        Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "base model {name:?} is not served here: this server serves {:?} (the run config's model.path; \
+                 one base model per server, with any number of adapters on it)",
+                t.base.name
+            ),
+        ))
+    }
+}
+
+fn future(request: &str, model_id: Option<&str>) -> Response {
+    ok(json!({"request_id": request, "model_id": model_id}))
+}
+
+async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let req: wire::CreateModel = match parse(&body, "create_model") {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if let Err(r) = open_session(&t, &req.session_id).and_then(|_| check_base(&t, &req.base_model)) {
+        return r;
+    }
+    if let Some(o) = &req.optimizer_config
+        && o.kind != "adamw"
+    {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("optimizer {:?} is not one rlhost runs (it runs adamw)", o.kind),
+        );
+    }
+    let Some(lora) = req.lora_config else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "create_model without lora_config: rlhost trains LoRA adapters only (full fine-tuning is not served)",
+        );
+    };
+    if lora.train_unembed {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "lora_config.train_unembed: rlhost does not train an adapter on the output head yet; \
+             pass train_unembed=False to create_lora_training_client",
+        );
+    }
+    let cfg = match super::adapter::lora_config(lora.rank, lora.train_attn, lora.train_mlp) {
+        Ok(c) => c,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("lora_config: {e:#}")),
+    };
+    let model_id = format!("{}:train:{}", req.session_id, req.model_seq_id);
+    let request = t.futures.open();
+    {
+        let mut books = t.books.lock().expect("books lock");
+        if books.models.contains_key(&model_id) {
+            drop(books);
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("model_seq_id {} of this session is taken ({model_id})", req.model_seq_id),
+            );
+        }
+        books.models.insert(
+            model_id.clone(),
+            ModelInfo {
+                session: req.session_id.clone(),
+                rank: lora.rank,
+            },
+        );
+        books.gate.open(&model_id, 1);
+    }
+    let seed = lora.seed.unwrap_or_else(rand::random);
+    t.submit(
+        &model_id,
+        None,
+        Work::Create {
+            request: request.clone(),
+            model_id: model_id.clone(),
+            lora: cfg,
+            seed,
+        },
+    );
+    future(&request, Some(&model_id))
+}
+
+async fn get_info(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let req: wire::ModelRef = match parse(&body, "get_info") {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let rank = match t.books.lock().expect("books lock").models.get(&req.model_id) {
+        Some(m) => m.rank,
+        None => return unknown_model(&req.model_id),
+    };
+    ok(json!({
+        "type": "get_info",
+        "model_id": req.model_id,
+        "model_data": {
+            "arch": t.base.arch,
+            "model_name": t.base.name,
+            "tokenizer_id": t.base.tokenizer_dir,
+        },
+        "optimizer_config": {"type": "adamw"},
+        "is_lora": true,
+        "lora_rank": rank,
+        "model_name": t.base.name,
+    }))
+}
+
+fn unknown_model(id: &str) -> Response {
+    refuse(
+        StatusCode::NOT_FOUND,
+        format!("unknown model_id {id:?}: create_model (or create_training_client_from_state) first"),
+    )
+}
+
+fn known_model(t: &Tinker, id: &str) -> Result<(), Response> {
+    if t.books.lock().expect("books lock").models.contains_key(id) {
+        Ok(())
+    } else {
+        Err(unknown_model(id))
+    }
+}
+
+async fn forward_backward(State(t): State<Arc<Tinker>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(enc) = headers.get(header::CONTENT_ENCODING)
+        && enc.as_bytes() != b"identity"
+    {
+        return refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "forward_backward bodies must not be compressed (Content-Encoding {:?}); this server's client config says so",
+                String::from_utf8_lossy(enc.as_bytes())
+            ),
+        );
+    }
+    let req = match proto::forward_backward(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("forward_backward: the body is not a ForwardBackwardRequest protobuf: {e}"),
+            );
+        }
+    };
+    if let Err(r) = known_model(&t, &req.model_id) {
+        return r;
+    }
+    let request = t.futures.open();
+    let work = match loss_of(&req).and_then(|loss| Ok((loss, rows(&req, loss, &t.base)?))) {
+        Ok((loss, rows)) => Work::ForwardBackward {
+            request: request.clone(),
+            model_id: req.model_id.clone(),
+            rows,
+            loss,
+            forward_only: req.forward_only,
+        },
+        Err(message) => Work::Fail {
+            request: request.clone(),
+            message,
+        },
+    };
+    t.submit(&req.model_id, Some(req.seq_id as i64), work);
+    future(&request, Some(&req.model_id))
+}
+
+/// The loss and its settings (`loss_fn_config_v2` where the SDK wrote it, else the
+/// legacy map).
+fn loss_of(req: &proto::ForwardBackwardRequest) -> Result<Loss, String> {
+    let mut config: HashMap<String, f64> = req.loss_fn_config.clone();
+    for (k, v) in &req.loss_fn_config_v2 {
+        match &v.value {
+            Some(proto::loss_config_value::Value::Number(x)) => {
+                config.insert(k.clone(), *x);
+            }
+            Some(proto::loss_config_value::Value::Text(s)) => {
+                return Err(format!(
+                    "loss_fn_config {k:?} = {s:?}: rlhost's losses take numbers only"
+                ));
+            }
+            None => {}
+        }
+    }
+    Loss::parse(&req.loss_fn, &config).map_err(|e| e.to_string())
+}
+
+/// The datums of `req`, checked against the loss and the model: text chunks only, ids in
+/// the vocabulary, every input the loss reads present with one value per token, nothing
+/// it does not read.
+fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<Vec<Row>, String> {
+    if req.data.is_empty() {
+        return Err("forward_backward with no datums".into());
+    }
+    let mut wanted: Vec<&str> = vec!["target_tokens"];
+    wanted.extend(loss.inputs());
+    let mut out = Vec::with_capacity(req.data.len());
+    for (i, d) in req.data.iter().enumerate() {
+        let at = |what: String| format!("datum {i}: {what}");
+        let mut tokens = Vec::new();
+        for (c, ch) in d.model_input.iter().enumerate() {
+            match &ch.chunk {
+                Some(chunk::Kind::EncodedText(t)) => {
+                    tokens.extend(ids(&t.tokens, base.vocab).map_err(|e| at(format!("model_input chunk {c}: {e}")))?)
+                }
+                Some(chunk::Kind::Image(_)) | Some(chunk::Kind::Dmel(_)) => {
+                    return Err(at(format!(
+                        "model_input chunk {c} is an image or audio chunk; rlhost serves text models (encoded_text chunks only)"
+                    )));
+                }
+                None => return Err(at(format!("model_input chunk {c} is empty"))),
+            }
+        }
+        let n = tokens.len();
+        if n == 0 {
+            return Err(at("model_input has no tokens".into()));
+        }
+        if n > base.context {
+            return Err(at(format!(
+                "{n} tokens is more than the model's context of {}",
+                base.context
+            )));
+        }
+        let mut keys: Vec<&String> = d.loss_fn_inputs.keys().collect();
+        keys.sort();
+        if let Some(extra) = keys.iter().find(|k| !wanted.contains(&k.as_str())) {
+            return Err(at(format!(
+                "loss_fn_inputs has {extra:?}, which {} does not read (it reads {})",
+                req.loss_fn,
+                wanted.join(", ")
+            )));
+        }
+        let mut inputs = HashMap::new();
+        let mut targets = Vec::new();
+        for key in &wanted {
+            let tensor = d.loss_fn_inputs.get(*key).ok_or_else(|| {
+                at(format!(
+                    "loss_fn_inputs has no {key:?} ({} reads {})",
+                    req.loss_fn,
+                    wanted.join(", ")
+                ))
+            })?;
+            let values = values(tensor, n).map_err(|e| at(format!("loss_fn_inputs {key:?}: {e}")))?;
+            if *key == "target_tokens" {
+                for (p, v) in values.iter().enumerate() {
+                    if v.fract() != 0.0 || *v < 0.0 || *v >= base.vocab as f64 {
+                        return Err(at(format!(
+                            "target_tokens[{p}] = {v} is outside the vocabulary (0..{})",
+                            base.vocab
+                        )));
+                    }
+                }
+                targets = values.iter().map(|v| *v as u32).collect();
+            } else {
+                if let Some(p) = values.iter().position(|v| !v.is_finite()) {
+                    return Err(at(format!("loss_fn_inputs {key:?}[{p}] is not a finite number")));
+                }
+                inputs.insert(key.to_string(), values.iter().map(|v| *v as f32).collect());
+            }
+        }
+        out.push(Row {
+            tokens,
+            targets,
+            inputs,
+        });
+    }
+    Ok(out)
+}
+
+/// Token ids from little-endian int32 bytes, each in `0..vocab`.
+fn ids(bytes: &[u8], vocab: usize) -> Result<Vec<u32>, String> {
+    if bytes.len() % 4 != 0 {
+        return Err(format!("{} bytes of tokens is not a whole number of int32 ids", bytes.len()));
+    }
+    bytes
+        .chunks_exact(4)
+        .enumerate()
+        .map(|(p, b)| {
+            let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            if v < 0 || v as usize >= vocab {
+                Err(format!("token {v} at position {p} is outside the vocabulary (0..{vocab})"))
+            } else {
+                Ok(v as u32)
+            }
+        })
+        .collect()
+}
+
+/// A tensor's values as f64, which must be one per token (`[n]`, dense or CSR).
+fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
+    let width = match proto::DType::try_from(t.dtype) {
+        Ok(proto::DType::Float32 | proto::DType::Int32) => 4,
+        Ok(proto::DType::Int64) => 8,
+        _ => return Err(format!("dtype {} is not float32, int32 or int64", t.dtype)),
+    };
+    let decode = |bytes: &[u8]| -> Result<Vec<f64>, String> {
+        if bytes.len() % width != 0 {
+            return Err(format!("{} bytes is not a whole number of values", bytes.len()));
+        }
+        Ok(bytes
+            .chunks_exact(width)
+            .map(|b| match proto::DType::try_from(t.dtype) {
+                Ok(proto::DType::Float32) => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                Ok(proto::DType::Int32) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                _ => i64::from_le_bytes(b.try_into().expect("8 bytes")) as f64,
+            })
+            .collect())
+    };
+    let shape: Vec<i64> = t.shape.clone();
+    let dense = match &t.encoding {
+        Some(tensor::Encoding::Dense(bytes)) => decode(bytes)?,
+        Some(tensor::Encoding::SparseCsr(csr)) => {
+            // A 1-D tensor in CSR is one row: its columns and values over zeros.
+            let vals = decode(&csr.values)?;
+            let cols: Vec<i64> = csr
+                .col_indices
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect();
+            if cols.len() != vals.len() {
+                return Err("sparse_csr has a different number of columns and values".into());
+            }
+            let len = shape.iter().product::<i64>().max(0) as usize;
+            let mut out = vec![0.0; len];
+            for (c, v) in cols.iter().zip(vals) {
+                let c = *c as usize;
+                if c >= len {
+                    return Err(format!("sparse_csr column {c} is outside the shape {shape:?}"));
+                }
+                out[c] = v;
+            }
+            out
+        }
+        None => Vec::new(),
+    };
+    let one_dim = shape.is_empty() || shape == [dense.len() as i64];
+    if !one_dim || dense.len() != n {
+        return Err(format!(
+            "has {} values (shape {shape:?}); it needs one per model_input token: shape [{n}]",
+            dense.len()
+        ));
+    }
+    Ok(dense)
+}
+
+async fn optim_step(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let req: wire::OptimStep = match parse(&body, "optim_step") {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if let Err(r) = known_model(&t, &req.model_id) {
+        return r;
+    }
+    let request = t.futures.open();
+    let work = match (&req.adam_params, &req.optimizer_params) {
+        (Some(a), None) if a.learning_rate.is_finite() && a.learning_rate >= 0.0 => Work::Optim {
+            request: request.clone(),
+            model_id: req.model_id.clone(),
+            lr: a.learning_rate,
+            adam: crate::rl::optim::AdamWConfig {
+                beta1: a.beta1,
+                beta2: a.beta2,
+                eps: a.eps,
+                weight_decay: a.weight_decay,
+            },
+            clip: a.grad_clip_norm,
+        },
+        (Some(a), None) => Work::Fail {
+            request: request.clone(),
+            message: format!("adam_params.learning_rate must be a number ≥ 0, got {}", a.learning_rate),
+        },
+        (_, Some(p)) => Work::Fail {
+            request: request.clone(),
+            message: format!(
+                "optimizer_params {}: rlhost runs AdamW only (send adam_params)",
+                p.get("type").and_then(Value::as_str).unwrap_or("?")
+            ),
+        },
+        (None, None) => Work::Fail {
+            request: request.clone(),
+            message: "optim_step without adam_params".into(),
+        },
+    };
+    t.submit(&req.model_id, req.seq_id, work);
+    future(&request, Some(&req.model_id))
+}
+
+async fn save_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    save(t, body, false).await
+}
+
+async fn save_for_sampler(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    save(t, body, true).await
+}
+
+/// `save_weights` (adapter and optimizer, to resume) and `save_weights_for_sampler`
+/// (adapter, to sample from; or, with no name, a sampling session on a snapshot).
+async fn save(t: Arc<Tinker>, body: Bytes, for_sampler: bool) -> Response {
+    let what = if for_sampler {
+        "save_weights_for_sampler"
+    } else {
+        "save_weights"
+    };
+    let req: wire::SaveWeights = match parse(&body, what) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if let Err(r) = known_model(&t, &req.model_id) {
+        return r;
+    }
+    let request = t.futures.open();
+    let kind = if for_sampler { "sampler_weights" } else { "weights" };
+    let work = match (&req.path, req.sampling_session_seq_id) {
+        (Some(name), _) => match check_name(name) {
+            Ok(()) => {
+                let path = format!("tinker://{}/{kind}/{name}", req.model_id);
+                let dir = t.root.join(&req.model_id).join(kind).join(name);
+                Work::Save {
+                    request: request.clone(),
+                    model_id: req.model_id.clone(),
+                    dir: Some(dir),
+                    optimizer: !for_sampler,
+                    key: for_sampler.then(|| path.clone()),
+                    answer: json!({"path": path, "type": what}),
+                }
+            }
+            Err(e) => Work::Fail {
+                request: request.clone(),
+                message: format!("{what} name: {e}"),
+            },
+        },
+        (None, Some(n)) if for_sampler => {
+            // save_weights_and_get_sampling_client: a snapshot in memory, a sampling
+            // session on it.
+            let session = req.model_id.split(':').next().unwrap_or_default().to_string();
+            let sampler = format!("{session}:sample:{n}");
+            let key = format!("{}#{sampler}", req.model_id);
+            t.books.lock().expect("books lock").samplers.insert(
+                sampler.clone(),
+                SamplerInfo {
+                    weights: Weights::Saved {
+                        key: key.clone(),
+                        dir: None,
+                    },
+                    model_path: None,
+                },
+            );
+            Work::Save {
+                request: request.clone(),
+                model_id: req.model_id.clone(),
+                dir: None,
+                optimizer: false,
+                key: Some(key),
+                answer: json!({"path": null, "sampling_session_id": sampler, "type": what}),
+            }
+        }
+        _ => Work::Fail {
+            request: request.clone(),
+            message: format!("{what} needs a `path` (the checkpoint's name)"),
+        },
+    };
+    t.submit(&req.model_id, req.seq_id, work);
+    future(&request, Some(&req.model_id))
+}
+
+async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let req: wire::LoadWeights = match parse(&body, "load_weights") {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let dir = match t.checkpoint_dir(&req.path) {
+        Ok(d) => d,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("load_weights: {e}")),
+    };
+    if !dir.is_dir() {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            format!("load_weights: no checkpoint at {} ({})", req.path, dir.display()),
+        );
+    }
+    let request = t.futures.open();
+    match (&req.model_id, &req.session_id, req.model_seq_id) {
+        (Some(model_id), _, _) => {
+            if let Err(r) = known_model(&t, model_id) {
+                return r;
+            }
+            t.submit(
+                model_id,
+                req.seq_id,
+                Work::Load {
+                    request: request.clone(),
+                    model_id: model_id.clone(),
+                    dir,
+                    optimizer: req.optimizer,
+                    create: false,
+                },
+            );
+            future(&request, Some(model_id))
+        }
+        (None, Some(session), Some(seq)) => {
+            if let Err(r) = open_session(&t, session) {
+                return r;
+            }
+            let rank = match super::super::model::peft::read_config(&dir) {
+                Ok(c) => c.r,
+                Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("load_weights: {e:#}")),
+            };
+            // The SDK names the new client itself: `<session>:train:<model_seq_id>`.
+            let model_id = format!("{session}:train:{seq}");
+            {
+                let mut books = t.books.lock().expect("books lock");
+                books.models.insert(
+                    model_id.clone(),
+                    ModelInfo {
+                        session: session.clone(),
+                        rank,
+                    },
+                );
+                books.gate.open(&model_id, 1);
+            }
+            t.submit(
+                &model_id,
+                None,
+                Work::Load {
+                    request: request.clone(),
+                    model_id: model_id.clone(),
+                    dir,
+                    optimizer: req.optimizer,
+                    create: true,
+                },
+            );
+            future(&request, Some(&model_id))
+        }
+        _ => refuse(
+            StatusCode::BAD_REQUEST,
+            "load_weights needs model_id, or session_id and model_seq_id",
+        ),
+    }
+}
+
+async fn create_sampling_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let req: wire::CreateSamplingSession = match parse(&body, "create_sampling_session") {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if let Err(r) = open_session(&t, &req.session_id) {
+        return r;
+    }
+    let weights = match (&req.model_path, &req.base_model) {
+        (Some(path), _) => {
+            let dir = match t.checkpoint_dir(path) {
+                Ok(d) => d,
+                Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("model_path: {e}")),
+            };
+            Weights::Saved {
+                key: path.clone(),
+                dir: Some(dir),
+            }
+        }
+        (None, Some(base)) => {
+            if let Err(r) = check_base(&t, base) {
+                return r;
+            }
+            Weights::Base
+        }
+        (None, None) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "create_sampling_session needs model_path or base_model",
+            );
+        }
+    };
+    let id = format!("{}:sample:{}", req.session_id, req.sampling_session_seq_id);
+    t.books.lock().expect("books lock").samplers.insert(
+        id.clone(),
+        SamplerInfo {
+            weights,
+            model_path: req.model_path.clone(),
+        },
+    );
+    ok(json!({"type": "create_sampling_session", "sampling_session_id": id}))
+}
+
+async fn sampler_info(State(t): State<Arc<Tinker>>, Path(id): Path<String>) -> Response {
+    match t.books.lock().expect("books lock").samplers.get(&id) {
+        Some(s) => ok(json!({
+            "sampler_id": id,
+            "base_model": t.base.name,
+            "model_path": s.model_path,
+        })),
+        None => refuse(StatusCode::NOT_FOUND, format!("unknown sampling session {id:?}")),
+    }
+}
+
+async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let req: wire::Sample = match parse(&body, "asample") {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let weights = match (&req.sampling_session_id, &req.model_path, &req.base_model) {
+        (Some(id), _, _) => match t.books.lock().expect("books lock").samplers.get(id) {
+            Some(s) => s.weights.clone(),
+            None => {
+                return refuse(
+                    StatusCode::NOT_FOUND,
+                    format!("unknown sampling session {id:?} (create_sampling_client first)"),
+                );
+            }
+        },
+        (None, Some(path), _) => match t.checkpoint_dir(path) {
+            Ok(dir) => Weights::Saved {
+                key: path.clone(),
+                dir: Some(dir),
+            },
+            Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("model_path: {e}")),
+        },
+        (None, None, Some(base)) => match check_base(&t, base) {
+            Ok(()) => Weights::Base,
+            Err(r) => return r,
+        },
+        (None, None, None) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "asample needs sampling_session_id, model_path or base_model",
+            );
+        }
+    };
+    if req.num_samples == 0 || req.num_samples > MAX_SAMPLES {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("num_samples must be 1 to {MAX_SAMPLES}, got {}", req.num_samples),
+        );
+    }
+    let request = t.futures.open();
+    let ids: Vec<String> = (0..req.num_samples)
+        .map(|j| format!("{request}:seq{j}"))
+        .collect();
+    let work = match sample_job(&req, &request, weights, &t.base) {
+        Ok(job) => Work::Sample(job),
+        Err(message) => Work::Fail {
+            request: request.clone(),
+            message,
+        },
+    };
+    t.send(vec![work]);
+    ok(json!({"request_id": request, "sample_sequence_ids": ids}))
+}
+
+/// The sampling request, checked: text chunks with ids in the vocabulary, parameters the
+/// sampler takes, and none of the API's options rlhost does not serve.
+fn sample_job(req: &wire::Sample, request: &str, weights: Weights, base: &Base) -> Result<SampleJob, String> {
+    if req.prompt_alt_tokens_k > 0 {
+        return Err("prompt_alt_tokens_k is not served by rlhost".into());
+    }
+    if req.target_prompt_logprobs.is_some() {
+        return Err("target_prompt_logprobs is not served by rlhost".into());
+    }
+    if req.prompt_logprobs_last_n.is_some() {
+        return Err("prompt_logprobs_last_n is not served by rlhost (ask for all prompt_logprobs)".into());
+    }
+    let mut prompt = Vec::new();
+    for (c, ch) in req.prompt.chunks.iter().enumerate() {
+        let kind = ch.get("type").and_then(Value::as_str).unwrap_or("encoded_text");
+        if kind != "encoded_text" {
+            return Err(format!(
+                "prompt chunk {c} is {kind:?}; rlhost serves text models (encoded_text chunks only)"
+            ));
+        }
+        let tokens = ch
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("prompt chunk {c} has no `tokens` list"))?;
+        for (p, v) in tokens.iter().enumerate() {
+            match v.as_u64() {
+                Some(id) if (id as usize) < base.vocab => prompt.push(id as u32),
+                _ => {
+                    return Err(format!(
+                        "prompt chunk {c}: token {v} at position {p} is outside the vocabulary (0..{})",
+                        base.vocab
+                    ));
+                }
+            }
+        }
+    }
+    if prompt.is_empty() {
+        return Err("the prompt has no tokens".into());
+    }
+    if prompt.len() >= base.context {
+        return Err(format!(
+            "the prompt has {} tokens and the model's context is {}: no room to sample",
+            prompt.len(),
+            base.context
+        ));
+    }
+    let sp = &req.sampling_params;
+    let room = base.context - prompt.len();
+    let max_new_tokens = match sp.max_tokens {
+        None => room,
+        Some(0) => return Err("sampling_params.max_tokens must be at least 1".into()),
+        Some(m) => m.min(room),
+    };
+    let top_k = match sp.top_k {
+        -1 => 0,
+        k if k >= 1 => k as usize,
+        k => return Err(format!("sampling_params.top_k must be -1 (no limit) or at least 1, got {k}")),
+    };
+    let (stop_token_ids, stop_strings) = match &sp.stop {
+        None | Some(Value::Null) => (base.eos.clone(), Vec::new()),
+        Some(Value::String(s)) => (Vec::new(), vec![s.clone()]),
+        Some(Value::Array(items)) if items.iter().all(Value::is_string) => (
+            Vec::new(),
+            items.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
+        ),
+        Some(Value::Array(items)) if items.iter().all(|v| v.as_u64().is_some()) => (
+            items.iter().filter_map(|v| v.as_u64().map(|x| x as u32)).collect(),
+            Vec::new(),
+        ),
+        Some(other) => {
+            return Err(format!(
+                "sampling_params.stop must be a string, strings or token ids, got {other}"
+            ));
+        }
+    };
+    let params = SamplingParams {
+        temperature: sp.temperature,
+        top_k,
+        top_p: sp.top_p,
+        min_p: 0.0,
+        max_new_tokens,
+        stop_token_ids,
+        stop_strings,
+        seed: match sp.seed {
+            Some(s) => s as u64,
+            None => rand::random(),
+        },
+    };
+    params
+        .validate()
+        .map_err(|e| format!("sampling_params: {e:#}"))?;
+    Ok(SampleJob {
+        request: request.to_string(),
+        weights,
+        prompt,
+        n: req.num_samples,
+        params,
+        prompt_logprobs: req.prompt_logprobs,
+        topk_prompt: req.topk_prompt_logprobs,
+        topk_sample: req.topk_sample_logprobs,
+    })
+}
+
+async fn retrieve_future(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
+    let req: wire::RetrieveFuture = match parse(&body, "retrieve_future") {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    match t.futures.wait(&req.request_id, poll()).await {
+        Ok(outcome) => match &*outcome {
+            Outcome::Json(v) => ok(v.clone()),
+            Outcome::Proto(bytes) => (
+                [(header::CONTENT_TYPE, "application/x-protobuf")],
+                bytes.clone(),
+            )
+                .into_response(),
+            Outcome::Failed { message, category } => ok(json!(wire::Failed {
+                error: message.clone(),
+                category,
+            })),
+        },
+        // 408 with a try_again body: the SDK polls again at once, without a warning.
+        Err(Waited::Pending) => (
+            StatusCode::REQUEST_TIMEOUT,
+            axum::Json(json!({"type": "try_again", "request_id": req.request_id, "queue_state": "active"})),
+        )
+            .into_response(),
+        Err(Waited::Unknown) => refuse(
+            StatusCode::NOT_FOUND,
+            format!(
+                "unknown request_id {:?} (results are kept {} minutes)",
+                req.request_id,
+                super::futures::KEEP.as_secs() / 60
+            ),
+        ),
+    }
+}

@@ -1,0 +1,211 @@
+//! The Tinker API's JSON bodies (SDK 0.38): what clients send and what rlhost answers.
+//! Fields the SDK may add later are ignored; fields it sends that ask for something
+//! rlhost does not do are read so that the request can be refused by name.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Deserialize)]
+pub struct CreateSession {
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SessionRef {
+    pub session_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CreateModel {
+    pub session_id: String,
+    pub model_seq_id: i64,
+    pub base_model: String,
+    #[serde(default)]
+    pub lora_config: Option<LoraConfig>,
+    #[serde(default)]
+    pub optimizer_config: Option<OptimizerConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LoraConfig {
+    pub rank: usize,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default = "yes")]
+    pub train_unembed: bool,
+    #[serde(default = "yes")]
+    pub train_mlp: bool,
+    #[serde(default = "yes")]
+    pub train_attn: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OptimizerConfig {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ModelRef {
+    pub model_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OptimStep {
+    pub model_id: String,
+    #[serde(default)]
+    pub seq_id: Option<i64>,
+    #[serde(default)]
+    pub adam_params: Option<AdamParams>,
+    #[serde(default)]
+    pub optimizer_params: Option<Value>,
+}
+
+/// `AdamParams` as the SDK sends them (its defaults are not PyTorch's: β2 0.95, ε 1e-12).
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct AdamParams {
+    pub learning_rate: f64,
+    #[serde(default = "beta1")]
+    pub beta1: f64,
+    #[serde(default = "beta2")]
+    pub beta2: f64,
+    #[serde(default = "eps")]
+    pub eps: f64,
+    #[serde(default)]
+    pub weight_decay: f64,
+    #[serde(default)]
+    pub grad_clip_norm: f64,
+}
+
+fn beta1() -> f64 {
+    0.9
+}
+fn beta2() -> f64 {
+    0.95
+}
+fn eps() -> f64 {
+    1e-12
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SaveWeights {
+    pub model_id: String,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub seq_id: Option<i64>,
+    /// `save_weights_and_get_sampling_client`: a sampling session instead of a path.
+    #[serde(default)]
+    pub sampling_session_seq_id: Option<i64>,
+    #[serde(default)]
+    pub kind: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LoadWeights {
+    /// A training client loading into itself (`load_state`).
+    #[serde(default)]
+    pub model_id: Option<String>,
+    /// Or a new training client made from the checkpoint (`create_training_client_from_state`).
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub model_seq_id: Option<i64>,
+    #[serde(default)]
+    pub seq_id: Option<i64>,
+    pub path: String,
+    #[serde(default)]
+    pub optimizer: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CreateSamplingSession {
+    pub session_id: String,
+    pub sampling_session_seq_id: i64,
+    #[serde(default)]
+    pub model_path: Option<String>,
+    #[serde(default)]
+    pub base_model: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Sample {
+    pub num_samples: usize,
+    pub prompt: ModelInput,
+    pub sampling_params: SamplingParams,
+    #[serde(default)]
+    pub sampling_session_id: Option<String>,
+    #[serde(default)]
+    pub base_model: Option<String>,
+    #[serde(default)]
+    pub model_path: Option<String>,
+    #[serde(default)]
+    pub prompt_logprobs: bool,
+    #[serde(default)]
+    pub topk_prompt_logprobs: usize,
+    #[serde(default)]
+    pub topk_sample_logprobs: usize,
+    #[serde(default)]
+    pub prompt_alt_tokens_k: usize,
+    #[serde(default)]
+    pub target_prompt_logprobs: Option<Value>,
+    #[serde(default)]
+    pub prompt_logprobs_last_n: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ModelInput {
+    pub chunks: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SamplingParams {
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    /// A string, strings, or token ids; absent: stop at EOS; `[]`: never stop early.
+    #[serde(default)]
+    pub stop: Option<Value>,
+    #[serde(default = "one")]
+    pub temperature: f32,
+    #[serde(default = "minus_one")]
+    pub top_k: i64,
+    #[serde(default = "one")]
+    pub top_p: f32,
+}
+
+fn one() -> f32 {
+    1.0
+}
+fn minus_one() -> i64 {
+    -1
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RetrieveFuture {
+    pub request_id: String,
+}
+
+/// A submitted operation's handle.
+#[derive(Debug, Serialize)]
+pub struct Future {
+    pub request_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_sequence_ids: Option<Vec<String>>,
+}
+
+/// A failed operation, as `retrieve_future` reports it (`RequestFailedResponse`).
+#[derive(Debug, Serialize)]
+pub struct Failed {
+    pub error: String,
+    /// `user` (the request cannot succeed as sent), `server`, or `unknown`.
+    pub category: &'static str,
+}

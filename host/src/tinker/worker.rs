@@ -1,0 +1,695 @@
+//! The model's side of the Tinker API: one thread owns the base model and every training
+//! client's adapter, and runs the accepted operations in the order they reach it
+//! (each training client's in its `seq_id` order, see [`super::gate`]), settling each
+//! one's future. Sampling requests for the same weights are decoded together by one
+//! continuous-batching [`Sampler`]; requests that arrive for those weights while it runs
+//! join it, anything else waits until it is done.
+
+use super::adapter::Adapter;
+use super::futures::{Futures, Outcome};
+use super::losses::Loss;
+use super::proto;
+use crate::model::generate::{Completion, Finish};
+use crate::model::lora::{AdapterSnapshot, LoraConfig, Mode};
+use crate::model::sample::SamplingParams;
+use crate::model::sampler::{Request, Sampler, Sink, Token};
+use crate::model::LanguageModel;
+use crate::rl::optim::AdamWConfig;
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device, Tensor};
+use prost::Message;
+use serde_json::json;
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+/// One datum of a forward/backward, checked: `tokens` and `targets` of equal length, and
+/// each loss input with one value per token.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub tokens: Vec<u32>,
+    pub targets: Vec<u32>,
+    pub inputs: HashMap<String, Vec<f32>>,
+}
+
+/// Which weights a sampler reads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Weights {
+    /// The base model, no adapter.
+    Base,
+    /// Sampler weights by key: a `tinker://` path (read from `dir` when not in memory), or
+    /// a snapshot made for a sampling session (`save_weights_and_get_sampling_client`).
+    Saved { key: String, dir: Option<PathBuf> },
+}
+
+/// A sampling request, checked.
+#[derive(Debug, Clone)]
+pub struct SampleJob {
+    pub request: String,
+    pub weights: Weights,
+    pub prompt: Vec<u32>,
+    pub n: usize,
+    pub params: SamplingParams,
+    pub prompt_logprobs: bool,
+    pub topk_prompt: usize,
+    pub topk_sample: usize,
+}
+
+/// What the worker is asked to do; `request` is the future it settles.
+#[derive(Debug)]
+pub enum Work {
+    Create {
+        request: String,
+        model_id: String,
+        lora: LoraConfig,
+        seed: u64,
+    },
+    /// A checkpoint into a training client: a new one (`create`) or one that exists.
+    Load {
+        request: String,
+        model_id: String,
+        dir: PathBuf,
+        optimizer: bool,
+        create: bool,
+    },
+    ForwardBackward {
+        request: String,
+        model_id: String,
+        rows: Vec<Row>,
+        loss: Loss,
+        forward_only: bool,
+    },
+    Optim {
+        request: String,
+        model_id: String,
+        lr: f64,
+        adam: AdamWConfig,
+        clip: f64,
+    },
+    /// Writes a checkpoint (with the optimizer: `save_weights`; without: sampler weights)
+    /// to `dir` and answers with `path`; sampler weights are also kept in memory under
+    /// `key`. With no `dir`, only the in-memory snapshot (a sampling session's).
+    Save {
+        request: String,
+        model_id: String,
+        dir: Option<PathBuf>,
+        optimizer: bool,
+        key: Option<String>,
+        answer: serde_json::Value,
+    },
+    Sample(SampleJob),
+    /// Settles `request` as failed, in its turn (a request refused while others of its
+    /// training client wait behind it).
+    Fail { request: String, message: String },
+    /// Drops a finished session's training clients.
+    Unload { model_ids: Vec<String> },
+}
+
+impl Work {
+    fn request(&self) -> Option<&str> {
+        match self {
+            Work::Create { request, .. }
+            | Work::Load { request, .. }
+            | Work::ForwardBackward { request, .. }
+            | Work::Optim { request, .. }
+            | Work::Save { request, .. }
+            | Work::Fail { request, .. } => Some(request),
+            Work::Sample(job) => Some(&job.request),
+            Work::Unload { .. } => None,
+        }
+    }
+}
+
+/// Padded tokens a forward/backward runs at once (its datums are split into micro-batches
+/// of about this many; the loss is a sum, so the split changes nothing but memory).
+pub const TOKENS_PER_FORWARD: usize = 8192;
+
+pub struct Worker {
+    pub lm: LanguageModel,
+    pub base_name: String,
+    pub futures: Arc<Futures>,
+    models: HashMap<String, Adapter>,
+    saved: HashMap<String, Arc<AdapterSnapshot>>,
+    version: u64,
+}
+
+impl Worker {
+    pub fn new(lm: LanguageModel, base_name: String, futures: Arc<Futures>) -> Worker {
+        Worker {
+            lm,
+            base_name,
+            futures,
+            models: HashMap::new(),
+            saved: HashMap::new(),
+            version: 0,
+        }
+    }
+
+    /// Training clients held now.
+    pub fn adapters(&self) -> usize {
+        self.models.len()
+    }
+
+    /// Runs work until every sender is gone.
+    pub fn run(&mut self, rx: &Receiver<Work>) {
+        let mut backlog: VecDeque<Work> = VecDeque::new();
+        loop {
+            let work = match backlog.pop_front() {
+                Some(w) => w,
+                None => match rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(w) => w,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                },
+            };
+            match work {
+                Work::Sample(job) => self.sampling_round(job, rx, &mut backlog),
+                other => self.execute(other),
+            }
+        }
+    }
+
+    /// Runs one operation and settles its future.
+    pub fn execute(&mut self, work: Work) {
+        let Some(request) = work.request().map(str::to_string) else {
+            if let Work::Unload { model_ids } = work {
+                for id in model_ids {
+                    self.models.remove(&id);
+                }
+            }
+            return;
+        };
+        let outcome = match self.operate(work) {
+            Ok(o) => o,
+            Err(e) => {
+                let message = format!("{e:#}");
+                tracing::warn!("tinker: {request} failed: {message}");
+                // Errors the operation found in what it was sent are the user's; the rest
+                // (a failed write, a device error) the server's.
+                if e.downcast_ref::<UserError>().is_some() {
+                    Outcome::user_error(message)
+                } else {
+                    Outcome::server_error(message)
+                }
+            }
+        };
+        self.futures.finish(&request, outcome);
+    }
+
+    fn adapter(&mut self, model_id: &str) -> Result<&mut Adapter> {
+        match self.models.get_mut(model_id) {
+            Some(a) => Ok(a),
+            None => Err(UserError(format!(
+                "unknown model_id {model_id:?}: no training client by that id (it was never \
+                 created, failed to load, or its session ended)"
+            ))
+            .into()),
+        }
+    }
+
+    fn operate(&mut self, work: Work) -> Result<Outcome> {
+        match work {
+            Work::Create {
+                model_id,
+                lora,
+                seed,
+                ..
+            } => {
+                let adapter = Adapter::fresh(&self.lm.model, lora, seed)?;
+                self.models.insert(model_id.clone(), adapter);
+                Ok(Outcome::Json(json!({"model_id": model_id, "type": "create_model"})))
+            }
+            Work::Load {
+                model_id,
+                dir,
+                optimizer,
+                create,
+                ..
+            } => {
+                if !create {
+                    self.adapter(&model_id)?;
+                }
+                let adapter = Adapter::load(&self.lm.model, &dir, optimizer)
+                    .map_err(|e| UserError(format!("loading {}: {e:#}", dir.display())))?;
+                self.models.insert(model_id.clone(), adapter);
+                Ok(Outcome::Json(json!({"model_id": model_id, "type": "load_weights"})))
+            }
+            Work::ForwardBackward {
+                model_id,
+                rows,
+                loss,
+                forward_only,
+                ..
+            } => {
+                let lm = &self.lm;
+                let adapter = match self.models.get_mut(&model_id) {
+                    Some(a) => a,
+                    None => return Err(UserError(format!("unknown model_id {model_id:?}")).into()),
+                };
+                let out = forward_backward(lm, adapter, &rows, loss, forward_only)?;
+                Ok(Outcome::Proto(out.encode_to_vec()))
+            }
+            Work::Optim {
+                model_id,
+                lr,
+                adam,
+                clip,
+                ..
+            } => {
+                let adapter = self.adapter(&model_id)?;
+                let norm = adapter.step(lr, adam, clip)?;
+                let mut metrics = serde_json::Map::new();
+                metrics.insert("step:max".into(), json!(adapter.steps as f64));
+                metrics.insert("learning_rate:mean".into(), json!(lr));
+                if let Some(n) = norm {
+                    metrics.insert("grad_norm:mean".into(), json!(n));
+                }
+                Ok(Outcome::Json(json!({ "metrics": metrics })))
+            }
+            Work::Save {
+                model_id,
+                dir,
+                optimizer,
+                key,
+                answer,
+                ..
+            } => {
+                let base = self.base_name.clone();
+                self.version += 1;
+                let version = self.version;
+                let model = &self.lm.model;
+                let adapter = match self.models.get(&model_id) {
+                    Some(a) => a,
+                    None => return Err(UserError(format!("unknown model_id {model_id:?}")).into()),
+                };
+                if let Some(dir) = &dir {
+                    adapter
+                        .save(dir, &base, optimizer)
+                        .with_context(|| format!("writing {}", dir.display()))?;
+                }
+                if let Some(key) = key {
+                    let snapshot = adapter.snapshot(model, version)?;
+                    self.saved.insert(key, Arc::new(snapshot));
+                }
+                Ok(Outcome::Json(answer))
+            }
+            Work::Fail { message, .. } => Err(UserError(message).into()),
+            Work::Sample(_) | Work::Unload { .. } => unreachable!("handled by run"),
+        }
+    }
+
+    /// The snapshot sampler weights `w` names: in memory, or read from the checkpoint
+    /// directory it was saved to (by a server since restarted).
+    fn weights(&mut self, w: &Weights) -> Result<Option<Arc<AdapterSnapshot>>> {
+        let Weights::Saved { key, dir } = w else {
+            return Ok(None);
+        };
+        if let Some(s) = self.saved.get(key) {
+            return Ok(Some(s.clone()));
+        }
+        let Some(dir) = dir.as_ref().filter(|d| d.is_dir()) else {
+            bail!(UserError(format!(
+                "no sampler weights at {key:?} (save_weights_for_sampler writes them)"
+            )));
+        };
+        let adapter = Adapter::load(&self.lm.model, dir, false)
+            .map_err(|e| UserError(format!("loading {}: {e:#}", dir.display())))?;
+        let snapshot = Arc::new(adapter.snapshot(&self.lm.model, 0)?);
+        self.saved.insert(key.clone(), snapshot.clone());
+        Ok(Some(snapshot))
+    }
+
+    /// Samples `first` and every request for the same weights that arrives while they
+    /// decode, in one continuous batch; other work waits in `backlog`.
+    fn sampling_round(&mut self, first: SampleJob, rx: &Receiver<Work>, backlog: &mut VecDeque<Work>) {
+        let weights = first.weights.clone();
+        let snapshot = match self.weights(&weights) {
+            Ok(s) => s,
+            Err(e) => {
+                let outcome = if e.downcast_ref::<UserError>().is_some() {
+                    Outcome::user_error(format!("{e:#}"))
+                } else {
+                    Outcome::server_error(format!("{e:#}"))
+                };
+                self.futures.finish(&first.request, outcome);
+                return;
+            }
+        };
+        let mode = match &snapshot {
+            Some(s) => Mode {
+                adapter: Some(s),
+                ..Mode::INFERENCE
+            },
+            None => Mode::BASE,
+        };
+        let lm = &self.lm;
+        let futures = &self.futures;
+        let mut sampler = Sampler::new(&lm.model, &lm.tokenizer, mode);
+        admit(&mut sampler, lm, mode, futures, first);
+        while !sampler.is_empty() {
+            if let Err(e) = sampler.step() {
+                tracing::error!("tinker: a decode step failed: {e:#}");
+            }
+            while let Ok(w) = rx.try_recv() {
+                match w {
+                    Work::Sample(job) if job.weights == weights => {
+                        admit(&mut sampler, lm, mode, futures, job)
+                    }
+                    other => backlog.push_back(other),
+                }
+            }
+        }
+    }
+}
+
+/// An error in what the client sent (reported with category `user`).
+#[derive(Debug)]
+pub struct UserError(pub String);
+
+impl std::fmt::Display for UserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UserError {}
+
+/// Admits a sampling request (its prompt's log-probs computed first when asked for).
+fn admit<'t>(
+    sampler: &mut Sampler<'t>,
+    lm: &'t LanguageModel,
+    mode: Mode,
+    futures: &'t Arc<Futures>,
+    job: SampleJob,
+) {
+    let prompt = if job.prompt_logprobs || job.topk_prompt > 0 {
+        match prompt_logprobs(lm, mode, &job.prompt, job.topk_prompt) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                futures.finish(&job.request, Outcome::server_error(format!("{e:#}")));
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let sink = Collect {
+        request: job.request.clone(),
+        futures: futures.clone(),
+        choices: vec![Choice::default(); job.n],
+        left: job.n,
+        topk: job.topk_sample,
+        prompt,
+        want_prompt_logprobs: job.prompt_logprobs,
+        topk_prompt: job.topk_prompt,
+    };
+    sampler.admit(
+        Request {
+            prompt: job.prompt,
+            n: job.n,
+            params: job.params,
+            index: 0,
+            top_logprobs: job.topk_sample,
+        },
+        Box::new(sink),
+    );
+}
+
+#[derive(Debug, Clone, Default)]
+struct Choice {
+    top: Vec<Vec<(u32, f32)>>,
+    done: Option<Completion>,
+}
+
+/// Gathers one request's choices and settles its future when the last one ends.
+struct Collect {
+    request: String,
+    futures: Arc<Futures>,
+    choices: Vec<Choice>,
+    left: usize,
+    topk: usize,
+    /// The prompt's log-probs and top-k per position, when asked for.
+    prompt: Option<PromptLogprobs>,
+    want_prompt_logprobs: bool,
+    topk_prompt: usize,
+}
+
+impl Sink for Collect {
+    fn token(&mut self, token: Token) -> bool {
+        if self.topk > 0
+            && let Some(c) = self.choices.get_mut(token.choice)
+        {
+            c.top.push(token.top);
+        }
+        true
+    }
+
+    fn done(&mut self, choice: usize, completion: Completion) {
+        if let Some(c) = self.choices.get_mut(choice)
+            && c.done.is_none()
+        {
+            c.done = Some(completion);
+            self.left -= 1;
+        }
+        if self.left == 0 {
+            let response = self.response();
+            self.futures
+                .finish(&self.request, Outcome::Proto(response.encode_to_vec()));
+        }
+    }
+
+    fn failed(&mut self, message: &str) {
+        self.futures
+            .finish(&self.request, Outcome::user_error(message.to_string()));
+    }
+}
+
+impl Collect {
+    fn response(&self) -> proto::SampleResponse {
+        let sequences = self
+            .choices
+            .iter()
+            .map(|c| {
+                let done = c.done.as_ref().expect("every choice ended");
+                let stop_reason = match done.finish {
+                    Finish::Length => proto::StopReason::Length,
+                    Finish::StopToken(_) | Finish::StopString(_) => proto::StopReason::Stop,
+                };
+                let topk = (self.topk > 0).then(|| {
+                    let rows: Vec<Option<Vec<(u32, f32)>>> =
+                        c.top.iter().map(|r| Some(r.clone())).collect();
+                    proto::TopkLogprobs::from_rows(&rows, self.topk)
+                });
+                proto::SampledSequence {
+                    stop_reason: stop_reason as i32,
+                    tokens: proto::i32_bytes(&done.tokens),
+                    logprobs: Some(proto::f32_bytes(&done.logprobs)),
+                    topk_sampled_logprobs: topk,
+                }
+            })
+            .collect();
+        let (prompt_logprobs, topk_prompt_logprobs) = match &self.prompt {
+            Some(p) => (
+                self.want_prompt_logprobs
+                    .then(|| proto::f32_bytes(&p.logprobs)),
+                (self.topk_prompt > 0)
+                    .then(|| proto::TopkLogprobs::from_rows(&p.top, self.topk_prompt)),
+            ),
+            None => (None, None),
+        };
+        proto::SampleResponse {
+            sequences,
+            prompt_logprobs,
+            topk_prompt_logprobs,
+            prompt_cache_hit_tokens: 0,
+        }
+    }
+}
+
+/// A prompt's own log-probs: NaN at the first token, then `log p(prompt[i] | prompt[..i])`,
+/// and the `k` likeliest tokens at each position after the first (`None` at the first).
+#[derive(Debug, Clone)]
+pub struct PromptLogprobs {
+    pub logprobs: Vec<f32>,
+    pub top: Vec<Option<Vec<(u32, f32)>>>,
+}
+
+fn prompt_logprobs(lm: &LanguageModel, mode: Mode, prompt: &[u32], k: usize) -> Result<PromptLogprobs> {
+    let model = &lm.model;
+    let device = model.device();
+    let n = prompt.len();
+    let mut logprobs = vec![f32::NAN; n];
+    let mut top = vec![None; n];
+    if n < 2 {
+        return Ok(PromptLogprobs { logprobs, top });
+    }
+    let ids = Tensor::new(&prompt[..n - 1], device)?.unsqueeze(0)?;
+    let mask = Tensor::ones((1, n - 1), DType::U32, device)?;
+    let pos = Tensor::arange(0u32, (n - 1) as u32, device)?.unsqueeze(0)?;
+    let targets = Tensor::new(&prompt[1..], device)?.unsqueeze(0)?;
+    let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
+    let (lp, _) = model.logprobs(&hidden, &targets)?;
+    let lp = lp.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    logprobs[1..].copy_from_slice(&lp);
+    if k > 0 {
+        // Position i's logits predict token i + 1: its top-k is the prompt's row i + 1.
+        let logits = model.logits(&hidden.squeeze(0)?)?;
+        let logz = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+        let rows = logz.to_vec2::<f32>()?;
+        for (i, row) in rows.iter().enumerate() {
+            let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+            let k = k.min(row.len());
+            idx.select_nth_unstable_by(k - 1, |a, b| row[*b as usize].total_cmp(&row[*a as usize]));
+            let mut best: Vec<(u32, f32)> = idx[..k].iter().map(|&t| (t, row[t as usize])).collect();
+            best.sort_by(|a, b| b.1.total_cmp(&a.1));
+            top[i + 1] = Some(best);
+        }
+    }
+    Ok(PromptLogprobs { logprobs, top })
+}
+
+/// Runs `rows` through the model with `adapter` and the loss, adding the gradients to the
+/// adapter's (unless `forward_only`); answers with each datum's log-probs and per-token
+/// losses and the summed loss.
+pub fn forward_backward(
+    lm: &LanguageModel,
+    adapter: &mut Adapter,
+    rows: &[Row],
+    loss: Loss,
+    forward_only: bool,
+) -> Result<proto::ForwardBackwardOutput> {
+    let model = &lm.model;
+    let device = model.device().clone();
+    let mut logprobs: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
+    let mut losses: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
+    let mut total = 0f64;
+    for batch in micro_batches(rows, TOKENS_PER_FORWARD) {
+        let mode = Mode {
+            adapters: true,
+            grad: !forward_only,
+            dropout_rng: None,
+            adapter: Some(adapter.live()),
+        };
+        let (ids, mask, pos, targets) = padded(batch, &device)?;
+        let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
+        let (lp, _) = model.logprobs(&hidden, &targets)?;
+        let mut sum: Option<Tensor> = None;
+        for (i, row) in batch.iter().enumerate() {
+            let n = row.tokens.len();
+            let lp_i = lp.get(i)?.narrow(0, 0, n)?.to_dtype(DType::F32)?;
+            let mut inputs = HashMap::new();
+            for key in loss.inputs() {
+                let values = &row.inputs[*key];
+                inputs.insert(*key, Tensor::new(values.as_slice(), &device)?);
+            }
+            let per = loss.elementwise(&lp_i, &inputs)?;
+            logprobs.push(lp_i.to_vec1::<f32>()?);
+            losses.push(per.to_vec1::<f32>()?);
+            let s = per.sum_all()?;
+            sum = Some(match sum {
+                Some(acc) => (acc + s)?,
+                None => s,
+            });
+        }
+        if let Some(sum) = sum {
+            total += sum.to_scalar::<f32>()? as f64;
+            if !forward_only {
+                let grads = sum.backward()?;
+                adapter.accumulate(&grads)?;
+            }
+        }
+    }
+    let record = proto::ArrayRecord {
+        type_tag: "ArrayRecord".into(),
+        fields: [
+            ("logprobs".to_string(), proto::BatchedTensor::f32_rows(&logprobs)),
+            ("elementwise_loss".to_string(), proto::BatchedTensor::f32_rows(&losses)),
+        ]
+        .into(),
+        num_datums: rows.len() as i64,
+    };
+    let tokens: usize = rows.iter().map(|r| r.tokens.len()).sum();
+    Ok(proto::ForwardBackwardOutput {
+        loss_fn_output_type: "ArrayRecord".into(),
+        loss_fn_outputs: vec![record],
+        metrics: [
+            ("loss:sum".to_string(), total),
+            ("tokens:sum".to_string(), tokens as f64),
+        ]
+        .into(),
+    })
+}
+
+/// Consecutive runs of rows whose padded size (rows × longest) stays within `budget`
+/// tokens (a longer row runs alone).
+fn micro_batches(rows: &[Row], budget: usize) -> Vec<&[Row]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut longest = 0;
+    for (i, r) in rows.iter().enumerate() {
+        let l = longest.max(r.tokens.len());
+        if i > start && l * (i - start + 1) > budget {
+            out.push(&rows[start..i]);
+            start = i;
+            longest = r.tokens.len();
+        } else {
+            longest = l;
+        }
+    }
+    if start < rows.len() {
+        out.push(&rows[start..]);
+    }
+    out
+}
+
+/// `[B, T]` ids, mask, positions and targets for `rows`, right-padded.
+fn padded(rows: &[Row], device: &Device) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+    let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+    let b = rows.len();
+    let (mut ids, mut mask, mut pos, mut targets) = (
+        Vec::with_capacity(b * t),
+        Vec::with_capacity(b * t),
+        Vec::with_capacity(b * t),
+        Vec::with_capacity(b * t),
+    );
+    for r in rows {
+        for i in 0..t {
+            let real = i < r.tokens.len();
+            ids.push(if real { r.tokens[i] } else { 0 });
+            targets.push(if real { r.targets[i] } else { 0 });
+            mask.push(u32::from(real));
+            pos.push(i as u32);
+        }
+    }
+    Ok((
+        Tensor::from_vec(ids, (b, t), device)?,
+        Tensor::from_vec(mask, (b, t), device)?,
+        Tensor::from_vec(pos, (b, t), device)?,
+        Tensor::from_vec(targets, (b, t), device)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(n: usize) -> Row {
+        Row {
+            tokens: vec![1; n],
+            targets: vec![1; n],
+            inputs: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn micro_batches_keep_order_and_the_budget() {
+        let rows: Vec<Row> = [3, 3, 3, 10, 2, 2].iter().map(|&n| row(n)).collect();
+        let lens: Vec<Vec<usize>> = micro_batches(&rows, 9)
+            .iter()
+            .map(|b| b.iter().map(|r| r.tokens.len()).collect())
+            .collect();
+        assert_eq!(lens, vec![vec![3, 3, 3], vec![10], vec![2, 2]]);
+    }
+}
