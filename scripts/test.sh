@@ -47,6 +47,9 @@ fi
 # OpenEnv's own client for the `env serve` tests (~140 MB, made once).
 bash scripts/openenv.sh install
 export RLHOST_REQUIRE_OPENENV=1
+# The official Tinker SDK for the `serve --tinker` tests (made once).
+bash scripts/tinker.sh install
+export RLHOST_REQUIRE_TINKER=1
 cargo test --workspace
 (cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task -p math_answer -p search -p judge -p sim_user)
 # The code-tests reward's logic under CPython (the component itself is tested above).

@@ -46,6 +46,7 @@ mod rollout_cli;
 mod sandbox;
 mod scaffold;
 mod status;
+mod tinker;
 mod tools;
 mod train_cli;
 mod units_task;

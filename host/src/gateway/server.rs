@@ -495,6 +495,7 @@ async fn chat(
         ),
         index: 0,
         top_logprobs: req.logprobs.unwrap_or(0),
+        adapter: None,
     };
     let guard = CallGuard::begin(&gw, session, &prompt)?;
     let rx = submit(&gw, request)?;
@@ -958,6 +959,7 @@ async fn complete(
             ),
             index: i,
             top_logprobs: req.logprobs.unwrap_or(0),
+            adapter: None,
         };
         receivers.push(submit(&gw, request)?);
     }

@@ -193,6 +193,7 @@ impl CustomOp2 for Recompute {
             grad: true,
             dropout_rng: rng.as_ref(),
             adapter: Some(&set),
+            segments: None,
         };
         let y = (self.block)(&x_in, mode)?;
         let grads = (y * g.detach())?.sum_all()?.backward()?;

@@ -90,6 +90,12 @@ fn affine(x: &Tensor, w: &Weight, bias: Option<&Tensor>) -> Result<Tensor> {
 /// CPU node in training where the kernels apply and no dropout is drawn.
 pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
     let _p = super::profile::span("lora_linear", x.device());
+    if let Some(segments) = mode
+        .segments
+        .filter(|_| mode.adapters && lin.lora.is_some())
+    {
+        return segmented_lora_linear(lin, x, segments);
+    }
     #[cfg(target_arch = "x86_64")]
     if let Some(lora) = lin.lora.as_ref().filter(|_| mode.adapters && mode.grad)
         && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
@@ -167,6 +173,55 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
     };
     let low = x.broadcast_matmul(&a.t()?)?;
     let delta = (low.broadcast_matmul(&b.t()?)? * scaling)?;
+    (y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())
+}
+
+/// A sampling projection over packed rows of several adapters: `x Wᵀ + bias`, plus for
+/// each segment of rows that segment's adapter delta `s · (x_seg Aᵀ) Bᵀ` (none for the
+/// base model's rows, or where the set does not train this projection). The deltas are
+/// computed as [`lora_linear`] computes one (input in f32, sum cast back), so a sequence
+/// samples the same whatever else shares its forward.
+fn segmented_lora_linear(
+    lin: &Linear,
+    x: &Tensor,
+    segments: &[super::lora::Segment],
+) -> Result<Tensor> {
+    let y = affine(x, &lin.weight, lin.bias.as_ref())?;
+    let lora = lin.lora.as_ref().expect("checked by the caller");
+    let rows = x.dim(0)?;
+    if segments.iter().map(|s| s.rows).sum::<usize>() != rows {
+        candle_core::bail!(
+            "segments cover {} rows of {rows}",
+            segments.iter().map(|s| s.rows).sum::<usize>()
+        );
+    }
+    let pairs: Vec<Option<(&Tensor, &Tensor, f64)>> = segments
+        .iter()
+        .map(|seg| {
+            seg.adapter.and_then(|set| {
+                set.get(lora)
+                    .map(|(a, b)| (a, b, lora.scaling_in(Some(set))))
+            })
+        })
+        .collect();
+    if pairs.iter().all(Option::is_none) {
+        return Ok(y);
+    }
+    let out = y.dim(D::Minus1)?;
+    let mut deltas = Vec::with_capacity(segments.len());
+    let mut start = 0;
+    for (seg, pair) in segments.iter().zip(&pairs) {
+        let xs = x.narrow(0, start, seg.rows)?;
+        deltas.push(match pair {
+            Some((a, b, s)) => {
+                let low = xs.to_dtype(a.dtype())?.matmul(&a.detach().t()?)?;
+                (low.matmul(&b.detach().t()?)? * *s)?
+            }
+            None => Tensor::zeros((seg.rows, out), DType::F32, x.device())?,
+        });
+        start += seg.rows;
+    }
+    let delta = Tensor::cat(&deltas, 0)?;
     (y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())
 }
 

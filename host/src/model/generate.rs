@@ -156,6 +156,17 @@ impl Sequence {
 /// Runs every sequence's pending tokens through the model in one packed forward and stores
 /// each one's next-token logits. Sequences with nothing pending are left alone.
 pub fn advance(model: &Model, seqs: &mut [&mut Sequence], mode: Mode) -> Result<()> {
+    advance_mixed(model, seqs, None, mode)
+}
+
+/// [`advance`] with an adapter set per sequence (`None`: the base model), read in place of
+/// `mode`'s: sequences of different adapters run in the same packed forward.
+pub fn advance_mixed(
+    model: &Model,
+    seqs: &mut [&mut Sequence],
+    adapters: Option<&[Option<&super::lora::AdapterSnapshot>]>,
+    mode: Mode,
+) -> Result<()> {
     let _p = super::profile::span("advance", model.device());
     let mut idx = Vec::new();
     for (i, s) in seqs.iter().enumerate() {
@@ -168,6 +179,15 @@ pub fn advance(model: &Model, seqs: &mut [&mut Sequence], mode: Mode) -> Result<
     }
     let pending: Vec<Vec<u32>> = idx.iter().map(|&i| seqs[i].pending().to_vec()).collect();
     let toks: Vec<&[u32]> = pending.iter().map(Vec::as_slice).collect();
+    let segments = adapters
+        .map(|a| super::lora::segments(idx.iter().zip(&toks).map(|(&i, t)| (t.len(), a[i]))));
+    let mode = match &segments {
+        Some(s) => Mode {
+            segments: Some(s),
+            ..mode
+        },
+        None => mode,
+    };
     let logits = {
         let mut caches: Vec<&mut KvCache> = Vec::with_capacity(idx.len());
         // Disjoint mutable borrows of the selected sequences' caches.
@@ -307,6 +327,7 @@ pub fn generate(
             params: params.clone(),
             index: i,
             top_logprobs: 0,
+            adapter: None,
         };
         let sink = Collect {
             out: &outs[i],

@@ -147,6 +147,40 @@ pub struct Mode<'a> {
     /// sampling (the optimizer may be writing the live ones), or PPO's critic adapter,
     /// whose tensors are variables of their own and train with `grad`.
     pub adapter: Option<&'a AdapterSnapshot>,
+    /// Sampling only: consecutive runs of the packed rows, each with its own adapter set
+    /// (`None`: the base model), so that sequences of different adapters decode in one
+    /// forward. Takes the place of `adapter` where given.
+    pub segments: Option<&'a [Segment<'a>]>,
+}
+
+/// `rows` consecutive rows of a packed forward and the adapter set they read.
+#[derive(Clone, Copy)]
+pub struct Segment<'a> {
+    pub rows: usize,
+    pub adapter: Option<&'a AdapterSnapshot>,
+}
+
+/// Runs of equal adapters from one adapter per sequence and its row count: the
+/// [`Mode::segments`] of a packed forward over those sequences.
+pub fn segments<'a>(
+    per_sequence: impl IntoIterator<Item = (usize, Option<&'a AdapterSnapshot>)>,
+) -> Vec<Segment<'a>> {
+    let mut out: Vec<Segment<'a>> = Vec::new();
+    for (rows, adapter) in per_sequence {
+        match out.last_mut() {
+            Some(last) if same(last.adapter, adapter) => last.rows += rows,
+            _ => out.push(Segment { rows, adapter }),
+        }
+    }
+    out
+}
+
+fn same(a: Option<&AdapterSnapshot>, b: Option<&AdapterSnapshot>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => std::ptr::eq(a, b),
+        _ => false,
+    }
 }
 
 impl Mode<'_> {
@@ -155,6 +189,7 @@ impl Mode<'_> {
         grad: false,
         dropout_rng: None,
         adapter: None,
+        segments: None,
     };
     /// Training with the live adapter and no dropout.
     pub const TRAIN: Mode<'static> = Mode {
@@ -162,12 +197,14 @@ impl Mode<'_> {
         grad: true,
         dropout_rng: None,
         adapter: None,
+        segments: None,
     };
     pub const BASE: Mode<'static> = Mode {
         adapters: false,
         grad: false,
         dropout_rng: None,
         adapter: None,
+        segments: None,
     };
 }
 
@@ -184,6 +221,16 @@ pub struct AdapterSnapshot {
     /// `alpha / r` of a set whose adapter is not the live one's shape (`None`: the live
     /// adapter's scaling).
     pub scaling: Option<f64>,
+}
+
+impl std::fmt::Debug for AdapterSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdapterSnapshot")
+            .field("version", &self.version)
+            .field("pairs", &self.tensors.len())
+            .field("scaling", &self.scaling)
+            .finish()
+    }
 }
 
 impl AdapterSnapshot {

@@ -137,7 +137,10 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
 /// The adapter in `dir` as its config and, for each projection of `model` it targets, the
 /// module path with `A: [r, in]` and `B: [out, r]` in f32 on the model's device, checked
 /// against the model's shapes.
-pub fn read_pairs(model: &Model, dir: &Path) -> Result<(LoraConfig, Vec<(String, Tensor, Tensor)>)> {
+pub fn read_pairs(
+    model: &Model,
+    dir: &Path,
+) -> Result<(LoraConfig, Vec<(String, Tensor, Tensor)>)> {
     let cfg = read_config(dir)?;
     let path = dir.join(WEIGHTS_FILE);
     if !path.is_file() {

@@ -12,11 +12,14 @@
 //! else is in the batch.
 
 use super::decoder::Model;
-use super::generate::{Completion, Finish, Sequence, advance, draw, sample_seed, stop_check};
-use super::lora::Mode;
+use super::generate::{
+    Completion, Finish, Sequence, advance, advance_mixed, draw, sample_seed, stop_check,
+};
+use super::lora::{AdapterSnapshot, Mode};
 use super::sample::SamplingParams;
 use super::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
+use std::sync::Arc;
 
 /// What to sample.
 #[derive(Debug, Clone)]
@@ -30,6 +33,9 @@ pub struct Request {
     pub index: usize,
     /// With each token, the log-probs of the `top_logprobs` likeliest (0: none).
     pub top_logprobs: usize,
+    /// The adapter this request samples with, in place of the sampler's mode's (`None`:
+    /// the mode's). Requests of different adapters decode in the same forwards.
+    pub adapter: Option<Arc<AdapterSnapshot>>,
 }
 
 /// One drawn token of one choice.
@@ -146,13 +152,23 @@ impl<'t> Sampler<'t> {
         }
         let forward = {
             let mut seqs: Vec<&mut Sequence> = Vec::new();
+            let mut sets: Vec<Option<&AdapterSnapshot>> = Vec::new();
             for l in self.live.iter_mut() {
+                let set = l.request.adapter.as_deref();
                 if let Some(head) = &mut l.head {
                     seqs.push(head);
+                    sets.push(set);
                 }
-                seqs.extend(l.choices.iter_mut().filter(|c| !c.gone).map(|c| &mut c.seq));
+                for c in l.choices.iter_mut().filter(|c| !c.gone) {
+                    seqs.push(&mut c.seq);
+                    sets.push(set);
+                }
             }
-            advance(self.model, &mut seqs, self.mode)
+            if sets.iter().any(Option::is_some) {
+                advance_mixed(self.model, &mut seqs, Some(&sets), self.mode)
+            } else {
+                advance(self.model, &mut seqs, self.mode)
+            }
         };
         self.forwards += 1;
         if let Err(e) = forward {
@@ -307,9 +323,10 @@ impl Sink for Collect<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Model;
     use crate::model::fixtures;
     use crate::model::generate::generate;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     /// Tokens, finished choices and the failure a sink saw.
     type Log = (Vec<Token>, Vec<Completion>, Option<String>);
@@ -348,6 +365,7 @@ mod tests {
             },
             index: 0,
             top_logprobs: top,
+            adapter: None,
         }
     }
 
@@ -411,6 +429,86 @@ mod tests {
                 assert!((lp - t.logp).abs() < 1e-5, "{lp} vs {}", t.logp);
             }
         }
+    }
+
+    /// A set of random pairs of rank `r` on every projection of `model` (which carries a
+    /// rank-1 host adapter with B = 0), keyed as the Tinker server keys its clients'.
+    fn random_set(model: &Model, r: usize, seed: u64, scaling: f64) -> AdapterSnapshot {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let dev = model.device();
+        let mut pairs = Vec::new();
+        for (_, _, lin) in model.projections() {
+            let host = lin.lora.as_ref().unwrap();
+            let mut rand =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-0.3..0.3)).collect() };
+            let (i, o) = (lin.in_features(), lin.out_features());
+            let a = candle_core::Tensor::from_vec(rand(r * i), (r, i), dev).unwrap();
+            let b = candle_core::Tensor::from_vec(rand(o * r), (o, r), dev).unwrap();
+            pairs.push((host.lora_a.as_tensor().id(), a, b));
+        }
+        AdapterSnapshot::from_pairs(0, pairs).with_scaling(Some(scaling))
+    }
+
+    /// Requests of different adapters (and of the base model) decode in the same forwards
+    /// and each samples what it samples alone with its adapter.
+    #[test]
+    fn requests_of_different_adapters_share_a_batch() {
+        let dir = fixtures::model_dir("qwen2");
+        let (mut model, tok) = (fixtures::load("qwen2"), Tokenizer::from_dir(&dir).unwrap());
+        let host = crate::model::LoraConfig {
+            r: 1,
+            ..crate::model::LoraConfig::default()
+        };
+        model.attach_lora(&host, 0).unwrap();
+        let sets = [
+            None,
+            Some(Arc::new(random_set(&model, 2, 1, 2.0))),
+            Some(Arc::new(random_set(&model, 8, 2, 0.5))),
+        ];
+        let prompts = [vec![1u32, 2, 3, 4], vec![7, 8], vec![5, 6, 7]];
+        let alone = |set: &Option<Arc<AdapterSnapshot>>, p: &Vec<u32>, seed| {
+            let mode = Mode {
+                adapter: set.as_deref(),
+                ..Mode::INFERENCE
+            };
+            let params = request(p.clone(), seed, 0).params;
+            generate(&model, &tok, std::slice::from_ref(p), 1, &params, mode)
+                .unwrap()
+                .remove(0)
+                .remove(0)
+        };
+        let mut sampler = Sampler::new(&model, &tok, Mode::INFERENCE);
+        let seen: Vec<Seen> = (0..3).map(|_| Seen::default()).collect();
+        for (i, (set, p)) in sets.iter().zip(&prompts).enumerate() {
+            let r = Request {
+                adapter: set.clone(),
+                ..request(p.clone(), 20 + i as u64, 0)
+            };
+            sampler.admit(
+                r,
+                Box::new(Probe {
+                    seen: seen[i].clone(),
+                    listen: true,
+                }),
+            );
+        }
+        while !sampler.is_empty() {
+            sampler.step().unwrap();
+        }
+        let mut outs = Vec::new();
+        for (i, (set, p)) in sets.iter().zip(&prompts).enumerate() {
+            let got = seen[i].0.lock().unwrap().1[0].clone();
+            let want = alone(set, p, 20 + i as u64);
+            assert_eq!(got.tokens, want.tokens, "request {i}");
+            for (x, y) in got.logprobs.iter().zip(&want.logprobs) {
+                assert!((x - y).abs() < 1e-4, "request {i}: {x} vs {y}");
+            }
+            outs.push(got.tokens);
+        }
+        // The adapters change what is sampled (the comparison is not of three base runs).
+        let base_b = alone(&None, &prompts[1], 21);
+        assert_ne!(base_b.logprobs, alone(&sets[1], &prompts[1], 21).logprobs);
     }
 
     /// What cannot be sampled fails through the sink, before any step.

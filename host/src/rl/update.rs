@@ -548,6 +548,7 @@ fn update_here(
         grad: true,
         dropout_rng: dropout,
         adapter: None,
+        segments: None,
     };
     // The first epoch covers every row once: its micro-batches give the passes that need
     // the whole batch (the policy before any step, the reference).

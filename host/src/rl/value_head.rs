@@ -78,6 +78,7 @@ impl ValueHead {
                     grad,
                     dropout_rng: None,
                     adapter: Some(set),
+                    segments: None,
                 };
                 self.forward(&model.forward_batch(input, attn, pos, mode)?)
             }

@@ -256,9 +256,7 @@ pub fn spawn_app(
         .spawn(move || {
             runtime.block_on(async move {
                 match TcpListener::from_std(listener) {
-                    Ok(listener) => {
-                        serve(listener, make(), max_connections, HEADER_TIMEOUT).await
-                    }
+                    Ok(listener) => serve(listener, make(), max_connections, HEADER_TIMEOUT).await,
                     Err(e) => tracing::error!("{label}: {e}"),
                 }
             })

@@ -8,7 +8,7 @@
 
 use crate::model::lora::{AdapterSnapshot, Lora, LoraConfig, TARGETS, seeded};
 use crate::model::{Model, peft};
-use crate::rl::optim::{AdamW, AdamWConfig, Accumulator, clip_grad_norm};
+use crate::rl::optim::{Accumulator, AdamW, AdamWConfig, clip_grad_norm};
 use anyhow::{Context, Result, bail};
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, TensorId, Var};
@@ -97,17 +97,17 @@ impl Adapter {
         Self::from_pairs(model, cfg, pairs)
     }
 
-    fn from_pairs(model: &Model, cfg: LoraConfig, pairs: Vec<(String, Var, Var)>) -> Result<Adapter> {
+    fn from_pairs(
+        model: &Model,
+        cfg: LoraConfig,
+        pairs: Vec<(String, Var, Var)>,
+    ) -> Result<Adapter> {
         let ids = host_ids(model)?;
         let set = AdapterSnapshot::from_pairs(
             0,
-            pairs.iter().map(|(p, a, b)| {
-                (
-                    ids[p],
-                    a.as_tensor().clone(),
-                    b.as_tensor().clone(),
-                )
-            }),
+            pairs
+                .iter()
+                .map(|(p, a, b)| (ids[p], a.as_tensor().clone(), b.as_tensor().clone())),
         )
         .with_scaling(Some(cfg.scaling()));
         let params = named(&pairs);
@@ -131,7 +131,11 @@ impl Adapter {
         let ids = host_ids(model)?;
         let mut copies = Vec::with_capacity(self.pairs.len());
         for (p, a, b) in &self.pairs {
-            copies.push((ids[p], a.as_tensor().copy()?.detach(), b.as_tensor().copy()?.detach()));
+            copies.push((
+                ids[p],
+                a.as_tensor().copy()?.detach(),
+                b.as_tensor().copy()?.detach(),
+            ));
         }
         Ok(AdapterSnapshot::from_pairs(version, copies).with_scaling(Some(self.cfg.scaling())))
     }
@@ -207,8 +211,10 @@ impl Adapter {
                     dir.display()
                 );
             }
-            let state = candle_core::safetensors::load(&path, model.device())
-                .with_context(|| format!("{} is not a readable safetensors file", path.display()))?;
+            let state =
+                candle_core::safetensors::load(&path, model.device()).with_context(|| {
+                    format!("{} is not a readable safetensors file", path.display())
+                })?;
             let step = state
                 .get("step")
                 .with_context(|| format!("{} has no `step`", path.display()))?

@@ -42,12 +42,21 @@ impl fmt::Display for LossError {
 impl std::error::Error for LossError {}
 
 /// The losses the API names that rlhost runs.
-pub const SUPPORTED: [&str; 5] = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"];
+pub const SUPPORTED: [&str; 5] = [
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+];
 
 impl Loss {
     /// The loss `name` with `config` (numbers by key), refusing unknown keys and losses
     /// by name.
-    pub fn parse(name: &str, config: &HashMap<String, f64>) -> std::result::Result<Loss, LossError> {
+    pub fn parse(
+        name: &str,
+        config: &HashMap<String, f64>,
+    ) -> std::result::Result<Loss, LossError> {
         let allowed: &[&str] = match name {
             "cross_entropy" | "importance_sampling" => &[],
             "ppo" | "cispo" => &["clip_low_threshold", "clip_high_threshold"],
@@ -73,7 +82,10 @@ impl Loss {
         }
         let get = |k: &str, default: f64| config.get(k).copied().unwrap_or(default);
         let clip = || {
-            let (low, high) = (get("clip_low_threshold", 0.8), get("clip_high_threshold", 1.2));
+            let (low, high) = (
+                get("clip_low_threshold", 0.8),
+                get("clip_high_threshold", 1.2),
+            );
             if !(low.is_finite() && high.is_finite() && 0.0 <= low && low <= high) {
                 return Err(LossError(format!(
                     "loss_fn_config: clip_low_threshold {low} and clip_high_threshold {high} \
@@ -125,9 +137,10 @@ impl Loss {
     /// its graph) and the datum's inputs by name, each `[N]` f32 on `logp`'s device.
     pub fn elementwise(&self, logp: &Tensor, inputs: &HashMap<&str, Tensor>) -> Result<Tensor> {
         let input = |k: &str| {
-            inputs.get(k).cloned().ok_or_else(|| {
-                candle_core::Error::Msg(format!("loss input {k:?} is missing"))
-            })
+            inputs
+                .get(k)
+                .cloned()
+                .ok_or_else(|| candle_core::Error::Msg(format!("loss input {k:?} is missing")))
         };
         match *self {
             Loss::CrossEntropy => (logp * input("weights")?)?.neg(),
@@ -199,8 +212,14 @@ mod tests {
         let losses = [
             Loss::CrossEntropy,
             Loss::ImportanceSampling,
-            Loss::Ppo { low: 0.8, high: 1.2 },
-            Loss::Cispo { low: 0.7, high: 1.3 },
+            Loss::Ppo {
+                low: 0.8,
+                high: 1.2,
+            },
+            Loss::Cispo {
+                low: 0.7,
+                high: 1.3,
+            },
             Loss::Dro { beta: 0.4 },
         ];
         for loss in losses {
@@ -212,7 +231,11 @@ mod tests {
             let per = loss.elementwise(var.as_tensor(), &inputs).unwrap();
             let got = per.to_vec1::<f32>().unwrap();
             let grads = per.sum_all().unwrap().backward().unwrap();
-            let g = grads.get(var.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
             for i in 0..logp.len() {
                 let (l, qq, a, ww) = (logp[i] as f64, q[i] as f64, adv[i] as f64, w[i] as f64);
                 let want = reference(loss, l, qq, a, ww);
@@ -234,13 +257,21 @@ mod tests {
     #[test]
     fn settings_are_checked_by_name() {
         let none = HashMap::new();
-        assert_eq!(Loss::parse("ppo", &none).unwrap(), Loss::Ppo { low: 0.8, high: 1.2 });
+        assert_eq!(
+            Loss::parse("ppo", &none).unwrap(),
+            Loss::Ppo {
+                low: 0.8,
+                high: 1.2
+            }
+        );
         let e = Loss::parse("gspo", &none).unwrap_err().to_string();
         assert!(e.contains("\"gspo\"") && e.contains("cross_entropy"), "{e}");
         let e = Loss::parse("dro", &none).unwrap_err().to_string();
         assert!(e.contains("beta"), "{e}");
         let stray: HashMap<String, f64> = [("beta".to_string(), 1.0)].into();
-        let e = Loss::parse("cross_entropy", &stray).unwrap_err().to_string();
+        let e = Loss::parse("cross_entropy", &stray)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"beta\"") && e.contains("cross_entropy"), "{e}");
         let upside: HashMap<String, f64> = [
             ("clip_low_threshold".to_string(), 1.5),

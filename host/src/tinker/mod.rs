@@ -46,10 +46,7 @@ pub fn serve(
     let root = root
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", root.display()))?;
-    let dir = lm
-        .dir
-        .canonicalize()
-        .unwrap_or_else(|_| lm.dir.clone());
+    let dir = lm.dir.canonicalize().unwrap_or_else(|_| lm.dir.clone());
     let base = server::Base {
         name: name.clone(),
         aliases: vec![dir.display().to_string()],

@@ -271,7 +271,10 @@ mod tests {
     use super::*;
 
     fn hex(s: &str) -> Vec<u8> {
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     /// Bytes the SDK's own converter wrote for model "m", seq 1, `cross_entropy`, tokens
@@ -290,9 +293,15 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let t = &d.loss_fn_inputs["target_tokens"];
-        assert_eq!((t.dtype, t.shape.as_slice()), (DType::Int64 as i32, &[2i64][..]));
+        assert_eq!(
+            (t.dtype, t.shape.as_slice()),
+            (DType::Int64 as i32, &[2i64][..])
+        );
         let w = &d.loss_fn_inputs["weights"];
-        assert_eq!(w.encoding, Some(tensor::Encoding::Dense(f32_bytes(&[1.0, 1.0]))));
+        assert_eq!(
+            w.encoding,
+            Some(tensor::Encoding::Dense(f32_bytes(&[1.0, 1.0])))
+        );
     }
 
     /// The SDK decodes these bytes as one record with logprobs [-0.5, -1.0] and
@@ -307,13 +316,18 @@ mod tests {
             loss_fn_output_type: "ArrayRecord".into(),
             loss_fn_outputs: vec![ArrayRecord {
                 type_tag: "ArrayRecord".into(),
-                fields: [("logprobs".to_string(), BatchedTensor::f32_rows(&[vec![-0.5, -1.0]]))].into(),
+                fields: [(
+                    "logprobs".to_string(),
+                    BatchedTensor::f32_rows(&[vec![-0.5, -1.0]]),
+                )]
+                .into(),
                 num_datums: 1,
             }],
             metrics: [("loss:sum".to_string(), 1.5)].into(),
         };
         assert_eq!(ours, want);
-        let seq = SampleResponse::decode(&hex("0a14120807000000080000001a08cdccccbdcdcc4cbe")[..]).unwrap();
+        let seq = SampleResponse::decode(&hex("0a14120807000000080000001a08cdccccbdcdcc4cbe")[..])
+            .unwrap();
         assert_eq!(seq.sequences[0].tokens, i32_bytes(&[7, 8]));
         assert_eq!(seq.sequences[0].logprobs, Some(f32_bytes(&[-0.1, -0.2])));
     }

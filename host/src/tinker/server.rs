@@ -110,12 +110,12 @@ impl Tinker {
 
     /// Passes on `work` for `model` in its turn.
     fn submit(&self, model: &str, seq: Option<i64>, work: Work) {
-        let ready = self
-            .books
-            .lock()
-            .expect("books lock")
-            .gate
-            .submit(model, seq, work, Instant::now());
+        let ready =
+            self.books
+                .lock()
+                .expect("books lock")
+                .gate
+                .submit(model, seq, work, Instant::now());
         self.send(ready);
     }
 
@@ -144,7 +144,9 @@ impl Tinker {
 /// root.
 pub fn parse_path(path: &str) -> Result<(&str, &str, &str), String> {
     let rest = path.strip_prefix("tinker://").ok_or_else(|| {
-        format!("{path:?} is not a Tinker path (tinker://<model id>/<weights|sampler_weights>/<name>)")
+        format!(
+            "{path:?} is not a Tinker path (tinker://<model id>/<weights|sampler_weights>/<name>)"
+        )
     })?;
     let parts: Vec<&str> = rest.split('/').collect();
     let [model, kind, name] = parts[..] else {
@@ -197,7 +199,10 @@ pub fn router(t: Arc<Tinker>) -> Router {
         .route("/api/v1/save_weights", post(save_weights))
         .route("/api/v1/save_weights_for_sampler", post(save_for_sampler))
         .route("/api/v1/load_weights", post(load_weights))
-        .route("/api/v1/create_sampling_session", post(create_sampling_session))
+        .route(
+            "/api/v1/create_sampling_session",
+            post(create_sampling_session),
+        )
         .route("/api/v1/samplers/{id}", get(sampler_info))
         .route("/api/v1/asample", post(asample))
         .route("/api/v1/retrieve_future", post(retrieve_future))
@@ -293,7 +298,13 @@ async fn heartbeat(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         Err(r) => return r,
     };
     // 410 ends the SDK's heartbeat loop: the session is over (or from before a restart).
-    match t.books.lock().expect("books lock").sessions.get(&s.session_id) {
+    match t
+        .books
+        .lock()
+        .expect("books lock")
+        .sessions
+        .get(&s.session_id)
+    {
         Some(false) => ok(json!({"type": "session_heartbeat"})),
         _ => refuse(
             StatusCode::GONE,
@@ -335,7 +346,9 @@ fn open_session(t: &Tinker, id: &str) -> Result<(), Response> {
         )),
         None => Err(refuse(
             StatusCode::NOT_FOUND,
-            format!("unknown session {id:?} (create_session first; sessions do not outlive a server restart)"),
+            format!(
+                "unknown session {id:?} (create_session first; sessions do not outlive a server restart)"
+            ),
         )),
     }
 }
@@ -364,7 +377,8 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(r) => return r,
     };
-    if let Err(r) = open_session(&t, &req.session_id).and_then(|_| check_base(&t, &req.base_model)) {
+    if let Err(r) = open_session(&t, &req.session_id).and_then(|_| check_base(&t, &req.base_model))
+    {
         return r;
     }
     if let Some(o) = &req.optimizer_config
@@ -372,7 +386,10 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     {
         return refuse(
             StatusCode::BAD_REQUEST,
-            format!("optimizer {:?} is not one rlhost runs (it runs adamw)", o.kind),
+            format!(
+                "optimizer {:?} is not one rlhost runs (it runs adamw)",
+                o.kind
+            ),
         );
     }
     let Some(lora) = req.lora_config else {
@@ -400,7 +417,10 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             drop(books);
             return refuse(
                 StatusCode::BAD_REQUEST,
-                format!("model_seq_id {} of this session is taken ({model_id})", req.model_seq_id),
+                format!(
+                    "model_seq_id {} of this session is taken ({model_id})",
+                    req.model_seq_id
+                ),
             );
         }
         books.models.insert(
@@ -431,7 +451,13 @@ async fn get_info(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(r) => return r,
     };
-    let rank = match t.books.lock().expect("books lock").models.get(&req.model_id) {
+    let rank = match t
+        .books
+        .lock()
+        .expect("books lock")
+        .models
+        .get(&req.model_id)
+    {
         Some(m) => m.rank,
         None => return unknown_model(&req.model_id),
     };
@@ -453,7 +479,9 @@ async fn get_info(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 fn unknown_model(id: &str) -> Response {
     refuse(
         StatusCode::NOT_FOUND,
-        format!("unknown model_id {id:?}: create_model (or create_training_client_from_state) first"),
+        format!(
+            "unknown model_id {id:?}: create_model (or create_training_client_from_state) first"
+        ),
     )
 }
 
@@ -465,7 +493,11 @@ fn known_model(t: &Tinker, id: &str) -> Result<(), Response> {
     }
 }
 
-async fn forward_backward(State(t): State<Arc<Tinker>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn forward_backward(
+    State(t): State<Arc<Tinker>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     if let Some(enc) = headers.get(header::CONTENT_ENCODING)
         && enc.as_bytes() != b"identity"
     {
@@ -542,9 +574,10 @@ fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<
         let mut tokens = Vec::new();
         for (c, ch) in d.model_input.iter().enumerate() {
             match &ch.chunk {
-                Some(chunk::Kind::EncodedText(t)) => {
-                    tokens.extend(ids(&t.tokens, base.vocab).map_err(|e| at(format!("model_input chunk {c}: {e}")))?)
-                }
+                Some(chunk::Kind::EncodedText(t)) => tokens.extend(
+                    ids(&t.tokens, base.vocab)
+                        .map_err(|e| at(format!("model_input chunk {c}: {e}")))?,
+                ),
                 Some(chunk::Kind::Image(_)) | Some(chunk::Kind::Dmel(_)) => {
                     return Err(at(format!(
                         "model_input chunk {c} is an image or audio chunk; rlhost serves text models (encoded_text chunks only)"
@@ -582,7 +615,8 @@ fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<
                     wanted.join(", ")
                 ))
             })?;
-            let values = values(tensor, n).map_err(|e| at(format!("loss_fn_inputs {key:?}: {e}")))?;
+            let values =
+                values(tensor, n).map_err(|e| at(format!("loss_fn_inputs {key:?}: {e}")))?;
             if *key == "target_tokens" {
                 for (p, v) in values.iter().enumerate() {
                     if v.fract() != 0.0 || *v < 0.0 || *v >= base.vocab as f64 {
@@ -595,7 +629,9 @@ fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<
                 targets = values.iter().map(|v| *v as u32).collect();
             } else {
                 if let Some(p) = values.iter().position(|v| !v.is_finite()) {
-                    return Err(at(format!("loss_fn_inputs {key:?}[{p}] is not a finite number")));
+                    return Err(at(format!(
+                        "loss_fn_inputs {key:?}[{p}] is not a finite number"
+                    )));
                 }
                 inputs.insert(key.to_string(), values.iter().map(|v| *v as f32).collect());
             }
@@ -612,7 +648,10 @@ fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<
 /// Token ids from little-endian int32 bytes, each in `0..vocab`.
 fn ids(bytes: &[u8], vocab: usize) -> Result<Vec<u32>, String> {
     if bytes.len() % 4 != 0 {
-        return Err(format!("{} bytes of tokens is not a whole number of int32 ids", bytes.len()));
+        return Err(format!(
+            "{} bytes of tokens is not a whole number of int32 ids",
+            bytes.len()
+        ));
     }
     bytes
         .chunks_exact(4)
@@ -620,7 +659,9 @@ fn ids(bytes: &[u8], vocab: usize) -> Result<Vec<u32>, String> {
         .map(|(p, b)| {
             let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             if v < 0 || v as usize >= vocab {
-                Err(format!("token {v} at position {p} is outside the vocabulary (0..{vocab})"))
+                Err(format!(
+                    "token {v} at position {p} is outside the vocabulary (0..{vocab})"
+                ))
             } else {
                 Ok(v as u32)
             }
@@ -637,7 +678,10 @@ fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
     };
     let decode = |bytes: &[u8]| -> Result<Vec<f64>, String> {
         if bytes.len() % width != 0 {
-            return Err(format!("{} bytes is not a whole number of values", bytes.len()));
+            return Err(format!(
+                "{} bytes is not a whole number of values",
+                bytes.len()
+            ));
         }
         Ok(bytes
             .chunks_exact(width)
@@ -667,7 +711,9 @@ fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
             for (c, v) in cols.iter().zip(vals) {
                 let c = *c as usize;
                 if c >= len {
-                    return Err(format!("sparse_csr column {c} is outside the shape {shape:?}"));
+                    return Err(format!(
+                        "sparse_csr column {c} is outside the shape {shape:?}"
+                    ));
                 }
                 out[c] = v;
             }
@@ -709,7 +755,10 @@ async fn optim_step(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         },
         (Some(a), None) => Work::Fail {
             request: request.clone(),
-            message: format!("adam_params.learning_rate must be a number ≥ 0, got {}", a.learning_rate),
+            message: format!(
+                "adam_params.learning_rate must be a number ≥ 0, got {}",
+                a.learning_rate
+            ),
         },
         (_, Some(p)) => Work::Fail {
             request: request.clone(),
@@ -751,7 +800,11 @@ async fn save(t: Arc<Tinker>, body: Bytes, for_sampler: bool) -> Response {
         return r;
     }
     let request = t.futures.open();
-    let kind = if for_sampler { "sampler_weights" } else { "weights" };
+    let kind = if for_sampler {
+        "sampler_weights"
+    } else {
+        "weights"
+    };
     let work = match (&req.path, req.sampling_session_seq_id) {
         (Some(name), _) => match check_name(name) {
             Ok(()) => {
@@ -774,7 +827,12 @@ async fn save(t: Arc<Tinker>, body: Bytes, for_sampler: bool) -> Response {
         (None, Some(n)) if for_sampler => {
             // save_weights_and_get_sampling_client: a snapshot in memory, a sampling
             // session on it.
-            let session = req.model_id.split(':').next().unwrap_or_default().to_string();
+            let session = req
+                .model_id
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
             let sampler = format!("{session}:sample:{n}");
             let key = format!("{}#{sampler}", req.model_id);
             t.books.lock().expect("books lock").samplers.insert(
@@ -817,7 +875,11 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     if !dir.is_dir() {
         return refuse(
             StatusCode::NOT_FOUND,
-            format!("load_weights: no checkpoint at {} ({})", req.path, dir.display()),
+            format!(
+                "load_weights: no checkpoint at {} ({})",
+                req.path,
+                dir.display()
+            ),
         );
     }
     let request = t.futures.open();
@@ -930,7 +992,10 @@ async fn sampler_info(State(t): State<Arc<Tinker>>, Path(id): Path<String>) -> R
             "base_model": t.base.name,
             "model_path": s.model_path,
         })),
-        None => refuse(StatusCode::NOT_FOUND, format!("unknown sampling session {id:?}")),
+        None => refuse(
+            StatusCode::NOT_FOUND,
+            format!("unknown sampling session {id:?}"),
+        ),
     }
 }
 
@@ -970,7 +1035,10 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     if req.num_samples == 0 || req.num_samples > MAX_SAMPLES {
         return refuse(
             StatusCode::BAD_REQUEST,
-            format!("num_samples must be 1 to {MAX_SAMPLES}, got {}", req.num_samples),
+            format!(
+                "num_samples must be 1 to {MAX_SAMPLES}, got {}",
+                req.num_samples
+            ),
         );
     }
     let request = t.futures.open();
@@ -990,7 +1058,12 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 
 /// The sampling request, checked: text chunks with ids in the vocabulary, parameters the
 /// sampler takes, and none of the API's options rlhost does not serve.
-fn sample_job(req: &wire::Sample, request: &str, weights: Weights, base: &Base) -> Result<SampleJob, String> {
+fn sample_job(
+    req: &wire::Sample,
+    request: &str,
+    weights: Weights,
+    base: &Base,
+) -> Result<SampleJob, String> {
     if req.prompt_alt_tokens_k > 0 {
         return Err("prompt_alt_tokens_k is not served by rlhost".into());
     }
@@ -998,11 +1071,16 @@ fn sample_job(req: &wire::Sample, request: &str, weights: Weights, base: &Base) 
         return Err("target_prompt_logprobs is not served by rlhost".into());
     }
     if req.prompt_logprobs_last_n.is_some() {
-        return Err("prompt_logprobs_last_n is not served by rlhost (ask for all prompt_logprobs)".into());
+        return Err(
+            "prompt_logprobs_last_n is not served by rlhost (ask for all prompt_logprobs)".into(),
+        );
     }
     let mut prompt = Vec::new();
     for (c, ch) in req.prompt.chunks.iter().enumerate() {
-        let kind = ch.get("type").and_then(Value::as_str).unwrap_or("encoded_text");
+        let kind = ch
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("encoded_text");
         if kind != "encoded_text" {
             return Err(format!(
                 "prompt chunk {c} is {kind:?}; rlhost serves text models (encoded_text chunks only)"
@@ -1044,17 +1122,27 @@ fn sample_job(req: &wire::Sample, request: &str, weights: Weights, base: &Base) 
     let top_k = match sp.top_k {
         -1 => 0,
         k if k >= 1 => k as usize,
-        k => return Err(format!("sampling_params.top_k must be -1 (no limit) or at least 1, got {k}")),
+        k => {
+            return Err(format!(
+                "sampling_params.top_k must be -1 (no limit) or at least 1, got {k}"
+            ));
+        }
     };
     let (stop_token_ids, stop_strings) = match &sp.stop {
         None | Some(Value::Null) => (base.eos.clone(), Vec::new()),
         Some(Value::String(s)) => (Vec::new(), vec![s.clone()]),
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => (
             Vec::new(),
-            items.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
+            items
+                .iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect(),
         ),
         Some(Value::Array(items)) if items.iter().all(|v| v.as_u64().is_some()) => (
-            items.iter().filter_map(|v| v.as_u64().map(|x| x as u32)).collect(),
+            items
+                .iter()
+                .filter_map(|v| v.as_u64().map(|x| x as u32))
+                .collect(),
             Vec::new(),
         ),
         Some(other) => {
@@ -1112,7 +1200,9 @@ async fn retrieve_future(State(t): State<Arc<Tinker>>, body: Bytes) -> Response 
         // 408 with a try_again body: the SDK polls again at once, without a warning.
         Err(Waited::Pending) => (
             StatusCode::REQUEST_TIMEOUT,
-            axum::Json(json!({"type": "try_again", "request_id": req.request_id, "queue_state": "active"})),
+            axum::Json(
+                json!({"type": "try_again", "request_id": req.request_id, "queue_state": "active"}),
+            ),
         )
             .into_response(),
         Err(Waited::Unknown) => refuse(

@@ -9,11 +9,11 @@ use super::adapter::Adapter;
 use super::futures::{Futures, Outcome};
 use super::losses::Loss;
 use super::proto;
+use crate::model::LanguageModel;
 use crate::model::generate::{Completion, Finish};
 use crate::model::lora::{AdapterSnapshot, LoraConfig, Mode};
 use crate::model::sample::SamplingParams;
 use crate::model::sampler::{Request, Sampler, Sink, Token};
-use crate::model::LanguageModel;
 use crate::rl::optim::AdamWConfig;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
@@ -102,9 +102,14 @@ pub enum Work {
     Sample(SampleJob),
     /// Settles `request` as failed, in its turn (a request refused while others of its
     /// training client wait behind it).
-    Fail { request: String, message: String },
+    Fail {
+        request: String,
+        message: String,
+    },
     /// Drops a finished session's training clients.
-    Unload { model_ids: Vec<String> },
+    Unload {
+        model_ids: Vec<String>,
+    },
 }
 
 impl Work {
@@ -184,15 +189,8 @@ impl Worker {
         let outcome = match self.operate(work) {
             Ok(o) => o,
             Err(e) => {
-                let message = format!("{e:#}");
-                tracing::warn!("tinker: {request} failed: {message}");
-                // Errors the operation found in what it was sent are the user's; the rest
-                // (a failed write, a device error) the server's.
-                if e.downcast_ref::<UserError>().is_some() {
-                    Outcome::user_error(message)
-                } else {
-                    Outcome::server_error(message)
-                }
+                tracing::warn!("tinker: {request} failed: {e:#}");
+                failure(&e)
             }
         };
         self.futures.finish(&request, outcome);
@@ -219,7 +217,9 @@ impl Worker {
             } => {
                 let adapter = Adapter::fresh(&self.lm.model, lora, seed)?;
                 self.models.insert(model_id.clone(), adapter);
-                Ok(Outcome::Json(json!({"model_id": model_id, "type": "create_model"})))
+                Ok(Outcome::Json(
+                    json!({"model_id": model_id, "type": "create_model"}),
+                ))
             }
             Work::Load {
                 model_id,
@@ -234,7 +234,9 @@ impl Worker {
                 let adapter = Adapter::load(&self.lm.model, &dir, optimizer)
                     .map_err(|e| UserError(format!("loading {}: {e:#}", dir.display())))?;
                 self.models.insert(model_id.clone(), adapter);
-                Ok(Outcome::Json(json!({"model_id": model_id, "type": "load_weights"})))
+                Ok(Outcome::Json(
+                    json!({"model_id": model_id, "type": "load_weights"}),
+                ))
             }
             Work::ForwardBackward {
                 model_id,
@@ -300,68 +302,77 @@ impl Worker {
         }
     }
 
-    /// The snapshot sampler weights `w` names: in memory, or read from the checkpoint
-    /// directory it was saved to (by a server since restarted).
-    fn weights(&mut self, w: &Weights) -> Result<Option<Arc<AdapterSnapshot>>> {
-        let Weights::Saved { key, dir } = w else {
-            return Ok(None);
-        };
-        if let Some(s) = self.saved.get(key) {
-            return Ok(Some(s.clone()));
-        }
-        let Some(dir) = dir.as_ref().filter(|d| d.is_dir()) else {
-            bail!(UserError(format!(
-                "no sampler weights at {key:?} (save_weights_for_sampler writes them)"
-            )));
-        };
-        let adapter = Adapter::load(&self.lm.model, dir, false)
-            .map_err(|e| UserError(format!("loading {}: {e:#}", dir.display())))?;
-        let snapshot = Arc::new(adapter.snapshot(&self.lm.model, 0)?);
-        self.saved.insert(key.clone(), snapshot.clone());
-        Ok(Some(snapshot))
-    }
-
-    /// Samples `first` and every request for the same weights that arrives while they
-    /// decode, in one continuous batch; other work waits in `backlog`.
-    fn sampling_round(&mut self, first: SampleJob, rx: &Receiver<Work>, backlog: &mut VecDeque<Work>) {
-        let weights = first.weights.clone();
-        let snapshot = match self.weights(&weights) {
-            Ok(s) => s,
-            Err(e) => {
-                let outcome = if e.downcast_ref::<UserError>().is_some() {
-                    Outcome::user_error(format!("{e:#}"))
-                } else {
-                    Outcome::server_error(format!("{e:#}"))
-                };
-                self.futures.finish(&first.request, outcome);
-                return;
+    /// Samples `first` and every sampling request that arrives while it decodes, whatever
+    /// weights each reads, in one continuous batch (sequences of different adapters share
+    /// each forward). Other work waits in `backlog`; once some waits, no new sampling
+    /// joins, so the batch drains and training is not starved.
+    fn sampling_round(
+        &mut self,
+        first: SampleJob,
+        rx: &Receiver<Work>,
+        backlog: &mut VecDeque<Work>,
+    ) {
+        let Worker {
+            lm, futures, saved, ..
+        } = self;
+        let mut sampler = Sampler::new(&lm.model, &lm.tokenizer, Mode::INFERENCE);
+        let mut incoming = VecDeque::from([first]);
+        loop {
+            while let Some(job) = incoming.pop_front() {
+                match weights(saved, lm, &job.weights) {
+                    Ok(w) => admit(&mut sampler, lm, futures, job, w),
+                    Err(e) => futures.finish(&job.request, failure(&e)),
+                }
             }
-        };
-        let mode = match &snapshot {
-            Some(s) => Mode {
-                adapter: Some(s),
-                ..Mode::INFERENCE
-            },
-            None => Mode::BASE,
-        };
-        let lm = &self.lm;
-        let futures = &self.futures;
-        let mut sampler = Sampler::new(&lm.model, &lm.tokenizer, mode);
-        admit(&mut sampler, lm, mode, futures, first);
-        while !sampler.is_empty() {
+            if sampler.is_empty() {
+                break;
+            }
             if let Err(e) = sampler.step() {
                 tracing::error!("tinker: a decode step failed: {e:#}");
             }
             while let Ok(w) = rx.try_recv() {
                 match w {
-                    Work::Sample(job) if job.weights == weights => {
-                        admit(&mut sampler, lm, mode, futures, job)
-                    }
+                    Work::Sample(job) if backlog.is_empty() => incoming.push_back(job),
                     other => backlog.push_back(other),
                 }
             }
         }
     }
+}
+
+/// The outcome of an operation that failed with `e`: the user's fault where it found a
+/// problem in what was sent, the server's otherwise.
+fn failure(e: &anyhow::Error) -> Outcome {
+    if e.downcast_ref::<UserError>().is_some() {
+        Outcome::user_error(format!("{e:#}"))
+    } else {
+        Outcome::server_error(format!("{e:#}"))
+    }
+}
+
+/// The snapshot sampler weights `w` name (`None`: the base model), from memory or read
+/// from the checkpoint directory they were saved to (by a server since restarted).
+fn weights(
+    saved: &mut HashMap<String, Arc<AdapterSnapshot>>,
+    lm: &LanguageModel,
+    w: &Weights,
+) -> Result<Option<Arc<AdapterSnapshot>>> {
+    let Weights::Saved { key, dir } = w else {
+        return Ok(None);
+    };
+    if let Some(s) = saved.get(key) {
+        return Ok(Some(s.clone()));
+    }
+    let Some(dir) = dir.as_ref().filter(|d| d.is_dir()) else {
+        bail!(UserError(format!(
+            "no sampler weights at {key:?} (save_weights_for_sampler writes them)"
+        )));
+    };
+    let adapter = Adapter::load(&lm.model, dir, false)
+        .map_err(|e| UserError(format!("loading {}: {e:#}", dir.display())))?;
+    let snapshot = Arc::new(adapter.snapshot(&lm.model, 0)?);
+    saved.insert(key.clone(), snapshot.clone());
+    Ok(Some(snapshot))
 }
 
 /// An error in what the client sent (reported with category `user`).
@@ -377,13 +388,17 @@ impl std::fmt::Display for UserError {
 impl std::error::Error for UserError {}
 
 /// Admits a sampling request (its prompt's log-probs computed first when asked for).
-fn admit<'t>(
-    sampler: &mut Sampler<'t>,
-    lm: &'t LanguageModel,
-    mode: Mode,
-    futures: &'t Arc<Futures>,
+fn admit(
+    sampler: &mut Sampler<'_>,
+    lm: &LanguageModel,
+    futures: &Arc<Futures>,
     job: SampleJob,
+    weights: Option<Arc<AdapterSnapshot>>,
 ) {
+    let mode = Mode {
+        adapter: weights.as_deref(),
+        ..Mode::INFERENCE
+    };
     let prompt = if job.prompt_logprobs || job.topk_prompt > 0 {
         match prompt_logprobs(lm, mode, &job.prompt, job.topk_prompt) {
             Ok(p) => Some(p),
@@ -412,6 +427,7 @@ fn admit<'t>(
             params: job.params,
             index: 0,
             top_logprobs: job.topk_sample,
+            adapter: weights,
         },
         Box::new(sink),
     );
@@ -516,7 +532,12 @@ pub struct PromptLogprobs {
     pub top: Vec<Option<Vec<(u32, f32)>>>,
 }
 
-fn prompt_logprobs(lm: &LanguageModel, mode: Mode, prompt: &[u32], k: usize) -> Result<PromptLogprobs> {
+fn prompt_logprobs(
+    lm: &LanguageModel,
+    mode: Mode,
+    prompt: &[u32],
+    k: usize,
+) -> Result<PromptLogprobs> {
     let model = &lm.model;
     let device = model.device();
     let n = prompt.len();
@@ -542,7 +563,8 @@ fn prompt_logprobs(lm: &LanguageModel, mode: Mode, prompt: &[u32], k: usize) -> 
             let mut idx: Vec<u32> = (0..row.len() as u32).collect();
             let k = k.min(row.len());
             idx.select_nth_unstable_by(k - 1, |a, b| row[*b as usize].total_cmp(&row[*a as usize]));
-            let mut best: Vec<(u32, f32)> = idx[..k].iter().map(|&t| (t, row[t as usize])).collect();
+            let mut best: Vec<(u32, f32)> =
+                idx[..k].iter().map(|&t| (t, row[t as usize])).collect();
             best.sort_by(|a, b| b.1.total_cmp(&a.1));
             top[i + 1] = Some(best);
         }
@@ -571,6 +593,7 @@ pub fn forward_backward(
             grad: !forward_only,
             dropout_rng: None,
             adapter: Some(adapter.live()),
+            segments: None,
         };
         let (ids, mask, pos, targets) = padded(batch, &device)?;
         let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
@@ -604,8 +627,14 @@ pub fn forward_backward(
     let record = proto::ArrayRecord {
         type_tag: "ArrayRecord".into(),
         fields: [
-            ("logprobs".to_string(), proto::BatchedTensor::f32_rows(&logprobs)),
-            ("elementwise_loss".to_string(), proto::BatchedTensor::f32_rows(&losses)),
+            (
+                "logprobs".to_string(),
+                proto::BatchedTensor::f32_rows(&logprobs),
+            ),
+            (
+                "elementwise_loss".to_string(),
+                proto::BatchedTensor::f32_rows(&losses),
+            ),
         ]
         .into(),
         num_datums: rows.len() as i64,

@@ -1,0 +1,151 @@
+//! `rlhost serve --tinker`, the Tinker training API (issue 49), driven by the official
+//! `tinker` SDK (tests/tinker/client.py, from the venv `bash scripts/tinker.sh install`
+//! makes): supervised and RL loops, the losses against their formulas, two clients at
+//! once, a future outliving several polls, a checkpoint resumed exactly, bad requests.
+//! Served: the built-in multiply model, from the cache the README's default run and the
+//! vLLM tests build it into (`~/.cache/rlhost`).
+
+use rlhost_tests::{TestCommand, repo_root, temp_dir};
+use std::io::{BufRead, Read};
+use std::path::PathBuf;
+use std::process::Child;
+
+/// A running `rlhost serve --tinker`, stopped when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How long the server holds a poll here: short, so that a step outlives several.
+const POLL_MS: &str = "1000";
+
+fn start(checkpoints: &std::path::Path) -> Server {
+    let mut cmd = TestCommand::new(&[
+        "serve",
+        "--tinker",
+        "--addr",
+        "127.0.0.1:0",
+        "--checkpoints",
+    ])
+    .arg(checkpoints)
+    .env("RLHOST_TINKER_POLL_MS", POLL_MS);
+    // The built-in model where the default run keeps it (built there once, if missing).
+    if let Some(home) = std::env::var_os("HOME") {
+        cmd = cmd.env(
+            "RLHOST_CACHE_DIR",
+            PathBuf::from(home).join(".cache/rlhost"),
+        );
+    }
+    let mut child = cmd.spawn();
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    // The build's progress may come first; the ready line names the URL.
+    while !line.contains("rlhost serve --tinker") {
+        line.clear();
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("serve --tinker ended before it listened; stderr: {err}");
+        }
+    }
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the ready line names its URL")
+        .to_string();
+    Server { child, url }
+}
+
+/// The SDK's python, or `None` (skipped).
+fn tinker_python() -> Option<PathBuf> {
+    let venv = std::env::var_os("RLHOST_TINKER_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlhost/tinker-venv"))
+        })?;
+    let python = venv.join("bin/python");
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import tinker, jinja2"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("RLHOST_REQUIRE_TINKER").as_deref() != Ok("1"),
+        "RLHOST_REQUIRE_TINKER=1 but no tinker SDK in {}: run `bash scripts/tinker.sh install`",
+        venv.display()
+    );
+    eprintln!("skipped: no tinker SDK (bash scripts/tinker.sh install)");
+    None
+}
+
+/// Every check of tests/tinker/client.py passes with the official SDK.
+#[test]
+fn the_official_tinker_sdk_drives_the_server() {
+    let Some(python) = tinker_python() else {
+        return;
+    };
+    let dir = temp_dir("tinker-sdk");
+    let server = start(&dir.join("checkpoints"));
+    let out = std::process::Command::new(&python)
+        .arg(repo_root().join("tests/tinker/client.py"))
+        .arg(&server.url)
+        .env("RLHOST_TINKER_POLL_MS", POLL_MS)
+        .env("RLHOST_TINKER_SLOW_ROWS", "8")
+        .env("TINKER_TELEMETRY", "0")
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("run client.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("checks passed"),
+        "client.py failed:\n{stdout}\n{stderr}"
+    );
+    // What it measured, for the test log.
+    for line in stdout.lines().filter(|l| l.starts_with("measured:")) {
+        eprintln!("{line}");
+    }
+    // The checkpoints are PEFT adapters in the directory the server was given.
+    let saved: Vec<PathBuf> = std::fs::read_dir(dir.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .flat_map(|m| {
+            std::fs::read_dir(m.path().join("weights"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        saved.iter().any(|p| p.ends_with("resume-check")
+            && p.join("adapter_config.json").is_file()
+            && p.join("adapter_model.safetensors").is_file()
+            && p.join("optimizer.safetensors").is_file()),
+        "{saved:?}"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The server refuses what it cannot serve before it loads anything.
+#[test]
+fn serve_tinker_refuses_the_gateways_options() {
+    let ran = TestCommand::new(&["serve", "--tinker", "--record", "x.jsonl"]).run();
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--record"), "{}", ran.stderr);
+    let ran = TestCommand::new(&["serve", "--checkpoints", "x"]).run();
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--tinker"), "{}", ran.stderr);
+}
