@@ -225,6 +225,15 @@ fn segmented_lora_linear(
     (y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())
 }
 
+/// The output head adapter's share of the logits, `s · (x Aᵀ) Bᵀ` in f32, for hidden
+/// states `x: [.., hidden]`, `a: [r, hidden]`, `b: [vocab, r]` (added to `linear(x, W)`).
+pub fn head_delta(x: &Tensor, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
+    let low = x.to_dtype(a.dtype())?.broadcast_matmul(&a.t()?)?;
+    (low * scaling)?
+        .broadcast_matmul(&b.t()?)?
+        .to_dtype(DType::F32)
+}
+
 /// `s · (x Aᵀ) Bᵀ` in `x`'s dtype for f32 adapter weights `a: [r, in]`, `b: [out, r]`,
 /// shaped as `x` with `out` features; the scaling is applied to the rank-`r` product,
 /// the smallest of the three.

@@ -551,8 +551,62 @@ impl Model {
             x = x.index_select(&last, 0)?;
         }
         let x = rms_norm(&x, &self.norm, eps)?;
-        compute::linear(&x, &self.lm_head)?.to_dtype(DType::F32)
+        let logits = compute::linear(&x, &self.lm_head)?.to_dtype(DType::F32)?;
+        head_adapters(logits, &x, mode, &spans, all_positions)
     }
+}
+
+/// `logits` with the output head adapters of `mode` added (a set's `head`, per segment of
+/// a mixed batch): rows are the packed positions (`all_positions`) or one per sequence.
+fn head_adapters(
+    logits: Tensor,
+    x: &Tensor,
+    mode: Mode,
+    spans: &[(usize, usize)],
+    all_positions: bool,
+) -> Result<Tensor> {
+    if !mode.adapters {
+        return Ok(logits);
+    }
+    let Some(segments) = mode.segments else {
+        return match mode.adapter.and_then(|s| s.head()) {
+            Some((a, b, s)) => logits + compute::head_delta(x, a, b, s)?,
+            None => Ok(logits),
+        };
+    };
+    if segments
+        .iter()
+        .all(|s| s.adapter.and_then(|a| a.head()).is_none())
+    {
+        return Ok(logits);
+    }
+    // The segments cover packed rows; with one row per sequence, each sequence takes the
+    // adapter of the segment its first row is in.
+    let rows: Vec<super::lora::Segment> = if all_positions {
+        segments.to_vec()
+    } else {
+        let mut ends = Vec::with_capacity(segments.len());
+        let mut end = 0;
+        for s in segments {
+            end += s.rows;
+            ends.push(end);
+        }
+        super::lora::segments(spans.iter().map(|(offset, _)| {
+            let k = ends.partition_point(|&e| e <= *offset);
+            (1, segments.get(k).and_then(|s| s.adapter))
+        }))
+    };
+    let mut parts = Vec::with_capacity(rows.len());
+    let mut start = 0;
+    for seg in &rows {
+        let l = logits.narrow(0, start, seg.rows)?;
+        parts.push(match seg.adapter.and_then(|s| s.head()) {
+            Some((a, b, s)) => (l + compute::head_delta(&x.narrow(0, start, seg.rows)?, a, b, s)?)?,
+            None => l,
+        });
+        start += seg.rows;
+    }
+    Tensor::cat(&parts, 0)
 }
 
 /// What every layer of a batch forward shares: the attention mask, the rope tables and

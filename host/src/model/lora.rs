@@ -221,6 +221,9 @@ pub struct AdapterSnapshot {
     /// `alpha / r` of a set whose adapter is not the live one's shape (`None`: the live
     /// adapter's scaling).
     pub scaling: Option<f64>,
+    /// An adapter on the output head, `A: [r, hidden]`, `B: [vocab, r]` (the Tinker API's
+    /// `train_unembed`): the logits gain `s · (h Aᵀ) Bᵀ`.
+    pub head: Option<(Tensor, Tensor)>,
 }
 
 impl std::fmt::Debug for AdapterSnapshot {
@@ -229,6 +232,7 @@ impl std::fmt::Debug for AdapterSnapshot {
             .field("version", &self.version)
             .field("pairs", &self.tensors.len())
             .field("scaling", &self.scaling)
+            .field("head", &self.head.is_some())
             .finish()
     }
 }
@@ -248,6 +252,7 @@ impl AdapterSnapshot {
             version,
             tensors,
             scaling: None,
+            head: None,
         })
     }
 
@@ -285,6 +290,7 @@ impl AdapterSnapshot {
                 version: 0,
                 tensors,
                 scaling: None,
+                head: None,
             },
             vars,
         ))
@@ -299,7 +305,21 @@ impl AdapterSnapshot {
             version,
             tensors: pairs.into_iter().map(|(id, a, b)| (id, (a, b))).collect(),
             scaling: None,
+            head: None,
         }
+    }
+
+    /// The set with an adapter on the output head.
+    pub fn with_head(mut self, head: Option<(Tensor, Tensor)>) -> Self {
+        self.head = head;
+        self
+    }
+
+    /// The output head's pair and its scaling, when the set has one.
+    pub fn head(&self) -> Option<(&Tensor, &Tensor, f64)> {
+        self.head
+            .as_ref()
+            .map(|(a, b)| (a, b, self.scaling.unwrap_or(1.0)))
     }
 
     /// The set with `scaling` in place of the live adapter's.

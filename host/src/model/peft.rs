@@ -33,6 +33,39 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
     parse_config(&v).with_context(|| format!("in {}", path.display()))
 }
 
+/// [`read_config`] for an adapter that may also train the output head (`lm_head` among
+/// its target modules, as PEFT writes it): the config of the other modules and whether
+/// the head is one.
+pub fn read_config_with_head(dir: &Path) -> Result<(LoraConfig, bool)> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {}: an adapter directory needs PEFT's adapter_config.json",
+            path.display()
+        )
+    })?;
+    let mut v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let mut head = false;
+    if let Some(Value::Array(items)) = v.get_mut("target_modules") {
+        let before = items.len();
+        items.retain(|m| m.as_str() != Some(HEAD));
+        head = items.len() < before;
+        if head && items.is_empty() {
+            // Only the head: the other modules' config is still read (rank, alpha, …).
+            items.push(Value::String(TARGETS[0].into()));
+            let mut cfg = parse_config(&v).with_context(|| format!("in {}", path.display()))?;
+            cfg.target_modules.clear();
+            return Ok((cfg, true));
+        }
+    }
+    let cfg = parse_config(&v).with_context(|| format!("in {}", path.display()))?;
+    Ok((cfg, head))
+}
+
+/// The output head's module name in PEFT's files.
+pub const HEAD: &str = "lm_head";
+
 fn parse_config(v: &Value) -> Result<LoraConfig> {
     let get = |k: &str| v.get(k).filter(|x| !x.is_null());
     match get("peft_type").and_then(Value::as_str) {
@@ -112,7 +145,8 @@ fn parse_config(v: &Value) -> Result<LoraConfig> {
 
 /// Attaches the adapter in `dir` to `model`, replacing any adapter it has.
 pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
-    let (cfg, pairs) = read_pairs(model, dir)?;
+    read_config(dir)?;
+    let Read { cfg, pairs, .. } = read_pairs(model, dir)?;
     let mut pairs: HashMap<String, (Tensor, Tensor)> =
         pairs.into_iter().map(|(m, a, b)| (m, (a, b))).collect();
     let paths: Vec<String> = model.projections().into_iter().map(|(p, _, _)| p).collect();
@@ -134,14 +168,20 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The adapter in `dir` as its config and, for each projection of `model` it targets, the
-/// module path with `A: [r, in]` and `B: [out, r]` in f32 on the model's device, checked
-/// against the model's shapes.
-pub fn read_pairs(
-    model: &Model,
-    dir: &Path,
-) -> Result<(LoraConfig, Vec<(String, Tensor, Tensor)>)> {
-    let cfg = read_config(dir)?;
+/// An adapter as read from its directory.
+pub struct Read {
+    /// The config of its projections (`lm_head` left out of `target_modules`).
+    pub cfg: LoraConfig,
+    /// For each projection it targets, the module path, `A: [r, in]`, `B: [out, r]`.
+    pub pairs: Vec<(String, Tensor, Tensor)>,
+    /// Its output head pair, `A: [r, hidden]`, `B: [vocab, r]`, if it trains the head.
+    pub head: Option<(Tensor, Tensor)>,
+}
+
+/// The adapter in `dir`, its tensors in f32 on the model's device, checked against the
+/// model's shapes.
+pub fn read_pairs(model: &Model, dir: &Path) -> Result<Read> {
+    let (cfg, with_head) = read_config_with_head(dir)?;
     let path = dir.join(WEIGHTS_FILE);
     if !path.is_file() {
         bail!(
@@ -151,13 +191,9 @@ pub fn read_pairs(
     }
     let mut tensors = candle_core::safetensors::load(&path, model.device())
         .with_context(|| format!("{} is not a readable safetensors file", path.display()))?;
-    let mut pairs = Vec::new();
-    for (module, name, lin) in model.projections() {
-        if !cfg.targets(name) {
-            continue;
-        }
-        let (out_f, in_f) = (lin.out_features(), lin.in_features());
-        let mut take = |which: &str, shape: [usize; 2]| -> Result<Tensor> {
+    // A module's pair, `A: [r, in]` and `B: [out, r]`, taken out of the file's tensors.
+    let mut take = |module: &str, (out_f, in_f): (usize, usize)| -> Result<(Tensor, Tensor)> {
+        let mut one = |which: &str, shape: [usize; 2]| -> Result<Tensor> {
             let key = format!("{KEY_PREFIX}{module}.{which}.weight");
             let t = tensors
                 .remove(&key)
@@ -172,17 +208,29 @@ pub fn read_pairs(
             }
             Ok(t.to_dtype(DType::F32)?)
         };
-        let a = take("lora_A", [cfg.r, in_f])?;
-        let b = take("lora_B", [out_f, cfg.r])?;
-        pairs.push((module, a, b));
+        Ok((
+            one("lora_A", [cfg.r, in_f])?,
+            one("lora_B", [out_f, cfg.r])?,
+        ))
+    };
+    let mut pairs = Vec::new();
+    for (module, name, lin) in model.projections() {
+        if cfg.targets(name) {
+            let (a, b) = take(&module, (lin.out_features(), lin.in_features()))?;
+            pairs.push((module, a, b));
+        }
     }
+    let head = match with_head {
+        true => Some(take(HEAD, model.lm_head.dims2()?)?),
+        false => None,
+    };
     if let Some(extra) = tensors.keys().min() {
         bail!(
             "{} has tensor `{extra}` that matches no LoRA module of this model (a different base model?)",
             path.display()
         );
     }
-    Ok((cfg, pairs))
+    Ok(Read { cfg, pairs, head })
 }
 
 /// Writes `model`'s adapter to `dir` in PEFT's format. Each file is written to a temporary

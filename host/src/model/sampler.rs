@@ -432,8 +432,9 @@ mod tests {
     }
 
     /// A set of random pairs of rank `r` on every projection of `model` (which carries a
-    /// rank-1 host adapter with B = 0), keyed as the Tinker server keys its clients'.
-    fn random_set(model: &Model, r: usize, seed: u64, scaling: f64) -> AdapterSnapshot {
+    /// rank-1 host adapter with B = 0), keyed as the Tinker server keys its clients', and
+    /// on the output head when `head`.
+    fn random_set(model: &Model, r: usize, seed: u64, scaling: f64, head: bool) -> AdapterSnapshot {
         use rand::{RngExt, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let dev = model.device();
@@ -447,11 +448,23 @@ mod tests {
             let b = candle_core::Tensor::from_vec(rand(o * r), (o, r), dev).unwrap();
             pairs.push((host.lora_a.as_tensor().id(), a, b));
         }
-        AdapterSnapshot::from_pairs(0, pairs).with_scaling(Some(scaling))
+        let (v, h) = model.lm_head.dims2().unwrap();
+        let mut rand =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-0.3..0.3)).collect() };
+        let head = head.then(|| {
+            (
+                candle_core::Tensor::from_vec(rand(r * h), (r, h), dev).unwrap(),
+                candle_core::Tensor::from_vec(rand(v * r), (v, r), dev).unwrap(),
+            )
+        });
+        AdapterSnapshot::from_pairs(0, pairs)
+            .with_scaling(Some(scaling))
+            .with_head(head)
     }
 
-    /// Requests of different adapters (and of the base model) decode in the same forwards
-    /// and each samples what it samples alone with its adapter.
+    /// Requests of different adapters (one with an output head adapter, and the base
+    /// model) decode in the same forwards and each samples what it samples alone with its
+    /// adapter.
     #[test]
     fn requests_of_different_adapters_share_a_batch() {
         let dir = fixtures::model_dir("qwen2");
@@ -463,8 +476,8 @@ mod tests {
         model.attach_lora(&host, 0).unwrap();
         let sets = [
             None,
-            Some(Arc::new(random_set(&model, 2, 1, 2.0))),
-            Some(Arc::new(random_set(&model, 8, 2, 0.5))),
+            Some(Arc::new(random_set(&model, 2, 1, 2.0, false))),
+            Some(Arc::new(random_set(&model, 8, 2, 0.5, true))),
         ];
         let prompts = [vec![1u32, 2, 3, 4], vec![7, 8], vec![5, 6, 7]];
         let alone = |set: &Option<Arc<AdapterSnapshot>>, p: &Vec<u32>, seed| {

@@ -45,8 +45,14 @@ fn host_ids(model: &Model) -> Result<HashMap<String, TensorId>> {
 }
 
 /// What Tinker's `create_model` asks for, as rlhost's LoRA config: rank `r`, alpha 32
-/// (Tinker's, for every rank), the attention and/or MLP projections.
-pub fn lora_config(rank: usize, train_attn: bool, train_mlp: bool) -> Result<LoraConfig> {
+/// (Tinker's, for every rank), the attention and/or MLP projections (the output head,
+/// `train_unembed`, is [`Adapter::fresh`]'s `head`).
+pub fn lora_config(
+    rank: usize,
+    train_attn: bool,
+    train_mlp: bool,
+    train_unembed: bool,
+) -> Result<LoraConfig> {
     let mut targets = Vec::new();
     if train_attn {
         targets.extend(["q_proj", "k_proj", "v_proj", "o_proj"]);
@@ -61,7 +67,18 @@ pub fn lora_config(rank: usize, train_attn: bool, train_mlp: bool) -> Result<Lor
         use_rslora: false,
         target_modules: targets.into_iter().map(String::from).collect(),
     };
-    cfg.validate()?;
+    if cfg.target_modules.is_empty() {
+        if !train_unembed {
+            bail!(
+                "train_attn, train_mlp and train_unembed are all false: the adapter would train nothing"
+            );
+        }
+        if rank == 0 {
+            bail!("lora rank must be at least 1");
+        }
+    } else {
+        cfg.validate()?;
+    }
     Ok(cfg)
 }
 
@@ -69,6 +86,8 @@ pub struct Adapter {
     pub cfg: LoraConfig,
     /// `(module path, A, B)` for each projection trained.
     pairs: Vec<(String, Var, Var)>,
+    /// The output head's pair (`A: [r, hidden]`, `B: [vocab, r]`), when trained.
+    head: Option<(Var, Var)>,
     /// The live pairs keyed for a forward.
     set: AdapterSnapshot,
     optim: AdamW,
@@ -78,8 +97,9 @@ pub struct Adapter {
 }
 
 impl Adapter {
-    /// A fresh adapter (PEFT's initialisation from `seed`: A Kaiming-uniform, B zero).
-    pub fn fresh(model: &Model, cfg: LoraConfig, seed: u64) -> Result<Adapter> {
+    /// A fresh adapter (PEFT's initialisation from `seed`: A Kaiming-uniform, B zero), on
+    /// the output head too when `head`.
+    pub fn fresh(model: &Model, cfg: LoraConfig, head: bool, seed: u64) -> Result<Adapter> {
         let mut rng = seeded(seed);
         let mut pairs = Vec::new();
         for (path, name, lin) in model.projections() {
@@ -94,13 +114,21 @@ impl Adapter {
                 pairs.push((path, l.lora_a, l.lora_b));
             }
         }
-        Self::from_pairs(model, cfg, pairs)
+        let head = if head {
+            let (vocab, hidden) = model.lm_head.dims2()?;
+            let l = Lora::init(hidden, vocab, &cfg, &mut rng, model.device())?;
+            Some((l.lora_a, l.lora_b))
+        } else {
+            None
+        };
+        Self::from_pairs(model, cfg, pairs, head)
     }
 
     fn from_pairs(
         model: &Model,
         cfg: LoraConfig,
         pairs: Vec<(String, Var, Var)>,
+        head: Option<(Var, Var)>,
     ) -> Result<Adapter> {
         let ids = host_ids(model)?;
         let set = AdapterSnapshot::from_pairs(
@@ -109,12 +137,21 @@ impl Adapter {
                 .iter()
                 .map(|(p, a, b)| (ids[p], a.as_tensor().clone(), b.as_tensor().clone())),
         )
-        .with_scaling(Some(cfg.scaling()));
-        let params = named(&pairs);
+        .with_scaling(Some(cfg.scaling()))
+        .with_head(
+            head.as_ref()
+                .map(|(a, b)| (a.as_tensor().clone(), b.as_tensor().clone())),
+        );
+        let mut params = named(&pairs);
+        if let Some((a, b)) = &head {
+            params.push((format!("{}.lora_A", peft::HEAD), a.clone()));
+            params.push((format!("{}.lora_B", peft::HEAD), b.clone()));
+        }
         Ok(Adapter {
             optim: AdamW::new(params, AdamWConfig::default())?,
             cfg,
             pairs,
+            head,
             set,
             grads: None,
             steps: 0,
@@ -137,7 +174,21 @@ impl Adapter {
                 b.as_tensor().copy()?.detach(),
             ));
         }
-        Ok(AdapterSnapshot::from_pairs(version, copies).with_scaling(Some(self.cfg.scaling())))
+        let head = match &self.head {
+            Some((a, b)) => Some((
+                a.as_tensor().copy()?.detach(),
+                b.as_tensor().copy()?.detach(),
+            )),
+            None => None,
+        };
+        Ok(AdapterSnapshot::from_pairs(version, copies)
+            .with_scaling(Some(self.cfg.scaling()))
+            .with_head(head))
+    }
+
+    /// Whether it trains the output head.
+    pub fn trains_head(&self) -> bool {
+        self.head.is_some()
     }
 
     /// The trainable tensors by name (`<module path>.lora_A` / `.lora_B`).
@@ -147,9 +198,8 @@ impl Adapter {
 
     /// Adds one backward pass's gradients to those summed since the last step.
     pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
-        let acc = self
-            .grads
-            .get_or_insert_with(|| Accumulator::new(self.pairs.len() * 2));
+        let n = self.optim.params().len();
+        let acc = self.grads.get_or_insert_with(|| Accumulator::new(n));
         acc.add(self.optim.params(), grads)
     }
 
@@ -171,12 +221,21 @@ impl Adapter {
     /// Writes the adapter in PEFT's format to `dir` (and, with `optimizer`, the AdamW
     /// moments and step count beside it, to resume training exactly).
     pub fn save(&self, dir: &Path, base: &str, optimizer: bool) -> Result<()> {
-        let pairs = self
+        let mut pairs: Vec<(String, Tensor, Tensor)> = self
             .pairs
             .iter()
             .map(|(p, a, b)| (p.clone(), a.as_tensor().clone(), b.as_tensor().clone()))
             .collect();
-        peft::save_pairs(pairs, &self.cfg, dir, Some(base))?;
+        let mut cfg = self.cfg.clone();
+        if let Some((a, b)) = &self.head {
+            pairs.push((
+                peft::HEAD.into(),
+                a.as_tensor().clone(),
+                b.as_tensor().clone(),
+            ));
+            cfg.target_modules.push(peft::HEAD.into());
+        }
+        peft::save_pairs(pairs, &cfg, dir, Some(base))?;
         if optimizer {
             let mut tensors = self.optim.state()?;
             tensors.push((
@@ -196,12 +255,17 @@ impl Adapter {
     /// An adapter read from `dir` (PEFT's format), with its optimizer state when the
     /// directory has one and `optimizer` is asked for.
     pub fn load(model: &Model, dir: &Path, optimizer: bool) -> Result<Adapter> {
-        let (cfg, read) = peft::read_pairs(model, dir)?;
+        let read = peft::read_pairs(model, dir)?;
         let pairs = read
+            .pairs
             .into_iter()
             .map(|(p, a, b)| Ok((p, Var::from_tensor(&a)?, Var::from_tensor(&b)?)))
             .collect::<Result<Vec<_>>>()?;
-        let mut adapter = Self::from_pairs(model, cfg, pairs)?;
+        let head = match read.head {
+            Some((a, b)) => Some((Var::from_tensor(&a)?, Var::from_tensor(&b)?)),
+            None => None,
+        };
+        let mut adapter = Self::from_pairs(model, read.cfg, pairs, head)?;
         let path = dir.join(OPTIMIZER_FILE);
         if optimizer {
             if !path.is_file() {

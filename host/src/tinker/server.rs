@@ -398,14 +398,12 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             "create_model without lora_config: rlhost trains LoRA adapters only (full fine-tuning is not served)",
         );
     };
-    if lora.train_unembed {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "lora_config.train_unembed: rlhost does not train an adapter on the output head yet; \
-             pass train_unembed=False to create_lora_training_client",
-        );
-    }
-    let cfg = match super::adapter::lora_config(lora.rank, lora.train_attn, lora.train_mlp) {
+    let cfg = match super::adapter::lora_config(
+        lora.rank,
+        lora.train_attn,
+        lora.train_mlp,
+        lora.train_unembed,
+    ) {
         Ok(c) => c,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("lora_config: {e:#}")),
     };
@@ -440,6 +438,7 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             request: request.clone(),
             model_id: model_id.clone(),
             lora: cfg,
+            head: lora.train_unembed,
             seed,
         },
     );
@@ -905,8 +904,8 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             if let Err(r) = open_session(&t, session) {
                 return r;
             }
-            let rank = match super::super::model::peft::read_config(&dir) {
-                Ok(c) => c.r,
+            let rank = match crate::model::peft::read_config_with_head(&dir) {
+                Ok((c, _)) => c.r,
                 Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("load_weights: {e:#}")),
             };
             // The SDK names the new client itself: `<session>:train:<model_seq_id>`.

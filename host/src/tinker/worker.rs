@@ -64,6 +64,8 @@ pub enum Work {
         request: String,
         model_id: String,
         lora: LoraConfig,
+        /// Train an adapter on the output head too (`train_unembed`).
+        head: bool,
         seed: u64,
     },
     /// A checkpoint into a training client: a new one (`create`) or one that exists.
@@ -212,10 +214,11 @@ impl Worker {
             Work::Create {
                 model_id,
                 lora,
+                head,
                 seed,
                 ..
             } => {
-                let adapter = Adapter::fresh(&self.lm.model, lora, seed)?;
+                let adapter = Adapter::fresh(&self.lm.model, lora, head, seed)?;
                 self.models.insert(model_id.clone(), adapter);
                 Ok(Outcome::Json(
                     json!({"model_id": model_id, "type": "create_model"}),
@@ -551,12 +554,16 @@ fn prompt_logprobs(
     let pos = Tensor::arange(0u32, (n - 1) as u32, device)?.unsqueeze(0)?;
     let targets = Tensor::new(&prompt[1..], device)?.unsqueeze(0)?;
     let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
-    let (lp, _) = model.logprobs(&hidden, &targets)?;
+    let lp = target_logprobs(model, &hidden, &targets, mode.adapter)?;
     let lp = lp.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     logprobs[1..].copy_from_slice(&lp);
     if k > 0 {
         // Position i's logits predict token i + 1: its top-k is the prompt's row i + 1.
-        let logits = model.logits(&hidden.squeeze(0)?)?;
+        let h = hidden.squeeze(0)?;
+        let mut logits = model.logits(&h)?;
+        if let Some((a, b, s)) = mode.adapter.and_then(|s| s.head()) {
+            logits = (logits + crate::model::compute::head_delta(&h, a, b, s)?)?;
+        }
         let logz = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
         let rows = logz.to_vec2::<f32>()?;
         for (i, row) in rows.iter().enumerate() {
@@ -587,7 +594,14 @@ pub fn forward_backward(
     let mut logprobs: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
     let mut losses: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
     let mut total = 0f64;
-    for batch in micro_batches(rows, TOKENS_PER_FORWARD) {
+    // With an output head adapter the logits are whole (`vocab` floats a token): fewer
+    // tokens a forward.
+    let budget = if adapter.trains_head() {
+        (HEAD_LOGITS / model.cfg.vocab_size.max(1)).clamp(1, TOKENS_PER_FORWARD)
+    } else {
+        TOKENS_PER_FORWARD
+    };
+    for batch in micro_batches(rows, budget) {
         let mode = Mode {
             adapters: true,
             grad: !forward_only,
@@ -597,7 +611,7 @@ pub fn forward_backward(
         };
         let (ids, mask, pos, targets) = padded(batch, &device)?;
         let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
-        let (lp, _) = model.logprobs(&hidden, &targets)?;
+        let lp = target_logprobs(model, &hidden, &targets, Some(adapter.live()))?;
         let mut sum: Option<Tensor> = None;
         for (i, row) in batch.iter().enumerate() {
             let n = row.tokens.len();
@@ -648,6 +662,29 @@ pub fn forward_backward(
             ("tokens:sum".to_string(), tokens as f64),
         ]
         .into(),
+    })
+}
+
+/// Logits a forward/backward micro-batch holds at most with an output head adapter.
+pub const HEAD_LOGITS: usize = 1 << 25;
+
+/// Log-probs `[B, T]` of `targets` from hidden states `[B, T, H]`: through the model's
+/// chunked head, or, where `set` has an output head adapter, from the whole logits with
+/// its delta added (`log_softmax(h Wᵀ + s (h Aᵀ) Bᵀ)`, gradients to A and B).
+fn target_logprobs(
+    model: &crate::model::Model,
+    hidden: &Tensor,
+    targets: &Tensor,
+    set: Option<&AdapterSnapshot>,
+) -> Result<Tensor> {
+    Ok(match set.and_then(|s| s.head()) {
+        None => model.logprobs(hidden, targets)?.0,
+        Some((a, b, s)) => {
+            let logits =
+                (model.logits(hidden)? + crate::model::compute::head_delta(hidden, a, b, s)?)?;
+            let logz = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+            logz.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?
+        }
     })
 }
 
