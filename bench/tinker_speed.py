@@ -20,7 +20,8 @@ tokenizer and random weights of a larger shape, `--hidden`/`--layers`):
    adapter, all at once (their sequences decode in the same forwards).
 
 Needs the SDK's venv (`bash scripts/tinker.sh install`) and a release build
-(`cargo build --release -p rlhost --example tinker_direct`; the script builds it).
+(`cargo build --release -p rlhost --bin rlhost --example tinker_direct`; the script builds
+it).
 """
 
 import argparse
@@ -38,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def release_build():
     subprocess.run(
-        ["cargo", "build", "--release", "-q", "-p", "rlhost", "--example", "tinker_direct"],
+        ["cargo", "build", "--release", "-q", "-p", "rlhost", "--bin", "rlhost", "--example", "tinker_direct"],
         cwd=ROOT,
         check=True,
     )
@@ -103,6 +104,7 @@ def make_model(tokenizer_dir, out, hidden, layers):
 
 class Server:
     def __init__(self, rlhost, model_dir, work):
+        os.makedirs(work, exist_ok=True)
         config = os.path.join(work, "bench.toml")
         with open(config, "w") as f:
             f.write(f'[model]\npath = "{model_dir}"\n[data]\npath = "none.jsonl"\n')

@@ -1,17 +1,20 @@
 //! The Tinker API's work run inside rlhost directly, for `bench/tinker_speed.py` to set
 //! against the same work through the API: a `forward_backward` (cross-entropy) and an
 //! `optim_step` on a fresh adapter, and sampling, with the same code the server runs
-//! (`rlhost::tinker::worker::forward_backward`, the adapter's step, the sampler), on the
-//! same model and workload. Prints one JSON object of per-round seconds.
+//! (`rlhost::tinker::worker::forward_backward`, the adapter's step, the sampler with the
+//! adapter on each request), on the same model and workload; and the same sampling through
+//! `generate` with the adapter as the mode's. Prints one JSON object of per-round seconds.
 //!
 //! ```sh
 //! cargo run --release --example tinker_direct -- MODEL_DIR ROWS LEN RANK ROUNDS SAMPLES SAMPLE_TOKENS
 //! ```
 
 use anyhow::{Context, Result};
+use rlhost::model::generate::Completion;
 use rlhost::model::generate::generate;
 use rlhost::model::placement::{DTypeChoice, DeviceChoice};
 use rlhost::model::sample::SamplingParams;
+use rlhost::model::sampler::{Request, Sampler, Sink, Token};
 use rlhost::model::{LanguageModel, Mode, Placement};
 use rlhost::rl::optim::AdamWConfig;
 use rlhost::tinker::adapter::{Adapter, attach_host, lora_config};
@@ -19,9 +22,29 @@ use rlhost::tinker::losses::Loss;
 use rlhost::tinker::worker::{Row, forward_backward};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+/// Counts finished requests.
+struct Count(Arc<AtomicUsize>);
+
+impl Sink for Count {
+    fn token(&mut self, _: Token) -> bool {
+        true
+    }
+    fn done(&mut self, _: usize, _: Completion) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    fn failed(&mut self, message: &str) {
+        eprintln!("a request failed: {message}");
+    }
+}
+
 fn main() -> Result<()> {
+    // As the rlhost binary sets the process up (allocator, compute threads).
+    rlhost::model::cpu::alloc::keep_freed_memory();
+    rlhost::model::cpu::threads::share_cores_quietly();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: tinker_direct MODEL_DIR ROWS LEN RANK ROUNDS SAMPLES SAMPLE_TOKENS";
     let [dir, rows, len, rank, rounds, samples, sample_tokens] = &args[..] else {
@@ -81,19 +104,48 @@ fn main() -> Result<()> {
         seed: 1,
         ..SamplingParams::default()
     };
+    // As the server samples: every prompt a request carrying the adapter, one sampler.
+    let snapshot = Arc::new(snapshot);
+    let mut sample_s = Vec::new();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let mut sampler = Sampler::new(&lm.model, &lm.tokenizer, Mode::INFERENCE);
+        let done = Arc::new(AtomicUsize::new(0));
+        for p in &prompts {
+            let request = Request {
+                prompt: p.clone(),
+                n: 1,
+                params: params.clone(),
+                index: 0,
+                top_logprobs: 0,
+                adapter: Some(snapshot.clone()),
+            };
+            sampler.admit(request, Box::new(Count(done.clone())));
+        }
+        while !sampler.is_empty() {
+            sampler.step()?;
+        }
+        anyhow::ensure!(
+            done.load(Ordering::Relaxed) == prompts.len(),
+            "a request failed"
+        );
+        sample_s.push(t.elapsed().as_secs_f64());
+    }
+    // The same sampling through `generate` with the adapter as the mode's (the trainer's
+    // rollouts with a snapshot), for comparison.
     let mode = Mode {
         adapter: Some(&snapshot),
         ..Mode::INFERENCE
     };
-    let mut sample_s = Vec::new();
+    let mut generate_s = Vec::new();
     for _ in 0..rounds {
         let t = Instant::now();
         generate(&lm.model, &lm.tokenizer, &prompts, 1, &params, mode)?;
-        sample_s.push(t.elapsed().as_secs_f64());
+        generate_s.push(t.elapsed().as_secs_f64());
     }
     println!(
         "{}",
-        serde_json::json!({"step_s": step_s, "sample_s": sample_s})
+        serde_json::json!({"step_s": step_s, "sample_s": sample_s, "generate_s": generate_s})
     );
     Ok(())
 }

@@ -145,7 +145,13 @@ fn parse_config(v: &Value) -> Result<LoraConfig> {
 
 /// Attaches the adapter in `dir` to `model`, replacing any adapter it has.
 pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
-    read_config(dir)?;
+    if read_config_with_head(dir)?.1 {
+        bail!(
+            "{}: the adapter trains the output head ({HEAD} among its target_modules); rlhost \
+             loads adapters of the projections only here (`rlhost serve --tinker` loads it)",
+            dir.display()
+        );
+    }
     let Read { cfg, pairs, .. } = read_pairs(model, dir)?;
     let mut pairs: HashMap<String, (Tensor, Tensor)> =
         pairs.into_iter().map(|(m, a, b)| (m, (a, b))).collect();

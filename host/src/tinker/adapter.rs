@@ -308,3 +308,58 @@ fn named(pairs: &[(String, Var, Var)]) -> Vec<(String, Var)> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fixtures;
+
+    /// An adapter on the attention projections and the output head is written in PEFT's
+    /// layout (`lm_head` among its targets) and read back the same; the trainer's loader
+    /// refuses it by name rather than dropping the head.
+    #[test]
+    fn a_head_adapter_round_trips_and_the_trainer_refuses_it() {
+        let mut model = fixtures::load("qwen2");
+        attach_host(&mut model).unwrap();
+        let cfg = lora_config(4, true, false, true).unwrap();
+        let adapter = Adapter::fresh(&model, cfg, true, 3).unwrap();
+        // B starts at zero; give the pairs values to compare.
+        for (_, p) in adapter.params() {
+            let t = p.as_tensor();
+            p.set(&(t.ones_like().unwrap() * 0.25).unwrap()).unwrap();
+        }
+        let dir = std::env::temp_dir().join(format!("rlhost-head-adapter-{}", std::process::id()));
+        adapter.save(&dir, "qwen2", true).unwrap();
+        let text = std::fs::read_to_string(dir.join(peft::CONFIG_FILE)).unwrap();
+        assert!(
+            text.contains("\"lm_head\"") && text.contains("\"q_proj\""),
+            "{text}"
+        );
+        let back = Adapter::load(&model, &dir, true).unwrap();
+        assert!(back.trains_head());
+        let names = |a: &Adapter| {
+            a.params()
+                .iter()
+                .map(|(n, _)| n.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&back), names(&adapter));
+        for ((n, a), (_, b)) in adapter.params().iter().zip(back.params()) {
+            let d = (a.as_tensor() - b.as_tensor()).unwrap().abs().unwrap();
+            let d = d
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(d, 0.0, "{n}");
+        }
+        let mut plain = fixtures::load("qwen2");
+        let e = peft::load_adapter(&mut plain, &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("output head") && e.contains("lm_head"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -66,10 +66,7 @@ impl<W> Gate<W> {
         let Some(line) = self.lines.get_mut(model) else {
             return out;
         };
-        loop {
-            let Some((&first, (_, since))) = line.held.iter().next() else {
-                break;
-            };
+        while let Some((&first, (_, since))) = line.held.iter().next() {
             if first == line.next || now.duration_since(*since) >= GRACE {
                 let (work, _) = line.held.remove(&first).expect("present");
                 out.push(work);

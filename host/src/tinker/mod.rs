@@ -15,6 +15,7 @@ pub mod gate;
 pub mod losses;
 pub mod proto;
 pub mod server;
+pub mod snapshots;
 pub mod wire;
 pub mod worker;
 

@@ -210,6 +210,9 @@ pub fn router(t: Arc<Tinker>) -> Router {
         .with_state(t)
 }
 
+/// A refusal from a check, boxed (a response is large).
+type Refused = Box<Response>;
+
 /// A refusal the SDK raises as `BadRequestError`/`NotFoundError` with this message.
 fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     (status, axum::Json(json!({ "detail": message.into() }))).into_response()
@@ -219,12 +222,12 @@ fn ok(v: Value) -> Response {
     axum::Json(v).into_response()
 }
 
-fn parse<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Response> {
+fn parse<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Refused> {
     serde_json::from_slice(body).map_err(|e| {
-        refuse(
+        Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!("{what}: the body is not a valid request: {e}"),
-        )
+        ))
     })
 }
 
@@ -281,7 +284,7 @@ fn new_session_id() -> String {
 
 async fn create_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     if let Err(r) = parse::<wire::CreateSession>(&body, "create_session") {
-        return r;
+        return *r;
     }
     let id = new_session_id();
     t.books
@@ -295,7 +298,7 @@ async fn create_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 async fn heartbeat(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let s: wire::SessionRef = match parse(&body, "session_heartbeat") {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     // 410 ends the SDK's heartbeat loop: the session is over (or from before a restart).
     match t
@@ -337,34 +340,34 @@ async fn finish_session(State(t): State<Arc<Tinker>>, Path(id): Path<String>) ->
 }
 
 /// Checks the session is open; the refusal otherwise.
-fn open_session(t: &Tinker, id: &str) -> Result<(), Response> {
+fn open_session(t: &Tinker, id: &str) -> Result<(), Refused> {
     match t.books.lock().expect("books lock").sessions.get(id) {
         Some(false) => Ok(()),
-        Some(true) => Err(refuse(
+        Some(true) => Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!("session {id:?} has ended"),
-        )),
-        None => Err(refuse(
+        ))),
+        None => Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
             format!(
                 "unknown session {id:?} (create_session first; sessions do not outlive a server restart)"
             ),
-        )),
+        ))),
     }
 }
 
-fn check_base(t: &Tinker, name: &str) -> Result<(), Response> {
+fn check_base(t: &Tinker, name: &str) -> Result<(), Refused> {
     if name == t.base.name || t.base.aliases.iter().any(|a| a == name) {
         Ok(())
     } else {
-        Err(refuse(
+        Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!(
                 "base model {name:?} is not served here: this server serves {:?} (the run config's model.path; \
                  one base model per server, with any number of adapters on it)",
                 t.base.name
             ),
-        ))
+        )))
     }
 }
 
@@ -375,11 +378,11 @@ fn future(request: &str, model_id: Option<&str>) -> Response {
 async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let req: wire::CreateModel = match parse(&body, "create_model") {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(r) = open_session(&t, &req.session_id).and_then(|_| check_base(&t, &req.base_model))
     {
-        return r;
+        return *r;
     }
     if let Some(o) = &req.optimizer_config
         && o.kind != "adamw"
@@ -448,7 +451,7 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 async fn get_info(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let req: wire::ModelRef = match parse(&body, "get_info") {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let rank = match t
         .books
@@ -484,11 +487,11 @@ fn unknown_model(id: &str) -> Response {
     )
 }
 
-fn known_model(t: &Tinker, id: &str) -> Result<(), Response> {
+fn known_model(t: &Tinker, id: &str) -> Result<(), Refused> {
     if t.books.lock().expect("books lock").models.contains_key(id) {
         Ok(())
     } else {
-        Err(unknown_model(id))
+        Err(Box::new(unknown_model(id)))
     }
 }
 
@@ -518,7 +521,7 @@ async fn forward_backward(
         }
     };
     if let Err(r) = known_model(&t, &req.model_id) {
-        return r;
+        return *r;
     }
     let request = t.futures.open();
     let work = match loss_of(&req).and_then(|loss| Ok((loss, rows(&req, loss, &t.base)?))) {
@@ -646,7 +649,7 @@ fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<
 
 /// Token ids from little-endian int32 bytes, each in `0..vocab`.
 fn ids(bytes: &[u8], vocab: usize) -> Result<Vec<u32>, String> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(format!(
             "{} bytes of tokens is not a whole number of int32 ids",
             bytes.len()
@@ -676,7 +679,7 @@ fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
         _ => return Err(format!("dtype {} is not float32, int32 or int64", t.dtype)),
     };
     let decode = |bytes: &[u8]| -> Result<Vec<f64>, String> {
-        if bytes.len() % width != 0 {
+        if !bytes.len().is_multiple_of(width) {
             return Err(format!(
                 "{} bytes is not a whole number of values",
                 bytes.len()
@@ -733,10 +736,10 @@ fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
 async fn optim_step(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let req: wire::OptimStep = match parse(&body, "optim_step") {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(r) = known_model(&t, &req.model_id) {
-        return r;
+        return *r;
     }
     let request = t.futures.open();
     let work = match (&req.adam_params, &req.optimizer_params) {
@@ -793,10 +796,10 @@ async fn save(t: Arc<Tinker>, body: Bytes, for_sampler: bool) -> Response {
     };
     let req: wire::SaveWeights = match parse(&body, what) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(r) = known_model(&t, &req.model_id) {
-        return r;
+        return *r;
     }
     let request = t.futures.open();
     let kind = if for_sampler {
@@ -865,7 +868,7 @@ async fn save(t: Arc<Tinker>, body: Bytes, for_sampler: bool) -> Response {
 async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let req: wire::LoadWeights = match parse(&body, "load_weights") {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let dir = match t.checkpoint_dir(&req.path) {
         Ok(d) => d,
@@ -885,7 +888,7 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     match (&req.model_id, &req.session_id, req.model_seq_id) {
         (Some(model_id), _, _) => {
             if let Err(r) = known_model(&t, model_id) {
-                return r;
+                return *r;
             }
             t.submit(
                 model_id,
@@ -902,7 +905,7 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         }
         (None, Some(session), Some(seq)) => {
             if let Err(r) = open_session(&t, session) {
-                return r;
+                return *r;
             }
             let rank = match crate::model::peft::read_config_with_head(&dir) {
                 Ok((c, _)) => c.r,
@@ -944,10 +947,10 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 async fn create_sampling_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let req: wire::CreateSamplingSession = match parse(&body, "create_sampling_session") {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(r) = open_session(&t, &req.session_id) {
-        return r;
+        return *r;
     }
     let weights = match (&req.model_path, &req.base_model) {
         (Some(path), _) => {
@@ -962,7 +965,7 @@ async fn create_sampling_session(State(t): State<Arc<Tinker>>, body: Bytes) -> R
         }
         (None, Some(base)) => {
             if let Err(r) = check_base(&t, base) {
-                return r;
+                return *r;
             }
             Weights::Base
         }
@@ -1001,7 +1004,7 @@ async fn sampler_info(State(t): State<Arc<Tinker>>, Path(id): Path<String>) -> R
 async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let req: wire::Sample = match parse(&body, "asample") {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let weights = match (&req.sampling_session_id, &req.model_path, &req.base_model) {
         (Some(id), _, _) => match t.books.lock().expect("books lock").samplers.get(id) {
@@ -1022,7 +1025,7 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         },
         (None, None, Some(base)) => match check_base(&t, base) {
             Ok(()) => Weights::Base,
-            Err(r) => return r,
+            Err(r) => return *r,
         },
         (None, None, None) => {
             return refuse(
@@ -1181,7 +1184,7 @@ fn sample_job(
 async fn retrieve_future(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     let req: wire::RetrieveFuture = match parse(&body, "retrieve_future") {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match t.futures.wait(&req.request_id, poll()).await {
         Ok(outcome) => match &*outcome {

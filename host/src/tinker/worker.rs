@@ -9,6 +9,7 @@ use super::adapter::Adapter;
 use super::futures::{Futures, Outcome};
 use super::losses::Loss;
 use super::proto;
+use super::snapshots::{KEEP_UNNAMED, Snapshots};
 use crate::model::LanguageModel;
 use crate::model::generate::{Completion, Finish};
 use crate::model::lora::{AdapterSnapshot, LoraConfig, Mode};
@@ -138,7 +139,7 @@ pub struct Worker {
     pub base_name: String,
     pub futures: Arc<Futures>,
     models: HashMap<String, Adapter>,
-    saved: HashMap<String, Arc<AdapterSnapshot>>,
+    saved: Snapshots,
     version: u64,
 }
 
@@ -149,14 +150,9 @@ impl Worker {
             base_name,
             futures,
             models: HashMap::new(),
-            saved: HashMap::new(),
+            saved: Snapshots::default(),
             version: 0,
         }
-    }
-
-    /// Training clients held now.
-    pub fn adapters(&self) -> usize {
-        self.models.len()
     }
 
     /// Runs work until every sender is gone.
@@ -184,6 +180,7 @@ impl Worker {
             if let Work::Unload { model_ids } = work {
                 for id in model_ids {
                     self.models.remove(&id);
+                    self.saved.forget(&id);
                 }
             }
             return;
@@ -199,14 +196,9 @@ impl Worker {
     }
 
     fn adapter(&mut self, model_id: &str) -> Result<&mut Adapter> {
-        match self.models.get_mut(model_id) {
-            Some(a) => Ok(a),
-            None => Err(UserError(format!(
-                "unknown model_id {model_id:?}: no training client by that id (it was never \
-                 created, failed to load, or its session ended)"
-            ))
-            .into()),
-        }
+        self.models
+            .get_mut(model_id)
+            .ok_or_else(|| unknown(model_id))
     }
 
     fn operate(&mut self, work: Work) -> Result<Outcome> {
@@ -249,10 +241,10 @@ impl Worker {
                 ..
             } => {
                 let lm = &self.lm;
-                let adapter = match self.models.get_mut(&model_id) {
-                    Some(a) => a,
-                    None => return Err(UserError(format!("unknown model_id {model_id:?}")).into()),
-                };
+                let adapter = self
+                    .models
+                    .get_mut(&model_id)
+                    .ok_or_else(|| unknown(&model_id))?;
                 let out = forward_backward(lm, adapter, &rows, loss, forward_only)?;
                 Ok(Outcome::Proto(out.encode_to_vec()))
             }
@@ -285,18 +277,21 @@ impl Worker {
                 self.version += 1;
                 let version = self.version;
                 let model = &self.lm.model;
-                let adapter = match self.models.get(&model_id) {
-                    Some(a) => a,
-                    None => return Err(UserError(format!("unknown model_id {model_id:?}")).into()),
-                };
+                let adapter = self
+                    .models
+                    .get(&model_id)
+                    .ok_or_else(|| unknown(&model_id))?;
                 if let Some(dir) = &dir {
                     adapter
                         .save(dir, &base, optimizer)
                         .with_context(|| format!("writing {}", dir.display()))?;
                 }
                 if let Some(key) = key {
-                    let snapshot = adapter.snapshot(model, version)?;
-                    self.saved.insert(key, Arc::new(snapshot));
+                    let snapshot = Arc::new(adapter.snapshot(model, version)?);
+                    match dir {
+                        Some(_) => self.saved.insert_named(key, snapshot),
+                        None => self.saved.insert_unnamed(&model_id, key, snapshot),
+                    }
                 }
                 Ok(Outcome::Json(answer))
             }
@@ -320,6 +315,12 @@ impl Worker {
         } = self;
         let mut sampler = Sampler::new(&lm.model, &lm.tokenizer, Mode::INFERENCE);
         let mut incoming = VecDeque::from([first]);
+        // Samples that queued behind training join this batch too.
+        while let Some(Work::Sample(_)) = backlog.front() {
+            if let Some(Work::Sample(job)) = backlog.pop_front() {
+                incoming.push_back(job);
+            }
+        }
         loop {
             while let Some(job) = incoming.pop_front() {
                 match weights(saved, lm, &job.weights) {
@@ -343,6 +344,15 @@ impl Worker {
     }
 }
 
+/// A training client the worker does not hold.
+fn unknown(model_id: &str) -> anyhow::Error {
+    UserError(format!(
+        "unknown model_id {model_id:?}: no training client by that id (it was never created, \
+         failed to load, or its session ended)"
+    ))
+    .into()
+}
+
 /// The outcome of an operation that failed with `e`: the user's fault where it found a
 /// problem in what was sent, the server's otherwise.
 fn failure(e: &anyhow::Error) -> Outcome {
@@ -356,7 +366,7 @@ fn failure(e: &anyhow::Error) -> Outcome {
 /// The snapshot sampler weights `w` name (`None`: the base model), from memory or read
 /// from the checkpoint directory they were saved to (by a server since restarted).
 fn weights(
-    saved: &mut HashMap<String, Arc<AdapterSnapshot>>,
+    saved: &mut Snapshots,
     lm: &LanguageModel,
     w: &Weights,
 ) -> Result<Option<Arc<AdapterSnapshot>>> {
@@ -368,13 +378,15 @@ fn weights(
     }
     let Some(dir) = dir.as_ref().filter(|d| d.is_dir()) else {
         bail!(UserError(format!(
-            "no sampler weights at {key:?} (save_weights_for_sampler writes them)"
+            "no sampler weights at {key:?}: save_weights_for_sampler writes them to disk; a \
+             save_weights_and_get_sampling_client snapshot lives in memory and only the newest \
+             {KEEP_UNNAMED} of each training client are kept"
         )));
     };
     let adapter = Adapter::load(&lm.model, dir, false)
         .map_err(|e| UserError(format!("loading {}: {e:#}", dir.display())))?;
     let snapshot = Arc::new(adapter.snapshot(&lm.model, 0)?);
-    saved.insert(key.clone(), snapshot.clone());
+    saved.insert_named(key.clone(), snapshot.clone());
     Ok(Some(snapshot))
 }
 
