@@ -299,6 +299,12 @@ def isolation():
     sa = ready(a.save_weights_and_get_sampling_client())
     sa_lp = sa.compute_logprobs(types.ModelInput.from_ints(probe)).result()[1:]
     assert np.allclose(sa_lp, lp_a, atol=1e-4), (sa_lp, lp_a)
+    last = sa.sample(
+        prompt=types.ModelInput.from_ints(probe), num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=1), include_prompt_logprobs=True,
+        prompt_logprobs_last_n=3,
+    ).result().prompt_logprobs
+    assert last[:-3] == [None] * (len(probe) - 3) and np.allclose(last[-3:], lp_a[-3:], atol=1e-4), last
     # B's data pulled B toward " no.", which A never saw.
     no = tok.encode(" no.")
     q = tok.encode("Q: 3+4=")

@@ -1072,11 +1072,6 @@ fn sample_job(
     if req.target_prompt_logprobs.is_some() {
         return Err("target_prompt_logprobs is not served by rlhost".into());
     }
-    if req.prompt_logprobs_last_n.is_some() {
-        return Err(
-            "prompt_logprobs_last_n is not served by rlhost (ask for all prompt_logprobs)".into(),
-        );
-    }
     let mut prompt = Vec::new();
     for (c, ch) in req.prompt.chunks.iter().enumerate() {
         let kind = ch
@@ -1178,6 +1173,7 @@ fn sample_job(
         prompt_logprobs: req.prompt_logprobs,
         topk_prompt: req.topk_prompt_logprobs,
         topk_sample: req.topk_sample_logprobs,
+        prompt_last_n: req.prompt_logprobs_last_n,
     })
 }
 

@@ -56,6 +56,8 @@ pub struct SampleJob {
     pub prompt_logprobs: bool,
     pub topk_prompt: usize,
     pub topk_sample: usize,
+    /// Prompt log-probs for the last this many tokens only (NaN before them).
+    pub prompt_last_n: Option<usize>,
 }
 
 /// What the worker is asked to do; `request` is the future it settles.
@@ -416,7 +418,12 @@ fn admit(
     };
     let prompt = if job.prompt_logprobs || job.topk_prompt > 0 {
         match prompt_logprobs(lm, mode, &job.prompt, job.topk_prompt) {
-            Ok(p) => Some(p),
+            Ok(mut p) => {
+                if let Some(n) = job.prompt_last_n {
+                    p.keep_last(n);
+                }
+                Some(p)
+            }
             Err(e) => {
                 futures.finish(&job.request, Outcome::server_error(format!("{e:#}")));
                 return;
@@ -545,6 +552,15 @@ impl Collect {
 pub struct PromptLogprobs {
     pub logprobs: Vec<f32>,
     pub top: Vec<Option<Vec<(u32, f32)>>>,
+}
+
+impl PromptLogprobs {
+    /// Keeps the last `n` positions' figures (the others NaN and `None`).
+    pub fn keep_last(&mut self, n: usize) {
+        let cut = self.logprobs.len().saturating_sub(n);
+        self.logprobs[..cut].fill(f32::NAN);
+        self.top[..cut].fill(None);
+    }
 }
 
 fn prompt_logprobs(
@@ -759,6 +775,23 @@ mod tests {
             targets: vec![1; n],
             inputs: HashMap::new(),
         }
+    }
+
+    #[test]
+    fn only_the_last_prompt_positions_are_kept_when_asked() {
+        let mut p = PromptLogprobs {
+            logprobs: vec![f32::NAN, -1.0, -2.0, -3.0],
+            top: vec![
+                None,
+                Some(vec![(1, -1.0)]),
+                Some(vec![(2, -2.0)]),
+                Some(vec![(3, -3.0)]),
+            ],
+        };
+        p.keep_last(2);
+        assert!(p.logprobs[1].is_nan() && p.logprobs[2] == -2.0 && p.logprobs[3] == -3.0);
+        assert_eq!(p.top[1], None);
+        assert_eq!(p.top[3], Some(vec![(3, -3.0)]));
     }
 
     #[test]
