@@ -305,6 +305,27 @@ def isolation():
         prompt_logprobs_last_n=3,
     ).result().prompt_logprobs
     assert last[:-3] == [None] * (len(probe) - 3) and np.allclose(last[-3:], lp_a[-3:], atol=1e-4), last
+    # Given tokens' log-probs at each prompt position, and draws there with theirs.
+    n = len(probe) - 1
+    asked = np.full((n, 2), -1, dtype=np.int64)
+    asked[:, 0] = probe[1:]
+    out = sa.sample(
+        prompt=types.ModelInput.from_ints(probe), num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=1, seed=5),
+        target_prompt_logprobs=types.TensorData(data=asked, dtype="int64", shape=[n, 2]),
+        prompt_alt_tokens_k=3,
+    ).result()
+    got = np.array(out.target_prompt_logprobs.tolist())
+    assert got.shape == (n, 2) and np.allclose(got[:, 0], lp_a, atol=1e-4) and np.all(got[:, 1] == 0.0), got
+    alt_ids = np.array(out.prompt_alt_tokens.tokens.tolist())
+    alt_lp = np.array(out.prompt_alt_tokens.logprobs.tolist())
+    assert alt_ids.shape == (n, 3) and alt_lp.shape == (n, 3), (alt_ids.shape, alt_lp.shape)
+    again = sa.sample(
+        prompt=types.ModelInput.from_ints(probe), num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=1),
+        target_prompt_logprobs=types.TensorData(data=alt_ids, dtype="int64", shape=[n, 3]),
+    ).result()
+    assert np.allclose(np.array(again.target_prompt_logprobs.tolist()), alt_lp, atol=1e-4), (alt_lp,)
     # B's data pulled B toward " no.", which A never saw.
     no = tok.encode(" no.")
     q = tok.encode("Q: 3+4=")

@@ -13,6 +13,7 @@ pub mod adapter;
 pub mod futures;
 pub mod gate;
 pub mod losses;
+pub mod prompt;
 pub mod proto;
 pub mod server;
 pub mod snapshots;

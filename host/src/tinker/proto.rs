@@ -190,6 +190,43 @@ pub struct SampleResponse {
     pub topk_prompt_logprobs: Option<TopkLogprobs>,
     #[prost(int32, tag = "4")]
     pub prompt_cache_hit_tokens: i32,
+    /// float32, the request's `target_prompt_logprobs` shape.
+    #[prost(message, optional, tag = "5")]
+    pub target_prompt_logprobs: Option<Tensor>,
+    #[prost(message, optional, tag = "6")]
+    pub prompt_alt_tokens: Option<PromptAltTokens>,
+}
+
+/// Tokens drawn at each prompt position after the first, `[len - 1, k]`, and their
+/// log-probs.
+#[derive(Clone, PartialEq, Message)]
+pub struct PromptAltTokens {
+    #[prost(message, optional, tag = "1")]
+    pub tokens: Option<Tensor>,
+    #[prost(message, optional, tag = "2")]
+    pub logprobs: Option<Tensor>,
+}
+
+impl Tensor {
+    /// A dense float32 tensor.
+    pub fn f32(values: &[f32], shape: Vec<i64>) -> Tensor {
+        Tensor {
+            encoding: Some(tensor::Encoding::Dense(f32_bytes(values))),
+            dtype: DType::Float32 as i32,
+            shape,
+        }
+    }
+
+    /// A dense int64 tensor.
+    pub fn i64(values: &[i64], shape: Vec<i64>) -> Tensor {
+        Tensor {
+            encoding: Some(tensor::Encoding::Dense(
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )),
+            dtype: DType::Int64 as i32,
+            shape,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]

@@ -108,29 +108,22 @@ impl Tinker {
         }
     }
 
-    /// Passes on `work` for `model` in its turn.
+    /// Passes on `work` for `model` in its turn. What the gate lets go is sent before its
+    /// lock is released: two handlers of one client cannot send out of order.
     fn submit(&self, model: &str, seq: Option<i64>, work: Work) {
-        let ready =
-            self.books
-                .lock()
-                .expect("books lock")
-                .gate
-                .submit(model, seq, work, Instant::now());
+        let mut books = self.books.lock().expect("books lock");
+        let ready = books.gate.submit(model, seq, work, Instant::now());
         self.send(ready);
     }
 
     /// Releases operations that waited past the gate's grace for a turn that never came.
     pub fn release_late(&self) {
-        let ready: Vec<Work> = {
-            let mut books = self.books.lock().expect("books lock");
-            let now = Instant::now();
-            let models = books.gate.waiting();
-            models
-                .iter()
-                .flat_map(|m| books.gate.release(m, now))
-                .collect()
-        };
-        self.send(ready);
+        let mut books = self.books.lock().expect("books lock");
+        let now = Instant::now();
+        for m in books.gate.waiting() {
+            let ready = books.gate.release(&m, now);
+            self.send(ready);
+        }
     }
 
     /// The directory a `tinker://<model>/<kind>/<name>` path names.
@@ -1066,11 +1059,11 @@ fn sample_job(
     weights: Weights,
     base: &Base,
 ) -> Result<SampleJob, String> {
-    if req.prompt_alt_tokens_k > 0 {
-        return Err("prompt_alt_tokens_k is not served by rlhost".into());
-    }
-    if req.target_prompt_logprobs.is_some() {
-        return Err("target_prompt_logprobs is not served by rlhost".into());
+    if req.prompt_alt_tokens_k > MAX_SAMPLES {
+        return Err(format!(
+            "prompt_alt_tokens_k is {}; at most {MAX_SAMPLES} draws a position are served",
+            req.prompt_alt_tokens_k
+        ));
     }
     let mut prompt = Vec::new();
     for (c, ch) in req.prompt.chunks.iter().enumerate() {
@@ -1164,17 +1157,84 @@ fn sample_job(
     params
         .validate()
         .map_err(|e| format!("sampling_params: {e:#}"))?;
+    let targets = match &req.target_prompt_logprobs {
+        Some(t) => Some(prompt_targets(t, prompt.len(), base.vocab)?),
+        None => None,
+    };
     Ok(SampleJob {
         request: request.to_string(),
         weights,
         prompt,
         n: req.num_samples,
         params,
-        prompt_logprobs: req.prompt_logprobs,
-        topk_prompt: req.topk_prompt_logprobs,
+        ask: super::prompt::Ask {
+            logprobs: req.prompt_logprobs,
+            topk: req.topk_prompt_logprobs,
+            last_n: req.prompt_logprobs_last_n,
+            targets,
+            alt: req.prompt_alt_tokens_k,
+        },
         topk_sample: req.topk_sample_logprobs,
-        prompt_last_n: req.prompt_logprobs_last_n,
     })
+}
+
+/// `target_prompt_logprobs` (a TensorData of int64 ids, `[len(prompt) - 1, k]`, −1 for
+/// none), checked.
+fn prompt_targets(
+    t: &Value,
+    prompt_len: usize,
+    vocab: usize,
+) -> Result<super::prompt::Targets, String> {
+    let what = "target_prompt_logprobs";
+    if t.get("sparse_crow_indices").is_some_and(|v| !v.is_null()) {
+        return Err(format!(
+            "{what} in sparse CSR layout is not served: send it dense"
+        ));
+    }
+    let shape: Vec<usize> = t
+        .get("shape")
+        .and_then(Value::as_array)
+        .map(|s| {
+            s.iter()
+                .filter_map(|d| d.as_u64().map(|d| d as usize))
+                .collect()
+        })
+        .unwrap_or_default();
+    let rows = prompt_len.saturating_sub(1);
+    let [r, k] = shape[..] else {
+        return Err(format!(
+            "{what} needs a shape [{rows}, K], got {:?}",
+            t.get("shape")
+        ));
+    };
+    if r != rows {
+        return Err(format!(
+            "{what} has {r} rows; a prompt of {prompt_len} tokens has {rows} positions to score"
+        ));
+    }
+    let data = t
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("{what} has no `data` list"))?;
+    if data.len() != r * k {
+        return Err(format!(
+            "{what} has {} values for the shape [{r}, {k}]",
+            data.len()
+        ));
+    }
+    let ids = data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v.as_i64() {
+            Some(id) if id >= -1 && id < vocab as i64 => Ok(id),
+            _ => Err(format!(
+                "{what}[{}][{}] = {v} is neither -1 nor a token of the vocabulary (0..{vocab})",
+                i / k.max(1),
+                i % k.max(1)
+            )),
+        })
+        .collect::<Result<Vec<i64>, String>>()?;
+    Ok(super::prompt::Targets { k, ids })
 }
 
 async fn retrieve_future(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {

@@ -53,11 +53,9 @@ pub struct SampleJob {
     pub prompt: Vec<u32>,
     pub n: usize,
     pub params: SamplingParams,
-    pub prompt_logprobs: bool,
-    pub topk_prompt: usize,
+    /// What it asks about its own prompt.
+    pub ask: super::prompt::Ask,
     pub topk_sample: usize,
-    /// Prompt log-probs for the last this many tokens only (NaN before them).
-    pub prompt_last_n: Option<usize>,
 }
 
 /// What the worker is asked to do; `request` is the future it settles.
@@ -416,10 +414,18 @@ fn admit(
         adapter: weights.as_deref(),
         ..Mode::INFERENCE
     };
-    let prompt = if job.prompt_logprobs || job.topk_prompt > 0 {
-        match prompt_logprobs(lm, mode, &job.prompt, job.topk_prompt) {
+    let prompt = if job.ask.any() {
+        let scored = super::prompt::score(
+            lm,
+            mode,
+            &job.prompt,
+            &job.ask,
+            job.params.temperature,
+            job.params.seed,
+        );
+        match scored {
             Ok(mut p) => {
-                if let Some(n) = job.prompt_last_n {
+                if let Some(n) = job.ask.last_n {
                     p.keep_last(n);
                 }
                 Some(p)
@@ -439,8 +445,7 @@ fn admit(
         left: job.n,
         topk: job.topk_sample,
         prompt,
-        want_prompt_logprobs: job.prompt_logprobs,
-        topk_prompt: job.topk_prompt,
+        ask: job.ask.clone(),
     };
     sampler.admit(
         Request {
@@ -468,10 +473,9 @@ struct Collect {
     choices: Vec<Choice>,
     left: usize,
     topk: usize,
-    /// The prompt's log-probs and top-k per position, when asked for.
-    prompt: Option<PromptLogprobs>,
-    want_prompt_logprobs: bool,
-    topk_prompt: usize,
+    /// The prompt's figures, when asked for.
+    prompt: Option<super::prompt::Scores>,
+    ask: super::prompt::Ask,
 }
 
 impl Sink for Collect {
@@ -528,83 +532,15 @@ impl Collect {
                 }
             })
             .collect();
-        let (prompt_logprobs, topk_prompt_logprobs) = match &self.prompt {
-            Some(p) => (
-                self.want_prompt_logprobs
-                    .then(|| proto::f32_bytes(&p.logprobs)),
-                (self.topk_prompt > 0)
-                    .then(|| proto::TopkLogprobs::from_rows(&p.top, self.topk_prompt)),
-            ),
-            None => (None, None),
-        };
-        proto::SampleResponse {
+        let mut response = proto::SampleResponse {
             sequences,
-            prompt_logprobs,
-            topk_prompt_logprobs,
-            prompt_cache_hit_tokens: 0,
+            ..proto::SampleResponse::default()
+        };
+        if let Some(p) = &self.prompt {
+            p.write(&self.ask, &mut response);
         }
+        response
     }
-}
-
-/// A prompt's own log-probs: NaN at the first token, then `log p(prompt[i] | prompt[..i])`,
-/// and the `k` likeliest tokens at each position after the first (`None` at the first).
-#[derive(Debug, Clone)]
-pub struct PromptLogprobs {
-    pub logprobs: Vec<f32>,
-    pub top: Vec<Option<Vec<(u32, f32)>>>,
-}
-
-impl PromptLogprobs {
-    /// Keeps the last `n` positions' figures (the others NaN and `None`).
-    pub fn keep_last(&mut self, n: usize) {
-        let cut = self.logprobs.len().saturating_sub(n);
-        self.logprobs[..cut].fill(f32::NAN);
-        self.top[..cut].fill(None);
-    }
-}
-
-fn prompt_logprobs(
-    lm: &LanguageModel,
-    mode: Mode,
-    prompt: &[u32],
-    k: usize,
-) -> Result<PromptLogprobs> {
-    let model = &lm.model;
-    let device = model.device();
-    let n = prompt.len();
-    let mut logprobs = vec![f32::NAN; n];
-    let mut top = vec![None; n];
-    if n < 2 {
-        return Ok(PromptLogprobs { logprobs, top });
-    }
-    let ids = Tensor::new(&prompt[..n - 1], device)?.unsqueeze(0)?;
-    let mask = Tensor::ones((1, n - 1), DType::U32, device)?;
-    let pos = Tensor::arange(0u32, (n - 1) as u32, device)?.unsqueeze(0)?;
-    let targets = Tensor::new(&prompt[1..], device)?.unsqueeze(0)?;
-    let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
-    let lp = target_logprobs(model, &hidden, &targets, mode.adapter)?;
-    let lp = lp.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-    logprobs[1..].copy_from_slice(&lp);
-    if k > 0 {
-        // Position i's logits predict token i + 1: its top-k is the prompt's row i + 1.
-        let h = hidden.squeeze(0)?;
-        let mut logits = model.logits(&h)?;
-        if let Some((a, b, s)) = mode.adapter.and_then(|s| s.head()) {
-            logits = (logits + crate::model::compute::head_delta(&h, a, b, s)?)?;
-        }
-        let logz = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
-        let rows = logz.to_vec2::<f32>()?;
-        for (i, row) in rows.iter().enumerate() {
-            let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-            let k = k.min(row.len());
-            idx.select_nth_unstable_by(k - 1, |a, b| row[*b as usize].total_cmp(&row[*a as usize]));
-            let mut best: Vec<(u32, f32)> =
-                idx[..k].iter().map(|&t| (t, row[t as usize])).collect();
-            best.sort_by(|a, b| b.1.total_cmp(&a.1));
-            top[i + 1] = Some(best);
-        }
-    }
-    Ok(PromptLogprobs { logprobs, top })
 }
 
 /// Runs `rows` through the model with `adapter` and the loss, adding the gradients to the
@@ -699,7 +635,7 @@ pub const HEAD_LOGITS: usize = 1 << 25;
 /// Log-probs `[B, T]` of `targets` from hidden states `[B, T, H]`: through the model's
 /// chunked head, or, where `set` has an output head adapter, from the whole logits with
 /// its delta added (`log_softmax(h Wᵀ + s (h Aᵀ) Bᵀ)`, gradients to A and B).
-fn target_logprobs(
+pub(crate) fn target_logprobs(
     model: &crate::model::Model,
     hidden: &Tensor,
     targets: &Tensor,
@@ -775,23 +711,6 @@ mod tests {
             targets: vec![1; n],
             inputs: HashMap::new(),
         }
-    }
-
-    #[test]
-    fn only_the_last_prompt_positions_are_kept_when_asked() {
-        let mut p = PromptLogprobs {
-            logprobs: vec![f32::NAN, -1.0, -2.0, -3.0],
-            top: vec![
-                None,
-                Some(vec![(1, -1.0)]),
-                Some(vec![(2, -2.0)]),
-                Some(vec![(3, -3.0)]),
-            ],
-        };
-        p.keep_last(2);
-        assert!(p.logprobs[1].is_nan() && p.logprobs[2] == -2.0 && p.logprobs[3] == -3.0);
-        assert_eq!(p.top[1], None);
-        assert_eq!(p.top[3], Some(vec![(3, -3.0)]));
     }
 
     #[test]
