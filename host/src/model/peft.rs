@@ -21,6 +21,12 @@ const KEY_PREFIX: &str = "base_model.model.";
 
 /// Reads `adapter_config.json` into a [`LoraConfig`], refusing options we do not implement.
 pub fn read_config(dir: &Path) -> Result<LoraConfig> {
+    let (path, v) = config_json(dir)?;
+    parse_config(&v).with_context(|| format!("in {}", path.display()))
+}
+
+/// `adapter_config.json` of `dir` as JSON, and its path.
+fn config_json(dir: &Path) -> Result<(std::path::PathBuf, Value)> {
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
@@ -30,22 +36,14 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
     })?;
     let v: Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not valid JSON", path.display()))?;
-    parse_config(&v).with_context(|| format!("in {}", path.display()))
+    Ok((path, v))
 }
 
 /// [`read_config`] for an adapter that may also train the output head (`lm_head` among
 /// its target modules, as PEFT writes it): the config of the other modules and whether
 /// the head is one.
 pub fn read_config_with_head(dir: &Path) -> Result<(LoraConfig, bool)> {
-    let path = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "reading {}: an adapter directory needs PEFT's adapter_config.json",
-            path.display()
-        )
-    })?;
-    let mut v: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let (path, mut v) = config_json(dir)?;
     let mut head = false;
     if let Some(Value::Array(items)) = v.get_mut("target_modules") {
         let before = items.len();

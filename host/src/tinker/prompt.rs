@@ -127,7 +127,8 @@ pub fn score(
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x7a11_70c5);
     for (i, row) in rows.iter().enumerate() {
         if ask.topk > 0 {
-            s.top[i + 1] = Some(top_k(row, ask.topk));
+            // A row of log-probs is its own log-softmax: the sampler's top-k reads it as is.
+            s.top[i + 1] = Some(crate::model::sample::top_logprobs(row, ask.topk, 1.0));
         }
         if let Some(t) = &ask.targets {
             for j in 0..t.k {
@@ -147,16 +148,6 @@ pub fn score(
         }
     }
     Ok(s)
-}
-
-/// The `k` likeliest tokens of a row of log-probs, likeliest first.
-fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-    let k = k.min(row.len());
-    idx.select_nth_unstable_by(k - 1, |a, b| row[*b as usize].total_cmp(&row[*a as usize]));
-    let mut best: Vec<(u32, f32)> = idx[..k].iter().map(|&t| (t, row[t as usize])).collect();
-    best.sort_by(|a, b| b.1.total_cmp(&a.1));
-    best
 }
 
 /// A token drawn from `softmax(logp / T)` and its log-prob there (`T` = 0: the likeliest,
@@ -212,7 +203,10 @@ mod tests {
         );
         assert_eq!(draw(&logp, 0.0, &mut rng), (0, 0.0));
         assert_eq!(
-            top_k(&logp, 2).iter().map(|t| t.0).collect::<Vec<_>>(),
+            crate::model::sample::top_logprobs(&logp, 2, 1.0)
+                .iter()
+                .map(|t| t.0)
+                .collect::<Vec<_>>(),
             vec![0, 1]
         );
     }
