@@ -47,8 +47,10 @@ fi
 # OpenEnv's own client for the `env serve` tests (~140 MB, made once).
 bash scripts/openenv.sh install
 export RLHOST_REQUIRE_OPENENV=1
-# The official Tinker SDK for the `serve --tinker` tests (made once).
+# The official Tinker SDK for the `serve --tinker` tests, and tinker-cookbook for its two
+# basic recipes (made once; the cookbook's torch comes from uv's cache, shared with vLLM's).
 bash scripts/tinker.sh install
+bash scripts/tinker.sh cookbook
 export RLHOST_REQUIRE_TINKER=1
 cargo test --workspace
 (cd plugins && cargo test --target "$(rustc -vV | sed -n 's/^host: //p')" -p arith -p countdown -p multiply -p code_task -p math_answer -p search -p judge -p sim_user)

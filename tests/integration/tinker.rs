@@ -1,7 +1,9 @@
 //! `rlhost serve --tinker`, the Tinker training API (issue 49), driven by the official
 //! `tinker` SDK (tests/tinker/client.py, from the venv `bash scripts/tinker.sh install`
 //! makes): supervised and RL loops, the losses against their formulas, two clients at
-//! once, a future outliving several polls, a checkpoint resumed exactly, bad requests.
+//! once, a future outliving several polls, a checkpoint resumed exactly, bad requests; and
+//! tinker-cookbook's two basic recipes (tests/tinker/cookbook.py, from the venv
+//! `bash scripts/tinker.sh cookbook` makes).
 //! Served: the built-in multiply model, from the cache the README's default run and the
 //! vLLM tests build it into (`~/.cache/rlhost`).
 
@@ -14,6 +16,8 @@ use std::process::Child;
 struct Server {
     child: Child,
     url: String,
+    /// The served model's directory (its tokenizer), from the ready line.
+    dir: PathBuf,
 }
 
 impl Drop for Server {
@@ -26,7 +30,7 @@ impl Drop for Server {
 /// How long the server holds a poll here: short, so that a step outlives several.
 const POLL_MS: &str = "1000";
 
-fn start(checkpoints: &std::path::Path) -> Server {
+fn start(checkpoints: &std::path::Path, extra: &[&str]) -> Server {
     let mut cmd = TestCommand::new(&[
         "serve",
         "--tinker",
@@ -36,6 +40,9 @@ fn start(checkpoints: &std::path::Path) -> Server {
     ])
     .arg(checkpoints)
     .env("RLHOST_TINKER_POLL_MS", POLL_MS);
+    for a in extra {
+        cmd = cmd.arg(a);
+    }
     // The built-in model where the default run keeps it (built there once, if missing).
     if let Some(home) = std::env::var_os("HOME") {
         cmd = cmd.env(
@@ -62,19 +69,25 @@ fn start(checkpoints: &std::path::Path) -> Server {
         .find(|w| w.starts_with("http://"))
         .expect("the ready line names its URL")
         .to_string();
-    Server { child, url }
+    // `rlhost serve --tinker: DIR as base model ...`
+    let dir = line
+        .split_once("--tinker: ")
+        .and_then(|(_, rest)| rest.split_once(" as base model"))
+        .map(|(dir, _)| PathBuf::from(dir))
+        .expect("the ready line names the model's directory");
+    Server { child, url, dir }
 }
 
-/// The SDK's python, or `None` (skipped).
-fn tinker_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("RLHOST_TINKER_VENV")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlhost/tinker-venv"))
-        })?;
+/// A venv's python that can `import` what `imports` names, or `None` (skipped; a failure
+/// under RLHOST_REQUIRE_TINKER=1). `var` overrides the venv, `default` is under ~/.cache/rlhost,
+/// `install` is the scripts/tinker.sh command that makes it.
+fn venv_python(var: &str, default: &str, imports: &str, install: &str) -> Option<PathBuf> {
+    let venv = std::env::var_os(var).map(PathBuf::from).or_else(|| {
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlhost").join(default))
+    })?;
     let python = venv.join("bin/python");
     let ok = std::process::Command::new(&python)
-        .args(["-c", "import tinker, jinja2"])
+        .args(["-c", &format!("import {imports}")])
         .output()
         .is_ok_and(|o| o.status.success());
     if ok {
@@ -82,11 +95,21 @@ fn tinker_python() -> Option<PathBuf> {
     }
     assert!(
         std::env::var("RLHOST_REQUIRE_TINKER").as_deref() != Ok("1"),
-        "RLHOST_REQUIRE_TINKER=1 but no tinker SDK in {}: run `bash scripts/tinker.sh install`",
+        "RLHOST_REQUIRE_TINKER=1 but `import {imports}` fails in {}: run `bash scripts/tinker.sh {install}`",
         venv.display()
     );
-    eprintln!("skipped: no tinker SDK (bash scripts/tinker.sh install)");
+    eprintln!("skipped: `import {imports}` fails (bash scripts/tinker.sh {install})");
     None
+}
+
+/// The SDK's python, or `None` (skipped).
+fn tinker_python() -> Option<PathBuf> {
+    venv_python(
+        "RLHOST_TINKER_VENV",
+        "tinker-venv",
+        "tinker, jinja2",
+        "install",
+    )
 }
 
 /// Every check of tests/tinker/client.py passes with the official SDK.
@@ -96,7 +119,7 @@ fn the_official_tinker_sdk_drives_the_server() {
         return;
     };
     let dir = temp_dir("tinker-sdk");
-    let server = start(&dir.join("checkpoints"));
+    let server = start(&dir.join("checkpoints"), &[]);
     let out = std::process::Command::new(&python)
         .arg(repo_root().join("tests/tinker/client.py"))
         .arg(&server.url)
@@ -139,12 +162,57 @@ fn the_official_tinker_sdk_drives_the_server() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// tinker-cookbook's `recipes/sl_basic.py` and `recipes/rl_basic.py` run against the server
+/// with their own `main` (tests/tinker/cookbook.py says what was swapped: local data, the
+/// built-in task as an environment). The built-in model is served under the Hub name the
+/// recipes take their renderer from; sl_basic drives the held-out loss down and rl_basic
+/// raises the task's held-out accuracy.
+#[test]
+fn tinker_cookbooks_basic_recipes_run_against_the_server() {
+    let Some(python) = venv_python(
+        "RLHOST_COOKBOOK_VENV",
+        "cookbook-venv",
+        "tinker_cookbook.recipes.sl_basic, tinker_cookbook.recipes.rl_basic",
+        "cookbook",
+    ) else {
+        return;
+    };
+    let dir = temp_dir("tinker-cookbook");
+    let server = start(
+        &dir.join("checkpoints"),
+        &["--served-model-name", "Qwen/Qwen3-4B-Instruct-2507"],
+    );
+    let out = std::process::Command::new(&python)
+        .arg(repo_root().join("tests/tinker/cookbook.py"))
+        .arg(&server.url)
+        .arg(&server.dir)
+        .arg(dir.join("runs"))
+        .env("TINKER_TELEMETRY", "0")
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("run cookbook.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("ok: sl") && stdout.contains("ok: rl"),
+        "cookbook.py failed:\n{stdout}\n{stderr}"
+    );
+    for line in stdout.lines().filter(|l| l.starts_with("measured:")) {
+        eprintln!("{line}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The server refuses what it cannot serve before it loads anything.
 #[test]
 fn serve_tinker_refuses_the_gateways_options() {
     let ran = TestCommand::new(&["serve", "--tinker", "--record", "x.jsonl"]).run();
     assert_eq!(ran.code, Some(1), "{}", ran.stderr);
     assert!(ran.stderr.contains("--record"), "{}", ran.stderr);
+    let ran = TestCommand::new(&["serve", "--tinker", "--served-model-name", " "]).run();
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--served-model-name"), "{}", ran.stderr);
     let ran = TestCommand::new(&["serve", "--checkpoints", "x"]).run();
     assert_eq!(ran.code, Some(2), "{}", ran.stderr);
     assert!(ran.stderr.contains("--tinker"), "{}", ran.stderr);

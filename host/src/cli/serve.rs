@@ -28,9 +28,13 @@ pub struct ServeArgs {
     /// A PEFT LoRA adapter directory to serve on the model (a checkpoint's `adapter/`).
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// The model id clients name in `model` (`GET /v1/models` lists it).
-    #[arg(long, default_value = "policy")]
-    served_model_name: String,
+    /// The model id clients name in `model` (`GET /v1/models` lists it; default `policy`).
+    /// With --tinker: the base model's name in `get_server_capabilities` (default: the run
+    /// config's model.path, which is still accepted, as is the model's directory). Recipes
+    /// that look a model up by its Hub name (tinker-cookbook's renderers and tokenizers)
+    /// need that name here.
+    #[arg(long)]
+    served_model_name: Option<String>,
     /// Sessions handed out per task by `/rl/tasks/next` (default: the config's
     /// rollout.group_size).
     #[arg(long)]
@@ -53,6 +57,13 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
+    if args
+        .served_model_name
+        .as_deref()
+        .is_some_and(|n| n.trim().is_empty())
+    {
+        anyhow::bail!("--served-model-name must not be empty");
+    }
     if args.tinker {
         return tinker(args, handle, quiet);
     }
@@ -79,8 +90,12 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Finished>();
     let tasks = Tasks::new(dataset, group_size);
+    let served = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| "policy".into());
     let gw = Arc::new(Gateway::new(
-        args.served_model_name.clone(),
+        served.clone(),
         renderer,
         jobs_tx,
         done_tx,
@@ -120,7 +135,7 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     println!(
         "rlhost serve: {} at http://{addr}/v1 (model `{}`)",
         lm.dir.display(),
-        args.served_model_name
+        served
     );
     // A ready line for scripts and tests, flushed before the first request can come.
     std::io::stdout().flush()?;
@@ -152,12 +167,17 @@ fn tinker(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
         &args.source.set,
         handle,
     )?;
-    let name = loaded.config.model.path.display().to_string();
+    let path = loaded.config.model.path.display().to_string();
+    let (name, also) = match args.served_model_name.clone() {
+        Some(name) => (name, vec![path]),
+        None => (path, vec![]),
+    };
     let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
     let dir = setup.lm.dir.clone();
     let serving = crate::tinker::serve(
         setup.lm,
         name.clone(),
+        also,
         args.checkpoints.clone(),
         &args.addr,
         args.max_connections,

@@ -33,11 +33,12 @@ pub struct Serving {
     pub worker: std::thread::JoinHandle<()>,
 }
 
-/// Serves the Tinker API on `addr` with `lm` as the base model named `name`, checkpoints
-/// under `root`.
+/// Serves the Tinker API on `addr` with `lm` as the base model named `name` (also accepted
+/// under the names in `also` and its directory's path), checkpoints under `root`.
 pub fn serve(
     mut lm: LanguageModel,
     name: String,
+    also: Vec<String>,
     root: PathBuf,
     addr: &str,
     max_connections: usize,
@@ -51,7 +52,10 @@ pub fn serve(
     let dir = lm.dir.canonicalize().unwrap_or_else(|_| lm.dir.clone());
     let base = server::Base {
         name: name.clone(),
-        aliases: vec![dir.display().to_string()],
+        aliases: also
+            .into_iter()
+            .chain(std::iter::once(dir.display().to_string()))
+            .collect(),
         arch: format!("{:?}", lm.model.cfg.arch).to_lowercase(),
         tokenizer_dir: dir.display().to_string(),
         vocab: lm.model.cfg.vocab_size,

@@ -1,0 +1,300 @@
+"""Runs tinker-cookbook's two basic recipes against `rlhost serve --tinker` (issue 49, point 4).
+
+Usage: cookbook.py BASE_URL TOKENIZER_DIR LOG_DIR [sl] [rl]   (no names: both)
+
+The server serves the built-in multiply model under a Hub name the cookbook knows
+(`--served-model-name Qwen/Qwen3-4B-Instruct-2507`): the recipes pick their renderer from a
+fixed table of model names, and `qwen3_instruct`'s rendering is the built-in model's chat
+template token for token (checked below). The tokenizer is the served model's own directory,
+registered under that name with the cookbook's `register_tokenizer`, so nothing is fetched.
+
+What runs is the recipes' own code, `recipes/sl_basic.py` and `recipes/rl_basic.py`: their
+`build_config_blueprint` and `main`, which drive the cookbook's `supervised.train` and
+`rl.train` loops. Changed through the blueprint, as a user of the recipe would:
+- sl_basic: the dataset is the cookbook's own `example_data/conversations.jsonl` through
+  `FromConversationFileBuilder` (the swap the recipe's comment shows; No Robots is a Hub
+  download), with 16 conversations held out; batch, epochs and learning rate fit a small model.
+- rl_basic: the dataset is the built-in multiply task written as a cookbook environment
+  (`MultiplyEnv` below; GSM8K is a Hub download and beyond a model of this size): the model's
+  turn runs to a calculator call, the calculator's result is appended, and the turn goes on.
+Each check reads the metrics the recipe logged (`metrics.jsonl`) and prints `measured:` lines.
+"""
+
+import asyncio
+import json
+import os
+import random
+import re
+import sys
+from pathlib import Path
+
+BASE_URL, TOKENIZER_DIR, LOG_DIR = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+WANTED = sys.argv[4:] or ["sl", "rl"]
+
+os.environ.setdefault("TINKER_API_KEY", "tml-rlhost-local")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TINKER_COOKBOOK_RUNS_DIR", str(LOG_DIR))
+
+import chz  # noqa: E402
+import tinker  # noqa: E402
+from tinker_cookbook import renderers, tokenizer_utils  # noqa: E402
+from tinker_cookbook.utils import cost_estimation  # noqa: E402
+from tinker_cookbook.rl.types import (  # noqa: E402
+    Env,
+    EnvGroupBuilder,
+    RLDataset,
+    RLDatasetBuilder,
+    StepResult,
+)
+
+# The Hub name the recipes look the renderer up by; the server serves the built-in model under it.
+MODEL = "Qwen/Qwen3-4B-Instruct-2507"
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+
+
+tokenizer_utils.register_tokenizer(MODEL, _tokenizer)
+
+# The loops price their tokens from the hosted service's price list, fetched once from its
+# docs site; a local server has no prices, and this machine reaches no such site. Marked as
+# fetched-and-missing, which is the state a failed fetch leaves (the loops then log token
+# counts only), so that no request leaves the machine.
+cost_estimation._pricing_fetched = True
+
+
+def metrics(log):
+    path = log / "metrics.jsonl"
+    assert path.exists(), f"the recipe wrote no {path}"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(rows, key):
+    return [(r["step"], r[key]) for r in rows if key in r]
+
+
+def check_renderer():
+    """The recipes' renderer for MODEL renders exactly the built-in model's chat template."""
+    from tinker_cookbook import model_info
+
+    name = model_info.get_recommended_renderer_name(MODEL)
+    tok = tokenizer_utils.get_tokenizer(MODEL)
+    renderer = renderers.get_renderer(name, tok)
+    convo = [{"role": "user", "content": "What is 123 * 45?"}]
+    ours = renderer.build_generation_prompt(convo).to_ints()
+    template = tok.encode(
+        tok.apply_chat_template(convo, add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )
+    assert ours == template, (name, tok.decode(ours), tok.decode(template))
+    print(f"measured: renderer {name} renders the served model's chat template token for token")
+
+
+# --- sl_basic -------------------------------------------------------------------------------
+
+
+def supervised():
+    import tinker_cookbook
+    from tinker_cookbook.recipes import sl_basic
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    log = LOG_DIR / "sl_basic"
+    blueprint = sl_basic.build_config_blueprint(MODEL)
+    renderer_name = blueprint.make().renderer_name
+    data = FromConversationFileBuilder(
+        common_config=ChatDatasetBuilderCommonConfig(
+            model_name_for_tokenizer=MODEL,
+            renderer_name=renderer_name,
+            max_length=1024,
+            batch_size=16,
+            train_on_what=renderers.TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+        ),
+        file_path=str(Path(tinker_cookbook.__file__).parent / "example_data/conversations.jsonl"),
+        test_size=16,
+    )
+    config = blueprint.apply(
+        {
+            "base_url": BASE_URL,
+            "log_path": str(log),
+            "dataset_builder": data,
+            "learning_rate": 2e-3,
+            "lora_rank": 16,
+            "num_epochs": 3,
+            "eval_every": 7,
+            "save_every": 0,
+        }
+    ).make()
+    sl_basic.main(config)
+
+    rows = metrics(log)
+    train = series(rows, "train_mean_nll")
+    test = series(rows, "test/nll")
+    assert train and test, f"no train_mean_nll or test/nll in {log}/metrics.jsonl: {rows[:2]}"
+    first, last = train[0][1], sum(v for _, v in train[-3:]) / 3
+    print(
+        f"measured: sl_basic {len(train)} steps; train NLL per token {first:.2f} (step {train[0][0]}) -> "
+        f"{last:.2f} (mean of the last 3); held-out NLL {test[0][1]:.2f} (step {test[0][0]}) -> "
+        f"{test[-1][1]:.2f} (step {test[-1][0]})"
+    )
+    assert last < 0.7 * first, train
+    assert test[-1][1] < 0.8 * test[0][1], test
+    final = [json.loads(x) for x in (log / "checkpoints.jsonl").read_text().splitlines()]
+    assert any(c.get("name") == "final" for c in final), final
+
+
+# --- rl_basic on the built-in task -----------------------------------------------------------
+
+
+def answer_of(text):
+    found = re.findall(r"<answer>\s*(-?\d+)\s*</answer>", text)
+    return int(found[-1]) if found else None
+
+
+class MultiplyEnv(Env):
+    """The built-in multiply task as a cookbook environment: the model's turn up to a
+    calculator call (`</calc>`) or its end; a call gets `<result>a*b</result>` appended (as
+    rlhost's trigger does) and the turn goes on. Reward: 1 for the right `<answer>`, 0.1 for
+    an answer in the format (the task's own)."""
+
+    def __init__(self, renderer, a, b):
+        self.renderer, self.a, self.b = renderer, a, b
+        self.tokens = []
+        self.text = ""
+        self.eos = renderer.get_stop_sequences()
+
+    async def initial_observation(self):
+        prompt = self.renderer.build_generation_prompt(
+            [{"role": "user", "content": f"What is {self.a} * {self.b}?"}]
+        )
+        self.tokens = prompt.to_ints()
+        return prompt, ["</calc>", "<|im_end|>"]
+
+    async def step(self, action, *, extra=None):
+        tok = self.renderer.tokenizer
+        self.tokens = self.tokens + list(action)
+        self.text += tok.decode(list(action))
+        if self.text.endswith("</calc>") and len(self.tokens) < 150:
+            result = tok.encode(f"<result>{self.a * self.b}</result>", add_special_tokens=False)
+            self.tokens += result
+            self.text += tok.decode(result)
+            return StepResult(
+                reward=0.0,
+                episode_done=False,
+                next_observation=tinker.ModelInput.from_ints(self.tokens),
+                next_stop_condition=self.eos,
+            )
+        given = answer_of(self.text)
+        correct = float(given == self.a * self.b)
+        return StepResult(
+            reward=correct + (0.1 if given is not None else 0.0),
+            episode_done=True,
+            next_observation=tinker.ModelInput.empty(),
+            next_stop_condition=self.eos,
+            metrics={"correct": correct, "format": float(given is not None)},
+        )
+
+
+class MultiplyGroup(EnvGroupBuilder):
+    def __init__(self, renderer, a, b, n):
+        self.renderer, self.a, self.b, self.n = renderer, a, b, n
+
+    async def make_envs(self):
+        return [MultiplyEnv(self.renderer, self.a, self.b) for _ in range(self.n)]
+
+    def logging_tags(self):
+        return ["multiply"]
+
+
+class MultiplyDataset(RLDataset):
+    def __init__(self, renderer, problems, batch_size, group_size):
+        self.renderer, self.problems = renderer, problems
+        self.batch_size, self.group_size = batch_size, group_size
+
+    def get_batch(self, index):
+        chunk = self.problems[index * self.batch_size : (index + 1) * self.batch_size]
+        return [MultiplyGroup(self.renderer, a, b, self.group_size) for a, b in chunk]
+
+    def __len__(self):
+        return len(self.problems) // self.batch_size
+
+
+@chz.chz
+class MultiplyDatasetBuilder(RLDatasetBuilder):
+    """Problems drawn as the built-in task draws them: three digits times two."""
+
+    batch_size: int
+    group_size: int
+    renderer_name: str
+    model_name_for_tokenizer: str
+    steps: int
+    held_out: int = 48
+    seed: int = 7
+
+    async def __call__(self):
+        renderer = renderers.get_renderer(
+            self.renderer_name, tokenizer_utils.get_tokenizer(self.model_name_for_tokenizer)
+        )
+        rng = random.Random(self.seed)
+        draw = lambda n: [(rng.randint(100, 999), rng.randint(10, 99)) for _ in range(n)]  # noqa: E731
+        test = draw(self.held_out)
+        train = draw(self.steps * self.batch_size)
+        return (
+            MultiplyDataset(renderer, train, self.batch_size, self.group_size),
+            MultiplyDataset(renderer, test, self.held_out, 1),
+        )
+
+
+def reinforcement():
+    from tinker_cookbook.recipes import rl_basic
+
+    log = LOG_DIR / "rl_basic"
+    blueprint = rl_basic.build_config_blueprint(MODEL)
+    renderer_name = blueprint.make().renderer_name
+    steps = 12
+    config = blueprint.apply(
+        {
+            "base_url": BASE_URL,
+            "log_path": str(log),
+            "dataset_builder": MultiplyDatasetBuilder(
+                batch_size=8,
+                group_size=8,
+                renderer_name=renderer_name,
+                model_name_for_tokenizer=MODEL,
+                steps=steps,
+            ),
+            "learning_rate": 2e-3,
+            "lora_rank": 16,
+            "max_tokens": 40,
+            "eval_every": steps,
+            "save_every": 0,
+        }
+    ).make()
+    rl_basic.main(config)
+
+    rows = metrics(log)
+    reward = series(rows, "env/all/reward/total")
+    test = series(rows, "test/env/all/correct")
+    assert len(reward) == steps and len(test) >= 2, (reward, test)
+    early = sum(v for _, v in reward[:2]) / 2
+    late = sum(v for _, v in reward[-2:]) / 2
+    print(
+        f"measured: rl_basic {steps} steps of 8 x 8; mean reward {early:.2f} (steps 1-2) -> {late:.2f} "
+        f"(steps {steps - 1}-{steps}); held-out accuracy (48 problems, temperature 1) "
+        f"{test[0][1]:.0%} (step {test[0][0]}) -> {test[-1][1]:.0%} (step {test[-1][0]})"
+    )
+    assert late >= early + 0.1, reward
+    assert test[-1][1] >= test[0][1] + 0.15, test
+
+
+RECIPES = {"sl": supervised, "rl": reinforcement}
+
+check_renderer()
+for name in WANTED:
+    print(f"--- {name}", flush=True)
+    RECIPES[name]()
+    print(f"ok: {name}", flush=True)
