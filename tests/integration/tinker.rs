@@ -166,7 +166,8 @@ fn the_official_tinker_sdk_drives_the_server() {
 /// with their own `main` (tests/tinker/cookbook.py says what was swapped: local data, the
 /// built-in task as an environment). The built-in model is served under the Hub name the
 /// recipes take their renderer from; sl_basic drives the held-out loss down and rl_basic
-/// raises the task's held-out accuracy.
+/// raises the task's held-out accuracy. The same venv has torch, so the SDK's
+/// `forward_backward_custom` is checked there too.
 #[test]
 fn tinker_cookbooks_basic_recipes_run_against_the_server() {
     let Some(python) = venv_python(
@@ -194,7 +195,10 @@ fn tinker_cookbooks_basic_recipes_run_against_the_server() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success() && stdout.contains("ok: sl") && stdout.contains("ok: rl"),
+        out.status.success()
+            && ["ok: sl", "ok: rl", "ok: custom"]
+                .iter()
+                .all(|ok| stdout.contains(ok)),
         "cookbook.py failed:\n{stdout}\n{stderr}"
     );
     for line in stdout.lines().filter(|l| l.starts_with("measured:")) {

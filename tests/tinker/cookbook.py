@@ -1,6 +1,6 @@
 """Runs tinker-cookbook's two basic recipes against `rlhost serve --tinker` (issue 49, point 4).
 
-Usage: cookbook.py BASE_URL TOKENIZER_DIR LOG_DIR [sl] [rl]   (no names: both)
+Usage: cookbook.py BASE_URL TOKENIZER_DIR LOG_DIR [sl] [rl] [custom]   (no names: all three)
 
 The server serves the built-in multiply model under a Hub name the cookbook knows
 (`--served-model-name Qwen/Qwen3-4B-Instruct-2507`): the recipes pick their renderer from a
@@ -18,6 +18,8 @@ What runs is the recipes' own code, `recipes/sl_basic.py` and `recipes/rl_basic.
   (`MultiplyEnv` below; GSM8K is a Hub download and beyond a model of this size): the model's
   turn runs to a calculator call, the calculator's result is appended, and the turn goes on.
 Each check reads the metrics the recipe logged (`metrics.jsonl`) and prints `measured:` lines.
+A third check, `custom`, is the SDK's `forward_backward_custom`, which needs torch on the
+client: this venv is the one that has it.
 """
 
 import asyncio
@@ -29,7 +31,7 @@ import sys
 from pathlib import Path
 
 BASE_URL, TOKENIZER_DIR, LOG_DIR = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-WANTED = sys.argv[4:] or ["sl", "rl"]
+WANTED = sys.argv[4:] or ["sl", "rl", "custom"]
 
 os.environ.setdefault("TINKER_API_KEY", "tml-rlhost-local")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -291,7 +293,88 @@ def reinforcement():
     assert test[-1][1] >= test[0][1] + 0.15, test
 
 
-RECIPES = {"sl": supervised, "rl": reinforcement}
+# --- the SDK's forward_backward_custom (it needs torch, which this venv has) -------------------
+
+
+def custom():
+    """`forward_backward_custom` runs the loss in torch on the client over `forward`'s
+    log-probs and sends `-dC/dlogprobs` as real-valued `cross_entropy` weights. Checked: a
+    custom loss equal to cross-entropy moves the weights exactly as the built-in one does
+    (two clients from one saved state), and a DPO-style loss raises its preference margin."""
+    import torch
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=BASE_URL)
+    tok = tokenizer_utils.get_tokenizer(MODEL)
+
+    def datum(prompt, answer):
+        p = tok.encode(prompt, add_special_tokens=False)
+        a = tok.encode(answer, add_special_tokens=False)
+        seq = p + a
+        return types.Datum(
+            model_input=types.ModelInput.from_ints(seq[:-1]),
+            loss_fn_inputs={
+                "target_tokens": seq[1:],
+                "weights": [0.0] * (len(p) - 1) + [1.0] * len(a),
+            },
+        )
+
+    data = [datum(f"Q: {a}+{b}=", f" {a + b}.") for a, b in [(3, 4), (10, 20), (7, 8)]]
+    adam = types.AdamParams(learning_rate=1e-2)
+
+    # Twins from one state: the same adapter weights and (empty) optimizer state.
+    seed = service.create_lora_training_client(base_model=MODEL, rank=8).result()
+    state = seed.save_state("custom-twin").result().path
+    builtin = service.create_training_client_from_state(state).result()
+    ours = service.create_training_client_from_state(state).result()
+
+    def ce(batch, logprobs):
+        loss = sum(
+            -(torch.tensor(d.loss_fn_inputs["weights"].tolist()) * lp).sum()
+            for d, lp in zip(batch, logprobs, strict=True)
+        )
+        return loss, {"ce": loss.item()}
+
+    losses = []
+    for _ in range(3):
+        a = builtin.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
+        losses.append(a)
+        b = ours.forward_backward_custom(data, ce).result().metrics["ce"]
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), (a, b)
+        builtin.optim_step(adam).result()
+        ours.optim_step(adam).result()
+    after = [builtin.forward(data, "cross_entropy").result(), ours.forward(data, "cross_entropy").result()]
+    gap = max(
+        abs(x - y)
+        for o1, o2 in zip(after[0].loss_fn_outputs, after[1].loss_fn_outputs)
+        for x, y in zip(o1["logprobs"].tolist(), o2["logprobs"].tolist())
+    )
+    last = after[0].metrics["loss:sum"]
+    print(
+        f"measured: custom cross-entropy vs built-in, 3 steps (loss {losses[0]:.1f} -> {last:.1f}): "
+        f"largest log-prob gap {gap:.1e}"
+    )
+    assert gap < 1e-4, gap
+    assert last < 0.8 * losses[0], (losses, last)
+
+    # DPO-style: the chosen answer over the rejected one, -log sigmoid(beta * margin).
+    chosen, rejected = datum("Q: 6*7=", " 42."), datum("Q: 6*7=", " 13.")
+
+    def dpo(batch, logprobs):
+        w = [torch.tensor(d.loss_fn_inputs["weights"].tolist()) for d in batch]
+        margin = (w[0] * logprobs[0]).sum() - (w[1] * logprobs[1]).sum()
+        return -torch.nn.functional.logsigmoid(0.5 * margin), {"margin": margin.item()}
+
+    tc = service.create_lora_training_client(base_model=MODEL, rank=8).result()
+    margins = []
+    for _ in range(8):
+        margins.append(tc.forward_backward_custom([chosen, rejected], dpo).result().metrics["margin"])
+        tc.optim_step(adam).result()
+    print(f"measured: DPO-style custom loss, preference margin {margins[0]:.2f} -> {margins[-1]:.2f} in 8 steps")
+    assert margins[-1] > margins[0] + 1.0, margins
+
+
+RECIPES = {"sl": supervised, "rl": reinforcement, "custom": custom}
 
 check_renderer()
 for name in WANTED:
