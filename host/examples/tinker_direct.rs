@@ -11,9 +11,9 @@
 
 use anyhow::{Context, Result};
 use rlhost::model::generate::Completion;
-use rlhost::model::generate::generate;
 use rlhost::model::placement::{DTypeChoice, DeviceChoice};
 use rlhost::model::sample::SamplingParams;
+use rlhost::model::sampler::generate;
 use rlhost::model::sampler::{Request, Sampler, Sink, Token};
 use rlhost::model::{LanguageModel, Mode, Placement};
 use rlhost::rl::optim::AdamWConfig;

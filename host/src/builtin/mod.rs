@@ -21,8 +21,8 @@ mod traces;
 
 use crate::data::{Cursor, Dataset};
 use crate::model::chat::ChatTemplate;
-use crate::model::generate::generate;
 use crate::model::sample::SamplingParams;
+use crate::model::sampler::generate;
 use crate::model::{LanguageModel, LoraConfig, Mode, Placement, peft};
 use crate::rl::sft::{SftRow, SftSchedule, train};
 use crate::rollout::ToolSpec;

@@ -1,8 +1,9 @@
 //! `rlhost generate`: sample from a model directory (optionally with an adapter), raw or
 //! through the chat template, showing per-token log-probs on request.
 
-use crate::model::generate::{Finish, generate};
+use crate::model::generate::Finish;
 use crate::model::placement::{DTypeChoice, DeviceChoice, Placement};
+use crate::model::sampler::generate;
 use crate::model::{LanguageModel, Mode, peft};
 use anyhow::{Context, Result};
 use clap::Args;

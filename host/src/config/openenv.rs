@@ -145,11 +145,11 @@ impl OpenEnvSection {
                 "url is empty: name the server, e.g. url = \"http://127.0.0.1:8000\"".into(),
             );
         }
-        crate::openenv::client::Endpoint::parse(&self.url).map_err(|e| format!("url: {e}"))?;
+        crate::openenv::endpoint::Endpoint::parse(&self.url).map_err(|e| format!("url: {e}"))?;
         if self.allow.is_empty() {
             return Err(format!(
                 "allow is empty: the run connects only where it is granted; add allow = [\"{}\"]",
-                crate::openenv::client::Endpoint::parse(&self.url)
+                crate::openenv::endpoint::Endpoint::parse(&self.url)
                     .map(|e| e.grant())
                     .unwrap_or_default()
             ));

@@ -452,8 +452,8 @@ pub fn target_logprobs(
 mod tests {
     use super::*;
     use crate::model::fixtures::{self, MODELS, Reference, masked_max_diff};
-    use crate::model::generate::generate;
     use crate::model::sample::SamplingParams;
+    use crate::model::sampler::generate;
     use crate::model::tokenizer::Tokenizer;
     use crate::model::{Mode, peft};
 

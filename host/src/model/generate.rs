@@ -16,13 +16,11 @@ use super::device_sample::{Draw, draw_rows};
 use super::kv_cache::KvCache;
 use super::lora::Mode;
 use super::sample::{SamplingParams, sample};
-use super::sampler::{Collect, Request, Sampler};
-use super::tokenizer::{IncrementalDecoder, Tokenizer};
+use super::tokenizer::IncrementalDecoder;
 use anyhow::Result;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use std::sync::Mutex;
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, PartialEq)]
@@ -290,7 +288,8 @@ pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
     Ok(())
 }
 
-/// What [`generate`] returns per sample.
+/// What [`generate`](super::sampler::generate) returns per sample, and the sampler per finished
+/// choice.
 #[derive(Debug, Clone)]
 pub struct Completion {
     pub tokens: Vec<u32>,
@@ -298,60 +297,6 @@ pub struct Completion {
     /// Decoded completion (special tokens kept; cut after a stop string).
     pub text: String,
     pub finish: Finish,
-}
-
-/// Samples `n` completions for each prompt: every prompt is prefilled once (all prompts in
-/// one packed forward) and its cache shared by its `n` samples; then all samples decode
-/// together until each stops. Sample `j` of prompt `i` draws from a generator seeded by
-/// `(params.seed, i, j)` only.
-pub fn generate(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    prompts: &[Vec<u32>],
-    n: usize,
-    params: &SamplingParams,
-    mode: Mode,
-) -> Result<Vec<Vec<Completion>>> {
-    params.validate()?;
-    if let Some(i) = prompts.iter().position(Vec::is_empty) {
-        anyhow::bail!("prompt {i} is empty");
-    }
-    let outs: Vec<Mutex<Vec<Option<Completion>>>> =
-        prompts.iter().map(|_| Mutex::new(vec![None; n])).collect();
-    let failed = Mutex::new(None);
-    let mut sampler = Sampler::new(model, tokenizer, mode);
-    for (i, prompt) in prompts.iter().enumerate() {
-        let request = Request {
-            prompt: prompt.clone(),
-            n,
-            params: params.clone(),
-            index: i,
-            top_logprobs: 0,
-            adapter: None,
-        };
-        let sink = Collect {
-            out: &outs[i],
-            failed: &failed,
-        };
-        sampler.admit(request, Box::new(sink));
-    }
-    while !sampler.is_empty() {
-        sampler.step()?;
-    }
-    drop(sampler);
-    if let Some(why) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        anyhow::bail!("{why}");
-    }
-    Ok(outs
-        .into_iter()
-        .map(|out| {
-            out.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .into_iter()
-                .map(|c| c.expect("every choice of a request that did not fail is done"))
-                .collect()
-        })
-        .collect())
 }
 
 pub(crate) fn stop_check(
@@ -403,6 +348,8 @@ pub fn sample_seed(seed: u64, prompt: usize, sample: usize) -> u64 {
 mod tests {
     use super::*;
     use crate::model::fixtures::{self, Reference};
+    use crate::model::sampler::generate;
+    use crate::model::tokenizer::Tokenizer;
 
     fn setup() -> (Model, Tokenizer) {
         let dir = fixtures::model_dir("qwen2");

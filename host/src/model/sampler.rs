@@ -6,7 +6,7 @@
 //! next step: a client that hangs up costs nothing more).
 //!
 //! It is the sampler behind the gateway (`gateway/serve.rs`, requests from many HTTP
-//! sessions) and behind [`generate`](super::generate::generate), which admits its prompts
+//! sessions) and behind [`generate`](generate), which admits its prompts
 //! at once and steps until they are done. Choice `j` of a request draws from a generator
 //! seeded by `(params.seed, request.index, j)` only, so its tokens do not depend on what
 //! else is in the batch.
@@ -19,7 +19,7 @@ use super::lora::{AdapterSnapshot, Mode};
 use super::sample::SamplingParams;
 use super::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// What to sample.
 #[derive(Debug, Clone)]
@@ -282,7 +282,61 @@ impl<'t> Sampler<'t> {
     }
 }
 
-/// A finished choice as [`generate`](super::generate::generate) returns it.
+/// Samples `n` completions for each prompt: every prompt is prefilled once (all prompts in
+/// one packed forward) and its cache shared by its `n` samples; then all samples decode
+/// together until each stops. Sample `j` of prompt `i` draws from a generator seeded by
+/// `(params.seed, i, j)` only.
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    prompts: &[Vec<u32>],
+    n: usize,
+    params: &SamplingParams,
+    mode: Mode,
+) -> Result<Vec<Vec<Completion>>> {
+    params.validate()?;
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        anyhow::bail!("prompt {i} is empty");
+    }
+    let outs: Vec<Mutex<Vec<Option<Completion>>>> =
+        prompts.iter().map(|_| Mutex::new(vec![None; n])).collect();
+    let failed = Mutex::new(None);
+    let mut sampler = Sampler::new(model, tokenizer, mode);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let request = Request {
+            prompt: prompt.clone(),
+            n,
+            params: params.clone(),
+            index: i,
+            top_logprobs: 0,
+            adapter: None,
+        };
+        let sink = Collect {
+            out: &outs[i],
+            failed: &failed,
+        };
+        sampler.admit(request, Box::new(sink));
+    }
+    while !sampler.is_empty() {
+        sampler.step()?;
+    }
+    drop(sampler);
+    if let Some(why) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        anyhow::bail!("{why}");
+    }
+    Ok(outs
+        .into_iter()
+        .map(|out| {
+            out.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .into_iter()
+                .map(|c| c.expect("every choice of a request that did not fail is done"))
+                .collect()
+        })
+        .collect())
+}
+
+/// A finished choice as [`generate`](generate) returns it.
 pub(crate) fn completion_of(seq: &Sequence, dec: &IncrementalDecoder) -> Completion {
     let mut text = dec.text().to_string();
     if let Some(Finish::StopString(stop)) = &seq.finish
@@ -298,7 +352,7 @@ pub(crate) fn completion_of(seq: &Sequence, dec: &IncrementalDecoder) -> Complet
     }
 }
 
-/// A sink that keeps finished choices in order (for [`generate`](super::generate::generate)).
+/// A sink that keeps finished choices in order (for [`generate`](generate)).
 pub(crate) struct Collect<'a> {
     pub out: &'a std::sync::Mutex<Vec<Option<Completion>>>,
     pub failed: &'a std::sync::Mutex<Option<String>>,
@@ -325,7 +379,7 @@ mod tests {
     use super::*;
     use crate::model::Model;
     use crate::model::fixtures;
-    use crate::model::generate::generate;
+    use crate::model::sampler::generate;
     use std::sync::Mutex;
 
     /// Tokens, finished choices and the failure a sink saw.

@@ -114,6 +114,19 @@ impl tokio::io::AsyncWrite for CappedPipe {
     }
 }
 
+/// Cuts `s` to at most `max` bytes at a character boundary, marking the cut with `…`
+/// (a plugin's fault message or note, kept readable in logs and the status page).
+pub(super) fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

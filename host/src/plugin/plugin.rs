@@ -10,6 +10,7 @@ use super::fault::{Fault, FaultCounts, FaultKind};
 use super::http::HttpGate;
 use super::inspect::{LoadError, Shape, role_list};
 use super::model::{GenerateCounts, ModelAccess, ModelLink, ModelServer};
+use super::output::truncate_utf8;
 use super::sandbox::{EPOCH_TICK, Grants, Limits, StoreState};
 use super::types::{PluginInfo, Role};
 use anyhow::{Context, Result};
@@ -419,15 +420,4 @@ impl Inner {
 /// Epoch ticks covering `d` (at least one).
 fn ticks(d: std::time::Duration) -> u64 {
     (d.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64).max(1)
-}
-
-pub(super) fn truncate_utf8(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
 }

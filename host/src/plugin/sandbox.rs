@@ -368,7 +368,7 @@ impl StoreState {
         }
         if level <= tracing::Level::WARN && self.note.is_none() {
             let mut note = message.to_string();
-            super::plugin::truncate_utf8(&mut note, MAX_NOTE_BYTES);
+            super::output::truncate_utf8(&mut note, MAX_NOTE_BYTES);
             self.note = Some(note);
         }
         self.logged += message.len();

@@ -309,6 +309,26 @@ fn named(pairs: &[(String, Var, Var)]) -> Vec<(String, Var)> {
         .collect()
 }
 
+/// Log-probs `[B, T]` of `targets` from hidden states `[B, T, H]`: through the model's
+/// chunked head, or, where `set` has an output head adapter, from the whole logits with
+/// its delta added (`log_softmax(h Wᵀ + s (h Aᵀ) Bᵀ)`, gradients to A and B).
+pub(crate) fn target_logprobs(
+    model: &Model,
+    hidden: &Tensor,
+    targets: &Tensor,
+    set: Option<&AdapterSnapshot>,
+) -> Result<Tensor> {
+    Ok(match set.and_then(|s| s.head()) {
+        None => model.logprobs(hidden, targets)?.0,
+        Some((a, b, s)) => {
+            let logits =
+                (model.logits(hidden)? + crate::model::compute::head_delta(hidden, a, b, s)?)?;
+            let logz = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+            logz.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -112,7 +112,7 @@ pub fn score(
     let pos = Tensor::arange(0u32, (n - 1) as u32, device)?.unsqueeze(0)?;
     let targets = Tensor::new(&prompt[1..], device)?.unsqueeze(0)?;
     let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
-    let lp = super::worker::target_logprobs(model, &hidden, &targets, mode.adapter)?;
+    let lp = super::adapter::target_logprobs(model, &hidden, &targets, mode.adapter)?;
     let lp = lp.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     s.logprobs[1..].copy_from_slice(&lp);
     if !ask.whole() {

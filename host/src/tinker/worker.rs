@@ -575,7 +575,7 @@ pub fn forward_backward(
         };
         let (ids, mask, pos, targets) = padded(batch, &device)?;
         let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
-        let lp = target_logprobs(model, &hidden, &targets, Some(adapter.live()))?;
+        let lp = super::adapter::target_logprobs(model, &hidden, &targets, Some(adapter.live()))?;
         let mut sum: Option<Tensor> = None;
         for (i, row) in batch.iter().enumerate() {
             let n = row.tokens.len();
@@ -631,26 +631,6 @@ pub fn forward_backward(
 
 /// Logits a forward/backward micro-batch holds at most with an output head adapter.
 pub const HEAD_LOGITS: usize = 1 << 25;
-
-/// Log-probs `[B, T]` of `targets` from hidden states `[B, T, H]`: through the model's
-/// chunked head, or, where `set` has an output head adapter, from the whole logits with
-/// its delta added (`log_softmax(h Wᵀ + s (h Aᵀ) Bᵀ)`, gradients to A and B).
-pub(crate) fn target_logprobs(
-    model: &crate::model::Model,
-    hidden: &Tensor,
-    targets: &Tensor,
-    set: Option<&AdapterSnapshot>,
-) -> Result<Tensor> {
-    Ok(match set.and_then(|s| s.head()) {
-        None => model.logprobs(hidden, targets)?.0,
-        Some((a, b, s)) => {
-            let logits =
-                (model.logits(hidden)? + crate::model::compute::head_delta(hidden, a, b, s)?)?;
-            let logz = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
-            logz.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?
-        }
-    })
-}
 
 /// Consecutive runs of rows whose padded size (rows × longest) stays within `budget`
 /// tokens (a longer row runs alone).
