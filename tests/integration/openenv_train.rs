@@ -68,7 +68,7 @@ impl Drop for PyServer {
 }
 
 fn section(url: &str) -> OpenEnvSection {
-    let grant = rlhost::openenv::client::Endpoint::parse(url)
+    let grant = rlhost::openenv::endpoint::Endpoint::parse(url)
         .unwrap()
         .grant();
     OpenEnvSection {
@@ -371,7 +371,7 @@ fn a_model_learns_to_call_an_openenv_mcp_environment() {
         "dates_env",
         &[],
     );
-    let grant = rlhost::openenv::client::Endpoint::parse(&server.url)
+    let grant = rlhost::openenv::endpoint::Endpoint::parse(&server.url)
         .unwrap()
         .grant();
     let dir = temp_dir("openenv-learn");
