@@ -720,3 +720,207 @@ fn plugins_asking_the_model_are_answered_by_the_server_as_locally() {
         assert_eq!(a["notes"], b["notes"], "the server answered otherwise");
     }
 }
+
+/// POSTs `body` to `url` (with the session `key` as the API key): the status and the JSON
+/// answer, or `None` when nothing answers (the run has ended).
+fn post(url: &str, key: Option<&str>, body: Value) -> Option<(u16, Value)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(120)))
+        .build()
+        .into();
+    let mut req = agent.post(url).header("content-type", "application/json");
+    if let Some(key) = key {
+        req = req.header("authorization", &format!("Bearer {key}"));
+    }
+    let mut resp = req
+        .send(body.to_string())
+        .map_err(|e| eprintln!("POST {url}: {e}"))
+        .ok()?;
+    let status = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| eprintln!("POST {url}: {e}"))
+        .ok()?;
+    Some((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+}
+
+/// A `[gateway]` run with `rollout.engine = "vllm"`: the agents' calls are sampled on the
+/// server by the adapter version of each step (loaded there under a new name), their
+/// token ids and log-probs recorded as the server gave them, and the trainer's log-probs
+/// of those ids agree (the importance ratio stays at 1). A call asking for top log-probs,
+/// which vLLM cannot give by id, is refused in OpenAI's error shape.
+#[test]
+fn a_gateway_run_samples_the_agents_calls_on_vllm() {
+    let Some((url, model, _turn)) = server() else {
+        return;
+    };
+    let dir = temp_dir("vllm-gateway");
+    let config = format!(
+        r#"
+[run]
+seed = 3
+[model]
+path = {model:?}
+[lora]
+r = 16
+alpha = 32
+[data]
+plugin = "multiply"
+eval_size = 0
+[sampling]
+max_new_tokens = 40
+[rollout]
+group_size = 4
+prompts_per_step = 2
+max_total_tokens = 160
+engine = "vllm"
+[rollout.vllm]
+servers = [{url:?}]
+model = "multiply"
+[plugins.multiply]
+path = {plugin:?}
+[[rewards]]
+plugin = "multiply"
+weights = {{ correct = 1.0, format = 0.1 }}
+[gateway]
+addr = "127.0.0.1:0"
+[train]
+steps = 2
+lr = 0.001
+save_every = 100
+eval_every = 0
+"#,
+        model = model.display().to_string(),
+        plugin = plugin("multiply").display().to_string(),
+    );
+    std::fs::write(dir.join("gw.toml"), config).unwrap();
+    let out = dir.join("run");
+    let mut train = TestCommand::new(&["train", "--no-status", "--config"])
+        .arg(dir.join("gw.toml"))
+        .arg("--out")
+        .arg(&out)
+        .env("RUST_LOG", "rlhost::rollout::vllm=info")
+        .spawn();
+    let mut stderr = std::io::BufReader::new(train.stderr.take().expect("piped"));
+    let mut seen = String::new();
+    let mut gateway = None;
+    for _ in 0..200 {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+        if let Some(rest) = line.strip_prefix("gateway: ") {
+            gateway = rest
+                .split_whitespace()
+                .next()
+                .map(|u| u.trim_end_matches("/v1").to_string());
+            break;
+        }
+    }
+    let gw = gateway.unwrap_or_else(|| panic!("no gateway line; stderr: {seen}"));
+    // The rest of the log, read as it comes so that the run never blocks on a full pipe.
+    let log = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+        rest
+    });
+
+    let (status, refused) = post(
+        &format!("{gw}/v1/chat/completions"),
+        None,
+        serde_json::json!({"model": "policy", "messages": [{"role": "user", "content": "What is 12 * 34?"}],
+            "logprobs": true, "top_logprobs": 2}),
+    )
+    .expect("the gateway answers");
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "top_logprobs", "{refused}");
+
+    // Four agents: a task, one call with its messages, the end (the multiply plugin's
+    // reward scores the transcript), until the run has ended.
+    let agents: Vec<_> = (0..4)
+        .map(|_| {
+            let gw = gw.clone();
+            std::thread::spawn(move || {
+                let mut calls = 0;
+                // A new session is 201 Created; nothing answering ends the agent.
+                while let Some((201, s)) = post(&format!("{gw}/rl/tasks/next"), None, Value::Null)
+                {
+                    let key = s["api_key"].as_str().unwrap().to_string();
+                    let body = serde_json::json!({"model": "policy", "messages": s["task"]["messages"],
+                        "max_tokens": 40, "temperature": 1.0, "logprobs": true});
+                    match post(&format!("{gw}/v1/chat/completions"), Some(&key), body) {
+                        Some((200, a)) if a["choices"][0]["logprobs"]["content"].is_array() => {
+                            calls += 1;
+                        }
+                        // The run ended with the call queued (the sampler is gone).
+                        Some((500.., _)) | None => break,
+                        Some((_, a)) => return Err(a.to_string()),
+                    }
+                    if post(&format!("{gw}/sessions/{key}/end"), None, Value::Null).is_none() {
+                        break;
+                    }
+                }
+                Ok(calls)
+            })
+        })
+        .collect();
+    let answered: Result<Vec<usize>, String> =
+        agents.into_iter().map(|a| a.join().unwrap()).collect();
+    let calls: usize = match answered {
+        Ok(calls) => calls.into_iter().sum(),
+        Err(answer) => {
+            let _ = train.kill();
+            let _ = train.wait();
+            panic!(
+                "an agent's call failed: {answer}\n{seen}{}",
+                log.join().unwrap()
+            );
+        }
+    };
+    // The agents stop when the run has ended; one that stopped early leaves the run
+    // waiting for sessions: it is stopped, and the test fails with its log.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = train.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = train.kill();
+            let _ = train.wait();
+            panic!(
+                "the run did not end after the agents stopped ({calls} calls): {seen}{}",
+                log.join().unwrap()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let rest = log.join().unwrap();
+    assert!(status.success(), "train failed: {seen}{rest}");
+    assert!(calls >= 16, "{calls} calls");
+    let rows = super::train_cli::metrics(&out);
+    assert_eq!(rows.len(), 2, "{rest}");
+    for r in &rows {
+        // Rows sampled by the version before a step's are left out (max_staleness = 0).
+        assert!(r["trajectories"].as_u64().unwrap() >= 2, "{r}");
+        // The server's log-probs of the ids it sampled are the trainer's.
+        let ratio = r["rollout_max_ratio"].as_f64().unwrap();
+        assert!(
+            (ratio - 1.0).abs() < 1e-3,
+            "max importance ratio {ratio}: {r}"
+        );
+        eprintln!(
+            "measured: step {}: {} trajectories from the server, max importance ratio {ratio:.6}",
+            r["step"], r["trajectories"]
+        );
+    }
+    for v in 0..2 {
+        assert!(
+            rest.contains(&format!("loaded adapter version {v} as multiply-rlhost-")),
+            "version {v} not loaded:\n{rest}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

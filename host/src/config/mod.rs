@@ -641,13 +641,9 @@ impl LoadedConfig {
             if g.served_model_name.is_empty() {
                 bail!("{file}: gateway.served_model_name must not be empty");
             }
-            if r.engine == EngineKind::Vllm
-                || r.openenv.is_some()
-                || r.environment.is_some()
-                || r.trigger.is_some()
-            {
+            if r.openenv.is_some() || r.environment.is_some() || r.trigger.is_some() {
                 bail!(
-                    "{file}: [gateway] trains on the sessions of agents that call it: rollout.engine = \"vllm\", [rollout.openenv], rollout.environment and rollout.trigger sample rollouts of their own; keep one or the other (rollout.tools stay, for the held-out evaluation)"
+                    "{file}: [gateway] trains on the sessions of agents that call it: [rollout.openenv], rollout.environment and rollout.trigger sample rollouts of their own; keep one or the other (rollout.tools stay, for the held-out evaluation; rollout.engine = \"vllm\" samples the agents' calls on the servers)"
                 );
             }
         }
@@ -899,6 +895,12 @@ weights = { correct = 1.0 }
             let e = format!("{:#}", load(&text, &[set]).unwrap_err());
             assert!(e.contains(want), "{set}: {e}");
         }
+        // vLLM servers may sample the agents' calls.
+        let on_vllm = [
+            "rollout.engine=\"vllm\"",
+            "rollout.vllm.servers=[\"http://127.0.0.1:9\"]",
+        ];
+        assert!(load(&text, &on_vllm).unwrap().config.gateway.is_some());
     }
 
     /// Issue 19: `lr = -1` trained by gradient ascent, `lr = nan` failed steps later, and

@@ -398,6 +398,7 @@ impl Setup {
             self.settings.template_kwargs.clone(),
             self.dataset.clone(),
             self.settings.group_size,
+            self.settings.remote.clone(),
         )
         .with_context(|| format!("{}: [gateway]", self.loaded.path.display()))?;
         let url = link.url();
@@ -530,7 +531,9 @@ fn vllm_pool(
         max_in_flight: v.max_in_flight,
         keep_versions: c.rollout.max_staleness + 2,
     };
-    Pool::connect(settings, lm, max_total_tokens, sampling.temperature)
+    // A gateway run's agents pick their own temperatures.
+    let temperature = c.gateway.is_none().then_some(sampling.temperature);
+    Pool::connect(settings, lm, max_total_tokens, temperature)
 }
 
 /// The run's output folder: `run.out_dir`, or `runs/<config name>` beside the config.

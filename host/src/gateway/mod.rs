@@ -9,7 +9,8 @@
 //! - [`record`]: a session's token-exact rows with drift detection;
 //! - [`sessions`]: the open sessions, their tasks, groups and rewards;
 //! - [`server`]: the routes; [`pump`]: the model's thread, where every call in flight is
-//!   decoded in one batch (`model/sampler.rs`);
+//!   decoded in one batch (`model/sampler.rs`); [`remote`]: the same calls on vLLM servers
+//!   (`rollout.engine = "vllm"`);
 //! - [`train`]: a `[gateway]` run's batches, made of the task groups agents finish.
 //!
 //! `rlhost serve` serves a model and records sessions to a file; `rlhost train` with
@@ -18,6 +19,7 @@
 pub mod chat;
 pub mod pump;
 pub mod record;
+pub mod remote;
 pub mod server;
 pub mod sessions;
 pub mod train;

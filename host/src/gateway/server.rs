@@ -90,6 +90,8 @@ pub struct Gateway {
     pub updating: AtomicBool,
     /// Refuse calls with a 503 while updating (else they wait in the queue).
     pub refuse_while_updating: bool,
+    /// Calls are sampled on vLLM servers ([`super::remote`]): no top log-probs.
+    pub remote: bool,
     pub counters: Counters,
     /// The address it listens on (set once bound): the base URLs it hands out.
     pub addr: OnceLock<SocketAddr>,
@@ -113,6 +115,7 @@ impl Gateway {
             version: AtomicU64::new(0),
             updating: AtomicBool::new(false),
             refuse_while_updating: false,
+            remote: false,
             counters: Counters::default(),
             addr: OnceLock::new(),
         }
@@ -408,6 +411,12 @@ fn room(
 
 /// Queues a request; its events come on the returned channel.
 fn submit(gw: &Gateway, request: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+    if gw.remote && request.top_logprobs > 0 {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "top log-probs (`top_logprobs`, or `logprobs` > 0 on /v1/completions) are not served when the run samples on vLLM servers (rollout.engine = \"vllm\"): vLLM names the alternatives by text, not by token id; ask for `logprobs: true` alone",
+        ));
+    }
     let (tx, rx) = unbounded_channel();
     gw.jobs.send(Job { request, tx }).map_err(|_| {
         status_error(

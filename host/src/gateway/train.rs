@@ -10,6 +10,7 @@
 
 use super::chat::Renderer;
 use super::pump::{Job, pump};
+use super::remote::pump_remote;
 use super::server::{self, Gateway, Tasks};
 use super::sessions::Finished;
 use crate::config::{GatewaySection, WhileUpdating};
@@ -33,6 +34,9 @@ pub struct Link {
     /// Ended sessions by group, until their group is whole.
     pending: Mutex<BTreeMap<u64, Vec<Finished>>>,
     session_timeout: Duration,
+    /// The vLLM servers that sample the calls (`rollout.engine = "vllm"`); none: the
+    /// local model does.
+    remote: Option<Arc<crate::rollout::vllm::Pool>>,
 }
 
 /// What one step took from the gateway.
@@ -47,13 +51,14 @@ pub struct Taken {
 
 impl Link {
     /// Serves `lm`'s policy on `section.addr`: the routes of `rlhost serve`, tasks from
-    /// `dataset`, `group_size` sessions a task.
+    /// `dataset`, `group_size` sessions a task; sampled by `remote`'s servers when given.
     pub fn open(
         section: &GatewaySection,
         lm: &LanguageModel,
         template_kwargs: serde_json::Map<String, serde_json::Value>,
         dataset: Arc<Dataset>,
         group_size: usize,
+        remote: Option<Arc<crate::rollout::vllm::Pool>>,
     ) -> Result<Link> {
         let renderer = Renderer::new(lm, template_kwargs)?;
         let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
@@ -66,6 +71,7 @@ impl Link {
             Some(Tasks::new(dataset, group_size)),
         );
         gw.refuse_while_updating = section.while_updating == WhileUpdating::Refuse;
+        gw.remote = remote.is_some();
         // Nothing samples until the producer's first step.
         gw.updating.store(true, Ordering::Release);
         let gw = Arc::new(gw);
@@ -76,6 +82,7 @@ impl Link {
             finished: Mutex::new(done_rx),
             pending: Mutex::new(BTreeMap::new()),
             session_timeout: Duration::from_secs_f64(section.session_timeout_s),
+            remote,
         })
     }
 
@@ -117,7 +124,10 @@ impl Link {
                 give_up() || self.complete() >= want
             };
             let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-            let pumped = pump(lm, mode, &jobs, version, &stop);
+            let pumped = match &self.remote {
+                None => pump(lm, mode, &jobs, version, &stop),
+                Some(pool) => pump_remote(pool, lm, mode, &jobs, version, &stop, handle),
+            };
             drop(jobs);
             self.gw.updating.store(true, Ordering::Release);
             let pumped = pumped?;

@@ -299,8 +299,28 @@ pub struct Completion {
     pub finish: Finish,
 }
 
-pub(crate) fn stop_check(
-    s: &Sequence,
+impl Completion {
+    /// A finished choice: its text (`text`, decoded with special tokens kept) is cut after
+    /// the stop string that ended it, as the sampler's stop check found it.
+    pub fn new(tokens: Vec<u32>, logprobs: Vec<f32>, mut text: String, finish: Finish) -> Self {
+        if let Finish::StopString(stop) = &finish
+            && let Some(at) = text.find(stop.as_str())
+        {
+            text.truncate(at + stop.len());
+        }
+        Completion {
+            tokens,
+            logprobs,
+            text,
+            finish,
+        }
+    }
+}
+
+/// Why a choice stops after `tok`, its `sampled`-th token (the decoder has taken it), if it
+/// does: the local sampler's rule, and the one the gateway replays a vLLM server's tokens by.
+pub fn stop_check(
+    sampled: usize,
     dec: &IncrementalDecoder,
     tok: u32,
     params: &SamplingParams,
@@ -327,7 +347,7 @@ pub(crate) fn stop_check(
     {
         return Some(Finish::StopString(stop.clone()));
     }
-    if s.completion().len() >= params.max_new_tokens {
+    if sampled >= params.max_new_tokens {
         return Some(Finish::Length);
     }
     None

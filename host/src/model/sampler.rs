@@ -254,7 +254,7 @@ impl<'t> Sampler<'t> {
         for (c, top) in l.choices.iter_mut().zip(tops) {
             let (id, logp) = c.seq.sample_next(params)?;
             let text = c.dec.push(id)?.unwrap_or_default();
-            let mut finish = stop_check(&c.seq, &c.dec, id, params);
+            let mut finish = stop_check(c.seq.completion().len(), &c.dec, id, params);
             if finish.is_none() && c.seq.tokens.len() >= context {
                 finish = Some(Finish::Length);
             }
@@ -338,18 +338,12 @@ pub fn generate(
 
 /// A finished choice as [`generate`](generate) returns it.
 pub(crate) fn completion_of(seq: &Sequence, dec: &IncrementalDecoder) -> Completion {
-    let mut text = dec.text().to_string();
-    if let Some(Finish::StopString(stop)) = &seq.finish
-        && let Some(at) = text.find(stop.as_str())
-    {
-        text.truncate(at + stop.len());
-    }
-    Completion {
-        tokens: seq.completion().to_vec(),
-        logprobs: seq.logprobs.iter().map(|l| l.unwrap_or(f32::NAN)).collect(),
-        text,
-        finish: seq.finish.clone().unwrap_or(Finish::Length),
-    }
+    Completion::new(
+        seq.completion().to_vec(),
+        seq.logprobs.iter().map(|l| l.unwrap_or(f32::NAN)).collect(),
+        dec.text().to_string(),
+        seq.finish.clone().unwrap_or(Finish::Length),
+    )
 }
 
 /// A sink that keeps finished choices in order (for [`generate`](generate)).

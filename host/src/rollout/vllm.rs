@@ -526,12 +526,13 @@ impl Pool {
     /// Connects to every server and checks it can serve this run: reachable, serving
     /// `model` with a context of at least `max_total_tokens`, the same base model as `lm`
     /// (one fixed prompt scored on both), and log-probs of the distribution it samples
-    /// from when `temperature` is not 1.
+    /// from when `temperature` is not 1 (`None`: the callers pick their temperatures, as
+    /// a `[gateway]` run's agents do, so always).
     pub fn connect(
         settings: VllmSettings,
         lm: &LanguageModel,
         max_total_tokens: usize,
-        temperature: f32,
+        temperature: Option<f32>,
     ) -> Result<Pool> {
         if settings.servers.is_empty() {
             bail!("rollout.vllm.servers is empty: list the base URL of at least one vLLM server");
@@ -784,7 +785,7 @@ fn check_server(
     model: &str,
     lm: &LanguageModel,
     max_total_tokens: usize,
-    temperature: f32,
+    temperature: Option<f32>,
 ) -> Result<()> {
     let start_hint = "start one with `bash scripts/vllm.sh start MODEL_DIR PORT NAME`";
     let models = s.models().map_err(|e| match e {
@@ -815,11 +816,16 @@ fn check_server(
     }
     if check.raw_gap <= SAME_MODEL_GAP {
         // Greedy runs score at T = 1, where raw log-probs are the right ones.
-        if temperature != 1.0 && temperature > 0.0 {
-            bail!(
-                "vLLM server {} returns raw log-probs (before temperature): at sampling.temperature = {temperature} the importance ratios would be biased; start it with --logprobs-mode processed_logprobs",
+        match temperature {
+            Some(t) if t != 1.0 && t > 0.0 => bail!(
+                "vLLM server {} returns raw log-probs (before temperature): at sampling.temperature = {t} the importance ratios would be biased; start it with --logprobs-mode processed_logprobs",
                 s.url
-            );
+            ),
+            None => bail!(
+                "vLLM server {} returns raw log-probs (before temperature): a [gateway] run's agents pick their own temperatures, at which the importance ratios would be biased; start it with --logprobs-mode processed_logprobs",
+                s.url
+            ),
+            Some(_) => {}
         }
         return Ok(());
     }
