@@ -221,6 +221,40 @@ def _():
     post(f"/sessions/{s['session_id']}/end")
 
 
+@check("with n choices, the row follows the one the agent goes on with, without drift")
+def _():
+    followed = []
+    for seed in range(6):
+        status, s = post("/rl/sessions", {"messages": QUESTION})
+        assert status == 201, s
+        agent = OpenAI(base_url=s["base_url"], api_key=s["api_key"], max_retries=0)
+        r = agent.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48, n=3,
+                                          seed=seed, temperature=1.0, logprobs=True)
+        texts = [c.message.content or "" for c in r.choices]
+        k = next((i for i in (1, 2) if texts[i] != texts[0]), None)
+        if k is None or r.choices[k].finish_reason != "stop":
+            post(f"/sessions/{s['session_id']}/end")
+            continue
+        follow = QUESTION + [{"role": "assistant", "content": texts[k]},
+                             {"role": "user", "content": "And 2 km?"}]
+        agent.chat.completions.create(model=MODEL, messages=follow, max_tokens=8)
+        rec = get(f"/sessions/{s['session_id']}")
+        post(f"/sessions/{s['session_id']}/end")
+        if rec["drifts"]:
+            continue
+        assert len(rec["rows"]) == 1, rec
+        sampled = [lp for lp in rec["rows"][0]["logps"] if lp is not None]
+        want = [t.logprob for t in r.choices[k].logprobs.content]
+        # The row holds choice k's sampled tokens (the end-of-turn token, not shown in
+        # the answer's log-probs, after them), then the next call's.
+        assert all(abs(a - b) < 1e-5 for a, b in zip(sampled, want)), (sampled[:8], want[:8])
+        followed.append(k)
+        if len(followed) >= 2:
+            break
+    assert followed, "no session went on with a choice other than 0 without drifting"
+    print(f"measured: sessions that went on with choice {followed} recorded that choice's tokens")
+
+
 @check("concurrent sessions never see each other's trajectories")
 def _():
     results = {}

@@ -6,6 +6,11 @@
 //! drift counted where it happened: Agent Lightning's rule (verl notes that re-rendered
 //! history keeps PPO from converging). Sampled ids and their log-probs are the engine's,
 //! never re-tokenized.
+//!
+//! A call with `n` choices leaves them pending on its row: the row takes the choice the
+//! next call's prompt continues (an agent may go on with any of them), or choice 0 when
+//! none does or the session ends. The choices not taken are not trained on: the session's
+//! reward is for the path the agent followed.
 
 /// One row of a session: a trajectory grown call by call.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
@@ -49,26 +54,40 @@ pub enum Placed {
     Drifted(Drift),
 }
 
+/// A sampled choice of the last call, waiting for the row to take it or not.
+#[derive(Debug, Clone, PartialEq)]
+struct Choice {
+    ids: Vec<u32>,
+    logps: Vec<f32>,
+    version: u64,
+}
+
 /// A session's rows and the drifts between them.
 #[derive(Debug, Clone, Default)]
 pub struct Session {
     pub rows: Vec<Row>,
     pub drifts: Vec<Drift>,
-    /// A call begun and not yet finished (its prompt placed, its completion not).
+    /// A call begun and not yet finished (its prompt placed, its choices not all sampled).
     open: bool,
+    /// The last call's choices by index (`None`: not sampled), pending on the last row.
+    choices: Vec<Option<Choice>>,
 }
 
 impl Session {
     /// Places a call's rendered prompt: extends the current row or starts a new one.
     /// Calls of a session are sequential (an agent waits for each answer): a call begun
     /// while another is open is refused, naming why.
-    pub fn begin_call(&mut self, prompt: &[u32]) -> Result<Placed, &'static str> {
+    pub fn begin_call(&mut self, prompt: &[u32], n: usize) -> Result<Placed, &'static str> {
         if self.open {
             return Err("a session answers one call at a time: wait for the last answer");
         }
         if prompt.is_empty() {
             return Err("the rendered prompt is empty");
         }
+        if n == 0 {
+            return Err("a call samples at least one choice");
+        }
+        self.settle(Some(prompt));
         let placed = match self.rows.last_mut() {
             None => {
                 self.rows.push(Row::fresh(prompt));
@@ -99,12 +118,15 @@ impl Session {
             }
         };
         self.open = true;
+        self.choices = vec![None; n];
         Ok(placed)
     }
 
-    /// Appends the call's sampled ids and their log-probs (one each) to the current row.
+    /// Keeps choice `choice` of the open call (its sampled ids and their log-probs, one
+    /// each); the call is finished once every choice is in.
     pub fn finish_call(
         &mut self,
+        choice: usize,
         ids: &[u32],
         logps: &[f32],
         version: u64,
@@ -115,12 +137,49 @@ impl Session {
         if ids.len() != logps.len() {
             return Err("a sampled id without its log-prob");
         }
-        let row = self.rows.last_mut().expect("an open call has a row");
-        row.tokens.extend_from_slice(ids);
-        row.logps.extend(logps.iter().map(|&l| Some(l)));
-        row.versions.push(version);
-        self.open = false;
+        let Some(slot) = self.choices.get_mut(choice) else {
+            return Err("no such choice in the open call");
+        };
+        *slot = Some(Choice {
+            ids: ids.to_vec(),
+            logps: logps.to_vec(),
+            version,
+        });
+        self.open = self.choices.iter().any(Option::is_none);
         Ok(())
+    }
+
+    /// The last row takes the pending choice that `next` (the next call's prompt)
+    /// continues, else the first sampled one (choice 0 unless it failed).
+    fn settle(&mut self, next: Option<&[u32]>) {
+        let choices = std::mem::take(&mut self.choices);
+        let Some(row) = self.rows.last_mut() else {
+            return;
+        };
+        let sampled = || choices.iter().flatten();
+        let continued = next.and_then(|p| {
+            sampled().find(|c| {
+                p.len() >= row.tokens.len() + c.ids.len()
+                    && p.starts_with(&row.tokens)
+                    && p[row.tokens.len()..].starts_with(&c.ids)
+            })
+        });
+        if let Some(c) = continued.or_else(|| sampled().next()) {
+            row.tokens.extend_from_slice(&c.ids);
+            row.logps.extend(c.logps.iter().map(|&l| Some(l)));
+            row.versions.push(c.version);
+        }
+    }
+
+    /// The rows as they train: the last call's pending choice taken (choice 0).
+    pub fn settled(mut self) -> (Vec<Row>, Vec<Drift>) {
+        self.settle(None);
+        (self.rows, self.drifts)
+    }
+
+    /// [`Session::settled`] without giving the session up (for a view of it).
+    pub fn settled_rows(&self) -> Vec<Row> {
+        self.clone().settled().0
     }
 
     /// Whether a call is begun and not yet finished.
@@ -128,8 +187,9 @@ impl Session {
         self.open
     }
 
-    /// Ends an open call with nothing sampled (the client went away, the request
-    /// failed): the prompt's inserted ids stay, as the next call's prompt will hold them.
+    /// Ends an open call before all its choices are in (the client went away, the
+    /// request failed): the prompt's inserted ids stay, as the next call's prompt will
+    /// hold them, and so do the choices sampled so far.
     pub fn abandon_call(&mut self) {
         self.open = false;
     }
@@ -154,16 +214,17 @@ mod tests {
     #[test]
     fn an_agent_that_replays_history_grows_one_row() {
         let mut s = Session::default();
-        assert_eq!(s.begin_call(&[1, 2, 3]), Ok(Placed::First));
-        s.finish_call(&[10, 11], &[-0.5, -0.25], 4).unwrap();
+        assert_eq!(s.begin_call(&[1, 2, 3], 1), Ok(Placed::First));
+        s.finish_call(0, &[10, 11], &[-0.5, -0.25], 4).unwrap();
         // The next prompt: everything so far, then the tool turn [20, 21, 22].
         assert_eq!(
-            s.begin_call(&[1, 2, 3, 10, 11, 20, 21, 22]),
+            s.begin_call(&[1, 2, 3, 10, 11, 20, 21, 22], 1),
             Ok(Placed::Extended { inserted: 3 })
         );
-        s.finish_call(&[12], &[-1.0], 5).unwrap();
-        assert_eq!(s.rows.len(), 1);
-        let row = &s.rows[0];
+        s.finish_call(0, &[12], &[-1.0], 5).unwrap();
+        let (rows, drifts) = s.settled();
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
         assert_eq!(row.tokens, [1, 2, 3, 10, 11, 20, 21, 22, 12]);
         assert_eq!(row.prompt_len, 3);
         assert_eq!(
@@ -171,7 +232,7 @@ mod tests {
             [Some(-0.5), Some(-0.25), None, None, None, Some(-1.0)]
         );
         assert_eq!((row.sampled(), row.versions.clone()), (3, vec![4, 5]));
-        assert!(s.drifts.is_empty());
+        assert!(drifts.is_empty());
     }
 
     /// An edited history, a dropped ending and a re-tokenized answer each start a new
@@ -179,17 +240,17 @@ mod tests {
     #[test]
     fn a_prompt_that_leaves_the_row_starts_another() {
         let mut s = Session::default();
-        s.begin_call(&[1, 2, 3]).unwrap();
-        s.finish_call(&[10, 11], &[-0.1, -0.2], 0).unwrap();
+        s.begin_call(&[1, 2, 3], 1).unwrap();
+        s.finish_call(0, &[10, 11], &[-0.1, -0.2], 0).unwrap();
         // The answer re-rendered as [10, 99]: drift at index 4.
         assert_eq!(
-            s.begin_call(&[1, 2, 3, 10, 99, 7]),
+            s.begin_call(&[1, 2, 3, 10, 99, 7], 1),
             Ok(Placed::Drifted(Drift { row: 0, at: 4 }))
         );
-        s.finish_call(&[5], &[-0.3], 1).unwrap();
+        s.finish_call(0, &[5], &[-0.3], 1).unwrap();
         // A prompt that is a proper prefix of the row (the agent dropped the end).
         assert_eq!(
-            s.begin_call(&[1, 2]),
+            s.begin_call(&[1, 2], 1),
             Ok(Placed::Drifted(Drift { row: 1, at: 2 }))
         );
         s.abandon_call();
@@ -199,20 +260,50 @@ mod tests {
         assert_eq!(s.drifts.len(), 2);
         // The abandoned call's row keeps its prompt; the next call extends it.
         assert_eq!(
-            s.begin_call(&[1, 2, 8]),
+            s.begin_call(&[1, 2, 8], 1),
             Ok(Placed::Extended { inserted: 1 })
         );
     }
 
-    /// Overlapping calls, an empty prompt and mismatched log-probs are refused.
+    /// Overlapping calls, an empty prompt, no choices, a choice out of range and
+    /// mismatched log-probs are refused.
     #[test]
     fn misuse_is_refused() {
         let mut s = Session::default();
-        assert!(s.begin_call(&[]).is_err());
-        assert!(s.finish_call(&[1], &[-1.0], 0).is_err());
-        s.begin_call(&[1]).unwrap();
-        assert!(s.begin_call(&[1]).is_err());
-        assert!(s.finish_call(&[2, 3], &[-1.0], 0).is_err());
-        s.finish_call(&[2], &[-1.0], 0).unwrap();
+        assert!(s.begin_call(&[], 1).is_err());
+        assert!(s.begin_call(&[1], 0).is_err());
+        assert!(s.finish_call(0, &[1], &[-1.0], 0).is_err());
+        s.begin_call(&[1], 1).unwrap();
+        assert!(s.begin_call(&[1], 1).is_err());
+        assert!(s.finish_call(0, &[2, 3], &[-1.0], 0).is_err());
+        assert!(s.finish_call(1, &[2], &[-1.0], 0).is_err());
+        s.finish_call(0, &[2], &[-1.0], 0).unwrap();
+    }
+
+    /// A call of three choices: the next call goes on from choice 2, and the row takes
+    /// it (sampled, with its log-probs), with no drift. A last call's choices, never
+    /// continued, leave choice 0 on the row.
+    #[test]
+    fn the_row_takes_the_choice_the_agent_continues() {
+        let mut s = Session::default();
+        s.begin_call(&[1, 2], 3).unwrap();
+        // Choices may end in any order (streamed).
+        s.finish_call(2, &[30, 31], &[-0.3, -0.31], 0).unwrap();
+        assert!(s.is_open());
+        s.finish_call(0, &[10], &[-0.1], 0).unwrap();
+        s.finish_call(1, &[20], &[-0.2], 0).unwrap();
+        assert!(!s.is_open());
+        assert_eq!(
+            s.begin_call(&[1, 2, 30, 31, 7], 2),
+            Ok(Placed::Extended { inserted: 1 })
+        );
+        s.finish_call(1, &[41], &[-0.41], 1).unwrap();
+        s.finish_call(0, &[40], &[-0.4], 1).unwrap();
+        assert_eq!(s.settled_rows()[0].tokens, [1, 2, 30, 31, 7, 40]);
+        let (rows, drifts) = s.settled();
+        assert_eq!(rows.len(), 1);
+        assert!(drifts.is_empty());
+        assert_eq!(rows[0].logps, [Some(-0.3), Some(-0.31), None, Some(-0.4)]);
+        assert_eq!(rows[0].versions, [0, 1]);
     }
 }

@@ -305,15 +305,17 @@ fn answered(gw: &Gateway, result: Result<Response, ApiError>) -> Response {
 struct CallGuard {
     gw: Arc<Gateway>,
     session: Option<String>,
-    done: bool,
+    /// Choices not yet recorded.
+    left: usize,
 }
 
 impl CallGuard {
-    /// Places `prompt` in the session (when there is one).
+    /// Places `prompt` in the session (when there is one), for a call of `n` choices.
     fn begin(
         gw: &Arc<Gateway>,
         session: Option<String>,
         prompt: &[u32],
+        n: usize,
     ) -> Result<CallGuard, ApiError> {
         gw.counters.calls.fetch_add(1, Ordering::Relaxed);
         if let Some(id) = &session {
@@ -321,7 +323,7 @@ impl CallGuard {
             let open = sessions.get_mut(id).map_err(session_error)?;
             let placed = open
                 .record
-                .begin_call(prompt)
+                .begin_call(prompt, n)
                 .map_err(|why| session_error(SessionError::Misuse(why)))?;
             open.calls += 1;
             open.last_call = std::time::Instant::now();
@@ -339,20 +341,30 @@ impl CallGuard {
         Ok(CallGuard {
             gw: gw.clone(),
             session,
-            done: false,
+            left: n,
         })
     }
 
-    /// Records choice 0's ids and log-probs, and the transcript.
-    fn finish(&mut self, c: &Completion, version: u64, transcript: Option<Vec<Message>>) {
-        self.done = true;
+    /// Records choice `choice`'s ids and log-probs (the row takes the one the agent goes
+    /// on with, see `record.rs`), and choice 0's transcript.
+    fn finish(
+        &mut self,
+        choice: usize,
+        c: &Completion,
+        version: u64,
+        transcript: Option<Vec<Message>>,
+    ) {
+        self.left = self.left.saturating_sub(1);
         let Some(id) = &self.session else { return };
         let mut sessions = self.gw.sessions();
         if let Ok(open) = sessions.get_mut(id) {
-            if let Err(why) = open.record.finish_call(&c.tokens, &c.logprobs, version) {
+            if let Err(why) = open
+                .record
+                .finish_call(choice, &c.tokens, &c.logprobs, version)
+            {
                 tracing::warn!("gateway: session {id}: {why}");
             }
-            if let Some(t) = transcript {
+            if let (0, Some(t)) = (choice, transcript) {
                 open.transcript = t;
             }
         }
@@ -361,7 +373,7 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        if self.done {
+        if self.left == 0 {
             return;
         }
         if let Some(id) = &self.session {
@@ -451,11 +463,12 @@ async fn gather(mut rx: UnboundedReceiver<Event>, n: usize) -> Result<Vec<Gather
                 left -= 1;
             }
             Some(Event::Failed(why)) => return Err(status_error(500, "server_error", why)),
+            // The sampler let go of the call unanswered: the run ended with it queued.
             None => {
                 return Err(status_error(
-                    500,
+                    503,
                     "server_error",
-                    "the sampler dropped the request".into(),
+                    "the run ended before this call was sampled".into(),
                 ));
             }
         }
@@ -506,7 +519,7 @@ async fn chat(
         top_logprobs: req.logprobs.unwrap_or(0),
         adapter: None,
     };
-    let guard = CallGuard::begin(&gw, session, &prompt)?;
+    let guard = CallGuard::begin(&gw, session, &prompt, req.n)?;
     let rx = submit(&gw, request)?;
     let id = format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32);
     if req.stream {
@@ -525,9 +538,8 @@ async fn chat(
         gw.counters
             .malformed_calls
             .fetch_add(answer.malformed_calls as u64, Ordering::Relaxed);
-        if index == 0 {
-            guard.finish(c, *version, Some(transcript(&req, &answer)));
-        }
+        let said = (index == 0).then(|| transcript(&req, &answer));
+        guard.finish(index, c, *version, said);
         choices.push(Choice {
             index,
             logprobs: req.logprobs.map(|_| logprobs(&gw, &g.tokens, &c.finish)),
@@ -779,13 +791,8 @@ fn stream_chat(
                         gw.counters
                             .malformed_calls
                             .fetch_add(answer.malformed_calls as u64, Ordering::Relaxed);
-                        if choice == 0 {
-                            st.guard.finish(
-                                &completion,
-                                version,
-                                Some(transcript(&st.req, &answer)),
-                            );
-                        }
+                        let said = (choice == 0).then(|| transcript(&st.req, &answer));
+                        st.guard.finish(choice, &completion, version, said);
                         let c = &mut st.choices[choice];
                         c.done = true;
                         let lp = st.req.logprobs.map(|_| {
@@ -947,7 +954,9 @@ async fn complete(
         }
         prompts.push(ids);
     }
-    let mut guard = CallGuard::begin(&gw, session, &prompts[0])?;
+    // A session records the first prompt's choices (a batch of prompts is no
+    // conversation to follow).
+    let mut guard = CallGuard::begin(&gw, session, &prompts[0], req.n)?;
     let mut receivers = Vec::with_capacity(prompts.len());
     for (i, ids) in prompts.iter().enumerate() {
         // OpenAI's default for completions is 16 tokens.
@@ -981,8 +990,8 @@ async fn complete(
         for (j, g) in gathered.iter().enumerate() {
             let (c, version) = g.done.as_ref().expect("gathered until done");
             completion_tokens += c.tokens.len();
-            if i == 0 && j == 0 {
-                guard.finish(c, *version, None);
+            if i == 0 {
+                guard.finish(j, c, *version, None);
             }
             let text = gw.renderer.text_of(&c.tokens, &c.finish);
             let finish_reason = match c.finish {
@@ -1135,7 +1144,7 @@ async fn show_session(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) ->
         Ok(open) => axum::Json(json!({
             "session_id": id,
             "task": open.task,
-            "rows": open.record.rows,
+            "rows": open.record.settled_rows(),
             "drifts": open.record.drifts,
             "reward": open.reward,
             "calls": open.calls,

@@ -163,11 +163,12 @@ impl Sessions {
 }
 
 fn finished(id: &str, open: Open, timed_out: bool) -> Finished {
+    let (rows, drifts) = open.record.settled();
     Finished {
         session: id.to_string(),
         task: open.task,
-        rows: open.record.rows,
-        drifts: open.record.drifts,
+        rows,
+        drifts,
         reward: open.reward,
         transcript: open.transcript,
         calls: open.calls,
@@ -238,12 +239,12 @@ mod tests {
             sample: Sample::from_prompt("hi"),
         });
         let open = s.get_mut(&id).unwrap();
-        open.record.begin_call(&[1, 2]).unwrap();
+        open.record.begin_call(&[1, 2], 1).unwrap();
         assert!(matches!(s.end(&id), Err(SessionError::Misuse(_))));
         s.get_mut(&id)
             .unwrap()
             .record
-            .finish_call(&[3], &[-0.5], 0)
+            .finish_call(0, &[3], &[-0.5], 0)
             .unwrap();
         let done = s.end(&id).unwrap();
         assert_eq!(done.rows[0].tokens, [1, 2, 3]);
