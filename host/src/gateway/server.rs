@@ -61,16 +61,47 @@ pub struct Tasks {
     pub dataset: Arc<Dataset>,
     pub group_size: usize,
     /// The cursor, and the group being handed out (its task and sessions still to give).
-    state: tokio::sync::Mutex<(Cursor, Option<(Task, usize)>)>,
+    state: Arc<tokio::sync::Mutex<TaskState>>,
+}
+
+type TaskState = (Cursor, Option<(Task, usize)>);
+
+/// [`Tasks`] not handing out yet: `/rl/tasks/next` waits until [`TasksHeld::start`] says
+/// where in the data to begin (a training run knows once its checkpoint is read).
+pub struct TasksHeld(tokio::sync::OwnedMutexGuard<TaskState>);
+
+impl TasksHeld {
+    /// Hands out tasks from `cursor` on.
+    pub fn start(mut self, cursor: Cursor) {
+        self.0.0 = cursor;
+    }
 }
 
 impl Tasks {
+    /// Tasks from the start of the data.
     pub fn new(dataset: Arc<Dataset>, group_size: usize) -> Tasks {
         Tasks {
             dataset,
             group_size: group_size.max(1),
-            state: tokio::sync::Mutex::new((Cursor::default(), None)),
+            state: Arc::new(tokio::sync::Mutex::new((Cursor::default(), None))),
         }
+    }
+
+    /// Tasks that wait to be [started](TasksHeld::start).
+    pub fn held(dataset: Arc<Dataset>, group_size: usize) -> (Tasks, TasksHeld) {
+        let tasks = Tasks::new(dataset, group_size);
+        let guard = tasks
+            .state
+            .clone()
+            .try_lock_owned()
+            .expect("a new lock is free");
+        (tasks, TasksHeld(guard))
+    }
+
+    /// Where in the data the next task comes from (the group being handed out is
+    /// already past it).
+    pub async fn cursor(&self) -> Cursor {
+        self.state.lock().await.0
     }
 }
 
@@ -1272,6 +1303,68 @@ mod tests {
         let gw = Arc::new(gw);
         let addr = spawn(gw.clone(), "127.0.0.1:0", 16).unwrap();
         (gw, format!("http://{addr}/v1/chat/completions"), jobs_rx)
+    }
+
+    /// A training run's tasks wait for its checkpoint's cursor, then go on from there:
+    /// a resumed run does not hand out the data's first tasks again.
+    #[test]
+    fn held_tasks_start_where_the_data_was_left() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dir = crate::data::test_dir("gateway-tasks");
+        std::fs::create_dir_all(&dir).unwrap();
+        let rows: String = (0..12)
+            .map(|i| format!("{{\"prompt\": \"p{i}\"}}\n"))
+            .collect();
+        std::fs::write(dir.join("train.jsonl"), rows).unwrap();
+        let cfg = crate::data::DataConfig {
+            path: Some("train.jsonl".into()),
+            eval_size: Some(0),
+            ..Default::default()
+        };
+        let dataset = Arc::new(rt.block_on(Dataset::open(&cfg, &dir, None, 7)).unwrap());
+        let at = Cursor {
+            epoch: 0,
+            position: 5,
+        };
+        let mut c = at;
+        let want = rt.block_on(dataset.next_batch(&mut c, 1)).unwrap()[0].0;
+
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        let renderer = Renderer::new(&lm, Default::default()).unwrap();
+        let (jobs_tx, _jobs) = std::sync::mpsc::channel();
+        let (done_tx, _done) = std::sync::mpsc::channel();
+        let (tasks, held) = Tasks::held(dataset, 2);
+        let gw = Arc::new(Gateway::new(
+            "policy".into(),
+            renderer,
+            jobs_tx,
+            done_tx,
+            Some(tasks),
+        ));
+        let addr = spawn(gw.clone(), "127.0.0.1:0", 16).unwrap();
+        let url = format!("http://{addr}/rl/tasks/next");
+        let first = {
+            let url = url.clone();
+            std::thread::spawn(move || post(&url, &json!({})))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            !first.is_finished(),
+            "a task was handed out before the start"
+        );
+        held.start(at);
+        let (status, _, v) = first.join().unwrap();
+        assert_eq!(status, 201, "{v}");
+        assert_eq!(v["task"]["id"], want, "{v}");
+        // The group's second session is the same task; the cursor is past it.
+        assert_eq!(post(&url, &json!({})).2["task"]["id"], want);
+        assert_eq!(
+            rt.block_on(gw.tasks.as_ref().unwrap().cursor()),
+            Cursor {
+                epoch: 0,
+                position: 6
+            }
+        );
     }
 
     /// While the policy updates, a call is refused with a 503, `Retry-After` and the

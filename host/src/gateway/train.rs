@@ -11,7 +11,7 @@
 use super::chat::Renderer;
 use super::pump::{Job, pump};
 use super::remote::pump_remote;
-use super::server::{self, Gateway, Tasks};
+use super::server::{self, Gateway, Tasks, TasksHeld};
 use super::sessions::Finished;
 use crate::config::{GatewaySection, WhileUpdating};
 use crate::data::Dataset;
@@ -37,6 +37,8 @@ pub struct Link {
     /// The vLLM servers that sample the calls (`rollout.engine = "vllm"`); none: the
     /// local model does.
     remote: Option<Arc<crate::rollout::vllm::Pool>>,
+    /// `/rl/tasks/next` waits until the producer says where the data resumes.
+    held: Mutex<Option<TasksHeld>>,
 }
 
 /// What one step took from the gateway.
@@ -63,12 +65,13 @@ impl Link {
         let renderer = Renderer::new(lm, template_kwargs)?;
         let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (tasks, held) = Tasks::held(dataset, group_size);
         let mut gw = Gateway::new(
             section.served_model_name.clone(),
             renderer,
             jobs_tx,
             done_tx,
-            Some(Tasks::new(dataset, group_size)),
+            Some(tasks),
         );
         gw.refuse_while_updating = section.while_updating == WhileUpdating::Refuse;
         gw.remote = remote.is_some();
@@ -83,7 +86,24 @@ impl Link {
             pending: Mutex::new(BTreeMap::new()),
             session_timeout: Duration::from_secs_f64(section.session_timeout_s),
             remote,
+            held: Mutex::new(Some(held)),
         })
+    }
+
+    /// Hands out tasks from `cursor` on (a resumed run's: the data goes on where the
+    /// checkpoint left it); until then `/rl/tasks/next` waits.
+    pub fn start_tasks(&self, cursor: crate::data::Cursor) {
+        if let Some(held) = self.held.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            held.start(cursor);
+        }
+    }
+
+    /// Where in the data the next task comes from.
+    pub fn tasks_cursor(&self, handle: &Handle) -> crate::data::Cursor {
+        match &self.gw.tasks {
+            Some(tasks) => handle.block_on(tasks.cursor()),
+            None => crate::data::Cursor::default(),
+        }
     }
 
     /// `http://ADDR/v1`.

@@ -171,7 +171,9 @@ fn from_gateway(
     handle: &Handle,
 ) {
     let b = &plan.batches;
-    let cursor = options.cursor;
+    // Tasks go on where the checkpoint left the data (a batch's cursor is how far the
+    // tasks handed out by then went).
+    link.start_tasks(options.cursor);
     let _ = queue.produce(options.step, |step, version| {
         let adapter = options.adapters.latest();
         debug_assert!(adapter.version >= version);
@@ -204,7 +206,7 @@ fn from_gateway(
             groups,
             dropped,
             stats: taken.stats,
-            cursor,
+            cursor: link.tasks_cursor(handle),
         })
     });
 }
