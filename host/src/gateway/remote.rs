@@ -8,7 +8,8 @@
 //! would end it, with the same `finish` and text.
 //!
 //! A server that fails is taken out and the choice goes to another; when none is left the
-//! call fails with the last server's error. Tokens reach the caller when the server's
+//! calls fail with the last server's error, and so does the run (as a plugin run on vLLM
+//! does). Tokens reach the caller when the server's
 //! answer does (a streamed call gets its tokens in one burst), and `top_logprobs` is
 //! refused before a call is queued (vLLM names alternatives by text, not by id).
 
@@ -56,7 +57,7 @@ pub fn pump_remote(
     let model = pool.acquire(lm, mode, version)?;
     let pumped = serve(pool, &model, &lm.tokenizer, jobs, version, stop, handle);
     pool.release(version, mode, lm);
-    Ok(pumped)
+    pumped
 }
 
 fn serve(
@@ -67,7 +68,7 @@ fn serve(
     version: u64,
     stop: &dyn Fn() -> bool,
     handle: &Handle,
-) -> Pumped {
+) -> Result<Pumped> {
     let (answers_tx, answers) = channel::<Answer>();
     let mut queue: VecDeque<Choice> = VecDeque::new();
     let mut in_flight = 0usize;
@@ -82,7 +83,9 @@ fn serve(
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => open = false,
             }
         }
-        dispatch(pool, &mut queue, &mut in_flight, &answers_tx, handle);
+        // With no server left the run ends; what is in flight is answered (or failed) by
+        // its thread, or dropped with the run.
+        dispatch(pool, &mut queue, &mut in_flight, &answers_tx, handle)?;
         if queue.is_empty() && in_flight == 0 {
             if stopping || !open {
                 break;
@@ -104,7 +107,7 @@ fn serve(
             Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
         }
     }
-    pumped
+    Ok(pumped)
 }
 
 /// A call's choices, queued: choice `j` seeded by `sample_seed(seed, index, j)` as the
@@ -144,14 +147,15 @@ fn admit(job: Job, model: &str, queue: &mut VecDeque<Choice>, pumped: &mut Pumpe
     }
 }
 
-/// Sends queued choices to servers with room; with no server left, fails them.
+/// Sends queued choices to servers with room; with no server left, fails them and says
+/// so.
 fn dispatch(
     pool: &Arc<Pool>,
     queue: &mut VecDeque<Choice>,
     in_flight: &mut usize,
     answers: &Sender<Answer>,
     handle: &Handle,
-) {
+) -> Result<()> {
     while let Some(front) = queue.front() {
         if front.tx.is_closed() {
             // Its caller went away.
@@ -166,10 +170,10 @@ fn dispatch(
             for c in queue.drain(..) {
                 let _ = c.tx.send(Event::Failed(why.clone()));
             }
-            return;
+            anyhow::bail!(why);
         };
         if !pool.has_room(server) {
-            return;
+            return Ok(());
         }
         let choice = queue.pop_front().expect("looked at above");
         *in_flight += 1;
@@ -185,6 +189,7 @@ fn dispatch(
             });
         });
     }
+    Ok(())
 }
 
 /// Hands an answer to its caller: the tokens, then the finished choice. A server fault
