@@ -30,38 +30,31 @@ COOKBOOK_READY='import tinker_cookbook.recipes.sl_basic, tinker_cookbook.recipes
 
 die() { echo "scripts/tinker.sh: $*" >&2; exit 1; }
 
-install() {
-    if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$READY" 2>/dev/null; then
-        echo "tinker already installed in $VENV"
+# venv NAME DIR READY OVERRIDES PIN...: makes DIR once (uv, from the registry) with PINS,
+# OVERRIDES (newline-separated, may be empty) forced over what they require; READY is the
+# Python that says it is usable.
+venv() {
+    local name=$1 dir=$2 ready=$3 overrides=$4
+    shift 4
+    if [ -x "$dir/bin/python" ] && "$dir/bin/python" -c "$ready" 2>/dev/null; then
+        echo "$name already installed in $dir"
         return
     fi
     command -v uv >/dev/null || python3 -m pip install --quiet --disable-pip-version-check uv
-    mkdir -p "$(dirname "$VENV")"
-    [ -x "$VENV/bin/python" ] || uv venv --quiet --python python3 "$VENV"
-    VIRTUAL_ENV="$VENV" uv pip install --quiet "${PINS[@]}"
-    "$VENV/bin/python" -c "$READY; print('tinker', tinker.__version__, 'ready')"
-}
-
-cookbook() {
-    if [ -x "$COOKBOOK_VENV/bin/python" ] && "$COOKBOOK_VENV/bin/python" -c "$COOKBOOK_READY" 2>/dev/null; then
-        echo "tinker-cookbook already installed in $COOKBOOK_VENV"
-        return
-    fi
-    command -v uv >/dev/null || python3 -m pip install --quiet --disable-pip-version-check uv
-    mkdir -p "$(dirname "$COOKBOOK_VENV")"
-    [ -x "$COOKBOOK_VENV/bin/python" ] || uv venv --quiet --python python3 "$COOKBOOK_VENV"
-    local overrides
-    overrides=$(mktemp)
-    printf '%s\n' "$COOKBOOK_OVERRIDES" > "$overrides"
-    VIRTUAL_ENV="$COOKBOOK_VENV" uv pip install --quiet "${COOKBOOK_PINS[@]}" --override "$overrides"
-    rm -f "$overrides"
-    "$COOKBOOK_VENV/bin/python" -c "$COOKBOOK_READY; print('tinker-cookbook ready')"
+    mkdir -p "$(dirname "$dir")"
+    [ -x "$dir/bin/python" ] || uv venv --quiet --python python3 "$dir"
+    local file
+    file=$(mktemp)
+    printf '%s\n' "$overrides" > "$file"
+    VIRTUAL_ENV="$dir" uv pip install --quiet "$@" --override "$file"
+    rm -f "$file"
+    "$dir/bin/python" -c "$ready; print('$name ready')"
 }
 
 case "${1:-}" in
-    install) install ;;
+    install) venv tinker "$VENV" "$READY" "" "${PINS[@]}" ;;
     python) echo "$VENV/bin/python" ;;
-    cookbook) cookbook ;;
+    cookbook) venv tinker-cookbook "$COOKBOOK_VENV" "$COOKBOOK_READY" "$COOKBOOK_OVERRIDES" "${COOKBOOK_PINS[@]}" ;;
     cookbook-python) echo "$COOKBOOK_VENV/bin/python" ;;
     *) die "usage: install | python | cookbook | cookbook-python" ;;
 esac
