@@ -298,22 +298,7 @@ save_every = 100
         .arg("--out")
         .arg(&out)
         .spawn();
-    // The gateway's line comes on stderr once the model is loaded.
-    let mut stderr = std::io::BufReader::new(train.stderr.take().expect("piped"));
-    let mut url = None;
-    let mut seen = String::new();
-    for _ in 0..50 {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        seen.push_str(&line);
-        if let Some(rest) = line.strip_prefix("gateway: ") {
-            url = rest.split_whitespace().next().map(str::to_string);
-            break;
-        }
-    }
-    let url = url.unwrap_or_else(|| panic!("no gateway line; stderr: {seen}"));
+    let (url, mut stderr, seen) = gateway_line(&mut train);
     let agent = std::process::Command::new(python)
         .arg(repo_root().join("examples/agents/units_agent.py"))
         .args(["--url", &url, "--workers", "4", "--wait", "60"])
@@ -347,4 +332,31 @@ save_every = 100
     }
     assert!(out.join("checkpoints").is_dir());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A `train` run's gateway URL (`http://ADDR/v1`), from the line it prints on stderr once
+/// the model is loaded; the rest of stderr, and what came before the line.
+pub(super) fn gateway_line(
+    train: &mut std::process::Child,
+) -> (
+    String,
+    std::io::BufReader<std::process::ChildStderr>,
+    String,
+) {
+    let mut stderr = std::io::BufReader::new(train.stderr.take().expect("piped"));
+    let mut seen = String::new();
+    for _ in 0..200 {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+        if let Some(url) = line
+            .strip_prefix("gateway: ")
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            return (url.to_string(), stderr, seen);
+        }
+    }
+    panic!("no gateway line; stderr: {seen}")
 }

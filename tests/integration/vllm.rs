@@ -803,24 +803,8 @@ eval_every = 0
         .arg(&out)
         .env("RUST_LOG", "rlhost::rollout::vllm=info")
         .spawn();
-    let mut stderr = std::io::BufReader::new(train.stderr.take().expect("piped"));
-    let mut seen = String::new();
-    let mut gateway = None;
-    for _ in 0..200 {
-        let mut line = String::new();
-        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() == 0 {
-            break;
-        }
-        seen.push_str(&line);
-        if let Some(rest) = line.strip_prefix("gateway: ") {
-            gateway = rest
-                .split_whitespace()
-                .next()
-                .map(|u| u.trim_end_matches("/v1").to_string());
-            break;
-        }
-    }
-    let gw = gateway.unwrap_or_else(|| panic!("no gateway line; stderr: {seen}"));
+    let (url_v1, mut stderr, seen) = super::gateway::gateway_line(&mut train);
+    let gw = url_v1.trim_end_matches("/v1").to_string();
     // The rest of the log, read as it comes so that the run never blocks on a full pipe.
     let log = std::thread::spawn(move || {
         let mut rest = String::new();
