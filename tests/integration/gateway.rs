@@ -280,6 +280,13 @@ path = {units:?}
 [[rewards]]
 plugin = "units_task"
 weights = {{ tool_use = 1.0, correct = 1.0, format = 0.0 }}
+[plugins.judge]
+path = {judge:?}
+generate = {{ max_calls_per_trajectory = 1, max_new_tokens = 8, temperature_max = 1.0 }}
+[[rewards]]
+plugin = "judge"
+config = {{ rubric = "a correct date", temperature = 1.0, max_new_tokens = 8 }}
+default_weight = 0.0
 [gateway]
 addr = "127.0.0.1:0"
 while_updating = "refuse"
@@ -289,6 +296,7 @@ lr = 0.004
 save_every = 100
 "#,
             units = plugin("units").display().to_string(),
+            judge = plugin("judge").display().to_string(),
         ),
     );
     std::fs::write(dir.join("gw.toml"), config).unwrap();
@@ -323,6 +331,12 @@ save_every = 100
             r["rewards"].get("correct").is_some(),
             "scored by units_task: {r}"
         );
+        // The judge asks the model while the sessions are scored: answered by the run's
+        // sampler, one call a trajectory (none refused, none failed).
+        let calls = &r["generate_calls"];
+        assert_eq!(calls["judge/answered"], r["trajectories"], "{r}");
+        assert_eq!(calls["judge/failed"], 0, "{r}");
+        assert!(r["generate_tokens"].as_u64().unwrap() > 0, "{r}");
         // Sampled and recomputed log-probs of the same ids agree: nothing re-tokenized.
         let ratio = r["rollout_max_ratio"].as_f64().unwrap();
         assert!(

@@ -549,6 +549,9 @@ async fn chat(
         index: 0,
         top_logprobs: req.logprobs.unwrap_or(0),
         adapter: None,
+        first_choice: 0,
+        base: false,
+        hold: false,
     };
     let guard = CallGuard::begin(&gw, session, &prompt, req.n)?;
     let rx = submit(&gw, request)?;
@@ -1009,6 +1012,9 @@ async fn complete(
             index: i,
             top_logprobs: req.logprobs.unwrap_or(0),
             adapter: None,
+            first_choice: 0,
+            base: false,
+            hold: false,
         };
         receivers.push(submit(&gw, request)?);
     }

@@ -9,18 +9,20 @@
 //! `while_updating = "refuse"`.
 
 use super::chat::Renderer;
-use super::pump::{Job, pump};
-use super::remote::pump_remote;
+use super::pump::{Job, serve, with_sampler};
 use super::server::{self, Gateway, Tasks, TasksHeld};
 use super::sessions::Finished;
 use crate::config::{GatewaySection, WhileUpdating};
 use crate::data::Dataset;
+use crate::model::generate::sample_seed;
+use crate::model::sampler::Sampling;
 use crate::model::{LanguageModel, Mode};
+use crate::plugin::model::{CallTally, GenerateCall, ModelLink};
 use crate::rollout::trajectory::{Span, SpanKind, StopReason};
 use crate::rollout::{BatchStats, Group, Rewards, Trajectory};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -144,10 +146,10 @@ impl Link {
                 give_up() || self.complete() >= want
             };
             let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-            let pumped = match &self.remote {
-                None => pump(lm, mode, &jobs, version, &stop),
-                Some(pool) => pump_remote(pool, lm, mode, &jobs, version, &stop, handle),
-            };
+            let pumped = with_sampler(lm, mode, version, self.remote.as_ref(), handle, |s| {
+                serve(s, &jobs, version, &stop)
+            })
+            .and_then(|p| p);
             drop(jobs);
             self.gw.updating.store(true, Ordering::Release);
             let pumped = pumped?;
@@ -178,7 +180,10 @@ impl Link {
                 if scored.is_empty() {
                     continue;
                 }
-                let trajectories = score(scored, rewards, handle);
+                let trajectories =
+                    with_sampler(lm, mode, version, self.remote.as_ref(), handle, |s| {
+                        self.score(scored, rewards, lm, version, s, handle, &mut stats)
+                    })??;
                 for t in &trajectories {
                     stats.sampled_tokens += t.sampled_tokens();
                     stats.prompt_tokens += t.prompt_len;
@@ -208,6 +213,115 @@ impl Link {
             stale_rows,
             timed_out,
         })
+    }
+
+    /// Each trajectory's reward: the one its agent reported (named parts as components, a
+    /// number as `agent`), else what the run's reward plugins give its transcript (all
+    /// trajectories scored at once on the worker pool). A reward plugin granted
+    /// `model.generate` asks the policy (of `version`) or the base model through `sampler`,
+    /// as in a plugin run: its calls are decoded together here while the scores come in.
+    #[allow(clippy::too_many_arguments)]
+    fn score<'t>(
+        &self,
+        ts: Vec<(Trajectory, Option<super::sessions::Reward>)>,
+        rewards: &Rewards,
+        lm: &'t LanguageModel,
+        version: u64,
+        sampler: &mut dyn Sampling<'t>,
+        handle: &Handle,
+        stats: &mut BatchStats,
+    ) -> Result<Vec<Trajectory>> {
+        let renderer = &self.gw.renderer;
+        let (calls_tx, calls) = std::sync::mpsc::channel::<GenerateCall>();
+        let tally = Arc::new(CallTally::default());
+        let scoring: Vec<_> = ts
+            .iter()
+            .map(|(t, r)| {
+                let view = t.for_reward();
+                let unrewarded = r.is_none();
+                let fns = rewards.fns.clone();
+                // Seeded by the version, the task and the session's place in its group:
+                // a repeated run asks the same.
+                let seed = sample_seed(version, t.sample_id as usize, t.index);
+                let links: Vec<ModelLink> = fns
+                    .iter()
+                    .map(|_| {
+                        let tx = calls_tx.clone();
+                        ModelLink::new(seed, move |call| {
+                            tx.send(call)
+                                .map_err(|_| "the scoring this call belonged to has ended".into())
+                        })
+                        .tallied(tally.clone())
+                        .within(renderer.context)
+                    })
+                    .collect();
+                handle.spawn(async move {
+                    let mut results = Vec::new();
+                    if unrewarded {
+                        for (f, link) in fns.iter().zip(links) {
+                            results.push(f.score(&view, Some(link)).await);
+                        }
+                    }
+                    results
+                })
+            })
+            .collect();
+        drop(calls_tx);
+        let asked = Arc::new(AtomicUsize::new(0));
+        let lm_stop = &renderer.eos_token_ids;
+        let t0 = Instant::now();
+        let mut asks = 0;
+        while !scoring.iter().all(|h| h.is_finished()) || sampler.pending() > 0 {
+            while let Ok(call) = calls.try_recv() {
+                asks += 1;
+                if let Some((request, sink)) =
+                    crate::rollout::asks::ask(lm, &renderer.kwargs, lm_stop, call, &asked)
+                {
+                    sampler.admit(request, Box::new(sink));
+                }
+            }
+            if sampler.pending() == 0 || !sampler.step()? {
+                // Nothing to decode (or all of it on a server): the next call, or a score.
+                if let Ok(call) = calls.recv_timeout(Duration::from_millis(5)) {
+                    asks += 1;
+                    if let Some((request, sink)) =
+                        crate::rollout::asks::ask(lm, &renderer.kwargs, lm_stop, call, &asked)
+                    {
+                        sampler.admit(request, Box::new(sink));
+                    }
+                }
+            }
+        }
+        let results = handle.block_on(futures_util::future::join_all(scoring));
+        if asks > 0 {
+            stats.asks += asks;
+            stats.asked_tokens += asked.load(Ordering::Relaxed);
+            // The trainer's thread did nothing but answer them meanwhile.
+            stats.ask_s += t0.elapsed().as_secs_f64();
+        }
+        for (k, n) in tally.snapshot() {
+            *stats.generate_calls.entry(k).or_default() += n;
+        }
+        for (k, w) in tally.wait_s() {
+            *stats.generate_wait_s.entry(k).or_default() += w;
+        }
+        let mut out = Vec::with_capacity(ts.len());
+        for ((mut t, reported), results) in ts.into_iter().zip(results) {
+            let results = results.context("a reward task panicked")?;
+            match reported {
+                Some(r) => {
+                    if r.components.is_empty() {
+                        t.rewards.insert("agent".into(), r.total);
+                    } else {
+                        t.rewards.extend(r.components);
+                    }
+                    t.reward = r.total;
+                }
+                None => rewards.combine(&mut t, results, None),
+            }
+            out.push(t);
+        }
+        Ok(out)
     }
 
     /// Moves ended sessions into their groups, and ends the sessions whose agent has been
@@ -257,48 +371,6 @@ impl Link {
             .filter_map(|k| pending.remove(&k))
             .collect()
     }
-}
-
-/// Each trajectory's reward: the one its agent reported (named parts as components, a
-/// number as `agent`), else what the run's reward plugins give its transcript (all
-/// trajectories scored at once on the worker pool; a reward plugin cannot ask the model
-/// here: there is no rollout loop to answer it).
-fn score(
-    ts: Vec<(Trajectory, Option<super::sessions::Reward>)>,
-    rewards: &Rewards,
-    handle: &Handle,
-) -> Vec<Trajectory> {
-    let scoring = ts.iter().map(|(t, r)| {
-        let view = t.for_reward();
-        let unrewarded = r.is_none();
-        async move {
-            let mut results = Vec::new();
-            if unrewarded {
-                for f in &rewards.fns {
-                    results.push(f.score(&view, None).await);
-                }
-            }
-            results
-        }
-    });
-    let results = handle.block_on(futures_util::future::join_all(scoring));
-    ts.into_iter()
-        .zip(results)
-        .map(|((mut t, reported), results)| {
-            match reported {
-                Some(r) => {
-                    if r.components.is_empty() {
-                        t.rewards.insert("agent".into(), r.total);
-                    } else {
-                        t.rewards.extend(r.components);
-                    }
-                    t.reward = r.total;
-                }
-                None => rewards.combine(&mut t, results, None),
-            }
-            t
-        })
-        .collect()
 }
 
 /// A session row as a trajectory: its ids and log-probs as recorded, spans by who wrote

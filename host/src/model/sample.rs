@@ -44,6 +44,15 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Whether a token drawn with `self` is drawn as with `other`: the same temperature
+    /// and truncation (budgets, stops and seeds may differ), so both draw in one batch.
+    pub fn draws_as(&self, other: &SamplingParams) -> bool {
+        self.temperature == other.temperature
+            && self.top_k == other.top_k
+            && self.top_p == other.top_p
+            && self.min_p == other.min_p
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             anyhow::bail!("temperature must be >= 0, got {}", self.temperature);

@@ -5,11 +5,16 @@
 //! is drawn, so a caller can stream it or stop listening (the choice is dropped at the
 //! next step: a client that hangs up costs nothing more).
 //!
-//! It is the sampler behind the gateway (`gateway/serve.rs`, requests from many HTTP
-//! sessions) and behind [`generate`](generate), which admits its prompts
-//! at once and steps until they are done. Choice `j` of a request draws from a generator
-//! seeded by `(params.seed, request.index, j)` only, so its tokens do not depend on what
-//! else is in the batch.
+//! [`Sampling`] is the seam every caller samples through: the trajectory engine
+//! (`rollout/engine.rs`), the gateway (`gateway/pump.rs`), plugins' `model.generate` and
+//! [`generate`](generate). This sampler is its in-process side; vLLM servers are the other
+//! (`rollout/servers.rs`). A caller that acts between tokens (a trajectory whose tool
+//! fires at a stop pattern) releases a choice where it is and later resumes it with ids
+//! appended: here the choice's KV cache is kept meanwhile, so nothing is prefilled twice.
+//!
+//! Choice `j` of a request draws from a generator seeded by `(params.seed, request.index,
+//! request.first_choice + j)` only, so its tokens do not depend on what else is in the
+//! batch; a resumed choice goes on drawing from its own generator.
 
 use super::decoder::Model;
 use super::generate::{
@@ -36,6 +41,82 @@ pub struct Request {
     /// The adapter this request samples with, in place of the sampler's mode's (`None`:
     /// the mode's). Requests of different adapters decode in the same forwards.
     pub adapter: Option<Arc<AdapterSnapshot>>,
+    /// The number of the request's first choice: its choices are `first_choice..
+    /// first_choice + n`, in seeds and in what the sink is told (a group whose
+    /// trajectories are admitted in parts keeps each trajectory's seed).
+    pub first_choice: usize,
+    /// Sampled by the base model (adapters off), in a forward of its own.
+    pub base: bool,
+    /// A finished choice is held for [`Sampling::release`] (a caller that may continue
+    /// it) instead of being dropped.
+    pub hold: bool,
+}
+
+impl Request {
+    /// `n` choices of `prompt` with `params`, numbered from 0, by the sampler's weights.
+    pub fn new(prompt: Vec<u32>, n: usize, params: SamplingParams) -> Request {
+        Request {
+            prompt,
+            n,
+            params,
+            index: 0,
+            top_logprobs: 0,
+            adapter: None,
+            first_choice: 0,
+            base: false,
+            hold: false,
+        }
+    }
+
+    /// The seed of choice `choice` (numbered from `first_choice`).
+    pub fn seed(&self, choice: usize) -> u64 {
+        sample_seed(self.params.seed, self.index, choice)
+    }
+}
+
+/// A request's handle, for [`Sampling::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(pub u64);
+
+/// What continues a released choice: in process, its sequence with its KV cache; on
+/// servers, the server that holds its prefix in its cache (if one answered it).
+pub enum Held {
+    Sequence(Sequence),
+    Server(Option<usize>),
+}
+
+/// The sampler seam: where tokens come from, in process ([`Sampler`]) or on vLLM servers
+/// (`rollout::servers::Servers`). Requests join whenever they come; [`step`](Self::step)
+/// makes progress and hands tokens to the requests' sinks, in order per choice.
+pub trait Sampling<'t> {
+    /// Takes a request; its tokens go to `sink`. A request that cannot be sampled fails
+    /// through its sink at once.
+    fn admit(&mut self, request: Request, sink: Box<dyn Sink + 't>) -> Ticket;
+
+    /// Continues a choice [`release`](Self::release) gave back: `request.prompt` is its
+    /// ids so far and what was appended since (`n` is 1); `params` bound this part.
+    fn resume(&mut self, held: Held, request: Request, sink: Box<dyn Sink + 't>) -> Ticket;
+
+    /// Stops choice `choice` of `ticket` where it is, after the last token its sink took
+    /// (or takes back a held finished one), and gives back what continues it; `None` when
+    /// it is not known (failed, dropped, or released already).
+    fn release(&mut self, ticket: Ticket, choice: usize) -> Option<Held>;
+
+    /// Makes progress: in process one forward and one token for every live choice; on
+    /// servers, answers handed over and waiting choices sent. `false` when nothing could
+    /// be done (every request is on a server, or waits for room on one). An error means
+    /// the sampler cannot go on (no server left); a model failure instead fails the
+    /// requests it touched, through their sinks.
+    fn step(&mut self) -> Result<bool>;
+
+    /// Requests not yet finished.
+    fn pending(&self) -> usize;
+
+    /// Forwards run so far (in process; 0 on servers).
+    fn forwards(&self) -> u64;
+
+    /// Seconds spent in the base model's forwards (for requests with `base`).
+    fn base_s(&self) -> f64;
 }
 
 /// One drawn token of one choice.
@@ -66,6 +147,7 @@ type Tops = Vec<(u32, f32)>;
 
 /// A request being sampled.
 struct Live<'t> {
+    ticket: Ticket,
     request: Request,
     sink: Box<dyn Sink + 't>,
     /// Until its prompt is prefilled, one head; then its `n` choices.
@@ -75,6 +157,8 @@ struct Live<'t> {
 
 struct Choice<'t> {
     index: usize,
+    /// Where this part of the sequence began (after the prompt, or where it resumed).
+    start: usize,
     seq: Sequence,
     dec: IncrementalDecoder<'t>,
     /// Dropped: the sink stopped listening.
@@ -87,8 +171,13 @@ pub struct Sampler<'t> {
     tokenizer: &'t Tokenizer,
     mode: Mode<'t>,
     live: Vec<Live<'t>>,
-    /// Forwards run so far (each step's one packed forward).
+    /// Finished choices of requests with `hold`, until released.
+    held: Vec<(Ticket, usize, Sequence)>,
+    next_ticket: u64,
+    /// Forwards run so far (each step's packed forward, and the base model's).
     pub forwards: u64,
+    /// Seconds in the base model's forwards.
+    base_s: f64,
 }
 
 impl<'t> Sampler<'t> {
@@ -98,16 +187,22 @@ impl<'t> Sampler<'t> {
             tokenizer,
             mode,
             live: Vec::new(),
+            held: Vec::new(),
+            next_ticket: 0,
             forwards: 0,
+            base_s: 0.0,
         }
     }
 
-    /// Takes a request; it joins the next [`step`](Self::step). A request that cannot be
-    /// sampled (empty prompt, bad parameters, no room in the context) fails at once
-    /// through its sink.
-    pub fn admit(&mut self, request: Request, mut sink: Box<dyn Sink + 't>) {
+    fn ticket(&mut self) -> Ticket {
+        self.next_ticket += 1;
+        Ticket(self.next_ticket)
+    }
+
+    /// Why a request cannot be sampled, if it cannot.
+    fn refusal(&self, request: &Request) -> Option<String> {
         let context = self.model.cfg.max_position_embeddings;
-        let refused = if request.prompt.is_empty() {
+        if request.prompt.is_empty() {
             Some("the prompt is empty".to_string())
         } else if request.n == 0 {
             Some("n must be at least 1".to_string())
@@ -118,18 +213,94 @@ impl<'t> Sampler<'t> {
             ))
         } else {
             request.params.validate().err().map(|e| e.to_string())
-        };
-        if let Some(why) = refused {
+        }
+    }
+
+    /// Takes a request; it joins the next [`step`](Self::step). A request that cannot be
+    /// sampled (empty prompt, bad parameters, no room in the context) fails at once
+    /// through its sink. One for no new tokens (`max_new_tokens` 0) is prefilled and
+    /// ends, to be resumed from its cache.
+    pub fn admit(&mut self, request: Request, mut sink: Box<dyn Sink + 't>) -> Ticket {
+        let ticket = self.ticket();
+        if let Some(why) = self.refusal(&request) {
             sink.failed(&why);
-            return;
+            return ticket;
         }
         let head = Sequence::new(self.model, request.prompt.clone(), 0);
         self.live.push(Live {
+            ticket,
             request,
             sink,
             head: Some(head),
             choices: Vec::new(),
         });
+        ticket
+    }
+
+    /// [`Sampling::resume`]: the held sequence goes on from its cache when its ids are a
+    /// prefix of the request's prompt (the rest is appended, to be read by the next
+    /// forward); otherwise the prompt is prefilled afresh.
+    pub fn resume(&mut self, held: Held, request: Request, mut sink: Box<dyn Sink + 't>) -> Ticket {
+        let seq = match held {
+            Held::Sequence(seq)
+                if request.n == 1
+                    && seq.tokens.len() <= request.prompt.len()
+                    && request.prompt.starts_with(&seq.tokens) =>
+            {
+                seq
+            }
+            _ => return self.admit(request, sink),
+        };
+        let ticket = self.ticket();
+        if let Some(why) = self.refusal(&request) {
+            sink.failed(&why);
+            return ticket;
+        }
+        let mut seq = seq;
+        let new = &request.prompt[seq.tokens.len()..];
+        // Appending nothing keeps the logits a fork (or a prefill) left.
+        if !new.is_empty() {
+            seq.append(new);
+        }
+        // The part sampled now starts here: its length is counted from here.
+        seq.finish = None;
+        let choice = Choice {
+            index: request.first_choice,
+            start: seq.tokens.len(),
+            seq,
+            dec: IncrementalDecoder::new(self.tokenizer, false),
+            gone: false,
+        };
+        self.live.push(Live {
+            ticket,
+            request,
+            sink,
+            head: None,
+            choices: vec![choice],
+        });
+        ticket
+    }
+
+    /// [`Sampling::release`].
+    pub fn release(&mut self, ticket: Ticket, choice: usize) -> Option<Held> {
+        if let Some(at) = self
+            .held
+            .iter()
+            .position(|(t, c, _)| *t == ticket && *c == choice)
+        {
+            return Some(Held::Sequence(self.held.swap_remove(at).2));
+        }
+        let k = self.live.iter().position(|l| l.ticket == ticket)?;
+        let l = &mut self.live[k];
+        let at = l
+            .choices
+            .iter()
+            .position(|c| c.index == choice && !c.gone)?;
+        let seq = l.choices.remove(at).seq;
+        if l.choices.is_empty() && l.head.is_none() {
+            self.live.remove(k);
+        }
+        Some(Held::Sequence(seq))
     }
 
     /// Requests not yet finished.
@@ -153,24 +324,46 @@ impl<'t> Sampler<'t> {
         let forward = {
             let mut seqs: Vec<&mut Sequence> = Vec::new();
             let mut sets: Vec<Option<&AdapterSnapshot>> = Vec::new();
+            let mut base: Vec<&mut Sequence> = Vec::new();
             for l in self.live.iter_mut() {
                 let set = l.request.adapter.as_deref();
-                if let Some(head) = &mut l.head {
-                    seqs.push(head);
-                    sets.push(set);
-                }
-                for c in l.choices.iter_mut().filter(|c| !c.gone) {
-                    seqs.push(&mut c.seq);
-                    sets.push(set);
+                let live = l
+                    .head
+                    .iter_mut()
+                    .chain(l.choices.iter_mut().filter(|c| !c.gone).map(|c| &mut c.seq));
+                if l.request.base {
+                    base.extend(live);
+                } else {
+                    for seq in live {
+                        seqs.push(seq);
+                        sets.push(set);
+                    }
                 }
             }
-            if sets.iter().any(Option::is_some) {
+            // Sequences resumed from a fork have nothing to read: no forward for them.
+            let reads = |s: &Vec<&mut Sequence>| s.iter().any(|s| !s.pending().is_empty());
+            let policy = if !reads(&seqs) {
+                Ok(())
+            } else if sets.iter().any(Option::is_some) {
+                self.forwards += 1;
                 advance_mixed(self.model, &mut seqs, Some(&sets), self.mode)
             } else {
+                self.forwards += 1;
                 advance(self.model, &mut seqs, self.mode)
-            }
+            };
+            // The base model's requests (plugins' `model.generate` with `base` weights)
+            // take a forward of their own: adapters off.
+            policy.and_then(|()| {
+                if !reads(&base) {
+                    return Ok(());
+                }
+                let t0 = std::time::Instant::now();
+                self.forwards += 1;
+                let r = advance(self.model, &mut base, Mode::BASE);
+                self.base_s += t0.elapsed().as_secs_f64();
+                r
+            })
         };
-        self.forwards += 1;
         if let Err(e) = forward {
             let message = format!("the model failed: {e:#}");
             for l in self.live.drain(..) {
@@ -184,16 +377,33 @@ impl<'t> Sampler<'t> {
         for l in self.live.iter_mut() {
             if let Some(mut head) = l.head.take() {
                 let r = &l.request;
-                l.choices = (0..r.n)
+                l.choices = (r.first_choice..r.first_choice + r.n)
                     .map(|j| Choice {
                         index: j,
-                        seq: head.fork(sample_seed(r.params.seed, r.index, j)),
+                        start: head.tokens.len(),
+                        seq: head.fork(r.seed(j)),
                         dec: IncrementalDecoder::new(tokenizer, false),
                         gone: false,
                     })
                     .collect();
             }
         }
+        // A request for no new tokens has its prompt prefilled (and its choices forked):
+        // its choices end here, before any draw, to be resumed from their caches.
+        for l in self.live.iter_mut() {
+            if l.request.params.max_new_tokens == 0 {
+                for mut c in l.choices.drain(..) {
+                    c.seq.finish = Some(Finish::Length);
+                    let empty =
+                        Completion::new(Vec::new(), Vec::new(), String::new(), Finish::Length);
+                    l.sink.done(c.index, empty);
+                    if l.request.hold {
+                        self.held.push((l.ticket, c.index, c.seq));
+                    }
+                }
+            }
+        }
+        self.live.retain(|l| !l.choices.is_empty());
         // The likeliest tokens are read before the draw takes the logits.
         let mut tops: Vec<Result<Vec<Tops>>> = Vec::with_capacity(self.live.len());
         for l in &self.live {
@@ -211,8 +421,9 @@ impl<'t> Sampler<'t> {
                     .collect(),
             );
         }
-        // Where the logits are on a GPU, one draw for every request with the same
-        // parameters (`generate`'s prompts share theirs: one draw a step, as before).
+        // Where the logits are on a GPU, one draw for every request that draws alike
+        // (a batch's trajectories differ only in their budgets and stops: one draw a
+        // step).
         let mut drawn = vec![false; self.live.len()];
         for i in 0..self.live.len() {
             if drawn[i] {
@@ -221,14 +432,18 @@ impl<'t> Sampler<'t> {
             let params = self.live[i].request.params.clone();
             let mut seqs: Vec<&mut Sequence> = Vec::new();
             for (l, d) in self.live.iter_mut().zip(drawn.iter_mut()) {
-                if !*d && l.request.params == params {
+                if !*d && l.request.params.draws_as(&params) {
                     *d = true;
                     seqs.extend(l.choices.iter_mut().map(|c| &mut c.seq));
                 }
             }
             if let Err(e) = draw(&mut seqs, &params) {
                 let message = format!("sampling failed: {e:#}");
-                for l in self.live.iter_mut().filter(|l| l.request.params == params) {
+                for l in self
+                    .live
+                    .iter_mut()
+                    .filter(|l| l.request.params.draws_as(&params))
+                {
                     l.sink.failed(&message);
                     l.choices.clear();
                 }
@@ -238,7 +453,7 @@ impl<'t> Sampler<'t> {
             if l.choices.is_empty() {
                 continue;
             }
-            if let Err(e) = tops.and_then(|tops| Self::take(l, tops, context)) {
+            if let Err(e) = tops.and_then(|tops| Self::take(l, tops, context, &mut self.held)) {
                 l.sink.failed(&format!("sampling failed: {e:#}"));
                 l.choices.clear();
             }
@@ -249,12 +464,18 @@ impl<'t> Sampler<'t> {
 
     /// Takes the drawn token of each of a request's choices, tells its sink, and ends
     /// the choices that stop.
-    fn take(l: &mut Live<'t>, tops: Vec<Tops>, context: usize) -> Result<()> {
+    fn take(
+        l: &mut Live<'t>,
+        tops: Vec<Tops>,
+        context: usize,
+        held: &mut Vec<(Ticket, usize, Sequence)>,
+    ) -> Result<()> {
         let params = &l.request.params;
         for (c, top) in l.choices.iter_mut().zip(tops) {
             let (id, logp) = c.seq.sample_next(params)?;
             let text = c.dec.push(id)?.unwrap_or_default();
-            let mut finish = stop_check(c.seq.completion().len(), &c.dec, id, params);
+            let sampled = c.seq.tokens.len() - c.start;
+            let mut finish = stop_check(sampled, &c.dec, id, params);
             if finish.is_none() && c.seq.tokens.len() >= context {
                 finish = Some(Finish::Length);
             }
@@ -272,13 +493,60 @@ impl<'t> Sampler<'t> {
             if let Some(finish) = finish {
                 c.seq.finish = Some(finish);
                 c.dec.flush()?;
-                let completion = completion_of(&c.seq, &c.dec);
+                let completion = completion_of(&c.seq, c.start, &c.dec);
                 l.sink.done(c.index, completion);
                 c.gone = true;
             }
         }
+        if l.request.hold {
+            // Finished (not dropped) choices wait for their caller's release.
+            let ticket = l.ticket;
+            held.extend(
+                l.choices
+                    .extract_if(.., |c| c.gone && c.seq.finish.is_some())
+                    .map(|c| (ticket, c.index, c.seq)),
+            );
+        }
         l.choices.retain(|c| !c.gone);
         Ok(())
+    }
+}
+
+impl<'t> Sampling<'t> for Sampler<'t> {
+    fn admit(&mut self, request: Request, sink: Box<dyn Sink + 't>) -> Ticket {
+        Sampler::admit(self, request, sink)
+    }
+
+    fn resume(&mut self, held: Held, request: Request, sink: Box<dyn Sink + 't>) -> Ticket {
+        Sampler::resume(self, held, request, sink)
+    }
+
+    fn release(&mut self, ticket: Ticket, choice: usize) -> Option<Held> {
+        Sampler::release(self, ticket, choice)
+    }
+
+    fn step(&mut self) -> Result<bool> {
+        if self.is_empty() {
+            return Ok(false);
+        }
+        // A model error has failed the requests it touched (their sinks were told); the
+        // sampler itself goes on.
+        if let Err(e) = Sampler::step(self) {
+            tracing::debug!("a decode step failed: {e:#}");
+        }
+        Ok(true)
+    }
+
+    fn pending(&self) -> usize {
+        self.len()
+    }
+
+    fn forwards(&self) -> u64 {
+        self.forwards
+    }
+
+    fn base_s(&self) -> f64 {
+        self.base_s
     }
 }
 
@@ -304,12 +572,8 @@ pub fn generate(
     let mut sampler = Sampler::new(model, tokenizer, mode);
     for (i, prompt) in prompts.iter().enumerate() {
         let request = Request {
-            prompt: prompt.clone(),
-            n,
-            params: params.clone(),
             index: i,
-            top_logprobs: 0,
-            adapter: None,
+            ..Request::new(prompt.clone(), n, params.clone())
         };
         let sink = Collect {
             out: &outs[i],
@@ -336,11 +600,16 @@ pub fn generate(
         .collect())
 }
 
-/// A finished choice as [`generate`](generate) returns it.
-pub(crate) fn completion_of(seq: &Sequence, dec: &IncrementalDecoder) -> Completion {
+/// A finished choice as [`generate`](generate) returns it: what was sampled from `start`
+/// on (the prompt's end, or where a resumed choice went on).
+pub(crate) fn completion_of(seq: &Sequence, start: usize, dec: &IncrementalDecoder) -> Completion {
+    let from = start - seq.prompt_len;
     Completion::new(
-        seq.completion().to_vec(),
-        seq.logprobs.iter().map(|l| l.unwrap_or(f32::NAN)).collect(),
+        seq.tokens[start..].to_vec(),
+        seq.logprobs[from..]
+            .iter()
+            .map(|l| l.unwrap_or(f32::NAN))
+            .collect(),
         dec.text().to_string(),
         seq.finish.clone().unwrap_or(Finish::Length),
     )
@@ -402,18 +671,15 @@ mod tests {
     }
 
     fn request(prompt: Vec<u32>, seed: u64, top: usize) -> Request {
+        let params = SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 10,
+            seed,
+            ..SamplingParams::default()
+        };
         Request {
-            prompt,
-            n: 1,
-            params: SamplingParams {
-                temperature: 1.0,
-                max_new_tokens: 10,
-                seed,
-                ..SamplingParams::default()
-            },
-            index: 0,
             top_logprobs: top,
-            adapter: None,
+            ..Request::new(prompt, 1, params)
         }
     }
 
@@ -570,6 +836,118 @@ mod tests {
         // The adapters change what is sampled (the comparison is not of three base runs).
         let base_b = alone(&None, &prompts[1], 21);
         assert_ne!(base_b.logprobs, alone(&sets[1], &prompts[1], 21).logprobs);
+    }
+
+    /// A choice released mid-way (as a trajectory whose tool fires) and resumed with ids
+    /// appended goes on from its cache and its own generator: the same tokens and
+    /// log-probs as one sequence decoded by hand through the same insertion; a prefill
+    /// request (no new tokens) holds its forks for that, and a held choice resumed from a
+    /// prompt that does not extend it is prefilled afresh.
+    #[test]
+    fn a_released_choice_resumes_from_its_cache() {
+        use crate::model::generate::advance;
+        let dir = fixtures::model_dir("qwen2");
+        let (model, tok) = (fixtures::load("qwen2"), Tokenizer::from_dir(&dir).unwrap());
+        let prompt = vec![1u32, 2, 3, 4];
+        let insert = [508u32, 17, 18];
+        let params = request(prompt.clone(), 3, 0).params;
+        // By hand: fork seed as the sampler seeds choice 2 of request index 9.
+        let seed = sample_seed(params.seed, 9, 2);
+        let mut by_hand = Sequence::new(&model, prompt.clone(), seed);
+        for k in 0..8 {
+            advance(&model, &mut [&mut by_hand], Mode::INFERENCE).unwrap();
+            by_hand.sample_next(&params).unwrap();
+            if k == 3 {
+                by_hand.append(&insert);
+            }
+        }
+        let mut sampler = Sampler::new(&model, &tok, Mode::INFERENCE);
+        let seen = Seen::default();
+        let probe = || {
+            Box::new(Probe {
+                seen: seen.clone(),
+                listen: true,
+            })
+        };
+        let prefill = Request {
+            index: 9,
+            first_choice: 1,
+            hold: true,
+            params: SamplingParams {
+                max_new_tokens: 0,
+                ..params.clone()
+            },
+            ..Request::new(prompt.clone(), 2, params.clone())
+        };
+        let ticket = Sampling::admit(&mut sampler, prefill, probe());
+        assert!(Sampling::step(&mut sampler).unwrap());
+        assert!(sampler.is_empty(), "a prefill ends at once");
+        assert_eq!(seen.0.lock().unwrap().1.len(), 2);
+        assert!(seen.0.lock().unwrap().0.is_empty(), "no token is drawn");
+        let held = sampler.release(ticket, 2).unwrap();
+        assert!(sampler.release(ticket, 2).is_none(), "released once");
+        let part = |ids: Vec<u32>| Request {
+            hold: true,
+            ..Request::new(ids, 1, params.clone())
+        };
+        let ticket = sampler.resume(held, part(prompt.clone()), probe());
+        for _ in 0..4 {
+            Sampling::step(&mut sampler).unwrap();
+        }
+        let Some(Held::Sequence(seq)) = sampler.release(ticket, 0) else {
+            panic!("a live choice is released with its sequence");
+        };
+        assert!(sampler.is_empty());
+        let mut ids = seq.tokens.clone();
+        ids.extend(insert);
+        let ticket = sampler.resume(Held::Sequence(seq), part(ids), probe());
+        for _ in 0..4 {
+            Sampling::step(&mut sampler).unwrap();
+        }
+        let Some(Held::Sequence(seq)) = sampler.release(ticket, 0) else {
+            panic!("a live choice is released with its sequence");
+        };
+        assert_eq!(seq.tokens, by_hand.tokens);
+        for (a, b) in seq.logprobs.iter().zip(&by_hand.logprobs) {
+            match (a, b) {
+                (Some(a), Some(b)) => assert!((a - b).abs() < 1e-5, "{a} vs {b}"),
+                (a, b) => assert_eq!(a.is_none(), b.is_none()),
+            }
+        }
+        // The sink saw the sampled tokens only, in order.
+        let sampled: Vec<u32> = seen.0.lock().unwrap().0.iter().map(|t| t.id).collect();
+        let want: Vec<u32> = (prompt.len()..by_hand.tokens.len())
+            .filter(|&k| by_hand.logprobs[k - prompt.len()].is_some())
+            .map(|k| by_hand.tokens[k])
+            .collect();
+        assert_eq!(sampled, want);
+        // A held sequence that the prompt does not extend is not used: fresh prefill,
+        // seeded as a new choice.
+        let other = vec![7u32, 8];
+        let alone = generate(
+            &model,
+            &tok,
+            std::slice::from_ref(&other),
+            1,
+            &params,
+            Mode::INFERENCE,
+        )
+        .unwrap()
+        .remove(0)
+        .remove(0);
+        let fresh = Seen::default();
+        sampler.resume(
+            Held::Sequence(by_hand),
+            Request::new(other, 1, params.clone()),
+            Box::new(Probe {
+                seen: fresh.clone(),
+                listen: true,
+            }),
+        );
+        while !sampler.is_empty() {
+            Sampling::step(&mut sampler).unwrap();
+        }
+        assert_eq!(fresh.0.lock().unwrap().1[0].tokens, alone.tokens);
     }
 
     /// What cannot be sampled fails through the sink, before any step.

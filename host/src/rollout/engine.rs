@@ -7,6 +7,14 @@
 //! waits on one leaves the batch, the others keep decoding, and it rejoins with the
 //! inserted tokens pending when the answer arrives.
 //!
+//! What draws the tokens is the sampler seam (`model/sampler.rs`): the in-process sampler
+//! or vLLM servers (`rollout/servers.rs`), behind one trait, so this file holds the
+//! trajectory logic once. A trajectory asks the seam for its next part (its ids so far,
+//! the rest of its turn's budget, its stop patterns), acts on each token as it comes, and
+//! releases the part where its logic stops it (a tool fires, the turn ends): in process
+//! its KV cache is kept, on servers its server, and the next part resumes from there.
+//! A group's prompt is prefilled once and forked into its trajectories.
+//!
 //! Token-in/token-out: the ids in a trajectory are exactly the ids the model saw. Inserted
 //! text (tool output, environment turns) is tokenized on its own and appended; the
 //! history is never re-encoded, so the trainer's log-probs are over the same ids the
@@ -17,25 +25,27 @@
 //! may decode to more than the pattern (`</calc>\n`): the tool sees the text up to the
 //! pattern's end, and its output follows the whole token.
 
-use super::asks::Ask;
 use super::render::{escaped, inserted_ids, prompt_tokens};
 use super::reward::{Rewards, Scored};
+use super::servers::Servers;
 use super::tools::{self, Answer, ToolSpec, Toolbox, Written};
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
 use super::turns::TurnFormat;
-use super::vllm::{Pool, Request, RequestError, Sampled};
+use super::vllm::Pool;
 use crate::model::bundle::LanguageModel;
-use crate::model::generate::{Sequence, advance, draw, sample_seed};
+use crate::model::generate::{Completion, sample_seed};
 use crate::model::lora::Mode;
 use crate::model::sample::SamplingParams;
+use crate::model::sampler::{Held, Request, Sampler, Sampling, Sink, Ticket, Token};
 use crate::model::tokenizer::IncrementalDecoder;
 use crate::openenv::client::{Remote, RemoteEpisode};
-use crate::plugin::model::{CallTally, GenerateCall, ModelLink, Weights};
+use crate::plugin::model::{CallTally, GenerateCall, ModelLink};
 use crate::plugin::{EnvironmentEpisode, Fault, StepResult, ToolsSession, TriggerSession};
 use crate::sample::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value as Json};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -231,6 +241,14 @@ enum Event {
         Duration,
     ),
     ToolsOpened(usize, usize, Result<ToolsSession, Fault>),
+    /// A token the sampler drew for trajectory `usize`'s request number `u64`.
+    Token(usize, u64, Token),
+    /// The sampler ended that request (its own stop rule, or a prefill).
+    Ended(usize, u64),
+    /// The sampler could not sample for it (the message says why).
+    Unsampled(usize, String),
+    /// A vLLM server answered: the loop steps the sampler.
+    Wake,
     /// A turn's function calls answered: the trajectory's sessions back, the answers in
     /// the calls' order, the faults.
     Called(
@@ -241,12 +259,67 @@ enum Event {
         Duration,
     ),
     Scored(usize, Vec<Scored>, Duration),
-    /// A vLLM server's answer for a trajectory, from server `usize`.
-    Sampled(usize, usize, Result<Sampled, RequestError>),
     /// A plugin's `model.generate` call, within its grant.
     Generate(GenerateCall),
-    /// A vLLM server's answer for the ask in slot `usize`, from server `usize`.
-    Answered(usize, usize, Result<Sampled, RequestError>),
+}
+
+/// Where the sampler's tokens for a trajectory's request go: the batch's loop, as events
+/// (choice `c` of the request is trajectory `first + c`).
+struct ToLoop {
+    first: usize,
+    request: u64,
+    tx: mpsc::Sender<Event>,
+}
+
+impl Sink for ToLoop {
+    fn token(&mut self, token: Token) -> bool {
+        let t = self.first + token.choice;
+        self.tx.send(Event::Token(t, self.request, token)).is_ok()
+    }
+
+    fn done(&mut self, choice: usize, _: Completion) {
+        let _ = self
+            .tx
+            .send(Event::Ended(self.first + choice, self.request));
+    }
+
+    fn failed(&mut self, message: &str) {
+        let _ = self
+            .tx
+            .send(Event::Unsampled(self.first, message.to_string()));
+    }
+}
+
+/// A trajectory's ids: the prompt, then sampled and inserted ones, with the sampling
+/// log-prob of each sampled one (`None`: inserted).
+struct Ids {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    logps: Vec<Option<f32>>,
+}
+
+impl Ids {
+    fn new(prompt: Vec<u32>) -> Ids {
+        Ids {
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            logps: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, token: u32, logp: f32) {
+        self.tokens.push(token);
+        self.logps.push(Some(logp));
+    }
+
+    fn append(&mut self, ids: &[u32]) {
+        self.tokens.extend_from_slice(ids);
+        self.logps.extend(ids.iter().map(|_| None));
+    }
+
+    fn completion(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -254,27 +327,25 @@ enum State {
     /// Its plugin sessions (this many) are still opening; it joins the decode once they
     /// are open, while the trajectories whose sessions are open already decode.
     Opening(u8),
+    /// Sampling: it has a request on the sampler, or gets one at the next round.
     Active,
     /// A plugin call of its is in flight.
     Waiting,
-    /// A request to a vLLM server is in flight for it.
-    Sampling,
     Done(StopReason),
-}
-
-impl State {
-    /// Waiting on a plugin or a server: the decode loop may block for it when nothing
-    /// can decode.
-    fn on_plugin(self) -> bool {
-        matches!(self, State::Opening(_) | State::Waiting | State::Sampling)
-    }
 }
 
 /// One trajectory while it is being sampled.
 struct Live<'t> {
     sample: usize,
     index: usize,
-    seq: Sequence,
+    ids: Ids,
+    /// Its request on the sampler and the choice it is there (none while it waits, or
+    /// between two parts), and what continues it meanwhile (its KV cache, its server).
+    ticket: Option<(Ticket, usize)>,
+    held: Option<Held>,
+    /// Numbers its requests (0 is its group's prefill): tokens of an earlier one that
+    /// are still on their way are not its.
+    request: u64,
     dec: IncrementalDecoder<'t>,
     state: State,
     trigger: Option<TriggerSession>,
@@ -289,7 +360,7 @@ struct Live<'t> {
     /// Byte offset in the decoded text where a stop pattern may start: the end of the
     /// last insertion (patterns inside inserted text never fire).
     scan_from: usize,
-    /// Index in `seq.tokens` where the current assistant turn began.
+    /// Index in `ids.tokens` where the current assistant turn began.
     turn_start: usize,
     turn_tokens: usize,
     /// Whether the model is inside an assistant turn not yet recorded in `messages`.
@@ -305,11 +376,8 @@ struct Live<'t> {
     tool_truncations: u32,
     faults: Vec<FaultRecord>,
     env_reward: Option<f64>,
-    /// With vLLM servers: tokens (and log-probs) the server sampled, not yet acted on; the
-    /// server this trajectory's requests go to; the trajectory's seed and its requests
-    /// so far (each request's seed is drawn from both).
-    remote: std::collections::VecDeque<(u32, f32)>,
-    server: Option<usize>,
+    /// The trajectory's seed and the sampling requests it made so far (a request to a
+    /// server is seeded by both; in process it draws from its own generator throughout).
     seed: u64,
     requests: u64,
 }
@@ -338,40 +406,41 @@ struct Batch<'t> {
     /// Where plugin calls send their answers, and where the decode loop reads them.
     tx: mpsc::Sender<Event>,
     rx: mpsc::Receiver<Event>,
-    /// Plugins' `model.generate` calls being answered (a slot is emptied when its call
-    /// is; with vLLM servers, a slot names its request).
-    asks: Vec<Option<Ask<'t>>>,
+    /// Tokens sampled for plugins' `model.generate` calls.
+    asked: Arc<AtomicUsize>,
     /// The outcomes of those calls (and of the refused ones) by plugin.
     tally: std::sync::Arc<CallTally>,
+    /// Whether vLLM servers sample (a wait for them is the servers' time).
+    remote: bool,
+    /// Whether the sampler has stepped once (the first step is the prefill).
+    prefilled: bool,
 }
 
 impl Batch<'_> {
-    /// Whether a plugin's `model.generate` call is being answered.
-    fn asking(&self) -> bool {
-        self.asks.iter().any(Option::is_some)
+    /// Whether anything is left: a trajectory not handed over, a score, a request.
+    fn unfinished(&self, pending: usize) -> bool {
+        pending > 0 || self.scored < self.scoring || self.done.iter().any(Option::is_none)
     }
 
-    /// Whether the loop must go on for something on its way: a plugin's answer, a
-    /// server's, a trajectory's score.
-    fn awaiting(&self) -> bool {
-        self.lives.iter().any(|l| l.state.on_plugin()) || self.scored < self.scoring
-    }
-
-    /// The next plugin answer: one that has come (`None` if none has), or with `block`
-    /// the next to come, the wait counted as the batch's `plugin_wait_s`.
-    fn next_event(&mut self, block: bool) -> Result<Option<Event>> {
-        if !block {
+    /// The next event: one that has come (`None` if none has), or with `wait` the next
+    /// to come within it, the wait counted as the servers' time when a request is on a
+    /// server, else as the plugins'.
+    fn next_event(&mut self, wait: Option<Duration>) -> Result<Option<Event>> {
+        let Some(wait) = wait else {
             return Ok(self.rx.try_recv().ok());
-        }
+        };
         let w = Instant::now();
-        let event = self.rx.recv().context("plugin worker pool stopped")?;
-        // Waiting with a server request in flight is the server's time, not a plugin's.
-        if self.lives.iter().any(|l| l.state == State::Sampling) {
+        let event = match self.rx.recv_timeout(wait) {
+            Ok(event) => Some(event),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("plugin worker pool stopped"),
+        };
+        if self.remote && self.lives.iter().any(|l| l.ticket.is_some()) {
             self.stats.server_wait_s += w.elapsed().as_secs_f64();
         } else {
             self.stats.plugin_wait_s += w.elapsed().as_secs_f64();
         }
-        Ok(Some(event))
+        Ok(event)
     }
 
     /// The finished trajectories by sample, and the batch's figures.
@@ -390,6 +459,7 @@ impl Batch<'_> {
             .collect();
         let mut stats = self.stats;
         stats.trajectories = self.done.len();
+        stats.asked_tokens = self.asked.load(Ordering::Relaxed);
         stats.generate_calls = self.tally.snapshot();
         stats.generate_wait_s = self.tally.wait_s();
         for (t, traj) in self.done.into_iter().enumerate() {
@@ -509,15 +579,27 @@ impl<'a> Engine<'a> {
             }
             None => None,
         };
+        let mut sampler: Box<dyn Sampling<'_> + '_> = match (&lease, &self.settings.remote) {
+            (Some(lease), Some(pool)) => {
+                let wake = tx.clone();
+                let wake = Arc::new(move || {
+                    let _ = wake.send(Event::Wake);
+                }) as super::servers::Notify;
+                Box::new(
+                    Servers::new(
+                        pool.clone(),
+                        lease.name.clone(),
+                        &self.lm.tokenizer,
+                        self.handle.clone(),
+                    )
+                    .with_notify(wake),
+                )
+            }
+            _ => Box::new(Sampler::new(&self.lm.model, &self.lm.tokenizer, mode)),
+        };
         let tally = std::sync::Arc::new(CallTally::default());
         let opening = self.open_sessions(samples, seed, &tx, &tally);
-        let lives = match &lease {
-            None => self.prefill(starts, samples, seed, mode, opening)?,
-            // The servers prefill as they answer each trajectory's first request.
-            Some(_) => self.unprefilled(starts, samples, seed, opening),
-        };
-        stats.forwards += usize::from(lease.is_none());
-        stats.prefill_s = t0.elapsed().as_secs_f64();
+        let lives = self.lives(starts, samples, seed, opening);
         let mut batch = Batch {
             done: (0..lives.len()).map(|_| None).collect(),
             lives,
@@ -526,22 +608,17 @@ impl<'a> Engine<'a> {
             scored: 0,
             tx,
             rx,
-            asks: Vec::new(),
+            asked: Default::default(),
             tally,
+            remote: lease.is_some(),
+            prefilled: false,
         };
-        match &lease {
-            None => while self.decode_step(&mut batch, samples, version, mode)? {},
-            Some(lease) => {
-                while self.remote_step(&mut batch, samples, version, lease)? {}
-                batch.stats.retries = (lease.pool.retries() - retries_before) as usize;
-            }
+        self.prefill(&mut batch, sampler.as_mut(), samples, seed);
+        while self.round(&mut batch, sampler.as_mut(), samples, version, t0)? {}
+        if let Some(lease) = &lease {
+            batch.stats.retries = (lease.pool.retries() - retries_before) as usize;
         }
-        while batch.scored < batch.scoring {
-            let event = batch
-                .next_event(true)?
-                .expect("a blocking wait returns an event");
-            self.apply(event, &mut batch)?;
-        }
+        drop(sampler);
         Ok(batch.into_groups(samples, self.settings.group_size, t0))
     }
 
@@ -861,42 +938,54 @@ impl<'a> Engine<'a> {
         .within(self.lm.model.cfg.max_position_embeddings)
     }
 
-    /// Prefills each distinct prompt once and forks its cache into its group's
-    /// trajectories (with an OpenEnv `reset` prompt, trajectories of a group may differ),
-    /// which wait for `opening` plugin sessions each before they decode.
-    fn prefill(
+    /// Asks the sampler to prefill each distinct prompt once and fork it into its group's
+    /// trajectories (with an OpenEnv `reset` prompt, trajectories of a group may differ):
+    /// a request for no new tokens whose choices are held, each trajectory's own from then
+    /// on (in process its forked cache, drawing from a generator seeded by `(seed, id,
+    /// j)`). Each resumes once its plugin sessions are open.
+    fn prefill<'m>(
         &self,
-        starts: Vec<Start>,
+        b: &mut Batch<'a>,
+        sampler: &mut dyn Sampling<'m>,
         samples: &[(u64, Sample)],
         seed: u64,
-        mode: Mode,
-        opening: u8,
-    ) -> Result<Vec<Live<'a>>> {
-        let model = &self.lm.model;
+    ) {
         let g = self.settings.group_size;
-        let mut heads: Vec<Sequence> = Vec::new();
-        let mut head_of = Vec::with_capacity(starts.len());
-        for (t, start) in starts.iter().enumerate() {
-            if t % g != 0 && start.prompt == starts[t - 1].prompt {
-                head_of.push(*head_of.last().expect("t > 0"));
-            } else {
-                heads.push(Sequence::new(model, start.prompt.clone(), 0));
-                head_of.push(heads.len() - 1);
+        let mut t = 0;
+        while t < b.lives.len() {
+            let (i, j0) = (t / g, t % g);
+            let prompt = &b.lives[t].ids.tokens;
+            let run = 1 + b.lives[t + 1..(i + 1) * g]
+                .iter()
+                .take_while(|l| l.ids.tokens == *prompt)
+                .count();
+            let params = SamplingParams {
+                max_new_tokens: 0,
+                seed,
+                ..self.settings.sampling.clone()
+            };
+            let request = Request {
+                index: samples[i].0 as usize,
+                first_choice: j0,
+                hold: true,
+                ..Request::new(prompt.clone(), run, params)
+            };
+            let sink = ToLoop {
+                first: i * g,
+                request: 0,
+                tx: b.tx.clone(),
+            };
+            let ticket = sampler.admit(request, Box::new(sink));
+            for (k, l) in b.lives[t..t + run].iter_mut().enumerate() {
+                l.ticket = Some((ticket, j0 + k));
             }
+            t += run;
         }
-        advance(model, &mut heads.iter_mut().collect::<Vec<_>>(), mode)?;
-        let mut lives = Vec::with_capacity(starts.len());
-        for (t, start) in starts.into_iter().enumerate() {
-            let (i, j) = (t / g, t % g);
-            let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
-            let seq = heads[head_of[t]].fork(traj_seed);
-            lives.push(self.live(i, j, seq, traj_seed, opening, samples, start));
-        }
-        Ok(lives)
     }
 
-    /// The trajectories of a batch sampled by vLLM servers: nothing computed here.
-    fn unprefilled(
+    /// The batch's trajectories (sample `i`'s `j`th at `i * G + j`), about to be
+    /// prefilled; each waits for `opening` plugin sessions before it samples.
+    fn lives(
         &self,
         starts: Vec<Start>,
         samples: &[(u64, Sample)],
@@ -908,29 +997,29 @@ impl<'a> Engine<'a> {
         for (t, start) in starts.into_iter().enumerate() {
             let (i, j) = (t / g, t % g);
             let traj_seed = sample_seed(seed, samples[i].0 as usize, j);
-            let seq = Sequence::new(&self.lm.model, start.prompt.clone(), traj_seed);
-            lives.push(self.live(i, j, seq, traj_seed, opening, samples, start));
+            lives.push(self.live(i, j, traj_seed, opening, samples, start));
         }
         lives
     }
 
     /// Trajectory `j` of sample `i`, about to decode after its prompt.
-    #[allow(clippy::too_many_arguments)]
     fn live(
         &self,
         i: usize,
         j: usize,
-        seq: Sequence,
         seed: u64,
         opening: u8,
         samples: &[(u64, Sample)],
         start: Start,
     ) -> Live<'a> {
-        let first = seq.tokens.len();
+        let first = start.prompt.len();
         Live {
             sample: i,
             index: j,
-            seq,
+            ids: Ids::new(start.prompt),
+            ticket: None,
+            held: None,
+            request: 0,
             dec: IncrementalDecoder::new(&self.lm.tokenizer, false),
             state: if opening > 0 {
                 State::Opening(opening)
@@ -957,271 +1046,128 @@ impl<'a> Engine<'a> {
             tool_truncations: 0,
             faults: start.fault.into_iter().collect(),
             env_reward: None,
-            remote: Default::default(),
-            server: None,
             seed,
             requests: 0,
         }
     }
 
-    /// One round of the decode loop: takes the plugin answers that have come (waiting
-    /// for one only when nothing can decode), hands finished trajectories to be scored,
-    /// and samples one token for every active trajectory. `false` once nothing is left to
-    /// decode or wait for.
-    fn decode_step(
+    /// One round of the loop: takes the events that have come (plugin answers, tokens),
+    /// hands finished trajectories to be scored, gives every active trajectory without
+    /// a request its next one, and steps the sampler. When the sampler could do nothing
+    /// (everything waits on a plugin or a server) it waits for the next event. `false`
+    /// once nothing is left to sample or wait for.
+    fn round<'m>(
         &self,
         b: &mut Batch<'a>,
+        sampler: &mut dyn Sampling<'m>,
         samples: &[(u64, Sample)],
         version: u64,
-        mode: Mode,
-    ) -> Result<bool> {
+        t0: Instant,
+    ) -> Result<bool>
+    where
+        'a: 'm,
+    {
         self.check_cancel()?;
-        loop {
-            let block =
-                !b.lives.iter().any(|l| l.state == State::Active) && !b.asking() && b.awaiting();
-            if block {
-                // A finished trajectory gives back its sessions before the loop waits:
-                // another may be waiting for its place (`rollout.openenv.max_sessions`).
-                self.hand_over_finished(b, samples, version)?;
-            }
-            let Some(event) = b.next_event(block)? else {
-                break;
-            };
-            self.apply(event, b)?;
+        while let Some(event) = b.next_event(None)? {
+            self.apply(event, b, sampler)?;
         }
         self.hand_over_finished(b, samples, version)?;
-        let mut active: Vec<&mut Live> = b
-            .lives
-            .iter_mut()
-            .filter(|l| l.state == State::Active)
-            .collect();
-        let asking = b.asks.iter().any(Option::is_some);
-        if active.is_empty() && !asking {
-            // Nothing decodes: go on only while an answer or a score is still to come
-            // (a reward may still ask the model).
-            return Ok(b.awaiting());
-        }
-        let f0 = Instant::now();
-        let asks_only = active.is_empty();
-        // The asks the policy answers join the trajectories' forward; the base model's
-        // take one of their own (adapters off).
-        let mut seqs: Vec<&mut Sequence> = active
-            .iter_mut()
-            .filter(|l| !l.seq.ready())
-            .map(|l| &mut l.seq)
-            .chain(
-                b.asks
-                    .iter_mut()
-                    .flatten()
-                    .filter(|a| a.weights == Weights::Policy && !a.seq.ready())
-                    .map(|a| &mut a.seq),
-            )
-            .collect();
-        if !seqs.is_empty() {
-            advance(&self.lm.model, &mut seqs, mode)?;
-            b.stats.forwards += 1;
-        }
-        let mut base: Vec<&mut Sequence> = b
-            .asks
-            .iter_mut()
-            .flatten()
-            .filter(|a| a.weights == Weights::Base && !a.seq.ready())
-            .map(|a| &mut a.seq)
-            .collect();
-        if !base.is_empty() {
-            let t = Instant::now();
-            advance(&self.lm.model, &mut base, Mode::BASE)?;
-            b.stats.forwards += 1;
-            if !asks_only {
-                b.stats.ask_s += t.elapsed().as_secs_f64();
+        self.submit(b, sampler);
+        if sampler.pending() > 0 {
+            let sampling = b.lives.iter().any(|l| l.ticket.is_some());
+            let (f0, base0, forwards0) = (Instant::now(), sampler.base_s(), sampler.forwards());
+            let progressed = sampler.step()?;
+            let took = f0.elapsed().as_secs_f64();
+            b.stats.forwards += (sampler.forwards() - forwards0) as usize;
+            let base = sampler.base_s() - base0;
+            if !b.prefilled {
+                b.prefilled = true;
+                b.stats.prefill_s = t0.elapsed().as_secs_f64();
+            } else if sampling {
+                // The base model's forward for plugins' asks is theirs; the policy's asks
+                // ride along in the trajectories' forward.
+                b.stats.decode_s += took - base;
+                b.stats.ask_s += base;
+            } else {
+                b.stats.ask_s += took;
+            }
+            if progressed {
+                return Ok(true);
             }
         }
-        // Where the logits are on a GPU, every active trajectory's token in one draw.
-        draw(
-            &mut active.iter_mut().map(|l| &mut l.seq).collect::<Vec<_>>(),
-            &self.settings.sampling,
-        )?;
-        b.stats.decode_s += f0.elapsed().as_secs_f64();
-        for l in active {
-            self.step(l, &b.tx)?;
+        if !b.unfinished(sampler.pending()) {
+            return Ok(false);
         }
-        for slot in b.asks.iter_mut() {
-            if let Some(ask) = slot {
-                let (tok, _) = ask.seq.sample_next(&ask.params)?;
-                b.stats.asked_tokens += 1;
-                if ask.took(tok) {
-                    *slot = None;
-                }
-            }
-        }
-        b.asks.retain(Option::is_some);
-        if asks_only {
-            b.stats.ask_s += f0.elapsed().as_secs_f64();
+        // A finished trajectory gives back its sessions before the loop waits: another
+        // may be waiting for its place (`rollout.openenv.max_sessions`).
+        self.hand_over_finished(b, samples, version)?;
+        // With requests on servers, an answer wakes the loop (`Event::Wake`); the timeout
+        // only bounds a wait for room on a server that another batch keeps full.
+        let wait = if sampler.pending() > 0 {
+            Duration::from_millis(20)
+        } else {
+            Duration::from_secs(3600)
+        };
+        if let Some(event) = b.next_event(Some(wait))? {
+            self.apply(event, b, sampler)?;
         }
         Ok(true)
     }
 
-    /// One round of the loop when vLLM servers sample: takes the answers that have come
-    /// (plugins' and servers'), hands finished trajectories to be scored, acts on the
-    /// tokens servers returned exactly as on locally sampled ones, and sends a request for
-    /// every active trajectory that has acted on all of its tokens, as far as the servers
-    /// have room. Blocks for an answer only when none of that could be done.
-    fn remote_step(
-        &self,
-        b: &mut Batch<'a>,
-        samples: &[(u64, Sample)],
-        version: u64,
-        lease: &Lease,
-    ) -> Result<bool> {
-        self.check_cancel()?;
-        while let Some(event) = b.next_event(false)? {
-            self.apply(event, b)?;
-        }
-        self.hand_over_finished(b, samples, version)?;
-        let mut progressed = false;
-        let f0 = Instant::now();
-        for l in b.lives.iter_mut() {
-            while l.state == State::Active
-                && let Some((tok, logp)) = l.remote.pop_front()
-            {
-                l.seq.push_sampled(tok, logp);
-                self.took(l, tok, &b.tx)?;
-                progressed = true;
-            }
-            // A stop the server did not see (or saw later): what follows it was never
-            // this trajectory's; the next request resumes from here.
-            if l.state != State::Active {
-                l.remote.clear();
-            }
-        }
-        b.stats.decode_s += f0.elapsed().as_secs_f64();
-        let pool = lease.pool;
+    /// Gives every active trajectory that has no request on the sampler its next one,
+    /// resuming from what its last one left (its cache, its server).
+    fn submit<'m>(&self, b: &mut Batch<'a>, sampler: &mut dyn Sampling<'m>) {
         for t in 0..b.lives.len() {
             let l = &mut b.lives[t];
-            if l.state != State::Active || !l.remote.is_empty() {
+            if l.state != State::Active || l.ticket.is_some() {
                 continue;
             }
-            let server = match l.server.filter(|&i| pool.servers()[i].alive()) {
-                Some(i) => i,
-                None => match pool.pick() {
-                    Some(i) => i,
-                    None => bail!(
-                        "every vLLM server has stopped answering (rollout.vllm.servers): the batch cannot finish; the last, {}",
-                        pool.last_fault()
-                    ),
-                },
-            };
-            if !pool.has_room(server) {
-                continue;
-            }
-            l.server = Some(server);
-            let req = self.request(l, &lease.name);
+            let request = self.request(l);
             l.requests += 1;
-            l.state = State::Sampling;
-            b.stats.requests += 1;
-            progressed = true;
-            let (slot, tx) = (pool.servers()[server].reserve(), b.tx.clone());
-            self.handle.spawn_blocking(move || {
-                let r = slot.complete(&req);
-                // The server has room again before the loop hears of it.
-                drop(slot);
-                let _ = tx.send(Event::Sampled(t, server, r));
-            });
-        }
-        // Plugins' `model.generate` calls: the base model's by its own name, the policy's
-        // by the batch's adapter version.
-        for slot in 0..b.asks.len() {
-            let Some(ask) = b.asks[slot].as_mut() else {
-                continue;
-            };
-            if ask.sent {
-                continue;
+            l.request += 1;
+            if b.remote {
+                b.stats.requests += 1;
             }
-            let Some(server) = pool.pick() else {
-                ask.fail(format!(
-                    "every vLLM server has stopped answering; the last, {}",
-                    pool.last_fault()
-                ));
-                b.asks[slot] = None;
-                continue;
+            let sink = ToLoop {
+                first: t,
+                request: l.request,
+                tx: b.tx.clone(),
             };
-            if !pool.has_room(server) {
-                break;
-            }
-            let p = &ask.params;
-            let req = Request {
-                model: match ask.weights {
-                    Weights::Policy => lease.name.clone(),
-                    Weights::Base => pool.settings.model.clone(),
-                },
-                prompt: ask.seq.tokens.clone(),
-                max_tokens: p.max_new_tokens,
-                temperature: p.temperature,
-                top_k: 0,
-                top_p: p.top_p,
-                min_p: 0.0,
-                seed: p.seed & (i64::MAX as u64),
-                stop: p.stop_strings.clone(),
-                stop_token_ids: p.stop_token_ids.clone(),
-            };
-            ask.sent = true;
-            b.stats.requests += 1;
-            progressed = true;
-            let (reserved, tx) = (pool.servers()[server].reserve(), b.tx.clone());
-            self.handle.spawn_blocking(move || {
-                let r = reserved.complete(&req);
-                drop(reserved);
-                let _ = tx.send(Event::Answered(slot, server, r));
-            });
+            let held = l.held.take().unwrap_or(Held::Server(None));
+            l.ticket = Some((sampler.resume(held, request, Box::new(sink)), 0));
         }
-        if !b.asking() {
-            b.asks.clear();
-        }
-        // What will send this batch an event: its requests and plugin calls in flight, its
-        // scoring. An ask not yet sent (no server had room) is not among them.
-        let pending = b.awaiting() || b.asks.iter().flatten().any(|a| a.sent);
-        if !progressed && pending {
-            self.hand_over_finished(b, samples, version)?;
-            let event = b
-                .next_event(true)?
-                .expect("a blocking wait returns an event");
-            self.apply(event, b)?;
-        } else if !progressed {
-            // Every active trajectory (and ask) waits for room on a server that another
-            // batch (a held-out evaluation beside the producer) keeps full.
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let unfinished = b.asking()
-            || b.lives.iter().zip(&b.done).any(|(l, d)| {
-                l.state == State::Active || (matches!(l.state, State::Done(_)) && d.is_none())
-            });
-        Ok(pending || unfinished)
     }
 
     /// The next request of an active trajectory: its ids so far, the rest of its turn's
-    /// token budget, its stop patterns and ids, a seed of its own.
-    fn request(&self, l: &Live, model: &str) -> Request {
+    /// token budget, its stop patterns and ids; on a server, a seed of its own.
+    fn request(&self, l: &Live) -> Request {
         let s = self.settings;
         let sp = &s.sampling;
         let budget = sp
             .max_new_tokens
             .saturating_sub(l.turn_tokens)
-            .min(s.limits.max_total_tokens.saturating_sub(l.seq.tokens.len()))
+            .min(s.limits.max_total_tokens.saturating_sub(l.ids.tokens.len()))
             .max(1);
         let mut stop = l.patterns.clone();
         stop.extend(sp.stop_strings.iter().cloned());
+        let params = SamplingParams {
+            max_new_tokens: budget,
+            stop_strings: stop,
+            seed: l.seed,
+            ..sp.clone()
+        };
         Request {
-            model: model.to_string(),
-            prompt: l.seq.tokens.clone(),
-            max_tokens: budget,
-            temperature: sp.temperature,
-            top_k: sp.top_k,
-            top_p: sp.top_p,
-            min_p: sp.min_p,
-            // vLLM takes a signed 64-bit seed.
-            seed: sample_seed(l.seed, l.requests as usize, 0) & (i64::MAX as u64),
-            stop,
-            stop_token_ids: sp.stop_token_ids.clone(),
+            index: l.requests as usize,
+            hold: true,
+            ..Request::new(l.ids.tokens.clone(), 1, params)
+        }
+    }
+
+    /// Stops trajectory `l`'s request where it is (its logic stopped it: a tool fired,
+    /// the turn or the trajectory ended) and keeps what continues it.
+    fn release<'m>(l: &mut Live, sampler: &mut dyn Sampling<'m>) {
+        if let Some((ticket, choice)) = l.ticket.take() {
+            l.held = sampler.release(ticket, choice);
         }
     }
 
@@ -1281,12 +1227,6 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    /// Samples one token for an active trajectory and acts on it.
-    fn step(&self, l: &mut Live, tx: &mpsc::Sender<Event>) -> Result<()> {
-        let (tok, _) = l.seq.sample_next(&self.settings.sampling)?;
-        self.took(l, tok, tx)
-    }
-
     /// Acts on the token `tok` just appended to an active trajectory: the same rules
     /// whichever sampler drew it.
     fn took(&self, l: &mut Live, tok: u32, tx: &mpsc::Sender<Event>) -> Result<()> {
@@ -1297,7 +1237,7 @@ impl<'a> Engine<'a> {
         if s.sampling.stop_token_ids.contains(&tok) {
             return self.end_turn(l, tx, true);
         }
-        if l.seq.tokens.len() >= s.limits.max_total_tokens {
+        if l.ids.tokens.len() >= s.limits.max_total_tokens {
             l.state = State::Done(StopReason::TotalTokens);
             return Ok(());
         }
@@ -1341,7 +1281,7 @@ impl<'a> Engine<'a> {
 
     /// The model ended its turn: record it, and hand it to the environment if there is one.
     fn end_turn(&self, l: &mut Live, tx: &mpsc::Sender<Event>, by_stop_token: bool) -> Result<()> {
-        let tokens = &l.seq.tokens[l.turn_start..];
+        let tokens = &l.ids.tokens[l.turn_start..];
         let content_tokens = if by_stop_token {
             &tokens[..tokens.len() - 1]
         } else {
@@ -1499,7 +1439,7 @@ impl<'a> Engine<'a> {
             .turns
             .as_ref()
             .expect("an environment or tools have a turn format");
-        let last = *l.seq.tokens.last().expect("a turn was sampled");
+        let last = *l.ids.tokens.last().expect("a turn was sampled");
         let ended_with = if self.settings.sampling.stop_token_ids.contains(&last) {
             self.lm.tokenizer.decode(&[last], false)?
         } else {
@@ -1521,7 +1461,7 @@ impl<'a> Engine<'a> {
         let ids = self.lm.tokenizer.encode_escaped(&text)?;
         self.insert_ids(l, ids, kind)?;
         if l.state == State::Active {
-            l.turn_start = l.seq.tokens.len();
+            l.turn_start = l.ids.tokens.len();
             l.turn_tokens = 0;
             l.turn_open = true;
         }
@@ -1539,8 +1479,16 @@ impl<'a> Engine<'a> {
         tok.decode(&self.cut(l, ids)?, false)
     }
 
-    /// Acts on a plugin's answer.
-    fn apply(&self, event: Event, b: &mut Batch<'a>) -> Result<()> {
+    /// Acts on an event: a plugin's answer, a token, the end of a request.
+    fn apply<'m>(
+        &self,
+        event: Event,
+        b: &mut Batch<'a>,
+        sampler: &mut dyn Sampling<'m>,
+    ) -> Result<()>
+    where
+        'a: 'm,
+    {
         let (lives, stats) = (&mut b.lives, &mut b.stats);
         match event {
             Event::Fired(t, session, result, took) => {
@@ -1633,72 +1581,41 @@ impl<'a> Engine<'a> {
                 }
                 self.continue_with(l, messages, SpanKind::Tool)?;
             }
-            Event::Sampled(t, server, result) => {
+            Event::Token(t, request, token) => {
                 let l = &mut lives[t];
-                l.state = State::Active;
-                match result {
-                    Ok(sampled) => {
-                        if sampled.token_ids.is_empty() {
-                            bail!(
-                                "vLLM server {} returned no tokens for a request with room for some",
-                                self.settings
-                                    .remote
-                                    .as_ref()
-                                    .map_or("", |p| p.servers()[server].url.as_str())
-                            );
-                        }
-                        l.remote
-                            .extend(sampled.token_ids.into_iter().zip(sampled.logprobs));
-                    }
-                    // The trajectory goes on from the tokens it has, on another server.
-                    Err(e) if e.server_fault() => {
-                        if let Some(pool) = &self.settings.remote {
-                            pool.mark_dead(server, &e);
-                        }
-                        l.server = None;
-                    }
-                    Err(e) => return Err(anyhow::Error::new(e).context("sampling with vLLM")),
+                // Tokens of a request the trajectory has left (it stopped it earlier in
+                // the same burst from a server) are not its.
+                if l.request != request || l.state != State::Active || l.ticket.is_none() {
+                    return Ok(());
+                }
+                l.ids.push(token.id, token.logp);
+                self.took(l, token.id, &b.tx)?;
+                if l.state != State::Active {
+                    Self::release(l, sampler);
                 }
             }
+            Event::Ended(t, request) => {
+                let l = &mut lives[t];
+                // The sampler's rule ended the part (or it was the prefill) while the
+                // trajectory goes on: it resumes from here with its next request.
+                if l.request == request && l.ticket.is_some() {
+                    Self::release(l, sampler);
+                }
+            }
+            Event::Unsampled(t, why) => {
+                let (id, j) = (lives[t].sample, lives[t].index);
+                bail!("sampling trajectory {j} of sample {id} (in the batch's order): {why}");
+            }
+            Event::Wake => {}
             Event::Generate(call) => {
                 stats.asks += 1;
                 let stop = &self.settings.sampling.stop_token_ids;
-                if let Some(ask) = Ask::new(self.lm, &self.settings.template_kwargs, stop, call) {
-                    b.asks.push(Some(ask));
+                let kwargs = &self.settings.template_kwargs;
+                if let Some((request, sink)) =
+                    super::asks::ask(self.lm, kwargs, stop, call, &b.asked)
+                {
+                    sampler.admit(request, Box::new(sink));
                 }
-            }
-            Event::Answered(slot, server, result) => {
-                let Some(ask) = b.asks[slot].as_mut() else {
-                    return Ok(());
-                };
-                match result {
-                    Ok(sampled) => {
-                        stats.asked_tokens += sampled.token_ids.len();
-                        let mut answered = false;
-                        for (tok, logp) in sampled.token_ids.into_iter().zip(sampled.logprobs) {
-                            ask.seq.push_sampled(tok, logp);
-                            if ask.took(tok) {
-                                answered = true;
-                                break;
-                            }
-                        }
-                        if !answered {
-                            ask.end(&sampled.finish_reason);
-                        }
-                    }
-                    // As a trajectory's request: sent again, to another server.
-                    Err(e) if e.server_fault() => {
-                        if let Some(pool) = &self.settings.remote {
-                            pool.mark_dead(server, &e);
-                        }
-                        ask.sent = false;
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        ask.fail(format!("the vLLM server could not answer: {e}"));
-                    }
-                }
-                b.asks[slot] = None;
             }
             Event::Scored(t, results, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
@@ -1767,14 +1684,14 @@ impl<'a> Engine<'a> {
     /// Appends inserted ids (not trained on), as many as fit the length limit.
     fn insert_ids(&self, l: &mut Live, mut ids: Vec<u32>, kind: SpanKind) -> Result<()> {
         let lim = &self.settings.limits;
-        let room = lim.max_total_tokens.saturating_sub(l.seq.tokens.len());
+        let room = lim.max_total_tokens.saturating_sub(l.ids.tokens.len());
         if ids.len() >= room {
             // No room left to answer: keep what fits and end here.
             ids.truncate(room);
             l.state = State::Done(StopReason::TotalTokens);
         }
-        let start = l.seq.tokens.len() - l.seq.prompt_len;
-        l.seq.append(&ids);
+        let start = l.ids.tokens.len() - l.ids.prompt_len;
+        l.ids.append(&ids);
         for &id in &ids {
             l.dec.push(id)?;
         }
@@ -1799,7 +1716,7 @@ impl<'a> Engine<'a> {
         // A turn cut off by a limit is still the model's text: it goes in the messages.
         if l.turn_open {
             l.turn_open = false;
-            let content = tok.decode(&l.seq.tokens[l.turn_start..], false)?;
+            let content = tok.decode(&l.ids.tokens[l.turn_start..], false)?;
             l.messages.push(Message {
                 role: "assistant".into(),
                 content,
@@ -1807,7 +1724,7 @@ impl<'a> Engine<'a> {
             });
             l.turns += 1;
         }
-        let completion = l.seq.completion().to_vec();
+        let completion = l.ids.completion().to_vec();
         let mut spans = Vec::new();
         let mut at = 0;
         let push = |kind, start: usize, end: usize, spans: &mut Vec<Span>| -> Result<()> {
@@ -1829,14 +1746,15 @@ impl<'a> Engine<'a> {
         push(SpanKind::Model, at, completion.len(), &mut spans)?;
         let (id, sample) = &samples[l.sample];
         // Frees the KV cache now, not when the batch ends.
-        let seq = std::mem::replace(&mut l.seq, Sequence::new(&self.lm.model, Vec::new(), 0));
+        l.held = None;
+        let ids = std::mem::replace(&mut l.ids, Ids::new(Vec::new()));
         Ok(Trajectory {
             sample_id: *id,
             index: l.index,
             version,
-            prompt_len: seq.prompt_len,
-            tokens: seq.tokens,
-            logps: seq.logprobs,
+            prompt_len: ids.prompt_len,
+            tokens: ids.tokens,
+            logps: ids.logps,
             spans,
             messages: std::mem::take(&mut l.messages),
             completion: l.dec.text().to_string(),
@@ -2027,15 +1945,17 @@ mod tests {
             scored: 0,
             tx: tx.clone(),
             rx,
-            asks: Vec::new(),
+            asked: Default::default(),
             tally: Default::default(),
+            remote: false,
+            prefilled: false,
         };
-        assert!(batch.next_event(false).unwrap().is_none());
+        assert!(batch.next_event(None).unwrap().is_none());
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
             let _ = tx.send(Event::Scored(3, Vec::new(), Duration::ZERO));
         });
-        let event = batch.next_event(true).unwrap();
+        let event = batch.next_event(Some(Duration::from_secs(60))).unwrap();
         assert!(matches!(event, Some(Event::Scored(3, _, _))));
         assert!(
             batch.stats.plugin_wait_s >= 0.02,

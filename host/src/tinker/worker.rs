@@ -455,6 +455,9 @@ fn admit(
             index: 0,
             top_logprobs: job.topk_sample,
             adapter: weights,
+            first_choice: 0,
+            base: false,
+            hold: false,
         },
         Box::new(sink),
     );
