@@ -113,12 +113,8 @@ fn main() -> Result<()> {
         let done = Arc::new(AtomicUsize::new(0));
         for p in &prompts {
             let request = Request {
-                prompt: p.clone(),
-                n: 1,
-                params: params.clone(),
-                index: 0,
-                top_logprobs: 0,
                 adapter: Some(snapshot.clone()),
+                ..Request::new(p.clone(), 1, params.clone())
             };
             sampler.admit(request, Box::new(Count(done.clone())));
         }

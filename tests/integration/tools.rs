@@ -74,6 +74,11 @@ fn setup() -> &'static Setup {
             .block_on(Catalogue::open(vec![("units".into(), units)]))
             .unwrap();
         let mut lm = LanguageModel::open(&fixture_dir(), &Placement::CPU).unwrap();
+        // The fixture declares a context of 1,024 tokens (the countdown configs' limit
+        // checks use it); the units functions' schemas make prompts of ~1,200, which the
+        // sampler refuses past the declared context. Its rotary model reads them as well:
+        // this test's copy declares the longer context the rollouts need.
+        lm.model.cfg.max_position_embeddings = 4096;
         let toolbox =
             Arc::new(Toolbox::new(catalogue, FormatSetting::Auto, lm.chat().unwrap()).unwrap());
         assert_eq!(toolbox.format, CallFormat::Hermes);

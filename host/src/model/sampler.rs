@@ -81,7 +81,7 @@ pub struct Ticket(pub u64);
 /// What continues a released choice: in process, its sequence with its KV cache; on
 /// servers, the server that holds its prefix in its cache (if one answered it).
 pub enum Held {
-    Sequence(Sequence),
+    Sequence(Box<Sequence>),
     Server(Option<usize>),
 }
 
@@ -256,7 +256,7 @@ impl<'t> Sampler<'t> {
             sink.failed(&why);
             return ticket;
         }
-        let mut seq = seq;
+        let mut seq = *seq;
         let new = &request.prompt[seq.tokens.len()..];
         // Appending nothing keeps the logits a fork (or a prefill) left.
         if !new.is_empty() {
@@ -288,7 +288,7 @@ impl<'t> Sampler<'t> {
             .iter()
             .position(|(t, c, _)| *t == ticket && *c == choice)
         {
-            return Some(Held::Sequence(self.held.swap_remove(at).2));
+            return Some(Held::Sequence(Box::new(self.held.swap_remove(at).2)));
         }
         let k = self.live.iter().position(|l| l.ticket == ticket)?;
         let l = &mut self.live[k];
@@ -300,7 +300,7 @@ impl<'t> Sampler<'t> {
         if l.choices.is_empty() && l.head.is_none() {
             self.live.remove(k);
         }
-        Some(Held::Sequence(seq))
+        Some(Held::Sequence(Box::new(seq)))
     }
 
     /// Requests not yet finished.
@@ -937,7 +937,7 @@ mod tests {
         .remove(0);
         let fresh = Seen::default();
         sampler.resume(
-            Held::Sequence(by_hand),
+            Held::Sequence(Box::new(by_hand)),
             Request::new(other, 1, params.clone()),
             Box::new(Probe {
                 seen: fresh.clone(),

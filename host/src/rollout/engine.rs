@@ -222,7 +222,7 @@ pub struct Engine<'a> {
     cancel: Option<&'a AtomicBool>,
 }
 
-/// What a plugin call sends back to the decode loop.
+/// What reaches the batch's loop: plugin answers, and the sampler's tokens.
 enum Event {
     TriggerOpened(usize, Result<TriggerSession, Fault>),
     EpisodeOpened(usize, Result<Episode, Fault>),
@@ -403,7 +403,8 @@ struct Batch<'t> {
     /// Trajectories sent to be scored, and those scored.
     scoring: usize,
     scored: usize,
-    /// Where plugin calls send their answers, and where the decode loop reads them.
+    /// Where plugin calls (and the sampler's sinks) send their events, and where the loop
+    /// reads them.
     tx: mpsc::Sender<Event>,
     rx: mpsc::Receiver<Event>,
     /// Tokens sampled for plugins' `model.generate` calls.
