@@ -46,6 +46,14 @@ def release_build():
     return os.path.join(target, "release", "rlhost"), os.path.join(target, "release", "examples", "gateway_direct")
 
 
+def tokenizer_vocab(model_dir):
+    """The ids the tokenizer knows (what the gateway accepts): its vocabulary and added
+    tokens; the model's `vocab_size` may be padded past them."""
+    tok = json.load(open(os.path.join(model_dir, "tokenizer.json")))
+    ids = list(tok["model"]["vocab"].values()) + [t["id"] for t in tok.get("added_tokens", [])]
+    return max(ids) + 1
+
+
 def prompt(i, length, vocab):
     """Session i's ids: the same formula as gateway_direct's."""
     return [((i * 7919 + t) * 2_654_435_761) % vocab for t in range(length)]
@@ -75,7 +83,7 @@ class Serve:
         r = c.getresponse()
         data = r.read()
         c.close()
-        if r.status != 200:
+        if r.status not in (200, 201):
             sys.exit(f"{path}: {r.status} {data[:500]!r}")
         return json.loads(data)
 
@@ -90,14 +98,18 @@ def gateway_round(serve, sessions, prompt_len, max_tokens, vocab):
     ids = [serve.post("/rl/sessions", {"messages": [{"role": "user", "content": "bench"}]})["session_id"]
            for _ in range(sessions)]
     tokens = [0] * sessions
+    failed = []
     start = threading.Barrier(sessions + 1)
 
     def call(i):
         body = {"model": "policy", "prompt": prompt(i, prompt_len, vocab), "max_tokens": max_tokens,
                 "temperature": 1.0, "seed": 1000 + i}
         start.wait()
-        r = serve.post(f"/sessions/{ids[i]}/v1/completions", body)
-        tokens[i] = r["usage"]["completion_tokens"]
+        try:
+            r = serve.post(f"/sessions/{ids[i]}/v1/completions", body)
+            tokens[i] = r["usage"]["completion_tokens"]
+        except BaseException as e:  # noqa: BLE001 (a thread's sys.exit would go unseen)
+            failed.append(f"session {i}: {e}")
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(sessions)]
     for t in threads:
@@ -107,6 +119,8 @@ def gateway_round(serve, sessions, prompt_len, max_tokens, vocab):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if failed:
+        sys.exit("calls failed: " + "; ".join(failed[:3]))
     for s in ids:
         serve.post(f"/sessions/{s}/end", {})
     return wall, sum(tokens)
@@ -125,7 +139,7 @@ def main():
     rlhost, direct = release_build()
     work = tempfile.mkdtemp(prefix="gateway-bench-")
     model = a.model_dir or make_model(builtin_dir(rlhost), os.path.join(work, "model"), a.hidden, a.layers)
-    vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+    vocab = tokenizer_vocab(model)
     print(f"model {model}; {a.sessions} sessions x {a.prompt_len} prompt ids, up to {a.max_tokens} tokens each, "
           f"T = 1; {a.rounds} rounds each side, alternating\n")
 
@@ -135,7 +149,7 @@ def main():
         # One warm-up call: the first forward pays for the allocator's pages.
         gateway_round(serve, 1, a.prompt_len, 4, vocab)
         for _ in range(a.rounds):
-            p = subprocess.run([direct, model, str(a.sessions), str(a.prompt_len), str(a.max_tokens), "1"],
+            p = subprocess.run([direct, model, str(a.sessions), str(a.prompt_len), str(a.max_tokens), "1", str(vocab)],
                                capture_output=True, text=True, check=True)
             d = json.loads(p.stdout.splitlines()[-1])
             direct_s.append(d["wall_s"])

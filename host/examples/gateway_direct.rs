@@ -4,7 +4,7 @@
 //! one request of MAX_TOKENS at temperature 1 seeded `1000 + i`, all admitted at once; each
 //! round prints one JSON line with its wall time and the tokens sampled.
 //!
-//!     gateway_direct MODEL_DIR SESSIONS PROMPT_LEN MAX_TOKENS ROUNDS
+//!     gateway_direct MODEL_DIR SESSIONS PROMPT_LEN MAX_TOKENS ROUNDS VOCAB
 
 use anyhow::{Context, Result};
 use rlhost::model::generate::Completion;
@@ -37,25 +37,25 @@ fn main() -> Result<()> {
     rlhost::model::cpu::alloc::keep_freed_memory();
     rlhost::model::cpu::threads::share_cores_quietly();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: gateway_direct MODEL_DIR SESSIONS PROMPT_LEN MAX_TOKENS ROUNDS";
-    let [dir, sessions, prompt_len, max_tokens, rounds] = &args[..] else {
+    let usage = "usage: gateway_direct MODEL_DIR SESSIONS PROMPT_LEN MAX_TOKENS ROUNDS VOCAB";
+    let [dir, sessions, prompt_len, max_tokens, rounds, vocab] = &args[..] else {
         anyhow::bail!("{usage}");
     };
     let num = |s: &str| {
         s.parse::<usize>()
             .with_context(|| format!("{s:?}: {usage}"))
     };
-    let (sessions, prompt_len, max_tokens, rounds) = (
+    let (sessions, prompt_len, max_tokens, rounds, vocab) = (
         num(sessions)?,
         num(prompt_len)?,
         num(max_tokens)?,
         num(rounds)?,
+        num(vocab)? as u64,
     );
     let lm = LanguageModel::open(
         &PathBuf::from(dir),
         &Placement::open(DeviceChoice::Auto, DTypeChoice::Auto)?,
     )?;
-    let vocab = lm.model.cfg.vocab_size as u64;
     // The bench's ids: the same formula in bench/gateway_speed.py.
     let prompt = |i: usize| -> Vec<u32> {
         (0..prompt_len)
