@@ -33,17 +33,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tinker_speed import ROOT, builtin_dir, make_model  # noqa: E402
-
-
-def release_build():
-    subprocess.run(
-        ["cargo", "build", "--release", "-q", "-p", "rlhost", "--bin", "rlhost", "--example", "gateway_direct"],
-        cwd=ROOT,
-        check=True,
-    )
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    return os.path.join(target, "release", "rlhost"), os.path.join(target, "release", "examples", "gateway_direct")
+from tinker_speed import builtin_dir, make_model, release_build  # noqa: E402
 
 
 def tokenizer_vocab(model_dir):
@@ -136,7 +126,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    rlhost, direct = release_build()
+    rlhost, direct = release_build("gateway_direct")
     work = tempfile.mkdtemp(prefix="gateway-bench-")
     model = a.model_dir or make_model(builtin_dir(rlhost), os.path.join(work, "model"), a.hidden, a.layers)
     vocab = tokenizer_vocab(model)

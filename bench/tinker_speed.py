@@ -37,14 +37,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def release_build():
+def release_build(example="tinker_direct"):
+    """The release binary and `example`'s, built if needed."""
     subprocess.run(
-        ["cargo", "build", "--release", "-q", "-p", "rlhost", "--bin", "rlhost", "--example", "tinker_direct"],
+        ["cargo", "build", "--release", "-q", "-p", "rlhost", "--bin", "rlhost", "--example", example],
         cwd=ROOT,
         check=True,
     )
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    return os.path.join(target, "release", "rlhost"), os.path.join(target, "release", "examples", "tinker_direct")
+    return os.path.join(target, "release", "rlhost"), os.path.join(target, "release", "examples", example)
 
 
 def builtin_dir(rlhost):
