@@ -56,6 +56,8 @@ def get(path):
 
 client = OpenAI(base_url=BASE + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
 QUESTION = [{"role": "user", "content": "Convert 3 km to m."}]
+# A task of the run's dataset, as the task group's check was handed it.
+TASK = {}
 
 
 @check("the model list names the served model")
@@ -189,6 +191,7 @@ def replay(s):
 @check("a task's sessions replay their history token-exactly: one row each, drift rare")
 def _():
     group = [post("/rl/tasks/next")[1] for _ in range(8)]
+    TASK.update(group[0]["task"])
     assert len({g["task"]["id"] for g in group}) == 1 and [g["group"]["index"] for g in group] == list(range(8))
     runs = [replay(s) for s in group]
     # The warm-started model calls a function in some sessions (sampled at T = 1): more
@@ -204,6 +207,30 @@ def _():
     # A drift comes from the model writing text that re-renders to other tokens (3 in
     # 7,386 calls of the built-in run); with replayed history it stays the exception.
     assert sum(drifted for _, drifted in runs) <= len(runs) // 4, runs
+
+
+@check("a stream with tools carries the whole answer's content and calls")
+def _():
+    # The same seed samples the same tokens streamed or not; at T = 1 the warm-started
+    # model calls a function in some of these and answers in text in others. Calls with
+    # no session: nothing is recorded.
+    messages = TASK["messages"]
+    called = 0
+    for seed in range(12):
+        kwargs = dict(model=MODEL, messages=messages, tools=TOOLS, max_tokens=64, temperature=1.0, seed=seed)
+        whole = client.chat.completions.create(**kwargs).choices[0]
+        chunks = [ch for ch in client.chat.completions.create(stream=True, **kwargs) if ch.choices]
+        deltas = [ch.choices[0].delta for ch in chunks]
+        text = "".join(d.content or "" for d in deltas)
+        assert text == (whole.message.content or ""), (seed, text, whole.message.content)
+        calls = [(c.function.name, json.loads(c.function.arguments)) for d in deltas for c in d.tool_calls or []]
+        want = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls or []]
+        assert calls == want, (seed, calls, want)
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices[0].finish_reason] == [whole.finish_reason]
+        ids = [c.id for d in deltas for c in d.tool_calls or []]
+        assert all(i and i.startswith("call_") for i in ids), ids
+        called += bool(want)
+    assert called, "no seed sampled a call: the check saw no streamed call"
 
 
 @check("an edited history starts a new row and counts a drift")

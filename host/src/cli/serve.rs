@@ -139,7 +139,9 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     );
     // A ready line for scripts and tests, flushed before the first request can come.
     std::io::stdout().flush()?;
-    let interrupted = super::interrupt::arm();
+    let interrupted = super::interrupt::arm_saying(
+        "\nrlhost serve: interrupted; answering the calls in flight (interrupt again to exit at once)\n",
+    );
     let pumped = pump(&lm, mode, &jobs_rx, 0, &|| {
         interrupted.load(Ordering::Relaxed)
     })?;
@@ -189,7 +191,9 @@ fn tinker(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
         serving.tinker.root.display()
     );
     std::io::stdout().flush()?;
-    let interrupted = super::interrupt::arm();
+    let interrupted = super::interrupt::arm_saying(
+        "\nrlhost serve --tinker: interrupted; stopping (interrupt again to exit at once)\n",
+    );
     while !interrupted.load(Ordering::Relaxed) && !serving.worker.is_finished() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }

@@ -1,6 +1,7 @@
 //! The model's side of the gateway: on the thread that owns the model, requests queued by
-//! the HTTP handlers are admitted into one [`Sampler`] and decoded together, each token
-//! sent back on the request's own channel as it is drawn. A request whose caller went
+//! the HTTP handlers are admitted into one [`Sampler`] and decoded together, a burst of
+//! them that wakes an idle sampler gathered first. A streamed request's tokens go back on
+//! its own channel as they are drawn, another's with its end. A request whose caller went
 //! away (its channel closed) is dropped at the next step.
 //!
 //! The same loop ([`serve`]) drives the vLLM servers' side of the sampler seam
@@ -20,7 +21,7 @@ use crate::rollout::vllm::Pool;
 use anyhow::Result;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -28,6 +29,9 @@ use tokio::sync::mpsc::UnboundedSender;
 pub struct Job {
     pub request: Request,
     pub tx: UnboundedSender<Event>,
+    /// Whether the caller wants each token as it is drawn (a streamed call); otherwise a
+    /// choice's tokens come together with its end.
+    pub stream: bool,
 }
 
 /// What a request's channel carries.
@@ -47,14 +51,33 @@ pub enum Event {
 struct Channel {
     tx: UnboundedSender<Event>,
     version: u64,
+    /// A call that is not streamed: its tokens, kept until their choice ends. Sent one by
+    /// one, each would wake the caller's handler for nothing (64 sessions' tokens are
+    /// thousands of wake-ups a second on the cores that decode).
+    held: Option<Vec<Token>>,
 }
 
 impl Sink for Channel {
     fn token(&mut self, token: Token) -> bool {
-        self.tx.send(Event::Token(token)).is_ok()
+        match &mut self.held {
+            Some(held) => {
+                held.push(token);
+                !self.tx.is_closed()
+            }
+            None => self.tx.send(Event::Token(token)).is_ok(),
+        }
     }
 
     fn done(&mut self, choice: usize, completion: Completion) {
+        if let Some(held) = &mut self.held {
+            let (mine, others) = std::mem::take(held)
+                .into_iter()
+                .partition(|t| t.choice == choice);
+            *held = others;
+            for t in mine {
+                let _ = self.tx.send(Event::Token(t));
+            }
+        }
         let _ = self.tx.send(Event::Done {
             choice,
             completion,
@@ -136,7 +159,10 @@ pub fn serve<'t>(
             }
             // Idle: wait for a request, looking at `stop` now and then.
             match jobs.recv_timeout(Duration::from_millis(50)) {
-                Ok(job) => admit(sampler, job, version, &mut pumped),
+                Ok(job) => {
+                    admit(sampler, job, version, &mut pumped);
+                    open = gather_burst(sampler, jobs, version, &mut pumped);
+                }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => open = false,
             }
@@ -158,6 +184,36 @@ pub fn serve<'t>(
     Ok(pumped)
 }
 
+/// How long an idle sampler waits for the next call of a burst, and for the whole burst.
+const BURST_QUIET: Duration = Duration::from_millis(2);
+const BURST_MAX: Duration = Duration::from_millis(20);
+
+/// Admits the rest of a burst that woke an idle sampler: calls that come within
+/// [`BURST_QUIET`] of each other (for at most [`BURST_MAX`]). A group's or a batch of
+/// sessions' calls arrive over a few milliseconds; stepping on the first alone would
+/// prefill the others one step at a time, each joining a step later and finishing a step
+/// later. A lone call waits [`BURST_QUIET`] once, before its first token. False when the
+/// queue's senders are all gone.
+fn gather_burst<'t>(
+    sampler: &mut dyn Sampling<'t>,
+    jobs: &Receiver<Job>,
+    version: u64,
+    pumped: &mut Pumped,
+) -> bool {
+    let until = Instant::now() + BURST_MAX;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        match jobs.recv_timeout(BURST_QUIET.min(left)) {
+            Ok(job) => admit(sampler, job, version, pumped),
+            Err(RecvTimeoutError::Timeout) => return true,
+            Err(RecvTimeoutError::Disconnected) => return false,
+        }
+    }
+}
+
 fn admit<'t>(sampler: &mut dyn Sampling<'t>, job: Job, version: u64, pumped: &mut Pumped) {
     if job.tx.is_closed() {
         return;
@@ -168,6 +224,7 @@ fn admit<'t>(sampler: &mut dyn Sampling<'t>, job: Job, version: u64, pumped: &mu
         Box::new(Channel {
             tx: job.tx,
             version,
+            held: (!job.stream).then(Vec::new),
         }),
     );
 }

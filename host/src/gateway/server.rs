@@ -14,12 +14,13 @@ use super::sessions::{Finished, Reward, SessionError, Sessions, Task, read_rewar
 use super::wire::{
     ApiError, ChatChunk, ChatCompletion, ChatRequest, Choice, ChoiceLogprobs, ChunkChoice,
     DONE_EVENT, Delta, FinishReason, FunctionDelta, ModelCard, TokenLogprob, ToolCallDelta,
-    TopLogprob, Usage, model_list,
+    ToolChoice, TopLogprob, Usage, model_list,
 };
 use crate::data::{Cursor, Dataset};
 use crate::model::generate::{Completion, Finish};
 use crate::model::sample::SamplingParams;
 use crate::model::sampler::{Request, Token};
+use crate::rollout::tool_calls;
 use crate::sample::{Message, MessageToolCall, Sample};
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -452,8 +453,13 @@ fn room(
     }
 }
 
-/// Queues a request; its events come on the returned channel.
-fn submit(gw: &Gateway, request: Request) -> Result<UnboundedReceiver<Event>, ApiError> {
+/// Queues a request; its events come on the returned channel (each token as it is drawn
+/// when `stream`, else a choice's tokens with its end).
+fn submit(
+    gw: &Gateway,
+    request: Request,
+    stream: bool,
+) -> Result<UnboundedReceiver<Event>, ApiError> {
     if gw.remote && request.top_logprobs > 0 {
         return Err(ApiError::invalid(
             "top_logprobs",
@@ -461,13 +467,19 @@ fn submit(gw: &Gateway, request: Request) -> Result<UnboundedReceiver<Event>, Ap
         ));
     }
     let (tx, rx) = unbounded_channel();
-    gw.jobs.send(Job { request, tx }).map_err(|_| {
-        status_error(
-            503,
-            "server_error",
-            "the model's sampler has stopped (the run is ending)".into(),
-        )
-    })?;
+    gw.jobs
+        .send(Job {
+            request,
+            tx,
+            stream,
+        })
+        .map_err(|_| {
+            status_error(
+                503,
+                "server_error",
+                "the model's sampler has stopped (the run is ending)".into(),
+            )
+        })?;
     Ok(rx)
 }
 
@@ -554,7 +566,7 @@ async fn chat(
         hold: false,
     };
     let guard = CallGuard::begin(&gw, session, &prompt, req.n)?;
-    let rx = submit(&gw, request)?;
+    let rx = submit(&gw, request, req.stream)?;
     let id = format!("chatcmpl-{:024x}", rand::random::<u128>() >> 32);
     if req.stream {
         return Ok(stream_chat(gw, req, rx, guard, id, prompt.len()));
@@ -691,8 +703,10 @@ struct Streamed {
 }
 
 /// Streams a chat answer as server-sent events. Text goes out as it is decoded, less the
-/// tail a stop string could still claim; with `tools` a choice's answer goes out whole
-/// when it ends (its calls are read from the complete text).
+/// tail a stop string could still claim. With `tools`, only the text that is settled
+/// content whatever follows (`tool_calls::settled`: the text before a call's tag) goes out
+/// as it comes; the rest of the content and the calls go out when the choice ends, its
+/// calls read from the complete text.
 fn stream_chat(
     gw: Arc<Gateway>,
     req: ChatRequest,
@@ -703,7 +717,11 @@ fn stream_chat(
 ) -> Response {
     let created = now_s();
     let holdback = req.stop.iter().map(String::len).max().unwrap_or(1) - 1;
-    let buffered = !req.tools.is_empty() && gw.renderer.format.is_some();
+    // The format the answer's calls are read in, when they are.
+    let calls = gw
+        .renderer
+        .format
+        .filter(|_| !req.tools.is_empty() && req.tool_choice != ToolChoice::None);
     let choices: Vec<Streamed> = (0..req.n)
         .map(|_| Streamed {
             text: String::new(),
@@ -785,8 +803,11 @@ fn stream_chat(
                         }
                         let index = t.choice;
                         c.unsent.push(t);
-                        if !buffered {
+                        {
                             let mut upto = c.text.len().saturating_sub(holdback);
+                            if let Some(format) = calls {
+                                upto = upto.min(tool_calls::settled(format, &c.text));
+                            }
                             while !c.text.is_char_boundary(upto) {
                                 upto -= 1;
                             }
@@ -840,7 +861,16 @@ fn stream_chat(
                                 refusal: None,
                             }
                         });
-                        if buffered {
+                        // What is left of the final content (the held-back tail, less a
+                        // stop string; text after or between calls).
+                        let rest = answer
+                            .message
+                            .content
+                            .as_deref()
+                            .and_then(|t| t.get(c.sent..))
+                            .unwrap_or("")
+                            .to_string();
+                        if !answer.message.tool_calls.is_empty() {
                             let tool_calls: Vec<ToolCallDelta> = answer
                                 .message
                                 .tool_calls
@@ -860,35 +890,24 @@ fn stream_chat(
                                 index: choice,
                                 delta: Delta {
                                     role: None,
-                                    content: answer.message.content.clone(),
+                                    content: (!rest.is_empty()).then_some(rest),
                                     tool_calls,
                                 },
                                 logprobs: lp,
                                 finish_reason: None,
                             }));
-                        } else {
-                            // What is left of the final text (the held-back tail, less a
-                            // stop string).
-                            let rest = answer
-                                .message
-                                .content
-                                .as_deref()
-                                .and_then(|t| t.get(c.sent..))
-                                .unwrap_or("")
-                                .to_string();
-                            if !rest.is_empty()
-                                || lp.as_ref().is_some_and(|l| !l.content.is_empty())
-                            {
-                                out.push(chunk(ChunkChoice {
-                                    index: choice,
-                                    delta: Delta {
-                                        content: Some(rest),
-                                        ..Delta::default()
-                                    },
-                                    logprobs: lp,
-                                    finish_reason: None,
-                                }));
-                            }
+                        } else if !rest.is_empty()
+                            || lp.as_ref().is_some_and(|l| !l.content.is_empty())
+                        {
+                            out.push(chunk(ChunkChoice {
+                                index: choice,
+                                delta: Delta {
+                                    content: Some(rest),
+                                    ..Delta::default()
+                                },
+                                logprobs: lp,
+                                finish_reason: None,
+                            }));
                         }
                         out.push(chunk(ChunkChoice {
                             index: choice,
@@ -1016,7 +1035,7 @@ async fn complete(
             base: false,
             hold: false,
         };
-        receivers.push(submit(&gw, request)?);
+        receivers.push(submit(&gw, request, false)?);
     }
     let mut choices = Vec::new();
     let mut completion_tokens = 0;

@@ -272,23 +272,20 @@ impl Link {
         let t0 = Instant::now();
         let mut asks = 0;
         while !scoring.iter().all(|h| h.is_finished()) || sampler.pending() > 0 {
-            while let Ok(call) = calls.try_recv() {
+            let idle = sampler.pending() == 0 || !sampler.step()?;
+            // Nothing to decode (or all of it on a server): wait a moment for the next
+            // call, or a score.
+            let first = if idle {
+                calls.recv_timeout(Duration::from_millis(5)).ok()
+            } else {
+                None
+            };
+            for call in first.into_iter().chain(calls.try_iter()) {
                 asks += 1;
                 if let Some((request, sink)) =
                     crate::rollout::asks::ask(lm, &renderer.kwargs, lm_stop, call, &asked)
                 {
                     sampler.admit(request, Box::new(sink));
-                }
-            }
-            if sampler.pending() == 0 || !sampler.step()? {
-                // Nothing to decode (or all of it on a server): the next call, or a score.
-                if let Ok(call) = calls.recv_timeout(Duration::from_millis(5)) {
-                    asks += 1;
-                    if let Some((request, sink)) =
-                        crate::rollout::asks::ask(lm, &renderer.kwargs, lm_stop, call, &asked)
-                    {
-                        sampler.admit(request, Box::new(sink));
-                    }
                 }
             }
         }

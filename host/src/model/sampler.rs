@@ -387,10 +387,9 @@ impl<'t> Sampler<'t> {
                     })
                     .collect();
             }
-        }
-        // A request for no new tokens has its prompt prefilled (and its choices forked):
-        // its choices end here, before any draw, to be resumed from their caches.
-        for l in self.live.iter_mut() {
+            // A request for no new tokens has its prompt prefilled (and its choices
+            // forked): its choices end here, before any draw, to be resumed from their
+            // caches.
             if l.request.params.max_new_tokens == 0 {
                 for mut c in l.choices.drain(..) {
                     c.seq.finish = Some(Finish::Length);

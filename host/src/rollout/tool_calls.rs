@@ -152,6 +152,28 @@ pub fn parse(format: CallFormat, text: &str, specs: &[FunctionSpec]) -> Turn {
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
+/// How many bytes of a turn's text, decoded so far, are settled: the start of the turn's
+/// content whatever comes next, so a streamed answer can send them before the turn ends.
+/// That is the text before a call's opening tag (or the start of one at the end), less
+/// its trailing whitespace (trimmed when a call follows). A turn that starts with
+/// whitespace settles nothing (its content keeps it if no call comes, and is trimmed if
+/// one does), nor does a `llama3_json` turn, whose call is a bare JSON object that only
+/// the end tells from text.
+pub fn settled(format: CallFormat, text: &str) -> usize {
+    if format == CallFormat::Llama3Json || text.starts_with(char::is_whitespace) {
+        return 0;
+    }
+    let before = match text.find(OPEN) {
+        Some(at) => at,
+        // A tail that could still grow into the tag stays.
+        None => (1..OPEN.len())
+            .rev()
+            .find(|&n| text.ends_with(&OPEN[..n]))
+            .map_or(text.len(), |n| text.len() - n),
+    };
+    text[..before].trim_end().len()
+}
+
 /// `<tool_call>…</tool_call>` blocks: `read` takes the text after an opening tag and
 /// returns the call and how many bytes it used (the closing tag not included).
 fn parse_blocks(text: &str, read: impl Fn(&str) -> (Result<ToolCall, CallError>, usize)) -> Turn {
@@ -411,6 +433,50 @@ mod tests {
             name: name.into(),
             arguments: arguments.as_object().unwrap().clone(),
         })
+    }
+
+    #[test]
+    fn settled_text_is_a_prefix_of_the_content_however_the_turn_ends() {
+        use CallFormat::*;
+        assert_eq!(settled(Hermes, "Let me check."), 13);
+        assert_eq!(settled(Hermes, "Let me check. "), 13);
+        assert_eq!(settled(Hermes, "Let me check. <tool"), 13);
+        assert_eq!(settled(Hermes, "Let me check.<tool_call>{\"name\""), 13);
+        assert_eq!(settled(Hermes, "a <b> c"), 7);
+        assert_eq!(settled(Qwen3Coder, "So <"), 2);
+        assert_eq!(settled(Hermes, " Leading space"), 0);
+        assert_eq!(settled(Hermes, "<tool_call>"), 0);
+        assert_eq!(settled(Llama3Json, "Plain text"), 0);
+        // Whatever follows, the settled text starts the content the answer reports: the
+        // text outside the calls, trimmed, when they are read, the whole text otherwise.
+        let specs = [];
+        for (format, text) in [
+            (
+                Hermes,
+                "Sure. <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> done",
+            ),
+            (
+                Hermes,
+                "Sure. <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+            ),
+            (Hermes, "Sure. <tool_call>{oops</tool_call>"),
+            (Hermes, "Sure, no call at all "),
+            (
+                Qwen3Coder,
+                "Sure.\n<tool_call>\n<function=f>\n</function>\n</tool_call>",
+            ),
+        ] {
+            let turn = parse(format, text, &specs);
+            let content = if turn.calls.iter().all(|c| c.is_ok()) && !turn.calls.is_empty() {
+                turn.content
+            } else {
+                text.to_string()
+            };
+            for end in (0..=text.len()).filter(|&e| text.is_char_boundary(e)) {
+                let n = settled(format, &text[..end]);
+                assert!(content.starts_with(&text[..n]), "{text:?} at {end}");
+            }
+        }
     }
 
     fn kinds(turn: &Turn) -> Vec<&'static str> {
