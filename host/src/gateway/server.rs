@@ -803,35 +803,33 @@ fn stream_chat(
                         }
                         let index = t.choice;
                         c.unsent.push(t);
-                        {
-                            let mut upto = c.text.len().saturating_sub(holdback);
-                            if let Some(format) = calls {
-                                upto = upto.min(tool_calls::settled(format, &c.text));
-                            }
-                            while !c.text.is_char_boundary(upto) {
-                                upto -= 1;
-                            }
-                            if upto > c.sent {
-                                let delta = c.text[c.sent..upto].to_string();
-                                c.sent = upto;
-                                let lp = st.req.logprobs.map(|_| ChoiceLogprobs {
-                                    content: c
-                                        .unsent
-                                        .drain(..)
-                                        .map(|t| token_logprob(&st.gw, &t))
-                                        .collect(),
-                                    refusal: None,
-                                });
-                                out.push(chunk(ChunkChoice {
-                                    index,
-                                    delta: Delta {
-                                        content: Some(delta),
-                                        ..Delta::default()
-                                    },
-                                    logprobs: lp,
-                                    finish_reason: None,
-                                }));
-                            }
+                        let mut upto = c.text.len().saturating_sub(holdback);
+                        if let Some(format) = calls {
+                            upto = upto.min(tool_calls::settled(format, &c.text));
+                        }
+                        while !c.text.is_char_boundary(upto) {
+                            upto -= 1;
+                        }
+                        if upto > c.sent {
+                            let delta = c.text[c.sent..upto].to_string();
+                            c.sent = upto;
+                            let lp = st.req.logprobs.map(|_| ChoiceLogprobs {
+                                content: c
+                                    .unsent
+                                    .drain(..)
+                                    .map(|t| token_logprob(&st.gw, &t))
+                                    .collect(),
+                                refusal: None,
+                            });
+                            out.push(chunk(ChunkChoice {
+                                index,
+                                delta: Delta {
+                                    content: Some(delta),
+                                    ..Delta::default()
+                                },
+                                logprobs: lp,
+                                finish_reason: None,
+                            }));
                         }
                     }
                     Some(Event::Done {
