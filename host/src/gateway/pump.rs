@@ -70,11 +70,7 @@ impl Sink for Channel {
 
     fn done(&mut self, choice: usize, completion: Completion) {
         if let Some(held) = &mut self.held {
-            let (mine, others) = std::mem::take(held)
-                .into_iter()
-                .partition(|t| t.choice == choice);
-            *held = others;
-            for t in mine {
+            for t in held.extract_if(.., |t| t.choice == choice) {
                 let _ = self.tx.send(Event::Token(t));
             }
         }
