@@ -20,6 +20,10 @@ What it does:
    runs each (default 3); the medians are compared, and each round's ratio is printed.
 4. Memory read bandwidth with the same thread count, and batch-1 decode as a fraction of
    the limit it implies (bytes of weights read per token / bandwidth).
+5. Sequence packing in the RL update (rlhost against itself): one GRPO update on 16
+   trajectories of 100 to 400 tokens (evenly spread), the rows packed into lanes beside
+   one row a lane padded to the longest, alternating in one process; the medians, their
+   ratio and the tokens each layout feeds the model.
 
 Every measurement runs in its own process with the same thread count (RAYON_NUM_THREADS
 and torch.set_num_threads), and its peak RSS comes from wait4().
@@ -121,6 +125,7 @@ def main():
     ap.add_argument("--small", action="store_true", help="4 layers instead of 24 (quick check)")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-packing", action="store_true")
     ap.add_argument("--worker", choices=["decode", "train"])
     ap.add_argument("--model")
     ap.add_argument("--batch", type=int, default=1)
@@ -182,6 +187,13 @@ def main():
               f"{statistics.median(ratios):.2f}x", flush=True)
         results["train"] = {"rlhost": ours, "peft": theirs, "rounds": rounds,
                             "median_round_ratio": statistics.median(ratios)}
+    if not args.skip_packing:
+        upd = run([BIN, "update", "--model", model, "--rounds", str(max(3, args.rounds))], t)
+        print(f"RL update, 16 rows of 100-400 tokens: packed {upd['packed_seconds']:.2f} s, one row "
+              f"a lane {upd['padded_seconds']:.2f} s, {upd['padded_over_packed']:.2f}x; tokens fed "
+              f"{upd['packed_tokens']} vs {upd['padded_tokens']} ({upd['real_tokens']} real), peak "
+              f"RSS {upd['peak_rss_gb']:.2f} GB", flush=True)
+        results["update_packing"] = upd
     os.makedirs(WORK, exist_ok=True)
     with open(os.path.join(WORK, "model_speed.json"), "w") as f:
         json.dump(results, f, indent=2)

@@ -6,10 +6,10 @@
 # of the compute entry points (RLHOST_PROFILE=1).
 #
 #   scripts/gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [bench7b] [profile] [ops]
-#                                                       # default: tests train qlora bench profile
+#                                 [packing]             # default: tests train qlora bench profile
 #
 # Each part writes one file under OUT (tests.txt, train.txt, qlora.txt, bench.txt, bench7b.txt,
-# profile.txt, ops.txt and, with nsys, step_*.csv),
+# profile.txt, ops.txt, packing.txt and, with nsys, step_*.csv),
 # stops at its own time limit (RLHOST_GPU_LIMIT_<PART> seconds) and goes on when another
 # fails; summary.txt has each part's exit status and time; the exit status is the number
 # of parts that failed. Plugins come from RLHOST_PLUGIN_DIR (default plugins/dist).
@@ -158,8 +158,18 @@ for line in open(sys.argv[1]):
                 echo "no nsys on this machine" >> "$out/ops.txt"
             fi
             [ $first -eq 0 ] ;;
+        packing)
+            # Sequence packing in the RL update on the 1.5B shape in bf16: 16 trajectories
+            # of 128 to 1024 tokens, packed into lanes beside one a lane padded to the
+            # longest, alternating in one process (model_bench update prints both medians
+            # and their ratio).
+            model=bench/.work/qwen2.5-1.5b-shape-28l-bf16
+            [ -e "$model/model.safetensors" ] || python3 -c 'import sys; sys.path.insert(0, "bench"); import gpu_speed as g; g.make_model("bench/.work/qwen2.5-1.5b-shape-28l-bf16", 28)'
+            limited "${!var:-120}" "$out/packing.txt" "$pack/model_bench" update --model "$model" \
+                --device cuda --dtype bf16 --rows 16 --min-len 128 --max-len 1024 --rounds 3 \
+                --micro-batch-tokens 8192 ;;
         *)
-            echo "unknown part $part (tests, train, qlora, bench, bench7b, profile, ops)" >&2
+            echo "unknown part $part (tests, train, qlora, bench, bench7b, profile, ops, packing)" >&2
             false ;;
     esac
     status=$?

@@ -6,6 +6,8 @@
 //!                       [--temperature 0]
 //! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2] [--quantize nf4]
 //!                       [--checkpointing 1]
+//! model_bench update    --model DIR [--rows 16] [--min-len 100] [--max-len 400] [--rank 16]
+//!                       [--rounds 5] [--micro-batch-tokens 4096]
 //! model_bench bandwidth [--mib 1024] [--threads 2]
 //! model_bench ops       --device cuda --dtype bf16 [--batch 8] [--seq 1024] [--iters 20]
 //! ```
@@ -83,6 +85,14 @@ fn main() -> Result<()> {
             num("seq", 256)?,
             num("rank", 16)?,
             num("steps", 2)?,
+        ),
+        "update" => update_layouts(
+            load(&PathBuf::from(opts.get("model").context("--model")?))?,
+            num("rows", 16)?,
+            (num("min-len", 100)?, num("max-len", 400)?),
+            num("rank", 16)?,
+            num("rounds", 5)?,
+            num("micro-batch-tokens", 4096)?,
         ),
         "bandwidth" => bandwidth(num("mib", 1024)?, num("threads", 2)?),
         #[cfg(feature = "cuda")]
@@ -236,6 +246,161 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
     Ok(())
 }
 
+/// The RL update ([`rlhost::rl::update::update`], GRPO's defaults, one optimizer step)
+/// on `rows` trajectories whose lengths spread evenly over `min..=max` tokens (the first
+/// quarter prompt), with the rows packed into lanes and padded one a lane, alternating
+/// for `rounds` rounds after a warm-up of each: each layout's median and their ratio.
+/// Both layouts train the same rows with the same advantages (the adapter moves a step
+/// a round either way).
+fn update_layouts(
+    mut model: Model,
+    rows: usize,
+    (min, max): (usize, usize),
+    rank: usize,
+    rounds: usize,
+    micro_batch_tokens: usize,
+) -> Result<()> {
+    use rlhost::rl::algorithms::{Aggregation, KlEstimator, RolloutCorrection};
+    use rlhost::rl::update::{OldLogps, Row, StepInputs, UpdateConfig, update};
+    use rlhost::rollout::{StopReason, Trajectory};
+    if min < 2 || max < min {
+        bail!("--min-len {min} --max-len {max}: lengths of at least 2, min <= max");
+    }
+    model.attach_lora(
+        &LoraConfig {
+            r: rank,
+            alpha: 2.0 * rank as f64,
+            ..LoraConfig::default()
+        },
+        0,
+    )?;
+    let mut opt = AdamW::new(model.lora_vars(), AdamWConfig::default())?;
+    let vocab = model.cfg.vocab_size.min(500);
+    let lens: Vec<usize> = (0..rows)
+        .map(|i| min + (max - min) * i / (rows - 1).max(1))
+        .collect();
+    let trajectories: Vec<Trajectory> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let prompt_len = (n / 4).max(1);
+            Trajectory {
+                sample_id: i as u64,
+                index: 0,
+                version: 0,
+                tokens: ids(n, vocab, i as u64),
+                prompt_len,
+                logps: vec![Some(-1.0); n - prompt_len],
+                spans: vec![],
+                messages: vec![],
+                completion: String::new(),
+                metadata: serde_json::json!({}),
+                turns: 1,
+                tool_calls: 0,
+                tool_truncations: 0,
+                call_kinds: Default::default(),
+                stop: StopReason::EndOfTurn,
+                truncated: false,
+                faults: vec![],
+                notes: Default::default(),
+                rewards: Default::default(),
+                reward: 0.0,
+            }
+        })
+        .collect();
+    let batch: Vec<Row> = trajectories
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Row {
+            trajectory: t,
+            advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
+            stale: false,
+        })
+        .collect();
+    let cfg = |pack: bool| UpdateConfig {
+        clip_low: 0.2,
+        clip_high: 0.28,
+        aggregation: Aggregation::TokenMean,
+        norm_constant: 0.0,
+        kl_coef: 0.0,
+        kl_estimator: KlEstimator::K3,
+        reward_kl_estimator: KlEstimator::K1,
+        temperature: 1.0,
+        tis_cap: 2.0,
+        rollout_correction: RolloutCorrection::None,
+        max_grad_norm: 1.0,
+        micro_batch_tokens,
+        pack_sequences: pack,
+        mini_batches: 1,
+        epochs: 1,
+        old_logps: OldLogps::Recompute,
+        ppo: None,
+        progress: None,
+    };
+    let dev = model.device().clone();
+    let mut run = |pack: bool| -> Result<(f64, usize)> {
+        let t = Instant::now();
+        let inputs = StepInputs {
+            lr: 1e-5,
+            seed: 0,
+            dropout: None,
+        };
+        let stats = update(&model, None, &mut opt, &batch, &cfg(pack), &inputs)?;
+        dev.synchronize()?;
+        Ok((t.elapsed().as_secs_f64(), stats.micro_batches))
+    };
+    run(true)?;
+    run(false)?;
+    reset_peak_rss();
+    let (mut packed, mut padded) = (Vec::new(), Vec::new());
+    let mut micro = (0, 0);
+    for round in 0..rounds {
+        // Alternating which goes first, so that neither always follows the other.
+        let order = if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for pack in order {
+            let (secs, m) = run(pack)?;
+            eprintln!("round {round}: packed {pack}: {secs:.3} s, {m} micro-batches");
+            if pack {
+                packed.push(secs);
+                micro.0 = m;
+            } else {
+                padded.push(secs);
+                micro.1 = m;
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (p, q) = (median(&mut packed), median(&mut padded));
+    // What each layout feeds the model (lanes × width summed over its micro-batches),
+    // beside the real tokens.
+    let real: usize = lens.iter().map(|n| n - 1).sum();
+    let sized: Vec<(usize, usize)> = lens.iter().map(|n| n - 1).enumerate().collect();
+    let fed = |pack: bool| -> usize {
+        rlhost::rl::packing::micro_batches(&sized, pack, micro_batch_tokens)
+            .iter()
+            .map(|m| m.lanes * m.width)
+            .sum()
+    };
+    println!(
+        "{}",
+        serde_json::json!({"impl": "rlhost", "mode": "update", "rows": rows,
+            "lengths": [min, max], "rank": rank, "micro_batch_tokens": micro_batch_tokens,
+            "placement": model.placement().describe(), "real_tokens": real,
+            "packed_tokens": fed(true), "padded_tokens": fed(false),
+            "packed_seconds": p, "padded_seconds": q, "padded_over_packed": q / p,
+            "packed_micro_batches": micro.0, "padded_micro_batches": micro.1,
+            "rounds": rounds, "phase_peak_rss_gb": peak_rss_gb()})
+    );
+    Ok(())
+}
+
 /// Times of single ops on the GPU at the 1.5B shape (12 query / 2 kv heads of 128, hidden
 /// 1536, intermediate 8960) on `batch × seq` tokens, each the mean of `iters` runs between
 /// device synchronisations: attention forward and forward + backward (the flash kernels
@@ -266,26 +431,38 @@ fn ops(at: &Placement, batch: usize, seq: usize, iters: usize) -> Result<()> {
     let v = Var::from_tensor(&rand(&[batch, g, seq, d])?)?;
     let am = Tensor::ones((batch, seq), DType::U32, &dev)?;
     let mask = rlhost::model::decoder::batch_mask(&am)?;
+    let ids = rlhost::model::decoder::sequence_ids(&am)?;
     let scale = 1.0 / (d as f64).sqrt();
     let mut rows = Vec::new();
-    type Attn = fn(&Tensor, &Tensor, &Tensor, &Tensor, f64) -> candle_core::Result<Tensor>;
+    // (q, k, v, the additive mask, the sequence ids it was made from, scale): the flash
+    // kernels read the ids, the cuBLAS form the mask.
+    type Attn = fn(&Tensor, &Tensor, &Tensor, &Tensor, &Tensor, f64) -> candle_core::Result<Tensor>;
     let variants: [(&str, Attn); 3] = [
-        ("flash, 16 queries a backward step", |q, k, v, m, s| {
-            flash::attention_tuned(q, k, v, m, s, 16)
+        ("flash, 16 queries a backward step", |q, k, v, _, ids, s| {
+            flash::attention_tuned(q, k, v, ids, s, 16)
         }),
-        ("flash, 32 queries a backward step", |q, k, v, m, s| {
-            flash::attention_tuned(q, k, v, m, s, 32)
+        ("flash, 32 queries a backward step", |q, k, v, _, ids, s| {
+            flash::attention_tuned(q, k, v, ids, s, 32)
         }),
-        ("cublas", attention::cublas_attention),
+        ("cublas", |q, k, v, m, _, s| {
+            attention::cublas_attention(q, k, v, m, s)
+        }),
     ];
     for (name, f) in variants {
         let (qt, kt, vt) = (q.detach(), k.detach(), v.detach());
         let fwd = time(&mut || {
-            f(&qt, &kt, &vt, &mask, scale)?;
+            f(&qt, &kt, &vt, &mask, &ids, scale)?;
             Ok(())
         })?;
         let both = time(&mut || {
-            let out = f(q.as_tensor(), k.as_tensor(), v.as_tensor(), &mask, scale)?;
+            let out = f(
+                q.as_tensor(),
+                k.as_tensor(),
+                v.as_tensor(),
+                &mask,
+                &ids,
+                scale,
+            )?;
             out.sum_all()?.backward()?;
             Ok(())
         })?;

@@ -42,6 +42,10 @@ pub struct TrainSection {
     /// Tokens per forward/backward pass; a mini-batch is split into micro-batches of
     /// at most this many (gradients accumulate), the memory knob of the update.
     pub micro_batch_tokens: usize,
+    /// Pack trajectories into the rows of a micro-batch one after another (attention
+    /// keeps them apart, positions start again at each) instead of padding each to the
+    /// longest: fewer tokens a step where lengths vary. `false` for the padded layout.
+    pub pack_sequences: bool,
     /// Recompute each layer's activations in the backward instead of keeping them: about
     /// a third more compute for most of the step's activation memory.
     pub gradient_checkpointing: bool,
@@ -215,6 +219,7 @@ impl Default for TrainSection {
             mini_batches: 1,
             old_logps: OldLogps::Recompute,
             micro_batch_tokens: 4096,
+            pack_sequences: true,
             gradient_checkpointing: false,
             estimator: Estimator::Grpo,
             scale_rewards: None,
@@ -342,6 +347,7 @@ impl RunConfig {
             },
             max_grad_norm: t.max_grad_norm,
             micro_batch_tokens: t.micro_batch_tokens,
+            pack_sequences: t.pack_sequences,
             mini_batches: t.mini_batches,
             epochs: t.epochs_per_batch,
             old_logps: t.old_logps,

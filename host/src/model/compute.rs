@@ -346,16 +346,27 @@ pub fn rope_rows(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 
 /// Grouped-query attention `softmax(scale · Q Kᵀ + M) V` in the layout of
 /// [`rope_heads`]: `q: [B, g, R·T, d]`, `k`, `v: [B, g, T, d]`, the additive mask
-/// `[B, 1, 1, T, T]`; the scores and softmax in f32.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+/// `[B, 1, 1, T, T]`; the scores and softmax in f32. `ids` (f32 `[B, T]`) are the
+/// sequence ids the mask was made from ([`super::decoder::batch_mask`]): the fused GPU
+/// attention applies that rule from them instead of reading `B·T²` mask values; the
+/// other forms take any additive mask.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    ids: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
     let _p = super::profile::span("attention", q.device());
     if cpu_kernels(q) {
         return super::cpu::fused::attention(q, k, v, mask, scale);
     }
     #[cfg(feature = "cuda")]
     if super::cuda::applies(q) {
-        return super::cuda::attention::attention(q, k, v, mask, scale);
+        return super::cuda::attention::attention(q, k, v, mask, ids, scale);
     }
+    let _ = ids;
     let (b, g, rt, d) = q.dims4()?;
     let t = k.dim(2)?;
     let scores = q.matmul(&k.t()?)?.to_dtype(DType::F32)?;

@@ -375,8 +375,10 @@ impl Model {
     // ---------------------------------------------------------------- batch path
 
     /// Hidden states after the final norm, `[B, T, hidden]`, for a padded batch.
-    /// `attention_mask` is 1 for real tokens and 0 for padding (either side);
-    /// `position_ids` are the positions transformers would use (`cumsum(mask) - 1`).
+    /// `attention_mask` is 1 for real tokens and 0 for padding (either side), or, for
+    /// rows that pack several sequences, each token's sequence id (0 still padding; see
+    /// [`batch_mask`]); `position_ids` are the positions transformers would use
+    /// (`cumsum(mask) - 1`), starting again at 0 with each packed sequence.
     pub fn forward_batch(
         &self,
         input_ids: &Tensor,
@@ -388,6 +390,7 @@ impl Model {
         let (cos, sin) = self.rope(position_ids)?;
         let ctx = BatchContext {
             mask: batch_mask(attention_mask)?,
+            ids: sequence_ids(attention_mask)?,
             cos,
             sin,
             eps: self.cfg.rms_norm_eps,
@@ -609,11 +612,13 @@ fn head_adapters(
     Tensor::cat(&parts, 0)
 }
 
-/// What every layer of a batch forward shares: the attention mask, the rope tables and
-/// the norms' epsilon.
+/// What every layer of a batch forward shares: the attention mask (and the sequence ids
+/// it was made from, for the fused GPU attention), the rope tables and the norms'
+/// epsilon.
 #[derive(Clone)]
 pub struct BatchContext {
     mask: Tensor,
+    ids: Tensor,
     cos: Tensor,
     sin: Tensor,
     eps: f64,
@@ -623,9 +628,7 @@ impl DecoderLayer {
     /// One layer of the batch path: `x + attn(norm(x))`, then that plus `mlp(norm(·))`.
     pub fn forward_batch(&self, x: &Tensor, ctx: &BatchContext, mode: Mode) -> Result<Tensor> {
         let h = rms_norm(x, &self.input_layernorm, ctx.eps)?;
-        let a = self
-            .self_attn
-            .forward_batch(&h, &ctx.mask, &ctx.cos, &ctx.sin, mode)?;
+        let a = self.self_attn.forward_batch(&h, ctx, mode)?;
         let x = (x + a)?;
         let h = rms_norm(&x, &self.post_attention_layernorm, ctx.eps)?;
         &x + self.mlp.forward(&h, mode)?
@@ -647,15 +650,9 @@ impl DecoderLayer {
 }
 
 impl Attention {
-    fn forward_batch(
-        &self,
-        x: &Tensor,
-        mask: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mode: Mode,
-    ) -> Result<Tensor> {
+    fn forward_batch(&self, x: &Tensor, ctx: &BatchContext, mode: Mode) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
+        let (cos, sin) = (&ctx.cos, &ctx.sin);
         let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
         let heads = |lin: &Linear, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
             let y = compute::lora_linear(lin, x, mode)?;
@@ -673,7 +670,8 @@ impl Attention {
         let q = place(heads(&self.q_proj, nh, &self.q_norm)?, nh, nkv, true)?;
         let k = place(heads(&self.k_proj, nkv, &self.k_norm)?, nkv, nkv, true)?;
         let v = place(heads(&self.v_proj, nkv, &None)?, nkv, nkv, false)?;
-        let out = compute::attention(&q, &k, &v, mask, 1.0 / (d as f64).sqrt())?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let out = compute::attention(&q, &k, &v, &ctx.mask, &ctx.ids, scale)?;
         let out = out.reshape((b, nh, t, d))?.transpose(1, 2)?;
         compute::lora_linear(&self.o_proj, &out.reshape((b, t, nh * d))?, mode)
     }
@@ -825,24 +823,41 @@ impl Mlp {
     }
 }
 
-/// Additive mask `[B, 1, 1, T, T]` (broadcast over kv heads and their query groups):
-/// query i may see key j when j <= i and j is not padding. Built with tensor ops where
-/// `attention_mask` lives, so that on a GPU only the `[B, T]` mask crosses over, not
-/// `B·T²` floats.
+/// Additive mask `[B, 1, 1, T, T]` (broadcast over kv heads and their query groups)
+/// from the sequence ids of a batch's tokens (`attention_mask`, `[B, T]`): 0 is
+/// padding, and a row may hold several sequences packed one after another, each with
+/// an id of its own (transformers' 0/1 mask is the case of one sequence a row). Query i
+/// may see key j when
+///   j <= i  and  id[j] != 0  and  (id[i] == id[j]  or  id[i] == 0),
+/// so a sequence never sees its neighbours in a packed row, and a padding query sees
+/// the real keys before it as in transformers (nothing reads its output). Built with
+/// tensor ops where `attention_mask` lives, so that on a GPU only the `[B, T]` ids
+/// cross over, not `B·T²` floats.
 pub fn batch_mask(attention_mask: &Tensor) -> Result<Tensor> {
     let (b, t) = attention_mask.dims2()?;
     let dev = attention_mask.device();
     let pos = Tensor::arange(0u32, t as u32, dev)?;
     // [T, T]: row i (query), column j (key), 1 where j <= i.
     let causal = pos.unsqueeze(0)?.broadcast_le(&pos.unsqueeze(1)?)?;
-    let real = attention_mask.to_dtype(DType::U8)?.ne(0u8)?;
-    let allowed = causal
-        .unsqueeze(0)?
-        .broadcast_mul(&real.unsqueeze(1)?)?
+    let ids = attention_mask.to_dtype(DType::U32)?;
+    let (query, key) = (ids.unsqueeze(2)?, ids.unsqueeze(1)?);
+    // [B, T, T]: the same sequence, or a padding query; and a real key.
+    let same = query.broadcast_eq(&key)?;
+    // 1 or 2 where either holds: `where_cond` takes any non-zero as true.
+    let together = same.broadcast_add(&query.eq(0u32)?)?;
+    let allowed = together
+        .broadcast_mul(&key.ne(0u32)?)?
+        .broadcast_mul(&causal.unsqueeze(0)?)?
         .reshape((b, 1, 1, t, t))?;
     let open = Tensor::zeros((b, 1, 1, t, t), DType::F32, dev)?;
     let shut = Tensor::full(MASKED, (b, 1, 1, t, t), dev)?;
     allowed.where_cond(&open, &shut)
+}
+
+/// The sequence ids of `attention_mask` as f32 `[B, T]` (exact below 2^24), the form
+/// the fused GPU attention reads them in: it applies [`batch_mask`]'s rule itself.
+pub fn sequence_ids(attention_mask: &Tensor) -> Result<Tensor> {
+    attention_mask.to_dtype(DType::F32)?.contiguous()
 }
 
 #[cfg(test)]
@@ -867,6 +882,92 @@ mod tests {
             }
         }
         assert_eq!(got, want);
+    }
+
+    /// Packed rows: each sequence sees only its own keys, a padding query every real key
+    /// before it.
+    #[test]
+    fn batch_mask_keeps_packed_sequences_apart() {
+        let ids = [[1u32, 1, 2, 2, 2, 0], [0, 7, 7, 3, 3, 3]];
+        let got = batch_mask(&Tensor::new(&ids, &Device::Cpu).unwrap()).unwrap();
+        let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let mut want = Vec::new();
+        for row in &ids {
+            for (i, &q) in row.iter().enumerate() {
+                for (j, &k) in row.iter().enumerate() {
+                    let open = j <= i && k != 0 && (q == k || q == 0);
+                    want.push(if open { 0.0 } else { MASKED });
+                }
+            }
+        }
+        assert_eq!(got, want);
+    }
+
+    /// Sequences packed into rows (sequence ids in the mask, positions from 0 again at
+    /// each) give each sequence's logits as transformers computes it alone, in the fused
+    /// and the composed forms, with and without gradients.
+    #[test]
+    fn packed_rows_give_each_sequence_its_own_logits() {
+        for name in MODELS {
+            let model = fixtures::load(name);
+            let r = Reference::load(name);
+            let rows = r.rows();
+            let (first, want) = (r.first_real(), r.get("logits"));
+            // (reference row, tokens taken from its start) a sequence, each lane in turn.
+            let lanes: [&[(usize, usize)]; 2] = [
+                &[(0, rows[0].len()), (1, rows[1].len())],
+                &[(1, 4), (0, rows[0].len())],
+            ];
+            let t = lanes
+                .iter()
+                .map(|l| l.iter().map(|s| s.1).sum::<usize>())
+                .max()
+                .unwrap()
+                + 2;
+            let (mut ids, mut seqs, mut pos) = (vec![], vec![], vec![]);
+            for lane in lanes {
+                let mut used = 0;
+                for (s, &(row, n)) in lane.iter().enumerate() {
+                    ids.extend(&rows[row][..n]);
+                    seqs.extend(std::iter::repeat_n(3 * s as u32 + 2, n));
+                    pos.extend(0..n as u32);
+                    used += n;
+                }
+                ids.extend(std::iter::repeat_n(0, t - used));
+                seqs.extend(std::iter::repeat_n(0, t - used));
+                pos.extend(std::iter::repeat_n(0, t - used));
+            }
+            let dev = model.device();
+            let at = |v: Vec<u32>| Tensor::from_vec(v, (2, t), dev).unwrap();
+            let (ids, seqs, pos) = (at(ids), at(seqs), at(pos));
+            for (form, grad) in [("fused", false), ("fused", true), ("composed", true)] {
+                let mode = if grad { Mode::TRAIN } else { Mode::INFERENCE };
+                let run = || {
+                    let h = model.forward_batch(&ids, &seqs, &pos, mode).unwrap();
+                    model.logits(&h).unwrap()
+                };
+                let logits = if form == "composed" {
+                    crate::model::cpu::composed(run)
+                } else {
+                    run()
+                };
+                let mut worst = 0f32;
+                for (l, lane) in lanes.iter().enumerate() {
+                    let mut at = 0;
+                    for &(row, n) in lane.iter() {
+                        let got = logits.get(l).unwrap().narrow(0, at, n).unwrap();
+                        let exp = want.get(row).unwrap().narrow(0, first[row], n).unwrap();
+                        worst = worst.max(max_diff(&got, &exp));
+                        at += n;
+                    }
+                }
+                eprintln!("{name} {form} (grad {grad}): packed rows vs transformers {worst:.2e}");
+                assert!(
+                    worst <= 1e-4,
+                    "{name} {form} (grad {grad}): packed diff {worst}"
+                );
+            }
+        }
     }
 
     /// Logits of the batch path vs transformers (eager attention, f32), at real positions.

@@ -6,7 +6,7 @@
 //! before this batch's updates, recomputed), `ref_logps` (adapters off), `behavior_logps`
 //! (what the sampler recorded), `advantages`, `loss_mask`.
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -265,13 +265,17 @@ pub enum RolloutCorrection {
 /// d_t = (old_logps_t − rollout_logps_t)·mask_t (TRL's
 /// `vllm_importance_sampling_correction`):
 /// - token_tis: w_t = min(e^{d_t}, cap);
-/// - seq_mis: ρ = e^{Σ_t d_t} per row, w_t = ρ if min ≤ ρ ≤ cap, else 0 (the row's tokens
-///   teach nothing);
+/// - seq_mis: ρ = e^{Σ_t d_t} per sequence, w_t = ρ if min ≤ ρ ≤ cap, else 0 (the
+///   sequence's tokens teach nothing);
 /// - none: w_t = 1.
+///
+/// `ids` (`[B, T]`) is each token's sequence id within its row, 0 for padding: rows that
+/// pack several sequences sum each on its own ([`sequence_sums`]); padding weighs 0.
 pub fn rollout_weights(
     old_logps: &Tensor,
     rollout_logps: &Tensor,
     mask: &Tensor,
+    ids: &Tensor,
     correction: RolloutCorrection,
 ) -> Result<Tensor> {
     let d = ((old_logps - rollout_logps)? * mask)?;
@@ -279,13 +283,27 @@ pub fn rollout_weights(
         RolloutCorrection::None => d.ones_like()?,
         RolloutCorrection::TokenTis { cap } => d.exp()?.clamp(0f32, cap as f32)?,
         RolloutCorrection::SeqMis { min, cap } => {
-            let rho = d.sum_keepdim(1)?.exp()?;
+            let rho = sequence_sums(&d, ids)?.exp()?;
             let keep = (rho.ge(min as f32)?.to_dtype(d.dtype())?
-                * rho.le(cap as f32)?.to_dtype(d.dtype())?)?;
-            (rho * keep)?.broadcast_as(d.shape())?.contiguous()?
+                * rho.le(cap as f32)?.to_dtype(d.dtype())?)?
+                * ids.to_dtype(DType::U32)?.ne(0u32)?.to_dtype(d.dtype())?;
+            (rho * keep?)?
         }
     };
     Ok(w.detach())
+}
+
+/// Σ of `x` over each token's sequence, at every token of it: `[B, T]` in and out, with
+/// `ids` (`[B, T]`, u32) each token's sequence id within its row and 0 for padding (whose
+/// sums are 0). With one sequence a row (ids all 1) it is the row sum at every token.
+///   out[b, i] = Σ_j [ids[b, j] = ids[b, i] ≠ 0] · x[b, j]
+pub fn sequence_sums(x: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let ids = ids.to_dtype(DType::U32)?;
+    let same = ids.unsqueeze(2)?.broadcast_eq(&ids.unsqueeze(1)?)?;
+    let member = same
+        .broadcast_mul(&ids.ne(0u32)?.unsqueeze(2)?)?
+        .to_dtype(x.dtype())?;
+    member.matmul(&x.unsqueeze(2)?.contiguous()?)?.squeeze(2)
 }
 
 /// How far the sampler's log-probs are from the trainer's, over the masked tokens: the
@@ -524,8 +542,9 @@ mod tests {
             [-0.5, -1.5, -0.5, -0.5],
         ]);
         let mask = t([[1., 1., 1., 0.], [1., 1., 1., 0.], [1., 1., 1., 1.]]);
+        let ids = Tensor::ones((3, 4), DType::U32, &Device::Cpu).unwrap();
         let got = |c| {
-            rollout_weights(&old, &roll, &mask, c)
+            rollout_weights(&old, &roll, &mask, &ids, c)
                 .unwrap()
                 .to_vec2::<f32>()
                 .unwrap()
@@ -548,6 +567,36 @@ mod tests {
         let mis = got(RolloutCorrection::SeqMis { min: 0.0, cap: 2.0 });
         assert!((mis[2][0] as f64 - 0.36787944117144233).abs() < 1e-6);
         assert_eq!(got(RolloutCorrection::None), [[1.0; 4]; 3]);
+        // The first two rows' first three tokens packed into one row of seven (one pad):
+        // each sequence keeps its own ratio, the pad weighs 0.
+        let cat = |x: &Tensor| {
+            let v = x.to_vec2::<f32>().unwrap();
+            let row: Vec<f32> = v[0][..3]
+                .iter()
+                .chain(&v[1][..3])
+                .copied()
+                .chain([0.0])
+                .collect();
+            Tensor::from_vec(row, (1, 7), &Device::Cpu).unwrap()
+        };
+        let ids = Tensor::new(&[[1u32, 1, 1, 2, 2, 2, 0]], &Device::Cpu).unwrap();
+        let packed = rollout_weights(
+            &cat(&old),
+            &cat(&roll),
+            &cat(&mask),
+            &ids,
+            RolloutCorrection::SeqMis {
+                min: 0.0,
+                cap: 10.0,
+            },
+        )
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+        let (a, b) = (1.0f64, 3.320116922736548f64);
+        for (g, w) in packed[0].iter().zip([a, a, a, b, b, b, 0.0]) {
+            assert!((*g as f64 - w).abs() < 1e-5, "{packed:?}");
+        }
         let (k3, abs, max_r, n) = rollout_mismatch(&old, &roll, &mask).unwrap();
         assert_eq!(n, 10.0);
         assert!((k3 / n - 0.19180696335800132).abs() < 1e-6, "{}", k3 / n);

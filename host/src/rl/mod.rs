@@ -6,6 +6,7 @@ pub mod algorithms;
 pub mod checkpoint;
 mod learn;
 pub mod optim;
+pub mod packing;
 pub mod plan;
 mod producer;
 mod progress;

@@ -10,6 +10,7 @@
 //! the token sequence the sampler will see.
 
 use super::optim::{Accumulator, AdamW as Optim, AdamWConfig, clip_grad_norm, lr_at};
+use super::packing::{self, Layout};
 use crate::model::{LanguageModel, Mode, Model};
 use crate::rollout::render::escaped;
 use crate::rollout::turns::TurnFormat;
@@ -35,8 +36,9 @@ pub struct SftOptions {
     pub target_loss: f32,
 }
 
-/// The padded batch tensors for `rows`: inputs, targets (shifted by one), attention
-/// mask, positions and loss weights, all `[B, T-1]`.
+/// The batch tensors of `rows` as `layout` packs them ([`packing`]): inputs, targets
+/// (shifted by one), sequence ids (the attention mask), positions and loss weights, all
+/// `[L, T]`.
 struct Batch {
     input: Tensor,
     target: Tensor,
@@ -46,44 +48,40 @@ struct Batch {
     tokens: f32,
 }
 
-fn batch(rows: &[SftRow], device: &Device) -> Result<Batch> {
-    let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-    if t < 2 {
+/// Each row's `(index, tokens − 1)`, the rows checked (a row of one token has nothing
+/// to predict and takes no room).
+fn sized(rows: &[SftRow]) -> Result<Vec<(usize, usize)>> {
+    let sized = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if r.loss_mask.len() != r.tokens.len() {
+                bail!(
+                    "SFT row {i} has {} tokens but {} mask entries",
+                    r.tokens.len(),
+                    r.loss_mask.len()
+                );
+            }
+            Ok((i, r.tokens.len().saturating_sub(1)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if sized.iter().all(|r| r.1 == 0) {
         bail!("SFT rows need at least two tokens");
     }
-    let t = t - 1;
-    let (mut input, mut target, mut attn, mut pos, mut weight) =
-        (vec![], vec![], vec![], vec![], vec![]);
-    for r in rows {
-        if r.loss_mask.len() != r.tokens.len() {
-            bail!(
-                "an SFT row has {} tokens but {} mask entries",
-                r.tokens.len(),
-                r.loss_mask.len()
-            );
-        }
-        let n = r.tokens.len() - 1;
-        for i in 0..t {
-            let real = i < n;
-            input.push(if real { r.tokens[i] } else { 0 });
-            target.push(if real { r.tokens[i + 1] } else { 0 });
-            attn.push(u32::from(real));
-            pos.push(i as u32);
-            weight.push(if real {
-                f32::from(r.loss_mask[i + 1])
-            } else {
-                0.0
-            });
-        }
-    }
+    Ok(sized)
+}
+
+fn batch(rows: &[SftRow], layout: &Layout, device: &Device) -> Result<Batch> {
+    let shape = (layout.lanes, layout.width);
+    let weight = layout.place(|s, k| f32::from(rows[s.row].loss_mask[k + 1]));
     let tokens: f32 = weight.iter().sum();
-    let b = rows.len();
+    let ids = |v: Vec<u32>| Tensor::from_vec(v, shape, device);
     Ok(Batch {
-        input: Tensor::from_vec(input, (b, t), device)?,
-        target: Tensor::from_vec(target, (b, t), device)?,
-        attn: Tensor::from_vec(attn, (b, t), device)?,
-        pos: Tensor::from_vec(pos, (b, t), device)?,
-        weight: Tensor::from_vec(weight, (b, t), device)?,
+        input: ids(layout.place(|s, k| rows[s.row].tokens[k]))?,
+        target: ids(layout.place(|s, k| rows[s.row].tokens[k + 1]))?,
+        attn: ids(layout.sequence_ids())?,
+        pos: ids(layout.positions())?,
+        weight: Tensor::from_vec(weight, shape, device)?,
         tokens,
     })
 }
@@ -95,7 +93,8 @@ pub fn fit(model: &Model, rows: &[SftRow], opts: &SftOptions) -> Result<Vec<f32>
     if vars.is_empty() {
         bail!("the model has no adapter to train: attach one first");
     }
-    let b = batch(rows, model.device())?;
+    let layout = packing::micro_batches(&sized(rows)?, true, usize::MAX).remove(0);
+    let b = batch(rows, &layout, model.device())?;
     if b.tokens == 0.0 {
         bail!("no SFT row has a token to learn (all loss masks are 0)");
     }
@@ -192,7 +191,8 @@ pub struct SftSchedule {
     pub lr: f64,
     pub warmup_steps: u64,
     pub max_grad_norm: f64,
-    /// Most padded tokens per forward/backward; a minibatch is split to fit.
+    /// Most tokens (lanes × longest lane) per forward/backward; a minibatch's rows are
+    /// packed into lanes and split to fit.
     pub micro_batch_tokens: usize,
     pub seed: u64,
 }
@@ -225,33 +225,22 @@ pub fn train(
         let order = crate::data::order::epoch_order(&ids, schedule.seed, epoch as u64, true);
         for chunk in order.chunks(bs) {
             let batch_rows: Vec<SftRow> = chunk.iter().map(|&i| rows[i as usize].clone()).collect();
+            let sized = sized(&batch_rows)?;
             let total_tokens: f32 = batch_rows
                 .iter()
-                .map(|r| r.loss_mask[1..].iter().map(|&m| m as f32).sum::<f32>())
+                .map(|r| r.loss_mask.iter().skip(1).map(|&m| m as f32).sum::<f32>())
                 .sum();
             let mut acc = Accumulator::new(params.len());
             let mut loss_sum = 0.0f64;
-            // Micro-batches of rows whose padded size fits; each loss is a share of the
+            // Micro-batches of packed rows that fit; each loss is a share of the
             // minibatch's token mean, so accumulated gradients are the minibatch's.
-            let mut start = 0;
-            while start < batch_rows.len() {
-                let mut end = start + 1;
-                let mut longest = batch_rows[start].tokens.len();
-                while end < batch_rows.len() {
-                    let l = longest.max(batch_rows[end].tokens.len());
-                    if l * (end + 1 - start) > schedule.micro_batch_tokens {
-                        break;
-                    }
-                    longest = l;
-                    end += 1;
-                }
-                let b = batch(&batch_rows[start..end], model.device())?;
+            for layout in packing::micro_batches(&sized, true, schedule.micro_batch_tokens) {
+                let b = batch(&batch_rows, &layout, model.device())?;
                 let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
                 let (logp, _) = model.logprobs(&hidden, &b.target)?;
                 let loss = ((logp * &b.weight)?.sum_all()? / -(total_tokens.max(1.0) as f64))?;
                 loss_sum += loss.to_scalar::<f32>()? as f64;
                 acc.add(&params, &loss.backward()?)?;
-                start = end;
             }
             let mut grads = acc.take(&params)?;
             clip_grad_norm(&mut grads, schedule.max_grad_norm)?;
@@ -276,6 +265,32 @@ mod tests {
             content: content.into(),
             ..Default::default()
         }
+    }
+
+    /// Packed rows score as padded ones: the same token-mean loss from one lane a row
+    /// and from rows packed into fewer lanes.
+    #[test]
+    fn packed_sft_rows_give_the_padded_loss() {
+        let model = fixtures::load("qwen2");
+        let row = |n: u32, mask_from: usize| SftRow {
+            tokens: (0..n).map(|t| 3 + 7 * t % 50).collect(),
+            loss_mask: (0..n as usize).map(|k| u8::from(k >= mask_from)).collect(),
+        };
+        let rows = [row(17, 5), row(6, 2), row(9, 3), row(4, 1)];
+        let sized = sized(&rows).unwrap();
+        let loss = |pack: bool| {
+            let layout = packing::micro_batches(&sized, pack, usize::MAX).remove(0);
+            let b = batch(&rows, &layout, model.device()).unwrap();
+            let hidden = model
+                .forward_batch(&b.input, &b.attn, &b.pos, Mode::INFERENCE)
+                .unwrap();
+            let (logp, _) = model.logprobs(&hidden, &b.target).unwrap();
+            let sum = (logp * &b.weight).unwrap().sum_all().unwrap();
+            (layout.lanes, sum.to_scalar::<f32>().unwrap() / -b.tokens)
+        };
+        let ((lanes_padded, padded), (lanes_packed, packed)) = (loss(false), loss(true));
+        assert_eq!((lanes_padded, lanes_packed), (4, 2));
+        assert!((padded - packed).abs() < 1e-5, "{padded} vs {packed}");
     }
 
     /// The row decodes to the template's rendering of the conversation, and the mask

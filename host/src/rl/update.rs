@@ -1,9 +1,9 @@
 //! One policy update from a batch of scored trajectories. The batch is split into
 //! `mini_batches` (shuffled with a seed, anew each epoch) and passed over `epochs` times;
-//! each mini-batch is one optimizer step. Within a mini-batch the rows become padded
-//! micro-batches sized by tokens, each micro-batch's loss weighted so that the
-//! accumulated gradient equals the mini-batch's aggregated loss exactly; gradients are
-//! then clipped and AdamW steps.
+//! each mini-batch is one optimizer step. Within a mini-batch the rows become
+//! micro-batches sized by tokens (several rows a lane where they fit, [`packing`]), each
+//! micro-batch's loss weighted so that the accumulated gradient equals the mini-batch's
+//! aggregated loss exactly; gradients are then clipped and AdamW steps.
 //!
 //! Per token t of trajectory i (only tokens the model sampled, `loss_mask` 1):
 //! loss_it = −min(ρ·A_i, clip(ρ, 1 − ε_low, 1 + ε_high)·A_i) · w_it + β · KL_it,
@@ -24,6 +24,7 @@ use super::algorithms::{
     rollout_weights, truncated_is, value_loss, whiten,
 };
 use super::optim::{Accumulator, AdamW, clip_grad_norm};
+use super::packing::{self, Layout};
 use super::value_head::ValueHead;
 use crate::model::{Mode, Model};
 use crate::rollout::Trajectory;
@@ -66,8 +67,12 @@ pub struct UpdateConfig {
     /// (in place of `tis_cap`'s weights for stale rows, which it covers).
     pub rollout_correction: RolloutCorrection,
     pub max_grad_norm: f64,
-    /// Most padded tokens (rows × longest row) per forward/backward.
+    /// Most padded tokens (lanes × longest lane) per forward/backward.
     pub micro_batch_tokens: usize,
+    /// Pack several rows into each lane of a micro-batch (no padding between them;
+    /// attention keeps them apart) instead of one row a lane padded to the longest.
+    #[serde(default = "packs")]
+    pub pack_sequences: bool,
     /// Optimizer steps per pass over the batch (each on a share of the rows).
     pub mini_batches: usize,
     /// Passes over the batch.
@@ -78,6 +83,10 @@ pub struct UpdateConfig {
     /// Counts forward/backward passes over micro-batches (a terminal's progress bar).
     #[serde(skip)]
     pub progress: Option<indicatif::ProgressBar>,
+}
+
+fn packs() -> bool {
+    true
 }
 
 /// PPO's settings: GAE(γ, λ) over token rewards, the clipped value loss and its weight.
@@ -190,40 +199,52 @@ fn row_arrays(t: &Trajectory) -> RowArrays {
     }
 }
 
-/// A padded micro-batch, `[B, T]`.
+/// A micro-batch, `[L, T]`: the rows of its [`Layout`] packed into `L` lanes (several
+/// rows a lane with `train.pack_sequences`, else one), padded on the right to the longest
+/// lane.
 struct Micro {
-    /// Its rows, as indices into the update's rows, in order.
-    rows: Vec<usize>,
+    /// Which rows (indices into the update's rows) sit where.
+    layout: Layout,
     input: Tensor,
     target: Tensor,
+    /// Each token's sequence id within its lane, 0 for padding: the attention mask that
+    /// keeps packed rows apart.
     attn: Tensor,
+    /// Positions from 0 at each row's first token.
     pos: Tensor,
     mask: Tensor,
     /// Per-token weight making Σ over the mini-batch's micro-batches its aggregate.
     weight: Tensor,
+    /// Each token's row advantage.
     advantages: Tensor,
 }
 
 impl Micro {
-    /// `[B, T]` of per-row values (each `tokens − 1` long, indexed like the update's
-    /// rows), zero-padded.
+    fn shape(&self) -> (usize, usize) {
+        (self.layout.lanes, self.layout.width)
+    }
+
+    /// `[L, T]` of per-row values (each `tokens − 1` long, indexed like the update's
+    /// rows) where their rows sit, zero elsewhere.
     fn pad(&self, per_row: &[Vec<f32>], device: &Device) -> Result<Tensor> {
-        let longest = self.input.dim(1)?;
-        let mut out = Vec::with_capacity(self.rows.len() * longest);
-        for &i in &self.rows {
-            let v = &per_row[i];
-            out.extend(
-                v.iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(0.0, longest - v.len())),
-            );
-        }
-        Ok(Tensor::from_vec(out, (self.rows.len(), longest), device)?)
+        let v = self.layout.place(|s, k| per_row[s.row][k]);
+        Ok(Tensor::from_vec(v, self.shape(), device)?)
+    }
+
+    /// `[L, T]` holding `value(row)` at each of a row's tokens, zero elsewhere.
+    fn spread(&self, value: impl Fn(usize) -> f32, device: &Device) -> Result<Tensor> {
+        let v = self.layout.place(|s, _| value(s.row));
+        Ok(Tensor::from_vec(v, self.shape(), device)?)
+    }
+
+    /// Each row's values of an `[L, T]` result, `(row, tokens − 1 values)`.
+    fn unpack(&self, x: &Tensor) -> Result<Vec<(usize, Vec<f32>)>> {
+        Ok(self.layout.unpack(&x.to_vec2::<f32>()?))
     }
 }
 
 /// The micro-batches of the mini-batch `subset` (indices into `rows`), its loss weights
-/// aggregating over the subset alone.
+/// aggregating over the subset alone ([`packing::micro_batches`] lays them out).
 fn micro_batches(
     rows: &[Row],
     arrays: &[RowArrays],
@@ -236,61 +257,36 @@ fn micro_batches(
         .map(|&i| arrays[i].mask.iter().sum::<f32>())
         .sum();
     let b_total = subset.len() as f64;
-    let weight_of = |mask: &[f32]| -> Vec<f32> {
+    // Each row's per-token weight, a multiple of its loss mask.
+    let weight_of = |mask: &[f32]| -> f32 {
         let len: f32 = mask.iter().sum();
-        let w = match cfg.aggregation {
+        (match cfg.aggregation {
             Aggregation::TokenMean => 1.0 / total_tokens.max(1.0) as f64,
             Aggregation::SeqMeanTokenMean => 1.0 / (len.max(1.0) as f64 * b_total),
             Aggregation::SeqMeanTokenSum => 1.0 / b_total,
             Aggregation::SeqMeanTokenSumNorm => 1.0 / (b_total * cfg.norm_constant),
-        } as f32;
-        mask.iter().map(|m| m * w).collect()
+        }) as f32
     };
-    let mut out = Vec::new();
-    let mut start = 0;
-    while start < subset.len() {
-        let mut end = start + 1;
-        let mut longest = arrays[subset[start]].input.len();
-        while end < subset.len() {
-            let l = longest.max(arrays[subset[end]].input.len());
-            if l * (end + 1 - start) > cfg.micro_batch_tokens {
-                break;
-            }
-            longest = l;
-            end += 1;
-        }
-        let members = &subset[start..end];
-        let b = members.len();
-        let (mut input, mut target, mut attn, mut pos, mut mask, mut weight) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
-        for &i in members {
-            let a = &arrays[i];
-            let pad = longest - a.input.len();
-            input.extend(a.input.iter().copied().chain(std::iter::repeat_n(0, pad)));
-            target.extend(a.target.iter().copied().chain(std::iter::repeat_n(0, pad)));
-            attn.extend((0..longest).map(|k| u32::from(k < a.input.len())));
-            pos.extend(0..longest as u32);
-            mask.extend(a.mask.iter().copied().chain(std::iter::repeat_n(0.0, pad)));
-            weight.extend(
-                weight_of(&a.mask)
-                    .into_iter()
-                    .chain(std::iter::repeat_n(0.0, pad)),
-            );
-        }
-        let adv: Vec<f32> = members.iter().map(|&i| rows[i].advantage as f32).collect();
-        out.push(Micro {
-            rows: members.to_vec(),
-            input: Tensor::from_vec(input, (b, longest), device)?,
-            target: Tensor::from_vec(target, (b, longest), device)?,
-            attn: Tensor::from_vec(attn, (b, longest), device)?,
-            pos: Tensor::from_vec(pos, (b, longest), device)?,
-            mask: Tensor::from_vec(mask, (b, longest), device)?,
-            weight: Tensor::from_vec(weight, (b, longest), device)?,
-            advantages: Tensor::from_vec(adv, (b, 1), device)?,
-        });
-        start = end;
-    }
-    Ok(out)
+    let weights: Vec<f32> = arrays.iter().map(|a| weight_of(&a.mask)).collect();
+    let sized: Vec<(usize, usize)> = subset.iter().map(|&i| (i, arrays[i].input.len())).collect();
+    packing::micro_batches(&sized, cfg.pack_sequences, cfg.micro_batch_tokens)
+        .into_iter()
+        .map(|layout| {
+            let shape = (layout.lanes, layout.width);
+            let ids = |v: Vec<u32>| Tensor::from_vec(v, shape, device);
+            let floats = |v: Vec<f32>| Tensor::from_vec(v, shape, device);
+            Ok(Micro {
+                input: ids(layout.place(|s, k| arrays[s.row].input[k]))?,
+                target: ids(layout.place(|s, k| arrays[s.row].target[k]))?,
+                attn: ids(layout.sequence_ids())?,
+                pos: ids(layout.positions())?,
+                mask: floats(layout.place(|s, k| arrays[s.row].mask[k]))?,
+                weight: floats(layout.place(|s, k| arrays[s.row].mask[k] * weights[s.row]))?,
+                advantages: floats(layout.place(|s, _| rows[s.row].advantage as f32))?,
+                layout,
+            })
+        })
+        .collect()
 }
 
 /// Log-probs of the targets and entropies, `[B, T]` each, at temperature `temperature`:
@@ -336,8 +332,8 @@ fn ppo_targets(
     let mut kls = vec![Vec::new(); rows.len()];
     for m in micros.iter().filter(|_| p.kl_reward_coef > 0.0) {
         let k = reward_kl(model, m, behavior, cfg)?;
-        for (&i, row) in m.rows.iter().zip(k.to_vec2::<f32>()?) {
-            kls[i] = row[..arrays[i].input.len()].to_vec();
+        for (i, row) in m.unpack(&k)? {
+            kls[i] = row;
         }
     }
     let (mut advantages, mut returns, mut actions) = (Vec::new(), Vec::new(), Vec::new());
@@ -404,8 +400,9 @@ fn per_row_pass(
 ) -> Result<(PerRow, PerRow)> {
     let (mut logps, mut values) = (vec![Vec::new(); lens.len()], vec![Vec::new(); lens.len()]);
     let keep = |out: &mut Vec<Vec<f32>>, m: &Micro, t: Tensor| -> Result<()> {
-        for (&i, row) in m.rows.iter().zip(t.to_vec2::<f32>()?) {
-            out[i] = row[..lens[i]].to_vec();
+        for (i, row) in m.unpack(&t)? {
+            debug_assert_eq!(row.len(), lens[i]);
+            out[i] = row;
         }
         Ok(())
     };
@@ -444,11 +441,8 @@ pub fn sequence_kl(model: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Ve
     let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
     let mut out = vec![0.0; rows.len()];
     for m in &micro_batches(rows, &arrays, &all, cfg, device)? {
-        let per_row = reward_kl(model, m, &behavior, cfg)?
-            .sum(1)?
-            .to_vec1::<f32>()?;
-        for (&i, v) in m.rows.iter().zip(per_row) {
-            out[i] = f64::from(v);
+        for (i, kl) in m.unpack(&reward_kl(model, m, &behavior, cfg)?)? {
+            out[i] = kl.iter().map(|&k| f64::from(k)).sum();
         }
     }
     Ok(out)
@@ -669,22 +663,17 @@ fn update_here(
             if let Some(rollout) = rollout.as_ref()
                 && cfg.rollout_correction != RolloutCorrection::None
             {
-                let w = rollout_weights(&old, rollout, &m.mask, cfg.rollout_correction)?;
+                let w = rollout_weights(&old, rollout, &m.mask, &m.attn, cfg.rollout_correction)?;
                 per_token = (per_token * w)?;
             }
-            let stale: Vec<f32> = m
-                .rows
-                .iter()
-                .map(|&i| f32::from(u8::from(rows[i].stale)))
-                .collect();
             if cfg.old_logps == OldLogps::Recompute
                 && cfg.rollout_correction == RolloutCorrection::None
-                && stale.iter().any(|s| *s > 0.0)
+                && m.layout.slots.iter().any(|s| rows[s.row].stale)
             {
                 // w = 1 + stale·(min(e^{old − behavior}, cap) − 1): fresh rows weigh 1.
-                let stale = Tensor::from_vec(stale, (m.rows.len(), 1), device)?;
+                let stale = m.spread(|i| f32::from(u8::from(rows[i].stale)), device)?;
                 let tis = truncated_is(&old, &m.pad(&behavior, device)?, cfg.tis_cap)?;
-                let w = (tis - 1.0)?.broadcast_mul(&stale)? + 1.0;
+                let w = ((tis - 1.0)? * stale)? + 1.0;
                 per_token = (per_token * w?)?;
             }
             let kl_tok = match &refs {
@@ -827,6 +816,7 @@ mod tests {
             rollout_correction: RolloutCorrection::None,
             max_grad_norm: 0.0,
             micro_batch_tokens,
+            pack_sequences: true,
             mini_batches: 1,
             epochs: 1,
             old_logps: OldLogps::Recompute,
@@ -924,6 +914,75 @@ mod tests {
             .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
             .fold(0f32, f32::max);
         assert!(d < 1e-6, "max parameter difference {d}");
+    }
+
+    /// Packing is exact: rows packed into lanes give the padded layout's update (loss,
+    /// gradient norm, parameters), with a stale row's importance weight and with the
+    /// per-sequence rollout correction, over two epochs (recomputed old log-probs); and
+    /// the lanes hold the rows first-fit decreasing in the longest row's width.
+    #[test]
+    fn packed_rows_update_as_padded_rows() {
+        let ts = vec![
+            trajectory((1..30).collect(), 5, &[3, 4]),
+            trajectory((30..42).collect(), 4, &[]),
+            trajectory((50..62).collect(), 9, &[0]),
+            trajectory((80..86).collect(), 3, &[]),
+        ];
+        let mut rows = rows_of(&ts, &[1.0, -0.5, 0.25, 0.7]);
+        rows[2].stale = true;
+        let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+        let micros =
+            micro_batches(&rows, &arrays, &[0, 1, 2, 3], &cfg(10_000), &Device::Cpu).unwrap();
+        assert_eq!(micros.len(), 1);
+        assert_eq!(micros[0].input.dims(), [2, 28]);
+        let placed: Vec<(usize, usize, usize)> = micros[0]
+            .layout
+            .slots
+            .iter()
+            .map(|s| (s.row, s.lane, s.start))
+            .collect();
+        assert_eq!(placed, [(0, 0, 0), (1, 1, 0), (2, 1, 11), (3, 1, 22)]);
+        let ids = micros[0].attn.to_vec2::<u32>().unwrap();
+        assert_eq!(&ids[1][9..13], [1, 1, 2, 2]);
+        assert_eq!(ids[1][27], 0);
+        let correction = [
+            RolloutCorrection::None,
+            RolloutCorrection::SeqMis { min: 0.0, cap: 1e3 },
+        ];
+        for correction in correction {
+            let mut after = Vec::new();
+            for pack in [false, true] {
+                let m = model();
+                let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
+                let mut c = cfg(10_000);
+                c.pack_sequences = pack;
+                c.rollout_correction = correction;
+                c.epochs = 2;
+                let s = update(&m, None, &mut opt, &rows, &c, &at(1e-3, 0)).unwrap();
+                assert_eq!(s.tokens, 22 + 8 + 2 + 3);
+                after.push((lora_values(&m), s));
+            }
+            // Each step's loss, gradient norm and KL to the old policy agree to rounding;
+            // the parameters to a tenth of one step's size (lr 1e-3): Adam divides each
+            // gradient by its own magnitude, so rounding in a near-zero component moves
+            // its step by more than rounding moves the loss.
+            let ((a, sa), (b, sb)) = (&after[0], &after[1]);
+            assert_eq!(sa.steps.len(), 2);
+            for (x, y) in sa.steps.iter().zip(&sb.steps) {
+                let near = |p: f64, q: f64| (p - q).abs() <= 1e-5 * p.abs().max(1e-3);
+                assert!(
+                    near(x.loss, y.loss) && near(x.grad_norm, y.grad_norm),
+                    "{correction:?}: padded {x:?}, packed {y:?}"
+                );
+                assert!((x.approx_kl - y.approx_kl).abs() < 1e-6);
+            }
+            let d = a
+                .iter()
+                .zip(b)
+                .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+                .fold(0f32, f32::max);
+            assert!(d < 1e-4, "{correction:?}: max parameter difference {d}");
+        }
     }
 
     /// KL in the reward: zero when the sampler was the reference itself, and the k1 sum

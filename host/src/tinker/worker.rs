@@ -16,6 +16,7 @@ use crate::model::lora::{AdapterSnapshot, LoraConfig, Mode};
 use crate::model::sample::SamplingParams;
 use crate::model::sampler::{Request, Sampler, Sink, Token};
 use crate::rl::optim::AdamWConfig;
+use crate::rl::packing::{self, Layout};
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use prost::Message;
@@ -130,8 +131,9 @@ impl Work {
     }
 }
 
-/// Padded tokens a forward/backward runs at once (its datums are split into micro-batches
-/// of about this many; the loss is a sum, so the split changes nothing but memory).
+/// Tokens (lanes × longest lane) a forward/backward runs at once: its datums are packed
+/// into lanes and split into micro-batches of about this many (the loss is a sum, so
+/// neither changes anything but memory and speed).
 pub const TOKENS_PER_FORWARD: usize = 8192;
 
 pub struct Worker {
@@ -558,8 +560,9 @@ pub fn forward_backward(
 ) -> Result<proto::ForwardBackwardOutput> {
     let model = &lm.model;
     let device = model.device().clone();
-    let mut logprobs: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
-    let mut losses: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
+    // Each datum's, in the request's order (packing places them in its own).
+    let mut logprobs: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
+    let mut losses: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
     let mut total = 0f64;
     // With an output head adapter the logits are whole (`vocab` floats a token): fewer
     // tokens a forward.
@@ -568,7 +571,8 @@ pub fn forward_backward(
     } else {
         TOKENS_PER_FORWARD
     };
-    for batch in micro_batches(rows, budget) {
+    let sized: Vec<(usize, usize)> = rows.iter().map(|r| r.tokens.len()).enumerate().collect();
+    for layout in packing::micro_batches(&sized, true, budget) {
         let mode = Mode {
             adapters: true,
             grad: !forward_only,
@@ -576,21 +580,24 @@ pub fn forward_backward(
             adapter: Some(adapter.live()),
             segments: None,
         };
-        let (ids, mask, pos, targets) = padded(batch, &device)?;
+        let (ids, mask, pos, targets) = packed(rows, &layout, &device)?;
         let hidden = model.forward_batch(&ids, &mask, &pos, mode)?;
         let lp = super::adapter::target_logprobs(model, &hidden, &targets, Some(adapter.live()))?;
         let mut sum: Option<Tensor> = None;
-        for (i, row) in batch.iter().enumerate() {
-            let n = row.tokens.len();
-            let lp_i = lp.get(i)?.narrow(0, 0, n)?.to_dtype(DType::F32)?;
+        for slot in &layout.slots {
+            let row = &rows[slot.row];
+            let lp_i = lp
+                .get(slot.lane)?
+                .narrow(0, slot.start, slot.len)?
+                .to_dtype(DType::F32)?;
             let mut inputs = HashMap::new();
             for key in loss.inputs() {
                 let values = &row.inputs[*key];
                 inputs.insert(*key, Tensor::new(values.as_slice(), &device)?);
             }
             let per = loss.elementwise(&lp_i, &inputs)?;
-            logprobs.push(lp_i.to_vec1::<f32>()?);
-            losses.push(per.to_vec1::<f32>()?);
+            logprobs[slot.row] = lp_i.to_vec1::<f32>()?;
+            losses[slot.row] = per.to_vec1::<f32>()?;
             let s = per.sum_all()?;
             sum = Some(match sum {
                 Some(acc) => (acc + s)?,
@@ -635,52 +642,20 @@ pub fn forward_backward(
 /// Logits a forward/backward micro-batch holds at most with an output head adapter.
 pub const HEAD_LOGITS: usize = 1 << 25;
 
-/// Consecutive runs of rows whose padded size (rows × longest) stays within `budget`
-/// tokens (a longer row runs alone).
-fn micro_batches(rows: &[Row], budget: usize) -> Vec<&[Row]> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut longest = 0;
-    for (i, r) in rows.iter().enumerate() {
-        let l = longest.max(r.tokens.len());
-        if i > start && l * (i - start + 1) > budget {
-            out.push(&rows[start..i]);
-            start = i;
-            longest = r.tokens.len();
-        } else {
-            longest = l;
-        }
-    }
-    if start < rows.len() {
-        out.push(&rows[start..]);
-    }
-    out
-}
-
-/// `[B, T]` ids, mask, positions and targets for `rows`, right-padded.
-fn padded(rows: &[Row], device: &Device) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-    let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-    let b = rows.len();
-    let (mut ids, mut mask, mut pos, mut targets) = (
-        Vec::with_capacity(b * t),
-        Vec::with_capacity(b * t),
-        Vec::with_capacity(b * t),
-        Vec::with_capacity(b * t),
-    );
-    for r in rows {
-        for i in 0..t {
-            let real = i < r.tokens.len();
-            ids.push(if real { r.tokens[i] } else { 0 });
-            targets.push(if real { r.targets[i] } else { 0 });
-            mask.push(u32::from(real));
-            pos.push(i as u32);
-        }
-    }
+/// `[L, T]` ids, sequence ids (the attention mask), positions and targets of `rows` as
+/// `layout` packs them ([`packing`]).
+fn packed(
+    rows: &[Row],
+    layout: &Layout,
+    device: &Device,
+) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+    let shape = (layout.lanes, layout.width);
+    let at = |v: Vec<u32>| Tensor::from_vec(v, shape, device);
     Ok((
-        Tensor::from_vec(ids, (b, t), device)?,
-        Tensor::from_vec(mask, (b, t), device)?,
-        Tensor::from_vec(pos, (b, t), device)?,
-        Tensor::from_vec(targets, (b, t), device)?,
+        at(layout.place(|s, k| rows[s.row].tokens[k]))?,
+        at(layout.sequence_ids())?,
+        at(layout.positions())?,
+        at(layout.place(|s, k| rows[s.row].targets[k]))?,
     ))
 }
 
@@ -688,21 +663,36 @@ fn padded(rows: &[Row], device: &Device) -> Result<(Tensor, Tensor, Tensor, Tens
 mod tests {
     use super::*;
 
-    fn row(n: usize) -> Row {
+    fn row(n: usize, first: u32) -> Row {
         Row {
-            tokens: vec![1; n],
-            targets: vec![1; n],
+            tokens: (first..first + n as u32).collect(),
+            targets: (first + 1..first + 1 + n as u32).collect(),
             inputs: HashMap::new(),
         }
     }
 
+    /// Datums pack into lanes within the budget, each token where its datum sits, the
+    /// datums' sequence ids keeping them apart.
     #[test]
-    fn micro_batches_keep_order_and_the_budget() {
-        let rows: Vec<Row> = [3, 3, 3, 10, 2, 2].iter().map(|&n| row(n)).collect();
-        let lens: Vec<Vec<usize>> = micro_batches(&rows, 9)
+    fn datums_pack_into_lanes() {
+        let rows: Vec<Row> = [(3, 10), (3, 20), (10, 30), (2, 40)]
             .iter()
-            .map(|b| b.iter().map(|r| r.tokens.len()).collect())
+            .map(|&(n, first)| row(n, first))
             .collect();
-        assert_eq!(lens, vec![vec![3, 3, 3], vec![10], vec![2, 2]]);
+        let sized: Vec<(usize, usize)> = rows.iter().map(|r| r.tokens.len()).enumerate().collect();
+        let layouts = packing::micro_batches(&sized, true, 20);
+        assert_eq!(layouts.len(), 1);
+        let (ids, mask, pos, targets) = packed(&rows, &layouts[0], &Device::Cpu).unwrap();
+        let v = |t: Tensor| t.to_vec2::<u32>().unwrap();
+        assert_eq!(
+            v(ids),
+            [
+                vec![30, 31, 32, 33, 34, 35, 36, 37, 38, 39],
+                vec![10, 11, 12, 20, 21, 22, 40, 41, 0, 0]
+            ]
+        );
+        assert_eq!(v(mask)[1], [1, 1, 1, 2, 2, 2, 3, 3, 0, 0]);
+        assert_eq!(v(pos)[1], [0, 1, 2, 0, 1, 2, 0, 1, 0, 0]);
+        assert_eq!(v(targets)[1][..8], [11, 12, 13, 21, 22, 23, 41, 42]);
     }
 }

@@ -29,11 +29,21 @@ const KERNELS: Module = Module {
 
 /// The fused attention; the result tracks gradients to `q`, `k` and `v` when any does.
 /// Half precision with head size 64 or 128 takes the flash kernels ([`super::flash`]),
-/// anything else (f32 among them) the cuBLAS products around one softmax pass.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+/// anything else (f32 among them) the cuBLAS products around one softmax pass. The
+/// flash kernels read the sequence ids `ids` (f32 `[B, T]`) the mask was made from and
+/// apply its rule themselves ([`crate::model::decoder::batch_mask`]); the softmax pass
+/// reads the mask.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    ids: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
     check(q, k, v, mask)?;
     if super::flash::applies(q) {
-        return super::flash::attention(q, k, v, mask, scale);
+        return super::flash::attention(q, k, v, ids, scale);
     }
     cublas_attention(q, k, v, mask, scale)
 }
@@ -267,6 +277,7 @@ mod tests {
                     .to_device(&dev)
                     .unwrap();
                 let mask = crate::model::decoder::batch_mask(&am).unwrap();
+                let ids = crate::model::decoder::sequence_ids(&am).unwrap();
                 let coef = make(&[b, g, r * t, d], seed + 3);
                 let run = |fused: bool| {
                     let scale = 1.0 / (d as f64).sqrt();
@@ -279,6 +290,7 @@ mod tests {
                                 k.as_tensor(),
                                 v.as_tensor(),
                                 &mask,
+                                &ids,
                                 scale,
                             )
                         })

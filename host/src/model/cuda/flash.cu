@@ -6,10 +6,13 @@
 // from it.
 //
 // Layout as the composed form's: q, out `[B, g, R·T, d]` (the R query heads of a kv group
-// stacked as R blocks of T rows), k, v `[B, g, T, d]`; `kbias [B, T]` is 0 for a real key
-// and the decoder's MASKED for padding; keys after a query are masked by the causal rule.
-// A query with no real key at or before it (left padding) attends to nothing: output 0,
-// log-sum-exp +inf (the composed form gives such rows a uniform average nobody reads).
+// stacked as R blocks of T rows), k, v `[B, g, T, d]`; `ids [B, T]` (f32) is each
+// position's sequence id, 0 for padding, several ids in a row that packs sequences (the
+// decoder's batch mask rule): query i sees key j when j <= i, ids[j] != 0 and ids[i] is
+// ids[j] or 0. A hidden key gets a finite bias of -1e30 (the decoder's MASKED), a key
+// after the query -inf. A query with no visible key (left padding) attends to nothing:
+// output 0, log-sum-exp +inf (the composed form gives such rows a uniform average nobody
+// reads).
 //
 // Fragment layouts of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and c = lane % 4:
@@ -26,6 +29,12 @@
 #define BN 64  // keys of a tile (forward) or of a backward block (4 warps × 16)
 #define PAD 8  // halves added to each shared-memory row (bank spread; rows stay 16-byte aligned)
 #define LOG2E 1.4426950408889634f
+#define HIDDEN_L2 (-1e30f * LOG2E)  // a hidden key's bias, in log2 units
+
+// The bias of key id `kid` for query id `qid` (the batch mask's rule).
+__device__ __forceinline__ float id_bias(float qid, float kid) {
+    return kid == 0.0f || (qid != 0.0f && qid != kid) ? HIDDEN_L2 : 0.0f;
+}
 
 __device__ __forceinline__ uint16_t bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
 __device__ __forceinline__ uint16_t bits(__half x) { return __half_as_ushort(x); }
@@ -82,11 +91,11 @@ __device__ __forceinline__ void load_tile(T (*dst)[D + PAD], const T *src, int f
 // One block: BM query rows of one head (heaviest tiles first), 4 warps of 16 rows, every
 // key tile up to the diagonal. `scale_log2` = scale · log2(e); lse is stored in log2 units.
 template <typename T, int D>
-__device__ void flash_fwd(const T *q, const T *k, const T *v, const float *kbias, T *out,
+__device__ void flash_fwd(const T *q, const T *k, const T *v, const float *ids, T *out,
                           float *lse, int t, int groups, int reps, float scale_log2) {
     __shared__ __align__(16) T ks[BN][D + PAD];
     __shared__ __align__(16) T vs[BN][D + PAD];
-    __shared__ float kbs[BN];
+    __shared__ float kids[BN];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int qt = gridDim.x - 1 - blockIdx.x;
     const long head = blockIdx.y;  // (b · groups + group) · reps + rep
@@ -94,8 +103,9 @@ __device__ void flash_fwd(const T *q, const T *k, const T *v, const float *kbias
     const T *qh = q + head * (long)t * D;
     const T *kh = k + bg * (long)t * D;
     const T *vh = v + bg * (long)t * D;
-    const float *kb = kbias + b * (long)t;
+    const float *idh = ids + b * (long)t;
     const int ra = qt * BM + warp * 16 + g, rb = ra + 8;
+    const float ida = ra < t ? idh[ra] : 0.0f, idb = rb < t ? idh[rb] : 0.0f;
 
     uint32_t qa[D / 16][4];
 #pragma unroll
@@ -117,8 +127,7 @@ __device__ void flash_fwd(const T *q, const T *k, const T *v, const float *kbias
         __syncthreads();
         load_tile<T, D>(ks, kh, k0, BN, t);
         load_tile<T, D>(vs, vh, k0, BN, t);
-        for (int j = threadIdx.x; j < BN; j += blockDim.x)
-            kbs[j] = k0 + j < t ? kb[k0 + j] * LOG2E : 0.0f;
+        for (int j = threadIdx.x; j < BN; j += blockDim.x) kids[j] = k0 + j < t ? idh[k0 + j] : 0.0f;
         __syncthreads();
 
         float s[BN / 8][4];
@@ -140,7 +149,7 @@ __device__ void flash_fwd(const T *q, const T *k, const T *v, const float *kbias
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int j = nt * 8 + 2 * c + (e & 1), key = k0 + j, row = e < 2 ? ra : rb;
-                float x = s[nt][e] * scale_log2 + kbs[j];
+                float x = s[nt][e] * scale_log2 + id_bias(e < 2 ? ida : idb, kids[j]);
                 if (key >= t || key > row) x = -INFINITY;
                 s[nt][e] = x;
                 if (e < 2) na = fmaxf(na, x); else nb = fmaxf(nb, x);
@@ -194,7 +203,7 @@ __device__ void flash_fwd(const T *q, const T *k, const T *v, const float *kbias
     la += __shfl_xor_sync(0xffffffffu, la, 2);
     lb += __shfl_xor_sync(0xffffffffu, lb, 1);
     lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-    // A row whose max is the padding's bias saw no real key: it attends to nothing.
+    // A row whose max is the hidden keys' bias saw no visible key: it attends to nothing.
     const bool ea = ma < -1e29f, eb = mb < -1e29f;
     const float ia = ea ? 0.0f : 1.0f / la, ib = eb ? 0.0f : 1.0f / lb;
     T *oh = out + head * (long)t * D;
@@ -234,10 +243,10 @@ __device__ void flash_delta(const T *out, const T *dout, float *delta, long rows
 //                                added to the f32 accumulator, which every key block shares)
 // Shared memory, dynamic (past 48 KB for BQ = 32 and d = 128; flash.rs sizes it): the K
 // and V tiles and the step's Q and dO (rows of D + PAD), dSᵀ (BN rows of BQ + PAD), then
-// the step's log-sum-exps and deltas and the block's key biases (f32).
+// the step's log-sum-exps, deltas and query ids and the block's key ids (f32).
 
 template <typename T, int D, int BQ>
-__device__ void flash_bwd(const T *q, const T *k, const T *v, const float *kbias, const T *dout,
+__device__ void flash_bwd(const T *q, const T *k, const T *v, const float *ids, const T *dout,
                           const float *lse, const float *delta, float *dq, float *dk, float *dv,
                           int t, int groups, int reps, float scale, float scale_log2) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -249,7 +258,7 @@ __device__ void flash_bwd(const T *q, const T *k, const T *v, const float *kbias
     typedef T DsRow[BQ + PAD];
     DsRow *dss = reinterpret_cast<DsRow *>(dos + BQ);
     float *lses = reinterpret_cast<float *>(dss + BN);
-    float *deltas = lses + BQ, *kbs = deltas + BQ;
+    float *deltas = lses + BQ, *qids = deltas + BQ, *kids = qids + BQ;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int k0 = (gridDim.x - 1 - blockIdx.x) * BN;
     const long head = blockIdx.y;
@@ -257,12 +266,12 @@ __device__ void flash_bwd(const T *q, const T *k, const T *v, const float *kbias
     const T *qh = q + head * (long)t * D;
     const T *doh = dout + head * (long)t * D;
     const float *lh = lse + head * (long)t, *dh = delta + head * (long)t;
+    const float *idh = ids + b * (long)t;
     const int kw = warp * 16;  // the warp's first key in the block
 
     load_tile<T, D>(ks, k + bg * (long)t * D, k0, BN, t);
     load_tile<T, D>(vs, v + bg * (long)t * D, k0, BN, t);
-    for (int j = threadIdx.x; j < BN; j += blockDim.x)
-        kbs[j] = k0 + j < t ? kbias[b * (long)t + k0 + j] * LOG2E : 0.0f;
+    for (int j = threadIdx.x; j < BN; j += blockDim.x) kids[j] = k0 + j < t ? idh[k0 + j] : 0.0f;
 
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
@@ -277,6 +286,7 @@ __device__ void flash_bwd(const T *q, const T *k, const T *v, const float *kbias
         for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
             lses[i] = i0 + i < t ? lh[i0 + i] : INFINITY;
             deltas[i] = i0 + i < t ? dh[i0 + i] : 0.0f;
+            qids[i] = i0 + i < t ? idh[i0 + i] : 0.0f;
         }
         __syncthreads();
 
@@ -308,7 +318,7 @@ __device__ void flash_bwd(const T *q, const T *k, const T *v, const float *kbias
             for (int e = 0; e < 4; ++e) {
                 const int jl = kw + g + (e < 2 ? 0 : 8), key = k0 + jl;
                 const int il = nt * 8 + 2 * c + (e & 1), query = i0 + il;
-                float p = exp2f(st[nt][e] * scale_log2 + kbs[jl] - lses[il]);
+                float p = exp2f(st[nt][e] * scale_log2 + id_bias(qids[il], kids[jl]) - lses[il]);
                 if (key >= t || query >= t || key > query) p = 0.0f;
                 st[nt][e] = p;
                 dpt[nt][e] = scale * p * (dpt[nt][e] - deltas[il]);
@@ -391,9 +401,9 @@ __device__ void flash_bwd(const T *q, const T *k, const T *v, const float *kbias
 
 #define FLASH_ENTRIES(T, S, D)                                                                      \
     extern "C" __global__ void __launch_bounds__(128)                                               \
-        flash_fwd_d##D##_##S(const T *q, const T *k, const T *v, const float *kbias, T *out,        \
+        flash_fwd_d##D##_##S(const T *q, const T *k, const T *v, const float *ids, T *out,          \
                              float *lse, int t, int groups, int reps, float scale_log2) {           \
-        flash_fwd<T, D>(q, k, v, kbias, out, lse, t, groups, reps, scale_log2);                     \
+        flash_fwd<T, D>(q, k, v, ids, out, lse, t, groups, reps, scale_log2);                       \
     }                                                                                               \
     extern "C" __global__ void flash_delta_d##D##_##S(const T *out, const T *dout, float *delta,    \
                                                       long rows) {                                  \
@@ -405,10 +415,10 @@ __device__ void flash_bwd(const T *q, const T *k, const T *v, const float *kbias
 // The backward, `flash_bwd_d<D>_q<BQ>_<dtype>`, for BQ queries a step.
 #define FLASH_BWD(T, S, D, BQ)                                                                      \
     extern "C" __global__ void __launch_bounds__(128) flash_bwd_d##D##_q##BQ##_##S(                 \
-        const T *q, const T *k, const T *v, const float *kbias, const T *dout, const float *lse,    \
+        const T *q, const T *k, const T *v, const float *ids, const T *dout, const float *lse,      \
         const float *delta, float *dq, float *dk, float *dv, int t, int groups, int reps,           \
         float scale, float scale_log2) {                                                            \
-        flash_bwd<T, D, BQ>(q, k, v, kbias, dout, lse, delta, dq, dk, dv, t, groups, reps, scale,   \
+        flash_bwd<T, D, BQ>(q, k, v, ids, dout, lse, delta, dq, dk, dv, t, groups, reps, scale,     \
                             scale_log2);                                                            \
     }
 

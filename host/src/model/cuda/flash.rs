@@ -2,13 +2,13 @@
 //! attention [`super::attention::attention`] takes for half-precision tensors with head
 //! size 64 or 128, the form of [`crate::model::compute::attention`] it must equal.
 //!
-//! The mask is the decoder's batch mask ([`crate::model::decoder::batch_mask`]): causal,
-//! and a key hidden from every query where it is padding. The kernels read that as the
-//! causal rule plus one bias a key, the mask's last query row (`[B, T]`: every key is at
-//! or before the last query, so the row holds the padding alone), and skip every tile
-//! above the diagonal. A query with no real key before it (left padding) gets 0 where the
-//! composed form averages the masked keys uniformly; nothing reads those rows (their
-//! positions are masked out of every loss and every later query's attention).
+//! The mask is the decoder's batch mask ([`crate::model::decoder::batch_mask`]), read not
+//! as `B·T²` values but as the sequence ids it is made from (`[B, T]`, 0 for padding,
+//! several ids in a row that packs sequences): the kernels apply its rule (causal, a real
+//! key, the query's own sequence unless the query is padding) a score at a time, and
+//! skip every tile above the diagonal. A query with no visible key (left padding) gets 0
+//! where the composed form averages the masked keys uniformly; nothing reads those rows
+//! (their positions are masked out of every loss and every later query's attention).
 //!
 //! Forward: per query row, the running max and sum of the online softmax, leaving the
 //! row's log-sum-exp (`[B, g, R·T]` f32). Backward: `delta = rowsum(dO ⊙ O)`, then per
@@ -51,9 +51,10 @@ pub fn applies(q: &Tensor) -> bool {
 }
 
 /// The flash attention of `q: [B, g, R·T, d]`, `k`, `v: [B, g, T, d]` under the batch
-/// mask `[B, 1, 1, T, T]`; tracks gradients to q, k and v when any does.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
-    attention_tuned(q, k, v, mask, scale, BACKWARD_QUERIES)
+/// mask of the sequence ids `ids` (`[B, T]`, any dtype holding whole numbers below
+/// 2^24); tracks gradients to q, k and v when any does.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, ids: &Tensor, scale: f64) -> Result<Tensor> {
+    attention_tuned(q, k, v, ids, scale, BACKWARD_QUERIES)
 }
 
 /// [`attention`] with the backward taking `backward_queries` query rows a step (16 or
@@ -62,7 +63,7 @@ pub fn attention_tuned(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    mask: &Tensor,
+    ids: &Tensor,
     scale: f64,
     backward_queries: usize,
 ) -> Result<Tensor> {
@@ -72,12 +73,13 @@ pub fn attention_tuned(
     let (b, g, rt, d) = q.dims4()?;
     let t = k.dim(2)?;
     let reps = rt / t;
-    // The mask's last query row: 0 for a real key, MASKED for padding.
-    let kbias = mask
-        .reshape((b, t, t))?
-        .narrow(1, t - 1, 1)?
-        .to_dtype(DType::F32)?
-        .contiguous()?;
+    if ids.elem_count() != b * t {
+        bail!(
+            "flash attention: sequence ids {:?} are not [B, T] = [{b}, {t}]",
+            ids.dims()
+        );
+    }
+    let ids = ids.to_dtype(DType::F32)?.contiguous()?;
     let (q, k, v) = (aligned(q)?, aligned(k)?, aligned(v)?);
     let geometry = Geometry {
         b,
@@ -88,21 +90,11 @@ pub fn attention_tuned(
         scale: scale as f32,
         backward_queries,
     };
-    let (out, lse) = forward(&q, &k, &v, &kbias, &geometry)?;
+    let (out, lse) = forward(&q, &k, &v, &ids, &geometry)?;
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
     }
-    super::apply_precomputed3(
-        &q,
-        &k,
-        &v,
-        out,
-        FlashAttention {
-            lse,
-            kbias,
-            geometry,
-        },
-    )
+    super::apply_precomputed3(&q, &k, &v, out, FlashAttention { lse, ids, geometry })
 }
 
 /// `x` contiguous with its first element 16-byte aligned (the kernels load 16 bytes at
@@ -148,7 +140,7 @@ impl Geometry {
     /// The backward's entry and its shared memory in bytes (the layout in flash.cu).
     fn backward_kernel(&self, elem: usize) -> (String, u32) {
         let (bq, row) = (self.backward_queries, self.d + PAD);
-        let bytes = elem * ((2 * TILE + 2 * bq) * row + TILE * (bq + PAD)) + 4 * (2 * bq + TILE);
+        let bytes = elem * ((2 * TILE + 2 * bq) * row + TILE * (bq + PAD)) + 4 * (3 * bq + TILE);
         (format!("flash_bwd_d{}_q{bq}", self.d), bytes as u32)
     }
 }
@@ -158,14 +150,14 @@ fn forward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    kbias: &Tensor,
+    ids: &Tensor,
     geo: &Geometry,
 ) -> Result<(Tensor, Tensor)> {
     let rows = geo.b * geo.g * geo.reps * geo.t;
     let (q_guard, q_l) = q.storage_and_layout();
     let (k_guard, k_l) = k.storage_and_layout();
     let (v_guard, v_l) = v.storage_and_layout();
-    let (m_guard, m_l) = kbias.storage_and_layout();
+    let (m_guard, m_l) = ids.storage_and_layout();
     let qs = cuda(&q_guard, "flash attention")?;
     let dev = super::device(qs);
     with_dtype!(q.dtype(), T => {
@@ -191,7 +183,8 @@ fn forward(
 
 struct FlashAttention {
     lse: Tensor,
-    kbias: Tensor,
+    /// The sequence ids, f32 `[B, T]`.
+    ids: Tensor,
     geometry: Geometry,
 }
 
@@ -214,7 +207,7 @@ impl FlashAttention {
         let (v_guard, v_l) = v.storage_and_layout();
         let (o_guard, o_l) = out.storage_and_layout();
         let (g_guard, g_l) = grad.storage_and_layout();
-        let (m_guard, m_l) = self.kbias.storage_and_layout();
+        let (m_guard, m_l) = self.ids.storage_and_layout();
         let (l_guard, l_l) = self.lse.storage_and_layout();
         let op = "flash attention backward";
         let qs = cuda(&q_guard, op)?;
@@ -310,7 +303,9 @@ mod tests {
     /// The flash kernels against the composed form on the GPU, at every real query row:
     /// values and the gradients of q, k and v, in bf16 and f16, head sizes 64 and 128,
     /// both backward step sizes, grouped (R = 3) and not, lengths that end inside a tile
-    /// and span several, with left padding. The yardstick is the composed form's own
+    /// and span several, with left padding, and rows that pack several sequences (their
+    /// boundaries inside tiles, right padding after them). The yardstick is the composed
+    /// form's own
     /// rounding: each is compared with the composed form in f32 on the same inputs, and
     /// the flash error may be at most 1.5× the composed half-precision error (plus
     /// 1e-3). Padded query rows carry no gradient (as in training) and are left out of
@@ -321,7 +316,33 @@ mod tests {
         if !dev.is_cuda() {
             return;
         }
-        for (b, g, r, t, pad) in [(2, 2, 3, 37, 5), (2, 1, 1, 130, 70), (1, 2, 2, 200, 0)] {
+        // Sequence ids a row: `pad` pads on the left of the last row; or packed rows, each
+        // run (id, length) in turn.
+        let left = |b: usize, t: usize, pad: usize| -> Vec<u32> {
+            (0..b * t)
+                .map(|i| u32::from(i / t + 1 < b || i % t >= pad))
+                .collect()
+        };
+        let packed = |rows: &[&[(u32, usize)]]| -> Vec<u32> {
+            rows.iter()
+                .flat_map(|runs| runs.iter().flat_map(|&(id, n)| std::iter::repeat_n(id, n)))
+                .collect()
+        };
+        let cases = [
+            (2, 2, 3, 37, left(2, 37, 5)),
+            (2, 1, 1, 130, left(2, 130, 70)),
+            (1, 2, 2, 200, left(1, 200, 0)),
+            (
+                2,
+                2,
+                3,
+                150,
+                packed(&[&[(1, 40), (2, 70), (3, 30), (0, 10)], &[(1, 3), (2, 147)]]),
+            ),
+        ];
+        for (b, g, r, t, real) in cases {
+            let pad = real.iter().filter(|&&i| i == 0).count();
+            assert_eq!(real.len(), b * t);
             for (d, bq) in [(64, 16), (64, 32), (128, 16), (128, 32)] {
                 for dtype in [DType::BF16, DType::F16] {
                     let seed = (d + t) as u64;
@@ -334,18 +355,15 @@ mod tests {
                     let q32 = make(&[b, g, r * t, d], seed, 3.0);
                     let k32 = make(&[b, g, t, d], seed + 1, 1.0);
                     let v32 = make(&[b, g, t, d], seed + 2, 1.0);
-                    // The last row has `pad` pads on the left, the others none.
-                    let real: Vec<u32> = (0..b * t)
-                        .map(|i| u32::from(i / t + 1 < b || i % t >= pad))
-                        .collect();
                     let am = Tensor::from_vec(real.clone(), (b, t), &Device::Cpu)
                         .unwrap()
                         .to_device(&dev)
                         .unwrap();
                     let mask = crate::model::decoder::batch_mask(&am).unwrap();
+                    let ids = crate::model::decoder::sequence_ids(&am).unwrap();
                     // 1 at real query rows of [B, g, R·T, 1], else 0.
                     let rows: Vec<f32> = (0..b * g * r * t)
-                        .map(|i| real[(i / (g * r * t)) * t + i % t] as f32)
+                        .map(|i| f32::from(u8::from(real[(i / (g * r * t)) * t + i % t] != 0)))
                         .collect();
                     let rows = Tensor::from_vec(rows, (b, g, r * t, 1), &Device::Cpu)
                         .unwrap()
@@ -360,10 +378,10 @@ mod tests {
                             .map(|x| Var::from_tensor(&x.to_dtype(dt).unwrap()).unwrap());
                         let [q, k, v] = [0, 1, 2].map(|i| vars[i].as_tensor().clone());
                         let out = if flash {
-                            attention_tuned(&q, &k, &v, &mask, scale, bq)
+                            attention_tuned(&q, &k, &v, &ids, scale, bq)
                         } else {
                             crate::model::cpu::composed(|| {
-                                compute::attention(&q, &k, &v, &mask, scale)
+                                compute::attention(&q, &k, &v, &mask, &ids, scale)
                             })
                         }
                         .unwrap()
