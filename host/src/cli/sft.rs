@@ -99,6 +99,8 @@ pub fn run(args: SftArgs, quiet: bool) -> Result<()> {
         warmup_steps: args.warmup_steps,
         max_grad_norm: args.max_grad_norm,
         micro_batch_tokens: args.micro_batch_tokens,
+        // As the RL update does (`train.pack_sequences`).
+        pack_sequences: c.train.pack_sequences,
         seed: c.run.seed,
     };
     let t0 = std::time::Instant::now();

@@ -44,7 +44,7 @@ pub struct TrainSection {
     pub micro_batch_tokens: usize,
     /// Pack trajectories into the rows of a micro-batch one after another (attention
     /// keeps them apart, positions start again at each) instead of padding each to the
-    /// longest: fewer tokens a step where lengths vary. `false` for the padded layout.
+    /// longest: fewer tokens a step where lengths vary, the same update to rounding.
     pub pack_sequences: bool,
     /// Recompute each layer's activations in the backward instead of keeping them: about
     /// a third more compute for most of the step's activation memory.
@@ -219,7 +219,7 @@ impl Default for TrainSection {
             mini_batches: 1,
             old_logps: OldLogps::Recompute,
             micro_batch_tokens: 4096,
-            pack_sequences: true,
+            pack_sequences: false,
             gradient_checkpointing: false,
             estimator: Estimator::Grpo,
             scale_rewards: None,

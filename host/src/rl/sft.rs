@@ -191,9 +191,11 @@ pub struct SftSchedule {
     pub lr: f64,
     pub warmup_steps: u64,
     pub max_grad_norm: f64,
-    /// Most tokens (lanes × longest lane) per forward/backward; a minibatch's rows are
-    /// packed into lanes and split to fit.
+    /// Most tokens (lanes × longest lane) per forward/backward; a minibatch is split to
+    /// fit.
     pub micro_batch_tokens: usize,
+    /// Several rows a lane ([`packing`]) instead of one padded to the longest.
+    pub pack_sequences: bool,
     pub seed: u64,
 }
 
@@ -232,9 +234,10 @@ pub fn train(
                 .sum();
             let mut acc = Accumulator::new(params.len());
             let mut loss_sum = 0.0f64;
-            // Micro-batches of packed rows that fit; each loss is a share of the
+            // Micro-batches of rows that fit; each loss is a share of the
             // minibatch's token mean, so accumulated gradients are the minibatch's.
-            for layout in packing::micro_batches(&sized, true, schedule.micro_batch_tokens) {
+            let pack = schedule.pack_sequences;
+            for layout in packing::micro_batches(&sized, pack, schedule.micro_batch_tokens) {
                 let b = batch(&batch_rows, &layout, model.device())?;
                 let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
                 let (logp, _) = model.logprobs(&hidden, &b.target)?;

@@ -86,7 +86,7 @@ pub struct UpdateConfig {
 }
 
 fn packs() -> bool {
-    true
+    false
 }
 
 /// PPO's settings: GAE(γ, λ) over token rewards, the clipped value loss and its weight.
