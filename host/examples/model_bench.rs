@@ -262,7 +262,7 @@ fn update_layouts(
 ) -> Result<()> {
     use rlhost::rl::algorithms::{Aggregation, KlEstimator, RolloutCorrection};
     use rlhost::rl::update::{OldLogps, Row, StepInputs, UpdateConfig, update};
-    use rlhost::rollout::{StopReason, Trajectory};
+    use rlhost::rollout::Trajectory;
     if min < 2 || max < min {
         bail!("--min-len {min} --max-len {max}: lengths of at least 2, min <= max");
     }
@@ -286,25 +286,11 @@ fn update_layouts(
             let prompt_len = (n / 4).max(1);
             Trajectory {
                 sample_id: i as u64,
-                index: 0,
-                version: 0,
-                tokens: ids(n, vocab, i as u64),
-                prompt_len,
-                logps: vec![Some(-1.0); n - prompt_len],
-                spans: vec![],
-                messages: vec![],
-                completion: String::new(),
-                metadata: serde_json::json!({}),
-                turns: 1,
-                tool_calls: 0,
-                tool_truncations: 0,
-                call_kinds: Default::default(),
-                stop: StopReason::EndOfTurn,
-                truncated: false,
-                faults: vec![],
-                notes: Default::default(),
-                rewards: Default::default(),
-                reward: 0.0,
+                ..Trajectory::sampled(
+                    ids(n, vocab, i as u64),
+                    prompt_len,
+                    vec![Some(-1.0); n - prompt_len],
+                )
             }
         })
         .collect();

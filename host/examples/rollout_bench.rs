@@ -106,6 +106,7 @@ fn teach(lm: &mut LanguageModel) -> Result<()> {
             steps: 300,
             lr: 1e-2,
             target_loss: 0.02,
+            pack_sequences: false,
         },
     )?;
     eprintln!(

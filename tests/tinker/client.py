@@ -211,7 +211,13 @@ def reinforcement():
     sampler = ready(tc.save_weights_and_get_sampling_client())
     before = accuracy(sampler, held_out)
     rewards = []
-    for step in range(12):
+    # 16 steps at 1e-3 rather than 12 at 2e-3: at the larger rate, a step taken from a few
+    # groups (the rest all right or all wrong) now and then knocked the format out and
+    # the run never came back (every group all wrong: nothing left to learn from).
+    # Measured over LoRA seeds 1-10: 2e-3 ended at 0.68-0.89 mean reward (46-71% held
+    # out), 1e-3 at 0.93-1.03 (67-71%).
+    steps = 16
+    for step in range(steps):
         data = []
         step_rewards = []
         for p in range(8):
@@ -234,7 +240,7 @@ def reinforcement():
                     )
                 )
         rewards.append(sum(step_rewards) / len(step_rewards))
-        if step == 11:
+        if step == steps - 1:
             # The trainer's log-probs of the tokens sampled with the current weights are
             # the sampler's (both through the trained output head adapter): the ratio is 1.
             out = tc.forward(data, "importance_sampling").result()
@@ -245,16 +251,16 @@ def reinforcement():
                                     d.loss_fn_inputs["advantages"].tolist())
                 if a != 0.0
             )
-            print(f"measured: largest |trainer - sampler| log-prob of a sampled token at step 12: {gap:.2e}")
+            print(f"measured: largest |trainer - sampler| log-prob of a sampled token at step {steps}: {gap:.2e}")
             assert gap < 1e-3, gap
         if data:
             tc.forward_backward(data, "importance_sampling").result()
-            tc.optim_step(types.AdamParams(learning_rate=2e-3)).result()
+            tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         sampler = ready(tc.save_weights_and_get_sampling_client())
     after = accuracy(sampler, held_out)
     print(
         f"measured: RL mean reward {sum(rewards[:2]) / 2:.2f} (steps 1-2) -> {sum(rewards[-2:]) / 2:.2f} "
-        f"(steps 11-12); held-out greedy accuracy {before:.0%} -> {after:.0%}"
+        f"(steps {steps - 1}-{steps}); held-out greedy accuracy {before:.0%} -> {after:.0%}"
     )
     assert after >= before + 0.25, (before, after, rewards)
 

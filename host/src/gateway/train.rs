@@ -18,7 +18,7 @@ use crate::model::generate::sample_seed;
 use crate::model::sampler::Sampling;
 use crate::model::{LanguageModel, Mode};
 use crate::plugin::model::{CallTally, GenerateCall, ModelLink};
-use crate::rollout::trajectory::{Span, SpanKind, StopReason};
+use crate::rollout::trajectory::{Span, SpanKind};
 use crate::rollout::{BatchStats, Group, Rewards, Trajectory};
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
@@ -408,23 +408,13 @@ fn trajectory(
         sample_id,
         index: s.task.index,
         version: row.versions.iter().copied().min().unwrap_or(0),
-        tokens: row.tokens.clone(),
-        prompt_len: row.prompt_len,
-        logps: row.logps.clone(),
         spans,
         messages: s.transcript.clone(),
         completion: tok.decode(completion, false).unwrap_or_default(),
         metadata: s.task.sample.metadata.clone(),
         turns: row.versions.len() as u32,
         tool_calls,
-        tool_truncations: 0,
-        call_kinds: BTreeMap::new(),
-        stop: StopReason::EndOfTurn,
-        truncated: false,
-        faults: Vec::new(),
-        notes: BTreeMap::new(),
-        rewards: BTreeMap::new(),
-        reward: 0.0,
+        ..Trajectory::sampled(row.tokens.clone(), row.prompt_len, row.logps.clone())
     };
     (t, s.reward.clone())
 }

@@ -43,13 +43,12 @@ impl Layout {
     /// Each token's sequence id within its lane (the slot's rank in its lane, from 1), 0
     /// on padding: the attention mask of the packed rows.
     pub fn sequence_ids(&self) -> Vec<u32> {
-        let mut rank = vec![0u32; self.slots.len()];
-        for (i, s) in self.slots.iter().enumerate() {
-            rank[i] = self.slots[..i].iter().filter(|o| o.lane == s.lane).count() as u32 + 1;
-        }
+        // Each lane numbers its rows 1, 2, ... in slot order.
+        let mut next = vec![1u32; self.lanes];
         let mut out = vec![0u32; self.lanes * self.width];
-        for (s, id) in self.slots.iter().zip(rank) {
-            out[s.lane * self.width + s.start..][..s.len].fill(id);
+        for s in &self.slots {
+            out[s.lane * self.width + s.start..][..s.len].fill(next[s.lane]);
+            next[s.lane] += 1;
         }
         out
     }

@@ -34,6 +34,9 @@ pub struct SftOptions {
     pub lr: f64,
     /// Stop early once the loss is below this.
     pub target_loss: f32,
+    /// Pack the rows into lanes ([`packing`]) rather than one row a lane; the same loss
+    /// up to rounding (`train.pack_sequences`).
+    pub pack_sequences: bool,
 }
 
 /// The batch tensors of `rows` as `layout` packs them ([`packing`]): inputs, targets
@@ -93,7 +96,7 @@ pub fn fit(model: &Model, rows: &[SftRow], opts: &SftOptions) -> Result<Vec<f32>
     if vars.is_empty() {
         bail!("the model has no adapter to train: attach one first");
     }
-    let layout = packing::micro_batches(&sized(rows)?, true, usize::MAX).remove(0);
+    let layout = packing::micro_batches(&sized(rows)?, opts.pack_sequences, usize::MAX).remove(0);
     let b = batch(rows, &layout, model.device())?;
     if b.tokens == 0.0 {
         bail!("no SFT row has a token to learn (all loss masks are 0)");

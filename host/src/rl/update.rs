@@ -766,7 +766,7 @@ mod tests {
     use crate::model::LoraConfig;
     use crate::model::fixtures;
     use crate::rl::optim::AdamWConfig;
-    use crate::rollout::{StopReason, Trajectory};
+    use crate::rollout::Trajectory;
 
     fn trajectory(tokens: Vec<u32>, prompt_len: usize, masked: &[usize]) -> Trajectory {
         let logps = (prompt_len..tokens.len())
@@ -778,28 +778,7 @@ mod tests {
                 }
             })
             .collect();
-        Trajectory {
-            sample_id: 0,
-            index: 0,
-            version: 0,
-            prompt_len,
-            logps,
-            tokens,
-            spans: vec![],
-            messages: vec![],
-            completion: String::new(),
-            metadata: serde_json::json!({}),
-            turns: 1,
-            tool_calls: 0,
-            tool_truncations: 0,
-            call_kinds: Default::default(),
-            stop: StopReason::EndOfTurn,
-            truncated: false,
-            faults: vec![],
-            notes: Default::default(),
-            rewards: Default::default(),
-            reward: 0.0,
-        }
+        Trajectory::sampled(tokens, prompt_len, logps)
     }
 
     fn cfg(micro_batch_tokens: usize) -> UpdateConfig {

@@ -146,6 +146,36 @@ pub struct Trajectory {
 }
 
 impl Trajectory {
+    /// A bare trajectory: `tokens` whose completion (after `prompt_len`) was sampled with
+    /// the log-probs `logps` (`None` on inserted tokens), one assistant turn ended by its
+    /// stop token, nothing else recorded yet (no spans, messages, calls, faults or
+    /// rewards). What the gateway's runs, benchmarks and tests start from; the fields a
+    /// caller knows go on top with struct update syntax.
+    pub fn sampled(tokens: Vec<u32>, prompt_len: usize, logps: Vec<Option<f32>>) -> Trajectory {
+        Trajectory {
+            sample_id: 0,
+            index: 0,
+            version: 0,
+            tokens,
+            prompt_len,
+            logps,
+            spans: Vec::new(),
+            messages: Vec::new(),
+            completion: String::new(),
+            metadata: serde_json::json!({}),
+            turns: 1,
+            tool_calls: 0,
+            tool_truncations: 0,
+            call_kinds: BTreeMap::new(),
+            stop: StopReason::EndOfTurn,
+            truncated: false,
+            faults: Vec::new(),
+            notes: BTreeMap::new(),
+            rewards: BTreeMap::new(),
+            reward: 0.0,
+        }
+    }
+
     /// 1 for tokens the model sampled (trained on), 0 for inserted ones; one per
     /// completion token.
     pub fn loss_mask(&self) -> Vec<u8> {
