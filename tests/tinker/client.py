@@ -8,6 +8,8 @@ the Tinker API relies on; the first that fails ends the script with a message na
 Figures each check measured are printed as `measured: ...` lines.
 """
 
+import ast
+import operator
 import os
 import random
 import re
@@ -144,8 +146,36 @@ def losses():
         assert abs(per.sum() - value) <= 1e-4 * max(1.0, abs(value)), (name, per.sum(), value)
 
 
-def calc(a, b):
-    return f"<result>{a * b}</result>"
+def evaluate(expr):
+    """The value of an arithmetic expression (numbers, + - * /, parentheses), or an
+    error: the calculator's rule, nothing else evaluated."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
+        raise ValueError("not arithmetic")
+
+    return value(ast.parse(expr.strip(), mode="eval").body)
+
+
+def calc(text):
+    """The calculator's answer to a turn that ends with `</calc>`, as the multiply
+    plugin's trigger answers it: the last `<calc>` expression evaluated, or an error."""
+    body = text[: -len("</calc>")]
+    start = body.rfind("<calc>")
+    if start < 0:
+        return "<result>error: </calc> without <calc></result>"
+    try:
+        v = evaluate(body[start + len("<calc>"):])
+        shown = str(int(v)) if float(v).is_integer() else f"{v:.6f}".rstrip("0")
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        shown = "error: not an arithmetic expression"
+    return f"<result>{shown}</result>"
 
 
 def answer_of(text):
@@ -173,7 +203,7 @@ def rollout(sampler, a, b, n, temperature, seed):
         tokens, lps = list(prompt) + s.tokens, [None] * len(prompt) + s.logprobs
         text = tok.decode(s.tokens)
         if text.endswith("</calc>") and len(tokens) < 150:
-            result = tok.encode(calc(a, b))
+            result = tok.encode(calc(text))
             tokens += result
             lps += [None] * len(result)
             more = sampler.sample(
@@ -207,15 +237,19 @@ def reinforcement():
     rng = random.Random(7)
     draw = lambda: (rng.randint(100, 999), rng.randint(10, 99))  # noqa: E731
     held_out = [draw() for _ in range(24)]
-    tc = training_client(rank=16)
+    # A fixed adapter seed: the rest of the loop is seeded already, so the run is the same
+    # each time on one machine (a short RL run on a tiny model goes its own way with each
+    # initialisation; see below).
+    tc = training_client(rank=16, seed=1)
     sampler = ready(tc.save_weights_and_get_sampling_client())
     before = accuracy(sampler, held_out)
     rewards = []
-    # 16 steps at 1e-3 rather than 12 at 2e-3: at the larger rate, a step taken from a few
-    # groups (the rest all right or all wrong) now and then knocked the format out and
-    # the run never came back (every group all wrong: nothing left to learn from).
-    # Measured over LoRA seeds 1-10: 2e-3 ended at 0.68-0.89 mean reward (46-71% held
-    # out), 1e-3 at 0.93-1.03 (67-71%).
+    # 16 steps at 1e-3. This loop's calculator used to answer a*b whatever the call said:
+    # the expression inside <calc> went unrewarded, drifted into noise, and now and then
+    # the noise broke the format for good (every group all wrong: nothing left to learn
+    # from; CI saw it three times, 1 adapter seed in 17 here). Evaluating the call, as the
+    # plugin's trigger does, keeps the expression learned: the seed that collapsed now
+    # ends at 0.94 mean reward (steps 15-16), 71% held out.
     steps = 16
     for step in range(steps):
         data = []
