@@ -8,8 +8,6 @@ the Tinker API relies on; the first that fails ends the script with a message na
 Figures each check measured are printed as `measured: ...` lines.
 """
 
-import ast
-import operator
 import os
 import random
 import re
@@ -24,6 +22,8 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 import numpy as np  # noqa: E402
 import tinker  # noqa: E402
 from tinker import types  # noqa: E402
+
+from calculator import calc  # noqa: E402  (tests/tinker/calculator.py)
 
 service = tinker.ServiceClient()
 BASE = service.get_server_capabilities().supported_models[0].model_name
@@ -144,38 +144,6 @@ def losses():
         assert abs(value - expected) <= 1e-4 * max(1.0, abs(expected)), (name, value, expected)
         per = np.array(got.loss_fn_outputs[0]["elementwise_loss"].tolist())
         assert abs(per.sum() - value) <= 1e-4 * max(1.0, abs(value)), (name, per.sum(), value)
-
-
-def evaluate(expr):
-    """The value of an arithmetic expression (numbers, + - * /, parentheses), or an
-    error: the calculator's rule, nothing else evaluated."""
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-    def value(node):
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            return ops[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
-        raise ValueError("not arithmetic")
-
-    return value(ast.parse(expr.strip(), mode="eval").body)
-
-
-def calc(text):
-    """The calculator's answer to a turn that ends with `</calc>`, as the multiply
-    plugin's trigger answers it: the last `<calc>` expression evaluated, or an error."""
-    body = text[: -len("</calc>")]
-    start = body.rfind("<calc>")
-    if start < 0:
-        return "<result>error: </calc> without <calc></result>"
-    try:
-        v = evaluate(body[start + len("<calc>"):])
-        shown = str(int(v)) if float(v).is_integer() else f"{v:.6f}".rstrip("0")
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
-        shown = "error: not an arithmetic expression"
-    return f"<result>{shown}</result>"
 
 
 def answer_of(text):

@@ -50,6 +50,8 @@ from tinker_cookbook.rl.types import (  # noqa: E402
     StepResult,
 )
 
+from calculator import calc  # noqa: E402  (tests/tinker/calculator.py)
+
 # The Hub name the recipes look the renderer up by; the server serves the built-in model under it.
 MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 
@@ -159,8 +161,8 @@ def answer_of(text):
 
 class MultiplyEnv(Env):
     """The built-in multiply task as a cookbook environment: the model's turn up to a
-    calculator call (`</calc>`) or its end; a call gets `<result>a*b</result>` appended (as
-    rlhost's trigger does) and the turn goes on. Reward: 1 for the right `<answer>`, 0.1 for
+    calculator call (`</calc>`) or its end; a call gets the calculator's `<result>` appended
+    (calculator.py, as rlhost's trigger answers) and the turn goes on. Reward: 1 for the right `<answer>`, 0.1 for
     an answer in the format (the task's own)."""
 
     def __init__(self, renderer, a, b):
@@ -181,7 +183,7 @@ class MultiplyEnv(Env):
         self.tokens = self.tokens + list(action)
         self.text += tok.decode(list(action))
         if self.text.endswith("</calc>") and len(self.tokens) < 150:
-            result = tok.encode(f"<result>{self.a * self.b}</result>", add_special_tokens=False)
+            result = tok.encode(calc(self.text), add_special_tokens=False)
             self.tokens += result
             self.text += tok.decode(result)
             return StepResult(
