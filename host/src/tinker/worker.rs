@@ -572,8 +572,8 @@ pub fn forward_backward(
         TOKENS_PER_FORWARD
     };
     let sized: Vec<(usize, usize)> = rows.iter().map(|r| r.tokens.len()).enumerate().collect();
-    // One datum a lane for now, as `train.pack_sequences` defaults: packing gives the
-    // same sums to rounding, and the SDK test's short RL loop turns on rounding.
+    // One datum a lane, as `train.pack_sequences` defaults (packing gives the same sums
+    // to rounding); to follow that default when it turns on.
     for layout in packing::micro_batches(&sized, false, budget) {
         let mode = Mode {
             adapters: true,
