@@ -54,6 +54,10 @@ pub struct StepMetrics {
     pub truncated: f64,
     pub groups: usize,
     pub groups_dropped: usize,
+    /// Groups trained on whose rewards were all equal: every advantage 0, nothing learned
+    /// from them (a run whose groups are mostly flat has no signal; see `groups_dropped`).
+    #[serde(default)]
+    pub groups_flat: usize,
     pub trajectories: usize,
     /// Faults in this step's rollouts, `plugin/kind` → count.
     pub faults: BTreeMap<String, u64>,

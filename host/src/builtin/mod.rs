@@ -13,6 +13,9 @@
 //!    and guess. The warm start knows no tool's syntax, and is imperfect on purpose — the
 //!    model calls the tool only sometimes — so that RL has room to teach it that the tool
 //!    is what makes answers right.
+//! 4. with the recipe's [`Bar`], a probe on unseen problems: a model that does not write its
+//!    calls and copy the tool's output well enough trains another round, or starts again
+//!    from other random weights; one that never does is refused, never handed to RL.
 //!
 //! The warm start trains a full-rank LoRA on the frozen random base and merges it in, so
 //! the directory is a plain model that RL then adapts with a fresh adapter.
@@ -92,11 +95,47 @@ pub struct Recipe {
     pub sft_epochs: usize,
     pub sft_lr: f64,
     pub sft_batch: usize,
+    /// What the warm-started model must do on unseen problems before RL gets it (trained
+    /// further until it does, refused if it never does); `None`: one pass of `sft_epochs`,
+    /// whatever it reaches (the tests' small recipes).
+    pub bar: Option<Bar>,
 }
+
+/// A warm start's bar, on the probe's unseen problems, greedy: the share of reference
+/// calls written exactly (once the model has chosen to call) and of tool outputs copied
+/// into the answer.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Bar {
+    pub calls: f64,
+    pub copies: f64,
+    /// Rounds of `sft_epochs` one set of random weights may take to reach it; a round
+    /// after which neither rate rose by 5 points ends them sooner.
+    pub max_rounds: usize,
+    /// Sets of random weights tried (each from a seed derived from the run's).
+    pub max_inits: usize,
+}
+
+/// What a warm-started model must do before RL gets it. Measured on the multiply task over
+/// run seeds 1-10 (issue 63), a model's outcome under GRPO followed these two rates: every
+/// seed whose warm start wrote ≥ 88 of 100 calls and copied ≥ 77 outputs went from ~0% to
+/// 75-90% held-out accuracy in 40 steps, and every one below (calls 0-65) ended at 0-34%:
+/// its calls asked the calculator the wrong product, so no answer was right and the
+/// reward's only signal was the format. RL cannot teach copying from a reward that never
+/// comes. Copies are asked of 75%, not more: many sets of weights stall at 71-78 whatever
+/// the rounds, copying 4-digit products a digit off (`7656` as `7765`: they learnt to
+/// copy by position from the 5-digit products, ~82% of the task), and RL took such models
+/// (75-77 copies) from 0% to 70-82%. With this bar, seeds 1-10 all went from 0-1% to
+/// 70-90% (`bench/seed_sweep.py`, the book's benchmarks).
+pub const BAR: Bar = Bar {
+    calls: 0.9,
+    copies: 0.75,
+    max_rounds: 4,
+    max_inits: 4,
+};
 
 pub const MULTIPLY: Recipe = Recipe {
     name: "multiply",
-    version: 2,
+    version: 3,
     vocab_size: 384,
     hidden: 128,
     layers: 4,
@@ -108,6 +147,7 @@ pub const MULTIPLY: Recipe = Recipe {
     sft_epochs: 3,
     sft_lr: 3e-3,
     sft_batch: 32,
+    bar: Some(BAR),
 };
 
 /// The Python code tool's task: longer prompts (seven problem families) and calls of a few
@@ -133,6 +173,8 @@ pub const CODE: Recipe = Recipe {
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
+    // Not yet swept over seeds (issue 63): the probe is printed, nothing is refused.
+    bar: None,
 };
 
 /// The `units` functions' task (conversions, dates, fractions, called in the Hermes
@@ -158,6 +200,8 @@ pub const UNITS: Recipe = Recipe {
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
+    // Not yet swept over seeds (issue 63): the probe is printed, nothing is refused.
+    bar: None,
 };
 
 /// The recipe a `builtin:NAME` path names, if it is one.
@@ -229,8 +273,13 @@ pub fn ensure(
         (_, _, Some(trigger)) => traces::Tool::Trigger(trigger),
         _ => unreachable!("a trigger or functions"),
     };
-    // The probe only informs the person watching: a quiet build skips it.
-    let probe_examples = if quiet { 0 } else { PROBE_EXAMPLES };
+    // The probe decides whether the warm start is done ([`warm_start`]); without a bar it
+    // only informs the person watching, and a quiet build skips it.
+    let probe_examples = if recipe.bar.is_none() && quiet {
+        0
+    } else {
+        PROBE_EXAMPLES
+    };
     let mut samples = handle.block_on(
         inputs
             .dataset
@@ -485,8 +534,11 @@ fn write_model(recipe: &Recipe, dir: &Path, seed: u64) -> Result<()> {
 /// Samples after the warm start's own on which the warm-started model is probed.
 const PROBE_EXAMPLES: usize = 100;
 
-/// SFT of a full-rank adapter on the traces, merged into the base; `probe` (tool traces of
-/// samples not trained on) measures how well the result writes tool calls.
+/// SFT of a full-rank adapter on the traces, merged into the base. With a [`Bar`], in
+/// rounds of the recipe's epochs until `probe` (tool traces of samples not trained on)
+/// shows that the model writes its calls and copies the tool's output as the bar asks; a
+/// model whose rates stall below it is made again from other random weights (see
+/// [`Bar`]). Every choice is derived from `seed`, so a seed always builds the same model.
 fn warm_start(
     recipe: &Recipe,
     base: &Path,
@@ -496,12 +548,14 @@ fn warm_start(
     seed: u64,
     quiet: bool,
 ) -> Result<()> {
-    let mut lm = LanguageModel::open(base, &Placement::CPU)?;
-    let eos = *lm.eos_token_ids.first().context("no EOS id")?;
+    let tokenizer = crate::model::tokenizer::Tokenizer::from_dir(base)?;
+    let eos = tokenizer
+        .token_to_id("<|im_end|>")
+        .context("the built-in tokenizer has no <|im_end|>")?;
     let mut rows = Vec::with_capacity(traces.len());
     let mut prompt_tokens = 0;
     for t in traces {
-        let p = Pieces::encode(&lm, t)?;
+        let p = Pieces::encode(&tokenizer, t)?;
         prompt_tokens += p.prompt.len();
         let mut mask = vec![0u8; p.prompt.len()];
         for (ids, learn) in [(&p.call, 1u8), (&p.tool, 0), (&p.after, 1)] {
@@ -521,66 +575,164 @@ fn warm_start(
         alpha: recipe.hidden as f64,
         ..LoraConfig::default()
     };
-    lm.model.attach_lora(&lora, seed)?;
-    let schedule = SftSchedule {
-        epochs: recipe.sft_epochs,
-        batch_rows: recipe.sft_batch,
-        lr: recipe.sft_lr,
-        warmup_steps: 10,
-        max_grad_norm: 1.0,
-        micro_batch_tokens: 8192,
-        // The padded layout the built-in models were made and measured with (packing
-        // gives the same update to rounding, and rounding moves a short run's outcome).
-        pack_sequences: false,
-        seed,
-    };
     let t0 = std::time::Instant::now();
-    let bar = crate::progress::enabled(quiet).then(|| {
-        crate::progress::bar(
-            0,
-            "  warm start {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
-        )
-    });
-    let losses = train(
-        &lm.model,
-        &rows,
-        &schedule,
-        |step, total, loss| match &bar {
-            Some(bar) => {
-                bar.set_length(total);
-                bar.set_position(step);
-                bar.set_message(format!("loss {loss:.4}"));
+    let (inits, rounds) = recipe
+        .bar
+        .map_or((1, 1), |b| (b.max_inits.max(1), b.max_rounds.max(1)));
+    let mut best = (0, 0, 0);
+    for init in 0..inits {
+        // The first weights are the seed's own (what a seed built before the bar existed,
+        // when it passes); later ones come from seeds derived from it.
+        let weights_seed = if init == 0 {
+            seed
+        } else {
+            traces::SplitMix(seed ^ 0x7765_6967_6874 ^ init as u64).next()
+        };
+        if init > 0 {
+            write_model(recipe, base, weights_seed)?;
+        }
+        let mut lm = LanguageModel::open(base, &Placement::CPU)?;
+        lm.model.attach_lora(&lora, weights_seed)?;
+        let mut first_loss = f32::NAN;
+        let mut before: Option<(usize, usize)> = None;
+        for round in 0..rounds {
+            // Each round is the recipe's schedule again (warm-up, cosine decay) with its
+            // own shuffles: a restart.
+            let schedule = SftSchedule {
+                epochs: recipe.sft_epochs,
+                batch_rows: recipe.sft_batch,
+                lr: recipe.sft_lr,
+                warmup_steps: 10,
+                max_grad_norm: 1.0,
+                micro_batch_tokens: 8192,
+                // The padded layout the built-in models were made and measured with
+                // (packing gives the same update to rounding, and rounding moves a short
+                // run's outcome).
+                pack_sequences: false,
+                seed: weights_seed.wrapping_add(round as u64),
+            };
+            let label = match (inits, rounds) {
+                (1, 1) => String::new(),
+                _ => format!("weights {} round {}: ", init + 1, round + 1),
+            };
+            let bar = crate::progress::enabled(quiet).then(|| {
+                crate::progress::bar(
+                    0,
+                    "  warm start {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
+                )
+            });
+            let losses = train(
+                &lm.model,
+                &rows,
+                &schedule,
+                |step, total, loss| match &bar {
+                    Some(bar) => {
+                        bar.set_length(total);
+                        bar.set_position(step);
+                        bar.set_message(format!("{label}loss {loss:.4}"));
+                    }
+                    None if !quiet && (step % 25 == 0 || step == total) => eprintln!(
+                        "  warm start: {label}step {step}/{total}  loss {loss:.4}  {:.0} s",
+                        t0.elapsed().as_secs_f64()
+                    ),
+                    None => {}
+                },
+            )?;
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
             }
-            None if !quiet && (step % 25 == 0 || step == total) => eprintln!(
-                "  warm start: step {step}/{total}  loss {loss:.4}  {:.0} s",
-                t0.elapsed().as_secs_f64()
-            ),
-            None => {}
-        },
-    )?;
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    if !quiet {
-        eprintln!(
-            "  warm start: {} conversations ({:.0}% with the tool, prompts of {:.0} tokens on average), loss {:.3} -> {:.3} in {:.0} s",
-            rows.len(),
-            100.0 * traces.iter().filter(|t| t.tool.is_some()).count() as f64
-                / traces.len().max(1) as f64,
-            prompt_tokens as f64 / traces.len().max(1) as f64,
-            losses.first().copied().unwrap_or(f32::NAN),
-            losses.last().copied().unwrap_or(f32::NAN),
-            t0.elapsed().as_secs_f64()
-        );
-        if !probe.is_empty() {
-            let (calls, answers) = copies(&lm, probe)?;
-            eprintln!(
-                "  warm start, on {} unseen problems (greedy): writes the reference tool call exactly for {calls} (once it has chosen to call), copies the tool's output into the answer for {answers}",
-                probe.len()
-            );
+            if round == 0 {
+                first_loss = losses.first().copied().unwrap_or(f32::NAN);
+            }
+            if !quiet {
+                eprintln!(
+                    "  warm start: {label}{} conversations ({:.0}% with the tool, prompts of {:.0} tokens on average), loss {:.3} -> {:.3} in {:.0} s",
+                    rows.len(),
+                    100.0 * traces.iter().filter(|t| t.tool.is_some()).count() as f64
+                        / traces.len().max(1) as f64,
+                    prompt_tokens as f64 / traces.len().max(1) as f64,
+                    first_loss,
+                    losses.last().copied().unwrap_or(f32::NAN),
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+            let Some(bar) = recipe.bar.filter(|_| !probe.is_empty()) else {
+                if !quiet && !probe.is_empty() {
+                    let (probed, calls, copies) = copies(&lm, probe)?;
+                    eprintln!(
+                        "  warm start, on {probed} unseen problems (greedy): writes the reference tool call exactly for {calls} (once it has chosen to call), copies the tool's output into the answer for {copies}"
+                    );
+                }
+                return peft::export_merged(&lm.model, base, out, DType::F32);
+            };
+            let (probed, calls, copies) = copies(&lm, probe)?;
+            if calls + copies > best.1 + best.2 {
+                best = (probed, calls, copies);
+            }
+            let passed = bar.passes(probed, calls, copies);
+            let stalled = before.is_some_and(|b| bar.stalled(probed, b, (calls, copies)));
+            before = Some((calls, copies));
+            if !quiet {
+                let next = if passed {
+                    String::new()
+                } else if stalled || round + 1 == rounds {
+                    format!(
+                        "; below the bar ({:.0}% and {:.0}%){}{}",
+                        100.0 * bar.calls,
+                        100.0 * bar.copies,
+                        if stalled { ", no longer rising" } else { "" },
+                        if init + 1 < inits {
+                            ": starting again from other random weights"
+                        } else {
+                            ""
+                        }
+                    )
+                } else {
+                    format!(
+                        "; below the bar ({:.0}% and {:.0}%): training another round",
+                        100.0 * bar.calls,
+                        100.0 * bar.copies,
+                    )
+                };
+                eprintln!(
+                    "  warm start, {label}on {probed} unseen problems (greedy): writes the reference tool call exactly for {calls} (once it has chosen to call), copies the tool's output into the answer for {copies}{next}"
+                );
+            }
+            if passed {
+                return peft::export_merged(&lm.model, base, out, DType::F32);
+            }
+            if stalled {
+                break;
+            }
         }
     }
-    peft::export_merged(&lm.model, base, out, DType::F32)
+    let (probed, calls, copies) = best;
+    let bar = recipe.bar.unwrap_or(BAR);
+    bail!(
+        "the built-in model's warm start (seed {seed}) did not learn the tool's format: from {inits} sets of random weights, the best writes the reference call exactly for {calls} and copies the tool's output for {copies} of {probed} unseen problems (it needs {:.0}% and {:.0}%), and RL cannot teach copying from a reward that never comes; try another run.seed",
+        100.0 * bar.calls,
+        100.0 * bar.copies,
+    )
+}
+
+impl Bar {
+    /// Whether a probe's counts reach the bar. A task whose traces hold no call to probe
+    /// passes (nothing to copy).
+    fn passes(&self, probed: usize, calls: usize, copies: usize) -> bool {
+        let n = probed as f64;
+        probed == 0 || (calls as f64 >= self.calls * n && copies as f64 >= self.copies * n)
+    }
+
+    /// Whether a round left the counts below the bar where the round before had them:
+    /// neither rose by [`Bar::STALL`] of the probe.
+    fn stalled(&self, probed: usize, before: (usize, usize), now: (usize, usize)) -> bool {
+        let rise = |a: usize, b: usize| b.saturating_sub(a) as f64;
+        let step = Self::STALL * probed as f64;
+        rise(before.0, now.0) < step && rise(before.1, now.1) < step
+    }
+
+    /// The least rise of a round that is still going somewhere.
+    const STALL: f64 = 0.05;
 }
 
 /// A trace's token ids, part by part, each part encoded on its own as the warm start
@@ -594,8 +746,7 @@ struct Pieces {
 }
 
 impl Pieces {
-    fn encode(lm: &LanguageModel, t: &Trace) -> Result<Pieces> {
-        let tok = &lm.tokenizer;
+    fn encode(tok: &crate::model::tokenizer::Tokenizer, t: &Trace) -> Result<Pieces> {
         Ok(Pieces {
             prompt: tok.encode(&t.prompt)?,
             call: tok.encode(&t.before)?,
@@ -606,16 +757,16 @@ impl Pieces {
 }
 
 /// How well the model does a tool trace's two copying jobs, on `probe`'s traces, greedy:
-/// how many calls it writes token for token once it has chosen to call (copying the
+/// how many traces were probed, how many calls it writes token for token once it has chosen to call (copying the
 /// problem into the call), and how many answers given the call and the tool's output
 /// (copying the output into the answer). That is what a warm start is for, and neither the
 /// training loss (the guesses' random digits weigh on it) nor sampling (which mostly
 /// skips the tool) can say how well it does.
-fn copies(lm: &LanguageModel, probe: &[Trace]) -> Result<(usize, usize)> {
+fn copies(lm: &LanguageModel, probe: &[Trace]) -> Result<(usize, usize, usize)> {
     let (mut call_heads, mut calls) = (Vec::new(), Vec::new());
     let (mut answer_heads, mut answers) = (Vec::new(), Vec::new());
     for t in probe {
-        let p = Pieces::encode(lm, t)?;
+        let p = Pieces::encode(&lm.tokenizer, t)?;
         // The call's tokens up to the first that tells it from an answer (`<calc>` and
         // `<answer>` may share their first token): the choice to call is not probed.
         let shared = p
@@ -637,7 +788,11 @@ fn copies(lm: &LanguageModel, probe: &[Trace]) -> Result<(usize, usize)> {
         answer_heads.push(head);
         answers.push(p.after);
     }
+    if calls.is_empty() {
+        return Ok((0, 0, 0));
+    }
     Ok((
+        calls.len(),
         exact(lm, &call_heads, &calls)?,
         exact(lm, &answer_heads, &answers)?,
     ))
@@ -672,4 +827,28 @@ fn exact(lm: &LanguageModel, prompts: &[Vec<u32>], wants: &[Vec<u32>]) -> Result
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bar_passes_on_both_rates_and_stalls_when_neither_rises() {
+        // Rates measured on multiply seeds (issue 63): seed 7 passes at once, seed 5's
+        // copies stalled at 77-78 (4-digit products copied a digit off), seed 3's calls
+        // at 0.
+        assert!(BAR.passes(100, 100, 83));
+        assert!(BAR.passes(100, 100, 77));
+        assert!(!BAR.passes(100, 100, 72));
+        assert!(!BAR.passes(100, 89, 95));
+        assert!(BAR.passes(0, 0, 0), "nothing to probe: nothing to copy");
+        assert!(BAR.stalled(100, (100, 77), (100, 78)));
+        assert!(BAR.stalled(100, (0, 0), (0, 0)));
+        assert!(!BAR.stalled(100, (65, 52), (93, 65)));
+        assert!(
+            !BAR.stalled(100, (100, 62), (100, 72)),
+            "copies still rising"
+        );
+    }
 }

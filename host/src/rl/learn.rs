@@ -132,6 +132,10 @@ impl<'a> Learner<'a> {
         m.epoch = batch.cursor.epoch;
         m.groups = groups.len();
         m.groups_dropped = batch.dropped;
+        m.groups_flat = rewards
+            .iter()
+            .filter(|r| !algorithms::informative(r))
+            .count();
         m.sampled_tokens_per_s = batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9);
         m.tool_wait_s = batch.stats.plugin_wait_s;
         m.tool_busy_s = batch.stats.tool_busy_s;

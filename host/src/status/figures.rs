@@ -133,6 +133,12 @@ pub const EVERY_STEP: &[Figure<f64>] = &[
         |m| m.groups_dropped as f64,
     ),
     fig(
+        Some("groups_flat"),
+        Some("rollout/groups_flat"),
+        "Groups trained on whose rewards were all equal",
+        |m| m.groups_flat as f64,
+    ),
+    fig(
         Some("sampled_tokens_per_second"),
         Some("throughput/sampled_tokens_per_s"),
         "Rollout throughput",
