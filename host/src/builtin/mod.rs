@@ -673,27 +673,7 @@ fn warm_start(
             let stalled = before.is_some_and(|b| bar.stalled(probed, b, (calls, copies)));
             before = Some((calls, copies));
             if !quiet {
-                let next = if passed {
-                    String::new()
-                } else if stalled || round + 1 == rounds {
-                    format!(
-                        "; below the bar ({:.0}% and {:.0}%){}{}",
-                        100.0 * bar.calls,
-                        100.0 * bar.copies,
-                        if stalled { ", no longer rising" } else { "" },
-                        if init + 1 < inits {
-                            ": starting again from other random weights"
-                        } else {
-                            ""
-                        }
-                    )
-                } else {
-                    format!(
-                        "; below the bar ({:.0}% and {:.0}%): training another round",
-                        100.0 * bar.calls,
-                        100.0 * bar.copies,
-                    )
-                };
+                let next = bar.verdict(passed, stalled, round + 1 == rounds, init + 1 < inits);
                 eprintln!(
                     "  warm start, {label}on {probed} unseen problems (greedy): writes the reference tool call exactly for {calls} (once it has chosen to call), copies the tool's output into the answer for {copies}{next}"
                 );
@@ -733,6 +713,26 @@ impl Bar {
 
     /// The least rise of a round that is still going somewhere.
     const STALL: f64 = 0.05;
+
+    /// What a round's probe line adds after the counts: nothing when they pass, else the
+    /// bar and what the warm start does next.
+    fn verdict(&self, passed: bool, stalled: bool, last_round: bool, more_weights: bool) -> String {
+        if passed {
+            return String::new();
+        }
+        let below = format!(
+            "; below the bar ({:.0}% and {:.0}%)",
+            100.0 * self.calls,
+            100.0 * self.copies
+        );
+        let rising = if stalled { ", no longer rising" } else { "" };
+        let next = match (stalled || last_round, more_weights) {
+            (false, _) => ": training another round",
+            (true, true) => ": starting again from other random weights",
+            (true, false) => "",
+        };
+        format!("{below}{rising}{next}")
+    }
 }
 
 /// A trace's token ids, part by part, each part encoded on its own as the warm start
@@ -757,9 +757,9 @@ impl Pieces {
 }
 
 /// How well the model does a tool trace's two copying jobs, on `probe`'s traces, greedy:
-/// how many traces were probed, how many calls it writes token for token once it has chosen to call (copying the
-/// problem into the call), and how many answers given the call and the tool's output
-/// (copying the output into the answer). That is what a warm start is for, and neither the
+/// how many traces were probed, how many calls it writes token for token once it has
+/// chosen to call (copying the problem into the call), and how many answers given the call
+/// and the tool's output (copying the output into the answer). That is what a warm start is for, and neither the
 /// training loss (the guesses' random digits weigh on it) nor sampling (which mostly
 /// skips the tool) can say how well it does.
 fn copies(lm: &LanguageModel, probe: &[Trace]) -> Result<(usize, usize, usize)> {
