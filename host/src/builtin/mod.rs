@@ -656,24 +656,27 @@ fn warm_start(
                     t0.elapsed().as_secs_f64()
                 );
             }
-            let Some(bar) = recipe.bar.filter(|_| !probe.is_empty()) else {
-                if !quiet && !probe.is_empty() {
-                    let (probed, calls, copies) = copies(&lm, probe)?;
-                    eprintln!(
-                        "  warm start, on {probed} unseen problems (greedy): writes the reference tool call exactly for {calls} (once it has chosen to call), copies the tool's output into the answer for {copies}"
-                    );
-                }
+            // A quiet build without a bar has no probe to run (see `ensure`).
+            if probe.is_empty() {
                 return peft::export_merged(&lm.model, base, out, DType::F32);
-            };
+            }
             let (probed, calls, copies) = copies(&lm, probe)?;
             if calls + copies > best.1 + best.2 {
                 best = (probed, calls, copies);
             }
-            let passed = bar.passes(probed, calls, copies);
-            let stalled = before.is_some_and(|b| bar.stalled(probed, b, (calls, copies)));
+            // Without a bar the probe only informs the person watching.
+            let (passed, stalled) = match recipe.bar {
+                Some(bar) => (
+                    bar.passes(probed, calls, copies),
+                    before.is_some_and(|b| bar.stalled(probed, b, (calls, copies))),
+                ),
+                None => (true, false),
+            };
             before = Some((calls, copies));
             if !quiet {
-                let next = bar.verdict(passed, stalled, round + 1 == rounds, init + 1 < inits);
+                let next = recipe.bar.map_or(String::new(), |bar| {
+                    bar.verdict(passed, stalled, round + 1 == rounds, init + 1 < inits)
+                });
                 eprintln!(
                     "  warm start, {label}on {probed} unseen problems (greedy): writes the reference tool call exactly for {calls} (once it has chosen to call), copies the tool's output into the answer for {copies}{next}"
                 );
