@@ -8,6 +8,7 @@ pub mod builtin;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod front;
 pub mod gateway;
 pub mod model;
 pub mod openenv;

@@ -11,14 +11,14 @@ use std::process::Child;
 use std::time::Duration;
 
 /// A running `rlhost serve`, stopped when dropped.
-struct Gateway {
+pub(crate) struct Gateway {
     child: Child,
     /// `http://127.0.0.1:PORT`.
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Gateway {
-    fn start(dir: &Path, record: &Path, extra: &[&str]) -> Gateway {
+    pub(crate) fn start(dir: &Path, record: &Path, extra: &[&str]) -> Gateway {
         let config = units_config(
             3,
             "[rollout]\ngroup_size = 8\n[[rewards]]\nplugin = \"units_task\"\n",
@@ -82,7 +82,7 @@ path = {task:?}
 }
 
 /// The official client's python, or `None` (skipped) — the OpenEnv venv holds `openai`.
-fn openai_python() -> Option<PathBuf> {
+pub(crate) fn openai_python() -> Option<PathBuf> {
     let python = super::openenv::openenv_python()?;
     let ok = std::process::Command::new(&python)
         .args(["-c", "import openai"])

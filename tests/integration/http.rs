@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 /// A real HTTP/1.1 server on loopback, a thread per connection: `/ok` ("hello"),
 /// `/redirect` (302 to `localhost` on the same port), `/big` (2 MiB, chunked, no
-/// length), `/wait` (answers after 300 ms), `/slow` (after 3 s). Counts connections.
+/// length), `/wait` (answers after 300 ms), `/slow` (after 3 s), `/endless` (a chunked
+/// body that never ends). Counts connections.
 fn server() -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -64,6 +65,14 @@ fn server() -> (u16, Arc<AtomicUsize>) {
                     "/slow" => {
                         std::thread::sleep(Duration::from_secs(3));
                         ok("late")
+                    }
+                    "/endless" => {
+                        // A chunked body that never ends.
+                        let _ = sock.write_all(
+                            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+                        );
+                        std::thread::sleep(Duration::from_secs(20));
+                        return;
                     }
                     _ => {
                         b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -347,5 +356,28 @@ fn the_search_tool_asks_the_retrieval_service_it_is_granted() {
         out["calls"][0]["error"], "the search service: ErrorCode::HttpRequestDenied",
         "{}",
         ran.stdout
+    );
+}
+
+/// Issue 68, point 20: with RUST_BACKTRACE=1 in the host's environment, the error a
+/// granted request's endless body ends with reached the plugin (and from a trigger, the
+/// model's context) with the host's stack backtrace in its text.
+#[test]
+fn no_host_backtrace_reaches_a_plugin_through_an_http_error() {
+    let (port, _) = server();
+    let url = format!("http://127.0.0.1:{port}/endless");
+    let ran = rlhost_tests::TestCommand::new(&["plugin", "call"])
+        .arg(rlhost_tests::plugin("hostile"))
+        .args(["trigger", "--text", "x</go>", "--config"])
+        .arg(format!(r#"{{"mode": "http-get", "url": "{url}"}}"#))
+        .arg("--allow-http")
+        .arg(format!("http://127.0.0.1:{port}"))
+        .env("RUST_BACKTRACE", "1")
+        .run();
+    let all = format!("{}{}", ran.stdout, ran.stderr);
+    assert!(all.contains("error"), "the request did not fail: {all}");
+    assert!(
+        !all.contains("Stack backtrace") && !all.contains("backtrace.rs"),
+        "{all}"
     );
 }

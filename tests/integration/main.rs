@@ -45,6 +45,7 @@ mod rollout;
 mod rollout_cli;
 mod sandbox;
 mod scaffold;
+mod server_faults;
 mod status;
 mod tinker;
 mod tools;

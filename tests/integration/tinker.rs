@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::process::Child;
 
 /// A running `rlhost serve --tinker`, stopped when dropped.
-struct Server {
-    child: Child,
-    url: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) url: String,
     /// The served model's directory (its tokenizer), from the ready line.
     dir: PathBuf,
 }
@@ -31,6 +31,15 @@ impl Drop for Server {
 const POLL_MS: &str = "1000";
 
 fn start(checkpoints: &std::path::Path, extra: &[&str]) -> Server {
+    start_with(checkpoints, extra, &[])
+}
+
+/// [`start`] with `envs` set for the server.
+pub(crate) fn start_with(
+    checkpoints: &std::path::Path,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Server {
     let mut cmd = TestCommand::new(&[
         "serve",
         "--tinker",
@@ -42,6 +51,9 @@ fn start(checkpoints: &std::path::Path, extra: &[&str]) -> Server {
     .env("RLHOST_TINKER_POLL_MS", POLL_MS);
     for a in extra {
         cmd = cmd.arg(a);
+    }
+    for (k, v) in envs {
+        cmd = cmd.env(k, v);
     }
     // The built-in model where the default run keeps it (built there once, if missing).
     if let Some(home) = std::env::var_os("HOME") {
@@ -119,7 +131,9 @@ fn the_official_tinker_sdk_drives_the_server() {
         return;
     };
     let dir = temp_dir("tinker-sdk");
-    let server = start(&dir.join("checkpoints"), &[]);
+    // With a key (issue 68): the SDK sends it as X-API-Key on every call; client.py checks
+    // that another key is turned away.
+    let server = start(&dir.join("checkpoints"), &["--api-key", "tml-rlhost-local"]);
     let out = std::process::Command::new(&python)
         .arg(repo_root().join("tests/tinker/client.py"))
         .arg(&server.url)

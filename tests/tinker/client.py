@@ -425,8 +425,59 @@ def bad_requests():
         raise AssertionError("a prompt token outside the vocabulary was sampled")
     except tinker.RequestFailedError as e:
         assert "outside the vocabulary" in str(e), e
-    # The client still trains after its refused requests.
+    # Issue 68: sizes, settings and keys a hostile or careless client sends are refused by
+    # name, and none of them ends the server (the checks after these still run).
+    try:
+        ready(service.create_lora_training_client(base_model=BASE, rank=10**6))
+        raise AssertionError("rank 10**6 was accepted")
+    except tinker.BadRequestError as e:
+        assert "rank must be 1 to 128" in str(e), e
+    for kwargs, words in [
+        ({"topk_prompt_logprobs": 10**9, "include_prompt_logprobs": True}, ["topk_prompt_logprobs", "1000000000"]),
+        ({"topk_sample_logprobs": 10**9}, ["topk_sample_logprobs", "1000000000"]),
+    ]:
+        try:
+            sampler.sample(
+                prompt=types.ModelInput.from_ints([1, 2, 3]),
+                num_samples=1,
+                sampling_params=types.SamplingParams(max_tokens=2),
+                **kwargs,
+            ).result()
+            raise AssertionError(f"{kwargs} was accepted")
+        except tinker.RequestFailedError as e:
+            assert all(w in str(e) for w in words), (words, str(e))
+    try:
+        sampler.sample(
+            prompt=types.ModelInput.from_ints([1, 2, 3]),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=2, temperature=1e-40),
+        ).result()
+        raise AssertionError("temperature 1e-40 was accepted")
+    except tinker.RequestFailedError as e:
+        assert "temperature must be 0 (greedy) or at least 0.001" in str(e), e
     good = [sft_datum(*SFT[0])]
+    for params, name in [
+        (types.AdamParams(learning_rate=1e-3, beta1=1.0), "beta1"),
+        (types.AdamParams(learning_rate=1e30), "learning_rate"),
+        (types.AdamParams(learning_rate=1e-3, eps=0.0), "eps"),
+        (types.AdamParams(learning_rate=1e-3, eps=float("nan")), "eps"),
+        (types.AdamParams(learning_rate=1e-3, weight_decay=-1e6), "weight_decay"),
+        (types.AdamParams(learning_rate=1e-3, grad_clip_norm=-1.0), "grad_clip_norm"),
+    ]:
+        tc.forward_backward(good, "cross_entropy").result()
+        try:
+            tc.optim_step(params).result()
+            raise AssertionError(f"{params} was accepted")
+        except tinker.RequestFailedError as e:
+            assert f"adam_params.{name} must be" in str(e), (name, str(e))
+    # A client without the server's key is turned away, in the API's error shape.
+    try:
+        stranger = tinker.ServiceClient(api_key="tml-not-the-key")
+        stranger.get_server_capabilities()
+        raise AssertionError("a client with the wrong key was served")
+    except tinker.AuthenticationError as e:
+        assert "Bearer" in str(e) or "key" in str(e), e
+    # The client still trains after its refused requests.
     tc.forward_backward(good, "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
 

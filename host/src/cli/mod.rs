@@ -66,6 +66,15 @@ enum Command {
 
 /// Runs the CLI with the process's arguments.
 pub fn main() -> ExitCode {
+    // Errors never carry the host's stack backtrace, whatever RUST_BACKTRACE says (panics
+    // still print theirs): wasmtime captures one into every error it makes, and some of
+    // those errors' text reaches a plugin (an HTTP body that times out, in wasi-http),
+    // naming the host's files and functions inside the sandbox. RUST_LIB_BACKTRACE set by
+    // hand still wins.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: the first thing the process does, before any thread is started.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

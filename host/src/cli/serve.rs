@@ -46,6 +46,19 @@ pub struct ServeArgs {
     /// Connections served at once.
     #[arg(long, default_value_t = server::MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Listen beyond loopback on purpose: an --addr that is not 127.0.0.1 or ::1 is
+    /// refused without it (and warned about with it).
+    #[arg(long)]
+    public: bool,
+    /// Require this key on every route but the health check: `Authorization: Bearer KEY`
+    /// (the `openai` client's `api_key`) or `X-API-Key: KEY` (the `tinker` SDK's, whose
+    /// keys start with `tml-`). Default: the RLHOST_API_KEY environment variable, if set.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Seconds a gateway session may stay silent (no call or end) before it is ended, its
+    /// record written as timed out (default 600).
+    #[arg(long)]
+    session_timeout: Option<f64>,
     /// Serve the Tinker training API (for the official `tinker` SDK: set TINKER_BASE_URL
     /// to the printed URL) instead of the OpenAI-compatible one.
     #[arg(long)]
@@ -64,8 +77,10 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     {
         anyhow::bail!("--served-model-name must not be empty");
     }
+    let key = crate::front::api_key(args.api_key.clone())?;
+    crate::front::check_exposure(&args.addr, args.public, key.is_some(), "--addr", "--public")?;
     if args.tinker {
-        return tinker(args, handle, quiet);
+        return tinker(args, key, handle, quiet);
     }
     let mut set = args.source.set.clone();
     if let Some(adapter) = &args.adapter {
@@ -111,7 +126,27 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
         ),
         None => None,
     };
-    let addr = server::spawn(gw.clone(), &args.addr, args.max_connections)?;
+    let addr = server::spawn(gw.clone(), &args.addr, args.max_connections, key)?;
+    let silent = args
+        .session_timeout
+        .unwrap_or(crate::config::GatewaySection::default().session_timeout_s);
+    if !(silent.is_finite() && silent > 0.0) {
+        anyhow::bail!("--session-timeout must be a number of seconds above 0, got {silent}");
+    }
+    {
+        let gw = Arc::downgrade(&gw);
+        let timeout = std::time::Duration::from_secs_f64(silent);
+        std::thread::Builder::new()
+            .name("rlhost-reaper".into())
+            .spawn(move || {
+                while let Some(gw) = gw.upgrade() {
+                    gw.end_silent(timeout);
+                    drop(gw);
+                    std::thread::sleep(timeout.min(std::time::Duration::from_secs(5)));
+                }
+            })
+            .context("cannot start the session reaper")?;
+    }
     // Ended sessions are written as they come, one line each, flushed: a reader of the
     // file never sees half a session.
     let record_path = args.record.clone();
@@ -156,10 +191,14 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
 }
 
 /// `rlhost serve --tinker`: the Tinker API on the run config's model until interrupted.
-fn tinker(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
-    if args.adapter.is_some() || args.record.is_some() || args.group_size.is_some() {
+fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) -> Result<()> {
+    if args.adapter.is_some()
+        || args.record.is_some()
+        || args.group_size.is_some()
+        || args.session_timeout.is_some()
+    {
         anyhow::bail!(
-            "--adapter, --record and --group-size are the OpenAI gateway's; with --tinker, clients \
+            "--adapter, --record, --group-size and --session-timeout are the OpenAI gateway's; with --tinker, clients \
              create their adapters (load one with create_training_client_from_state)"
         );
     }
@@ -183,6 +222,7 @@ fn tinker(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
         args.checkpoints.clone(),
         &args.addr,
         args.max_connections,
+        key,
     )?;
     println!(
         "rlhost serve --tinker: {} as base model `{name}` at http://{} (TINKER_BASE_URL; checkpoints in {})",
@@ -196,6 +236,15 @@ fn tinker(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     );
     while !interrupted.load(Ordering::Relaxed) && !serving.worker.is_finished() {
         std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    if serving.worker.is_finished() {
+        // The model's thread catches each operation's panic, so its end is a bug or a
+        // lost channel: the server cannot go on, and says so with a non-zero status.
+        let why = match serving.worker.join() {
+            Err(panic) => crate::tinker::worker::panic_message(&panic),
+            Ok(()) => "its work channel closed".into(),
+        };
+        anyhow::bail!("rlhost serve --tinker: the model's thread stopped ({why}); the server ends");
     }
     Ok(())
 }

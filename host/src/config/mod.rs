@@ -84,6 +84,9 @@ pub struct GatewaySection {
     /// A session with no call or end for this long is ended and left out of training
     /// (its agent went away); its group completes without it.
     pub session_timeout_s: f64,
+    /// Listen beyond loopback on purpose: an `addr` that is not 127.0.0.1 or ::1 is
+    /// refused without it. Agents then need the key in RLHOST_API_KEY, when it is set.
+    pub public: bool,
 }
 
 impl Default for GatewaySection {
@@ -94,6 +97,7 @@ impl Default for GatewaySection {
             while_updating: WhileUpdating::Hold,
             max_connections: crate::gateway::server::MAX_CONNECTIONS,
             session_timeout_s: 600.0,
+            public: false,
         }
     }
 }

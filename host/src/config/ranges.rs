@@ -24,6 +24,8 @@ enum Rule {
     FractionAboveZero,
     /// An integer >= this.
     AtLeast(u64),
+    /// 0, or finite and >= this.
+    ZeroOrAtLeast(f64),
 }
 
 impl Rule {
@@ -37,6 +39,7 @@ impl Rule {
                 Rule::FractionBelowOne => (0.0..1.0).contains(&v),
                 Rule::FractionAboveZero => v > 0.0 && v <= 1.0,
                 Rule::AtLeast(n) => v >= n as f64,
+                Rule::ZeroOrAtLeast(x) => v == 0.0 || v >= x,
             }
     }
 
@@ -49,6 +52,8 @@ impl Rule {
             Rule::FractionBelowOne => "a number in [0, 1)".into(),
             Rule::FractionAboveZero => "a number in (0, 1]".into(),
             Rule::AtLeast(n) => format!("at least {n}"),
+            // Shown as the f32 it was (the sampler's bounds are f32).
+            Rule::ZeroOrAtLeast(x) => format!("0, or a finite number >= {}", x as f32),
         }
     }
 }
@@ -139,7 +144,7 @@ fn checks(c: &RunConfig) -> Vec<Check> {
         check("train.value_clip", t.value_clip, Positive, "the value's clip range around the old value"),
         check("train.save_every", t.save_every as f64, AtLeast(1), "steps between checkpoints (the last step always saves)"),
         check("train.keep_last", t.keep_last as f64, AtLeast(1), "checkpoints kept"),
-        check("sampling.temperature", s.temperature, NonNegative, "0 samples greedily"),
+        check("sampling.temperature", s.temperature, ZeroOrAtLeast(crate::model::sample::MIN_TEMPERATURE as f64), "0 samples greedily"),
         check("sampling.top_p", s.top_p, FractionAboveZero, "nucleus sampling's mass (1: off)"),
         check("sampling.min_p", s.min_p, Fraction, "min-p sampling's threshold (0: off)"),
         check("sampling.max_new_tokens", s.max_new_tokens as f64, AtLeast(1), "tokens per assistant turn"),

@@ -21,6 +21,24 @@ use anyhow::{Context, Result};
 use serde_json::{Map, Value, json};
 
 /// What the handlers need of the model to render prompts and read answers.
+/// A token takes at least one byte of text and rarely more than this many: text of more
+/// bytes than this many times the context is over it, and is refused unread (the bound
+/// `model.generate` uses).
+pub const BYTES_PER_TOKEN: usize = 16;
+
+/// The text a message adds to a prompt (its content, name and calls), in bytes.
+fn message_bytes(m: &super::wire::Message) -> usize {
+    m.text().map_or(0, |t| t.len())
+        + m.name.as_ref().map_or(0, String::len)
+        + m.tool_call_id.as_ref().map_or(0, String::len)
+        + m.tool_calls.as_ref().map_or(0, |calls| {
+            calls
+                .iter()
+                .map(|c| c.function.name.len() + c.function.arguments.len())
+                .sum()
+        })
+}
+
 pub struct Renderer {
     pub tokenizer: Tokenizer,
     pub chat: ChatTemplate,
@@ -60,6 +78,12 @@ impl Renderer {
         })
     }
 
+    /// Whether `text` is over the model's context whatever it tokenizes to (checked before
+    /// it is tokenized).
+    pub fn surely_over_context(&self, text: &str) -> bool {
+        text.len() > BYTES_PER_TOKEN * self.context
+    }
+
     /// The request's prompt ids: its messages (and `tools`) rendered with the generation
     /// prompt, message text escaped.
     pub fn prompt(&self, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
@@ -67,6 +91,28 @@ impl Renderer {
             return Err(ApiError::invalid(
                 "tools",
                 "this model's chat template shows no tool-call format, so its calls could not be read",
+            ));
+        }
+        // Refused by their byte length before anything renders or tokenizes them: one
+        // 10 MiB message took 28 s and 3.8 GB to render and tokenize before its refusal.
+        let bytes: usize = req.messages.iter().map(message_bytes).sum::<usize>()
+            + req
+                .tools
+                .iter()
+                .map(|t| serde_json::to_string(t).map_or(0, |s| s.len()))
+                .sum::<usize>();
+        if bytes > BYTES_PER_TOKEN * self.context {
+            return Err(ApiError::invalid(
+                if req.tools.is_empty() {
+                    "messages"
+                } else {
+                    "messages/tools"
+                },
+                format!(
+                    "the messages and tools hold {bytes} bytes of text, over the model's context \
+                     of {} tokens at any tokenization (no token is longer than {BYTES_PER_TOKEN} bytes here)",
+                    self.context
+                ),
             ));
         }
         let messages: Vec<Value> = req

@@ -130,6 +130,25 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Ends the sessions silent for longer than `timeout` and hands them on as ended
+    /// (marked timed out), as `rlhost serve` does on a timer: a session an agent left
+    /// open held its transcript for good (30 sessions of 10 MiB kept 400 MB).
+    pub fn end_silent(&self, timeout: std::time::Duration) -> usize {
+        let reaped = self.sessions().reap(timeout);
+        let n = reaped.len();
+        for f in reaped {
+            tracing::warn!(
+                "gateway: session {} timed out (no call or end in {timeout:?}): ended",
+                f.session
+            );
+            self.counters
+                .timed_out_sessions
+                .fetch_add(1, Ordering::Relaxed);
+            let _ = self.finished.send(f);
+        }
+        n
+    }
+
     pub fn new(
         model: String,
         renderer: Renderer,
@@ -206,7 +225,9 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/sessions/{id}/end", post(end))
         .route("/status", get(status))
         .fallback(not_found)
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .method_not_allowed_fallback(wrong_method)
+        // The front has read the body within MAX_BODY already.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(gw)
 }
 
@@ -255,6 +276,13 @@ async fn not_found() -> Response {
          (also under /sessions/{id}/v1), /rl/tasks/next, /rl/sessions, /sessions/{id}[/reward|/end] \
          and /status"
             .into(),
+    ))
+}
+
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    error(ApiError::from_front(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
     ))
 }
 
@@ -981,6 +1009,16 @@ async fn complete(
     for (i, p) in req.prompts.iter().enumerate() {
         let ids = match p {
             super::wire::Prompt::Ids(ids) => ids.clone(),
+            super::wire::Prompt::Text(t) if gw.renderer.surely_over_context(t) => {
+                return Err(ApiError::invalid(
+                    format!("prompt[{i}]"),
+                    format!(
+                        "it holds {} bytes, over the model's context of {} tokens at any tokenization",
+                        t.len(),
+                        gw.renderer.context
+                    ),
+                ));
+            }
             super::wire::Prompt::Text(t) => {
                 gw.renderer.tokenizer.encode_raw_prompt(t).map_err(|e| {
                     ApiError::invalid(format!("prompt[{i}]"), format!("cannot tokenize it: {e:#}"))
@@ -1269,11 +1307,37 @@ pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Binds `addr` now (a taken port is an error before anything loads) and serves the
 /// routes on a runtime of their own, on two threads; returns the bound address.
-pub fn spawn(gw: Arc<Gateway>, addr: &str, max_connections: usize) -> anyhow::Result<SocketAddr> {
-    let local = crate::status::server::spawn_app(
+pub fn spawn(
+    gw: Arc<Gateway>,
+    addr: &str,
+    max_connections: usize,
+    key: Option<String>,
+) -> anyhow::Result<SocketAddr> {
+    let mut policy = crate::front::Policy::new(
         "gateway",
-        addr,
         max_connections,
+        MAX_BODY,
+        &["/status"],
+        |status, message| error(ApiError::from_front(status, message)),
+    )
+    .with_key(key);
+    // A session's id is its agent's API key: handed out by the key-guarded /rl routes, it
+    // opens that session's own calls (`/v1/...` with it as bearer, `/sessions/{id}/...`),
+    // not the task routes.
+    let sessions = Arc::downgrade(&gw);
+    policy.also = Some(Arc::new(move |token: &str, path: &str| {
+        let own = path.starts_with("/v1/")
+            || path
+                .strip_prefix("/sessions/")
+                .and_then(|rest| rest.strip_prefix(token))
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        own && sessions
+            .upgrade()
+            .is_some_and(|gw| gw.sessions().get(token).is_ok())
+    }));
+    let local = crate::front::spawn(
+        addr,
+        policy,
         Box::new({
             let gw = gw.clone();
             move || router(gw)
@@ -1324,7 +1388,7 @@ mod tests {
         gw.refuse_while_updating = refuse;
         gw.updating.store(true, Ordering::Release);
         let gw = Arc::new(gw);
-        let addr = spawn(gw.clone(), "127.0.0.1:0", 16).unwrap();
+        let addr = spawn(gw.clone(), "127.0.0.1:0", 16, None).unwrap();
         (gw, format!("http://{addr}/v1/chat/completions"), jobs_rx)
     }
 
@@ -1364,7 +1428,7 @@ mod tests {
             done_tx,
             Some(tasks),
         ));
-        let addr = spawn(gw.clone(), "127.0.0.1:0", 16).unwrap();
+        let addr = spawn(gw.clone(), "127.0.0.1:0", 16, None).unwrap();
         let url = format!("http://{addr}/rl/tasks/next");
         let first = {
             let url = url.clone();

@@ -177,12 +177,30 @@ fn finished(id: &str, open: Open, timed_out: bool) -> Finished {
     }
 }
 
-/// Reads a reward body: `{"reward": x}` or `{"rewards": {"name": x, ...}}` (summed).
+/// The largest reward magnitude taken (a total, or one part). A group's mean and variance
+/// are computed from the rewards: parts of 1e308 each were finite but summed to +inf, and
+/// one such session stopped a run at its first step.
+pub const MAX_REWARD: f64 = 1e9;
+
+/// Reads a reward body: `{"reward": x}` or `{"rewards": {"name": x, ...}}` (summed), each
+/// number and the total within ±[`MAX_REWARD`].
 pub fn read_reward(body: &Value) -> Result<Reward, String> {
+    let reward = read_parts(body)?;
+    // The parts are each within the bound (so finite); their sum may not be.
+    if reward.total.abs() > MAX_REWARD {
+        return Err(format!(
+            "the rewards sum to {}; the total must be within ±{MAX_REWARD:e}",
+            reward.total
+        ));
+    }
+    Ok(reward)
+}
+
+fn read_parts(body: &Value) -> Result<Reward, String> {
     let finite = |x: &Value, what: &str| {
         x.as_f64()
-            .filter(|x| x.is_finite())
-            .ok_or_else(|| format!("`{what}` must be a finite number, got {x}"))
+            .filter(|x| x.abs() <= MAX_REWARD)
+            .ok_or_else(|| format!("`{what}` must be a number within ±{MAX_REWARD:e}, got {x}"))
     };
     match (body.get("reward"), body.get("rewards")) {
         (Some(x), None) => Ok(Reward {
@@ -222,6 +240,9 @@ mod tests {
             json!({"reward": 1, "rewards": {"a": 1}}),
             json!({"rewards": {}}),
             json!({"rewards": {"a": null}}),
+            // Each part is finite; their sum is not.
+            json!({"rewards": {"a": 1e308, "b": 1e308}}),
+            json!({"reward": 1e300}),
         ] {
             assert!(read_reward(&bad).is_err(), "{bad}");
         }

@@ -80,7 +80,15 @@ impl Link {
         // Nothing samples until the producer's first step.
         gw.updating.store(true, Ordering::Release);
         let gw = Arc::new(gw);
-        server::spawn(gw.clone(), &section.addr, section.max_connections)?;
+        let key = crate::front::api_key(None)?;
+        crate::front::check_exposure(
+            &section.addr,
+            section.public,
+            key.is_some(),
+            "gateway.addr",
+            "gateway.public = true",
+        )?;
+        server::spawn(gw.clone(), &section.addr, section.max_connections, key)?;
         Ok(Link {
             gw,
             jobs: Mutex::new(jobs_rx),

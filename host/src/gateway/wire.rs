@@ -82,6 +82,25 @@ impl ApiError {
         }
     }
 
+    /// A refusal made before the routes ([`crate::front`]): a missing key (401, OpenAI's
+    /// `invalid_api_key`), a wrong method (405), a body too slow (408) or too large (413),
+    /// or no room for another connection (503).
+    pub fn from_front(status: axum::http::StatusCode, message: String) -> ApiError {
+        let code = status.as_u16();
+        ApiError {
+            status: code,
+            message,
+            kind: if code >= 500 {
+                "server_error"
+            } else {
+                "invalid_request_error"
+            },
+            param: None,
+            code: (code == 401).then_some("invalid_api_key"),
+            retry_after_s: (code == 503).then_some(1),
+        }
+    }
+
     /// The JSON body: all four keys, `param` and `code` as `null` when absent.
     pub fn body(&self) -> Value {
         serde_json::json!({"error": {
@@ -423,6 +442,16 @@ struct Sampling {
 /// ignored.
 fn sampling(o: &Map<String, Value>) -> Result<Sampling, ApiError> {
     let temperature = bounded(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
+    let lowest = crate::model::sample::MIN_TEMPERATURE;
+    if temperature > 0.0 && temperature < lowest as f64 {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!(
+                "`temperature` is {temperature}; it must be 0 (greedy) or at least {lowest}: \
+                 below that the sampled tokens' log-probs cannot be computed"
+            ),
+        ));
+    }
     let top_p = bounded(o, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
     if top_p == 0.0 {
         return Err(ApiError::invalid("top_p", "`top_p` must be above 0"));
@@ -905,6 +934,7 @@ mod tests {
         let cases = [
             (with("temperature", json!(3)), "temperature"),
             (with("temperature", json!("hot")), "temperature"),
+            (with("temperature", json!(1e-40)), "temperature"),
             (with("top_p", json!(0)), "top_p"),
             (with("n", json!(0)), "n"),
             (with("max_tokens", json!(0)), "max_tokens"),

@@ -9,6 +9,11 @@
 use rand::RngExt;
 use rand::rngs::StdRng;
 
+/// The lowest temperature above 0 that is sampled at. Below it `1 / T` leaves f32's range
+/// (1e-40 made every probability NaN, and the draw fell past the vocabulary), and the
+/// trainer, which divides the logits by `T` too, could not score the tokens. 0 is greedy.
+pub const MIN_TEMPERATURE: f32 = 1e-3;
+
 /// How to pick tokens and when to stop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -54,8 +59,9 @@ impl SamplingParams {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            anyhow::bail!("temperature must be >= 0, got {}", self.temperature);
+        let t = self.temperature;
+        if !(t == 0.0 || (t >= MIN_TEMPERATURE && t.is_finite())) {
+            anyhow::bail!("temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {t}");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             anyhow::bail!("top_p must be in (0, 1], got {}", self.top_p);
@@ -295,6 +301,10 @@ pub(crate) mod tests {
     #[test]
     fn invalid_params_are_refused() {
         assert!(params(-1.0, 0, 1.0, 0.0).validate().is_err());
+        // 1e-40 is above 0 as an f32, and 1 / 1e-40 is not finite.
+        assert!(params(1e-40, 0, 1.0, 0.0).validate().is_err());
+        assert!(params(MIN_TEMPERATURE, 0, 1.0, 0.0).validate().is_ok());
+        assert!(params(0.0, 0, 1.0, 0.0).validate().is_ok());
         assert!(params(1.0, 0, 0.0, 0.0).validate().is_err());
         assert!(params(1.0, 0, 1.0, 1.5).validate().is_err());
         assert!(params(0.7, 20, 0.8, 0.05).validate().is_ok());

@@ -33,8 +33,22 @@ pub async fn serve(
         format!("cannot listen on {addr} (is the port taken? --port 0 picks a free one)")
     })?;
     ready(listener.local_addr()?);
+    // The front every rlhost server stands behind: header and body timeouts, a connection
+    // cap that closes idle connections first and answers /health through a full table,
+    // the body cap in FastAPI's shape (a WebSocket session leaves the table once
+    // upgraded; sessions have their own cap and idle timeout).
+    let policy = crate::front::Policy::new(
+        "OpenEnv server",
+        MAX_CONNECTIONS,
+        options.max_message_bytes,
+        &["/health"],
+        server::refusal,
+    );
     let app = server::router(Arc::new(served), options);
-    axum::serve(listener, app)
-        .await
-        .context("the OpenEnv server stopped")
+    crate::front::serve(listener, app, policy).await;
+    anyhow::bail!("the OpenEnv server stopped")
 }
+
+/// HTTP connections `env serve` holds at once (its sessions are capped by
+/// `--max-sessions`).
+pub const MAX_CONNECTIONS: usize = 1024;

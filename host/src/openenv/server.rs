@@ -65,8 +65,22 @@ pub fn router(served: Arc<Served>, options: Options) -> Router {
         .route("/mcp", post(mcp))
         .route("/ws", get(ws))
         .route("/stats", get(stats))
+        .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(app)
+}
+
+/// A refusal the front ([`crate::front`]) makes, in FastAPI's shape as OpenEnv's own
+/// server gives it: `{"detail": "…"}`.
+pub fn refusal(status: StatusCode, message: String) -> Response {
+    detail(status, Value::String(message))
+}
+
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    refusal(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
 }
 
 async fn metadata(State(app): State<Arc<App>>) -> Response {
@@ -231,7 +245,24 @@ async fn session(mut socket: WebSocket, app: Arc<App>) {
                 let _ = socket.send(close(1000, "idle")).await;
                 break;
             }
-            Ok(None | Some(Err(_))) => break,
+            Ok(Some(Err(e))) => {
+                // A message over --max-message-mib: tell the client why before closing,
+                // with 1009 (message too big), as RFC 6455 has it. tungstenite reports it
+                // as a capacity error; axum passes it on boxed, so it is told by its text.
+                if format!("{e:#}").contains("Message too long") {
+                    let _ = socket
+                        .send(close(
+                            1009,
+                            &format!(
+                                "message over the server's {max} bytes",
+                                max = app.options.max_message_bytes
+                            ),
+                        ))
+                        .await;
+                }
+                break;
+            }
+            Ok(None) => break,
             Ok(Some(Ok(m))) => m,
         };
         let text = match message {
@@ -291,7 +322,7 @@ async fn answer(episode: &mut Episode, text: &str) -> Option<String> {
             let errors = json!([{"type": "value_error", "loc": [], "msg": e.to_string()}]);
             return Some(wire::error_frame(
                 Code::ValidationError,
-                "Invalid message",
+                &format!("Invalid message: {e}"),
                 json!({ "errors": errors }),
             ));
         }

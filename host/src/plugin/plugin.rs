@@ -254,16 +254,25 @@ impl Inner {
         .map_err(|e| self.fault(call, FaultKind::Incompatible, format!("{e:#}")))?;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
-        // At the deadline the call traps, unless it waited for the model since: then the
-        // deadline moves on by that wait (up to the grant's `max_wait_ms`).
+        // The deadline is handed out a slice at a time, and the call yields to the executor
+        // between slices: a guest that computes until its deadline no longer holds its
+        // thread for the whole of it (one looping OpenEnv step kept `/health` and every
+        // other session waiting 5.1 s). At the deadline the call traps, unless it waited for
+        // the model since: then the deadline moves on by that wait (up to the grant's
+        // `max_wait_ms`).
         store.epoch_deadline_callback(|mut ctx| {
-            let model = &ctx.data_mut().model;
-            let extra = model.clock().credit(model.max_wait());
-            Ok(if extra.is_zero() {
-                UpdateDeadline::Interrupt
-            } else {
-                UpdateDeadline::Continue(ticks(extra))
-            })
+            let state = ctx.data_mut();
+            if state.epoch_left == 0 {
+                let model = &state.model;
+                let extra = model.clock().credit(model.max_wait());
+                if extra.is_zero() {
+                    return Ok(UpdateDeadline::Interrupt);
+                }
+                state.epoch_left = ticks(extra);
+            }
+            let slice = state.epoch_left.min(YIELD_TICKS);
+            state.epoch_left -= slice;
+            Ok(UpdateDeadline::Yield(slice))
         });
         let pre = self.pre.clone();
         let instance = self
@@ -289,7 +298,10 @@ impl Inner {
     ) -> Result<R, Fault> {
         let limits = &self.spec.limits;
         store.data_mut().limiter.memory_exceeded = false;
-        store.set_epoch_deadline(ticks(limits.timeout()));
+        let total = ticks(limits.timeout());
+        let first = total.min(YIELD_TICKS);
+        store.data_mut().epoch_left = total - first;
+        store.set_epoch_deadline(first);
         if self.fuel {
             let fuel = limits.fuel.unwrap_or(u64::MAX);
             store
@@ -418,6 +430,9 @@ impl Inner {
 }
 
 /// Epoch ticks covering `d` (at least one).
+/// Epoch ticks a guest runs between yields to the executor (50 ms).
+const YIELD_TICKS: u64 = 5;
+
 fn ticks(d: std::time::Duration) -> u64 {
     (d.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64).max(1)
 }

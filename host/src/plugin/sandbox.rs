@@ -228,6 +228,9 @@ pub struct StoreState {
     http_hooks: GateHooks,
     /// `model.generate`: the grant, the session's link to the engine, the counts.
     pub model: ModelAccess,
+    /// Epoch ticks of the call's deadline not yet handed to the store: the deadline is
+    /// given out a slice at a time, and the call yields to the executor between slices.
+    pub epoch_left: u64,
 }
 
 impl StoreState {
@@ -293,6 +296,7 @@ impl StoreState {
             http: WasiHttpCtx::new(),
             http_hooks: GateHooks(http.clone()),
             model,
+            epoch_left: 0,
         })
     }
 

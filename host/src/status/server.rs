@@ -4,14 +4,12 @@
 //! - `GET /status` JSON, `GET /history` every step's metrics, `GET /metrics` Prometheus,
 //!   `GET /events` server-sent events (one `step` per step, `status` on phase changes),
 //!   `GET /rollouts/latest?n=8` recent trajectories, `GET /` the dashboard.
-//! - Bounded: at most [`MAX_CONNECTIONS`] open connections. When the table is full, a new
-//!   connection takes the place of the oldest idle one (connected, or kept alive, with no
-//!   request under way), so a dashboard opens at once however many sockets sit idle; only
-//!   when every connection is serving a request or an event stream does a new one wait.
-//!   A connection that has not sent a whole request header within [`HEADER_TIMEOUT`] (a
-//!   stalled or idle client, or a keep-alive connection with no next request) is closed;
-//!   a subscriber that reads too slowly skips events instead of holding the trainer (see
-//!   [`super`]). No CORS headers: other origins cannot read it.
+//! - Bounded as every server is ([`crate::front`]): at most [`MAX_CONNECTIONS`] open
+//!   connections, the oldest idle one closed to admit a new one, so a dashboard opens at
+//!   once however many sockets sit idle; `/status` answers through a table of busy ones
+//!   (event streams). A connection that has not sent a whole request header within
+//!   [`HEADER_TIMEOUT`] is closed. A subscriber that reads too slowly skips events instead
+//!   of holding the trainer (see [`super`]). No CORS headers: other origins cannot read it.
 
 use super::{Event, StatusHub};
 use anyhow::{Context, Result};
@@ -21,19 +19,13 @@ use axum::http::{StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore, broadcast};
+use tokio::sync::broadcast;
 
 /// Open connections at once. A dashboard holds two or three (page, events) and a scraper
 /// one; the rest is room for clients that stall, until [`HEADER_TIMEOUT`] drops them.
@@ -43,7 +35,9 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// server starts waiting for it: after accepting, and after each response on a
 /// keep-alive connection. hyper's own timer; a response being streamed (the event
 /// stream) is not waiting for a header, so it is not cut.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HEADER_TIMEOUT: Duration = crate::front::HEADER_TIMEOUT;
+/// The largest request body read: every route is a GET.
+pub const MAX_BODY: usize = 64 << 10;
 /// Trajectories `/rollouts/latest` returns when `n` is not given.
 const DEFAULT_ROLLOUTS: usize = 8;
 
@@ -208,7 +202,15 @@ pub fn spawn_with(
             runtime.block_on(async move {
                 match TcpListener::from_std(std_listener) {
                     Ok(listener) => {
-                        serve(listener, router(hub), max_connections, header_timeout).await
+                        let mut policy = crate::front::Policy::new(
+                            "status server",
+                            max_connections,
+                            MAX_BODY,
+                            &["/status"],
+                            crate::front::plain,
+                        );
+                        policy.header_timeout = header_timeout;
+                        crate::front::serve(listener, router(hub), policy).await
                     }
                     Err(e) => tracing::error!("status server: {e}"),
                 }
@@ -216,198 +218,6 @@ pub fn spawn_with(
         })
         .context("cannot start the status server's thread")?;
     Ok(Server { addr: local })
-}
-
-/// One open connection, as the accept loop sees it.
-struct Open {
-    id: u64,
-    /// Requests whose response (its body included: an event stream) is under way.
-    busy: Arc<AtomicUsize>,
-    /// Closes the connection when notified.
-    close: Arc<Notify>,
-}
-
-/// The open connections, oldest first.
-type Table = Arc<Mutex<VecDeque<Open>>>;
-
-/// Binds `addr` now (a taken port is an error before anything loads) and serves the app
-/// `make` builds on a runtime of its own, on two threads named `rlhost-NAME`, connections
-/// bounded as [`serve`] bounds them; returns the bound address.
-pub fn spawn_app(
-    name: &str,
-    addr: &str,
-    max_connections: usize,
-    make: Box<dyn FnOnce() -> Router + Send>,
-) -> Result<std::net::SocketAddr> {
-    let listener = std::net::TcpListener::bind(addr).with_context(|| {
-        format!("cannot listen on {addr} (is the port taken? `127.0.0.1:0` picks a free one)")
-    })?;
-    listener.set_nonblocking(true)?;
-    let local = listener.local_addr()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(format!("rlhost-{name}"))
-        .enable_all()
-        .build()
-        .with_context(|| format!("cannot start the {name}'s runtime"))?;
-    let label = name.to_string();
-    std::thread::Builder::new()
-        .name(format!("rlhost-{name}"))
-        .spawn(move || {
-            runtime.block_on(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(listener) => serve(listener, make(), max_connections, HEADER_TIMEOUT).await,
-                    Err(e) => tracing::error!("{label}: {e}"),
-                }
-            })
-        })
-        .with_context(|| format!("cannot start the {name}'s thread"))?;
-    Ok(local)
-}
-
-/// Accepts connections and serves each over HTTP/1.1 with a header timeout, at most
-/// `max_connections` at once: a connection beyond that closes the oldest idle one, or,
-/// when none is idle, waits for one to end.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    app: Router,
-    max_connections: usize,
-    header_timeout: Duration,
-) {
-    let permits = Arc::new(Semaphore::new(max_connections));
-    let table: Table = Arc::default();
-    for id in 0u64.. {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            // E.g. out of file descriptors: wait rather than spin.
-            Err(e) => {
-                tracing::debug!("status server: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let permit = match permits.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                close_oldest_idle(&table);
-                permits
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("the semaphore is never closed")
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let (busy, close) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
-        lock(&table).push_back(Open {
-            id,
-            busy: busy.clone(),
-            close: close.clone(),
-        });
-        let service = Tracking {
-            app: TowerToHyperService::new(app.clone()),
-            busy,
-        };
-        let table = table.clone();
-        tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                ended = connection => if let Err(e) = ended {
-                    tracing::debug!("status server: connection closed: {e}");
-                },
-                () = close.notified() => {
-                    tracing::debug!("status server: closed an idle connection to admit a new one");
-                }
-            }
-            lock(&table).retain(|o| o.id != id);
-            drop(permit);
-        });
-    }
-}
-
-fn lock(table: &Table) -> std::sync::MutexGuard<'_, VecDeque<Open>> {
-    table.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Tells the oldest connection with no request under way to close (it leaves the table
-/// then); none when every one is busy.
-fn close_oldest_idle(table: &Table) {
-    let mut open = lock(table);
-    if let Some(at) = open
-        .iter()
-        .position(|o| o.busy.load(Ordering::Acquire) == 0)
-        && let Some(o) = open.remove(at)
-    {
-        o.close.notify_one();
-    }
-}
-
-/// The router behind one connection, counting its requests under way: from the call
-/// until the response body (an event stream lasts) is dropped.
-struct Tracking {
-    app: TowerToHyperService<Router>,
-    busy: Arc<AtomicUsize>,
-}
-
-impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Tracking {
-    type Response = hyper::Response<Tracked>;
-    type Error = Infallible;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
-        let busy = Busy::new(self.busy.clone());
-        let answer = self.app.call(req);
-        Box::pin(async move {
-            let response = answer.await?;
-            Ok(response.map(|body| Tracked { body, _busy: busy }))
-        })
-    }
-}
-
-/// One request under way; counted down when dropped.
-struct Busy(Arc<AtomicUsize>);
-
-impl Busy {
-    fn new(count: Arc<AtomicUsize>) -> Busy {
-        count.fetch_add(1, Ordering::AcqRel);
-        Busy(count)
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A response body that keeps its request counted while it is sent.
-struct Tracked {
-    body: axum::body::Body,
-    _busy: Busy,
-}
-
-impl hyper::body::Body for Tracked {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
-    }
 }
 
 /// Nice 10 for the calling thread (Linux applies `setpriority` per thread).
@@ -763,9 +573,10 @@ mod tests {
     }
 
     /// Event streams (busy connections) are never closed to admit another: with every
-    /// slot streaming, a new connection waits until one ends.
+    /// slot streaming, a new connection is answered only on the health route (`/status`)
+    /// and refused with 503 elsewhere, until one ends.
     #[test]
-    fn connections_beyond_the_bound_wait_while_every_one_is_busy() {
+    fn connections_beyond_the_bound_get_health_only_while_every_one_is_busy() {
         use std::io::{Read, Write};
         let hub = StatusHub::new("run-1", "m", "c", 10);
         let server = spawn_with(hub, "127.0.0.1:0", 4, Duration::from_secs(30)).unwrap();
@@ -781,13 +592,13 @@ mod tests {
                 s
             })
             .collect();
-        let e = raw_get(server.addr, "/status", Duration::from_millis(500));
-        assert!(
-            e.is_err(),
-            "a connection beyond the bound was served: {e:?}"
-        );
+        let r = raw_get(server.addr, "/status", Duration::from_secs(2)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        let r = raw_get(server.addr, "/history", Duration::from_secs(2)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 503"), "{r}");
         drop(streams);
-        let r = raw_get(server.addr, "/status", Duration::from_secs(5)).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let r = raw_get(server.addr, "/history", Duration::from_secs(5)).unwrap();
         assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     }
 

@@ -44,6 +44,10 @@ fn host_ids(model: &Model) -> Result<HashMap<String, TensorId>> {
     Ok(ids)
 }
 
+/// The highest LoRA rank a client may ask for (Tinker's own largest). An adapter's size
+/// grows with it, so without a bound one request could size the server's memory.
+pub const MAX_RANK: usize = 128;
+
 /// What Tinker's `create_model` asks for, as rlhost's LoRA config: rank `r`, alpha 32
 /// (Tinker's, for every rank), the attention and/or MLP projections (the output head,
 /// `train_unembed`, is [`Adapter::fresh`]'s `head`).
@@ -53,6 +57,9 @@ pub fn lora_config(
     train_mlp: bool,
     train_unembed: bool,
 ) -> Result<LoraConfig> {
+    if !(1..=MAX_RANK).contains(&rank) {
+        bail!("lora rank must be 1 to {MAX_RANK}, got {rank}");
+    }
     let mut targets = Vec::new();
     if train_attn {
         targets.extend(["q_proj", "k_proj", "v_proj", "o_proj"]);
@@ -72,9 +79,6 @@ pub fn lora_config(
             bail!(
                 "train_attn, train_mlp and train_unembed are all false: the adapter would train nothing"
             );
-        }
-        if rank == 0 {
-            bail!("lora rank must be at least 1");
         }
     } else {
         cfg.validate()?;
@@ -212,6 +216,14 @@ impl Adapter {
         };
         let mut grads = acc.take(self.optim.params())?;
         let norm = clip_grad_norm(&mut grads, clip)?;
+        if !norm.is_finite() {
+            // A step on a NaN or infinite gradient would turn every weight NaN for good.
+            return Err(super::worker::UserError(format!(
+                "the summed gradient's norm is {norm}: the step was not taken (the adapter \
+                 is as before; its gradients are dropped)"
+            ))
+            .into());
+        }
         self.optim.cfg = cfg;
         self.optim.update(&grads, lr)?;
         self.steps += 1;

@@ -5,13 +5,15 @@
 //! may poll again after a dropped connection and never says it has read one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// How long a finished outcome stays retrievable.
 pub const KEEP: Duration = Duration::from_secs(30 * 60);
+/// The most bytes of finished outcomes kept; past it the oldest go first, whatever their
+/// age (they were kept 30 minutes whatever their size).
+pub const KEEP_BYTES: usize = 256 << 20;
 
 /// What an operation came to.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,12 +48,24 @@ impl Outcome {
 struct Slot {
     tx: watch::Sender<Option<Arc<Outcome>>>,
     finished: Option<Instant>,
+    /// The outcome's size, once finished.
+    bytes: usize,
+}
+
+impl Outcome {
+    /// About how many bytes it holds.
+    fn size(&self) -> usize {
+        match self {
+            Outcome::Json(v) => serde_json::to_vec(v).map_or(0, |b| b.len()),
+            Outcome::Proto(b) => b.len(),
+            Outcome::Failed { message, .. } => message.len(),
+        }
+    }
 }
 
 #[derive(Default)]
 pub struct Futures {
     slots: Mutex<HashMap<String, Slot>>,
-    next: AtomicU64,
 }
 
 /// Why a wait did not give an outcome.
@@ -64,14 +78,23 @@ pub enum Waited {
 }
 
 impl Futures {
-    /// A new pending request; returns its id.
+    /// A new pending request; returns its id: 96 random bits, since `retrieve_future`
+    /// answers whoever holds an id (a counter let one client read, and so take over,
+    /// another's model).
     pub fn open(&self) -> String {
-        let id = format!("req-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        let id = format!("req-{:024x}", rand::random::<u128>() >> 32);
         let (tx, _) = watch::channel(None);
         let mut slots = self.slots.lock().expect("futures lock");
         // Forget outcomes read long ago (checked here, where the table grows).
         slots.retain(|_, s| s.finished.is_none_or(|t| t.elapsed() < KEEP));
-        slots.insert(id.clone(), Slot { tx, finished: None });
+        slots.insert(
+            id.clone(),
+            Slot {
+                tx,
+                finished: None,
+                bytes: 0,
+            },
+        );
         id
     }
 
@@ -82,7 +105,23 @@ impl Futures {
             && slot.finished.is_none()
         {
             slot.finished = Some(Instant::now());
+            slot.bytes = outcome.size();
             slot.tx.send_replace(Some(Arc::new(outcome)));
+        }
+        let mut kept: usize = slots.values().map(|s| s.bytes).sum();
+        if kept > KEEP_BYTES {
+            let mut done: Vec<(Instant, String, usize)> = slots
+                .iter()
+                .filter_map(|(k, s)| s.finished.map(|t| (t, k.clone(), s.bytes)))
+                .collect();
+            done.sort();
+            for (_, k, bytes) in done {
+                if kept <= KEEP_BYTES {
+                    break;
+                }
+                slots.remove(&k);
+                kept -= bytes;
+            }
         }
     }
 
@@ -110,6 +149,19 @@ impl Futures {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 68, point 14: outcomes past [`KEEP_BYTES`] are forgotten oldest first.
+    #[test]
+    fn kept_outcomes_are_bounded_in_bytes() {
+        let f = Futures::default();
+        let ids: Vec<String> = (0..5).map(|_| f.open()).collect();
+        for id in &ids {
+            f.finish(id, Outcome::Proto(vec![0; KEEP_BYTES / 3]));
+        }
+        let slots = f.slots.lock().unwrap();
+        assert!(!slots.contains_key(&ids[0]) && !slots.contains_key(&ids[1]));
+        assert!(ids[2..].iter().all(|id| slots.contains_key(id)));
+    }
 
     #[tokio::test]
     async fn a_poll_waits_for_the_outcome_and_a_later_one_reads_it_again() {

@@ -42,6 +42,7 @@ pub fn serve(
     root: PathBuf,
     addr: &str,
     max_connections: usize,
+    key: Option<String>,
 ) -> Result<Serving> {
     adapter::attach_host(&mut lm.model)?;
     std::fs::create_dir_all(&root)
@@ -69,7 +70,15 @@ pub fn serve(
         let t = tinker.clone();
         Box::new(move || server::router(t))
     };
-    let addr = crate::status::server::spawn_app("tinker", addr, max_connections, app)?;
+    let policy = crate::front::Policy::new(
+        "tinker server",
+        max_connections,
+        server::MAX_BODY,
+        &["/api/v1/healthz"],
+        server::refuse,
+    )
+    .with_key(key);
+    let addr = crate::front::spawn(addr, policy, app)?;
     // Operations held for a turn that never came are let go on a timer.
     {
         let t = Arc::downgrade(&tinker);

@@ -42,8 +42,26 @@ fn poll() -> Duration {
     })
 }
 
+/// The largest request body read: a forward/backward of 256 datums of 8,192 tokens with
+/// two float inputs each is 24 MiB.
+pub const MAX_BODY: usize = 64 << 20;
+/// Sampled sequences waiting or decoding at once, all clients together: past it an
+/// `asample` is refused with 429 (the SDK retries it) rather than queued without bound.
+pub const MAX_IN_FLIGHT: usize = 4096;
 /// The most samples one `asample` may ask for.
 pub const MAX_SAMPLES: usize = 256;
+/// The most alternatives one `topk_prompt_logprobs` or `topk_sample_logprobs` may ask
+/// for at a position (vLLM's default `max_logprobs` is 20).
+pub const MAX_TOPK: usize = 256;
+/// The most (position, alternative) pairs one request's top-k and alt-token answers may
+/// hold in all: 4 Mi, 32 MiB as (id, log-prob) pairs. Checked before anything is
+/// allocated, so that no request sizes the server's memory.
+pub const MAX_TOPK_ENTRIES: usize = 1 << 22;
+
+/// Training clients held at once (each holds its adapter and AdamW state: ~0.9 MB at rank
+/// 8 on the built-in model, ~1.8 GB at rank 128 on the 1.5B shape). A session's clients
+/// are freed when it finishes.
+pub const MAX_MODELS: usize = 64;
 
 /// What the server serves: the base model's facts the handlers check requests against.
 #[derive(Debug, Clone)]
@@ -81,6 +99,8 @@ struct Books {
 
 pub struct Tinker {
     pub base: Base,
+    /// Sampled sequences asked for and not yet answered, all clients together.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
     pub futures: Arc<Futures>,
     /// Where checkpoints go: `<root>/<model id>/<weights|sampler_weights>/<name>/`.
     pub root: PathBuf,
@@ -92,6 +112,7 @@ impl Tinker {
     pub fn new(base: Base, futures: Arc<Futures>, root: PathBuf, work: Sender<Work>) -> Tinker {
         Tinker {
             base,
+            in_flight: Arc::default(),
             futures,
             root,
             work: Mutex::new(work),
@@ -200,6 +221,10 @@ pub fn router(t: Arc<Tinker>) -> Router {
         .route("/api/v1/asample", post(asample))
         .route("/api/v1/retrieve_future", post(retrieve_future))
         .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
+        // The front has read the body within MAX_BODY already (axum's own default was a
+        // silent 2 MiB).
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(t)
 }
 
@@ -207,7 +232,7 @@ pub fn router(t: Arc<Tinker>) -> Router {
 type Refused = Box<Response>;
 
 /// A refusal the SDK raises as `BadRequestError`/`NotFoundError` with this message.
-fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+pub fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     (status, axum::Json(json!({ "detail": message.into() }))).into_response()
 }
 
@@ -231,6 +256,13 @@ async fn not_found(uri: axum::http::Uri) -> Response {
             "rlhost's Tinker server has no {} (the subset it serves is in the book's \"Your own RL loop\" page)",
             uri.path()
         ),
+    )
+}
+
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    refuse(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
     )
 }
 
@@ -266,13 +298,10 @@ async fn capabilities(State(t): State<Arc<Tinker>>) -> Response {
     }]}))
 }
 
+/// 96 random bits: a session id is the prefix of its models' and samplers' ids, which are
+/// all a client needs to reach them.
 fn new_session_id() -> String {
-    let mut bytes = [0u8; 6];
-    rand::fill(&mut bytes);
-    format!(
-        "sess-{}",
-        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    )
+    format!("sess-{:024x}", rand::random::<u128>() >> 32)
 }
 
 async fn create_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
@@ -364,6 +393,20 @@ fn check_base(t: &Tinker, name: &str) -> Result<(), Refused> {
     }
 }
 
+/// Refuses a new training client when [`MAX_MODELS`] are held.
+fn room_for_model(books: &Books) -> Result<(), Refused> {
+    if books.models.len() >= MAX_MODELS {
+        return Err(Box::new(refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "the server holds {MAX_MODELS} training clients, its most: end a session \
+                 (its clients are freed) and try again"
+            ),
+        )));
+    }
+    Ok(())
+}
+
 fn future(request: &str, model_id: Option<&str>) -> Response {
     ok(json!({"request_id": request, "model_id": model_id}))
 }
@@ -404,9 +447,11 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("lora_config: {e:#}")),
     };
     let model_id = format!("{}:train:{}", req.session_id, req.model_seq_id);
-    let request = t.futures.open();
     {
         let mut books = t.books.lock().expect("books lock");
+        if let Err(r) = room_for_model(&books) {
+            return *r;
+        }
         if books.models.contains_key(&model_id) {
             drop(books);
             return refuse(
@@ -426,6 +471,7 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         );
         books.gate.open(&model_id, 1);
     }
+    let request = t.futures.open();
     let seed = lora.seed.unwrap_or_else(rand::random);
     t.submit(
         &model_id,
@@ -438,6 +484,7 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             seed,
         },
     );
+    forget_if_failed(t.clone(), request.clone(), model_id.clone());
     future(&request, Some(&model_id))
 }
 
@@ -688,6 +735,12 @@ fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
             .collect())
     };
     let shape: Vec<i64> = t.shape.clone();
+    // The shape is the client's: checked against the tokens before it sizes anything.
+    if !(shape.is_empty() || shape == [n as i64]) {
+        return Err(format!(
+            "has the shape {shape:?}; it needs one value per model_input token: shape [{n}]"
+        ));
+    }
     let dense = match &t.encoding {
         Some(tensor::Encoding::Dense(bytes)) => decode(bytes)?,
         Some(tensor::Encoding::SparseCsr(csr)) => {
@@ -701,7 +754,7 @@ fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
             if cols.len() != vals.len() {
                 return Err("sparse_csr has a different number of columns and values".into());
             }
-            let len = shape.iter().product::<i64>().max(0) as usize;
+            let len = n;
             let mut out = vec![0.0; len];
             for (c, v) in cols.iter().zip(vals) {
                 let c = *c as usize;
@@ -716,8 +769,7 @@ fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
         }
         None => Vec::new(),
     };
-    let one_dim = shape.is_empty() || shape == [dense.len() as i64];
-    if !one_dim || dense.len() != n {
+    if dense.len() != n {
         return Err(format!(
             "has {} values (shape {shape:?}); it needs one per model_input token: shape [{n}]",
             dense.len()
@@ -736,7 +788,7 @@ async fn optim_step(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     }
     let request = t.futures.open();
     let work = match (&req.adam_params, &req.optimizer_params) {
-        (Some(a), None) if a.learning_rate.is_finite() && a.learning_rate >= 0.0 => Work::Optim {
+        (Some(a), None) if a.check().is_ok() => Work::Optim {
             request: request.clone(),
             model_id: req.model_id.clone(),
             lr: a.learning_rate,
@@ -750,10 +802,7 @@ async fn optim_step(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         },
         (Some(a), None) => Work::Fail {
             request: request.clone(),
-            message: format!(
-                "adam_params.learning_rate must be a number ≥ 0, got {}",
-                a.learning_rate
-            ),
+            message: a.check().expect_err("checked above"),
         },
         (_, Some(p)) => Work::Fail {
             request: request.clone(),
@@ -877,12 +926,12 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             ),
         );
     }
-    let request = t.futures.open();
     match (&req.model_id, &req.session_id, req.model_seq_id) {
         (Some(model_id), _, _) => {
             if let Err(r) = known_model(&t, model_id) {
                 return *r;
             }
+            let request = t.futures.open();
             t.submit(
                 model_id,
                 req.seq_id,
@@ -908,6 +957,9 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             let model_id = format!("{session}:train:{seq}");
             {
                 let mut books = t.books.lock().expect("books lock");
+                if let Err(r) = room_for_model(&books) {
+                    return *r;
+                }
                 books.models.insert(
                     model_id.clone(),
                     ModelInfo {
@@ -917,6 +969,7 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
                 );
                 books.gate.open(&model_id, 1);
             }
+            let request = t.futures.open();
             t.submit(
                 &model_id,
                 None,
@@ -928,6 +981,7 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
                     create: true,
                 },
             );
+            forget_if_failed(t.clone(), request.clone(), model_id.clone());
             future(&request, Some(&model_id))
         }
         _ => refuse(
@@ -935,6 +989,24 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             "load_weights needs model_id, or session_id and model_seq_id",
         ),
     }
+}
+
+/// Drops `model_id` from the books when the operation `request` that creates it fails,
+/// so that `get_info` does not report a client that never came to be.
+fn forget_if_failed(t: Arc<Tinker>, request: String, model_id: String) {
+    tokio::spawn(async move {
+        let outcome = loop {
+            match t.futures.wait(&request, Duration::from_secs(600)).await {
+                Err(super::futures::Waited::Pending) => continue,
+                other => break other,
+            }
+        };
+        if !matches!(outcome.as_deref(), Ok(Outcome::Json(_))) {
+            let mut books = t.books.lock().expect("books lock");
+            books.models.remove(&model_id);
+            books.gate.close(&model_id);
+        }
+    });
 }
 
 async fn create_sampling_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
@@ -1036,7 +1108,28 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             ),
         );
     }
+    use std::sync::atomic::Ordering;
+    let n = req.num_samples;
+    if t.in_flight.fetch_add(n, Ordering::AcqRel) + n > MAX_IN_FLIGHT {
+        t.in_flight.fetch_sub(n, Ordering::AcqRel);
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "the server is sampling {MAX_IN_FLIGHT} sequences, its most: try again shortly"
+            ),
+        );
+    }
     let request = t.futures.open();
+    {
+        // Counted out when the request is settled (or forgotten).
+        let (t, request) = (t.clone(), request.clone());
+        tokio::spawn(async move {
+            while let Err(super::futures::Waited::Pending) =
+                t.futures.wait(&request, Duration::from_secs(600)).await
+            {}
+            t.in_flight.fetch_sub(n, Ordering::AcqRel);
+        });
+    }
     let ids: Vec<String> = (0..req.num_samples)
         .map(|j| format!("{request}:seq{j}"))
         .collect();
@@ -1109,6 +1202,31 @@ fn sample_job(
         Some(0) => return Err("sampling_params.max_tokens must be at least 1".into()),
         Some(m) => m.min(room),
     };
+    // Every client-chosen size is bounded before the model's thread allocates for it.
+    for (name, k) in [
+        ("topk_prompt_logprobs", req.topk_prompt_logprobs),
+        ("topk_sample_logprobs", req.topk_sample_logprobs),
+    ] {
+        if k > MAX_TOPK.min(base.vocab) {
+            return Err(format!(
+                "{name} is {k}; at most {} alternatives a position are served",
+                MAX_TOPK.min(base.vocab)
+            ));
+        }
+    }
+    let prompt_entries = (req.topk_prompt_logprobs + req.prompt_alt_tokens_k) * prompt.len();
+    let sample_entries = req
+        .topk_sample_logprobs
+        .saturating_mul(max_new_tokens)
+        .saturating_mul(req.num_samples);
+    if prompt_entries > MAX_TOPK_ENTRIES || sample_entries > MAX_TOPK_ENTRIES {
+        return Err(format!(
+            "the top-k answers asked for hold {} (position, token) pairs; at most \
+             {MAX_TOPK_ENTRIES} are served a request (lower topk_*_logprobs, \
+             prompt_alt_tokens_k, num_samples or sampling_params.max_tokens)",
+            prompt_entries.max(sample_entries)
+        ));
+    }
     let top_k = match sp.top_k {
         -1 => 0,
         k if k >= 1 => k as usize,
@@ -1216,6 +1334,14 @@ fn prompt_targets(
         .get("data")
         .and_then(Value::as_array)
         .ok_or_else(|| format!("{what} has no `data` list"))?;
+    // `r` is the prompt's, so `k` alone bounds the answer; checked before `r * k`, which a
+    // hostile shape can make wrap.
+    if k > MAX_TOPK.min(vocab) {
+        return Err(format!(
+            "{what} asks for {k} tokens a position; at most {} are served",
+            MAX_TOPK.min(vocab)
+        ));
+    }
     if data.len() != r * k {
         return Err(format!(
             "{what} has {} values for the shape [{r}, {k}]",
@@ -1271,5 +1397,158 @@ async fn retrieve_future(State(t): State<Arc<Tinker>>, body: Bytes) -> Response 
                 super::futures::KEEP.as_secs() / 60
             ),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Base {
+        Base {
+            name: "builtin:multiply".into(),
+            aliases: vec![],
+            arch: "llama".into(),
+            tokenizer_dir: "/nowhere".into(),
+            vocab: 289,
+            context: 512,
+            eos: vec![2],
+        }
+    }
+
+    fn sample(extra: Value) -> wire::Sample {
+        let mut v = json!({
+            "num_samples": 1,
+            "base_model": "builtin:multiply",
+            "prompt": {"chunks": [{"tokens": [5, 6, 7]}]},
+            "sampling_params": {"max_tokens": 8},
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn job(extra: Value) -> Result<SampleJob, String> {
+        sample_job(&sample(extra), "req-x", Weights::Base, &base())
+    }
+
+    /// Issue 68, points 1 and 4: sizes the client picks are refused before the model's
+    /// thread allocates for them (10^9 alternatives were allocated, then the server was
+    /// killed for memory; a shape whose product wraps passed the size check and panicked).
+    #[test]
+    fn client_chosen_sizes_are_refused_before_anything_is_allocated() {
+        for (extra, words) in [
+            (
+                json!({"topk_sample_logprobs": 1_000_000_000u64}),
+                "topk_sample_logprobs is 1000000000",
+            ),
+            (
+                json!({"topk_prompt_logprobs": 1_000_000_000u64}),
+                "topk_prompt_logprobs is 1000000000",
+            ),
+            (
+                json!({"topk_sample_logprobs": 256, "num_samples": 256, "sampling_params": {"max_tokens": 500}}),
+                "pairs",
+            ),
+            (
+                json!({"target_prompt_logprobs": {"data": [], "dtype": "int64", "shape": [2, 9223372036854775808u64]}}),
+                "target_prompt_logprobs asks for 9223372036854775808 tokens",
+            ),
+            (
+                json!({"sampling_params": {"temperature": 1e-40}}),
+                "temperature must be 0 (greedy) or at least",
+            ),
+        ] {
+            let e = job(extra.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{extra} was accepted"));
+            assert!(e.contains(words), "{extra}: {e}");
+        }
+        assert!(job(json!({"topk_sample_logprobs": 20})).is_ok());
+    }
+
+    /// Issue 68, point 2: a sparse input whose shape is 10^12 aborted the server on the
+    /// allocation it sized; the shape is compared with the tokens first.
+    #[test]
+    fn a_tensor_shape_is_checked_against_the_tokens_before_it_sizes_anything() {
+        let sparse = |shape: Vec<i64>| proto::Tensor {
+            encoding: Some(tensor::Encoding::SparseCsr(proto::SparseCsr {
+                values: 1f32.to_le_bytes().to_vec(),
+                crow_indices: Vec::new(),
+                col_indices: 0i64.to_le_bytes().to_vec(),
+            })),
+            dtype: proto::DType::Float32 as i32,
+            shape,
+        };
+        let e = values(&sparse(vec![1_000_000_000_000]), 3).unwrap_err();
+        assert!(e.contains("shape [3]"), "{e}");
+        assert_eq!(values(&sparse(vec![3]), 3).unwrap(), vec![1.0, 0.0, 0.0]);
+        let dense = proto::Tensor {
+            encoding: Some(tensor::Encoding::Dense(proto::f32_bytes(&[1.0, 2.0]))),
+            dtype: proto::DType::Float32 as i32,
+            shape: vec![i64::MAX, 2],
+        };
+        assert!(values(&dense, 2).is_err());
+    }
+
+    /// Issue 68, point 13: AdamW's settings outside where it is defined are refused by
+    /// name; a NaN, which the SDK sends as `null`, too.
+    #[test]
+    fn adam_settings_are_checked_by_name() {
+        let adam = |v: Value| -> wire::AdamParams { serde_json::from_value(v).unwrap() };
+        assert!(adam(json!({"learning_rate": 1e-4})).check().is_ok());
+        for (v, name) in [
+            (json!({"learning_rate": 1e30}), "learning_rate"),
+            (json!({"learning_rate": null}), "learning_rate"),
+            (json!({"learning_rate": 1e-4, "beta1": 1.0}), "beta1"),
+            (json!({"learning_rate": 1e-4, "beta2": 1.5}), "beta2"),
+            (json!({"learning_rate": 1e-4, "eps": 0.0}), "eps"),
+            (json!({"learning_rate": 1e-4, "eps": -1.0}), "eps"),
+            (json!({"learning_rate": 1e-4, "eps": null}), "eps"),
+            (
+                json!({"learning_rate": 1e-4, "weight_decay": -1e6}),
+                "weight_decay",
+            ),
+            (
+                json!({"learning_rate": 1e-4, "grad_clip_norm": -1.0}),
+                "grad_clip_norm",
+            ),
+        ] {
+            let e = adam(v.clone()).check().unwrap_err();
+            assert!(
+                e.starts_with(&format!("adam_params.{name} must be")),
+                "{v}: {e}"
+            );
+        }
+    }
+
+    /// Issue 68, point 3: a rank without bound was allocated (killed for memory) or
+    /// overflowed (a panic that ended the server with status 0).
+    #[test]
+    fn the_lora_rank_is_bounded() {
+        for rank in [0, 129, 1_000_000, usize::MAX] {
+            let e = super::super::adapter::lora_config(rank, true, true, false).unwrap_err();
+            assert!(
+                e.to_string().contains("rank must be 1 to 128"),
+                "{rank}: {e}"
+            );
+        }
+        assert!(super::super::adapter::lora_config(128, true, true, false).is_ok());
+    }
+
+    /// Issue 68, point 9: request and session ids are 96 random bits, not a counter that
+    /// let a second client read the first one's model id.
+    #[test]
+    fn ids_are_not_guessable() {
+        let f = Futures::default();
+        let (a, b) = (f.open(), f.open());
+        assert_ne!(a, b);
+        for id in [&a, &b] {
+            let hex = id.strip_prefix("req-").unwrap();
+            assert_eq!(hex.len(), 24, "{id}");
+            assert!(hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        }
+        assert_eq!(new_session_id().len(), "sess-".len() + 24);
     }
 }

@@ -68,18 +68,78 @@ pub struct OptimStep {
 
 /// `AdamParams` as the SDK sends them (its defaults are not PyTorch's: β2 0.95, ε 1e-12).
 #[derive(Debug, Clone, Copy, Deserialize)]
+/// A `null` reads as NaN, which the checks refuse by name: the SDK sends a NaN as `null`.
 pub struct AdamParams {
+    #[serde(deserialize_with = "nan_if_null")]
     pub learning_rate: f64,
-    #[serde(default = "beta1")]
+    #[serde(default = "beta1", deserialize_with = "nan_if_null")]
     pub beta1: f64,
-    #[serde(default = "beta2")]
+    #[serde(default = "beta2", deserialize_with = "nan_if_null")]
     pub beta2: f64,
-    #[serde(default = "eps")]
+    #[serde(default = "eps", deserialize_with = "nan_if_null")]
     pub eps: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan_if_null")]
     pub weight_decay: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan_if_null")]
     pub grad_clip_norm: f64,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// The largest learning rate taken: an AdamW step moves each weight by about the learning
+/// rate, so anything above this only wrecks the adapter (1e30 made it NaN).
+pub const MAX_LEARNING_RATE: f64 = 1.0;
+
+impl AdamParams {
+    /// Each setting in the range where AdamW is defined, or the first that is not, by name.
+    pub fn check(&self) -> Result<(), String> {
+        let field = |name: &str, v: f64, ok: bool, range: &str| {
+            if ok && v.is_finite() {
+                Ok(())
+            } else {
+                let shown = if v.is_nan() {
+                    "NaN or null".to_string()
+                } else {
+                    v.to_string()
+                };
+                Err(format!("adam_params.{name} must be {range}, got {shown}"))
+            }
+        };
+        let lr = self.learning_rate;
+        field(
+            "learning_rate",
+            lr,
+            (0.0..=MAX_LEARNING_RATE).contains(&lr),
+            "from 0 to 1",
+        )?;
+        field(
+            "beta1",
+            self.beta1,
+            (0.0..1.0).contains(&self.beta1),
+            "in [0, 1)",
+        )?;
+        field(
+            "beta2",
+            self.beta2,
+            (0.0..1.0).contains(&self.beta2),
+            "in [0, 1)",
+        )?;
+        field("eps", self.eps, self.eps > 0.0, "above 0")?;
+        field(
+            "weight_decay",
+            self.weight_decay,
+            (0.0..=1.0).contains(&self.weight_decay),
+            "from 0 to 1",
+        )?;
+        field(
+            "grad_clip_norm",
+            self.grad_clip_norm,
+            self.grad_clip_norm >= 0.0,
+            "0 (no clipping) or above",
+        )
+    }
 }
 
 fn beta1() -> f64 {

@@ -169,9 +169,28 @@ impl Worker {
                     Err(RecvTimeoutError::Disconnected) => return,
                 },
             };
-            match work {
-                Work::Sample(job) => self.sampling_round(job, rx, &mut backlog),
-                other => self.execute(other),
+            // A panic in one operation fails that operation (and, in a sampling round, the
+            // requests it held), not the server: the thread goes on with the next.
+            let mut held = Vec::new();
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match work {
+                Work::Sample(job) => self.sampling_round(job, rx, &mut backlog, &mut held),
+                other => {
+                    held.extend(other.request().map(str::to_string));
+                    self.execute(other)
+                }
+            }));
+            if let Err(panic) = ran {
+                let why = panic_message(&panic);
+                tracing::error!("tinker: an operation panicked: {why}");
+                for id in held.iter().filter(|id| self.futures.pending(id)) {
+                    self.futures.finish(
+                        id,
+                        Outcome::server_error(format!(
+                            "the server hit a bug running this request ({why}); it goes on \
+                             serving other requests"
+                        )),
+                    );
+                }
             }
         }
     }
@@ -311,6 +330,7 @@ impl Worker {
         first: SampleJob,
         rx: &Receiver<Work>,
         backlog: &mut VecDeque<Work>,
+        held: &mut Vec<String>,
     ) {
         let Worker {
             lm, futures, saved, ..
@@ -325,6 +345,7 @@ impl Worker {
         }
         loop {
             while let Some(job) = incoming.pop_front() {
+                held.push(job.request.clone());
                 match weights(saved, lm, &job.weights) {
                     Ok(w) => admit(&mut sampler, lm, futures, job, w),
                     Err(e) => futures.finish(&job.request, failure(&e)),
@@ -344,6 +365,15 @@ impl Worker {
             }
         }
     }
+}
+
+/// What a caught panic carried, as text.
+pub fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// A training client the worker does not hold.

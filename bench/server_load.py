@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Load check for the servers facing clients (issue 68; a benchmark, not a CI test).
+
+For each server (the gateway `rlhost serve`, the Tinker API `rlhost serve --tinker`, and
+OpenEnv `rlhost env serve`), on the built-in model and on plugins/dist/guess_number.wasm:
+
+  idle    no client; /health timed
+  stalled 1,030 connections that each send a request header and part of a body, then
+          nothing (1,030 of them stopped /healthz before the front policy)
+  busy    256 clients at once, each sending real requests back to back (a short chat
+          completion, an `asample` of 8 tokens, a reset + step)
+
+During each phase the health route is timed every 100 ms, and the server's resident
+memory read from /proc. Prints, per server and phase: the health route's median and
+worst time and how many probes failed, requests answered / refused, and memory before,
+at its peak during, and after.
+
+  python3 bench/server_load.py                 # all three, 20 s a phase
+  python3 bench/server_load.py --seconds 10 --servers tinker
+
+Needs the release binary (`cargo build --release -p rlhost`) and the plugins
+(`bash plugins/build.sh`); raises the open-file limit to fit the stalled connections.
+"""
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def http(addr, method, path, body=None, timeout=30, headers=""):
+    data = json.dumps(body).encode() if body is not None else b""
+    host, port = addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        s.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
+        )
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        s.close()
+    status = int(out[9:12]) if out[:5] == b"HTTP/" else 0
+    body = out.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in out else b""
+    return status, body
+
+
+def start(cmd, ready_word):
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            sys.exit(f"{cmd[:3]} ended before it listened")
+        if ready_word in line:
+            url = next(w for w in line.split() if w.startswith("http://"))
+            addr = url[len("http://"):].split("/")[0]
+            # Keep reading stdout so that the server never blocks on a full pipe.
+            threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
+            return p, addr
+
+
+class Probe(threading.Thread):
+    """Times the health route every 100 ms until stopped; samples memory too."""
+
+    def __init__(self, addr, path, pid):
+        super().__init__(daemon=True)
+        self.addr, self.path, self.pid = addr, path, pid
+        self.times, self.failed, self.peak = [], 0, 0.0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            t0 = time.time()
+            try:
+                status, _ = http(self.addr, "GET", self.path, timeout=10)
+                ok = status == 200
+            except OSError:
+                ok = False
+            if ok:
+                self.times.append(time.time() - t0)
+            else:
+                self.failed += 1
+            self.peak = max(self.peak, rss_mib(self.pid))
+            time.sleep(0.1)
+
+
+def stalled(addr, n, path, headers):
+    host, port = addr.rsplit(":", 1)
+    held = []
+    for _ in range(n):
+        try:
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 100\r\n\r\n{{\"a".encode())
+            held.append(s)
+        except OSError:
+            break
+    return held
+
+
+def clients(addr, n, seconds, request):
+    counts = {"answered": 0, "refused": 0, "failed": 0}
+    lock = threading.Lock()
+    end = time.time() + seconds
+
+    def worker():
+        while time.time() < end:
+            try:
+                status = request(addr)
+                key = "answered" if status == 200 else "refused"
+            except OSError:
+                key = "failed"
+            with lock:
+                counts[key] += 1
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return counts
+
+
+def gateway_request(addr):
+    return http(addr, "POST", "/v1/chat/completions",
+                {"model": "policy", "messages": [{"role": "user", "content": "What is 12 * 34?"}], "max_tokens": 8})[0]
+
+
+def tinker_request(addr):
+    status, body = http(addr, "POST", "/api/v1/asample",
+                        {"num_samples": 1, "base_model": "builtin:multiply",
+                         "prompt": {"chunks": [{"tokens": [5, 6, 7]}]}, "sampling_params": {"max_tokens": 8}})
+    if status != 200:
+        return status
+    request = json.loads(body)["request_id"]
+    while True:
+        status, _ = http(addr, "POST", "/api/v1/retrieve_future", {"request_id": request}, timeout=60)
+        if status != 408:
+            return status
+
+
+def openenv_request(addr):
+    status, _ = http(addr, "POST", "/reset", {})
+    if status != 200:
+        return status
+    return http(addr, "POST", "/step", {"action": {"message": "I guess 50."}})[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--servers", default="gateway,tinker,openenv")
+    ap.add_argument("--clients", type=int, default=256)
+    ap.add_argument("--stalled", type=int, default=1030)
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    binary = os.path.join(ROOT, "target/release/rlhost")
+    data = "/tmp/rlhost-load-guess.jsonl"
+    with open(data, "w") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "Guess my number."}],
+                            "metadata": {"secret": 42}}) + "\n")
+    servers = {
+        "gateway": ([binary, "serve", "--addr", "127.0.0.1:0"], "rlhost serve:", "/status", gateway_request, "/v1/chat/completions"),
+        "tinker": ([binary, "serve", "--tinker", "--addr", "127.0.0.1:0", "--checkpoints", "/tmp/rlhost-load-ckpt"],
+                   "rlhost serve --tinker", "/api/v1/healthz", tinker_request, "/api/v1/asample"),
+        "openenv": ([binary, "env", "serve", os.path.join(ROOT, "plugins/dist/guess_number.wasm"), "--data", data, "--port", "0", "--max-sessions", "512"],
+                    "serving", "/health", openenv_request, "/reset"),
+    }
+    rows = []
+    for name in args.servers.split(","):
+        cmd, ready, health, request, post_path = servers[name]
+        p, addr = start(cmd, ready)
+        time.sleep(1)
+        before = rss_mib(p.pid)
+        for phase in ["idle", "stalled", "busy"]:
+            probe = Probe(addr, health, p.pid)
+            probe.start()
+            counts, held = {}, []
+            if phase == "stalled":
+                held = stalled(addr, args.stalled, post_path, "")
+                time.sleep(args.seconds)
+                counts = {"held": len(held)}
+            elif phase == "busy":
+                counts = clients(addr, args.clients, args.seconds, request)
+            else:
+                time.sleep(args.seconds)
+            probe.stop.set()
+            probe.join()
+            for s in held:
+                s.close()
+            time.sleep(1)
+            after = rss_mib(p.pid)
+            t = probe.times or [float("nan")]
+            rows.append((name, phase, statistics.median(t) * 1000, max(t) * 1000, probe.failed, counts, before, probe.peak, after))
+        p.terminate()
+        p.wait()
+    print(f"{'server':8} {'phase':8} {'health median':>14} {'worst':>9} {'failed':>7}  {'memory before / peak / after (MiB)':>36}  requests")
+    for name, phase, med, worst, failed, counts, before, peak, after in rows:
+        print(f"{name:8} {phase:8} {med:11.1f} ms {worst:6.0f} ms {failed:7}  {before:10.0f} / {peak:6.0f} / {after:6.0f}  {counts}")
+
+
+if __name__ == "__main__":
+    main()
