@@ -310,3 +310,58 @@ fn the_openai_client_meets_a_keyed_gateway() {
         "keyed.py failed:\n{stdout}\n{stderr}"
     );
 }
+
+/// Issue 68, points 11 and 12: `env serve` stands behind the same front. A step whose
+/// plugin computes until its deadline no longer holds `/health` (5.1 s before: the epoch
+/// deadline trapped but never yielded), and a connection that sends nothing is closed at
+/// the header timeout instead of being held forever.
+#[test]
+fn env_serve_answers_health_while_a_step_loops_and_drops_silent_connections() {
+    let hostile = rlhost_tests::plugin("hostile");
+    let server = super::openenv::Server::start(&[hostile.to_str().unwrap()]);
+    let addr = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let silent = TcpStream::connect(&addr).unwrap();
+    let looping = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            call(
+                &addr,
+                "POST",
+                "/step",
+                &json!({"action": {"name": "misbehave", "arguments": {"mode": "loop"}}}),
+                None,
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let (status, _) = call(&addr, "GET", "/health", &json!({}), None);
+    let took = t0.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        took < Duration::from_secs(1),
+        "/health took {took:?} while a step looped"
+    );
+    // The looping step ends at its deadline, as an error, and the server goes on.
+    let (status, body) = looping.join().unwrap();
+    assert!(status >= 400, "{status} {body}");
+    // The silent connection is closed by the server (read ends), within the 10 s header
+    // timeout and some slack.
+    let mut silent = silent;
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = silent.read_to_end(&mut buf);
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "held {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(call(&addr, "GET", "/health", &json!({}), None).0, 200);
+}
