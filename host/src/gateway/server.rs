@@ -63,6 +63,10 @@ pub struct Tasks {
     pub group_size: usize,
     /// The cursor, and the group being handed out (its task and sessions still to give).
     state: Arc<tokio::sync::Mutex<TaskState>>,
+    /// The groups drawn from the data and not yet taken for training, each with where the
+    /// data stood before it was drawn: a checkpoint resumes from the earliest, so that no
+    /// task handed out is skipped by a resumed run.
+    out: Arc<Mutex<std::collections::BTreeMap<u64, Cursor>>>,
 }
 
 type TaskState = (Cursor, Option<(Task, usize)>);
@@ -85,6 +89,7 @@ impl Tasks {
             dataset,
             group_size: group_size.max(1),
             state: Arc::new(tokio::sync::Mutex::new((Cursor::default(), None))),
+            out: Arc::default(),
         }
     }
 
@@ -103,6 +108,24 @@ impl Tasks {
     /// already past it).
     pub async fn cursor(&self) -> Cursor {
         self.state.lock().await.0
+    }
+
+    /// Where a run resumed from now should draw again: before the earliest group handed
+    /// out and not yet taken for training (its sessions open, or ended and waiting for the
+    /// rest of their group), else [`Self::cursor`]. A group taken after a later one was is
+    /// handed out again too: at least once, never skipped.
+    pub async fn resume_cursor(&self) -> Cursor {
+        let next = self.cursor().await;
+        let out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        out.values().next().copied().unwrap_or(next)
+    }
+
+    /// Marks `groups` taken for training.
+    pub fn taken(&self, groups: &[u64]) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        for g in groups {
+            out.remove(g);
+        }
     }
 }
 
@@ -1138,6 +1161,7 @@ async fn next_task(State(gw): State<Arc<Gateway>>) -> Response {
         let mut state = tasks.state.lock().await;
         let (cursor, current) = &mut *state;
         if current.as_ref().is_none_or(|(_, left)| *left == 0) {
+            let from = *cursor;
             let batch = match tasks.dataset.next_batch(cursor, 1).await {
                 Ok(b) => b,
                 Err(e) => {
@@ -1156,6 +1180,11 @@ async fn next_task(State(gw): State<Arc<Gateway>>) -> Response {
                 ));
             };
             let group = gw.sessions().new_group();
+            tasks
+                .out
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(group, from);
             *current = Some((
                 Task {
                     id: Some(id),
@@ -1445,11 +1474,31 @@ mod tests {
         assert_eq!(v["task"]["id"], want, "{v}");
         // The group's second session is the same task; the cursor is past it.
         assert_eq!(post(&url, &json!({})).2["task"]["id"], want);
+        let tasks = gw.tasks.as_ref().unwrap();
         assert_eq!(
-            rt.block_on(gw.tasks.as_ref().unwrap().cursor()),
+            rt.block_on(tasks.cursor()),
             Cursor {
                 epoch: 0,
                 position: 6
+            }
+        );
+        // Issue 68, point 19: until the group is taken for training, a resumed run draws
+        // its task again (it skipped groups still open when the checkpoint's batch was
+        // taken); once taken, it goes on past it.
+        assert_eq!(rt.block_on(tasks.resume_cursor()), at);
+        let (_, _, third) = post(&url, &json!({}));
+        let (group, next_group) = (
+            v["group"]["id"].as_u64().unwrap(),
+            third["group"]["id"].as_u64().unwrap(),
+        );
+        tasks.taken(&[next_group]);
+        assert_eq!(rt.block_on(tasks.resume_cursor()), at);
+        tasks.taken(&[group]);
+        assert_eq!(
+            rt.block_on(tasks.resume_cursor()),
+            Cursor {
+                epoch: 0,
+                position: 7
             }
         );
     }

@@ -108,10 +108,11 @@ impl Link {
         }
     }
 
-    /// Where in the data the next task comes from.
+    /// Where a run resumed from a checkpoint taken now draws tasks again: before the
+    /// earliest group handed out and not yet trained on.
     pub fn tasks_cursor(&self, handle: &Handle) -> crate::data::Cursor {
         match &self.gw.tasks {
-            Some(tasks) => handle.block_on(tasks.cursor()),
+            Some(tasks) => handle.block_on(tasks.resume_cursor()),
             None => crate::data::Cursor::default(),
         }
     }
@@ -371,6 +372,9 @@ impl Link {
             .map(|(&k, _)| k)
             .take(want)
             .collect();
+        if let Some(tasks) = &self.gw.tasks {
+            tasks.taken(&whole);
+        }
         whole
             .into_iter()
             .filter_map(|k| pending.remove(&k))
