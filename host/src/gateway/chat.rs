@@ -21,10 +21,7 @@ use anyhow::{Context, Result};
 use serde_json::{Map, Value, json};
 
 /// What the handlers need of the model to render prompts and read answers.
-/// A token takes at least one byte of text and rarely more than this many: text of more
-/// bytes than this many times the context is over it, and is refused unread (the bound
-/// `model.generate` uses).
-pub const BYTES_PER_TOKEN: usize = 16;
+use crate::model::tokenizer::BYTES_PER_TOKEN;
 
 /// The text a message adds to a prompt (its content, name and calls), in bytes.
 fn message_bytes(m: &super::wire::Message) -> usize {

@@ -97,7 +97,8 @@ impl ApiError {
             },
             param: None,
             code: (code == 401).then_some("invalid_api_key"),
-            retry_after_s: (code == 503).then_some(1),
+            // The front adds `Retry-After` to its 503 itself, for every protocol.
+            retry_after_s: None,
         }
     }
 

@@ -31,6 +31,11 @@ use serde_json::{Map, Value};
 const ESCAPE_OPEN: char = '\u{E000}';
 const ESCAPE_CLOSE: char = '\u{E001}';
 
+/// A token takes at least one byte of text and rarely more than this many: text of more
+/// bytes than this many times a token bound is over it, and is refused before anything
+/// renders or tokenizes it (`model.generate`'s prompts, the gateway's messages).
+pub const BYTES_PER_TOKEN: usize = 16;
+
 /// A `tokenizers` tokenizer plus the special-token strings transformers keeps beside it.
 #[derive(Clone)]
 pub struct Tokenizer {

@@ -45,10 +45,7 @@ const MAX_PROMPT_TOKENS: u32 = 131_072;
 const MAX_NEW_TOKENS: u32 = 8192;
 const MAX_CALLS: u32 = 1024;
 
-/// A token takes at least one byte of text and rarely more than this many: a prompt of
-/// more bytes than this many times its token bound is over it, and is refused before
-/// anything renders or tokenizes it.
-const BYTES_PER_TOKEN: usize = 16;
+use crate::model::tokenizer::BYTES_PER_TOKEN;
 
 /// The bytes of text a message gives the chat template: its role, content and function
 /// calls (their arguments counted as JSON, without writing them out).

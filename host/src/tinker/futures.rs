@@ -146,6 +146,20 @@ impl Futures {
     }
 }
 
+impl Futures {
+    /// The outcome of `id` once it is settled, however long that takes; `None` when there
+    /// is no such request (or it was forgotten before it was read here).
+    pub async fn settled(&self, id: &str) -> Option<Arc<Outcome>> {
+        loop {
+            match self.wait(id, Duration::from_secs(600)).await {
+                Ok(outcome) => return Some(outcome),
+                Err(Waited::Pending) => continue,
+                Err(Waited::Unknown) => return None,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -995,13 +995,8 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 /// so that `get_info` does not report a client that never came to be.
 fn forget_if_failed(t: Arc<Tinker>, request: String, model_id: String) {
     tokio::spawn(async move {
-        let outcome = loop {
-            match t.futures.wait(&request, Duration::from_secs(600)).await {
-                Err(super::futures::Waited::Pending) => continue,
-                other => break other,
-            }
-        };
-        if !matches!(outcome.as_deref(), Ok(Outcome::Json(_))) {
+        let outcome = t.futures.settled(&request).await;
+        if !matches!(outcome.as_deref(), Some(Outcome::Json(_))) {
             let mut books = t.books.lock().expect("books lock");
             books.models.remove(&model_id);
             books.gate.close(&model_id);
@@ -1124,9 +1119,7 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         // Counted out when the request is settled (or forgotten).
         let (t, request) = (t.clone(), request.clone());
         tokio::spawn(async move {
-            while let Err(super::futures::Waited::Pending) =
-                t.futures.wait(&request, Duration::from_secs(600)).await
-            {}
+            t.futures.settled(&request).await;
             t.in_flight.fetch_sub(n, Ordering::AcqRel);
         });
     }
