@@ -18,6 +18,7 @@
 //! - `faults`: remote engines against servers that misbehave, through a fault-injecting
 //!   proxy: each fault refused or retried as the book's table says, the server named.
 //! - `docs`: the handbook's and the README's links, anchors and includes resolve.
+//! - `preference`: `rlhost dpo` on the fixture model: learning, exact resume, bad pairs.
 //! - `init`: `rlhost init` writes a config that runs, from a model, a data file and plugins.
 //! - `install`: `scripts/install.sh` and the installed binary, run outside the checkout.
 //! - `openenv`: `rlhost env serve` driven by OpenEnv's own Python client.
@@ -41,6 +42,7 @@ mod model_cli;
 mod openenv;
 mod openenv_train;
 mod plugins;
+mod preference;
 mod rollout;
 mod rollout_cli;
 mod sandbox;

@@ -3,6 +3,7 @@
 //! user mistakes never panic.
 
 mod config;
+mod dpo;
 mod env;
 mod export;
 mod generate;
@@ -53,6 +54,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Supervised fine-tuning of an adapter on conversations (assistant tokens only).
     Sft(sft::SftArgs),
+    /// Preference optimisation of an adapter on chosen/rejected pairs (DPO, IPO, SimPO).
+    Dpo(dpo::DpoArgs),
     /// Accuracy, tool-use rate and rewards on the held-out split.
     Eval(rollout::EvalArgs),
     /// Print the status of a running job (its --status-addr URL).
@@ -114,6 +117,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => train::run(args, runtime.handle(), cli.quiet),
         Command::Serve(args) => serve::run(args, runtime.handle(), cli.quiet),
         Command::Sft(args) => sft::run(args, cli.quiet),
+        Command::Dpo(args) => dpo::run(args, cli.quiet),
         Command::Eval(args) => rollout::eval(args, runtime.handle(), cli.quiet),
         Command::Status(args) => status::run(args),
         Command::Config(command) => config::run(command, runtime.handle()),

@@ -66,6 +66,121 @@ pub struct RunConfig {
     /// Serve the policy behind an OpenAI-compatible API and train on the sessions of the
     /// agents that call it, in place of plugin rollouts.
     pub gateway: Option<GatewaySection>,
+    /// `rlhost dpo`: preference optimisation of the adapter on pairs from `data.path`.
+    #[serde(default)]
+    pub dpo: DpoSection,
+}
+
+/// `[dpo]`: how `rlhost dpo` trains on preference pairs (`data.path`: rows with a prompt,
+/// `chosen` and `rejected`; docs/src/preferences.md). Steps, learning rate and its
+/// schedule, clipping, micro-batches, evaluation and checkpoints come from `[train]`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DpoSection {
+    /// `sigmoid` (DPO; with `label_smoothing`, cDPO), `robust` (rDPO), `ipo` or `simpo`
+    /// (reference-free, length-normalised).
+    #[serde(default = "dpo_loss")]
+    pub loss: crate::rl::preference::PairLoss,
+    /// β: how far from the reference (the model with its adapter off) the policy may move
+    /// for a given preference (TRL's default, 0.1); IPO's τ; SimPO's reward scale (its
+    /// paper uses 2-10).
+    #[serde(default = "dpo_beta")]
+    pub beta: f64,
+    /// ε: the share of pairs taken to be labelled the wrong way round (cDPO, rDPO, SimPO).
+    #[serde(default)]
+    pub label_smoothing: f64,
+    /// SimPO's target reward margin γ (its paper's 0.5-1.6 with β 2-2.5).
+    #[serde(default = "simpo_gamma")]
+    pub simpo_gamma: f64,
+    /// Pairs per optimizer step.
+    #[serde(default = "pairs_per_step")]
+    pub pairs_per_step: usize,
+    /// The most tokens a side of a pair may have, prompt included. A longer pair is an
+    /// error naming it (or is skipped with `data.on_bad_row = "skip"`): nothing is cut, as
+    /// a cut reply is not the reply that was preferred.
+    #[serde(default = "max_length")]
+    pub max_length: usize,
+    /// The column holding the preferred completion: a reply (string) or a list of messages.
+    #[serde(default = "chosen_key")]
+    pub chosen_key: String,
+    /// The column holding the completion it was preferred to.
+    #[serde(default = "rejected_key")]
+    pub rejected_key: String,
+}
+
+fn dpo_loss() -> crate::rl::preference::PairLoss {
+    crate::rl::preference::PairLoss::Sigmoid
+}
+fn dpo_beta() -> f64 {
+    0.1
+}
+fn simpo_gamma() -> f64 {
+    0.5
+}
+fn pairs_per_step() -> usize {
+    8
+}
+fn max_length() -> usize {
+    1024
+}
+fn chosen_key() -> String {
+    "chosen".into()
+}
+fn rejected_key() -> String {
+    "rejected".into()
+}
+
+impl Default for DpoSection {
+    fn default() -> Self {
+        DpoSection {
+            loss: dpo_loss(),
+            beta: dpo_beta(),
+            label_smoothing: 0.0,
+            simpo_gamma: simpo_gamma(),
+            pairs_per_step: pairs_per_step(),
+            max_length: max_length(),
+            chosen_key: chosen_key(),
+            rejected_key: rejected_key(),
+        }
+    }
+}
+
+impl DpoSection {
+    /// The values serde cannot check, each error naming its key.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.beta) {
+            return Err(format!("dpo.beta is {}; it must be above 0", self.beta));
+        }
+        let eps = self.label_smoothing;
+        let top = if self.loss == crate::rl::preference::PairLoss::Robust {
+            0.5
+        } else {
+            1.0
+        };
+        if !(eps.is_finite() && (0.0..top).contains(&eps)) {
+            return Err(format!(
+                "dpo.label_smoothing is {eps}; it must be in [0, {top}) for the {:?} loss",
+                self.loss
+            ));
+        }
+        if !self.simpo_gamma.is_finite() {
+            return Err("dpo.simpo_gamma must be a finite number".into());
+        }
+        if self.pairs_per_step == 0 {
+            return Err("dpo.pairs_per_step must be at least 1".into());
+        }
+        if self.max_length < 2 {
+            return Err("dpo.max_length must be at least 2 tokens".into());
+        }
+        if self.chosen_key == self.rejected_key {
+            return Err(format!(
+                "dpo.chosen_key and dpo.rejected_key are both \"{}\"",
+                self.chosen_key
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[gateway]`: the OpenAI-compatible endpoint a run trains through (docs/src/gateway.md).

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod order;
+pub mod pairs;
 pub mod rows;
 
 pub use config::{DataConfig, Format, OnBadRow};

@@ -59,10 +59,11 @@ pub struct ReadOptions<'a> {
     pub max_samples: Option<usize>,
 }
 
-/// The samples of one file and the rows that were skipped.
+/// The items of one file (samples, or whatever `convert` makes of a row) and the rows
+/// that were skipped.
 #[derive(Debug)]
-pub struct Loaded {
-    pub samples: Vec<Sample>,
+pub struct Loaded<T = Sample> {
+    pub samples: Vec<T>,
     /// Where each sample is in the file, for errors found after reading.
     pub origins: Origins,
     pub skipped: u64,
@@ -73,7 +74,36 @@ pub struct Loaded {
 /// Reads every row of `path` as a sample. An error that is not one row's (a missing file, a
 /// corrupt parquet footer) always fails; so does a file with no good row.
 pub fn read_file(path: &Path, format: Format, options: &ReadOptions) -> Result<Loaded> {
-    let mut rows = Rows::new(path, options);
+    let keys = options.keys;
+    let how = RowOptions {
+        on_bad_row: options.on_bad_row,
+        max_rows: options.max_samples,
+        absent_if_empty: &[keys.prompt, keys.messages],
+    };
+    read_rows(path, format, &how, |row| to_sample(row, keys))
+}
+
+/// How [`read_rows`] reads a file.
+#[derive(Debug, Clone, Copy)]
+pub struct RowOptions<'a> {
+    pub on_bad_row: OnBadRow,
+    /// Stop after this many good rows.
+    pub max_rows: Option<usize>,
+    /// CSV columns whose empty cell counts as absent (a CSV cell cannot be null).
+    pub absent_if_empty: &'a [&'a str],
+}
+
+/// Reads every row of `path` as a JSON object and makes an item of it with `convert`
+/// (which says what is wrong with a bad row, without its location: the reader adds the
+/// file and row). Bad rows fail or are skipped as `options` says; a file with no good row
+/// fails.
+pub fn read_rows<T>(
+    path: &Path,
+    format: Format,
+    options: &RowOptions,
+    convert: impl Fn(Value) -> Result<T, String>,
+) -> Result<Loaded<T>> {
+    let mut rows = Rows::new(path, options, &convert);
     match format {
         Format::Jsonl => read_jsonl(path, &mut rows)?,
         Format::Json => read_json(path, &mut rows)?,
@@ -109,55 +139,39 @@ impl Origins {
     }
 }
 
-/// Collects samples and bad rows as a reader hands them over.
-struct Rows<'a> {
+/// The readers' view of what they read into: the items so far and the bad rows.
+trait Sink {
+    fn push(&mut self, at: At, row: Result<Value, String>) -> Result<()>;
+    fn full(&self) -> bool;
+    fn absent_if_empty(&self, column: &str) -> bool;
+}
+
+/// Collects items as a reader hands rows over.
+struct Rows<'a, T> {
     path: &'a Path,
-    options: &'a ReadOptions<'a>,
-    samples: Vec<Sample>,
+    options: &'a RowOptions<'a>,
+    convert: &'a dyn Fn(Value) -> Result<T, String>,
+    samples: Vec<T>,
     at: Vec<At>,
     skipped: u64,
     first_error: Option<String>,
 }
 
-impl<'a> Rows<'a> {
-    fn new(path: &'a Path, options: &'a ReadOptions<'a>) -> Self {
+impl<'a, T> Rows<'a, T> {
+    fn new(
+        path: &'a Path,
+        options: &'a RowOptions<'a>,
+        convert: &'a dyn Fn(Value) -> Result<T, String>,
+    ) -> Self {
         Rows {
             path,
             options,
+            convert,
             samples: Vec::new(),
             at: Vec::new(),
             skipped: 0,
             first_error: None,
         }
-    }
-
-    fn full(&self) -> bool {
-        self.options
-            .max_samples
-            .is_some_and(|max| self.samples.len() >= max)
-    }
-
-    /// Takes one row, or its error; fails on a bad row unless bad rows are skipped.
-    fn push(&mut self, at: At, row: Result<Value, String>) -> Result<()> {
-        match row.and_then(|row| to_sample(row, self.options.keys)) {
-            Ok(sample) => {
-                self.samples.push(sample);
-                self.at.push(at);
-            }
-            Err(message) => {
-                let located = format!("{}: {message}", self.locate(at));
-                match self.options.on_bad_row {
-                    OnBadRow::Error => {
-                        bail!("{located} (or set data.on_bad_row = \"skip\" to skip bad rows)")
-                    }
-                    OnBadRow::Skip => {
-                        self.skipped += 1;
-                        self.first_error.get_or_insert(located);
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     fn locate(&self, at: At) -> String {
@@ -168,7 +182,7 @@ impl<'a> Rows<'a> {
         .locate(0)
     }
 
-    fn finish(self) -> Result<Loaded> {
+    fn finish(self) -> Result<Loaded<T>> {
         if self.samples.is_empty() {
             match &self.first_error {
                 Some(first) => bail!(
@@ -198,11 +212,46 @@ impl<'a> Rows<'a> {
     }
 }
 
+impl<T> Sink for Rows<'_, T> {
+    fn full(&self) -> bool {
+        self.options
+            .max_rows
+            .is_some_and(|max| self.samples.len() >= max)
+    }
+
+    /// Takes one row, or its error; fails on a bad row unless bad rows are skipped.
+    fn push(&mut self, at: At, row: Result<Value, String>) -> Result<()> {
+        match row.and_then(|row| (self.convert)(row)) {
+            Ok(sample) => {
+                self.samples.push(sample);
+                self.at.push(at);
+            }
+            Err(message) => {
+                let located = format!("{}: {message}", self.locate(at));
+                match self.options.on_bad_row {
+                    OnBadRow::Error => {
+                        bail!("{located} (or set data.on_bad_row = \"skip\" to skip bad rows)")
+                    }
+                    OnBadRow::Skip => {
+                        self.skipped += 1;
+                        self.first_error.get_or_insert(located);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn absent_if_empty(&self, column: &str) -> bool {
+        self.options.absent_if_empty.contains(&column)
+    }
+}
+
 fn open(path: &Path) -> Result<File> {
     File::open(path).with_context(|| format!("cannot open dataset file {}", path.display()))
 }
 
-fn read_jsonl(path: &Path, rows: &mut Rows) -> Result<()> {
+fn read_jsonl(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     let reader = BufReader::new(open(path)?);
     for (i, line) in reader.lines().enumerate() {
         if rows.full() {
@@ -226,7 +275,7 @@ fn read_jsonl(path: &Path, rows: &mut Rows) -> Result<()> {
     Ok(())
 }
 
-fn read_json(path: &Path, rows: &mut Rows) -> Result<()> {
+fn read_json(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read dataset file {}", path.display()))?;
     let text = text.trim_start_matches('\u{feff}');
@@ -258,7 +307,7 @@ fn read_json(path: &Path, rows: &mut Rows) -> Result<()> {
     Ok(())
 }
 
-fn read_csv(path: &Path, rows: &mut Rows) -> Result<()> {
+fn read_csv(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(open(path)?);
@@ -266,7 +315,6 @@ fn read_csv(path: &Path, rows: &mut Rows) -> Result<()> {
         .headers()
         .with_context(|| format!("cannot read the header row of {}", path.display()))?
         .clone();
-    let keys = rows.options.keys;
     for record in reader.records() {
         if rows.full() {
             break;
@@ -294,8 +342,7 @@ fn read_csv(path: &Path, rows: &mut Rows) -> Result<()> {
         let line = record.position().map_or(0, |p| p.line());
         let mut row = Map::new();
         for (name, cell) in headers.iter().zip(record.iter()) {
-            let is_prompt = name == keys.prompt || name == keys.messages;
-            if is_prompt && cell.is_empty() {
+            if cell.is_empty() && rows.absent_if_empty(name) {
                 continue;
             }
             row.insert(name.to_string(), Value::String(cell.to_string()));
@@ -305,7 +352,7 @@ fn read_csv(path: &Path, rows: &mut Rows) -> Result<()> {
     Ok(())
 }
 
-fn read_parquet(path: &Path, rows: &mut Rows) -> Result<()> {
+fn read_parquet(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     use parquet::file::reader::SerializedFileReader;
     let reader = SerializedFileReader::new(open(path)?)
         .with_context(|| format!("cannot read {} as parquet", path.display()))?;
@@ -319,7 +366,7 @@ fn read_parquet(path: &Path, rows: &mut Rows) -> Result<()> {
     Ok(())
 }
 
-fn read_arrow(path: &Path, rows: &mut Rows) -> Result<()> {
+fn read_arrow(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     use arrow_ipc::reader::{FileReader, StreamReader};
     use std::io::{Read, Seek};
     let mut i = 0u64;
@@ -552,7 +599,7 @@ pub fn render(template: &str, row: &serde_json::Map<String, Value>) -> Result<St
 }
 
 /// A chat: a list of `{role, content}` objects, or JSON text holding one (CSV, parquet).
-fn parse_messages(value: Value, key: &str) -> Result<Vec<Message>, String> {
+pub(crate) fn parse_messages(value: Value, key: &str) -> Result<Vec<Message>, String> {
     let value = match value {
         Value::String(text) => serde_json::from_str(&text).map_err(|e| {
             format!(
@@ -640,7 +687,7 @@ fn parse_messages(value: Value, key: &str) -> Result<Vec<Message>, String> {
 }
 
 /// A value as an error message shows it: scalars as JSON (long strings cut), containers by kind.
-fn describe(value: &Value) -> String {
+pub(crate) fn describe(value: &Value) -> String {
     match value {
         Value::Array(_) => "a list".into(),
         Value::Object(_) => "an object".into(),

@@ -4,13 +4,15 @@
 
 pub mod algorithms;
 pub mod checkpoint;
+pub mod dpo;
 mod learn;
 pub mod optim;
 pub mod packing;
 pub mod plan;
+pub mod preference;
 mod producer;
 mod progress;
-mod run_log;
+pub(crate) mod run_log;
 pub mod sft;
 pub mod trainer;
 pub mod update;

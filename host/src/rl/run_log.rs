@@ -55,14 +55,25 @@ impl RunLog {
     /// One step's record, flushed (a crash loses no finished step's row; a torn one is
     /// dropped on resume). A failed write names its file.
     pub fn write(&mut self, m: &StepMetrics) -> Result<()> {
-        let mut line = serde_json::to_string(m)?;
+        self.write_row(m.step, m, &scalars(m))
+    }
+
+    /// One step's record of any trainer: `row` as its `metrics.jsonl` line, `scalars`
+    /// to TensorBoard.
+    pub fn write_row(
+        &mut self,
+        step: u64,
+        row: &impl serde::Serialize,
+        scalars: &[(String, f64)],
+    ) -> Result<()> {
+        let mut line = serde_json::to_string(row)?;
         line.push('\n');
         self.metrics
             .write_all(line.as_bytes())
             .and_then(|()| self.metrics.flush())
             .with_context(|| format!("writing {}", self.metrics_path.display()))?;
         self.tensorboard
-            .scalars(m.step, &scalars(m))
+            .scalars(step, scalars)
             .and_then(|()| self.tensorboard.flush())
             .with_context(|| format!("writing to {}", self.tensorboard_dir.display()))?;
         Ok(())

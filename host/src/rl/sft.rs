@@ -42,18 +42,18 @@ pub struct SftOptions {
 /// The batch tensors of `rows` as `layout` packs them ([`packing`]): inputs, targets
 /// (shifted by one), sequence ids (the attention mask), positions and loss weights, all
 /// `[L, T]`.
-struct Batch {
-    input: Tensor,
-    target: Tensor,
-    attn: Tensor,
-    pos: Tensor,
-    weight: Tensor,
-    tokens: f32,
+pub(super) struct Batch {
+    pub input: Tensor,
+    pub target: Tensor,
+    pub attn: Tensor,
+    pub pos: Tensor,
+    pub weight: Tensor,
+    pub tokens: f32,
 }
 
 /// Each row's `(index, tokens − 1)`, the rows checked (a row of one token has nothing
 /// to predict and takes no room).
-fn sized(rows: &[SftRow]) -> Result<Vec<(usize, usize)>> {
+pub(super) fn sized(rows: &[SftRow]) -> Result<Vec<(usize, usize)>> {
     let sized = rows
         .iter()
         .enumerate()
@@ -74,7 +74,7 @@ fn sized(rows: &[SftRow]) -> Result<Vec<(usize, usize)>> {
     Ok(sized)
 }
 
-fn batch(rows: &[SftRow], layout: &Layout, device: &Device) -> Result<Batch> {
+pub(super) fn batch(rows: &[SftRow], layout: &Layout, device: &Device) -> Result<Batch> {
     let shape = (layout.lanes, layout.width);
     let weight = layout.place(|s, k| f32::from(rows[s.row].loss_mask[k + 1]));
     let tokens: f32 = weight.iter().sum();
@@ -140,6 +140,37 @@ pub fn conversation_row(
     if first == 0 {
         bail!("the conversation starts with an assistant message; it needs a prompt first");
     }
+    learned_from(lm, messages, first, kwargs)
+}
+
+/// A prompt and its completion as training tokens: loss on the completion's assistant
+/// turns only, whatever the prompt holds (earlier assistant turns of a multi-turn prompt
+/// included). The completion starts with an assistant message. A preference pair's
+/// completions are scored this way ([`super::dpo`]).
+pub fn completion_row(
+    lm: &LanguageModel,
+    prompt: &[Message],
+    completion: &[Message],
+    kwargs: &Map<String, Json>,
+) -> Result<SftRow> {
+    if prompt.is_empty() {
+        bail!("the completion has no prompt before it");
+    }
+    if completion.first().is_none_or(|m| m.role != "assistant") {
+        bail!("a completion starts with an assistant message");
+    }
+    let messages: Vec<Message> = prompt.iter().chain(completion).cloned().collect();
+    learned_from(lm, &messages, prompt.len(), kwargs)
+}
+
+/// The tokens of `messages`, rendered as the prompt up to `first` (an assistant message)
+/// and turn by turn from there, the assistant turns learned.
+fn learned_from(
+    lm: &LanguageModel,
+    messages: &[Message],
+    first: usize,
+    kwargs: &Map<String, Json>,
+) -> Result<SftRow> {
     let chat = lm.chat()?;
     let eos = *lm
         .eos_token_ids

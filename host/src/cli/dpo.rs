@@ -1,0 +1,355 @@
+//! `rlhost dpo`: preference optimisation of a LoRA adapter ([`crate::rl::dpo`]) on the
+//! pairs of `data.path`, with the run config's `[model]`, `[lora]`, `[train]` and `[dpo]`.
+//! Metrics to `RUN/metrics.jsonl` and TensorBoard under TRL's names, checkpoints to
+//! `RUN/checkpoints/` (`--resume latest` continues exactly), the adapter in PEFT's format
+//! in `RUN/adapter` at the end.
+
+use crate::config::LoadedConfig;
+use crate::config::setup::{display, out_dir};
+use crate::config::{set_path, set_value};
+use crate::data::pairs::{self, PairKeys};
+use crate::data::{Format, order};
+use crate::model::{LanguageModel, peft};
+use crate::rl::checkpoint::{self, TrainerState};
+use crate::rl::dpo::{Dpo, DpoSchedule, PairMetrics, PairRows, evaluate};
+use crate::rl::preference::PairLossSettings;
+use crate::rl::run_log::RunLog;
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct DpoArgs {
+    /// The run config: its [model], [lora], [data], [train] and [dpo] sections.
+    #[arg(long)]
+    config: PathBuf,
+    /// Continue from `latest` (the run directory's newest checkpoint) or a checkpoint folder.
+    #[arg(long, value_name = "latest|DIR")]
+    resume: Option<String>,
+    /// Start afresh in a run directory that holds a run (its metrics, checkpoints and
+    /// TensorBoard files are deleted first).
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
+    /// Overrides run.out_dir.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Overrides train.steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Stop after this many steps of this invocation (the schedule still spans
+    /// train.steps; continue with --resume latest).
+    #[arg(long, value_name = "N")]
+    stop_after: Option<u64>,
+    /// Override a config value, e.g. --set dpo.beta=0.2 (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+}
+
+pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
+    let mut set = args.set.clone();
+    if let Some(steps) = args.steps {
+        set.push(set_value("train.steps", steps as i64));
+    }
+    if let Some(out) = &args.out {
+        set.push(set_path("run.out_dir", out)?);
+    }
+    let loaded = LoadedConfig::load(&args.config, &set)?;
+    let c = &loaded.config;
+    let file = display(&loaded.path);
+    c.dpo
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+    if c.train.steps == 0 {
+        bail!("{file}: train.steps is 0; nothing to train");
+    }
+    let (source, held_out) = read_pairs(&loaded)?;
+    let out = out_dir(&loaded);
+    let resume = match &args.resume {
+        Some(spec) => {
+            let resolved = checkpoint::resolve(&out, spec)?;
+            if let Some(warning) = &resolved.warning {
+                eprintln!("warning: {warning}");
+            }
+            Some(resolved.dir)
+        }
+        None if checkpoint::holds_a_run(&out) => {
+            if !args.overwrite {
+                bail!(
+                    "{} holds a run already; continue it with --resume latest, choose another directory with --out, or pass --overwrite to delete it and start again",
+                    display(&out)
+                );
+            }
+            for name in [
+                "metrics.jsonl",
+                "config.toml",
+                "checkpoints",
+                "tensorboard",
+                "adapter",
+            ] {
+                let path = out.join(name);
+                checkpoint::remove(&path)
+                    .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
+            }
+            None
+        }
+        None => None,
+    };
+    let model_dir = loaded.resolve(&c.model.path);
+    if crate::builtin::recipe(&model_dir)?.is_some() {
+        bail!(
+            "{file}: model.path is {}; rlhost dpo takes a model directory (a built-in model is built by `rlhost train`, which prints where it is)",
+            model_dir.display()
+        );
+    }
+    let at = c.model.placement(&file)?;
+    let mut lm =
+        LanguageModel::open(&model_dir, &at).with_context(|| format!("{file}: model.path"))?;
+    let mut state = TrainerState {
+        seed: c.run.seed,
+        ..TrainerState::default()
+    };
+    match (&resume, &c.model.adapter) {
+        (Some(dir), _) => {
+            state = checkpoint::load_into(dir, &mut lm.model)?;
+            if state.seed != c.run.seed {
+                bail!(
+                    "--resume {}: the checkpoint's run.seed is {} and the config's {}; the order of pairs follows the seed, so a resumed run keeps it",
+                    display(dir),
+                    state.seed,
+                    c.run.seed
+                );
+            }
+        }
+        (None, Some(a)) => peft::load_adapter(&mut lm.model, &loaded.resolve(a))?,
+        (None, None) => lm.model.attach_lora(&c.lora.to_config(), c.run.seed)?,
+    }
+    if state.step >= c.train.steps {
+        bail!(
+            "the checkpoint is at step {} and train.steps is {}: nothing left to do (raise train.steps to continue)",
+            state.step,
+            c.train.steps
+        );
+    }
+    let kwargs = &c.rollout.template_kwargs;
+    let keys = (c.dpo.chosen_key.as_str(), c.dpo.rejected_key.as_str());
+    let tokenize = |loaded: &pairs::LoadedPairs| -> Result<Vec<PairRows>> {
+        loaded
+            .samples
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                PairRows::of(&lm, p, kwargs, c.dpo.max_length, keys)
+                    .with_context(|| loaded.origins.locate(i))
+            })
+            .collect()
+    };
+    let all = tokenize(&source)?;
+    let (train_rows, eval_rows): (Vec<PairRows>, Vec<PairRows>) = match &held_out {
+        HeldOut::File(held) => (all, tokenize(held)?),
+        HeldOut::Rows(eval) => all.into_iter().enumerate().partition_map(eval),
+    };
+    let loss = PairLossSettings {
+        loss: c.dpo.loss,
+        beta: c.dpo.beta,
+        label_smoothing: c.dpo.label_smoothing,
+        simpo_gamma: c.dpo.simpo_gamma,
+    };
+    let t = &c.train;
+    let schedule = DpoSchedule {
+        steps: t.steps,
+        pairs_per_step: c.dpo.pairs_per_step,
+        lr: t.lr,
+        warmup_steps: t.warmup_steps,
+        min_lr_ratio: t.min_lr_ratio,
+        weight_decay: t.weight_decay,
+        max_grad_norm: t.max_grad_norm,
+        micro_batch_tokens: t.micro_batch_tokens,
+        pack_sequences: t.pack_sequences,
+        seed: c.run.seed,
+    };
+    let mut dpo = Dpo::new(&lm.model, loss, schedule)?;
+    if let Some(dir) = &resume {
+        checkpoint::load_optimizer(dir, &mut dpo.opt, state.optimizer_step)?;
+        dpo.step = state.step;
+    }
+    std::fs::create_dir_all(&out)
+        .with_context(|| format!("cannot create the run directory {}", out.display()))?;
+    peft::write_atomic(&out.join("config.toml"), toml::to_string(c)?.as_bytes())?;
+    let mut log = RunLog::open(&out, resume.as_ref().map(|_| state.step))?;
+    if !quiet {
+        eprintln!(
+            "dpo ({:?}, beta {}): {} training pairs, {} held out; model {}; run directory {}",
+            c.dpo.loss,
+            c.dpo.beta,
+            train_rows.len(),
+            eval_rows.len(),
+            display(&model_dir),
+            display(&out)
+        );
+    }
+    let held = |dpo: &Dpo| -> Result<Option<PairMetrics>> {
+        if eval_rows.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(evaluate(
+            dpo.model,
+            &eval_rows,
+            &dpo.loss,
+            &dpo.schedule,
+        )?))
+    };
+    let (from, first) = (dpo.step, held(&dpo)?);
+    let bar = crate::progress::enabled(quiet).then(|| {
+        let bar = crate::progress::bar(
+            t.steps,
+            "dpo     {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
+        );
+        bar.set_position(dpo.step);
+        bar
+    });
+    let stop_at = args.stop_after.map(|n| dpo.step + n);
+    let t0 = std::time::Instant::now();
+    let mut last_eval = first.clone();
+    while dpo.step < t.steps {
+        let mut record = dpo.step(&train_rows)?;
+        let step = record.step;
+        let last = step == t.steps;
+        if (t.eval_every > 0 && step % t.eval_every == 0) || last {
+            record.eval = held(&dpo)?;
+            last_eval = record.eval.clone().or(last_eval);
+        }
+        let mut scalars = record.train.scalars("");
+        scalars.extend([
+            ("grad_norm".into(), record.grad_norm),
+            ("lr".into(), record.lr),
+        ]);
+        if let Some(e) = &record.eval {
+            scalars.extend(e.scalars("eval/"));
+        }
+        log.write_row(step, &record, &scalars)?;
+        let line = format!(
+            "loss {:.4}  acc {:.2}  margin {:.3}",
+            record.train.loss, record.train.rewards_accuracies, record.train.rewards_margins
+        );
+        match &bar {
+            Some(bar) => {
+                bar.set_position(step);
+                bar.set_message(line);
+            }
+            None if !quiet => eprintln!("step {step}/{}  {line}", t.steps),
+            None => {}
+        }
+        let stopping = stop_at == Some(step);
+        if last || stopping || (t.save_every > 0 && step % t.save_every == 0) {
+            let st = TrainerState {
+                step,
+                optimizer_step: step,
+                cursor: Default::default(),
+                seed: c.run.seed,
+            };
+            checkpoint::save(&out, &lm, None, &dpo.opt, &st, t.keep_last)?;
+        }
+        if stopping && !last {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            println!(
+                "dpo: stopped after step {step} of {} (--stop-after); continue with --resume latest",
+                t.steps
+            );
+            return Ok(());
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let adapter = out.join("adapter");
+    peft::save_adapter(&lm.model, &adapter, Some(&model_dir.display().to_string()))?;
+    println!(
+        "dpo: {} steps in {:.1} s; adapter in {}",
+        t.steps,
+        t0.elapsed().as_secs_f64(),
+        display(&adapter)
+    );
+    if let (Some(a), Some(b)) = (&first, &last_eval) {
+        println!(
+            "held-out ({} pairs), {} -> step {}: preference accuracy {:.1}% -> {:.1}%, margin {:.3} -> {:.3}, loss {:.4} -> {:.4}",
+            b.pairs,
+            if from == 0 {
+                "start".to_string()
+            } else {
+                format!("step {from}")
+            },
+            t.steps,
+            100.0 * a.rewards_accuracies,
+            100.0 * b.rewards_accuracies,
+            a.rewards_margins,
+            b.rewards_margins,
+            a.loss,
+            b.loss
+        );
+    }
+    Ok(())
+}
+
+/// Where the held-out pairs are: a file of their own (`data.eval_path`), or rows of
+/// `data.path` (a seeded share: `data.eval_size` or `data.eval_fraction`, else 10% up to
+/// 64), by index, sorted.
+enum HeldOut {
+    File(pairs::LoadedPairs),
+    Rows(Vec<usize>),
+}
+
+/// Splits `(index, row)`s into the rows not held out and those held out.
+trait PartitionMap {
+    fn partition_map(self, held: &[usize]) -> (Vec<PairRows>, Vec<PairRows>);
+}
+
+impl<I: Iterator<Item = (usize, PairRows)>> PartitionMap for I {
+    fn partition_map(self, held: &[usize]) -> (Vec<PairRows>, Vec<PairRows>) {
+        let (eval, train): (Vec<_>, Vec<_>) =
+            self.partition(|(i, _)| held.binary_search(i).is_ok());
+        let rows = |v: Vec<(usize, PairRows)>| v.into_iter().map(|(_, r)| r).collect();
+        (rows(train), rows(eval))
+    }
+}
+
+fn read_pairs(loaded: &LoadedConfig) -> Result<(pairs::LoadedPairs, HeldOut)> {
+    let c = &loaded.config;
+    let file = display(&loaded.path);
+    let d = &c.data;
+    if d.plugin.is_some() {
+        bail!("{file}: rlhost dpo reads its pairs from data.path, not a dataset plugin");
+    }
+    let path = loaded.resolve(d.path.as_ref().with_context(|| {
+        format!("{file}: data.path is not set; rlhost dpo reads preference pairs from it")
+    })?);
+    let keys = PairKeys {
+        prompt: &d.prompt_key,
+        messages: &d.messages_key,
+        chosen: &c.dpo.chosen_key,
+        rejected: &c.dpo.rejected_key,
+        margin: None,
+        section: "dpo",
+    };
+    let read = |p: &std::path::Path, max| -> Result<pairs::LoadedPairs> {
+        pairs::read(p, Format::of(p, d.format)?, keys, d.on_bad_row, max)
+    };
+    let all = read(&path, d.max_samples)?;
+    if let Some(e) = &d.eval_path {
+        let held = read(&loaded.resolve(e), None)?;
+        return Ok((all, HeldOut::File(held)));
+    }
+    let len = all.samples.len();
+    let k = d.eval_count(len);
+    if k >= len {
+        bail!(
+            "{file}: holding out {k} pairs for evaluation leaves none of the {len} to train on: lower data.eval_size or data.eval_fraction"
+        );
+    }
+    let (_, eval) = order::split(len as u64, k as u64, c.run.seed);
+    Ok((
+        all,
+        HeldOut::Rows(eval.into_iter().map(|i| i as usize).collect()),
+    ))
+}

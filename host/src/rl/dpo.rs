@@ -1,0 +1,520 @@
+//! `rlhost dpo`: direct preference optimisation of the LoRA adapter on preference pairs
+//! ([`crate::data::pairs`]), with the losses of [`super::preference`].
+//!
+//! How it reads next to TRL's `DPOTrainer` with PEFT:
+//! - the reference model is the same model with its adapter off ([`Mode::BASE`]), as
+//!   TRL does for a new PEFT adapter: no second copy of the weights. Its log-probs are
+//!   taken in a forward pass of their own without a gradient graph, on the same packed
+//!   batch as the policy's (SimPO runs none);
+//! - a completion's log-prob is the sum over its learned tokens (the assistant's, as
+//!   [`super::sft::completion_row`] marks them), TRL's `logps`;
+//! - a step takes `dpo.pairs_per_step` pairs in a seeded order (a new order each epoch);
+//!   its micro-batches hold whole pairs (a pair's loss needs both completions), up to
+//!   `train.micro_batch_tokens`, and their gradients add up to the step's mean loss;
+//! - nothing is truncated: a pair longer than `dpo.max_length` is refused when the data is
+//!   read (a cut reply is not the reply that was preferred).
+//!
+//! The trainer's position is the step alone: the order of pairs is a function of the seed
+//! and the epoch, so a checkpoint's step says which pairs come next and a resumed run
+//! takes exactly the steps the uninterrupted one would.
+
+use super::optim::{Accumulator, AdamW, AdamWConfig, clip_grad_norm, lr_at};
+use super::packing;
+use super::preference::{PairLoss, PairLossSettings, Sides, pair_loss, reward_metrics};
+use super::sft::{SftRow, batch, completion_row, sized};
+use crate::data::pairs::Pair;
+use crate::model::{LanguageModel, Mode, Model};
+use anyhow::{Context, Result, bail};
+use candle_core::Tensor;
+use serde_json::{Map, Value as Json};
+
+/// A pair as training tokens: the prompt and each completion, loss on the completion's
+/// assistant turns.
+#[derive(Debug, Clone)]
+pub struct PairRows {
+    pub chosen: SftRow,
+    pub rejected: SftRow,
+    pub margin: Option<f32>,
+}
+
+impl PairRows {
+    /// The tokens of `pair`; a side longer than `max_length` tokens (prompt included) is an
+    /// error naming it (`keys`: the chosen and rejected columns' names).
+    pub fn of(
+        lm: &LanguageModel,
+        pair: &Pair,
+        kwargs: &Map<String, Json>,
+        max_length: usize,
+        keys: (&str, &str),
+    ) -> Result<PairRows> {
+        let side = |completion, key: &str| -> Result<SftRow> {
+            let row = completion_row(lm, &pair.prompt, completion, kwargs)
+                .with_context(|| format!("\"{key}\""))?;
+            if row.tokens.len() > max_length {
+                bail!(
+                    "\"{key}\" is {} tokens with its prompt, over dpo.max_length ({max_length}); raise it or leave the pair out (pairs are not cut: a cut reply is not the one that was preferred)",
+                    row.tokens.len()
+                );
+            }
+            if row.loss_mask.iter().skip(1).all(|&m| m == 0) {
+                bail!("\"{key}\" has no assistant token to score");
+            }
+            Ok(row)
+        };
+        Ok(PairRows {
+            chosen: side(&pair.chosen, keys.0)?,
+            rejected: side(&pair.rejected, keys.1)?,
+            margin: pair.margin,
+        })
+    }
+}
+
+/// The summed log-probs of each row's learned tokens, `[N]` (with the gradient graph
+/// `mode` builds), and each row's count of them, all rows in one forward.
+pub fn sequence_logps(
+    model: &Model,
+    rows: &[SftRow],
+    pack: bool,
+    mode: Mode,
+) -> Result<(Tensor, Vec<f32>)> {
+    let layout = packing::micro_batches(&sized(rows)?, pack, usize::MAX).remove(0);
+    let b = batch(rows, &layout, model.device())?;
+    let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
+    let (logp, _) = model.logprobs(&hidden, &b.target)?;
+    // Row i's sum is its slots' masked log-probs: one [N, L·T] selection matrix (rows may
+    // share a lane when packed) times the flattened log-probs.
+    let (n, cells) = (rows.len(), layout.lanes * layout.width);
+    let mut select = vec![0f32; n * cells];
+    let mut tokens = vec![0f32; n];
+    for s in &layout.slots {
+        let at = s.lane * layout.width + s.start;
+        for k in 0..s.len {
+            let m = f32::from(rows[s.row].loss_mask[k + 1]);
+            select[s.row * cells + at + k] = m;
+            tokens[s.row] += m;
+        }
+    }
+    let select = Tensor::from_vec(select, (n, cells), model.device())?;
+    let sums = select
+        .matmul(
+            &logp
+                .to_dtype(candle_core::DType::F32)?
+                .reshape((cells, 1))?,
+        )?
+        .squeeze(1)?;
+    Ok((sums, tokens))
+}
+
+/// The `[dpo]` settings a run trains with.
+#[derive(Debug, Clone, Copy)]
+pub struct DpoSchedule {
+    pub steps: u64,
+    pub pairs_per_step: usize,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub min_lr_ratio: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    pub micro_batch_tokens: usize,
+    pub pack_sequences: bool,
+    pub seed: u64,
+}
+
+/// One batch's loss and TRL's metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PairMetrics {
+    pub loss: f64,
+    pub rewards_chosen: f64,
+    pub rewards_rejected: f64,
+    pub rewards_margins: f64,
+    pub rewards_accuracies: f64,
+    /// Mean summed log-probs of the completions under the policy (`logps/chosen`).
+    pub logps_chosen: f64,
+    pub logps_rejected: f64,
+    pub pairs: usize,
+}
+
+impl PairMetrics {
+    /// TensorBoard's scalars under TRL's names, with `prefix` (`""` or `"eval/"`).
+    pub fn scalars(&self, prefix: &str) -> Vec<(String, f64)> {
+        [
+            ("loss", self.loss),
+            ("rewards/chosen", self.rewards_chosen),
+            ("rewards/rejected", self.rewards_rejected),
+            ("rewards/margins", self.rewards_margins),
+            ("rewards/accuracies", self.rewards_accuracies),
+            ("logps/chosen", self.logps_chosen),
+            ("logps/rejected", self.logps_rejected),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("{prefix}{k}"), v))
+        .collect()
+    }
+}
+
+/// What a pass over some pairs collects.
+#[derive(Default)]
+struct Tally {
+    loss: f64,
+    chosen_rewards: Vec<f32>,
+    rejected_rewards: Vec<f32>,
+    logps_chosen: f64,
+    logps_rejected: f64,
+}
+
+impl Tally {
+    fn metrics(&self) -> PairMetrics {
+        let n = self.chosen_rewards.len();
+        let [c, r, m, a] = reward_metrics(&self.chosen_rewards, &self.rejected_rewards);
+        PairMetrics {
+            loss: self.loss,
+            rewards_chosen: c.1,
+            rewards_rejected: r.1,
+            rewards_margins: m.1,
+            rewards_accuracies: a.1,
+            logps_chosen: self.logps_chosen / n.max(1) as f64,
+            logps_rejected: self.logps_rejected / n.max(1) as f64,
+            pairs: n,
+        }
+    }
+}
+
+/// The pair losses of `pairs` (chosen rows first, then rejected, in one forward each for
+/// the policy and the reference), their sum scaled by `scale`, and what they add to
+/// `tally`. With `grad`, the scaled sum's gradients are returned.
+fn forward_pairs(
+    model: &Model,
+    pairs: &[&PairRows],
+    loss: &PairLossSettings,
+    pack: bool,
+    grad: bool,
+    scale: f64,
+    tally: &mut Tally,
+) -> Result<Option<candle_core::backprop::GradStore>> {
+    let rows: Vec<SftRow> = pairs
+        .iter()
+        .map(|p| p.chosen.clone())
+        .chain(pairs.iter().map(|p| p.rejected.clone()))
+        .collect();
+    let n = pairs.len();
+    let mode = if grad { Mode::TRAIN } else { Mode::INFERENCE };
+    let (logps, tokens) = sequence_logps(model, &rows, pack, mode)?;
+    let reference = if loss.loss.uses_reference() {
+        Some(sequence_logps(model, &rows, pack, Mode::BASE)?.0)
+    } else {
+        None
+    };
+    let tokens = Tensor::from_vec(tokens, 2 * n, model.device())?;
+    let halves =
+        |t: &Tensor| -> Result<(Tensor, Tensor)> { Ok((t.narrow(0, 0, n)?, t.narrow(0, n, n)?)) };
+    let (lc, lr) = halves(&logps)?;
+    let (tc, tr) = halves(&tokens)?;
+    let refs = reference.as_ref().map(halves).transpose()?;
+    let out = pair_loss(
+        &Sides {
+            chosen: &lc,
+            rejected: &lr,
+        },
+        refs.as_ref()
+            .map(|(c, r)| Sides {
+                chosen: c,
+                rejected: r,
+            })
+            .as_ref(),
+        &Sides {
+            chosen: &tc,
+            rejected: &tr,
+        },
+        loss,
+    )?;
+    let total = (out.loss.sum_all()? * scale)?;
+    tally.loss += total.to_scalar::<f32>()? as f64;
+    tally
+        .chosen_rewards
+        .extend(out.chosen_rewards.to_vec1::<f32>()?);
+    tally
+        .rejected_rewards
+        .extend(out.rejected_rewards.to_vec1::<f32>()?);
+    tally.logps_chosen += lc.sum_all()?.to_scalar::<f32>()? as f64;
+    tally.logps_rejected += lr.sum_all()?.to_scalar::<f32>()? as f64;
+    Ok(if grad { Some(total.backward()?) } else { None })
+}
+
+/// `pairs` in micro-batches of whole pairs whose rows fit `budget` tokens (lanes × the
+/// longest row, as [`packing::micro_batches`] counts a padded batch); a pair over it is a
+/// micro-batch of its own.
+fn micro_batches<'a>(pairs: &[&'a PairRows], budget: usize) -> Vec<Vec<&'a PairRows>> {
+    let mut out: Vec<Vec<&PairRows>> = Vec::new();
+    let mut longest = 0;
+    for &p in pairs {
+        let len = p.chosen.tokens.len().max(p.rejected.tokens.len());
+        let fits = out
+            .last()
+            .is_some_and(|last| longest.max(len) * 2 * (last.len() + 1) <= budget);
+        if fits {
+            longest = longest.max(len);
+            out.last_mut().expect("checked").push(p);
+        } else {
+            longest = len;
+            out.push(vec![p]);
+        }
+    }
+    out
+}
+
+/// The mean loss and TRL's metrics of `pairs` under the current adapter, no gradients.
+pub fn evaluate(
+    model: &Model,
+    pairs: &[PairRows],
+    loss: &PairLossSettings,
+    schedule: &DpoSchedule,
+) -> Result<PairMetrics> {
+    let all: Vec<&PairRows> = pairs.iter().collect();
+    let mut tally = Tally::default();
+    let scale = 1.0 / pairs.len().max(1) as f64;
+    for mb in micro_batches(&all, schedule.micro_batch_tokens) {
+        forward_pairs(
+            model,
+            &mb,
+            loss,
+            schedule.pack_sequences,
+            false,
+            scale,
+            &mut tally,
+        )?;
+    }
+    Ok(tally.metrics())
+}
+
+/// The pairs of step `step` (0-based): `pairs_per_step` of them in the seeded order of
+/// the epoch they fall in, the next epoch's order continuing where one ends.
+pub fn step_pairs(len: usize, step: u64, per_step: usize, seed: u64) -> Vec<usize> {
+    let ids: Vec<u64> = (0..len as u64).collect();
+    let start = step * per_step as u64;
+    let mut out = Vec::with_capacity(per_step);
+    let mut order: Option<(u64, Vec<u64>)> = None;
+    for k in start..start + per_step as u64 {
+        let (epoch, at) = (k / len as u64, (k % len as u64) as usize);
+        if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
+            order = Some((
+                epoch,
+                crate::data::order::epoch_order(&ids, seed, epoch, true),
+            ));
+        }
+        out.push(order.as_ref().expect("set above").1[at] as usize);
+    }
+    out
+}
+
+/// One optimizer step's record.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepRecord {
+    pub step: u64,
+    pub epoch: f64,
+    #[serde(flatten)]
+    pub train: PairMetrics,
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// The held-out pairs' metrics, on the steps that evaluate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval: Option<PairMetrics>,
+}
+
+/// The trainer: the model with its adapter, the optimizer and where it stands.
+pub struct Dpo<'a> {
+    pub model: &'a Model,
+    pub opt: AdamW,
+    pub loss: PairLossSettings,
+    pub schedule: DpoSchedule,
+    /// Steps done.
+    pub step: u64,
+}
+
+impl<'a> Dpo<'a> {
+    /// A trainer over the model's adapter (attached or loaded before).
+    pub fn new(model: &'a Model, loss: PairLossSettings, schedule: DpoSchedule) -> Result<Self> {
+        let opt = AdamW::new(
+            model.lora_vars(),
+            AdamWConfig {
+                weight_decay: schedule.weight_decay,
+                ..AdamWConfig::default()
+            },
+        )?;
+        if opt.params().is_empty() {
+            bail!("the model has no adapter to train: attach one first");
+        }
+        if loss.loss == PairLoss::Robust && !(0.0..0.5).contains(&loss.label_smoothing) {
+            bail!("the robust loss needs label_smoothing in [0, 0.5)");
+        }
+        Ok(Dpo {
+            model,
+            opt,
+            loss,
+            schedule,
+            step: 0,
+        })
+    }
+
+    /// Takes the next step on `pairs` and returns its record (without evaluation).
+    pub fn step(&mut self, pairs: &[PairRows]) -> Result<StepRecord> {
+        let s = self.schedule;
+        let chosen = step_pairs(pairs.len(), self.step, s.pairs_per_step, s.seed);
+        let batch: Vec<&PairRows> = chosen.iter().map(|&i| &pairs[i]).collect();
+        let params = self.opt.params().to_vec();
+        let mut acc = Accumulator::new(params.len());
+        let mut tally = Tally::default();
+        let scale = 1.0 / batch.len() as f64;
+        for mb in micro_batches(&batch, s.micro_batch_tokens) {
+            let grads = forward_pairs(
+                self.model,
+                &mb,
+                &self.loss,
+                s.pack_sequences,
+                true,
+                scale,
+                &mut tally,
+            )?
+            .expect("a training pass returns gradients");
+            acc.add(&params, &grads)?;
+        }
+        let mut grads = acc.take(&params)?;
+        let grad_norm = clip_grad_norm(&mut grads, s.max_grad_norm)?;
+        let lr = lr_at(self.step, s.steps, s.warmup_steps, s.lr, s.min_lr_ratio);
+        if grad_norm.is_finite() {
+            self.opt.update(&grads, lr)?;
+        } else {
+            bail!(
+                "step {}: the gradient norm is {grad_norm}; the adapter was not changed (lower train.lr, or check the pairs for empty completions)",
+                self.step + 1
+            );
+        }
+        self.step += 1;
+        Ok(StepRecord {
+            step: self.step,
+            epoch: (self.step * s.pairs_per_step as u64) as f64 / pairs.len() as f64,
+            train: tally.metrics(),
+            grad_norm,
+            lr,
+            eval: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Placement, fixtures};
+    use crate::sample::Message;
+
+    fn msg(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+
+    fn pair(q: &str, c: &str, r: &str) -> Pair {
+        Pair {
+            prompt: vec![msg("user", q)],
+            chosen: vec![msg("assistant", c)],
+            rejected: vec![msg("assistant", r)],
+            margin: None,
+        }
+    }
+
+    /// A row's summed log-prob is the same alone, padded beside others and packed with
+    /// them.
+    #[test]
+    fn sequence_logps_are_the_rows_own_whatever_the_batch() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        let kw = Map::new();
+        let rows: Vec<SftRow> = [("hi", "hello there"), ("2+2?", "4"), ("name?", "a model")]
+            .iter()
+            .map(|(q, a)| {
+                completion_row(&lm, &[msg("user", q)], &[msg("assistant", a)], &kw).unwrap()
+            })
+            .collect();
+        let alone: Vec<f32> = rows
+            .iter()
+            .map(|r| {
+                sequence_logps(&lm.model, std::slice::from_ref(r), false, Mode::INFERENCE)
+                    .unwrap()
+                    .0
+                    .to_vec1::<f32>()
+                    .unwrap()[0]
+            })
+            .collect();
+        for pack in [false, true] {
+            let (all, tokens) = sequence_logps(&lm.model, &rows, pack, Mode::INFERENCE).unwrap();
+            for (a, b) in alone.iter().zip(all.to_vec1::<f32>().unwrap()) {
+                assert!((a - b).abs() < 1e-4, "pack {pack}: {a} vs {b}");
+            }
+            let want: Vec<f32> = rows
+                .iter()
+                .map(|r| r.loss_mask[1..].iter().map(|&m| m as f32).sum())
+                .collect();
+            assert_eq!(tokens, want);
+        }
+    }
+
+    /// Step k's pairs are the seeded epoch order's, across epoch ends, and a fresh call
+    /// gives the same (what an exact resume relies on).
+    #[test]
+    fn step_pairs_walk_the_epochs_in_seeded_order() {
+        let all: Vec<usize> = (0..5).flat_map(|s| step_pairs(4, s, 3, 9)).collect();
+        // 15 picks over 4 pairs: each epoch of 4 is a permutation.
+        for epoch in all.chunks(4).filter(|c| c.len() == 4) {
+            let mut e = epoch.to_vec();
+            e.sort();
+            assert_eq!(e, [0, 1, 2, 3]);
+        }
+        assert_eq!(step_pairs(4, 3, 3, 9), all[9..12]);
+    }
+
+    /// At the start the adapter is zero (PEFT's B = 0), so the policy is the reference:
+    /// every implicit reward is 0 and the sigmoid loss is log 2. A few steps on one pair
+    /// raise its margin and accuracy.
+    #[test]
+    fn dpo_starts_at_log_two_and_learns_a_pair() {
+        let mut lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        lm.model
+            .attach_lora(&crate::model::LoraConfig::default(), 3)
+            .unwrap();
+        let kw = Map::new();
+        let pairs: Vec<PairRows> = [pair("2+2?", "4", "5"), pair("3+3?", "6", "7")]
+            .iter()
+            .map(|p| PairRows::of(&lm, p, &kw, 512, ("chosen", "rejected")).unwrap())
+            .collect();
+        let loss = PairLossSettings {
+            loss: PairLoss::Sigmoid,
+            beta: 0.5,
+            label_smoothing: 0.0,
+            simpo_gamma: 0.0,
+        };
+        let schedule = DpoSchedule {
+            steps: 20,
+            pairs_per_step: 2,
+            lr: 5e-3,
+            warmup_steps: 0,
+            min_lr_ratio: 1.0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            micro_batch_tokens: 8192,
+            pack_sequences: false,
+            seed: 1,
+        };
+        let start = evaluate(&lm.model, &pairs, &loss, &schedule).unwrap();
+        assert!(
+            (start.loss - std::f64::consts::LN_2).abs() < 1e-5,
+            "{start:?}"
+        );
+        assert_eq!(start.rewards_margins, 0.0);
+        let mut dpo = Dpo::new(&lm.model, loss, schedule).unwrap();
+        for _ in 0..20 {
+            dpo.step(&pairs).unwrap();
+        }
+        let end = evaluate(&lm.model, &pairs, &loss, &schedule).unwrap();
+        assert!(end.loss < 0.3 && end.rewards_accuracies == 1.0, "{end:?}");
+    }
+}

@@ -1,0 +1,142 @@
+//! `rlhost dpo` on the fixture model: pairs in TRL's and RL2's shapes, the held-out line,
+//! an interrupted run that resumes into the uninterrupted one's steps, and bad pairs
+//! named by file, line and key.
+
+use rlhost_tests::{TestCommand, repo_root as root, temp_dir};
+use std::path::Path;
+
+/// Pairs of a made-up task the fixture model can learn to prefer: the right sum over a
+/// wrong one, in the three shapes a row may take.
+fn write_pairs(path: &Path, n: usize) {
+    let rows: String = (0..n)
+        .map(|i| {
+            let (q, right, wrong) = (format!("{i}+{i}="), format!("{}", 2 * i), format!("{}", 2 * i + 1));
+            let row = match i % 3 {
+                0 => serde_json::json!({"prompt": q, "chosen": right, "rejected": wrong}),
+                1 => serde_json::json!({
+                    "prompt": [{"role": "user", "content": q}],
+                    "chosen": [{"role": "assistant", "content": right}],
+                    "rejected": [{"role": "assistant", "content": wrong}],
+                }),
+                _ => serde_json::json!({
+                    "chosen": [{"role": "user", "content": q}, {"role": "assistant", "content": right}],
+                    "rejected": [{"role": "user", "content": q}, {"role": "assistant", "content": wrong}],
+                }),
+            };
+            row.to_string() + "\n"
+        })
+        .collect();
+    std::fs::write(path, rows).unwrap();
+}
+
+fn write_config(dir: &Path, data: &str, extra: &str) -> std::path::PathBuf {
+    let model = root().join("tests/fixtures/models/qwen2");
+    let text = format!(
+        "[run]\nseed = 5\nout_dir = \"run\"\n[model]\npath = {model:?}\n[data]\npath = {data:?}\neval_size = 6\n[train]\nsteps = 8\nlr = 0.01\nsave_every = 3\neval_every = 4\n[dpo]\nbeta = 0.5\npairs_per_step = 4\n{extra}"
+    );
+    let path = dir.join("dpo.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn metrics(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn dpo_learns_the_pairs_and_a_resumed_run_takes_the_same_steps() {
+    let dir = temp_dir("dpo-cli");
+    write_pairs(&dir.join("pairs.jsonl"), 30);
+    let config = write_config(&dir, "pairs.jsonl", "");
+    let dpo = || TestCommand::new(&["dpo", "--config"]).arg(&config);
+    let ran = dpo().ok();
+    assert!(ran.stdout.contains("adapter in"), "{}", ran.stdout);
+    // "held-out (6 pairs), start -> step 8: preference accuracy A% -> B%, margin ..."
+    let line = ran
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("held-out (6 pairs), start -> step 8"))
+        .unwrap();
+    let acc: Vec<f64> = line
+        .split("preference accuracy ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .split(" -> ")
+        .map(|x| x.trim_end_matches('%').parse().unwrap())
+        .collect();
+    assert!(acc[1] > acc[0], "{line}");
+    assert!(dir.join("run/adapter/adapter_model.safetensors").is_file());
+    let straight = metrics(&dir.join("run"));
+    assert_eq!(straight.len(), 8);
+    assert!(
+        straight[3]["eval"]["rewards_accuracies"].is_number(),
+        "{:?}",
+        straight[3]
+    );
+    // Interrupted after step 5 (a checkpoint at 3 and at 5), resumed: the same steps.
+    dpo().args(["--overwrite", "--stop-after", "5"]).ok();
+    let resumed = dpo().args(["--resume", "latest"]).ok();
+    assert!(
+        resumed.stdout.contains("step 5 -> step 8"),
+        "{}",
+        resumed.stdout
+    );
+    let again = metrics(&dir.join("run"));
+    assert_eq!(again.len(), 8);
+    for (a, b) in straight.iter().zip(&again) {
+        assert_eq!(a["loss"], b["loss"], "step {}", a["step"]);
+        assert_eq!(a["grad_norm"], b["grad_norm"], "step {}", a["step"]);
+    }
+    // A run directory that holds a run is not overwritten by accident.
+    let err = dpo().fails();
+    assert!(err.contains("holds a run already"), "{err}");
+}
+
+/// Each bad pair stops `rlhost dpo` with one line naming the file, the line and the key.
+#[test]
+fn bad_pairs_get_one_clear_line() {
+    let dir = temp_dir("dpo-bad");
+    let cases = [
+        (
+            "{\"prompt\": \"1+1=\", \"chosen\": \"2\"}\n",
+            "",
+            "bad.jsonl:1",
+            "no \"rejected\" (dpo.rejected_key)",
+        ),
+        (
+            "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"2\"}\n",
+            "",
+            "bad.jsonl:1",
+            "the same as",
+        ),
+        (
+            "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"3\"}\n{\"prompt\": \"1+1=\", \"chosen\": \"2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2\", \"rejected\": \"3\"}\n",
+            "max_length = 60\n",
+            "bad.jsonl:2",
+            "\"chosen\" is",
+        ),
+        (
+            "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"3\"}\n",
+            "loss = \"robust\"\nlabel_smoothing = 0.5\n",
+            "dpo.toml",
+            "dpo.label_smoothing is 0.5",
+        ),
+    ];
+    for (rows, extra, place, what) in cases {
+        std::fs::write(dir.join("bad.jsonl"), rows).unwrap();
+        let config = write_config(&dir, "bad.jsonl", extra);
+        let err = TestCommand::new(&["dpo", "--config"])
+            .arg(&config)
+            .args(["--set", "data.eval_size=0", "--overwrite"])
+            .fails();
+        assert!(err.contains(place) && err.contains(what), "{what}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
