@@ -11,7 +11,7 @@ use crate::data::pairs::{self, PairKeys};
 use crate::data::{Format, order};
 use crate::model::{LanguageModel, peft};
 use crate::rl::checkpoint::{self, TrainerState};
-use crate::rl::dpo::{Dpo, DpoSchedule, PairMetrics, PairRows, evaluate};
+use crate::rl::dpo::{Dpo, DpoSchedule, PairMetrics, PairRows, evaluate, reference_adapter};
 use crate::rl::preference::PairLossSettings;
 use crate::rl::run_log::RunLog;
 use anyhow::{Context, Result, bail};
@@ -168,6 +168,10 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
         seed: c.run.seed,
     };
     let mut dpo = Dpo::new(&lm.model, loss, schedule)?;
+    // Continuing an adapter: it is the reference, as loaded (on resume too).
+    if let Some(a) = &c.model.adapter {
+        dpo.reference = Some(reference_adapter(&lm.model, &loaded.resolve(a))?);
+    }
     if let Some(dir) = &resume {
         checkpoint::load_optimizer(dir, &mut dpo.opt, state.optimizer_step)?;
         dpo.step = state.step;
@@ -193,6 +197,7 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
         }
         Ok(Some(evaluate(
             dpo.model,
+            dpo.reference.as_ref(),
             &eval_rows,
             &dpo.loss,
             &dpo.schedule,

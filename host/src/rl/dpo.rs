@@ -3,9 +3,11 @@
 //!
 //! How it reads next to TRL's `DPOTrainer` with PEFT:
 //! - the reference model is the same model with its adapter off ([`Mode::BASE`]), as
-//!   TRL does for a new PEFT adapter: no second copy of the weights. Its log-probs are
-//!   taken in a forward pass of their own without a gradient graph, on the same packed
-//!   batch as the policy's (SimPO runs none);
+//!   TRL does for a new PEFT adapter: no second copy of the weights. A run that continues
+//!   an adapter (`model.adapter`, an SFT warm start say) takes that adapter as it was
+//!   loaded for the reference, as TRL does: a snapshot of its tensors, not a second model
+//!   ([`reference_adapter`]). Its log-probs are taken in a forward pass of their own without
+//!   a gradient graph, on the same packed batch as the policy's (SimPO runs none);
 //! - a completion's log-prob is the sum over its learned tokens (the assistant's, as
 //!   [`super::sft::completion_row`] marks them), TRL's `logps`;
 //! - a step takes `dpo.pairs_per_step` pairs in a seeded order (a new order each epoch);
@@ -23,7 +25,8 @@ use super::packing;
 use super::preference::{PairLoss, PairLossSettings, Sides, pair_loss, reward_metrics};
 use super::sft::{SftRow, batch, completion_row, sized};
 use crate::data::pairs::Pair;
-use crate::model::{LanguageModel, Mode, Model};
+use crate::model::lora::AdapterSnapshot;
+use crate::model::{LanguageModel, Mode, Model, peft};
 use anyhow::{Context, Result, bail};
 use candle_core::Tensor;
 use serde_json::{Map, Value as Json};
@@ -105,6 +108,36 @@ pub fn sequence_logps(
     Ok((sums, tokens))
 }
 
+/// The adapter saved in `dir` (the one a run started from) as a set the forward reads in
+/// place of the live adapter: the reference of a run that continues an adapter.
+pub fn reference_adapter(model: &Model, dir: &std::path::Path) -> Result<AdapterSnapshot> {
+    let read = peft::read_pairs(model, dir)?;
+    let live: std::collections::HashMap<String, candle_core::TensorId> = model
+        .projections()
+        .into_iter()
+        .filter_map(|(path, _, lin)| lin.lora.as_ref().map(|l| (path, l.lora_a.as_tensor().id())))
+        .collect();
+    let mut pairs = Vec::new();
+    for (module, a, b) in read.pairs {
+        let id = live.get(&module).with_context(|| {
+            format!(
+                "{}: `{module}` has no adapter in the model being trained",
+                dir.display()
+            )
+        })?;
+        pairs.push((*id, a, b));
+    }
+    if pairs.len() != live.len() {
+        bail!(
+            "{}: the adapter covers {} projections and the one being trained {}",
+            dir.display(),
+            pairs.len(),
+            live.len()
+        );
+    }
+    Ok(AdapterSnapshot::from_pairs(0, pairs).with_scaling(Some(read.cfg.scaling())))
+}
+
 /// The `[dpo]` settings a run trains with.
 #[derive(Debug, Clone, Copy)]
 pub struct DpoSchedule {
@@ -184,6 +217,7 @@ impl Tally {
 /// `tally`. With `grad`, the scaled sum's gradients are returned.
 fn forward_pairs(
     model: &Model,
+    reference: Option<&AdapterSnapshot>,
     pairs: &[&PairRows],
     loss: &PairLossSettings,
     pack: bool,
@@ -200,7 +234,14 @@ fn forward_pairs(
     let mode = if grad { Mode::TRAIN } else { Mode::INFERENCE };
     let (logps, tokens) = sequence_logps(model, &rows, pack, mode)?;
     let reference = if loss.loss.uses_reference() {
-        Some(sequence_logps(model, &rows, pack, Mode::BASE)?.0)
+        let mode = match reference {
+            None => Mode::BASE,
+            Some(set) => Mode {
+                adapter: Some(set),
+                ..Mode::INFERENCE
+            },
+        };
+        Some(sequence_logps(model, &rows, pack, mode)?.0)
     } else {
         None
     };
@@ -262,9 +303,11 @@ fn micro_batches<'a>(pairs: &[&'a PairRows], budget: usize) -> Vec<Vec<&'a PairR
     out
 }
 
-/// The mean loss and TRL's metrics of `pairs` under the current adapter, no gradients.
+/// The mean loss and TRL's metrics of `pairs` under the current adapter, no gradients
+/// (`reference`: as [`Dpo::reference`]).
 pub fn evaluate(
     model: &Model,
+    reference: Option<&AdapterSnapshot>,
     pairs: &[PairRows],
     loss: &PairLossSettings,
     schedule: &DpoSchedule,
@@ -275,6 +318,7 @@ pub fn evaluate(
     for mb in micro_batches(&all, schedule.micro_batch_tokens) {
         forward_pairs(
             model,
+            reference,
             &mb,
             loss,
             schedule.pack_sequences,
@@ -326,6 +370,9 @@ pub struct Dpo<'a> {
     pub opt: AdamW,
     pub loss: PairLossSettings,
     pub schedule: DpoSchedule,
+    /// The reference's adapter when the run continues one ([`reference_adapter`]); `None`:
+    /// the base model.
+    pub reference: Option<AdapterSnapshot>,
     /// Steps done.
     pub step: u64,
 }
@@ -351,6 +398,7 @@ impl<'a> Dpo<'a> {
             opt,
             loss,
             schedule,
+            reference: None,
             step: 0,
         })
     }
@@ -367,6 +415,7 @@ impl<'a> Dpo<'a> {
         for mb in micro_batches(&batch, s.micro_batch_tokens) {
             let grads = forward_pairs(
                 self.model,
+                self.reference.as_ref(),
                 &mb,
                 &self.loss,
                 s.pack_sequences,
@@ -541,6 +590,7 @@ mod tests {
             let mut tally = Tally::default();
             let grads = forward_pairs(
                 &lm.model,
+                None,
                 &refs,
                 &settings,
                 false,
@@ -604,6 +654,46 @@ mod tests {
         }
     }
 
+    /// A run that continues an adapter takes it as loaded for the reference (TRL's rule
+    /// for a PEFT model that holds one): at the start the policy is the reference, every
+    /// reward is 0 and the loss is log 2, while the base model as reference would not
+    /// give that (the fixture adapter is not zero).
+    #[test]
+    fn a_continued_adapter_is_its_own_reference() {
+        let dir = fixtures::model_dir("qwen2").join("adapter");
+        let mut lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        crate::model::peft::load_adapter(&mut lm.model, &dir).unwrap();
+        let kw = Map::new();
+        let pairs: Vec<PairRows> = [pair("2+2?", "4", "5"), pair("3+3?", "6", "7")]
+            .iter()
+            .map(|p| PairRows::of(&lm, p, &kw, 512, ("chosen", "rejected")).unwrap())
+            .collect();
+        let loss = PairLossSettings {
+            loss: PairLoss::Sigmoid,
+            beta: 0.5,
+            label_smoothing: 0.0,
+            simpo_gamma: 0.0,
+        };
+        let schedule = DpoSchedule {
+            steps: 1,
+            pairs_per_step: 2,
+            lr: 1e-3,
+            warmup_steps: 0,
+            min_lr_ratio: 1.0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            micro_batch_tokens: 8192,
+            pack_sequences: false,
+            seed: 1,
+        };
+        let set = reference_adapter(&lm.model, &dir).unwrap();
+        let own = evaluate(&lm.model, Some(&set), &pairs, &loss, &schedule).unwrap();
+        assert!((own.loss - std::f64::consts::LN_2).abs() < 1e-6, "{own:?}");
+        assert!(own.rewards_chosen.abs() < 1e-6 && own.rewards_rejected.abs() < 1e-6);
+        let base = evaluate(&lm.model, None, &pairs, &loss, &schedule).unwrap();
+        assert!(base.rewards_chosen.abs() > 1e-3, "{base:?}");
+    }
+
     /// At the start the adapter is zero (PEFT's B = 0), so the policy is the reference:
     /// every implicit reward is 0 and the sigmoid loss is log 2. A few steps on one pair
     /// raise its margin and accuracy.
@@ -636,7 +726,7 @@ mod tests {
             pack_sequences: false,
             seed: 1,
         };
-        let start = evaluate(&lm.model, &pairs, &loss, &schedule).unwrap();
+        let start = evaluate(&lm.model, None, &pairs, &loss, &schedule).unwrap();
         assert!(
             (start.loss - std::f64::consts::LN_2).abs() < 1e-5,
             "{start:?}"
@@ -646,7 +736,7 @@ mod tests {
         for _ in 0..20 {
             dpo.step(&pairs).unwrap();
         }
-        let end = evaluate(&lm.model, &pairs, &loss, &schedule).unwrap();
+        let end = evaluate(&lm.model, None, &pairs, &loss, &schedule).unwrap();
         assert!(end.loss < 0.3 && end.rewards_accuracies == 1.0, "{end:?}");
     }
 }
