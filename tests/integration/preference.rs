@@ -1,6 +1,6 @@
-//! `rlhost dpo` on the fixture model: pairs in TRL's and RL2's shapes, the held-out line,
-//! an interrupted run that resumes into the uninterrupted one's steps, and bad pairs
-//! named by file, line and key.
+//! `rlhost dpo` and `rlhost rm` on the fixture model: pairs in TRL's and RL2's shapes,
+//! the held-out line, an interrupted run that resumes into the uninterrupted one's steps,
+//! the reward model's saved form, and bad pairs named by file, line and key.
 
 use rlhost_tests::{TestCommand, repo_root as root, temp_dir};
 use std::path::Path;
@@ -29,10 +29,11 @@ fn write_pairs(path: &Path, n: usize) {
     std::fs::write(path, rows).unwrap();
 }
 
-fn write_config(dir: &Path, data: &str, extra: &str) -> std::path::PathBuf {
+/// A config for the fixture model; `pairs` adds lines to `[pairs]`, `extra` sections.
+fn write_config(dir: &Path, data: &str, pairs: &str, extra: &str) -> std::path::PathBuf {
     let model = root().join("tests/fixtures/models/qwen2");
     let text = format!(
-        "[run]\nseed = 5\nout_dir = \"run\"\n[model]\npath = {model:?}\n[data]\npath = {data:?}\neval_size = 6\n[train]\nsteps = 8\nlr = 0.01\nsave_every = 3\neval_every = 4\n[dpo]\nbeta = 0.5\npairs_per_step = 4\n{extra}"
+        "[run]\nseed = 5\nout_dir = \"run\"\n[model]\npath = {model:?}\n[data]\npath = {data:?}\neval_size = 6\n[train]\nsteps = 8\nlr = 0.01\nsave_every = 3\neval_every = 4\n[pairs]\nper_step = 4\n{pairs}[dpo]\nbeta = 0.5\n{extra}"
     );
     let path = dir.join("dpo.toml");
     std::fs::write(&path, text).unwrap();
@@ -51,7 +52,7 @@ fn metrics(out: &Path) -> Vec<serde_json::Value> {
 fn dpo_learns_the_pairs_and_a_resumed_run_takes_the_same_steps() {
     let dir = temp_dir("dpo-cli");
     write_pairs(&dir.join("pairs.jsonl"), 30);
-    let config = write_config(&dir, "pairs.jsonl", "");
+    let config = write_config(&dir, "pairs.jsonl", "", "");
     let dpo = || TestCommand::new(&["dpo", "--config"]).arg(&config);
     let ran = dpo().ok();
     assert!(ran.stdout.contains("adapter in"), "{}", ran.stdout);
@@ -99,6 +100,57 @@ fn dpo_learns_the_pairs_and_a_resumed_run_takes_the_same_steps() {
     assert!(err.contains("holds a run already"), "{err}");
 }
 
+#[test]
+fn rm_learns_which_reply_is_preferred_and_saves_a_sequence_classifier() {
+    let dir = temp_dir("rm-cli");
+    // The preferred reply answers; the other declines: a pattern a reward model can read.
+    let rows: String = (0..40)
+        .map(|i| {
+            serde_json::json!({"prompt": format!("{i}+{i}="), "chosen": format!("{}", 2 * i), "rejected": "I cannot say.", "margin": 0.5})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    std::fs::write(dir.join("pairs.jsonl"), rows).unwrap();
+    let config = write_config(
+        &dir,
+        "pairs.jsonl",
+        "margin_key = \"margin\"\n",
+        "[rm]\ncenter_rewards_coefficient = 0.01\n",
+    );
+    let rm = || TestCommand::new(&["rm", "--config"]).arg(&config);
+    let ran = rm().ok();
+    let line = ran
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("held-out (6 pairs), start -> step 8: pairwise accuracy"))
+        .unwrap_or_else(|| panic!("{}", ran.stdout));
+    assert!(line.contains("-> 100.0%"), "{line}");
+    let adapter = dir.join("run/adapter");
+    let config_json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config_json["task_type"], "SEQ_CLS");
+    assert_eq!(config_json["modules_to_save"], serde_json::json!(["score"]));
+    let tensors = std::fs::read(adapter.join("adapter_model.safetensors")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&tensors[..4096.min(tensors.len())])
+            .contains("base_model.model.score.weight")
+    );
+    // Interrupted and resumed: the head comes back from the checkpoint with the adapter.
+    let straight = metrics(&dir.join("run"));
+    rm().args(["--overwrite", "--stop-after", "3"]).ok();
+    assert!(
+        dir.join("run/checkpoints/step-000003/score.safetensors")
+            .is_file()
+    );
+    rm().args(["--resume", "latest"]).ok();
+    for (a, b) in straight.iter().zip(&metrics(&dir.join("run"))) {
+        assert_eq!(a["loss"], b["loss"], "step {}", a["step"]);
+    }
+}
+
 /// Each bad pair stops `rlhost dpo` with one line naming the file, the line and the key.
 #[test]
 fn bad_pairs_get_one_clear_line() {
@@ -107,11 +159,13 @@ fn bad_pairs_get_one_clear_line() {
         (
             "{\"prompt\": \"1+1=\", \"chosen\": \"2\"}\n",
             "",
+            "",
             "bad.jsonl:1",
-            "no \"rejected\" (dpo.rejected_key)",
+            "no \"rejected\" (pairs.rejected_key)",
         ),
         (
             "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"2\"}\n",
+            "",
             "",
             "bad.jsonl:1",
             "the same as",
@@ -119,19 +173,21 @@ fn bad_pairs_get_one_clear_line() {
         (
             "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"3\"}\n{\"prompt\": \"1+1=\", \"chosen\": \"2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2\", \"rejected\": \"3\"}\n",
             "max_length = 60\n",
+            "",
             "bad.jsonl:2",
             "\"chosen\" is",
         ),
         (
             "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"3\"}\n",
+            "",
             "loss = \"robust\"\nlabel_smoothing = 0.5\n",
             "dpo.toml",
             "dpo.label_smoothing is 0.5",
         ),
     ];
-    for (rows, extra, place, what) in cases {
+    for (rows, pairs, extra, place, what) in cases {
         std::fs::write(dir.join("bad.jsonl"), rows).unwrap();
-        let config = write_config(&dir, "bad.jsonl", extra);
+        let config = write_config(&dir, "bad.jsonl", pairs, extra);
         let err = TestCommand::new(&["dpo", "--config"])
             .arg(&config)
             .args(["--set", "data.eval_size=0", "--overwrite"])

@@ -3,12 +3,12 @@
 //! user mistakes never panic.
 
 mod config;
-mod dpo;
 mod env;
 mod export;
 mod generate;
 mod init;
 mod interrupt;
+mod pairs;
 mod plugin;
 mod rollout;
 mod serve;
@@ -55,7 +55,9 @@ enum Command {
     /// Supervised fine-tuning of an adapter on conversations (assistant tokens only).
     Sft(sft::SftArgs),
     /// Preference optimisation of an adapter on chosen/rejected pairs (DPO, IPO, SimPO).
-    Dpo(dpo::DpoArgs),
+    Dpo(pairs::PairsArgs),
+    /// Train a Bradley–Terry reward model (adapter + score head) on chosen/rejected pairs.
+    Rm(pairs::PairsArgs),
     /// Accuracy, tool-use rate and rewards on the held-out split.
     Eval(rollout::EvalArgs),
     /// Print the status of a running job (its --status-addr URL).
@@ -117,7 +119,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => train::run(args, runtime.handle(), cli.quiet),
         Command::Serve(args) => serve::run(args, runtime.handle(), cli.quiet),
         Command::Sft(args) => sft::run(args, cli.quiet),
-        Command::Dpo(args) => dpo::run(args, cli.quiet),
+        Command::Dpo(args) => pairs::run(pairs::Kind::Dpo, args, cli.quiet),
+        Command::Rm(args) => pairs::run(pairs::Kind::Rm, args, cli.quiet),
         Command::Eval(args) => rollout::eval(args, runtime.handle(), cli.quiet),
         Command::Status(args) => status::run(args),
         Command::Config(command) => config::run(command, runtime.handle()),

@@ -66,14 +66,90 @@ pub struct RunConfig {
     /// Serve the policy behind an OpenAI-compatible API and train on the sessions of the
     /// agents that call it, in place of plugin rollouts.
     pub gateway: Option<GatewaySection>,
-    /// `rlhost dpo`: preference optimisation of the adapter on pairs from `data.path`.
+    /// `rlhost dpo` and `rlhost rm`: how preference pairs are read and batched.
+    #[serde(default)]
+    pub pairs: PairsSection,
+    /// `rlhost dpo`: preference optimisation of the adapter on the pairs.
     #[serde(default)]
     pub dpo: DpoSection,
+    /// `rlhost rm`: a Bradley–Terry reward model trained on the pairs.
+    #[serde(default)]
+    pub rm: RmSection,
 }
 
-/// `[dpo]`: how `rlhost dpo` trains on preference pairs (`data.path`: rows with a prompt,
-/// `chosen` and `rejected`; docs/src/preferences.md). Steps, learning rate and its
-/// schedule, clipping, micro-batches, evaluation and checkpoints come from `[train]`.
+/// `[pairs]`: the preference pairs of `data.path` for `rlhost dpo` and `rlhost rm` (rows
+/// with a prompt, `chosen` and `rejected`; docs/src/preferences.md). Steps, learning rate
+/// and its schedule, clipping, micro-batches, evaluation and checkpoints come from
+/// `[train]`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PairsSection {
+    /// Pairs per optimizer step.
+    #[serde(default = "pairs_per_step")]
+    pub per_step: usize,
+    /// The most tokens a side of a pair may have, prompt included. A longer pair is an
+    /// error naming it (or is skipped with `data.on_bad_row = "skip"`): nothing is cut, as
+    /// a cut reply is not the reply that was preferred.
+    #[serde(default = "max_length")]
+    pub max_length: usize,
+    /// The column holding the preferred completion: a reply (string) or a list of messages.
+    #[serde(default = "chosen_key")]
+    pub chosen_key: String,
+    /// The column holding the completion it was preferred to.
+    #[serde(default = "rejected_key")]
+    pub rejected_key: String,
+    /// `rlhost rm`: the column holding each pair's margin m, how much the chosen side is
+    /// preferred (the loss asks r_c − r_r to exceed it, as TRL's reward trainer does).
+    #[serde(default)]
+    #[schemars(example = &"margin")]
+    pub margin_key: Option<String>,
+}
+
+fn pairs_per_step() -> usize {
+    8
+}
+fn max_length() -> usize {
+    1024
+}
+fn chosen_key() -> String {
+    "chosen".into()
+}
+fn rejected_key() -> String {
+    "rejected".into()
+}
+
+impl Default for PairsSection {
+    fn default() -> Self {
+        PairsSection {
+            per_step: pairs_per_step(),
+            max_length: max_length(),
+            chosen_key: chosen_key(),
+            rejected_key: rejected_key(),
+            margin_key: None,
+        }
+    }
+}
+
+impl PairsSection {
+    /// The values serde cannot check, each error naming its key.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.per_step == 0 {
+            return Err("pairs.per_step must be at least 1".into());
+        }
+        if self.max_length < 2 {
+            return Err("pairs.max_length must be at least 2 tokens".into());
+        }
+        if self.chosen_key == self.rejected_key {
+            return Err(format!(
+                "pairs.chosen_key and pairs.rejected_key are both \"{}\"",
+                self.chosen_key
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[dpo]`: the loss `rlhost dpo` trains with.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DpoSection {
@@ -92,20 +168,6 @@ pub struct DpoSection {
     /// SimPO's target reward margin γ (its paper's 0.5-1.6 with β 2-2.5).
     #[serde(default = "simpo_gamma")]
     pub simpo_gamma: f64,
-    /// Pairs per optimizer step.
-    #[serde(default = "pairs_per_step")]
-    pub pairs_per_step: usize,
-    /// The most tokens a side of a pair may have, prompt included. A longer pair is an
-    /// error naming it (or is skipped with `data.on_bad_row = "skip"`): nothing is cut, as
-    /// a cut reply is not the reply that was preferred.
-    #[serde(default = "max_length")]
-    pub max_length: usize,
-    /// The column holding the preferred completion: a reply (string) or a list of messages.
-    #[serde(default = "chosen_key")]
-    pub chosen_key: String,
-    /// The column holding the completion it was preferred to.
-    #[serde(default = "rejected_key")]
-    pub rejected_key: String,
 }
 
 fn dpo_loss() -> crate::rl::preference::PairLoss {
@@ -117,18 +179,6 @@ fn dpo_beta() -> f64 {
 fn simpo_gamma() -> f64 {
     0.5
 }
-fn pairs_per_step() -> usize {
-    8
-}
-fn max_length() -> usize {
-    1024
-}
-fn chosen_key() -> String {
-    "chosen".into()
-}
-fn rejected_key() -> String {
-    "rejected".into()
-}
 
 impl Default for DpoSection {
     fn default() -> Self {
@@ -137,10 +187,6 @@ impl Default for DpoSection {
             beta: dpo_beta(),
             label_smoothing: 0.0,
             simpo_gamma: simpo_gamma(),
-            pairs_per_step: pairs_per_step(),
-            max_length: max_length(),
-            chosen_key: chosen_key(),
-            rejected_key: rejected_key(),
         }
     }
 }
@@ -167,19 +213,31 @@ impl DpoSection {
         if !self.simpo_gamma.is_finite() {
             return Err("dpo.simpo_gamma must be a finite number".into());
         }
-        if self.pairs_per_step == 0 {
-            return Err("dpo.pairs_per_step must be at least 1".into());
-        }
-        if self.max_length < 2 {
-            return Err("dpo.max_length must be at least 2 tokens".into());
-        }
-        if self.chosen_key == self.rejected_key {
-            return Err(format!(
-                "dpo.chosen_key and dpo.rejected_key are both \"{}\"",
-                self.chosen_key
-            ));
-        }
         Ok(())
+    }
+}
+
+/// `[rm]`: the reward model `rlhost rm` trains: the adapter and a score head read at a
+/// conversation's last token, with the Bradley–Terry loss.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RmSection {
+    /// TRL's `center_rewards_coefficient`: adds c·mean((r_c + r_r)²), keeping scores
+    /// centred on 0 (its docs suggest 0.01).
+    #[serde(default)]
+    #[schemars(example = 0.01)]
+    pub center_rewards_coefficient: Option<f64>,
+}
+
+impl RmSection {
+    /// The values serde cannot check, each error naming its key.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        match self.center_rewards_coefficient {
+            Some(c) if !(c.is_finite() && c >= 0.0) => Err(format!(
+                "rm.center_rewards_coefficient is {c}; it must be 0 or more"
+            )),
+            _ => Ok(()),
+        }
     }
 }
 

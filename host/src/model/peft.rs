@@ -17,7 +17,7 @@ use std::path::Path;
 
 pub const CONFIG_FILE: &str = "adapter_config.json";
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
-const KEY_PREFIX: &str = "base_model.model.";
+pub const KEY_PREFIX: &str = "base_model.model.";
 
 /// Reads `adapter_config.json` into a [`LoraConfig`], refusing options we do not implement.
 pub fn read_config(dir: &Path) -> Result<LoraConfig> {
@@ -273,18 +273,60 @@ pub fn save_pairs(
     dir: &Path,
     base_model: Option<&str>,
 ) -> Result<()> {
+    save_pairs_as(pairs, cfg, dir, base_model, None)
+}
+
+/// A reward model's adapter: the live adapter and a trained head saved whole beside it,
+/// as PEFT writes a `task_type = "SEQ_CLS"` adapter with `modules_to_save = ["score"]`
+/// (the head under `base_model.model.score.weight`: PEFT drops the
+/// `modules_to_save.default` of its in-memory name when saving).
+pub fn save_adapter_with_head(
+    model: &Model,
+    dir: &Path,
+    base_model: Option<&str>,
+    (name, head): (&str, &Tensor),
+) -> Result<()> {
+    let cfg = model
+        .lora
+        .as_ref()
+        .context("the model has no adapter to save")?;
+    let pairs = model
+        .projections()
+        .into_iter()
+        .filter_map(|(module, _, lin)| {
+            lin.lora.as_ref().map(|l| {
+                let (a, b) = l.pair(None);
+                (module, a.clone(), b.clone())
+            })
+        })
+        .collect();
+    save_pairs_as(pairs, cfg, dir, base_model, Some((name, head)))
+}
+
+fn save_pairs_as(
+    pairs: Vec<(String, Tensor, Tensor)>,
+    cfg: &LoraConfig,
+    dir: &Path,
+    base_model: Option<&str>,
+    head: Option<(&str, &Tensor)>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (module, a, b) in pairs {
         tensors.push((format!("{KEY_PREFIX}{module}.lora_A.weight"), a));
         tensors.push((format!("{KEY_PREFIX}{module}.lora_B.weight"), b));
     }
+    if let Some((name, t)) = head {
+        tensors.push((format!("{KEY_PREFIX}{name}"), t.clone()));
+    }
     write_safetensors(&dir.join(WEIGHTS_FILE), tensors)?;
+    // The module a saved head belongs to: `score` of `score.weight`.
+    let saved_modules = head.map(|(name, _)| vec![name.trim_end_matches(".weight")]);
     let mut targets = cfg.target_modules.clone();
     targets.sort();
     let config = json!({
         "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
+        "task_type": if head.is_some() { "SEQ_CLS" } else { "CAUSAL_LM" },
         "base_model_name_or_path": base_model,
         "r": cfg.r,
         "lora_alpha": cfg.alpha,
@@ -296,7 +338,7 @@ pub fn save_pairs(
         "use_dora": false,
         "init_lora_weights": true,
         "inference_mode": true,
-        "modules_to_save": null,
+        "modules_to_save": saved_modules,
         "layers_to_transform": null,
         "layers_pattern": null,
         "rank_pattern": {},

@@ -5,7 +5,8 @@
 //! ```text
 //! RUN/checkpoints/step-000010/adapter_config.json, adapter_model.safetensors,
 //!                             optimizer.safetensors, trainer_state.json,
-//!                             value_head.safetensors (PPO runs: the critic's head)
+//!                             value_head.safetensors (PPO runs: the critic's head),
+//!                             score.safetensors (`rlhost rm`: the reward model's head)
 //! RUN/checkpoints/latest      the name of the newest complete checkpoint
 //! ```
 
@@ -32,12 +33,25 @@ pub struct TrainerState {
     pub seed: u64,
 }
 
+/// Trained tensors a checkpoint holds beside the adapter: a head of the trainer's own
+/// (PPO's value head, a reward model's score head).
+pub trait Head {
+    /// Writes the head's file into the checkpoint folder `dir`.
+    fn save(&self, dir: &Path) -> Result<()>;
+}
+
+impl Head for ValueHead {
+    fn save(&self, dir: &Path) -> Result<()> {
+        ValueHead::save(self, dir)
+    }
+}
+
 /// Writes a checkpoint for `state.step` under `out_dir/checkpoints`, points `latest` at
 /// it, and keeps the newest `keep_last`.
 pub fn save(
     out_dir: &Path,
     lm: &LanguageModel,
-    critic: Option<&ValueHead>,
+    head: Option<&dyn Head>,
     opt: &AdamW,
     state: &TrainerState,
     keep_last: usize,
@@ -51,7 +65,7 @@ pub fn save(
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     peft::save_adapter(&lm.model, &tmp, Some(&lm.dir.display().to_string()))?;
-    if let Some(head) = critic {
+    if let Some(head) = head {
         head.save(&tmp)?;
     }
     let tensors: Vec<(String, candle_core::Tensor)> = opt.state()?;

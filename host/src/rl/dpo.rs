@@ -138,9 +138,9 @@ pub fn reference_adapter(model: &Model, dir: &std::path::Path) -> Result<Adapter
     Ok(AdapterSnapshot::from_pairs(0, pairs).with_scaling(Some(read.cfg.scaling())))
 }
 
-/// The `[dpo]` settings a run trains with.
+/// How a run over preference pairs (DPO or a reward model) steps: `[pairs]` and `[train]`.
 #[derive(Debug, Clone, Copy)]
-pub struct DpoSchedule {
+pub struct PairSchedule {
     pub steps: u64,
     pub pairs_per_step: usize,
     pub lr: f64,
@@ -161,9 +161,11 @@ pub struct PairMetrics {
     pub rewards_rejected: f64,
     pub rewards_margins: f64,
     pub rewards_accuracies: f64,
-    /// Mean summed log-probs of the completions under the policy (`logps/chosen`).
-    pub logps_chosen: f64,
-    pub logps_rejected: f64,
+    /// DPO: mean summed log-probs of the completions under the policy (`logps/chosen`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logps_chosen: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logps_rejected: Option<f64>,
     pub pairs: usize,
 }
 
@@ -171,32 +173,32 @@ impl PairMetrics {
     /// TensorBoard's scalars under TRL's names, with `prefix` (`""` or `"eval/"`).
     pub fn scalars(&self, prefix: &str) -> Vec<(String, f64)> {
         [
-            ("loss", self.loss),
-            ("rewards/chosen", self.rewards_chosen),
-            ("rewards/rejected", self.rewards_rejected),
-            ("rewards/margins", self.rewards_margins),
-            ("rewards/accuracies", self.rewards_accuracies),
+            ("loss", Some(self.loss)),
+            ("rewards/chosen", Some(self.rewards_chosen)),
+            ("rewards/rejected", Some(self.rewards_rejected)),
+            ("rewards/margins", Some(self.rewards_margins)),
+            ("rewards/accuracies", Some(self.rewards_accuracies)),
             ("logps/chosen", self.logps_chosen),
             ("logps/rejected", self.logps_rejected),
         ]
         .into_iter()
-        .map(|(k, v)| (format!("{prefix}{k}"), v))
+        .filter_map(|(k, v)| Some((format!("{prefix}{k}"), v?)))
         .collect()
     }
 }
 
 /// What a pass over some pairs collects.
 #[derive(Default)]
-struct Tally {
-    loss: f64,
-    chosen_rewards: Vec<f32>,
-    rejected_rewards: Vec<f32>,
-    logps_chosen: f64,
-    logps_rejected: f64,
+pub(super) struct Tally {
+    pub loss: f64,
+    pub chosen_rewards: Vec<f32>,
+    pub rejected_rewards: Vec<f32>,
+    /// DPO's summed log-probs of the completions (`None`: not a DPO pass).
+    pub logps: Option<(f64, f64)>,
 }
 
 impl Tally {
-    fn metrics(&self) -> PairMetrics {
+    pub(super) fn metrics(&self) -> PairMetrics {
         let n = self.chosen_rewards.len();
         let [c, r, m, a] = reward_metrics(&self.chosen_rewards, &self.rejected_rewards);
         PairMetrics {
@@ -205,8 +207,8 @@ impl Tally {
             rewards_rejected: r.1,
             rewards_margins: m.1,
             rewards_accuracies: a.1,
-            logps_chosen: self.logps_chosen / n.max(1) as f64,
-            logps_rejected: self.logps_rejected / n.max(1) as f64,
+            logps_chosen: self.logps.map(|l| l.0 / n.max(1) as f64),
+            logps_rejected: self.logps.map(|l| l.1 / n.max(1) as f64),
             pairs: n,
         }
     }
@@ -220,9 +222,7 @@ fn forward_pairs(
     reference: Option<&AdapterSnapshot>,
     pairs: &[&PairRows],
     loss: &PairLossSettings,
-    pack: bool,
-    grad: bool,
-    scale: f64,
+    Pass { pack, grad, scale }: Pass,
     tally: &mut Tally,
 ) -> Result<Option<candle_core::backprop::GradStore>> {
     let rows: Vec<SftRow> = pairs
@@ -276,15 +276,25 @@ fn forward_pairs(
     tally
         .rejected_rewards
         .extend(out.rejected_rewards.to_vec1::<f32>()?);
-    tally.logps_chosen += lc.sum_all()?.to_scalar::<f32>()? as f64;
-    tally.logps_rejected += lr.sum_all()?.to_scalar::<f32>()? as f64;
+    let (c, r) = tally.logps.get_or_insert((0.0, 0.0));
+    *c += lc.sum_all()?.to_scalar::<f32>()? as f64;
+    *r += lr.sum_all()?.to_scalar::<f32>()? as f64;
     Ok(if grad { Some(total.backward()?) } else { None })
+}
+
+/// How a pass over pairs runs: packed or padded, with gradients (training) or not, and
+/// the share of the step's mean loss each pair's loss is (1 / the step's pairs).
+#[derive(Clone, Copy)]
+pub(super) struct Pass {
+    pub pack: bool,
+    pub grad: bool,
+    pub scale: f64,
 }
 
 /// `pairs` in micro-batches of whole pairs whose rows fit `budget` tokens (lanes × the
 /// longest row, as [`packing::micro_batches`] counts a padded batch); a pair over it is a
 /// micro-batch of its own.
-fn micro_batches<'a>(pairs: &[&'a PairRows], budget: usize) -> Vec<Vec<&'a PairRows>> {
+pub(super) fn micro_batches<'a>(pairs: &[&'a PairRows], budget: usize) -> Vec<Vec<&'a PairRows>> {
     let mut out: Vec<Vec<&PairRows>> = Vec::new();
     let mut longest = 0;
     for &p in pairs {
@@ -310,22 +320,18 @@ pub fn evaluate(
     reference: Option<&AdapterSnapshot>,
     pairs: &[PairRows],
     loss: &PairLossSettings,
-    schedule: &DpoSchedule,
+    schedule: &PairSchedule,
 ) -> Result<PairMetrics> {
     let all: Vec<&PairRows> = pairs.iter().collect();
     let mut tally = Tally::default();
     let scale = 1.0 / pairs.len().max(1) as f64;
     for mb in micro_batches(&all, schedule.micro_batch_tokens) {
-        forward_pairs(
-            model,
-            reference,
-            &mb,
-            loss,
-            schedule.pack_sequences,
-            false,
+        let pass = Pass {
+            pack: schedule.pack_sequences,
+            grad: false,
             scale,
-            &mut tally,
-        )?;
+        };
+        forward_pairs(model, reference, &mb, loss, pass, &mut tally)?;
     }
     Ok(tally.metrics())
 }
@@ -369,7 +375,7 @@ pub struct Dpo<'a> {
     pub model: &'a Model,
     pub opt: AdamW,
     pub loss: PairLossSettings,
-    pub schedule: DpoSchedule,
+    pub schedule: PairSchedule,
     /// The reference's adapter when the run continues one ([`reference_adapter`]); `None`:
     /// the base model.
     pub reference: Option<AdapterSnapshot>,
@@ -379,17 +385,8 @@ pub struct Dpo<'a> {
 
 impl<'a> Dpo<'a> {
     /// A trainer over the model's adapter (attached or loaded before).
-    pub fn new(model: &'a Model, loss: PairLossSettings, schedule: DpoSchedule) -> Result<Self> {
-        let opt = AdamW::new(
-            model.lora_vars(),
-            AdamWConfig {
-                weight_decay: schedule.weight_decay,
-                ..AdamWConfig::default()
-            },
-        )?;
-        if opt.params().is_empty() {
-            bail!("the model has no adapter to train: attach one first");
-        }
+    pub fn new(model: &'a Model, loss: PairLossSettings, schedule: PairSchedule) -> Result<Self> {
+        let opt = optimizer(model.lora_vars(), &schedule)?;
         if loss.loss == PairLoss::Robust && !(0.0..0.5).contains(&loss.label_smoothing) {
             bail!("the robust loss needs label_smoothing in [0, 0.5)");
         }
@@ -405,48 +402,83 @@ impl<'a> Dpo<'a> {
 
     /// Takes the next step on `pairs` and returns its record (without evaluation).
     pub fn step(&mut self, pairs: &[PairRows]) -> Result<StepRecord> {
-        let s = self.schedule;
-        let chosen = step_pairs(pairs.len(), self.step, s.pairs_per_step, s.seed);
-        let batch: Vec<&PairRows> = chosen.iter().map(|&i| &pairs[i]).collect();
-        let params = self.opt.params().to_vec();
-        let mut acc = Accumulator::new(params.len());
-        let mut tally = Tally::default();
-        let scale = 1.0 / batch.len() as f64;
-        for mb in micro_batches(&batch, s.micro_batch_tokens) {
-            let grads = forward_pairs(
-                self.model,
-                self.reference.as_ref(),
-                &mb,
-                &self.loss,
-                s.pack_sequences,
-                true,
-                scale,
-                &mut tally,
-            )?
-            .expect("a training pass returns gradients");
-            acc.add(&params, &grads)?;
-        }
-        let mut grads = acc.take(&params)?;
-        let grad_norm = clip_grad_norm(&mut grads, s.max_grad_norm)?;
-        let lr = lr_at(self.step, s.steps, s.warmup_steps, s.lr, s.min_lr_ratio);
-        if grad_norm.is_finite() {
-            self.opt.update(&grads, lr)?;
-        } else {
-            bail!(
-                "step {}: the gradient norm is {grad_norm}; the adapter was not changed (lower train.lr, or check the pairs for empty completions)",
-                self.step + 1
-            );
-        }
-        self.step += 1;
-        Ok(StepRecord {
-            step: self.step,
-            epoch: (self.step * s.pairs_per_step as u64) as f64 / pairs.len() as f64,
-            train: tally.metrics(),
-            grad_norm,
-            lr,
-            eval: None,
-        })
+        let (model, reference, loss) = (self.model, self.reference.as_ref(), &self.loss);
+        let pack = self.schedule.pack_sequences;
+        take_step(
+            &mut self.opt,
+            &mut self.step,
+            &self.schedule,
+            pairs,
+            |mb, scale, tally| {
+                let pass = Pass {
+                    pack,
+                    grad: true,
+                    scale,
+                };
+                let grads = forward_pairs(model, reference, mb, loss, pass, tally)?;
+                Ok(grads.expect("a training pass returns gradients"))
+            },
+        )
     }
+}
+
+/// The optimizer for `params` with `[train]`'s weight decay; an error without any.
+pub(super) fn optimizer(
+    params: Vec<(String, candle_core::Var)>,
+    s: &PairSchedule,
+) -> Result<AdamW> {
+    if params.is_empty() {
+        bail!("the model has no adapter to train: attach one first");
+    }
+    Ok(AdamW::new(
+        params,
+        AdamWConfig {
+            weight_decay: s.weight_decay,
+            ..AdamWConfig::default()
+        },
+    )?)
+}
+
+/// One optimizer step of a trainer over pairs (DPO, a reward model): the pairs of step
+/// `*step` in micro-batches, `forward(micro_batch, scale, tally)` giving each one's
+/// gradients of its share (`scale` = 1 / the step's pairs) of the step's mean loss, then
+/// clipping, the schedule's learning rate and AdamW. A non-finite gradient norm stops the
+/// run before the adapter changes.
+pub(super) fn take_step(
+    opt: &mut AdamW,
+    step: &mut u64,
+    s: &PairSchedule,
+    pairs: &[PairRows],
+    mut forward: impl FnMut(&[&PairRows], f64, &mut Tally) -> Result<candle_core::backprop::GradStore>,
+) -> Result<StepRecord> {
+    let chosen = step_pairs(pairs.len(), *step, s.pairs_per_step, s.seed);
+    let batch: Vec<&PairRows> = chosen.iter().map(|&i| &pairs[i]).collect();
+    let params = opt.params().to_vec();
+    let mut acc = Accumulator::new(params.len());
+    let mut tally = Tally::default();
+    let scale = 1.0 / batch.len() as f64;
+    for mb in micro_batches(&batch, s.micro_batch_tokens) {
+        acc.add(&params, &forward(&mb, scale, &mut tally)?)?;
+    }
+    let mut grads = acc.take(&params)?;
+    let grad_norm = clip_grad_norm(&mut grads, s.max_grad_norm)?;
+    if !grad_norm.is_finite() {
+        bail!(
+            "step {}: the gradient norm is {grad_norm}; the adapter was not changed (lower train.lr, or check the pairs)",
+            *step + 1
+        );
+    }
+    let lr = lr_at(*step, s.steps, s.warmup_steps, s.lr, s.min_lr_ratio);
+    opt.update(&grads, lr)?;
+    *step += 1;
+    Ok(StepRecord {
+        step: *step,
+        epoch: (*step * s.pairs_per_step as u64) as f64 / pairs.len() as f64,
+        train: tally.metrics(),
+        grad_norm,
+        lr,
+        eval: None,
+    })
 }
 
 #[cfg(test)]
@@ -588,18 +620,14 @@ mod tests {
             };
             let refs: Vec<&PairRows> = rows.iter().collect();
             let mut tally = Tally::default();
-            let grads = forward_pairs(
-                &lm.model,
-                None,
-                &refs,
-                &settings,
-                false,
-                true,
-                1.0 / rows.len() as f64,
-                &mut tally,
-            )
-            .unwrap()
-            .unwrap();
+            let pass = Pass {
+                pack: false,
+                grad: true,
+                scale: 1.0 / rows.len() as f64,
+            };
+            let grads = forward_pairs(&lm.model, None, &refs, &settings, pass, &mut tally)
+                .unwrap()
+                .unwrap();
             let want = case["loss"].as_f64().unwrap();
             assert!(
                 (tally.loss - want).abs() < 1e-5,
@@ -674,7 +702,7 @@ mod tests {
             label_smoothing: 0.0,
             simpo_gamma: 0.0,
         };
-        let schedule = DpoSchedule {
+        let schedule = PairSchedule {
             steps: 1,
             pairs_per_step: 2,
             lr: 1e-3,
@@ -714,7 +742,7 @@ mod tests {
             label_smoothing: 0.0,
             simpo_gamma: 0.0,
         };
-        let schedule = DpoSchedule {
+        let schedule = PairSchedule {
             steps: 20,
             pairs_per_step: 2,
             lr: 5e-3,

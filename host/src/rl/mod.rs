@@ -12,6 +12,7 @@ pub mod plan;
 pub mod preference;
 mod producer;
 mod progress;
+pub mod reward_model;
 pub(crate) mod run_log;
 pub mod sft;
 pub mod trainer;

@@ -295,7 +295,8 @@ impl Steps<'_> {
         };
         let out_dir = self.run.out_dir;
         let keep = self.plan.saves.keep_last;
-        let dir = checkpoint::save(out_dir, self.lm, self.critic, opt, &state, keep)
+        let head = self.critic.map(|c| c as &dyn checkpoint::Head);
+        let dir = checkpoint::save(out_dir, self.lm, head, opt, &state, keep)
             .map_err(|e| write_failed(e, out_dir))?;
         let shown = dir.strip_prefix(out_dir).unwrap_or(&dir);
         self.run.hub.checkpoint(&shown.display().to_string());

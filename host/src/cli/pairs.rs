@@ -1,8 +1,10 @@
-//! `rlhost dpo`: preference optimisation of a LoRA adapter ([`crate::rl::dpo`]) on the
-//! pairs of `data.path`, with the run config's `[model]`, `[lora]`, `[train]` and `[dpo]`.
-//! Metrics to `RUN/metrics.jsonl` and TensorBoard under TRL's names, checkpoints to
-//! `RUN/checkpoints/` (`--resume latest` continues exactly), the adapter in PEFT's format
-//! in `RUN/adapter` at the end.
+//! The trainers on preference pairs: `rlhost dpo` (preference optimisation of the
+//! adapter, [`crate::rl::dpo`]) and `rlhost rm` (a Bradley–Terry reward model,
+//! [`crate::rl::reward_model`]), on the pairs of `data.path`, with the run config's
+//! `[model]`, `[lora]`, `[train]`, `[pairs]` and `[dpo]` or `[rm]`. Metrics to
+//! `RUN/metrics.jsonl` and TensorBoard under TRL's names, checkpoints to
+//! `RUN/checkpoints/` (`--resume latest` continues exactly), the adapter (with the reward
+//! model's score head) in PEFT's format in `RUN/adapter` at the end.
 
 use crate::config::LoadedConfig;
 use crate::config::setup::{display, out_dir};
@@ -11,16 +13,18 @@ use crate::data::pairs::{self, PairKeys};
 use crate::data::{Format, order};
 use crate::model::{LanguageModel, peft};
 use crate::rl::checkpoint::{self, TrainerState};
-use crate::rl::dpo::{Dpo, DpoSchedule, PairMetrics, PairRows, evaluate, reference_adapter};
+use crate::rl::dpo::{Dpo, PairMetrics, PairRows, PairSchedule, StepRecord, reference_adapter};
 use crate::rl::preference::PairLossSettings;
+use crate::rl::reward_model::{Rm, ScoreHead};
 use crate::rl::run_log::RunLog;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
-pub struct DpoArgs {
-    /// The run config: its [model], [lora], [data], [train] and [dpo] sections.
+pub struct PairsArgs {
+    /// The run config: its [model], [lora], [data], [train], [pairs] and [dpo] or [rm]
+    /// sections.
     #[arg(long)]
     config: PathBuf,
     /// Continue from `latest` (the run directory's newest checkpoint) or a checkpoint folder.
@@ -45,7 +49,64 @@ pub struct DpoArgs {
     set: Vec<String>,
 }
 
-pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
+/// Which trainer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    Dpo,
+    Rm,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Dpo => "dpo",
+            Kind::Rm => "rm",
+        }
+    }
+}
+
+/// The trainer a command runs.
+enum Trainer<'a> {
+    Dpo(Dpo<'a>),
+    Rm(Rm<'a>),
+}
+
+impl Trainer<'_> {
+    fn step(&mut self, pairs: &[PairRows]) -> Result<StepRecord> {
+        match self {
+            Trainer::Dpo(t) => t.step(pairs),
+            Trainer::Rm(t) => t.step(pairs),
+        }
+    }
+
+    fn evaluate(&self, pairs: &[PairRows]) -> Result<PairMetrics> {
+        match self {
+            Trainer::Dpo(t) => {
+                crate::rl::dpo::evaluate(t.model, t.reference.as_ref(), pairs, &t.loss, &t.schedule)
+            }
+            Trainer::Rm(t) => {
+                crate::rl::reward_model::evaluate(t.model, &t.head, pairs, t.center, &t.schedule)
+            }
+        }
+    }
+
+    /// Steps done, and the optimizer.
+    fn position(&mut self) -> (&mut u64, &mut crate::rl::optim::AdamW) {
+        match self {
+            Trainer::Dpo(t) => (&mut t.step, &mut t.opt),
+            Trainer::Rm(t) => (&mut t.step, &mut t.opt),
+        }
+    }
+
+    fn head(&self) -> Option<&dyn checkpoint::Head> {
+        match self {
+            Trainer::Dpo(_) => None,
+            Trainer::Rm(t) => Some(&t.head),
+        }
+    }
+}
+
+pub fn run(kind: Kind, args: PairsArgs, quiet: bool) -> Result<()> {
     let mut set = args.set.clone();
     if let Some(steps) = args.steps {
         set.push(set_value("train.steps", steps as i64));
@@ -56,8 +117,12 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
     let loaded = LoadedConfig::load(&args.config, &set)?;
     let c = &loaded.config;
     let file = display(&loaded.path);
-    c.dpo
-        .validate()
+    let checked = match kind {
+        Kind::Dpo => c.dpo.validate(),
+        Kind::Rm => c.rm.validate(),
+    };
+    checked
+        .and_then(|()| c.pairs.validate())
         .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
     if c.train.steps == 0 {
         bail!("{file}: train.steps is 0; nothing to train");
@@ -97,8 +162,9 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
     let model_dir = loaded.resolve(&c.model.path);
     if crate::builtin::recipe(&model_dir)?.is_some() {
         bail!(
-            "{file}: model.path is {}; rlhost dpo takes a model directory (a built-in model is built by `rlhost train`, which prints where it is)",
-            model_dir.display()
+            "{file}: model.path is {}; rlhost {} takes a model directory (a built-in model is built by `rlhost train`, which prints where it is)",
+            model_dir.display(),
+            kind.name()
         );
     }
     let at = c.model.placement(&file)?;
@@ -131,14 +197,14 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
         );
     }
     let kwargs = &c.rollout.template_kwargs;
-    let keys = (c.dpo.chosen_key.as_str(), c.dpo.rejected_key.as_str());
+    let keys = (c.pairs.chosen_key.as_str(), c.pairs.rejected_key.as_str());
     let tokenize = |loaded: &pairs::LoadedPairs| -> Result<Vec<PairRows>> {
         loaded
             .samples
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                PairRows::of(&lm, p, kwargs, c.dpo.max_length, keys)
+                PairRows::of(&lm, p, kwargs, c.pairs.max_length, keys)
                     .with_context(|| loaded.origins.locate(i))
             })
             .collect()
@@ -155,9 +221,9 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
         simpo_gamma: c.dpo.simpo_gamma,
     };
     let t = &c.train;
-    let schedule = DpoSchedule {
+    let schedule = PairSchedule {
         steps: t.steps,
-        pairs_per_step: c.dpo.pairs_per_step,
+        pairs_per_step: c.pairs.per_step,
         lr: t.lr,
         warmup_steps: t.warmup_steps,
         min_lr_ratio: t.min_lr_ratio,
@@ -167,60 +233,74 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
         pack_sequences: t.pack_sequences,
         seed: c.run.seed,
     };
-    let mut dpo = Dpo::new(&lm.model, loss, schedule)?;
-    // Continuing an adapter: it is the reference, as loaded (on resume too).
-    if let Some(a) = &c.model.adapter {
-        dpo.reference = Some(reference_adapter(&lm.model, &loaded.resolve(a))?);
-    }
+    let mut trainer = match kind {
+        Kind::Dpo => {
+            let mut dpo = Dpo::new(&lm.model, loss, schedule)?;
+            // Continuing an adapter: it is the reference, as loaded (on resume too).
+            if let Some(a) = &c.model.adapter {
+                dpo.reference = Some(reference_adapter(&lm.model, &loaded.resolve(a))?);
+            }
+            Trainer::Dpo(dpo)
+        }
+        Kind::Rm => {
+            let head = match &resume {
+                Some(dir) => ScoreHead::load(&lm.model, dir)?,
+                None => ScoreHead::new(&lm.model, c.run.seed)?,
+            };
+            let center = c.rm.center_rewards_coefficient;
+            Trainer::Rm(Rm::new(&lm.model, head, center, schedule)?)
+        }
+    };
     if let Some(dir) = &resume {
-        checkpoint::load_optimizer(dir, &mut dpo.opt, state.optimizer_step)?;
-        dpo.step = state.step;
+        let (step, opt) = trainer.position();
+        checkpoint::load_optimizer(dir, opt, state.optimizer_step)?;
+        *step = state.step;
     }
     std::fs::create_dir_all(&out)
         .with_context(|| format!("cannot create the run directory {}", out.display()))?;
     peft::write_atomic(&out.join("config.toml"), toml::to_string(c)?.as_bytes())?;
     let mut log = RunLog::open(&out, resume.as_ref().map(|_| state.step))?;
+    let name = kind.name();
     if !quiet {
+        let what = match kind {
+            Kind::Dpo => format!("{:?} loss, beta {}", c.dpo.loss, c.dpo.beta),
+            Kind::Rm => "Bradley-Terry reward model".to_string(),
+        };
         eprintln!(
-            "dpo ({:?}, beta {}): {} training pairs, {} held out; model {}; run directory {}",
-            c.dpo.loss,
-            c.dpo.beta,
+            "{name} ({what}): {} training pairs, {} held out; model {}; run directory {}",
             train_rows.len(),
             eval_rows.len(),
             display(&model_dir),
             display(&out)
         );
     }
-    let held = |dpo: &Dpo| -> Result<Option<PairMetrics>> {
+    let held = |trainer: &Trainer| -> Result<Option<PairMetrics>> {
         if eval_rows.is_empty() {
             return Ok(None);
         }
-        Ok(Some(evaluate(
-            dpo.model,
-            dpo.reference.as_ref(),
-            &eval_rows,
-            &dpo.loss,
-            &dpo.schedule,
-        )?))
+        Ok(Some(trainer.evaluate(&eval_rows)?))
     };
-    let (from, first) = (dpo.step, held(&dpo)?);
+    let from = *trainer.position().0;
+    let first = held(&trainer)?;
     let bar = crate::progress::enabled(quiet).then(|| {
         let bar = crate::progress::bar(
             t.steps,
-            "dpo     {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
+            &format!(
+                "{name:<7} {{bar:30}} {{pos}}/{{len}} steps  {{msg}}  [{{elapsed_precise}} < {{eta_precise}}]"
+            ),
         );
-        bar.set_position(dpo.step);
+        bar.set_position(from);
         bar
     });
-    let stop_at = args.stop_after.map(|n| dpo.step + n);
+    let stop_at = args.stop_after.map(|n| from + n);
     let t0 = std::time::Instant::now();
     let mut last_eval = first.clone();
-    while dpo.step < t.steps {
-        let mut record = dpo.step(&train_rows)?;
+    while *trainer.position().0 < t.steps {
+        let mut record = trainer.step(&train_rows)?;
         let step = record.step;
         let last = step == t.steps;
         if (t.eval_every > 0 && step % t.eval_every == 0) || last {
-            record.eval = held(&dpo)?;
+            record.eval = held(&trainer)?;
             last_eval = record.eval.clone().or(last_eval);
         }
         let mut scalars = record.train.scalars("");
@@ -252,14 +332,19 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
                 cursor: Default::default(),
                 seed: c.run.seed,
             };
-            checkpoint::save(&out, &lm, None, &dpo.opt, &st, t.keep_last)?;
+            let head = trainer.head();
+            let opt = match &trainer {
+                Trainer::Dpo(d) => &d.opt,
+                Trainer::Rm(r) => &r.opt,
+            };
+            checkpoint::save(&out, &lm, head, opt, &st, t.keep_last)?;
         }
         if stopping && !last {
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }
             println!(
-                "dpo: stopped after step {step} of {} (--stop-after); continue with --resume latest",
+                "{name}: stopped after step {step} of {} (--stop-after); continue with --resume latest",
                 t.steps
             );
             return Ok(());
@@ -269,16 +354,24 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
         bar.finish_and_clear();
     }
     let adapter = out.join("adapter");
-    peft::save_adapter(&lm.model, &adapter, Some(&model_dir.display().to_string()))?;
+    let base = model_dir.display().to_string();
+    match &trainer {
+        Trainer::Dpo(_) => peft::save_adapter(&lm.model, &adapter, Some(&base))?,
+        Trainer::Rm(rm) => rm.save(&adapter, Some(&base))?,
+    }
     println!(
-        "dpo: {} steps in {:.1} s; adapter in {}",
+        "{name}: {} steps in {:.1} s; {} in {}",
         t.steps,
         t0.elapsed().as_secs_f64(),
+        match kind {
+            Kind::Dpo => "adapter",
+            Kind::Rm => "reward model (adapter and score head)",
+        },
         display(&adapter)
     );
     if let (Some(a), Some(b)) = (&first, &last_eval) {
         println!(
-            "held-out ({} pairs), {} -> step {}: preference accuracy {:.1}% -> {:.1}%, margin {:.3} -> {:.3}, loss {:.4} -> {:.4}",
+            "held-out ({} pairs), {} -> step {}: {} accuracy {:.1}% -> {:.1}%, margin {:.3} -> {:.3}, loss {:.4} -> {:.4}",
             b.pairs,
             if from == 0 {
                 "start".to_string()
@@ -286,6 +379,10 @@ pub fn run(args: DpoArgs, quiet: bool) -> Result<()> {
                 format!("step {from}")
             },
             t.steps,
+            match kind {
+                Kind::Dpo => "preference",
+                Kind::Rm => "pairwise",
+            },
             100.0 * a.rewards_accuracies,
             100.0 * b.rewards_accuracies,
             a.rewards_margins,
@@ -324,18 +421,18 @@ fn read_pairs(loaded: &LoadedConfig) -> Result<(pairs::LoadedPairs, HeldOut)> {
     let file = display(&loaded.path);
     let d = &c.data;
     if d.plugin.is_some() {
-        bail!("{file}: rlhost dpo reads its pairs from data.path, not a dataset plugin");
+        bail!("{file}: the pair trainers read their pairs from data.path, not a dataset plugin");
     }
     let path = loaded.resolve(d.path.as_ref().with_context(|| {
-        format!("{file}: data.path is not set; rlhost dpo reads preference pairs from it")
+        format!("{file}: data.path is not set; the preference pairs are read from it")
     })?);
     let keys = PairKeys {
         prompt: &d.prompt_key,
         messages: &d.messages_key,
-        chosen: &c.dpo.chosen_key,
-        rejected: &c.dpo.rejected_key,
-        margin: None,
-        section: "dpo",
+        chosen: &c.pairs.chosen_key,
+        rejected: &c.pairs.rejected_key,
+        margin: c.pairs.margin_key.as_deref(),
+        section: "pairs",
     };
     let read = |p: &std::path::Path, max| -> Result<pairs::LoadedPairs> {
         pairs::read(p, Format::of(p, d.format)?, keys, d.on_bad_row, max)

@@ -1,0 +1,330 @@
+//! `rlhost rm`: a Bradley–Terry reward model. The LoRA adapter and a scalar score head,
+//! `score.weight: [1, hidden]` without bias, read at the last token of the conversation
+//! after the final norm, as transformers' `AutoModelForSequenceClassification` does
+//! (`Qwen2ForSequenceClassification` and its kin read the last token that is not padding;
+//! rows here carry no padding). The loss is [`super::preference::bradley_terry`], with
+//! TRL's margin and centring term.
+//!
+//! Saved as a PEFT adapter of `task_type = "SEQ_CLS"` with `modules_to_save = ["score"]`,
+//! its head under `base_model.model.score.weight` in the adapter's safetensors: what TRL's
+//! `RewardTrainer` with a PEFT config writes, so that transformers + PEFT load it
+//! (`AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)` then
+//! `PeftModel.from_pretrained`) and give the same scores.
+
+use super::dpo::{
+    PairMetrics, PairRows, PairSchedule, Pass, StepRecord, Tally, micro_batches, optimizer,
+    take_step,
+};
+use super::optim::AdamW;
+use super::packing;
+use super::preference::bradley_terry;
+use super::sft::{SftRow, batch, sized};
+use crate::model::{Mode, Model, peft};
+use anyhow::{Context, Result, bail};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
+use std::path::Path;
+
+/// The head's tensor name, transformers' (`score = nn.Linear(hidden, num_labels, bias=False)`).
+pub const SCORE: &str = "score.weight";
+/// The head's file in a checkpoint folder.
+pub const FILE: &str = "score.safetensors";
+
+/// The score head.
+pub struct ScoreHead {
+    pub weight: Var,
+}
+
+impl ScoreHead {
+    /// A head drawn as transformers initialises a new `score` layer: normal with std 0.02
+    /// (`initializer_range`), seeded.
+    pub fn new(model: &Model, seed: u64) -> Result<ScoreHead> {
+        use rand::{RngExt, SeedableRng};
+        let h = model.cfg.hidden_size;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5c0e);
+        // Box–Muller.
+        let w: Vec<f32> = (0..h)
+            .map(|_| {
+                let (u, v): (f64, f64) = (rng.random::<f64>().max(1e-300), rng.random());
+                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos() * 0.02) as f32
+            })
+            .collect();
+        Ok(ScoreHead {
+            weight: Var::from_tensor(&Tensor::from_vec(w, (1, h), model.device())?)?,
+        })
+    }
+
+    /// The head saved in `dir` (a checkpoint's `score.safetensors`, or an `rm` adapter's
+    /// `base_model.model.score.weight`).
+    pub fn load(model: &Model, dir: &Path) -> Result<ScoreHead> {
+        let (path, key) = if dir.join(FILE).is_file() {
+            (dir.join(FILE), SCORE.to_string())
+        } else {
+            (
+                dir.join(peft::WEIGHTS_FILE),
+                format!("{}{SCORE}", peft::KEY_PREFIX),
+            )
+        };
+        let mut tensors = candle_core::safetensors::load(&path, model.device())
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let w = tensors.remove(&key).with_context(|| {
+            format!(
+                "{} has no `{key}`: not a reward model's score head (rlhost rm writes one)",
+                path.display()
+            )
+        })?;
+        let h = model.cfg.hidden_size;
+        if w.dims() != [1, h] {
+            bail!(
+                "{}: `{key}` has shape {:?}; the model's hidden size asks for [1, {h}]",
+                path.display(),
+                w.dims()
+            );
+        }
+        Ok(ScoreHead {
+            weight: Var::from_tensor(&w.to_dtype(DType::F32)?)?,
+        })
+    }
+
+    /// The score of each row: the head on the final hidden state of its last token, `[N]`
+    /// in f32, all rows in one forward (`mode`: with the adapter's gradients or not).
+    pub fn scores(&self, model: &Model, rows: &[SftRow], pack: bool, mode: Mode) -> Result<Tensor> {
+        // A batch's inputs are each row's tokens but the last (whose next token is the
+        // target); a score reads the last one, so each row goes in with one more token, a
+        // target nobody reads, and its slot's last input is its own last token.
+        let rows: Vec<SftRow> = rows
+            .iter()
+            .map(|r| SftRow {
+                tokens: r.tokens.iter().copied().chain([0]).collect(),
+                loss_mask: r.loss_mask.iter().copied().chain([0]).collect(),
+            })
+            .collect();
+        let layout = packing::micro_batches(&sized(&rows)?, pack, usize::MAX).remove(0);
+        let b = batch(&rows, &layout, model.device())?;
+        let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
+        let (_, _, h) = hidden.dims3()?;
+        let flat = hidden.to_dtype(DType::F32)?.reshape(((), h))?;
+        let idx: Vec<u32> = {
+            let mut idx = vec![0u32; rows.len()];
+            for s in &layout.slots {
+                idx[s.row] = (s.lane * layout.width + s.start + s.len - 1) as u32;
+            }
+            idx
+        };
+        let idx = Tensor::from_vec(idx, rows.len(), model.device())?;
+        let last = flat.index_select(&idx, 0)?;
+        Ok(last.matmul(&self.weight.as_tensor().t()?)?.squeeze(1)?)
+    }
+}
+
+impl super::checkpoint::Head for ScoreHead {
+    fn save(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(FILE);
+        let t =
+            std::collections::HashMap::from([(SCORE.to_string(), self.weight.as_tensor().clone())]);
+        candle_core::safetensors::save(&t, &path)
+            .map_err(|e| peft::innermost(&e))
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// The Bradley–Terry loss of `pairs` (chosen rows first, then rejected, one forward), its
+/// mean scaled by `share` (the micro-batch's part of the step), and what it adds to
+/// `tally`; with `grad`, the gradients of the adapter and the head.
+fn forward_pairs(
+    model: &Model,
+    head: &ScoreHead,
+    pairs: &[&PairRows],
+    center: Option<f64>,
+    Pass { pack, grad, scale }: Pass,
+    tally: &mut Tally,
+) -> Result<Option<GradStore>> {
+    let n = pairs.len();
+    let rows: Vec<SftRow> = pairs
+        .iter()
+        .map(|p| p.chosen.clone())
+        .chain(pairs.iter().map(|p| p.rejected.clone()))
+        .collect();
+    let mode = if grad { Mode::TRAIN } else { Mode::INFERENCE };
+    let scores = head.scores(model, &rows, pack, mode)?;
+    let (chosen, rejected) = (scores.narrow(0, 0, n)?, scores.narrow(0, n, n)?);
+    let margins: Option<Vec<f32>> = pairs.iter().map(|p| p.margin).collect();
+    if margins.is_none() && pairs.iter().any(|p| p.margin.is_some()) {
+        bail!("some pairs have a margin and some do not");
+    }
+    let margin = margins
+        .map(|m| Tensor::from_vec(m, n, model.device()))
+        .transpose()?;
+    // The loss is a mean over the micro-batch's n pairs: times n · scale it is their share
+    // of the step's mean.
+    let loss = (bradley_terry(&chosen, &rejected, margin.as_ref(), center)? * (n as f64 * scale))?;
+    tally.loss += loss.to_scalar::<f32>()? as f64;
+    tally
+        .chosen_rewards
+        .extend(chosen.detach().to_vec1::<f32>()?);
+    tally
+        .rejected_rewards
+        .extend(rejected.detach().to_vec1::<f32>()?);
+    Ok(if grad { Some(loss.backward()?) } else { None })
+}
+
+/// The mean loss, accuracy (chosen scored strictly higher) and mean margin of `pairs`,
+/// no gradients.
+pub fn evaluate(
+    model: &Model,
+    head: &ScoreHead,
+    pairs: &[PairRows],
+    center: Option<f64>,
+    schedule: &PairSchedule,
+) -> Result<PairMetrics> {
+    let all: Vec<&PairRows> = pairs.iter().collect();
+    let mut tally = Tally::default();
+    let scale = 1.0 / pairs.len().max(1) as f64;
+    for mb in micro_batches(&all, schedule.micro_batch_tokens) {
+        let pass = Pass {
+            pack: schedule.pack_sequences,
+            grad: false,
+            scale,
+        };
+        forward_pairs(model, head, &mb, center, pass, &mut tally)?;
+    }
+    Ok(tally.metrics())
+}
+
+/// The trainer: the model with its adapter, the head, the optimizer over both and where
+/// it stands.
+pub struct Rm<'a> {
+    pub model: &'a Model,
+    pub head: ScoreHead,
+    pub opt: AdamW,
+    /// TRL's `center_rewards_coefficient`.
+    pub center: Option<f64>,
+    pub schedule: PairSchedule,
+    /// Steps done.
+    pub step: u64,
+}
+
+impl<'a> Rm<'a> {
+    pub fn new(
+        model: &'a Model,
+        head: ScoreHead,
+        center: Option<f64>,
+        schedule: PairSchedule,
+    ) -> Result<Self> {
+        let mut params = model.lora_vars();
+        if params.is_empty() {
+            bail!("the model has no adapter to train: attach one first");
+        }
+        params.push(("score.weight".into(), head.weight.clone()));
+        Ok(Rm {
+            model,
+            opt: optimizer(params, &schedule)?,
+            head,
+            center,
+            schedule,
+            step: 0,
+        })
+    }
+
+    /// Takes the next step on `pairs` and returns its record (without evaluation).
+    pub fn step(&mut self, pairs: &[PairRows]) -> Result<StepRecord> {
+        let (model, head, center) = (self.model, &self.head, self.center);
+        let pack = self.schedule.pack_sequences;
+        take_step(
+            &mut self.opt,
+            &mut self.step,
+            &self.schedule,
+            pairs,
+            |mb, scale, tally| {
+                let pass = Pass {
+                    pack,
+                    grad: true,
+                    scale,
+                };
+                let grads = forward_pairs(model, head, mb, center, pass, tally)?;
+                Ok(grads.expect("a training pass returns gradients"))
+            },
+        )
+    }
+
+    /// Writes the reward model to `dir`: the adapter in PEFT's format for sequence
+    /// classification, the head among its tensors (see the module's header).
+    pub fn save(&self, dir: &Path, base_model: Option<&str>) -> Result<()> {
+        peft::save_adapter_with_head(
+            self.model,
+            dir,
+            base_model,
+            (SCORE, self.head.weight.as_tensor()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{LanguageModel, Placement, fixtures};
+    use crate::rl::sft::completion_row;
+    use crate::sample::Message;
+
+    fn msg(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+
+    /// A row's score reads its own last token, whatever else is in the batch, padded or
+    /// packed, and equals the head on that token's final hidden state from a forward of
+    /// the row alone.
+    #[test]
+    fn a_score_is_the_heads_reading_of_the_rows_last_token() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        let head = ScoreHead::new(&lm.model, 4).unwrap();
+        let kw = serde_json::Map::new();
+        let rows: Vec<SftRow> = [("hi", "hello there"), ("2+2?", "4"), ("name?", "a model")]
+            .iter()
+            .map(|(q, a)| {
+                completion_row(&lm, &[msg("user", q)], &[msg("assistant", a)], &kw).unwrap()
+            })
+            .collect();
+        let by_hand: Vec<f32> = rows
+            .iter()
+            .map(|r| {
+                let n = r.tokens.len();
+                let ids = Tensor::from_vec(r.tokens.clone(), (1, n), lm.model.device()).unwrap();
+                let attn = Tensor::ones((1, n), DType::U32, lm.model.device()).unwrap();
+                let pos = Tensor::arange(0u32, n as u32, lm.model.device())
+                    .unwrap()
+                    .reshape((1, n))
+                    .unwrap();
+                let hidden = lm
+                    .model
+                    .forward_batch(&ids, &attn, &pos, Mode::INFERENCE)
+                    .unwrap();
+                let last = hidden
+                    .narrow(1, n - 1, 1)
+                    .unwrap()
+                    .reshape((1, ()))
+                    .unwrap();
+                let w = head.weight.as_tensor().t().unwrap();
+                last.matmul(&w)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()[0]
+            })
+            .collect();
+        for pack in [false, true] {
+            let got = head
+                .scores(&lm.model, &rows, pack, Mode::INFERENCE)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            for (a, b) in by_hand.iter().zip(&got) {
+                assert!((a - b).abs() < 1e-5, "pack {pack}: {a} vs {b}");
+            }
+        }
+    }
+}
