@@ -17,6 +17,12 @@ rewards/accuracies) and the gradient of every LoRA tensor (`<module>.lora_A` /
 `.lora_B`, rlhost's names; f32). rlhost's test (`rl::dpo::tests::
 dpo_matches_trls_trainers_on_the_fixture_batch`) computes the same from the same ids.
 
+And for the reward model, TRL's `RewardTrainer.compute_loss` with margins and
+`center_rewards_coefficient` 0.01, on transformers' `AutoModelForSequenceClassification`
+(num_labels 1) of the same fixture with the same adapter and a fixed `score.weight`
+(`rm/score.weight` in the safetensors): each sequence's score, the loss, and the gradients
+of the adapter and the head (`rm/...`). Read by `rl::reward_model::tests`.
+
 It is run by developers, not by CI:
 
     python3 -m venv /tmp/prefvenv
@@ -173,6 +179,71 @@ def simpo_case(out_dir):
     return float(loss), metrics, grads_of(model)
 
 
+RM_MARGINS = [0.5, 0.0, 1.0]
+RM_CENTER = 0.01
+
+
+def rm_case(out_dir):
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from trl import RewardConfig, RewardTrainer
+
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    base = AutoModelForSequenceClassification.from_pretrained(MODEL, num_labels=1, dtype=torch.float32)
+    base.config.pad_token_id = tok.pad_token_id
+    # A fixed head, seeded: rlhost reads the same values from the fixture.
+    g = torch.Generator().manual_seed(11)
+    head = torch.randn(base.score.weight.shape, generator=g) * 0.5
+    with torch.no_grad():
+        base.score.weight.copy_(head)
+    adapter_cfg = json.loads((MODEL / "adapter/adapter_config.json").read_text())
+    cfg = LoraConfig(
+        task_type="SEQ_CLS",
+        r=adapter_cfg["r"],
+        lora_alpha=adapter_cfg["lora_alpha"],
+        lora_dropout=0.0,
+        target_modules=adapter_cfg["target_modules"],
+    )
+    model = get_peft_model(base, cfg)
+    state = load_file(str(MODEL / "adapter/adapter_model.safetensors"))
+    # The head as a saved SEQ_CLS adapter holds it (what `rlhost rm` writes).
+    state["base_model.model.score.weight"] = head
+    set_peft_model_state_dict(model, state)
+    model.train()
+    args = RewardConfig(
+        output_dir=out_dir,
+        center_rewards_coefficient=RM_CENTER,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        max_length=None,
+    )
+    trainer = RewardTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "1+1=", "chosen": "2", "rejected": "3"}]),
+        processing_class=tok,
+    )
+    rows = [
+        {"chosen_ids": p["prompt_ids"] + p["chosen_ids"], "rejected_ids": p["prompt_ids"] + p["rejected_ids"], "margin": m}
+        for p, m in zip(PAIRS, RM_MARGINS)
+    ]
+    batch = trainer.data_collator(rows)
+    with torch.no_grad():
+        scores = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    grads = {}
+    for n, p in model.named_parameters():
+        if p.requires_grad and p.grad is not None:
+            name = "score.weight" if ".score." in n else rl_name(n)
+            grads[name] = p.grad.detach().float().contiguous()
+    grads["score.weight.value"] = head.float().contiguous()
+    return float(loss), scores.tolist(), grads
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "tests/fixtures/preference_reference"))
@@ -197,6 +268,10 @@ def main():
         cases["simpo"] = {"label_smoothing": SMOOTHING, "simpo_gamma": SIMPO_GAMMA, "loss": loss, "metrics": metrics}
         tensors.update({f"simpo/{k}": v for k, v in grads.items()})
         print("simpo", loss, metrics)
+        loss, scores, grads = rm_case(os.path.join(tmp, "rm"))
+        cases["rm"] = {"margins": RM_MARGINS, "center_rewards_coefficient": RM_CENTER, "loss": loss, "scores": scores}
+        tensors.update({f"rm/{k}": v for k, v in grads.items()})
+        print("rm", loss, scores)
     meta = {"versions": versions, "beta": BETA, "pairs": PAIRS, "cases": cases}
     Path(args.out + ".json").write_text(json.dumps(meta, indent=1) + "\n")
     save_file(tensors, args.out + ".safetensors")

@@ -327,4 +327,123 @@ mod tests {
             }
         }
     }
+
+    /// Issue 65: scores, the loss and the gradients of the adapter and the head against
+    /// TRL's `RewardTrainer` on transformers' `AutoModelForSequenceClassification` of the
+    /// fixture (`scripts/preference_reference.py`: the same adapter, a fixed head, margins
+    /// and the centring term).
+    #[test]
+    fn the_reward_model_matches_trls_reward_trainer() {
+        let fixtures = fixtures::model_dir("qwen2").join("../..");
+        let meta: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures.join("preference_reference.json")).unwrap(),
+        )
+        .unwrap();
+        let want = candle_core::safetensors::load(
+            fixtures.join("preference_reference.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let mut lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        peft::load_adapter(&mut lm.model, &fixtures::model_dir("qwen2").join("adapter")).unwrap();
+        let head = ScoreHead {
+            weight: Var::from_tensor(&want["rm/score.weight.value"]).unwrap(),
+        };
+        let case = &meta["cases"]["rm"];
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let margins: Vec<f32> = case["margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_f64().unwrap() as f32)
+            .collect();
+        let rows: Vec<PairRows> = meta["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(&margins)
+            .map(|(p, &m)| {
+                let side = |key: &str| {
+                    let tokens: Vec<u32> = ids(&p["prompt_ids"])
+                        .into_iter()
+                        .chain(ids(&p[key]))
+                        .collect();
+                    SftRow {
+                        loss_mask: vec![1; tokens.len()],
+                        tokens,
+                    }
+                };
+                PairRows {
+                    chosen: side("chosen_ids"),
+                    rejected: side("rejected_ids"),
+                    margin: Some(m),
+                }
+            })
+            .collect();
+        let all: Vec<SftRow> = rows
+            .iter()
+            .map(|r| r.chosen.clone())
+            .chain(rows.iter().map(|r| r.rejected.clone()))
+            .collect();
+        let scores = head
+            .scores(&lm.model, &all, false, Mode::INFERENCE)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        for (got, want) in scores.iter().zip(case["scores"].as_array().unwrap()) {
+            let want = want.as_f64().unwrap() as f32;
+            assert!(
+                (got - want).abs() < 1e-4,
+                "score {got} vs transformers {want}"
+            );
+        }
+        let refs: Vec<&PairRows> = rows.iter().collect();
+        let mut tally = Tally::default();
+        let center = case["center_rewards_coefficient"].as_f64();
+        let pass = Pass {
+            pack: false,
+            grad: true,
+            scale: 1.0 / rows.len() as f64,
+        };
+        let grads = forward_pairs(&lm.model, &head, &refs, center, pass, &mut tally)
+            .unwrap()
+            .unwrap();
+        let loss = case["loss"].as_f64().unwrap();
+        assert!(
+            (tally.loss - loss).abs() < 1e-4,
+            "loss {} vs TRL {loss}",
+            tally.loss
+        );
+        let mut vars = lm.model.lora_vars();
+        vars.push(("score.weight".into(), head.weight.clone()));
+        for (name, var) in vars {
+            let want = &want[&format!("rm/{name}")];
+            let got = grads.get(var.as_tensor()).unwrap();
+            let diff = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let scale = want
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(
+                diff <= 1e-4 * scale.max(1e-3),
+                "{name}: grad off by {diff} (max {scale})"
+            );
+        }
+    }
 }
