@@ -31,7 +31,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -150,6 +150,39 @@ pub struct Gateway {
     pub counters: Counters,
     /// The address it listens on (set once bound): the base URLs it hands out.
     pub addr: OnceLock<SocketAddr>,
+    /// Choices queued or decoding now, over every caller ([`MAX_IN_FLIGHT`]).
+    in_flight: Arc<AtomicUsize>,
+    /// Sessions open at once, at most ([`MAX_SESSIONS`]).
+    pub max_sessions: usize,
+}
+
+/// The most choices queued or decoding at once, over every caller: past it a call is
+/// refused with a 429 rather than queued, so that a flood of calls (or of `n`) cannot
+/// grow the queue, and the memory it holds, without bound. A batch this wide already
+/// decodes at the model's full rate.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
+/// The most sessions open at once ([`super::sessions`]): past it `/rl/tasks/next` and
+/// `/rl/sessions` answer 429 until sessions end (or, with `--session-timeout`, are ended
+/// for silence).
+pub const MAX_SESSIONS: usize = 16_384;
+
+/// A queued request's events, holding its choices' places in [`MAX_IN_FLIGHT`] until
+/// the caller is done with it (or goes away).
+pub struct Queued {
+    rx: UnboundedReceiver<Event>,
+    _slots: Slots,
+}
+
+struct Slots {
+    count: Arc<AtomicUsize>,
+    n: usize,
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.n, Ordering::Relaxed);
+    }
 }
 
 impl Gateway {
@@ -192,6 +225,8 @@ impl Gateway {
             remote: false,
             counters: Counters::default(),
             addr: OnceLock::new(),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            max_sessions: MAX_SESSIONS,
         }
     }
 
@@ -275,6 +310,16 @@ fn status_error(status: u16, kind: &'static str, message: String) -> ApiError {
         param: None,
         code: None,
         retry_after_s: None,
+    }
+}
+
+/// A 429 in OpenAI's shape for a limit that frees up by itself (`type: requests`, `code:
+/// rate_limit_exceeded`), with `Retry-After`: the official clients retry it.
+fn over_limit(message: String) -> ApiError {
+    ApiError {
+        code: Some("rate_limit_exceeded"),
+        retry_after_s: Some(1),
+        ..status_error(429, "requests", message)
     }
 }
 
@@ -506,16 +551,23 @@ fn room(
 
 /// Queues a request; its events come on the returned channel (each token as it is drawn
 /// when `stream`, else a choice's tokens with its end).
-fn submit(
-    gw: &Gateway,
-    request: Request,
-    stream: bool,
-) -> Result<UnboundedReceiver<Event>, ApiError> {
+fn submit(gw: &Gateway, request: Request, stream: bool) -> Result<Queued, ApiError> {
     if gw.remote && request.top_logprobs > 0 {
         return Err(ApiError::invalid(
             "top_logprobs",
             "top log-probs (`top_logprobs`, or `logprobs` > 0 on /v1/completions) are not served when the run samples on vLLM servers (rollout.engine = \"vllm\"): vLLM names the alternatives by text, not by token id; ask for `logprobs: true` alone",
         ));
+    }
+    let n = request.n;
+    let before = gw.in_flight.fetch_add(n, Ordering::Relaxed);
+    let slots = Slots {
+        count: gw.in_flight.clone(),
+        n,
+    };
+    if before + n > MAX_IN_FLIGHT {
+        return Err(over_limit(format!(
+            "the gateway is decoding {before} choices, and this call's {n} would pass its limit of {MAX_IN_FLIGHT}: retry when calls have finished"
+        )));
     }
     let (tx, rx) = unbounded_channel();
     gw.jobs
@@ -531,7 +583,7 @@ fn submit(
                 "the model's sampler has stopped (the run is ending)".into(),
             )
         })?;
-    Ok(rx)
+    Ok(Queued { rx, _slots: slots })
 }
 
 /// One choice's tokens as they came.
@@ -542,7 +594,8 @@ struct Gathered {
 }
 
 /// Waits for every choice of a request.
-async fn gather(mut rx: UnboundedReceiver<Event>, n: usize) -> Result<Vec<Gathered>, ApiError> {
+async fn gather(mut q: Queued, n: usize) -> Result<Vec<Gathered>, ApiError> {
+    let rx = &mut q.rx;
     let mut out: Vec<Gathered> = (0..n).map(|_| Gathered::default()).collect();
     let mut left = n;
     while left > 0 {
@@ -761,7 +814,7 @@ struct Streamed {
 fn stream_chat(
     gw: Arc<Gateway>,
     req: ChatRequest,
-    rx: UnboundedReceiver<Event>,
+    rx: Queued,
     guard: CallGuard,
     id: String,
     prompt_len: usize,
@@ -816,7 +869,7 @@ fn stream_chat(
     struct St {
         gw: Arc<Gateway>,
         req: ChatRequest,
-        rx: UnboundedReceiver<Event>,
+        rx: Queued,
         guard: CallGuard,
         choices: Vec<Streamed>,
         queue: Vec<Bytes>,
@@ -845,7 +898,7 @@ fn stream_chat(
                     return None;
                 }
                 let mut out: Vec<Bytes> = Vec::new();
-                match st.rx.recv().await {
+                match st.rx.rx.recv().await {
                     Some(Event::Token(t)) => {
                         st.completion_tokens += 1;
                         let c = &mut st.choices[t.choice];
@@ -1150,6 +1203,9 @@ async fn complete(
 /// `POST /rl/tasks/next`: the next task of the run's dataset with a new session; the
 /// same task goes to G sessions in a row (its group).
 async fn next_task(State(gw): State<Arc<Gateway>>) -> Response {
+    if let Err(e) = room_for_a_session(&gw) {
+        return error(e);
+    }
     let Some(tasks) = &gw.tasks else {
         return error(status_error(
             404,
@@ -1205,6 +1261,18 @@ async fn next_task(State(gw): State<Arc<Gateway>>) -> Response {
     opened(&gw, task)
 }
 
+/// A 429 when [`MAX_SESSIONS`] are open, checked before a task is taken from the
+/// dataset (so a refused call skips no task).
+fn room_for_a_session(gw: &Gateway) -> Result<(), ApiError> {
+    let open = gw.sessions().len();
+    if open >= gw.max_sessions {
+        return Err(over_limit(format!(
+            "{open} sessions are open, the gateway's limit: end finished sessions (POST /sessions/{{id}}/end), or retry when others have ended"
+        )));
+    }
+    Ok(())
+}
+
 /// A new session's answer: its id (also its API key), its base URL and its task.
 fn opened(gw: &Arc<Gateway>, task: Task) -> Response {
     let body = json!({
@@ -1223,6 +1291,9 @@ fn opened(gw: &Arc<Gateway>, task: Task) -> Response {
 /// `POST /rl/sessions`: a session for a task the agent brings (`messages`, `metadata`,
 /// both optional), in a group of its own.
 async fn open_session(State(gw): State<Arc<Gateway>>, body: Bytes) -> Response {
+    if let Err(e) = room_for_a_session(&gw) {
+        return error(e);
+    }
     let v: Value = if body.is_empty() {
         json!({})
     } else {
@@ -1419,6 +1490,67 @@ mod tests {
         let gw = Arc::new(gw);
         let addr = spawn(gw.clone(), "127.0.0.1:0", 16, None).unwrap();
         (gw, format!("http://{addr}/v1/chat/completions"), jobs_rx)
+    }
+
+    /// Issue 68: choices in flight are bounded over every caller; a call past the bound
+    /// gets a 429 and queues nothing, and a finished (or abandoned) call gives its
+    /// places back.
+    #[test]
+    fn choices_in_flight_are_capped_and_given_back() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        let (gw, _, jobs) = updating(&lm, false);
+        let request = |n: usize| Request {
+            prompt: vec![1, 2, 3],
+            n,
+            params: Default::default(),
+            index: 0,
+            top_logprobs: 0,
+            adapter: None,
+            first_choice: 0,
+            base: false,
+            hold: false,
+        };
+        let big = submit(&gw, request(MAX_IN_FLIGHT - 1), false).unwrap();
+        let one = submit(&gw, request(1), false).unwrap();
+        let refused = submit(&gw, request(1), false).err().unwrap();
+        assert_eq!(refused.status, 429, "{refused:?}");
+        assert!(
+            refused.message.contains("limit of 4096"),
+            "{}",
+            refused.message
+        );
+        // The refused call queued nothing: two jobs reached the model's side.
+        assert_eq!(jobs.try_iter().count(), 2);
+        drop(one);
+        let again = submit(&gw, request(1), false).unwrap();
+        drop((big, again));
+        assert_eq!(gw.in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    /// Issue 68: open sessions are bounded; past the bound `/rl/sessions` answers 429 in
+    /// OpenAI's shape with `Retry-After`, and an ended session makes room.
+    #[test]
+    fn open_sessions_are_capped() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        let renderer = Renderer::new(&lm, Default::default()).unwrap();
+        let (jobs_tx, _jobs) = std::sync::mpsc::channel();
+        let (done_tx, _done) = std::sync::mpsc::channel();
+        let mut gw = Gateway::new("policy".into(), renderer, jobs_tx, done_tx, None);
+        gw.max_sessions = 2;
+        let gw = Arc::new(gw);
+        let addr = spawn(gw.clone(), "127.0.0.1:0", 16, None).unwrap();
+        let url = format!("http://{addr}/rl/sessions");
+        let first = post(&url, &json!({}));
+        assert_eq!(post(&url, &json!({})).0, 201);
+        let (status, retry, body) = post(&url, &json!({}));
+        assert_eq!((status, retry.as_deref()), (429, Some("1")), "{body}");
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+        let id = first.2["session_id"].as_str().unwrap();
+        assert_eq!(
+            post(&format!("http://{addr}/sessions/{id}/end"), &json!({})).0,
+            200
+        );
+        assert_eq!(post(&url, &json!({})).0, 201);
     }
 
     /// A training run's tasks wait for its checkpoint's cursor, then go on from there:
