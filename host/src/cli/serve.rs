@@ -55,8 +55,10 @@ pub struct ServeArgs {
     /// keys start with `tml-`). Default: the RLHOST_API_KEY environment variable, if set.
     #[arg(long)]
     api_key: Option<String>,
-    /// Seconds a gateway session may stay silent (no call or end) before it is ended, its
-    /// record written as timed out (default 600).
+    /// Seconds a session may stay silent before it is ended (default 600): a gateway
+    /// session with no call or end (its record written as timed out), or a Tinker session
+    /// with no heartbeat or call (its training clients freed; the SDK heartbeats every
+    /// 10 s).
     #[arg(long)]
     session_timeout: Option<f64>,
     /// Serve the Tinker training API (for the official `tinker` SDK: set TINKER_BASE_URL
@@ -127,15 +129,9 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
         None => None,
     };
     let addr = server::spawn(gw.clone(), &args.addr, args.max_connections, key)?;
-    let silent = args
-        .session_timeout
-        .unwrap_or(crate::config::GatewaySection::default().session_timeout_s);
-    if !(silent.is_finite() && silent > 0.0) {
-        anyhow::bail!("--session-timeout must be a number of seconds above 0, got {silent}");
-    }
+    let timeout = session_timeout(&args)?;
     {
         let gw = Arc::downgrade(&gw);
-        let timeout = std::time::Duration::from_secs_f64(silent);
         std::thread::Builder::new()
             .name("rlhost-reaper".into())
             .spawn(move || {
@@ -190,18 +186,26 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     Ok(())
 }
 
+/// `--session-timeout`, checked (the gateway's default when not given).
+fn session_timeout(args: &ServeArgs) -> Result<std::time::Duration> {
+    let silent = args
+        .session_timeout
+        .unwrap_or(crate::config::GatewaySection::default().session_timeout_s);
+    if !(silent.is_finite() && silent > 0.0 && silent < 1e9) {
+        anyhow::bail!("--session-timeout must be a number of seconds above 0, got {silent}");
+    }
+    Ok(std::time::Duration::from_secs_f64(silent))
+}
+
 /// `rlhost serve --tinker`: the Tinker API on the run config's model until interrupted.
 fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) -> Result<()> {
-    if args.adapter.is_some()
-        || args.record.is_some()
-        || args.group_size.is_some()
-        || args.session_timeout.is_some()
-    {
+    if args.adapter.is_some() || args.record.is_some() || args.group_size.is_some() {
         anyhow::bail!(
-            "--adapter, --record, --group-size and --session-timeout are the OpenAI gateway's; with --tinker, clients \
+            "--adapter, --record and --group-size are the OpenAI gateway's; with --tinker, clients \
              create their adapters (load one with create_training_client_from_state)"
         );
     }
+    let silent = session_timeout(&args)?;
     let loaded = super::load_config(
         args.source.config.as_deref(),
         &args.source.plugins,
@@ -223,6 +227,7 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
         &args.addr,
         args.max_connections,
         key,
+        silent,
     )?;
     println!(
         "rlhost serve --tinker: {} as base model `{name}` at http://{} (TINKER_BASE_URL; checkpoints in {})",

@@ -43,6 +43,7 @@ pub fn serve(
     addr: &str,
     max_connections: usize,
     key: Option<String>,
+    session_timeout: std::time::Duration,
 ) -> Result<Serving> {
     adapter::attach_host(&mut lm.model)?;
     std::fs::create_dir_all(&root)
@@ -79,7 +80,8 @@ pub fn serve(
     )
     .with_key(key);
     let addr = crate::front::spawn(addr, policy, app)?;
-    // Operations held for a turn that never came are let go on a timer.
+    // Operations held for a turn that never came are let go on a timer, and sessions
+    // whose client went silent are ended on the same one.
     {
         let t = Arc::downgrade(&tinker);
         std::thread::Builder::new()
@@ -87,6 +89,7 @@ pub fn serve(
             .spawn(move || {
                 while let Some(t) = t.upgrade() {
                     t.release_late();
+                    t.end_silent(session_timeout);
                     drop(t);
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }

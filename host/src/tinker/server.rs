@@ -88,10 +88,16 @@ struct SamplerInfo {
     model_path: Option<String>,
 }
 
+/// A session's state: ended or not, and when its client last showed it was there (a
+/// heartbeat, or a call that names the session).
+struct SessionBook {
+    done: bool,
+    seen: std::time::Instant,
+}
+
 #[derive(Default)]
 struct Books {
-    /// Session id → finished.
-    sessions: HashMap<String, bool>,
+    sessions: HashMap<String, SessionBook>,
     models: HashMap<String, ModelInfo>,
     samplers: HashMap<String, SamplerInfo>,
     gate: Gate<Work>,
@@ -309,11 +315,13 @@ async fn create_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         return *r;
     }
     let id = new_session_id();
-    t.books
-        .lock()
-        .expect("books lock")
-        .sessions
-        .insert(id.clone(), false);
+    t.books.lock().expect("books lock").sessions.insert(
+        id.clone(),
+        SessionBook {
+            done: false,
+            seen: std::time::Instant::now(),
+        },
+    );
     ok(json!({"type": "create_session", "session_id": id}))
 }
 
@@ -328,9 +336,12 @@ async fn heartbeat(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         .lock()
         .expect("books lock")
         .sessions
-        .get(&s.session_id)
+        .get_mut(&s.session_id)
     {
-        Some(false) => ok(json!({"type": "session_heartbeat"})),
+        Some(b) if !b.done => {
+            b.seen = std::time::Instant::now();
+            ok(json!({"type": "session_heartbeat"}))
+        }
         _ => refuse(
             StatusCode::GONE,
             format!("session {:?} has ended", s.session_id),
@@ -339,33 +350,70 @@ async fn heartbeat(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 }
 
 async fn finish_session(State(t): State<Arc<Tinker>>, Path(id): Path<String>) -> Response {
-    let model_ids: Vec<String> = {
-        let mut books = t.books.lock().expect("books lock");
-        if let Some(done) = books.sessions.get_mut(&id) {
-            *done = true;
-        }
-        let ids: Vec<String> = books
-            .models
-            .iter()
-            .filter(|(_, m)| m.session == id)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for m in &ids {
-            books.models.remove(m);
-            books.gate.close(m);
-        }
-        ids
-    };
-    // The session's adapters and optimizer state are freed; its checkpoints stay on disk.
-    t.send(vec![Work::Unload { model_ids }]);
+    t.end_sessions(&[id]);
     ok(json!({}))
+}
+
+impl Tinker {
+    /// Ends `ids`: their training clients are closed, and their adapters and optimizer
+    /// state freed on the model's thread; their checkpoints stay on disk.
+    fn end_sessions(&self, ids: &[String]) {
+        let model_ids: Vec<String> = {
+            let mut books = self.books.lock().expect("books lock");
+            for id in ids {
+                if let Some(b) = books.sessions.get_mut(id) {
+                    b.done = true;
+                }
+            }
+            let models: Vec<String> = books
+                .models
+                .iter()
+                .filter(|(_, m)| ids.contains(&m.session))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for m in &models {
+                books.models.remove(m);
+                books.gate.close(m);
+            }
+            models
+        };
+        if !model_ids.is_empty() {
+            self.send(vec![Work::Unload { model_ids }]);
+        }
+    }
+
+    /// Ends the open sessions whose client has not shown itself (a heartbeat, which the
+    /// SDK sends every 10 s, or a call naming the session) for `timeout`: a client that
+    /// went away held its adapters for good. Returns how many were ended.
+    pub fn end_silent(&self, timeout: std::time::Duration) -> usize {
+        let silent: Vec<String> = self
+            .books
+            .lock()
+            .expect("books lock")
+            .sessions
+            .iter()
+            .filter(|(_, b)| !b.done && b.seen.elapsed() > timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &silent {
+            tracing::warn!(
+                "tinker: ended session {id}: no heartbeat or call for {:.0} s (--session-timeout)",
+                timeout.as_secs_f64()
+            );
+        }
+        self.end_sessions(&silent);
+        silent.len()
+    }
 }
 
 /// Checks the session is open; the refusal otherwise.
 fn open_session(t: &Tinker, id: &str) -> Result<(), Refused> {
-    match t.books.lock().expect("books lock").sessions.get(id) {
-        Some(false) => Ok(()),
-        Some(true) => Err(Box::new(refuse(
+    match t.books.lock().expect("books lock").sessions.get_mut(id) {
+        Some(b) if !b.done => {
+            b.seen = std::time::Instant::now();
+            Ok(())
+        }
+        Some(_) => Err(Box::new(refuse(
             StatusCode::BAD_REQUEST,
             format!("session {id:?} has ended"),
         ))),
@@ -1459,6 +1507,46 @@ mod tests {
             assert!(e.contains(words), "{extra}: {e}");
         }
         assert!(job(json!({"topk_sample_logprobs": 20})).is_ok());
+    }
+
+    /// Issue 68: a session whose client went silent (no heartbeat, no call) past the
+    /// timeout is ended and its training clients unloaded; a live one is kept, and a call
+    /// naming a session counts as a sign of life.
+    #[test]
+    fn silent_sessions_are_ended_and_their_adapters_freed() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = Tinker::new(base(), Arc::default(), std::env::temp_dir(), tx);
+        let long_ago = std::time::Instant::now() - std::time::Duration::from_secs(120);
+        {
+            let mut books = t.books.lock().unwrap();
+            for (id, seen) in [("sess-gone", long_ago), ("sess-live", long_ago)] {
+                books
+                    .sessions
+                    .insert(id.into(), SessionBook { done: false, seen });
+                books.models.insert(
+                    format!("{id}:train:0"),
+                    ModelInfo {
+                        session: id.into(),
+                        rank: 8,
+                    },
+                );
+            }
+        }
+        // A call naming the live session refreshes it.
+        assert!(open_session(&t, "sess-live").is_ok());
+        assert_eq!(t.end_silent(std::time::Duration::from_secs(60)), 1);
+        let books = t.books.lock().unwrap();
+        assert!(books.sessions["sess-gone"].done && !books.sessions["sess-live"].done);
+        assert_eq!(
+            books.models.keys().collect::<Vec<_>>(),
+            ["sess-live:train:0"]
+        );
+        drop(books);
+        match rx.try_recv() {
+            Ok(Work::Unload { model_ids }) => assert_eq!(model_ids, ["sess-gone:train:0"]),
+            _ => panic!("no unload"),
+        }
+        assert!(open_session(&t, "sess-gone").is_err());
     }
 
     /// Issue 68, point 2: a sparse input whose shape is 10^12 aborted the server on the
