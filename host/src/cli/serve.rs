@@ -224,10 +224,12 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
         name.clone(),
         also,
         args.checkpoints.clone(),
-        &args.addr,
-        args.max_connections,
-        key,
-        silent,
+        crate::tinker::Listen {
+            addr: &args.addr,
+            max_connections: args.max_connections,
+            key,
+            session_timeout: silent,
+        },
     )?;
     println!(
         "rlhost serve --tinker: {} as base model `{name}` at http://{} (TINKER_BASE_URL; checkpoints in {})",

@@ -35,16 +35,29 @@ pub struct Serving {
 
 /// Serves the Tinker API on `addr` with `lm` as the base model named `name` (also accepted
 /// under the names in `also` and its directory's path), checkpoints under `root`.
+/// Where and how the server listens.
+pub struct Listen<'a> {
+    pub addr: &'a str,
+    pub max_connections: usize,
+    /// Every route but health needs it (`--api-key`).
+    pub key: Option<String>,
+    /// A session silent this long is ended ([`server::Tinker::end_silent`]).
+    pub session_timeout: std::time::Duration,
+}
+
 pub fn serve(
     mut lm: LanguageModel,
     name: String,
     also: Vec<String>,
     root: PathBuf,
-    addr: &str,
-    max_connections: usize,
-    key: Option<String>,
-    session_timeout: std::time::Duration,
+    listen: Listen,
 ) -> Result<Serving> {
+    let Listen {
+        addr,
+        max_connections,
+        key,
+        session_timeout,
+    } = listen;
     adapter::attach_host(&mut lm.model)?;
     std::fs::create_dir_all(&root)
         .with_context(|| format!("cannot create the checkpoint directory {}", root.display()))?;
