@@ -55,6 +55,8 @@ pub struct Counters {
     /// A training run's: session rows left out as too stale, sessions that timed out.
     pub stale_rows: AtomicU64,
     pub timed_out_sessions: AtomicU64,
+    /// A training run's session rows left out for a log-prob that is not a number.
+    pub non_finite_rows: AtomicU64,
 }
 
 /// Where `/rl/tasks/next` takes tasks: the run's dataset, G sessions a task.
@@ -263,6 +265,7 @@ impl Gateway {
             "sampled_tokens": n(&c.sampled_tokens),
             "stale_rows": n(&c.stale_rows),
             "timed_out_sessions": n(&c.timed_out_sessions),
+            "non_finite_rows": n(&c.non_finite_rows),
         })
     }
 }

@@ -183,6 +183,19 @@ impl Link {
                             stale_rows += 1;
                             continue;
                         }
+                        // A log-prob that is not a number would turn the whole step's
+                        // gradient into NaN: the row is left out, by name.
+                        if let Some(bad) = non_finite(row) {
+                            tracing::warn!(
+                                "gateway: session {} has a sampled log-prob of {bad}; its row is left out of training",
+                                s.session
+                            );
+                            self.gw
+                                .counters
+                                .non_finite_rows
+                                .fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         scored.push(trajectory(&self.gw.renderer, &s, row, sample_id));
                     }
                 }
@@ -382,6 +395,11 @@ impl Link {
     }
 }
 
+/// A sampled log-prob of `row` that is not a finite number, if any.
+fn non_finite(row: &super::record::Row) -> Option<f32> {
+    row.logps.iter().flatten().copied().find(|l| !l.is_finite())
+}
+
 /// A session row as a trajectory: its ids and log-probs as recorded, spans by who wrote
 /// each stretch (the model, or the agent's inserted turns), the session's transcript and
 /// task metadata for reward plugins.
@@ -429,4 +447,32 @@ fn trajectory(
         ..Trajectory::sampled(row.tokens.clone(), row.prompt_len, row.logps.clone())
     };
     (t, s.reward.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 68, point 7: a row with a sampled log-prob that is not a number is found (and
+    /// left out of training, named), where it once turned a step's gradient into NaN; the
+    /// inserted tokens' `None` is no such log-prob.
+    #[test]
+    fn a_non_finite_log_prob_is_found() {
+        let row = |logps: Vec<Option<f32>>| super::super::record::Row {
+            tokens: vec![1; 2 + logps.len()],
+            prompt_len: 2,
+            logps,
+            versions: vec![0],
+        };
+        assert_eq!(non_finite(&row(vec![Some(-0.5), None, Some(-1.0)])), None);
+        assert!(
+            non_finite(&row(vec![Some(-0.5), Some(f32::NAN)]))
+                .unwrap()
+                .is_nan()
+        );
+        assert_eq!(
+            non_finite(&row(vec![None, Some(f32::NEG_INFINITY)])),
+            Some(f32::NEG_INFINITY)
+        );
+    }
 }
