@@ -232,6 +232,7 @@ pub fn run(kind: Kind, args: PairsArgs, quiet: bool) -> Result<()> {
         micro_batch_tokens: t.micro_batch_tokens,
         pack_sequences: t.pack_sequences,
         seed: c.run.seed,
+        shuffle: c.data.shuffle,
     };
     let mut trainer = match kind {
         Kind::Dpo => {

@@ -151,6 +151,8 @@ pub struct PairSchedule {
     pub micro_batch_tokens: usize,
     pub pack_sequences: bool,
     pub seed: u64,
+    /// A new seeded order of the pairs each epoch (`data.shuffle`), else the file's.
+    pub shuffle: bool,
 }
 
 /// One batch's loss and TRL's metrics.
@@ -337,8 +339,9 @@ pub fn evaluate(
 }
 
 /// The pairs of step `step` (0-based): `pairs_per_step` of them in the seeded order of
-/// the epoch they fall in, the next epoch's order continuing where one ends.
-pub fn step_pairs(len: usize, step: u64, per_step: usize, seed: u64) -> Vec<usize> {
+/// the epoch they fall in (the file's order without `shuffle`), the next epoch's order
+/// continuing where one ends.
+pub fn step_pairs(len: usize, step: u64, per_step: usize, seed: u64, shuffle: bool) -> Vec<usize> {
     let ids: Vec<u64> = (0..len as u64).collect();
     let start = step * per_step as u64;
     let mut out = Vec::with_capacity(per_step);
@@ -348,7 +351,7 @@ pub fn step_pairs(len: usize, step: u64, per_step: usize, seed: u64) -> Vec<usiz
         if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
             order = Some((
                 epoch,
-                crate::data::order::epoch_order(&ids, seed, epoch, true),
+                crate::data::order::epoch_order(&ids, seed, epoch, shuffle),
             ));
         }
         out.push(order.as_ref().expect("set above").1[at] as usize);
@@ -451,7 +454,7 @@ pub(super) fn take_step(
     pairs: &[PairRows],
     mut forward: impl FnMut(&[&PairRows], f64, &mut Tally) -> Result<candle_core::backprop::GradStore>,
 ) -> Result<StepRecord> {
-    let chosen = step_pairs(pairs.len(), *step, s.pairs_per_step, s.seed);
+    let chosen = step_pairs(pairs.len(), *step, s.pairs_per_step, s.seed, s.shuffle);
     let batch: Vec<&PairRows> = chosen.iter().map(|&i| &pairs[i]).collect();
     let params = opt.params().to_vec();
     let mut acc = Accumulator::new(params.len());
@@ -543,14 +546,14 @@ mod tests {
     /// gives the same (what an exact resume relies on).
     #[test]
     fn step_pairs_walk_the_epochs_in_seeded_order() {
-        let all: Vec<usize> = (0..5).flat_map(|s| step_pairs(4, s, 3, 9)).collect();
+        let all: Vec<usize> = (0..5).flat_map(|s| step_pairs(4, s, 3, 9, true)).collect();
         // 15 picks over 4 pairs: each epoch of 4 is a permutation.
         for epoch in all.chunks(4).filter(|c| c.len() == 4) {
             let mut e = epoch.to_vec();
             e.sort();
             assert_eq!(e, [0, 1, 2, 3]);
         }
-        assert_eq!(step_pairs(4, 3, 3, 9), all[9..12]);
+        assert_eq!(step_pairs(4, 3, 3, 9, true), all[9..12]);
     }
 
     /// Issue 65: the losses, TRL's reward metrics and every LoRA gradient on a fixed batch
@@ -713,6 +716,7 @@ mod tests {
             micro_batch_tokens: 8192,
             pack_sequences: false,
             seed: 1,
+            shuffle: true,
         };
         let set = reference_adapter(&lm.model, &dir).unwrap();
         let own = evaluate(&lm.model, Some(&set), &pairs, &loss, &schedule).unwrap();
@@ -753,6 +757,7 @@ mod tests {
             micro_batch_tokens: 8192,
             pack_sequences: false,
             seed: 1,
+            shuffle: true,
         };
         let start = evaluate(&lm.model, None, &pairs, &loss, &schedule).unwrap();
         assert!(
