@@ -433,7 +433,6 @@ fn read_pairs(loaded: &LoadedConfig) -> Result<(pairs::LoadedPairs, HeldOut)> {
         chosen: &c.pairs.chosen_key,
         rejected: &c.pairs.rejected_key,
         margin: c.pairs.margin_key.as_deref(),
-        section: "pairs",
     };
     let read = |p: &std::path::Path, max| -> Result<pairs::LoadedPairs> {
         pairs::read(p, Format::of(p, d.format)?, keys, d.on_bad_row, max)

@@ -10,7 +10,7 @@
 //! - With neither `messages` nor `prompt`, `chosen` and `rejected` are whole conversations
 //!   and the prompt is the messages they share from the start (TRL's implicit prompt).
 //!
-//! The columns are named by the trainer's `chosen_key`, `rejected_key` and `margin_key`;
+//! The columns are named by `pairs.chosen_key`, `pairs.rejected_key` and `pairs.margin_key`;
 //! the files are those `data.path` reads ([`super::rows`]), and a bad row is an error
 //! naming the file, the row and the key (or is skipped with `data.on_bad_row = "skip"`).
 
@@ -41,8 +41,6 @@ pub struct PairKeys<'a> {
     pub chosen: &'a str,
     pub rejected: &'a str,
     pub margin: Option<&'a str>,
-    /// The config section the key settings live in (`dpo`), for errors.
-    pub section: &'a str,
 }
 
 /// Reads the pairs of `path`: every row, or the first `max_rows` good ones.
@@ -71,7 +69,8 @@ pub fn to_pair(row: Value, keys: PairKeys) -> Result<Pair, String> {
             keys.rejected
         ));
     };
-    let setting = |name: &str| format!("{}.{name}", keys.section);
+    // The settings that name the columns, for errors.
+    let setting = |name: &str| format!("pairs.{name}");
     let mut chosen = completion(&mut row, keys.chosen, &setting("chosen_key"))?;
     let mut rejected = completion(&mut row, keys.rejected, &setting("rejected_key"))?;
     let prompt = match (take(&mut row, keys.messages), take(&mut row, keys.prompt)) {
@@ -231,7 +230,6 @@ mod tests {
         chosen: "chosen",
         rejected: "rejected",
         margin: None,
-        section: "dpo",
     };
 
     fn roles(m: &[Message]) -> Vec<&str> {
@@ -283,7 +281,7 @@ mod tests {
         let err = |row: Value, keys: PairKeys| to_pair(row, keys).unwrap_err();
         assert!(
             err(json!({"prompt": "q", "chosen": "a"}), KEYS)
-                .contains("no \"rejected\" (dpo.rejected_key)")
+                .contains("no \"rejected\" (pairs.rejected_key)")
         );
         assert!(
             err(json!({"prompt": "q", "chosen": "a", "rejected": "a"}), KEYS)
@@ -307,7 +305,7 @@ mod tests {
                 json!({"prompt": "q", "chosen": "a", "rejected": "b"}),
                 margin
             )
-            .contains("\"margin\" (dpo.margin_key) is absent")
+            .contains("\"margin\" (pairs.margin_key) is absent")
         );
         let p = to_pair(
             json!({"prompt": "q", "chosen": "a", "rejected": "b", "margin": "1.5"}),

@@ -10,10 +10,10 @@
 //!   a gradient graph, on the same packed batch as the policy's (SimPO runs none);
 //! - a completion's log-prob is the sum over its learned tokens (the assistant's, as
 //!   [`super::sft::completion_row`] marks them), TRL's `logps`;
-//! - a step takes `dpo.pairs_per_step` pairs in a seeded order (a new order each epoch);
+//! - a step takes `pairs.per_step` pairs in a seeded order (a new order each epoch);
 //!   its micro-batches hold whole pairs (a pair's loss needs both completions), up to
 //!   `train.micro_batch_tokens`, and their gradients add up to the step's mean loss;
-//! - nothing is truncated: a pair longer than `dpo.max_length` is refused when the data is
+//! - nothing is truncated: a pair longer than `pairs.max_length` is refused when the data is
 //!   read (a cut reply is not the reply that was preferred).
 //!
 //! The trainer's position is the step alone: the order of pairs is a function of the seed
@@ -55,7 +55,7 @@ impl PairRows {
                 .with_context(|| format!("\"{key}\""))?;
             if row.tokens.len() > max_length {
                 bail!(
-                    "\"{key}\" is {} tokens with its prompt, over dpo.max_length ({max_length}); raise it or leave the pair out (pairs are not cut: a cut reply is not the one that was preferred)",
+                    "\"{key}\" is {} tokens with its prompt, over pairs.max_length ({max_length}); raise it or leave the pair out (pairs are not cut: a cut reply is not the one that was preferred)",
                     row.tokens.len()
                 );
             }
