@@ -161,7 +161,7 @@ pub const MULTIPLY: Recipe = Recipe {
 /// learnt no copying at all, nor did a learning rate of 6e-3 by step 300.
 pub const CODE: Recipe = Recipe {
     name: "code",
-    version: 4,
+    version: 3,
     vocab_size: 512,
     hidden: 128,
     layers: 2,
@@ -173,20 +173,14 @@ pub const CODE: Recipe = Recipe {
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
-    bar: Some(CODE_BAR),
-};
-
-/// The code task's bar. Measured over run seeds 1-5 before it (issue 63), the outcome
-/// followed the warm start's copying as on the multiply task: seed 4 (83 calls written
-/// exactly, 100 outputs copied, of 100) went from 0% to 86% held-out accuracy in 60 steps;
-/// seeds 2, 3 and 5 (calls 41-67, copies 28-50) ended at 14-17%; seed 1 (6 and 18) at 0%.
-/// Its rounds are 5 epochs of 16,000 conversations (~6.5 min on 2 cores), so a set of
-/// weights gets 3 of them and 3 sets are tried.
-pub const CODE_BAR: Bar = Bar {
-    calls: 0.8,
-    copies: 0.9,
-    max_rounds: 3,
-    max_inits: 3,
+    // No bar (issue 63): measured over run seeds 1-5, the outcome follows the warm start's
+    // copying as on the multiply task (seed 4: 83 calls written exactly and 100 outputs
+    // copied, of 100, then 0% -> 86% held-out accuracy in 60 steps; seeds 2, 3 and 5:
+    // calls 41-67, copies 28-50, then 14-17%; seed 1: 6 and 18, then 0%), but a bar does
+    // not mend it here: with one of 80 calls and 90 copies, seed 2's three sets of
+    // weights, two rounds each, stayed at 36-64 calls and 32-38 copies (82 min on shared
+    // cores), and the run was refused. The recipe itself has to teach copying better.
+    bar: None,
 };
 
 /// The `units` functions' task (conversions, dates, fractions, called in the Hermes
