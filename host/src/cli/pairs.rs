@@ -129,36 +129,9 @@ pub fn run(kind: Kind, args: PairsArgs, quiet: bool) -> Result<()> {
     }
     let (source, held_out) = read_pairs(&loaded)?;
     let out = out_dir(&loaded);
-    let resume = match &args.resume {
-        Some(spec) => {
-            let resolved = checkpoint::resolve(&out, spec)?;
-            if let Some(warning) = &resolved.warning {
-                eprintln!("warning: {warning}");
-            }
-            Some(resolved.dir)
-        }
-        None if checkpoint::holds_a_run(&out) => {
-            if !args.overwrite {
-                bail!(
-                    "{} holds a run already; continue it with --resume latest, choose another directory with --out, or pass --overwrite to delete it and start again",
-                    display(&out)
-                );
-            }
-            for name in [
-                "metrics.jsonl",
-                "config.toml",
-                "checkpoints",
-                "tensorboard",
-                "adapter",
-            ] {
-                let path = out.join(name);
-                checkpoint::remove(&path)
-                    .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
-            }
-            None
-        }
-        None => None,
-    };
+    let written = ["metrics.jsonl", "config.toml", "adapter"];
+    let resume =
+        super::train::start_or_resume(&out, args.resume.as_deref(), args.overwrite, &written)?;
     let model_dir = loaded.resolve(&c.model.path);
     if crate::builtin::recipe(&model_dir)?.is_some() {
         bail!(

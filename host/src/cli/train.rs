@@ -85,27 +85,16 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         .check_learnable(loaded.config.rollout.group_size)
         .map_err(|e| anyhow::anyhow!("{}: {e}", display(&loaded.path)))?;
     let out = out_dir(&loaded);
-    let resume = match &args.resume {
-        Some(spec) => {
-            let resolved = checkpoint::resolve(&out, spec)?;
-            if let Some(warning) = &resolved.warning {
-                eprintln!("warning: {warning}");
-            }
-            check_resume(&out, &resolved.dir, &loaded)?;
-            Some(resolved.dir)
-        }
-        None if checkpoint::holds_a_run(&out) => {
-            if !args.overwrite {
-                bail!(
-                    "{} holds a run already; continue it with --resume latest, choose another directory with --out, or pass --overwrite to delete it and start again",
-                    display(&out)
-                );
-            }
-            clear_run(&out)?;
-            None
-        }
-        None => None,
-    };
+    let written = [
+        "metrics.jsonl",
+        trainer::EVAL_START,
+        "config.toml",
+        "plugins.json",
+    ];
+    let resume = start_or_resume(&out, args.resume.as_deref(), args.overwrite, &written)?;
+    if let Some(dir) = &resume {
+        check_resume(&out, dir, &loaded)?;
+    }
     let mut plan = loaded.config.train_plan(&loaded.path);
     let norm_from_limit = loaded.config.train.norm_constant <= 0.0;
     std::fs::create_dir_all(&out)
@@ -271,21 +260,38 @@ fn held_out_line(outcome: &trainer::Outcome) -> Option<String> {
     ))
 }
 
-/// Deletes what a run wrote in `out` (for `--overwrite`); other files stay.
-fn clear_run(out: &Path) -> Result<()> {
-    for name in [
-        "metrics.jsonl",
-        trainer::EVAL_START,
-        "config.toml",
-        "plugins.json",
-        "checkpoints",
-        "tensorboard",
-    ] {
-        let path = out.join(name);
-        checkpoint::remove(&path)
-            .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
+/// The checkpoint a run continues from (`--resume`, its fallback warning printed), or
+/// `None` for a fresh start. A fresh start in a folder that holds a run is refused unless
+/// `overwrite`, which first deletes what a run wrote there: its checkpoints, TensorBoard
+/// files and the files `written` names (other files stay). `rlhost dpo` and `rm` start
+/// the same way.
+pub(super) fn start_or_resume(
+    out: &Path,
+    resume: Option<&str>,
+    overwrite: bool,
+    written: &[&str],
+) -> Result<Option<PathBuf>> {
+    if let Some(spec) = resume {
+        let resolved = checkpoint::resolve(out, spec)?;
+        if let Some(warning) = &resolved.warning {
+            eprintln!("warning: {warning}");
+        }
+        return Ok(Some(resolved.dir));
     }
-    Ok(())
+    if checkpoint::holds_a_run(out) {
+        if !overwrite {
+            bail!(
+                "{} holds a run already; continue it with --resume latest, choose another directory with --out, or pass --overwrite to delete it and start again",
+                display(out)
+            );
+        }
+        for name in written.iter().chain(&["checkpoints", "tensorboard"]) {
+            let path = out.join(name);
+            checkpoint::remove(&path)
+                .with_context(|| format!("--overwrite: cannot delete {}", path.display()))?;
+        }
+    }
+    Ok(None)
 }
 
 /// Refuses a resume whose config changes what the checkpoint fixes: the model, the

@@ -507,6 +507,33 @@ mod tests {
         }
     }
 
+    /// DPO's sigmoid loss at β 0.5.
+    fn sigmoid() -> PairLossSettings {
+        PairLossSettings {
+            loss: PairLoss::Sigmoid,
+            beta: 0.5,
+            label_smoothing: 0.0,
+            simpo_gamma: 0.0,
+        }
+    }
+
+    /// Two pairs a step at a constant `lr`, padded, no weight decay.
+    fn two_pairs_a_step(steps: u64, lr: f64) -> PairSchedule {
+        PairSchedule {
+            steps,
+            pairs_per_step: 2,
+            lr,
+            warmup_steps: 0,
+            min_lr_ratio: 1.0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            micro_batch_tokens: 8192,
+            pack_sequences: false,
+            seed: 1,
+            shuffle: true,
+        }
+    }
+
     /// A row's summed log-prob is the same alone, padded beside others and packed with
     /// them.
     #[test]
@@ -654,21 +681,7 @@ mod tests {
             for (var_name, var) in lm.model.lora_vars() {
                 let want = &grads_ref[&format!("{name}/{var_name}")];
                 let got = grads.get(var.as_tensor()).unwrap();
-                let diff = (got - want)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
-                let scale = want
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let (diff, scale) = (fixtures::max_diff(got, want), fixtures::max_abs(want));
                 assert!(
                     diff <= 1e-4 * scale.max(1e-3),
                     "{name}: {var_name} grad off by {diff} (max {scale})"
@@ -699,25 +712,7 @@ mod tests {
             .iter()
             .map(|p| PairRows::of(&lm, p, &kw, 512, ("chosen", "rejected")).unwrap())
             .collect();
-        let loss = PairLossSettings {
-            loss: PairLoss::Sigmoid,
-            beta: 0.5,
-            label_smoothing: 0.0,
-            simpo_gamma: 0.0,
-        };
-        let schedule = PairSchedule {
-            steps: 1,
-            pairs_per_step: 2,
-            lr: 1e-3,
-            warmup_steps: 0,
-            min_lr_ratio: 1.0,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            micro_batch_tokens: 8192,
-            pack_sequences: false,
-            seed: 1,
-            shuffle: true,
-        };
+        let (loss, schedule) = (sigmoid(), two_pairs_a_step(1, 1e-3));
         let set = reference_adapter(&lm.model, &dir).unwrap();
         let own = evaluate(&lm.model, Some(&set), &pairs, &loss, &schedule).unwrap();
         assert!((own.loss - std::f64::consts::LN_2).abs() < 1e-6, "{own:?}");
@@ -740,25 +735,7 @@ mod tests {
             .iter()
             .map(|p| PairRows::of(&lm, p, &kw, 512, ("chosen", "rejected")).unwrap())
             .collect();
-        let loss = PairLossSettings {
-            loss: PairLoss::Sigmoid,
-            beta: 0.5,
-            label_smoothing: 0.0,
-            simpo_gamma: 0.0,
-        };
-        let schedule = PairSchedule {
-            steps: 20,
-            pairs_per_step: 2,
-            lr: 5e-3,
-            warmup_steps: 0,
-            min_lr_ratio: 1.0,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            micro_batch_tokens: 8192,
-            pack_sequences: false,
-            seed: 1,
-            shuffle: true,
-        };
+        let (loss, schedule) = (sigmoid(), two_pairs_a_step(20, 5e-3));
         let start = evaluate(&lm.model, None, &pairs, &loss, &schedule).unwrap();
         assert!(
             (start.loss - std::f64::consts::LN_2).abs() < 1e-5,

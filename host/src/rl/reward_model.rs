@@ -425,21 +425,7 @@ mod tests {
         for (name, var) in vars {
             let want = &want[&format!("rm/{name}")];
             let got = grads.get(var.as_tensor()).unwrap();
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            let scale = want
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let (diff, scale) = (fixtures::max_diff(got, want), fixtures::max_abs(want));
             assert!(
                 diff <= 1e-4 * scale.max(1e-3),
                 "{name}: grad off by {diff} (max {scale})"
