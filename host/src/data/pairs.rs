@@ -79,7 +79,7 @@ pub fn to_pair(row: Value, keys: PairKeys) -> Result<Pair, String> {
             if p.is_empty() {
                 return Err(format!("\"{}\" is empty; expected the prompt", keys.prompt));
             }
-            vec![message("user", p)]
+            vec![Message::new("user", p)]
         }
         (None, Some(Value::String(p))) => parse_messages(json_list(&p).unwrap(), keys.prompt)?,
         (None, Some(p)) => parse_messages(p, keys.prompt)?,
@@ -150,14 +150,6 @@ pub fn to_pair(row: Value, keys: PairKeys) -> Result<Pair, String> {
     })
 }
 
-fn message(role: &str, content: String) -> Message {
-    Message {
-        role: role.into(),
-        content,
-        ..Default::default()
-    }
-}
-
 /// Text that is the JSON of a list of objects (a conversation in a CSV cell), parsed; any
 /// other text is a plain message (`[INST] …` and `[1, 2]` included).
 fn json_list(text: &str) -> Option<Value> {
@@ -193,7 +185,7 @@ fn completion(
         )),
         Some(Value::String(text)) => match json_list(&text) {
             Some(list) => parse_messages(list, key),
-            None => Ok(vec![message("assistant", text)]),
+            None => Ok(vec![Message::new("assistant", text)]),
         },
         Some(list @ Value::Array(_)) => parse_messages(list, key),
         Some(other) => Err(format!(

@@ -324,16 +324,27 @@ pub fn evaluate(
     loss: &PairLossSettings,
     schedule: &PairSchedule,
 ) -> Result<PairMetrics> {
+    evaluate_with(pairs, schedule, |mb, pass, tally| {
+        forward_pairs(model, reference, mb, loss, pass, tally).map(|_| ())
+    })
+}
+
+/// The mean loss and metrics of `pairs` for a trainer over pairs, no gradients:
+/// `forward(micro_batch, pass, tally)` adds each micro-batch's share.
+pub(super) fn evaluate_with(
+    pairs: &[PairRows],
+    schedule: &PairSchedule,
+    mut forward: impl FnMut(&[&PairRows], Pass, &mut Tally) -> Result<()>,
+) -> Result<PairMetrics> {
     let all: Vec<&PairRows> = pairs.iter().collect();
     let mut tally = Tally::default();
-    let scale = 1.0 / pairs.len().max(1) as f64;
+    let pass = Pass {
+        pack: schedule.pack_sequences,
+        grad: false,
+        scale: 1.0 / pairs.len().max(1) as f64,
+    };
     for mb in micro_batches(&all, schedule.micro_batch_tokens) {
-        let pass = Pass {
-            pack: schedule.pack_sequences,
-            grad: false,
-            scale,
-        };
-        forward_pairs(model, reference, &mb, loss, pass, &mut tally)?;
+        forward(&mb, pass, &mut tally)?;
     }
     Ok(tally.metrics())
 }
@@ -490,19 +501,11 @@ mod tests {
     use crate::model::{Placement, fixtures};
     use crate::sample::Message;
 
-    fn msg(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-            ..Default::default()
-        }
-    }
-
     fn pair(q: &str, c: &str, r: &str) -> Pair {
         Pair {
-            prompt: vec![msg("user", q)],
-            chosen: vec![msg("assistant", c)],
-            rejected: vec![msg("assistant", r)],
+            prompt: vec![Message::new("user", q)],
+            chosen: vec![Message::new("assistant", c)],
+            rejected: vec![Message::new("assistant", r)],
             margin: None,
         }
     }
@@ -543,7 +546,13 @@ mod tests {
         let rows: Vec<SftRow> = [("hi", "hello there"), ("2+2?", "4"), ("name?", "a model")]
             .iter()
             .map(|(q, a)| {
-                completion_row(&lm, &[msg("user", q)], &[msg("assistant", a)], &kw).unwrap()
+                completion_row(
+                    &lm,
+                    &[Message::new("user", *q)],
+                    &[Message::new("assistant", *a)],
+                    &kw,
+                )
+                .unwrap()
             })
             .collect();
         let alone: Vec<f32> = rows

@@ -12,7 +12,7 @@
 //! `PeftModel.from_pretrained`) and give the same scores.
 
 use super::dpo::{
-    PairMetrics, PairRows, PairSchedule, Pass, StepRecord, Tally, micro_batches, optimizer,
+    PairMetrics, PairRows, PairSchedule, Pass, StepRecord, Tally, evaluate_with, optimizer,
     take_step,
 };
 use super::optim::AdamW;
@@ -177,18 +177,9 @@ pub fn evaluate(
     center: Option<f64>,
     schedule: &PairSchedule,
 ) -> Result<PairMetrics> {
-    let all: Vec<&PairRows> = pairs.iter().collect();
-    let mut tally = Tally::default();
-    let scale = 1.0 / pairs.len().max(1) as f64;
-    for mb in micro_batches(&all, schedule.micro_batch_tokens) {
-        let pass = Pass {
-            pack: schedule.pack_sequences,
-            grad: false,
-            scale,
-        };
-        forward_pairs(model, head, &mb, center, pass, &mut tally)?;
-    }
-    Ok(tally.metrics())
+    evaluate_with(pairs, schedule, |mb, pass, tally| {
+        forward_pairs(model, head, mb, center, pass, tally).map(|_| ())
+    })
 }
 
 /// The trainer: the model with its adapter, the head, the optimizer over both and where
@@ -266,14 +257,6 @@ mod tests {
     use crate::rl::sft::completion_row;
     use crate::sample::Message;
 
-    fn msg(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-            ..Default::default()
-        }
-    }
-
     /// A row's score reads its own last token, whatever else is in the batch, padded or
     /// packed, and equals the head on that token's final hidden state from a forward of
     /// the row alone.
@@ -285,7 +268,13 @@ mod tests {
         let rows: Vec<SftRow> = [("hi", "hello there"), ("2+2?", "4"), ("name?", "a model")]
             .iter()
             .map(|(q, a)| {
-                completion_row(&lm, &[msg("user", q)], &[msg("assistant", a)], &kw).unwrap()
+                completion_row(
+                    &lm,
+                    &[Message::new("user", *q)],
+                    &[Message::new("assistant", *a)],
+                    &kw,
+                )
+                .unwrap()
             })
             .collect();
         let by_hand: Vec<f32> = rows
