@@ -255,7 +255,8 @@ fn raise_open_files(n: u64) {
 
 /// `rlhost train` with `[gateway]`, driven by examples/agents/units_agent.py (the official
 /// `openai` package, its functions run in Python): three steps train on the agent's
-/// sessions, scored by the units_task reward; the trainer's log-probs of the recorded
+/// sessions, scored by the units_task reward (and by a reward model `rlhost rm` trained, at
+/// weight 0: it scores what the config's rewards score); the trainer's log-probs of the recorded
 /// tokens equal the sampler's (the recording is token-exact; on-policy, a session that
 /// straddles an update is left out). The run refuses calls while it updates
 /// (`while_updating = "refuse"`): the official client retries them after `Retry-After`
@@ -287,6 +288,9 @@ generate = {{ max_calls_per_trajectory = 1, max_new_tokens = 8, temperature_max 
 plugin = "judge"
 config = {{ rubric = "a correct date", temperature = 1.0, max_new_tokens = 8 }}
 default_weight = 0.0
+[[rewards]]
+model = {rm:?}
+default_weight = 0.0
 [gateway]
 addr = "127.0.0.1:0"
 while_updating = "refuse"
@@ -297,6 +301,9 @@ save_every = 100
 "#,
             units = plugin("units").display().to_string(),
             judge = plugin("judge").display().to_string(),
+            rm = super::vllm::reward_model(super::units_task::small_units_model(), &dir)
+                .display()
+                .to_string(),
         ),
     );
     std::fs::write(dir.join("gw.toml"), config).unwrap();
@@ -330,6 +337,10 @@ save_every = 100
         assert!(
             r["rewards"].get("correct").is_some(),
             "scored by units_task: {r}"
+        );
+        assert!(
+            r["rewards"]["rm"].is_f64(),
+            "scored by the reward model: {r}"
         );
         // The judge asks the model while the sessions are scored: answered by the run's
         // sampler, one call a trajectory (none refused, none failed).

@@ -1,6 +1,7 @@
 //! `rlhost dpo` and `rlhost rm` on the fixture model: pairs in TRL's and RL2's shapes,
 //! the held-out line, an interrupted run that resumes into the uninterrupted one's steps,
-//! the reward model's saved form, and bad pairs named by file, line and key.
+//! the reward model's saved form, a GRPO run whose only reward is the reward model, and
+//! bad pairs named by file, line and key.
 
 use rlhost_tests::{TestCommand, repo_root as root, temp_dir};
 use std::path::Path;
@@ -149,6 +150,132 @@ fn rm_learns_which_reply_is_preferred_and_saves_a_sequence_classifier() {
     for (a, b) in straight.iter().zip(&metrics(&dir.join("run"))) {
         assert_eq!(a["loss"], b["loss"], "step {}", a["step"]);
     }
+}
+
+/// Issue 65: a reward model `rlhost rm` trained scores a GRPO run's trajectories
+/// (`[[rewards]] model`), and the run learns what it prefers, as in RLHF: the policy's own
+/// samples are ranked (a reply that finished over one cut at `max_new_tokens`), the reward
+/// model learns the ranking from pairs of them, and a GRPO run whose only reward is the
+/// reward model learns to finish its replies, which the run's own count of cut replies
+/// measures. With a KL penalty toward the base, as RLHF runs keep one: without it, one
+/// run seed of five found replies the reward model overrates (entropy 5 -> 0.3, cut
+/// replies 0.84 -> 1.0 while the score rose). Measured: the reward model 35% -> 95% on
+/// held-out pairs; with `kl_coef = 0.1`, run seeds 1-5 went from 0.84-0.97 cut replies to
+/// 0-0.06 by step 24 and stayed at 0-0.12, entropy 2.6-4.6.
+#[test]
+fn a_grpo_run_learns_what_a_reward_model_prefers() {
+    let dir = temp_dir("rm-grpo");
+    let prompts: String = (0..40)
+        .map(|i| format!("{{\"prompt\": \"Write something about topic {i}.\"}}\n"))
+        .collect();
+    std::fs::write(dir.join("data.jsonl"), prompts).unwrap();
+    let model = root().join("tests/fixtures/models/qwen2");
+    let config = |rewards: &str| {
+        format!(
+            "[run]\nseed = 3\nout_dir = \"grpo\"\n[model]\npath = {model:?}\n[data]\npath = \"data.jsonl\"\neval_size = 0\n[sampling]\nmax_new_tokens = 16\n[rollout]\ngroup_size = 8\nprompts_per_step = 4\n{rewards}[train]\nsteps = 40\nlr = 0.02\nkl_coef = 0.1\nsave_every = 100\n"
+        )
+    };
+    // The policy's samples, ranked: per prompt, each finished reply over each cut one.
+    std::fs::write(dir.join("sample.toml"), config("")).unwrap();
+    TestCommand::new(&["rollout", "--config"])
+        .arg(dir.join("sample.toml"))
+        .args(["--split", "train", "--prompts", "40", "--out"])
+        .arg(dir.join("samples.jsonl"))
+        .ok();
+    let mut groups: std::collections::BTreeMap<u64, Vec<(bool, String)>> = Default::default();
+    for line in std::fs::read_to_string(dir.join("samples.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let t: serde_json::Value = serde_json::from_str(line).unwrap();
+        let reply = t["messages"].as_array().unwrap().last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        groups
+            .entry(t["sample_id"].as_u64().unwrap())
+            .or_default()
+            .push((t["stop"] == "end_of_turn", reply));
+    }
+    let mut rows = String::new();
+    for (id, g) in &groups {
+        for (finished, chosen) in g.iter().filter(|s| s.0) {
+            for (_, rejected) in g.iter().filter(|s| !s.0) {
+                assert!(*finished);
+                let row = serde_json::json!({
+                    "prompt": format!("Write something about topic {id}."),
+                    "chosen": chosen,
+                    "rejected": rejected,
+                });
+                rows += &(row.to_string() + "\n");
+            }
+        }
+    }
+    assert!(rows.lines().count() >= 60, "too few ranked pairs:\n{rows}");
+    std::fs::write(dir.join("pairs.jsonl"), rows).unwrap();
+    std::fs::write(
+        dir.join("rm.toml"),
+        format!(
+            "[run]\nseed = 5\nout_dir = \"rm\"\n[model]\npath = {model:?}\n[data]\npath = \"pairs.jsonl\"\neval_size = 20\n[train]\nsteps = 30\nlr = 0.01\n[pairs]\nper_step = 8\n"
+        ),
+    )
+    .unwrap();
+    let ran = TestCommand::new(&["rm", "--config"])
+        .arg(dir.join("rm.toml"))
+        .ok();
+    // "held-out (20 pairs), start -> step 30: pairwise accuracy A% -> B%, ..."
+    let line = ran
+        .stdout
+        .lines()
+        .find(|l| l.contains("pairwise accuracy"))
+        .unwrap_or_else(|| panic!("{}", ran.stdout));
+    let after: f64 = line
+        .split(" -> ")
+        .nth(2)
+        .unwrap()
+        .split('%')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after >= 90.0, "{line}");
+
+    std::fs::write(
+        dir.join("grpo.toml"),
+        config("[[rewards]]\nmodel = \"rm\"\n"),
+    )
+    .unwrap();
+    TestCommand::new(&["train", "--config"])
+        .arg(dir.join("grpo.toml"))
+        .ok();
+    let m = metrics(&dir.join("grpo"));
+    let mean = |rows: &[serde_json::Value], get: &dyn Fn(&serde_json::Value) -> f64| {
+        rows.iter().map(get).sum::<f64>() / rows.len() as f64
+    };
+    let rm = |r: &serde_json::Value| r["rewards"]["rm"].as_f64().unwrap();
+    let cut = |r: &serde_json::Value| r["truncated"].as_f64().unwrap();
+    for r in &m {
+        let total = r["reward_mean"].as_f64().unwrap();
+        assert!(
+            (total - rm(r)).abs() < 1e-4,
+            "step {}: total {total}, rm {}",
+            r["step"],
+            rm(r)
+        );
+    }
+    let (first, last) = (&m[..3], &m[m.len() - 3..]);
+    assert!(
+        mean(last, &rm) > mean(first, &rm) + 1.0,
+        "the reward model's score did not rise: {} -> {}",
+        mean(first, &rm),
+        mean(last, &rm)
+    );
+    assert!(
+        mean(first, &cut) > 0.5 && mean(last, &cut) < 0.2,
+        "the share of cut replies did not fall: {} -> {}",
+        mean(first, &cut),
+        mean(last, &cut)
+    );
 }
 
 /// Each bad pair stops `rlhost dpo` with one line naming the file, the line and the key.

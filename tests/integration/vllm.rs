@@ -118,8 +118,34 @@ fn greedy(
     trajectories(out)
 }
 
+/// A reward model `rlhost rm` trained for a few steps on `model` (issue 65): the right
+/// product over a wrong one.
+pub(super) fn reward_model(model: &Path, dir: &Path) -> PathBuf {
+    let rows: String = (2..22)
+        .map(|i| {
+            serde_json::json!({"prompt": format!("What is {i} * 7?"), "chosen": format!("<answer>{}</answer>", i * 7), "rejected": format!("<answer>{}</answer>", i * 7 + 1)})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    std::fs::write(dir.join("pairs.jsonl"), rows).unwrap();
+    std::fs::write(
+        dir.join("rm.toml"),
+        format!(
+            "[run]\nout_dir = \"rm\"\n[model]\npath = {:?}\n[data]\npath = \"pairs.jsonl\"\neval_size = 0\n[train]\nsteps = 3\n[pairs]\nper_step = 4\n",
+            model.display().to_string()
+        ),
+    )
+    .unwrap();
+    TestCommand::new(&["rm", "-q", "--config"])
+        .arg(dir.join("rm.toml"))
+        .ok();
+    dir.join("rm")
+}
+
 /// Greedy rollouts with an adapter, the calculator firing mid-turn, are the local
-/// engine's token for token, with their loss masks, and their log-probs agree.
+/// engine's token for token, with their loss masks, and their log-probs agree; a reward
+/// model scores both engines' trajectories alike (it runs on the run's own device).
 #[test]
 fn greedy_vllm_rollouts_are_the_local_engines() {
     let Some((url, model, _turn)) = server() else {
@@ -127,15 +153,26 @@ fn greedy_vllm_rollouts_are_the_local_engines() {
     };
     let dir = temp_dir("vllm-greedy");
     let adapter = trained_adapter(&model, &dir);
-    let local = greedy(&model, &adapter, 40, &[], &dir.join("local.jsonl"));
+    let rewards = vec![
+        "--set".to_string(),
+        format!(
+            "rewards=[{{plugin = \"multiply\", weights = {{correct = 1.0, format = 0.1}}}}, {{model = {:?}}}]",
+            reward_model(&model, &dir).display().to_string()
+        ),
+    ];
+    let local = greedy(&model, &adapter, 40, &rewards, &dir.join("local.jsonl"));
     let remote = greedy(
         &model,
         &adapter,
         40,
-        &on_vllm(&url),
+        &[on_vllm(&url), rewards].concat(),
         &dir.join("vllm.jsonl"),
     );
     assert_eq!(local.len(), 40);
+    for (a, b) in local.iter().zip(&remote) {
+        assert!(a["rewards"]["rm"].is_f64(), "{}", a["rewards"]);
+        assert_eq!(a["rewards"]["rm"], b["rewards"]["rm"]);
+    }
     let same = assert_same(&local, &remote);
     assert!(
         same.tool_calls >= 20,

@@ -650,12 +650,21 @@ impl PluginSection {
     }
 }
 
-/// `[[rewards]]`: one reward plugin and how its components count.
+/// `[[rewards]]`: one reward, a plugin or a reward model, and how its components count.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RewardSection {
-    /// The reward plugin, by its name in `[plugins]` (or a built-in plugin's name).
-    pub plugin: String,
+    /// The reward plugin, by its name in `[plugins]` (or a built-in plugin's name). Set
+    /// this or `model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// A reward model `rlhost rm` trained on the run's base model (its output folder, or
+    /// any folder holding its adapter and score head), relative to the config's folder. It
+    /// scores each finished trajectory, its tokens as sampled, in batches on the run's
+    /// device, as the component `rm`. Set this or `plugin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(example = &"runs/rm")]
+    pub model: Option<String>,
     /// The plugin's configuration, any TOML table; it reaches the plugin as JSON.
     #[serde(default = "empty_object")]
     pub config: serde_json::Value,
@@ -679,6 +688,46 @@ pub struct RewardSection {
 
 fn one() -> f64 {
     1.0
+}
+
+impl RewardSection {
+    /// A plugin that `[plugins]` names, or a model folder, and what goes with each.
+    fn check(&self, plugins: &BTreeMap<String, PluginSection>) -> Result<()> {
+        match (&self.plugin, &self.model) {
+            (Some(_), Some(_)) => {
+                bail!(
+                    "plugin and model are both set: a [[rewards]] entry is one or the other; give each its own entry"
+                )
+            }
+            (None, None) => bail!(
+                "plugin or model: a [[rewards]] entry names a reward plugin (plugin = \"NAME\") or a reward model `rlhost rm` trained (model = \"runs/rm\")"
+            ),
+            (Some(name), None) if !plugins.contains_key(name) => bail!(
+                "plugin = \"{name}\" names no plugin; add a [plugins.{name}] section with its `path`{}",
+                known(plugins)
+            ),
+            (Some(_), None) => Ok(()),
+            (None, Some(path)) => {
+                if path.is_empty() {
+                    bail!("model is empty: give the folder `rlhost rm` wrote");
+                }
+                let plugin_only = [
+                    (
+                        "config",
+                        self.config.as_object().is_none_or(|o| !o.is_empty()),
+                    ),
+                    ("cases", self.cases.is_some()),
+                    ("fallback", self.fallback != 0.0),
+                ];
+                if let Some((key, _)) = plugin_only.iter().find(|(_, set)| *set) {
+                    bail!(
+                        "{key} is for reward plugins; a reward model (model = \"{path}\") takes weights and default_weight"
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// A config file read and checked, with where it came from.
@@ -788,14 +837,9 @@ impl LoadedConfig {
             bail!("{file}: rollout.tools_config.{name} must be a table, e.g. {name} = {{}}");
         }
         for (i, reward) in c.rewards.iter().enumerate() {
-            if !c.plugins.contains_key(&reward.plugin) {
-                bail!(
-                    "{file}: rewards[{i}].plugin = \"{}\" names no plugin; add a [plugins.{}] section with its `path`{}",
-                    reward.plugin,
-                    reward.plugin,
-                    known(&c.plugins)
-                );
-            }
+            reward
+                .check(&c.plugins)
+                .map_err(|e| anyhow::anyhow!("{file}: rewards[{i}].{e}"))?;
         }
         for (key, v) in [
             ("rollout.trigger_config", &r.trigger_config),
@@ -1019,6 +1063,37 @@ weights = { correct = 1.0 }
             "{e}"
         );
         assert!(load(BASE, &["nonsense"]).is_err());
+    }
+
+    /// Issue 65: a `[[rewards]]` entry is a plugin or a reward model, never both or
+    /// neither, and a reward model takes no plugin settings.
+    #[test]
+    fn a_reward_is_a_plugin_or_a_model() {
+        let set = |entry: &str| format!("rewards=[{entry}]");
+        for (entry, want) in [
+            (
+                "{plugin = \"calc\", model = \"runs/rm\"}",
+                "rewards[0].plugin and model are both set",
+            ),
+            ("{weights = {rm = 1.0}}", "rewards[0].plugin or model"),
+            (
+                "{model = \"runs/rm\", config = {x = 1}}",
+                "rewards[0].config is for reward plugins",
+            ),
+            (
+                "{model = \"runs/rm\", fallback = 1.0}",
+                "rewards[0].fallback is for reward plugins",
+            ),
+            (
+                "{plugin = \"judge\"}",
+                "rewards[0].plugin = \"judge\" names no plugin",
+            ),
+        ] {
+            let e = format!("{:#}", load(BASE, &[&set(entry)]).unwrap_err());
+            assert!(e.contains(want), "{entry}: {e}");
+        }
+        let ok = load(BASE, &[&set("{model = \"runs/rm\", weights = {rm = 2.0}}")]).unwrap();
+        assert_eq!(ok.config.rewards[0].model.as_deref(), Some("runs/rm"));
     }
 
     #[test]

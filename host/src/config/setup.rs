@@ -14,8 +14,10 @@ use crate::model::sample::SamplingParams;
 use crate::model::{LanguageModel, Mode, peft};
 use crate::openenv::client::Remote;
 use crate::plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
+use crate::rl::reward_model::Scorer;
 use crate::rl::trainer::Sources;
 use crate::rollout::render::prompt_tokens;
+use crate::rollout::reward::WeightedModel;
 use crate::rollout::tools::{Catalogue, Toolbox};
 use crate::rollout::vllm::{Pool, VllmSettings};
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
@@ -172,8 +174,10 @@ impl Opened {
         };
         let mut specs = Vec::new();
         for (i, r) in c.rewards.iter().enumerate() {
+            // Reward models are opened with the model (`Opened::load`).
+            let Some(plugin) = &r.plugin else { continue };
             specs.push(RewardSpec {
-                plugin: role(&format!("rewards[{i}].plugin"), &r.plugin, Role::Reward)?,
+                plugin: role(&format!("rewards[{i}].plugin"), plugin, Role::Reward)?,
                 config: r.config.to_string(),
                 weights: r.weights.clone(),
                 default_weight: r.default_weight,
@@ -261,7 +265,7 @@ impl Opened {
             loaded,
             plugins,
             mut dataset,
-            rewards,
+            mut rewards,
             trigger,
             environment,
             tools,
@@ -287,6 +291,33 @@ impl Opened {
             let adapter = loaded.resolve(adapter);
             peft::load_adapter(&mut lm.model, &adapter)
                 .with_context(|| format!("{file}: model.adapter {}", adapter.display()))?;
+        }
+        for (i, r) in c.rewards.iter().enumerate() {
+            let Some(dir) = &r.model else { continue };
+            let scorer = Scorer::load(
+                &lm.model,
+                &model_dir,
+                &loaded.resolve(Path::new(dir)),
+                c.train.micro_batch_tokens,
+            )
+            .with_context(|| format!("{file}: rewards[{i}].model = \"{dir}\""))?;
+            rewards.models.push(WeightedModel {
+                scorer: std::sync::Arc::new(scorer),
+                weight: r
+                    .weights
+                    .get(crate::rollout::reward::MODEL_COMPONENT)
+                    .copied()
+                    .unwrap_or(r.default_weight),
+            });
+        }
+        // A reward model is read in place of the run's adapter, so the model needs one:
+        // where the config gives none, the fresh one the trainer would attach (the same
+        // `[lora]` and seed; B = 0, so the outputs are the base model's), so that `rlhost
+        // eval` and `rollout` of the base model score as a run's first step does.
+        if !rewards.models.is_empty() && lm.model.lora.is_none() {
+            lm.model
+                .attach_lora(&c.lora.to_config(), c.run.seed)
+                .with_context(|| format!("{file}: [lora]"))?;
         }
         let s = &c.sampling;
         let mut sampling = lm.default_sampling()?;

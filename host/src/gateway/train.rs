@@ -325,8 +325,10 @@ impl Link {
             *stats.generate_wait_s.entry(k).or_default() += w;
         }
         let mut out = Vec::with_capacity(ts.len());
+        let mut by_config = Vec::with_capacity(ts.len());
         for ((mut t, reported), results) in ts.into_iter().zip(results) {
             let results = results.context("a reward task panicked")?;
+            by_config.push(reported.is_none());
             match reported {
                 Some(r) => {
                     if r.components.is_empty() {
@@ -340,6 +342,14 @@ impl Link {
             }
             out.push(t);
         }
+        // Reward models are config rewards: they score what the config's rewards scored,
+        // and leave an agent's own reward as it said it.
+        rewards.score_models(
+            &lm.model,
+            out.iter_mut()
+                .zip(&by_config)
+                .filter_map(|(t, &c)| c.then_some(t)),
+        )?;
         Ok(out)
     }
 

@@ -43,7 +43,12 @@ fn config_json(dir: &Path) -> Result<(std::path::PathBuf, Value)> {
 /// its target modules, as PEFT writes it): the config of the other modules and whether
 /// the head is one.
 pub fn read_config_with_head(dir: &Path) -> Result<(LoraConfig, bool)> {
-    let (path, mut v) = config_json(dir)?;
+    let (path, v) = config_json(dir)?;
+    config_with_head(&path, v)
+}
+
+/// [`read_config_with_head`] of a config already read from `path`.
+fn config_with_head(path: &Path, mut v: Value) -> Result<(LoraConfig, bool)> {
     let mut head = false;
     if let Some(Value::Array(items)) = v.get_mut("target_modules") {
         let before = items.len();
@@ -185,7 +190,36 @@ pub struct Read {
 /// The adapter in `dir`, its tensors in f32 on the model's device, checked against the
 /// model's shapes.
 pub fn read_pairs(model: &Model, dir: &Path) -> Result<Read> {
-    let (cfg, with_head) = read_config_with_head(dir)?;
+    let (path, v) = config_json(dir)?;
+    let (read, _) = read_pairs_saving(model, dir, &path, v, None)?;
+    Ok(read)
+}
+
+/// [`read_pairs`] of a sequence classifier's adapter, as `rlhost rm` and TRL's
+/// `RewardTrainer` write one: `modules_to_save = [module]` (`score`), whose weight
+/// (`base_model.model.score.weight`) comes back beside the pairs.
+pub fn read_pairs_with_saved(model: &Model, dir: &Path, module: &str) -> Result<(Read, Tensor)> {
+    let (path, mut v) = config_json(dir)?;
+    let saved = v.get("modules_to_save").cloned().unwrap_or(Value::Null);
+    if saved != serde_json::json!([module]) {
+        bail!(
+            "{}: no `{module}` head: modules_to_save is {saved}, where a reward model lists it as [\"{module}\"] (rlhost rm and TRL's RewardTrainer write it so); an adapter alone is not a reward model",
+            path.display()
+        );
+    }
+    v["modules_to_save"] = Value::Null;
+    let (read, saved) = read_pairs_saving(model, dir, &path, v, Some(module))?;
+    Ok((read, saved.expect("asked for")))
+}
+
+fn read_pairs_saving(
+    model: &Model,
+    dir: &Path,
+    config_path: &Path,
+    config: Value,
+    saved: Option<&str>,
+) -> Result<(Read, Option<Tensor>)> {
+    let (cfg, with_head) = config_with_head(config_path, config)?;
     let path = dir.join(WEIGHTS_FILE);
     if !path.is_file() {
         bail!(
@@ -228,13 +262,26 @@ pub fn read_pairs(model: &Model, dir: &Path) -> Result<Read> {
         true => Some(take(HEAD, model.lm_head.dims2()?)?),
         false => None,
     };
+    let saved = match saved {
+        Some(module) => {
+            let key = format!("{KEY_PREFIX}{module}.weight");
+            let t = tensors.remove(&key).with_context(|| {
+                format!(
+                    "{} has no `{key}`, the weight of the module its config saves",
+                    path.display()
+                )
+            })?;
+            Some(t.to_dtype(DType::F32)?)
+        }
+        None => None,
+    };
     if let Some(extra) = tensors.keys().min() {
         bail!(
             "{} has tensor `{extra}` that matches no LoRA module of this model (a different base model?)",
             path.display()
         );
     }
-    Ok(Read { cfg, pairs, head })
+    Ok((Read { cfg, pairs, head }, saved))
 }
 
 /// Writes `model`'s adapter to `dir` in PEFT's format. Each file is written to a temporary

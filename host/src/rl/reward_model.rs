@@ -73,11 +73,15 @@ impl ScoreHead {
                 path.display()
             )
         })?;
+        ScoreHead::from_weight(model, w, &format!("{}: `{key}`", path.display()))
+    }
+
+    /// A head of weight `w` (`[1, hidden]`), `origin` naming where it came from.
+    fn from_weight(model: &Model, w: Tensor, origin: &str) -> Result<ScoreHead> {
         let h = model.cfg.hidden_size;
         if w.dims() != [1, h] {
             bail!(
-                "{}: `{key}` has shape {:?}; the model's hidden size asks for [1, {h}]",
-                path.display(),
+                "{origin} has shape {:?}; the model's hidden size asks for [1, {h}]",
                 w.dims()
             );
         }
@@ -250,10 +254,177 @@ impl<'a> Rm<'a> {
     }
 }
 
+/// A reward model `rlhost rm` trained, scoring another run's trajectories
+/// (`[[rewards]] model = ...`): its adapter as a set the forward reads in place of the
+/// run's own adapter, and its head. The run's model is the base the reward model was
+/// trained on, so no second copy of the weights is made; each projection the run adapts
+/// reads the reward model's pair, or a zero one where the reward model has none.
+pub struct Scorer {
+    name: String,
+    /// `(A, B)` by module path, on the model's device.
+    pairs: std::collections::HashMap<String, (Tensor, Tensor)>,
+    scaling: f64,
+    rank: usize,
+    head: ScoreHead,
+    /// Most tokens a forward takes (`train.micro_batch_tokens`).
+    micro_batch_tokens: usize,
+}
+
+impl Scorer {
+    /// The reward model in `dir` (the folder `rlhost rm` wrote, or its `adapter/`), for
+    /// `model` loaded from `base`: the adapter must have been trained on that base (as its
+    /// config records it) and carry a score head.
+    pub fn load(
+        model: &Model,
+        base: &Path,
+        dir: &Path,
+        micro_batch_tokens: usize,
+    ) -> Result<Scorer> {
+        let folder = [dir.join("adapter"), dir.to_path_buf()]
+            .into_iter()
+            .find(|d| d.join(peft::CONFIG_FILE).is_file())
+            .with_context(|| {
+                format!(
+                    "{} holds no reward model: neither it nor its adapter/ has {} (give the folder `rlhost rm` wrote)",
+                    dir.display(),
+                    peft::CONFIG_FILE
+                )
+            })?;
+        check_base(&folder, base)?;
+        let (read, w) = peft::read_pairs_with_saved(model, &folder, "score")?;
+        let head = ScoreHead::from_weight(
+            model,
+            w,
+            &format!("{}: `{}{SCORE}`", folder.display(), peft::KEY_PREFIX),
+        )?;
+        Ok(Scorer {
+            name: dir.display().to_string(),
+            rank: read.cfg.r,
+            scaling: read.cfg.scaling(),
+            pairs: read
+                .pairs
+                .into_iter()
+                .map(|(m, a, b)| (m, (a, b)))
+                .collect(),
+            head,
+            micro_batch_tokens: micro_batch_tokens.max(1),
+        })
+    }
+
+    /// The set a forward reads for the reward model, keyed by the run's live adapter as it
+    /// is now (built per call: a resumed run's adapter is new tensors).
+    fn snapshot(&self, model: &Model) -> Result<crate::model::lora::AdapterSnapshot> {
+        let mut covered = 0;
+        let mut set = Vec::new();
+        for (path, _, lin) in model.projections() {
+            let Some(live) = &lin.lora else { continue };
+            let pair = match self.pairs.get(&path) {
+                Some((a, b)) => {
+                    covered += 1;
+                    (a.clone(), b.clone())
+                }
+                None => (
+                    Tensor::zeros((self.rank, lin.in_features()), DType::F32, model.device())?,
+                    Tensor::zeros((lin.out_features(), self.rank), DType::F32, model.device())?,
+                ),
+            };
+            set.push((live.lora_a.as_tensor().id(), pair.0, pair.1));
+        }
+        if covered < self.pairs.len() {
+            let missing: Vec<&str> = self
+                .pairs
+                .keys()
+                .filter(|p| {
+                    !model
+                        .projections()
+                        .iter()
+                        .any(|(q, _, l)| q == *p && l.lora.is_some())
+                })
+                .map(String::as_str)
+                .take(3)
+                .collect();
+            bail!(
+                "it adapts projections this run's adapter does not ({}, ...): the run's [lora] target_modules must include the reward model's",
+                missing.join(", ")
+            );
+        }
+        Ok(
+            crate::model::lora::AdapterSnapshot::from_pairs(0, set)
+                .with_scaling(Some(self.scaling)),
+        )
+    }
+}
+
+/// Whether the adapter in `folder` was trained on `base`: its config's
+/// `base_model_name_or_path`, when it names a folder that exists, must be that one.
+fn check_base(folder: &Path, base: &Path) -> Result<()> {
+    let path = folder.join(peft::CONFIG_FILE);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let Some(recorded) = v.get("base_model_name_or_path").and_then(|b| b.as_str()) else {
+        return Ok(());
+    };
+    let (Ok(recorded_dir), Ok(base_dir)) =
+        (std::fs::canonicalize(recorded), std::fs::canonicalize(base))
+    else {
+        return Ok(());
+    };
+    if recorded_dir != base_dir {
+        bail!(
+            "{} was trained on {}, and this run's model is {}: a reward model scores on the base it was trained on",
+            folder.display(),
+            recorded_dir.display(),
+            base_dir.display()
+        );
+    }
+    Ok(())
+}
+
+impl crate::rollout::reward::ModelReward for Scorer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn score(&self, model: &Model, sequences: &[&[u32]]) -> Result<Vec<f64>> {
+        let set = self.snapshot(model)?;
+        let mode = Mode {
+            adapter: Some(&set),
+            ..Mode::INFERENCE
+        };
+        let mut out = Vec::with_capacity(sequences.len());
+        let mut chunk: Vec<SftRow> = Vec::new();
+        let mut tokens = 0;
+        let mut flush = |chunk: &mut Vec<SftRow>| -> Result<()> {
+            if !chunk.is_empty() {
+                let scores = self.head.scores(model, chunk, true, mode)?;
+                out.extend(scores.to_vec1::<f32>()?.into_iter().map(f64::from));
+                chunk.clear();
+            }
+            Ok(())
+        };
+        for seq in sequences {
+            if seq.is_empty() {
+                bail!("an empty trajectory has no last token to score");
+            }
+            if tokens + seq.len() > self.micro_batch_tokens {
+                flush(&mut chunk)?;
+                tokens = 0;
+            }
+            tokens += seq.len();
+            chunk.push(SftRow {
+                tokens: seq.to_vec(),
+                loss_mask: vec![0; seq.len()],
+            });
+        }
+        flush(&mut chunk)?;
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{LanguageModel, Placement, fixtures};
+    use crate::model::{LanguageModel, LoraConfig, Placement, fixtures};
     use crate::rl::sft::completion_row;
     use crate::sample::Message;
 
@@ -315,6 +486,141 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "pack {pack}: {a} vs {b}");
             }
         }
+    }
+
+    /// An empty folder of this test process's own.
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("rlhost-rm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Every adapter's `B` set to `value`, so that it changes the model's output.
+    fn set_b(model: &Model, value: f64) {
+        for (_, _, lin) in model.projections() {
+            if let Some(l) = &lin.lora {
+                let b = (Tensor::ones(l.lora_b.dims(), DType::F32, model.device()).unwrap()
+                    * value)
+                    .unwrap();
+                l.lora_b.set(&b).unwrap();
+            }
+        }
+    }
+
+    /// A sequence of the fixture model's vocabulary, `n` tokens from `seed`.
+    fn sequence(n: usize, seed: u32) -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i * 37 + seed * 11) % 250 + 3)
+            .collect()
+    }
+
+    /// Issue 65: `[[rewards]] model` scores another run's trajectories as the reward model
+    /// scored them where it was trained, whatever the run's own adapter holds (a set of its
+    /// own, not the live tensors) and however the sequences split into forwards.
+    #[test]
+    fn a_reward_model_scores_another_runs_trajectories_as_it_was_trained_to() {
+        use crate::rollout::reward::ModelReward;
+        let base = fixtures::model_dir("qwen2");
+        // Where the reward model was trained: two projections adapted, rank 3, scaling 1.
+        let mut trained = LanguageModel::open(&base, &Placement::CPU).unwrap();
+        let rm_lora = LoraConfig {
+            r: 3,
+            alpha: 3.0,
+            target_modules: vec!["q_proj".into(), "v_proj".into()],
+            ..LoraConfig::default()
+        };
+        trained.model.attach_lora(&rm_lora, 2).unwrap();
+        set_b(&trained.model, 0.05);
+        let head = ScoreHead::new(&trained.model, 3).unwrap();
+        let dir = scratch("scores");
+        peft::save_adapter_with_head(
+            &trained.model,
+            &dir.join("adapter"),
+            Some(&base.display().to_string()),
+            (SCORE, head.weight.as_tensor()),
+        )
+        .unwrap();
+        let seqs: Vec<Vec<u32>> = [(9, 1), (17, 2), (4, 3), (12, 4)]
+            .iter()
+            .map(|&(n, s)| sequence(n, s))
+            .collect();
+        let rows: Vec<SftRow> = seqs
+            .iter()
+            .map(|t| SftRow {
+                tokens: t.clone(),
+                loss_mask: vec![0; t.len()],
+            })
+            .collect();
+        let want = head
+            .scores(&trained.model, &rows, false, Mode::INFERENCE)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+
+        // The run's own adapter: another rank, only some projections, far from zero, so a
+        // forward that read it instead of the reward model's would score otherwise.
+        let targets = |names: &[&str]| LoraConfig {
+            r: 2,
+            alpha: 4.0,
+            target_modules: names.iter().map(|s| s.to_string()).collect(),
+            ..LoraConfig::default()
+        };
+        let mut run = LanguageModel::open(&base, &Placement::CPU).unwrap();
+        run.model
+            .attach_lora(&targets(&crate::model::lora::TARGETS), 5)
+            .unwrap();
+        set_b(&run.model, 0.5);
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        for budget in [4096, 20] {
+            let scorer = Scorer::load(&run.model, &base, &dir, budget).unwrap();
+            let got = scorer.score(&run.model, &refs).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((*g as f32 - w).abs() < 1e-5, "budget {budget}: {g} vs {w}");
+            }
+        }
+
+        // A run that adapts fewer projections than the reward model cannot apply it.
+        let mut narrow = LanguageModel::open(&base, &Placement::CPU).unwrap();
+        narrow.model.attach_lora(&targets(&["q_proj"]), 5).unwrap();
+        let scorer = Scorer::load(&narrow.model, &base, &dir, 4096).unwrap();
+        let err = format!("{:#}", scorer.score(&narrow.model, &refs).unwrap_err());
+        assert!(err.contains("target_modules"), "{err}");
+    }
+
+    /// Issue 65: a folder that is not a reward model, or one trained on another base, is
+    /// refused when the run opens it, in one line that says what is wrong.
+    #[test]
+    fn what_is_not_a_reward_model_for_this_base_is_refused() {
+        let base = fixtures::model_dir("qwen2");
+        let lm = LanguageModel::open(&base, &Placement::CPU).unwrap();
+        let err = |dir: &Path| {
+            format!(
+                "{:#}",
+                Scorer::load(&lm.model, &base, dir, 4096).err().unwrap()
+            )
+        };
+        // An adapter without a score head.
+        let e = err(&base.join("adapter"));
+        assert!(e.contains("no `score` head"), "{e}");
+        // No adapter at all.
+        let empty = scratch("empty");
+        let e = err(&empty);
+        assert!(e.contains("holds no reward model"), "{e}");
+        // Trained on another base: the folder its config records exists and is not this one.
+        let mut other = LanguageModel::open(&base, &Placement::CPU).unwrap();
+        peft::load_adapter(&mut other.model, &base.join("adapter")).unwrap();
+        let head = ScoreHead::new(&other.model, 3).unwrap();
+        let dir = scratch("other-base");
+        peft::save_adapter_with_head(
+            &other.model,
+            &dir,
+            Some(&empty.display().to_string()),
+            (SCORE, head.weight.as_tensor()),
+        )
+        .unwrap();
+        let e = err(&dir);
+        assert!(e.contains("scores on the base it was trained on"), "{e}");
     }
 
     /// Issue 65: scores, the loss and the gradients of the adapter and the head against

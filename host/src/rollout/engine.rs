@@ -620,7 +620,13 @@ impl<'a> Engine<'a> {
             batch.stats.retries = (lease.pool.retries() - retries_before) as usize;
         }
         drop(sampler);
-        Ok(batch.into_groups(samples, self.settings.group_size, t0))
+        let (mut groups, stats) = batch.into_groups(samples, self.settings.group_size, t0);
+        // Reward models read whole trajectories: scored once all have finished.
+        self.rewards.score_models(
+            &self.lm.model,
+            groups.iter_mut().flat_map(|g| g.trajectories.iter_mut()),
+        )?;
+        Ok((groups, stats))
     }
 
     /// Each sample's prompt tokens, checked against the length limit.

@@ -12,6 +12,7 @@
 //! then each case's mean, and `all_…` components their minimum (see [`aggregate`]).
 
 use super::trajectory::{FaultRecord, Trajectory};
+use crate::model::Model;
 use crate::plugin::model::ModelLink;
 use crate::plugin::{Component, Fault, Plugin, RewardScorer};
 use anyhow::{Context, Result};
@@ -266,9 +267,30 @@ pub fn aggregate(results: Vec<CaseResult>) -> Scored {
     }
 }
 
-/// All reward functions of a run, and the environment reward's weight.
+/// A reward a model computes on the run's device from a trajectory's tokens: a reward
+/// model `rlhost rm` trained (`crate::rl::reward_model::Scorer`, which the config side
+/// opens). Unlike a plugin it reads no text and calls nothing: it is scored once a batch's
+/// rollouts have all finished, every trajectory of the batch in a few forwards.
+pub trait ModelReward: Send + Sync {
+    /// What messages call it (its folder).
+    fn name(&self) -> &str;
+    /// One score per sequence (a trajectory's prompt and completion tokens as sampled).
+    fn score(&self, model: &Model, sequences: &[&[u32]]) -> Result<Vec<f64>>;
+}
+
+/// A reward model and the weight of its component in the total.
+pub struct WeightedModel {
+    pub scorer: Arc<dyn ModelReward>,
+    pub weight: f64,
+}
+
+/// The component a reward model's score is recorded under.
+pub const MODEL_COMPONENT: &str = "rm";
+
+/// All reward functions of a run, its reward models, and the environment reward's weight.
 pub struct Rewards {
     pub fns: Vec<Arc<RewardFn>>,
+    pub models: Vec<WeightedModel>,
     pub env_weight: f64,
 }
 
@@ -298,13 +320,18 @@ impl Rewards {
                 case_slots,
             }));
         }
-        Ok(Rewards { fns, env_weight })
+        Ok(Rewards {
+            fns,
+            models: Vec::new(),
+            env_weight,
+        })
     }
 
     /// No reward functions and no environment: every trajectory scores 0.
     pub fn none() -> Rewards {
         Rewards {
             fns: Vec::new(),
+            models: Vec::new(),
             env_weight: 1.0,
         }
     }
@@ -352,6 +379,50 @@ impl Rewards {
             trajectory.rewards.insert("env".into(), env);
         }
         trajectory.reward = total;
+    }
+
+    /// Adds each reward model's score of `trajectories` (already scored by [`combine`]:
+    /// this adds to their totals) as the component `rm` (a second model's as
+    /// `NAME/rm`), its weight times the score to the total. A model that fails fails the
+    /// batch: it runs on the run's own device, as sampling does, and a score that is not a
+    /// number would poison the step.
+    ///
+    /// [`combine`]: Rewards::combine
+    pub fn score_models<'t>(
+        &self,
+        model: &Model,
+        trajectories: impl IntoIterator<Item = &'t mut Trajectory>,
+    ) -> Result<()> {
+        if self.models.is_empty() {
+            return Ok(());
+        }
+        let mut all: Vec<&mut Trajectory> = trajectories.into_iter().collect();
+        if all.is_empty() {
+            return Ok(());
+        }
+        for m in &self.models {
+            let sequences: Vec<&[u32]> = all.iter().map(|t| t.tokens.as_slice()).collect();
+            let scores = m
+                .scorer
+                .score(model, &sequences)
+                .with_context(|| format!("scoring with the reward model {}", m.scorer.name()))?;
+            if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
+                anyhow::bail!(
+                    "the reward model {} scored a trajectory {bad}",
+                    m.scorer.name()
+                );
+            }
+            for (t, score) in all.iter_mut().zip(scores) {
+                let key = if t.rewards.contains_key(MODEL_COMPONENT) {
+                    format!("{}/{MODEL_COMPONENT}", m.scorer.name())
+                } else {
+                    MODEL_COMPONENT.to_string()
+                };
+                t.rewards.insert(key, score);
+                t.reward += m.weight * score;
+            }
+        }
+        Ok(())
     }
 }
 
