@@ -656,13 +656,14 @@ impl PluginSection {
 pub struct RewardSection {
     /// The reward plugin, by its name in `[plugins]` (or a built-in plugin's name). Set
     /// this or `model`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
+    #[schemars(example = &"math_answer")]
     pub plugin: Option<String>,
     /// A reward model `rlhost rm` trained on the run's base model (its output folder, or
     /// any folder holding its adapter and score head), relative to the config's folder. It
     /// scores each finished trajectory, its tokens as sampled, in batches on the run's
     /// device, as the component `rm`. Set this or `plugin`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(example = &"runs/rm")]
     pub model: Option<String>,
     /// The plugin's configuration, any TOML table; it reaches the plugin as JSON.
