@@ -15,6 +15,7 @@ pub mod openenv;
 pub mod plugin;
 pub mod progress;
 pub mod rl;
+pub mod rng;
 pub mod rollout;
 pub mod sample;
 pub mod status;

@@ -28,6 +28,7 @@ use crate::model::sample::SamplingParams;
 use crate::model::sampler::generate;
 use crate::model::{LanguageModel, LoraConfig, Mode, Placement, peft};
 use crate::rl::sft::{SftRow, SftSchedule, train};
+use crate::rng::SplitMix64;
 use crate::rollout::ToolSpec;
 use crate::rollout::tools::{Catalogue, FormatSetting, Toolbox};
 use crate::rollout::turns::TurnFormat;
@@ -463,19 +464,15 @@ fn write_model(recipe: &Recipe, dir: &Path, seed: u64) -> Result<()> {
         &dir.join("config.json"),
         serde_json::to_string_pretty(&config)?.as_bytes(),
     )?;
-    let mut state = seed ^ 0x6d6f_64656c;
+    let mut rng = SplitMix64::from_state(seed ^ 0x6d6f_64656c);
     let mut normal = |shape: &[usize], std: f32| -> Result<Tensor> {
         let n: usize = shape.iter().product();
         let mut v = Vec::with_capacity(n);
         while v.len() < n {
-            // Box–Muller on two SplitMix64 draws.
+            // Box–Muller on two draws.
             let mut u = [0f64; 2];
             for x in &mut u {
-                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                *x = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
+                *x = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             }
             let r = (-2.0 * u[0].max(1e-300).ln()).sqrt();
             v.push((r * (2.0 * std::f64::consts::PI * u[1]).cos()) as f32 * std);
@@ -592,7 +589,7 @@ fn warm_start(
         let weights_seed = if init == 0 {
             seed
         } else {
-            traces::SplitMix(seed ^ 0x7765_6967_6874 ^ init as u64).next()
+            SplitMix64::from_state(seed ^ 0x7765_6967_6874 ^ init as u64).next_u64()
         };
         if init > 0 {
             write_model(recipe, base, weights_seed)?;

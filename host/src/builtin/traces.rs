@@ -19,6 +19,7 @@
 //! another of as many digits. The share of tool traces is the recipe's.
 
 use crate::model::chat::ChatTemplate;
+use crate::rng::SplitMix64;
 use crate::rollout::ToolSpec;
 use crate::rollout::tools::{self as functions, Toolbox, Written};
 use crate::rollout::turns::TurnFormat;
@@ -119,12 +120,12 @@ pub fn write(
         Tool::Trigger(trigger) => handle.block_on(tool_style(source, trigger, *first_id, first))?,
         Tool::Functions(toolbox, _, _) => toolbox.format.name().to_string(),
     };
-    let mut rng = SplitMix(seed ^ 0x7472_6163_6573);
+    let mut rng = SplitMix64::from_state(seed ^ 0x7472_6163_6573);
     let mut out = Vec::with_capacity(samples.len());
     for (id, s) in samples {
         let reference =
             reference(s).with_context(|| format!("the task `{}`'s sample {id}", source.task))?;
-        let use_tool = (rng.next() % 1000) as f64 / 1000.0 < tool_share;
+        let use_tool = (rng.next_u64() % 1000) as f64 / 1000.0 < tool_share;
         if use_tool {
             let call = reference.tool_calls.get(&style).with_context(|| {
                 format!(
@@ -310,7 +311,7 @@ async fn fire(trigger: &ToolSpec, sample: &Sample, call: &str) -> Result<Option<
 
 /// `answer` with each run of digits replaced by a random number of as many digits (no
 /// leading zero): a guess of the right form, wrong somewhere.
-fn guess(answer: &str, rng: &mut SplitMix) -> String {
+fn guess(answer: &str, rng: &mut SplitMix64) -> String {
     let mut out = String::with_capacity(answer.len());
     let mut rest = answer;
     while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
@@ -325,33 +326,20 @@ fn guess(answer: &str, rng: &mut SplitMix) -> String {
     out
 }
 
-fn random_digits(len: usize, rng: &mut SplitMix) -> String {
+fn random_digits(len: usize, rng: &mut SplitMix64) -> String {
     if len == 1 {
-        return (rng.next() % 10).to_string();
+        return (rng.next_u64() % 10).to_string();
     }
     // Up to 18 digits as one number; longer runs digit by digit after a leading one.
     if len <= 18 {
         let lo = 10u64.pow(len as u32 - 1);
-        return (lo + rng.next() % (9 * lo)).to_string();
+        return (lo + rng.next_u64() % (9 * lo)).to_string();
     }
-    let mut s = (1 + rng.next() % 9).to_string();
+    let mut s = (1 + rng.next_u64() % 9).to_string();
     for _ in 1..len {
-        s.push(char::from(b'0' + (rng.next() % 10) as u8));
+        s.push(char::from(b'0' + (rng.next_u64() % 10) as u8));
     }
     s
-}
-
-/// SplitMix64: the warm start's draws, reproducible from the run's seed.
-pub(super) struct SplitMix(pub u64);
-
-impl SplitMix {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 #[cfg(test)]
@@ -360,7 +348,7 @@ mod tests {
 
     #[test]
     fn guesses_keep_the_form_and_change_the_numbers() {
-        let mut rng = SplitMix(1);
+        let mut rng = SplitMix64::from_state(1);
         for _ in 0..50 {
             let g = guess("<answer>40711</answer>", &mut rng);
             let digits = &g["<answer>".len()..g.len() - "</answer>".len()];
@@ -379,13 +367,13 @@ mod tests {
     fn the_multiply_draws_are_those_the_warm_start_always_made() {
         // The built-in multiply model's cache key and README figures assume these draws:
         // one for the tool choice, one for a guess of as many digits.
-        let mut a = SplitMix(7 ^ 0x7472_6163_6573);
-        let mut b = SplitMix(7 ^ 0x7472_6163_6573);
-        let _ = (a.next(), b.next());
+        let mut a = SplitMix64::from_state(7 ^ 0x7472_6163_6573);
+        let mut b = SplitMix64::from_state(7 ^ 0x7472_6163_6573);
+        let _ = (a.next_u64(), b.next_u64());
         let lo = 10_000u64;
         assert_eq!(
             guess("<answer>40711</answer>", &mut a),
-            format!("<answer>{}</answer>", lo + b.next() % (9 * lo))
+            format!("<answer>{}</answer>", lo + b.next_u64() % (9 * lo))
         );
     }
 }

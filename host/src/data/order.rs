@@ -2,10 +2,11 @@
 //!
 //! A checkpoint stores only `(epoch, position)`, so the order must be a pure function of the
 //! seed and the epoch, the same on every platform and with every version of our
-//! dependencies. `rand`'s `StdRng` does not promise that across releases, so this is
-//! SplitMix64 (Steele, Lea and Flood, 2014; the generator Java's `SplittableRandom` uses)
-//! driving a Fisher–Yates shuffle with Lemire's unbiased bounded draws. The tests pin a few
-//! orders so that any change to them is seen.
+//! dependencies: [`crate::rng::SplitMix64`] driving a Fisher–Yates shuffle with Lemire's
+//! unbiased bounded draws. The tests pin a few orders so that any change to them is seen.
+
+pub use crate::rng::SplitMix64;
+use crate::rng::mix;
 
 /// What a stream of draws is for, so that the eval split and the epoch orders of one seed
 /// are independent.
@@ -15,46 +16,18 @@ pub enum Stream {
     Epoch(u64),
 }
 
-/// SplitMix64: a 64-bit counter through a strong mixer.
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-
-    pub fn new(seed: u64, stream: Stream) -> Self {
-        let (tag, epoch): (u64, u64) = match stream {
-            Stream::EvalSplit => (1, 0),
-            Stream::Epoch(epoch) => (2, epoch),
-        };
-        // Mixing each part before combining keeps (seed, epoch) and (seed + 1, epoch - 1)
-        // from starting at the same state.
-        SplitMix64(mix(
-            mix(seed ^ tag.wrapping_mul(Self::GAMMA)).wrapping_add(mix(epoch))
-        ))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(Self::GAMMA);
-        mix(self.0)
-    }
-
-    /// A uniform draw from `0..n` (`n > 0`), without modulo bias (Lemire, 2019).
-    pub fn below(&mut self, n: u64) -> u64 {
-        let threshold = n.wrapping_neg() % n;
-        loop {
-            let product = u128::from(self.next_u64()) * u128::from(n);
-            if (product as u64) >= threshold {
-                return (product >> 64) as u64;
-            }
-        }
-    }
-}
-
-/// The SplitMix64 output function.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// The generator of a stream: SplitMix64 from a state that mixes the seed, the stream's
+/// tag and the epoch.
+pub fn stream(seed: u64, stream: Stream) -> SplitMix64 {
+    let (tag, epoch): (u64, u64) = match stream {
+        Stream::EvalSplit => (1, 0),
+        Stream::Epoch(epoch) => (2, epoch),
+    };
+    // Mixing each part before combining keeps (seed, epoch) and (seed + 1, epoch - 1) from
+    // starting at the same state.
+    SplitMix64::from_state(mix(
+        mix(seed ^ tag.wrapping_mul(SplitMix64::GAMMA)).wrapping_add(mix(epoch))
+    ))
 }
 
 /// `items` shuffled in place by Fisher–Yates.
@@ -72,7 +45,7 @@ pub fn split(len: u64, eval_count: u64, seed: u64) -> (Vec<u64>, Vec<u64>) {
     if eval_count == 0 {
         return (all, Vec::new());
     }
-    shuffle(&mut all, &mut SplitMix64::new(seed, Stream::EvalSplit));
+    shuffle(&mut all, &mut stream(seed, Stream::EvalSplit));
     let mut train = all.split_off(eval_count.min(len) as usize);
     let mut eval = all;
     train.sort_unstable();
@@ -84,7 +57,7 @@ pub fn split(len: u64, eval_count: u64, seed: u64) -> (Vec<u64>, Vec<u64>) {
 pub fn epoch_order(ids: &[u64], seed: u64, epoch: u64, shuffled: bool) -> Vec<u64> {
     let mut order = ids.to_vec();
     if shuffled {
-        shuffle(&mut order, &mut SplitMix64::new(seed, Stream::Epoch(epoch)));
+        shuffle(&mut order, &mut stream(seed, Stream::Epoch(epoch)));
     }
     order
 }
@@ -92,25 +65,6 @@ pub fn epoch_order(ids: &[u64], seed: u64, epoch: u64, shuffled: bool) -> Vec<u6
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splitmix_matches_the_reference() {
-        // The first outputs of the reference SplitMix64 (Vigna's splitmix64.c) from state 0.
-        let mut rng = SplitMix64(0);
-        assert_eq!(rng.next_u64(), 0xe220_a839_7b1d_cdaf);
-        assert_eq!(rng.next_u64(), 0x6e78_9e6a_a1b9_65f4);
-        assert_eq!(rng.next_u64(), 0x06c4_5d18_8009_454f);
-    }
-
-    #[test]
-    fn below_is_in_range_and_covers_it() {
-        let mut rng = SplitMix64::new(7, Stream::Epoch(0));
-        let mut seen = [0u32; 5];
-        for _ in 0..5000 {
-            seen[rng.below(5) as usize] += 1;
-        }
-        assert!(seen.iter().all(|&c| (850..1150).contains(&c)), "{seen:?}");
-    }
 
     #[test]
     fn orders_are_pinned() {

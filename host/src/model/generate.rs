@@ -355,13 +355,11 @@ pub fn stop_check(
 
 /// A per-sample seed that depends only on the run's seed and the sample's place.
 pub fn sample_seed(seed: u64, prompt: usize, sample: usize) -> u64 {
-    // SplitMix64 finaliser over the three numbers: nearby indices give unrelated seeds.
-    let mut z = seed
-        ^ (prompt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (sample as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    // SplitMix64's finaliser over the three numbers: nearby indices give unrelated seeds.
+    crate::rng::mix(
+        seed ^ (prompt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (sample as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
+    )
 }
 
 #[cfg(test)]

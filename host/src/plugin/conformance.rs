@@ -19,6 +19,7 @@
 //! `skip` with the reason, never `pass`.
 
 use crate::plugin::{Fault, FaultKind, Plugin, Role, Sample, Trajectory};
+use crate::rng::SplitMix64;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -116,7 +117,7 @@ pub async fn run(plugin: &Plugin, options: &Options) -> Report {
     let mut t = Tester {
         plugin,
         options,
-        rng: SplitMix(options.seed ^ 0x5eed_c0de),
+        rng: SplitMix(SplitMix64::from_state(options.seed ^ 0x5eed_c0de)),
         checks: Vec::new(),
         times: BTreeMap::new(),
         timeouts: 0,
@@ -1131,7 +1132,8 @@ fn random_value(schema: &serde_json::Value, rng: &mut SplitMix, depth: u32) -> s
     }
 }
 
-struct SplitMix(u64);
+/// The conformance inputs' draws ([`SplitMix64`], with modulo draws below `n`).
+struct SplitMix(SplitMix64);
 
 /// What random text is made of: words a model writes, digits and operators, markup,
 /// whitespace, and characters outside ASCII.
@@ -1164,11 +1166,7 @@ const PIECES: [&str; 24] = [
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn below(&mut self, n: u64) -> u64 {
@@ -1226,7 +1224,10 @@ mod tests {
     #[test]
     fn random_text_repeats_for_a_seed_and_call_text_ends_with_a_pattern() {
         let patterns = vec!["</calc>".to_string(), "```".to_string()];
-        let (mut a, mut b) = (SplitMix(3), SplitMix(3));
+        let (mut a, mut b) = (
+            SplitMix(SplitMix64::from_state(3)),
+            SplitMix(SplitMix64::from_state(3)),
+        );
         for _ in 0..50 {
             assert_eq!(a.text(&patterns), b.text(&patterns));
             let call = a.call_text(&patterns);
