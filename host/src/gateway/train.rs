@@ -163,7 +163,7 @@ impl Link {
             self.gw.updating.store(true, Ordering::Release);
             let pumped = pumped?;
             if give_up() {
-                anyhow::bail!(crate::rollout::engine::ABANDONED);
+                return Err(crate::rollout::engine::Abandoned.into());
             }
             stats.forwards += pumped.forwards as usize;
             stats.requests += pumped.requests as usize;

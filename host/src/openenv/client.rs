@@ -54,13 +54,8 @@ pub struct Remote {
     sessions: Arc<tokio::sync::Semaphore>,
 }
 
-/// What `reset` and `step` answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Observed {
-    pub observation: Value,
-    pub reward: Option<f64>,
-    pub done: bool,
-}
+/// What `reset` and `step` answer: the server side's type, read back here.
+pub use super::wire::Observed;
 
 impl Remote {
     /// Checks `section` against the run's grant and the server: it answers `/health`, its

@@ -26,9 +26,8 @@ use crate::data::Cursor;
 use crate::model::LanguageModel;
 use crate::model::lora::AdapterSnapshot;
 use crate::model::sample::SamplingParams;
-use crate::rollout::engine::ABANDONED;
 use crate::rollout::eval::{EvalReport, evaluate};
-use crate::rollout::queue::RolloutQueue;
+use crate::rollout::queue::{QueueError, RolloutQueue};
 use crate::rollout::{Engine, RolloutSettings};
 use crate::sample::Sample;
 use crate::status::{EvalPoint, Phase, StatusHub};
@@ -349,7 +348,7 @@ fn next_batch(queue: &RolloutQueue<Batch>, run: &RunOptions) -> Result<Option<Ba
             Ok(None) => {}
             // The producer gave up its batch because of the interruption; any other
             // failure is reported as it is, interrupted or not.
-            Err(e) if e.to_string().ends_with(ABANDONED) => return Ok(None),
+            Err(QueueError::Abandoned) => return Ok(None),
             Err(e) => bail!("{e}"),
         }
     }
@@ -583,7 +582,7 @@ mod tests {
         });
         // The producer giving its batch up is the interruption, not a failure.
         let abandoned: RolloutQueue<Batch> = RolloutQueue::new(1, 0, 0);
-        abandoned.fail(ABANDONED.into());
+        abandoned.abandon();
         assert!(next_batch(&abandoned, &run).unwrap().is_none());
         // A producer that failed for another reason is an error, interrupted or not.
         queue.fail("the dataset plugin died".into());

@@ -50,9 +50,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
-/// The error of a batch abandoned through [`Engine::set_cancel`]: the trainer tells it
-/// from a real failure by this text, which reaches it through the queue.
-pub const ABANDONED: &str = "rollouts abandoned: the run is being interrupted";
+/// The error of a batch abandoned through [`Engine::set_cancel`] (or a gateway run's
+/// interruption): the queue hands it to the trainer as [`super::queue::QueueError::Abandoned`],
+/// which the trainer takes for the interruption it is, not a failure.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("rollouts abandoned: the run is being interrupted")]
+pub struct Abandoned;
 
 /// Per-trajectory limits.
 #[derive(Debug, Clone)]
@@ -1178,14 +1181,14 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Fails with [`ABANDONED`] once the run is being interrupted.
+    /// Fails with [`Abandoned`] once the run is being interrupted.
     fn check_cancel(&self) -> Result<()> {
         if self
             .cancel
             .as_ref()
             .is_some_and(|c| c.load(Ordering::Relaxed))
         {
-            bail!("{ABANDONED}");
+            return Err(Abandoned.into());
         }
         Ok(())
     }

@@ -22,13 +22,18 @@ pub enum QueueError {
     Closed,
     #[error("rollouts failed: {0}")]
     Failed(String),
+    /// The producer gave its batch up because the run is being interrupted
+    /// ([`crate::rollout::engine::Abandoned`]): an interruption, not a failure.
+    #[error("{}", crate::rollout::engine::Abandoned)]
+    Abandoned,
 }
 
 struct State<T> {
     items: VecDeque<T>,
     version: u64,
     closed: bool,
-    error: Option<String>,
+    /// Why the producer stopped: [`QueueError::Failed`] or [`QueueError::Abandoned`].
+    error: Option<QueueError>,
 }
 
 pub struct RolloutQueue<T> {
@@ -61,7 +66,7 @@ impl<T> RolloutQueue<T> {
 
     fn check(state: &State<T>) -> Result<(), QueueError> {
         match (&state.error, state.closed) {
-            (Some(e), _) => Err(QueueError::Failed(e.clone())),
+            (Some(e), _) => Err(e.clone()),
             (None, true) => Err(QueueError::Closed),
             (None, false) => Ok(()),
         }
@@ -112,7 +117,7 @@ impl<T> RolloutQueue<T> {
         let mut state = self.lock();
         loop {
             if let Some(e) = &state.error {
-                return Err(QueueError::Failed(e.clone()));
+                return Err(e.clone());
             }
             if let Some(item) = state.items.pop_front() {
                 self.changed.notify_all();
@@ -166,8 +171,17 @@ impl<T> RolloutQueue<T> {
 
     /// The producer failed: the trainer's next `pop` returns the error.
     pub fn fail(&self, error: String) {
+        self.stop(QueueError::Failed(error));
+    }
+
+    /// Producer: gives the batch up because the run is being interrupted.
+    pub fn abandon(&self) {
+        self.stop(QueueError::Abandoned);
+    }
+
+    fn stop(&self, why: QueueError) {
         let mut state = self.lock();
-        state.error.get_or_insert(error);
+        state.error.get_or_insert(why);
         self.changed.notify_all();
     }
 
@@ -184,6 +198,13 @@ impl<T> RolloutQueue<T> {
             let version = self.wait_to_start(batch)?;
             match make(batch, version) {
                 Ok(item) => self.push(item)?,
+                Err(e)
+                    if e.chain()
+                        .any(|c| c.is::<crate::rollout::engine::Abandoned>()) =>
+                {
+                    self.abandon();
+                    return Err(QueueError::Abandoned);
+                }
                 Err(e) => {
                     let e = format!("{e:#}");
                     self.fail(e.clone());

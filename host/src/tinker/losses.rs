@@ -15,6 +15,7 @@
 //! against the same formula written out in plain floats, with finite differences for the
 //! gradient.
 
+use crate::rl::algorithms::clipped_surrogate;
 use candle_core::{Result, Tensor};
 use std::collections::HashMap;
 use std::fmt;
@@ -148,13 +149,15 @@ impl Loss {
                 let ratio = (logp - input("logprobs")?)?.exp()?;
                 (ratio * input("advantages")?)?.neg()
             }
-            Loss::Ppo { low, high } => {
-                let adv = input("advantages")?;
-                let ratio = (logp - input("logprobs")?)?.exp()?;
-                let unclipped = (&ratio * &adv)?;
-                let clipped = (ratio.clamp(low, high)? * &adv)?;
-                unclipped.minimum(&clipped)?.neg()
-            }
+            // The trainer's clipped surrogate, its range given as thresholds here.
+            Loss::Ppo { low, high } => Ok(clipped_surrogate(
+                logp,
+                &input("logprobs")?,
+                &input("advantages")?,
+                1.0 - low,
+                high - 1.0,
+            )?
+            .0),
             Loss::Cispo { low, high } => {
                 let adv = input("advantages")?;
                 let ratio = (logp - input("logprobs")?)?.exp()?;
