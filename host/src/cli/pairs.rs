@@ -328,7 +328,12 @@ pub fn run(kind: Kind, args: PairsArgs, quiet: bool) -> Result<()> {
         bar.finish_and_clear();
     }
     let adapter = out.join("adapter");
-    let base = model_dir.display().to_string();
+    // Absolute, so that a run elsewhere can tell whether it has the same base
+    // (`[[rewards]] model` checks it).
+    let base = std::fs::canonicalize(&model_dir)
+        .unwrap_or_else(|_| model_dir.clone())
+        .display()
+        .to_string();
     match &trainer {
         Trainer::Dpo(_) => peft::save_adapter(&lm.model, &adapter, Some(&base))?,
         Trainer::Rm(rm) => rm.save(&adapter, Some(&base))?,

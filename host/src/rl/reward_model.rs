@@ -356,12 +356,17 @@ impl Scorer {
 }
 
 /// Whether the adapter in `folder` was trained on `base`: its config's
-/// `base_model_name_or_path`, when it names a folder that exists, must be that one.
+/// `base_model_name_or_path`, when it is an absolute path to a folder that exists (as
+/// `rlhost rm` writes it), must be that one. A relative path or a hub name says too little.
 fn check_base(folder: &Path, base: &Path) -> Result<()> {
     let path = folder.join(peft::CONFIG_FILE);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
         .with_context(|| format!("{} is not valid JSON", path.display()))?;
-    let Some(recorded) = v.get("base_model_name_or_path").and_then(|b| b.as_str()) else {
+    let Some(recorded) = v
+        .get("base_model_name_or_path")
+        .and_then(|b| b.as_str())
+        .filter(|b| Path::new(b).is_absolute())
+    else {
         return Ok(());
     };
     let (Ok(recorded_dir), Ok(base_dir)) =
