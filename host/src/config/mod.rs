@@ -725,6 +725,11 @@ impl RewardSection {
                         "{key} is for reward plugins; a reward model (model = \"{path}\") takes weights and default_weight"
                     );
                 }
+                if let Some(name) = self.weights.keys().find(|k| k.as_str() != "rm") {
+                    bail!(
+                        "weights.{name}: a reward model has one component, `rm` (weights = {{ rm = 1.0 }})"
+                    );
+                }
                 Ok(())
             }
         }
@@ -1088,6 +1093,10 @@ weights = { correct = 1.0 }
             (
                 "{plugin = \"judge\"}",
                 "rewards[0].plugin = \"judge\" names no plugin",
+            ),
+            (
+                "{model = \"runs/rm\", weights = {score = 1.0}}",
+                "rewards[0].weights.score: a reward model has one component, `rm`",
             ),
         ] {
             let e = format!("{:#}", load(BASE, &[&set(entry)]).unwrap_err());
