@@ -496,7 +496,7 @@ pub(super) fn take_step(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::{Placement, fixtures};
     use crate::sample::Message;
@@ -537,24 +537,28 @@ mod tests {
         }
     }
 
+    /// Three short one-turn conversations of the fixture model, as training rows.
+    pub(in crate::rl) fn three_rows(lm: &LanguageModel) -> Vec<SftRow> {
+        [("hi", "hello there"), ("2+2?", "4"), ("name?", "a model")]
+            .iter()
+            .map(|(q, a)| {
+                completion_row(
+                    lm,
+                    &[Message::new("user", *q)],
+                    &[Message::new("assistant", *a)],
+                    &Map::new(),
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
     /// A row's summed log-prob is the same alone, padded beside others and packed with
     /// them.
     #[test]
     fn sequence_logps_are_the_rows_own_whatever_the_batch() {
         let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
-        let kw = Map::new();
-        let rows: Vec<SftRow> = [("hi", "hello there"), ("2+2?", "4"), ("name?", "a model")]
-            .iter()
-            .map(|(q, a)| {
-                completion_row(
-                    &lm,
-                    &[Message::new("user", *q)],
-                    &[Message::new("assistant", *a)],
-                    &kw,
-                )
-                .unwrap()
-            })
-            .collect();
+        let rows = three_rows(&lm);
         let alone: Vec<f32> = rows
             .iter()
             .map(|r| {

@@ -91,8 +91,17 @@ impl ScoreHead {
     }
 
     /// The score of each row: the head on the final hidden state of its last token, `[N]`
-    /// in f32, all rows in one forward (`mode`: with the adapter's gradients or not).
-    pub fn scores(&self, model: &Model, rows: &[SftRow], pack: bool, mode: Mode) -> Result<Tensor> {
+    /// in f32, in forwards of up to `budget` tokens ([`packing::micro_batches`]; a
+    /// training step's rows go in one, `usize::MAX`), `mode`: with the adapter's gradients
+    /// or not.
+    pub fn scores(
+        &self,
+        model: &Model,
+        rows: &[SftRow],
+        pack: bool,
+        mode: Mode,
+        budget: usize,
+    ) -> Result<Tensor> {
         // A batch's inputs are each row's tokens but the last (whose next token is the
         // target); a score reads the last one, so each row goes in with one more token, a
         // target nobody reads, and its slot's last input is its own last token.
@@ -103,20 +112,28 @@ impl ScoreHead {
                 loss_mask: r.loss_mask.iter().copied().chain([0]).collect(),
             })
             .collect();
-        let layout = packing::micro_batches(&sized(&rows)?, pack, usize::MAX).remove(0);
-        let b = batch(&rows, &layout, model.device())?;
-        let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
-        let (_, _, h) = hidden.dims3()?;
-        let flat = hidden.to_dtype(DType::F32)?.reshape(((), h))?;
-        let idx: Vec<u32> = {
-            let mut idx = vec![0u32; rows.len()];
-            for s in &layout.slots {
-                idx[s.row] = (s.lane * layout.width + s.start + s.len - 1) as u32;
-            }
-            idx
-        };
-        let idx = Tensor::from_vec(idx, rows.len(), model.device())?;
-        let last = flat.index_select(&idx, 0)?;
+        // Each forward's last hidden states in its slots' order, then back in rows' order.
+        let (mut parts, mut order) = (Vec::new(), Vec::with_capacity(rows.len()));
+        for layout in packing::micro_batches(&sized(&rows)?, pack, budget) {
+            let b = batch(&rows, &layout, model.device())?;
+            let hidden = model.forward_batch(&b.input, &b.attn, &b.pos, mode)?;
+            let (_, _, h) = hidden.dims3()?;
+            let flat = hidden.to_dtype(DType::F32)?.reshape(((), h))?;
+            let idx: Vec<u32> = layout
+                .slots
+                .iter()
+                .map(|s| (s.lane * layout.width + s.start + s.len - 1) as u32)
+                .collect();
+            order.extend(layout.slots.iter().map(|s| s.row));
+            let n = idx.len();
+            parts.push(flat.index_select(&Tensor::from_vec(idx, n, model.device())?, 0)?);
+        }
+        let mut back = vec![0u32; rows.len()];
+        for (k, &row) in order.iter().enumerate() {
+            back[row] = k as u32;
+        }
+        let last = Tensor::cat(&parts, 0)?
+            .index_select(&Tensor::from_vec(back, rows.len(), model.device())?, 0)?;
         Ok(last.matmul(&self.weight.as_tensor().t()?)?.squeeze(1)?)
     }
 }
@@ -150,7 +167,7 @@ fn forward_pairs(
         .chain(pairs.iter().map(|p| p.rejected.clone()))
         .collect();
     let mode = if grad { Mode::TRAIN } else { Mode::INFERENCE };
-    let scores = head.scores(model, &rows, pack, mode)?;
+    let scores = head.scores(model, &rows, pack, mode, usize::MAX)?;
     let (chosen, rejected) = (scores.narrow(0, 0, n)?, scores.narrow(0, n, n)?);
     let margins: Option<Vec<f32>> = pairs.iter().map(|p| p.margin).collect();
     if margins.is_none() && pairs.iter().any(|p| p.margin.is_some()) {
@@ -314,35 +331,28 @@ impl Scorer {
     /// The set a forward reads for the reward model, keyed by the run's live adapter as it
     /// is now (built per call: a resumed run's adapter is new tensors).
     fn snapshot(&self, model: &Model) -> Result<crate::model::lora::AdapterSnapshot> {
-        let mut covered = 0;
+        let mut live_paths = std::collections::HashSet::new();
         let mut set = Vec::new();
         for (path, _, lin) in model.projections() {
             let Some(live) = &lin.lora else { continue };
-            let pair = match self.pairs.get(&path) {
-                Some((a, b)) => {
-                    covered += 1;
-                    (a.clone(), b.clone())
-                }
+            let (a, b) = match self.pairs.get(&path) {
+                Some((a, b)) => (a.clone(), b.clone()),
                 None => (
                     Tensor::zeros((self.rank, lin.in_features()), DType::F32, model.device())?,
                     Tensor::zeros((lin.out_features(), self.rank), DType::F32, model.device())?,
                 ),
             };
-            set.push((live.lora_a.as_tensor().id(), pair.0, pair.1));
+            set.push((live.lora_a.as_tensor().id(), a, b));
+            live_paths.insert(path);
         }
-        if covered < self.pairs.len() {
-            let missing: Vec<&str> = self
-                .pairs
-                .keys()
-                .filter(|p| {
-                    !model
-                        .projections()
-                        .iter()
-                        .any(|(q, _, l)| q == *p && l.lora.is_some())
-                })
-                .map(String::as_str)
-                .take(3)
-                .collect();
+        let missing: Vec<&str> = self
+            .pairs
+            .keys()
+            .filter(|p| !live_paths.contains(*p))
+            .map(String::as_str)
+            .take(3)
+            .collect();
+        if !missing.is_empty() {
             bail!(
                 "it adapts projections this run's adapter does not ({}, ...): the run's [lora] target_modules must include the reward model's",
                 missing.join(", ")
@@ -396,33 +406,24 @@ impl crate::rollout::reward::ModelReward for Scorer {
             adapter: Some(&set),
             ..Mode::INFERENCE
         };
-        let mut out = Vec::with_capacity(sequences.len());
-        let mut chunk: Vec<SftRow> = Vec::new();
-        let mut tokens = 0;
-        let mut flush = |chunk: &mut Vec<SftRow>| -> Result<()> {
-            if !chunk.is_empty() {
-                let scores = self.head.scores(model, chunk, true, mode)?;
-                out.extend(scores.to_vec1::<f32>()?.into_iter().map(f64::from));
-                chunk.clear();
-            }
-            Ok(())
-        };
-        for seq in sequences {
-            if seq.is_empty() {
-                bail!("an empty trajectory has no last token to score");
-            }
-            if tokens + seq.len() > self.micro_batch_tokens {
-                flush(&mut chunk)?;
-                tokens = 0;
-            }
-            tokens += seq.len();
-            chunk.push(SftRow {
-                tokens: seq.to_vec(),
-                loss_mask: vec![0; seq.len()],
-            });
+        if sequences.iter().any(|s| s.is_empty()) {
+            bail!("an empty trajectory has no last token to score");
         }
-        flush(&mut chunk)?;
-        Ok(out)
+        let rows: Vec<SftRow> = sequences
+            .iter()
+            .map(|s| SftRow {
+                tokens: s.to_vec(),
+                loss_mask: vec![0; s.len()],
+            })
+            .collect();
+        let scores = self
+            .head
+            .scores(model, &rows, true, mode, self.micro_batch_tokens)?;
+        Ok(scores
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect())
     }
 }
 
@@ -430,8 +431,6 @@ impl crate::rollout::reward::ModelReward for Scorer {
 mod tests {
     use super::*;
     use crate::model::{LanguageModel, LoraConfig, Placement, fixtures};
-    use crate::rl::sft::completion_row;
-    use crate::sample::Message;
 
     /// A row's score reads its own last token, whatever else is in the batch, padded or
     /// packed, and equals the head on that token's final hidden state from a forward of
@@ -440,19 +439,7 @@ mod tests {
     fn a_score_is_the_heads_reading_of_the_rows_last_token() {
         let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
         let head = ScoreHead::new(&lm.model, 4).unwrap();
-        let kw = serde_json::Map::new();
-        let rows: Vec<SftRow> = [("hi", "hello there"), ("2+2?", "4"), ("name?", "a model")]
-            .iter()
-            .map(|(q, a)| {
-                completion_row(
-                    &lm,
-                    &[Message::new("user", *q)],
-                    &[Message::new("assistant", *a)],
-                    &kw,
-                )
-                .unwrap()
-            })
-            .collect();
+        let rows = crate::rl::dpo::tests::three_rows(&lm);
         let by_hand: Vec<f32> = rows
             .iter()
             .map(|r| {
@@ -483,7 +470,7 @@ mod tests {
             .collect();
         for pack in [false, true] {
             let got = head
-                .scores(&lm.model, &rows, pack, Mode::INFERENCE)
+                .scores(&lm.model, &rows, pack, Mode::INFERENCE, usize::MAX)
                 .unwrap()
                 .to_vec1::<f32>()
                 .unwrap();
@@ -558,7 +545,7 @@ mod tests {
             })
             .collect();
         let want = head
-            .scores(&trained.model, &rows, false, Mode::INFERENCE)
+            .scores(&trained.model, &rows, false, Mode::INFERENCE, usize::MAX)
             .unwrap()
             .to_vec1::<f32>()
             .unwrap();
@@ -692,7 +679,7 @@ mod tests {
             .chain(rows.iter().map(|r| r.rejected.clone()))
             .collect();
         let scores = head
-            .scores(&lm.model, &all, false, Mode::INFERENCE)
+            .scores(&lm.model, &all, false, Mode::INFERENCE, usize::MAX)
             .unwrap()
             .to_vec1::<f32>()
             .unwrap();
