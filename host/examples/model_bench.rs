@@ -300,6 +300,7 @@ fn update_layouts(
         .map(|(i, t)| Row {
             trajectory: t,
             advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
+            token_advantages: &[],
             stale: false,
         })
         .collect();

@@ -43,6 +43,10 @@ pub struct StepMetrics {
     /// server got over or not (a 5xx, a reset connection, a malformed answer).
     #[serde(default)]
     pub vllm_retries: Option<u64>,
+    /// On-policy distillation: the mean per-token reverse KL to the teacher over the
+    /// sampled tokens, log π_student − log π_teacher (the student's log-probs as sampled).
+    #[serde(default)]
+    pub teacher_kl: Option<f64>,
     /// PPO: the critic's mean per-token clipped value loss.
     #[serde(default)]
     pub value_loss: Option<f64>,

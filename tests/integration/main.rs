@@ -19,6 +19,8 @@
 //!   proxy: each fault refused or retried as the book's table says, the server named.
 //! - `docs`: the handbook's and the README's links, anchors and includes resolve.
 //! - `preference`: `rlhost dpo` on the fixture model: learning, exact resume, bad pairs.
+//! - `distill`: on-policy distillation from an `sft`-taught teacher, as an adapter and as
+//!   a model folder; teachers that cannot teach named.
 //! - `init`: `rlhost init` writes a config that runs, from a model, a data file and plugins.
 //! - `install`: `scripts/install.sh` and the installed binary, run outside the checkout.
 //! - `openenv`: `rlhost env serve` driven by OpenEnv's own Python client.
@@ -31,6 +33,7 @@ mod code_task;
 mod code_tests;
 mod conformance;
 mod data;
+mod distill;
 mod docs;
 mod faults;
 mod gateway;

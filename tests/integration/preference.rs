@@ -278,6 +278,51 @@ fn a_grpo_run_learns_what_a_reward_model_prefers() {
     );
 }
 
+/// `model.path = "builtin:multiply"` in a `dpo` config trains the model the built-in
+/// calculator run starts from with the same seed (built once into the shared cache, as
+/// `rlhost train` builds it), on pairs `rlhost rollout --pairs` made from its own samples.
+#[test]
+fn dpo_trains_the_builtin_model_on_pairs_of_its_own_samples() {
+    let dir = temp_dir("dpo-builtin");
+    let config = root().join("configs/multiply.toml");
+    let ran = TestCommand::new(&["rollout", "--config"])
+        .arg(&config)
+        .args(["--split", "train", "--prompts", "16", "--out"])
+        .arg(dir.join("samples.jsonl"))
+        .arg("--pairs")
+        .arg(dir.join("pairs.jsonl"))
+        .ok();
+    assert!(
+        ran.stdout.contains("preference pairs from 16 groups"),
+        "{}",
+        ran.stdout
+    );
+    let pairs = std::fs::read_to_string(dir.join("pairs.jsonl")).unwrap();
+    assert!(pairs.lines().count() >= 4, "{pairs}");
+    for line in pairs.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(
+            row["chosen_reward"].as_f64() > row["rejected_reward"].as_f64(),
+            "{row}"
+        );
+    }
+    std::fs::write(
+        dir.join("dpo.toml"),
+        "[run]\nseed = 7\nout_dir = \"run\"\n[model]\npath = \"builtin:multiply\"\n[data]\npath = \"pairs.jsonl\"\neval_size = 0\n[train]\nsteps = 2\nlr = 5e-4\n[pairs]\nper_step = 2\n",
+    )
+    .unwrap();
+    let ran = TestCommand::new(&["dpo", "--config"])
+        .arg(dir.join("dpo.toml"))
+        .ok();
+    assert!(
+        ran.stderr.contains("built-in model builtin:multiply:")
+            && ran.stderr.contains("multiply-v"),
+        "{}",
+        ran.stderr
+    );
+    assert!(dir.join("run/adapter/adapter_model.safetensors").is_file());
+}
+
 /// Each bad pair stops `rlhost dpo` with one line naming the file, the line and the key.
 #[test]
 fn bad_pairs_get_one_clear_line() {

@@ -106,7 +106,12 @@ impl Trainer<'_> {
     }
 }
 
-pub fn run(kind: Kind, args: PairsArgs, quiet: bool) -> Result<()> {
+pub fn run(
+    kind: Kind,
+    args: PairsArgs,
+    handle: &tokio::runtime::Handle,
+    quiet: bool,
+) -> Result<()> {
     let mut set = args.set.clone();
     if let Some(steps) = args.steps {
         set.push(set_value("train.steps", steps as i64));
@@ -132,14 +137,13 @@ pub fn run(kind: Kind, args: PairsArgs, quiet: bool) -> Result<()> {
     let written = ["metrics.jsonl", "config.toml", "adapter"];
     let resume =
         super::train::start_or_resume(&out, args.resume.as_deref(), args.overwrite, &written)?;
-    let model_dir = loaded.resolve(&c.model.path);
-    if crate::builtin::recipe(&model_dir)?.is_some() {
-        bail!(
-            "{file}: model.path is {}; rlhost {} takes a model directory (a built-in model is built by `rlhost train`, which prints where it is)",
-            model_dir.display(),
-            kind.name()
-        );
-    }
+    let model_key = || format!("{file}: model.path = \"{}\"", c.model.path.display());
+    // A built-in model is the one its built-in run trains from with this seed.
+    let model_dir = match crate::builtin::recipe(&c.model.path).with_context(model_key)? {
+        Some(recipe) => crate::config::builtin::build_model(recipe, c.run.seed, handle, quiet)
+            .with_context(model_key)?,
+        None => loaded.resolve(&c.model.path),
+    };
     let at = c.model.placement(&file)?;
     let mut lm =
         LanguageModel::open(&model_dir, &at).with_context(|| format!("{file}: model.path"))?;

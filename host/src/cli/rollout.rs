@@ -47,6 +47,15 @@ pub struct RolloutArgs {
     /// How many trajectories to print.
     #[arg(long, default_value_t = 2)]
     show: usize,
+    /// Also write preference pairs made from the trajectories to this file (JSONL, the
+    /// rows `rlhost dpo` and `rlhost rm` read): in each group whose rewards differ, a
+    /// trajectory with the highest reward chosen over one with the lowest.
+    #[arg(long, value_name = "FILE")]
+    pairs: Option<PathBuf>,
+    /// Pairs a group gives at most with --pairs (each best against each worst, in
+    /// sampling order).
+    #[arg(long, default_value_t = 1, requires = "pairs")]
+    pairs_per_group: usize,
 }
 
 pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
@@ -125,13 +134,86 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
     std::fs::rename(&tmp, &args.out)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
 
+    let made_pairs = match &args.pairs {
+        Some(path) => {
+            let rows = preference_pairs(&all, args.pairs_per_group);
+            let text: String = rows.iter().map(|r| r.to_string() + "\n").collect();
+            crate::model::peft::write_atomic(path, text.as_bytes())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Some((rows.len(), path))
+        }
+        None => None,
+    };
     let color = std::io::stdout().is_terminal();
     for t in all.iter().take(args.show) {
         print!("{}", view(t, color));
     }
     print!("{}", summary(&all, &total, &setup));
     println!("wrote {} trajectories to {}", all.len(), display(&args.out));
+    if let Some((n, path)) = made_pairs {
+        let groups: std::collections::BTreeSet<u64> = all.iter().map(|t| t.sample_id).collect();
+        println!(
+            "wrote {n} preference pairs from {} groups to {}",
+            groups.len(),
+            display(path)
+        );
+    }
     Ok(())
+}
+
+/// Preference pairs from sampled groups (`--pairs`): in each group (one prompt's
+/// trajectories) whose rewards are not all equal, each trajectory with the group's highest
+/// reward is chosen over each with its lowest, in sampling order, up to `per_group` pairs.
+/// A row is `{prompt, chosen, rejected}` as message lists (the conversation before the
+/// first assistant message, and each trajectory's messages from there), with both rewards
+/// and the sample id beside them.
+fn preference_pairs(trajectories: &[Trajectory], per_group: usize) -> Vec<serde_json::Value> {
+    let mut groups: BTreeMap<u64, Vec<&Trajectory>> = BTreeMap::new();
+    for t in trajectories {
+        groups.entry(t.sample_id).or_default().push(t);
+    }
+    let split = |t: &Trajectory| {
+        let at = t
+            .messages
+            .iter()
+            .position(|m| m.role == "assistant")
+            .unwrap_or(t.messages.len());
+        (t.messages[..at].to_vec(), t.messages[at..].to_vec())
+    };
+    let mut rows = Vec::new();
+    for (id, mut group) in groups {
+        group.sort_by_key(|t| t.index);
+        let best = group
+            .iter()
+            .map(|t| t.reward)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let worst = group.iter().map(|t| t.reward).fold(f64::INFINITY, f64::min);
+        if best.partial_cmp(&worst) != Some(std::cmp::Ordering::Greater) {
+            continue;
+        }
+        let chosen = group.iter().filter(|t| t.reward == best);
+        let pairs = chosen
+            .flat_map(|c| {
+                group
+                    .iter()
+                    .filter(|t| t.reward == worst)
+                    .map(move |r| (c, r))
+            })
+            .take(per_group);
+        for (c, r) in pairs {
+            let (prompt, chosen) = split(c);
+            let (_, rejected) = split(r);
+            rows.push(serde_json::json!({
+                "prompt": prompt,
+                "chosen": chosen,
+                "rejected": rejected,
+                "chosen_reward": c.reward,
+                "rejected_reward": r.reward,
+                "sample_id": id,
+            }));
+        }
+    }
+    rows
 }
 
 /// One trajectory for a human: its header, then the completion with inserted spans
@@ -385,4 +467,54 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::Message;
+
+    fn sampled(id: u64, index: usize, reply: &str, reward: f64) -> Trajectory {
+        let mut t = Trajectory::sampled(vec![1, 2, 3], 2, vec![Some(-1.0)]);
+        t.sample_id = id;
+        t.index = index;
+        t.reward = reward;
+        t.messages = vec![
+            Message::new("system", "Use the calculator."),
+            Message::new("user", format!("problem {id}")),
+            Message::new("assistant", reply),
+        ];
+        t
+    }
+
+    /// A group gives its best over its worst, in sampling order, up to the cap; a group
+    /// whose rewards are all equal gives none.
+    #[test]
+    fn pairs_take_a_groups_best_over_its_worst() {
+        let ts = [
+            sampled(1, 0, "b", 0.1),
+            sampled(1, 1, "a", 1.1),
+            sampled(1, 2, "c", 0.1),
+            sampled(1, 3, "d", 0.5),
+            sampled(2, 0, "x", 1.0),
+            sampled(2, 1, "y", 1.0),
+        ];
+        let rows = preference_pairs(&ts, 1);
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!(r["prompt"].as_array().unwrap().len(), 2);
+        assert_eq!(r["prompt"][1]["content"], "problem 1");
+        assert_eq!(r["chosen"][0]["content"], "a");
+        assert_eq!(r["rejected"][0]["content"], "b");
+        assert_eq!(
+            (r["chosen_reward"].as_f64(), r["rejected_reward"].as_f64()),
+            (Some(1.1), Some(0.1))
+        );
+        let rows = preference_pairs(&ts, 5);
+        let rejected: Vec<&str> = rows
+            .iter()
+            .map(|r| r["rejected"][0]["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(rejected, ["b", "c"]);
+    }
 }

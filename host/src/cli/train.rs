@@ -79,11 +79,14 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         &set,
         handle,
     )?;
-    loaded
-        .config
-        .train
-        .check_learnable(loaded.config.rollout.group_size)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", display(&loaded.path)))?;
+    // A distillation run learns from its teacher whatever its groups' rewards are.
+    if loaded.config.distill.is_none() {
+        loaded
+            .config
+            .train
+            .check_learnable(loaded.config.rollout.group_size)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", display(&loaded.path)))?;
+    }
     let out = out_dir(&loaded);
     let written = [
         "metrics.jsonl",

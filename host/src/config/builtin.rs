@@ -40,6 +40,29 @@ pub const UNITS: BuiltinRun = BuiltinRun {
     toml: include_str!("../../../configs/units.toml"),
 };
 
+/// The built-in run whose model is `builtin:NAME` (each recipe has the run of its name).
+pub fn run_of(name: &str) -> Option<&'static BuiltinRun> {
+    [&MULTIPLY, &CODE, &UNITS]
+        .into_iter()
+        .find(|r| r.name == name)
+}
+
+/// The folder of the built-in model `recipe` as its built-in run with `seed` builds it (or
+/// finds it in the cache): the model `rlhost train` of that run starts from with that seed.
+/// For the commands whose own data is not the run's task (`rlhost dpo`, `rlhost rm`).
+pub fn build_model(
+    recipe: &crate::builtin::Recipe,
+    seed: u64,
+    handle: &tokio::runtime::Handle,
+    quiet: bool,
+) -> Result<PathBuf> {
+    let run =
+        run_of(recipe.name).with_context(|| format!("no built-in run builds {}", recipe.name))?;
+    let loaded = run.load(&[], &[format!("run.seed={seed}")])?;
+    let opened = super::setup::Opened::open(loaded, &[], handle)?;
+    opened.build(recipe, handle, quiet)
+}
+
 /// The run without `--config` and without a tool among the `--plugin` files.
 pub const DEFAULT: &BuiltinRun = &MULTIPLY;
 

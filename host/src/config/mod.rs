@@ -75,6 +75,8 @@ pub struct RunConfig {
     /// `rlhost rm`: a Bradley–Terry reward model trained on the pairs.
     #[serde(default)]
     pub rm: RmSection,
+    /// On-policy distillation: a teacher scores each token the run samples.
+    pub distill: Option<DistillSection>,
 }
 
 /// `[pairs]`: the preference pairs of `data.path` for `rlhost dpo` and `rlhost rm` (rows
@@ -238,6 +240,53 @@ impl RmSection {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+/// `[distill]`: on-policy distillation (docs/src/preferences.md#on-policy-distillation).
+/// The run samples as any run does; a teacher reads each trajectory, and each sampled
+/// token's advantage gains −coef·(log π_student − log π_teacher), the per-token reverse KL
+/// (tinker-cookbook's on-policy distillation).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DistillSection {
+    /// The teacher: a run folder (its newest checkpoint), a checkpoint or PEFT adapter
+    /// folder trained on this run's model (read over the same weights: no second copy), a
+    /// Hugging Face model folder with the same tokenizer and chat template (loaded on the
+    /// run's device), or the run's own `model.path` (the base model, adapter off).
+    #[schemars(example = "runs/multiply")]
+    pub teacher: String,
+    /// α: the weight of the per-token reverse KL in each token's advantage
+    /// (tinker-cookbook's `kl_penalty_coef`).
+    #[serde(default = "distill_coef")]
+    pub coef: f64,
+    /// Add the task's group advantages (from `[[rewards]]`) to the teacher's term; false:
+    /// the teacher alone teaches, and the rewards are computed and reported only.
+    #[serde(default)]
+    pub task_reward: bool,
+}
+
+fn distill_coef() -> f64 {
+    1.0
+}
+
+impl DistillSection {
+    /// The values serde cannot check and the settings it cannot go with, each error
+    /// naming its key.
+    fn check(&self, train: &TrainSection) -> std::result::Result<(), String> {
+        if self.teacher.trim().is_empty() {
+            return Err("distill.teacher is empty; name a run, adapter or model folder".into());
+        }
+        if !(self.coef.is_finite() && self.coef > 0.0) {
+            return Err(format!("distill.coef is {}; it must be above 0", self.coef));
+        }
+        if train.algorithm == crate::rl::algorithms::Algorithm::Ppo {
+            return Err("[distill] with train.algorithm = \"ppo\": the teacher's per-token term goes with the group advantages of \"grpo\"; drop one".into());
+        }
+        if train.dynamic_sampling && !self.task_reward {
+            return Err("train.dynamic_sampling drops groups whose rewards are all equal, and with distill.task_reward = false the rewards do not teach; set task_reward = true or drop dynamic_sampling".into());
+        }
+        Ok(())
     }
 }
 
@@ -846,6 +895,10 @@ impl LoadedConfig {
             reward
                 .check(&c.plugins)
                 .map_err(|e| anyhow::anyhow!("{file}: rewards[{i}].{e}"))?;
+        }
+        if let Some(d) = &c.distill {
+            d.check(&c.train)
+                .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
         }
         for (key, v) in [
             ("rollout.trigger_config", &r.trigger_config),

@@ -349,7 +349,7 @@ mod tests {
     fn keys_in_code() -> BTreeSet<String> {
         let c: RunConfig = toml::from_str(
             "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n[plugins.NAME]\npath = \"p.wasm\"\ngenerate = {}\n\
-             [rollout.openenv]\n[gateway]\n[[rewards]]\nplugin = \"NAME\"\n",
+             [rollout.openenv]\n[gateway]\n[distill]\nteacher = \"t\"\n[[rewards]]\nplugin = \"NAME\"\n",
         )
         .unwrap();
         let mut keys = BTreeSet::new();

@@ -14,6 +14,7 @@ use crate::model::sample::SamplingParams;
 use crate::model::{LanguageModel, Mode, peft};
 use crate::openenv::client::Remote;
 use crate::plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
+use crate::rl::distill::{Teacher, same_rendering};
 use crate::rl::reward_model::Scorer;
 use crate::rl::trainer::Sources;
 use crate::rollout::render::prompt_tokens;
@@ -56,6 +57,8 @@ pub struct Setup {
     pub dataset: std::sync::Arc<Dataset>,
     pub settings: RolloutSettings,
     pub rewards: Rewards,
+    /// `[distill]`'s teacher.
+    pub teacher: Option<Teacher>,
     /// The run's `[gateway]`, once [`Setup::open_gateway`] has bound it.
     pub gateway: Option<crate::gateway::train::Link>,
 }
@@ -314,7 +317,7 @@ impl Opened {
         // where the config gives none, the fresh one the trainer would attach (the same
         // `[lora]` and seed; B = 0, so the outputs are the base model's), so that `rlhost
         // eval` and `rollout` of the base model score as a run's first step does.
-        if !rewards.models.is_empty() && lm.model.lora.is_none() {
+        if (!rewards.models.is_empty() || c.distill.is_some()) && lm.model.lora.is_none() {
             lm.model
                 .attach_lora(&c.lora.to_config(), c.run.seed)
                 .with_context(|| format!("{file}: [lora]"))?;
@@ -388,6 +391,13 @@ impl Opened {
             remote,
             openenv: openenv.map(std::sync::Arc::new),
         };
+        let teacher = match &c.distill {
+            Some(d) => Some(
+                open_teacher(&loaded, &lm, &model_dir, &at, &settings, &d.teacher)
+                    .with_context(|| format!("{file}: distill.teacher = \"{}\"", d.teacher))?,
+            ),
+            None => None,
+        };
         // Every prompt is checked against the length limit now, not when it is drawn.
         let kwargs = &settings.template_kwargs;
         dataset
@@ -407,6 +417,7 @@ impl Opened {
             dataset: std::sync::Arc::new(dataset),
             settings,
             rewards,
+            teacher,
             gateway: None,
         })
     }
@@ -444,9 +455,70 @@ impl Setup {
             settings: &self.settings,
             rewards: &self.rewards,
             gateway: self.gateway.as_ref(),
+            teacher: self.teacher.as_ref(),
         };
         (&mut self.lm, sources)
     }
+}
+
+/// `[distill]`'s teacher for the student `lm` (loaded from `model_dir`): a second model
+/// must read the student's ids as the same tokens and render conversations to the same
+/// ids with its chat template, checked on a few probe conversations in this run's
+/// template settings and tools.
+fn open_teacher(
+    loaded: &LoadedConfig,
+    lm: &LanguageModel,
+    model_dir: &Path,
+    at: &crate::model::Placement,
+    settings: &RolloutSettings,
+    spec: &str,
+) -> Result<Teacher> {
+    let c = &loaded.config;
+    let teacher = Teacher::open(
+        spec,
+        &loaded.resolve(Path::new(spec)),
+        lm,
+        model_dir,
+        &c.model.path.display().to_string(),
+        at,
+    )?;
+    if let Some(other) = teacher.own_model() {
+        use crate::sample::Message;
+        let probes = [
+            (
+                "a user turn",
+                vec![Message::new("user", "What is 12 * 34?")],
+            ),
+            (
+                "a system and a user turn",
+                vec![
+                    Message::new("system", "Answer briefly."),
+                    Message::new("user", "Name a prime."),
+                ],
+            ),
+            (
+                "a conversation with an assistant turn",
+                vec![
+                    Message::new("user", "Hi."),
+                    Message::new("assistant", "Hello."),
+                    Message::new("user", "Count to 3."),
+                ],
+            ),
+        ];
+        let kwargs = &settings.template_kwargs;
+        let tools = settings.template_tools();
+        for (what, messages) in probes {
+            let sample = Sample {
+                messages,
+                metadata: serde_json::Value::Null,
+            };
+            let ids = prompt_tokens(lm, kwargs, tools, &sample)?;
+            let theirs = prompt_tokens(other, kwargs, tools, &sample)
+                .with_context(|| format!("the teacher cannot render {what}"))?;
+            same_rendering(what, lm, &ids, &theirs)?;
+        }
+    }
+    Ok(teacher)
 }
 
 /// Loads `[plugins.*]` and the `--plugin` files.

@@ -6,7 +6,9 @@ use crate::rl::algorithms::{
     Aggregation, Algorithm, Critic, Estimator, KlEstimator, Overlong, RolloutCorrection, Scale,
 };
 use crate::rl::optim::AdamWConfig;
-use crate::rl::plan::{Advantages, Batches, EvalPlan, Saves, Schedule, Shaping, TrainPlan};
+use crate::rl::plan::{
+    Advantages, Batches, Distill, EvalPlan, Saves, Schedule, Shaping, TrainPlan,
+};
 use crate::rl::update::{OldLogps, PpoConfig, UpdateConfig};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -291,6 +293,10 @@ impl RunConfig {
                 kl_penalty: (t.kl_in_reward && t.kl_coef > 0.0 && t.algorithm == Algorithm::Grpo)
                     .then_some(t.kl_coef),
             },
+            distill: self.distill.as_ref().map(|d| Distill {
+                coef: d.coef,
+                task_reward: d.task_reward,
+            }),
             advantages: match t.algorithm {
                 Algorithm::Grpo => Advantages::Group {
                     estimator: t.estimator,

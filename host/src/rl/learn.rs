@@ -3,6 +3,7 @@
 //! and the step's figures.
 
 use super::algorithms::{self, Overlong};
+use super::distill::Teacher;
 use super::optim::AdamW;
 use super::plan::{Advantages, TrainPlan};
 use super::producer::Batch;
@@ -13,7 +14,7 @@ use crate::model::generate::sample_seed;
 use crate::model::lora::seeded;
 use crate::rollout::{Group, Trajectory};
 use crate::step::StepMetrics;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -23,6 +24,8 @@ pub struct Learner<'a> {
     model: &'a Model,
     /// PPO's value head.
     critic: Option<&'a ValueHead>,
+    /// On-policy distillation's teacher (`plan.distill`).
+    teacher: Option<&'a Teacher>,
     pub opt: AdamW,
     plan: &'a TrainPlan,
     /// The plan's update settings, with the terminal's progress bar.
@@ -38,6 +41,7 @@ impl<'a> Learner<'a> {
     pub fn new(
         model: &'a Model,
         critic: Option<&'a ValueHead>,
+        teacher: Option<&'a Teacher>,
         opt: AdamW,
         plan: &'a TrainPlan,
         progress: Option<indicatif::ProgressBar>,
@@ -45,6 +49,7 @@ impl<'a> Learner<'a> {
         Learner {
             model,
             critic,
+            teacher,
             opt,
             plan,
             cfg: UpdateConfig {
@@ -78,20 +83,22 @@ impl<'a> Learner<'a> {
             .iter()
             .map(|g| g.trajectories.iter().map(|t| t.reward).collect())
             .collect();
+        // Distillation alone learns from the teacher: the task's rewards are reported only.
+        let task_reward = plan.distill.is_none_or(|d| d.task_reward);
         // PPO's advantages are per token, from the critic (the update computes them).
         let advantages = match plan.advantages {
             Advantages::Group {
                 estimator,
                 scale,
                 eps,
-            } => algorithms::advantages(&rewards, estimator, scale, eps),
-            Advantages::Critic(_) => vec![0.0; rewards.iter().map(Vec::len).sum()],
+            } if task_reward => algorithms::advantages(&rewards, estimator, scale, eps),
+            _ => vec![0.0; rewards.iter().map(Vec::len).sum()],
         };
-        if matches!(plan.advantages, Advantages::Group { .. }) {
+        if matches!(plan.advantages, Advantages::Group { .. }) && plan.distill.is_none() {
             self.note_flat(&rewards, &advantages, batch.dropped, step);
         }
         let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
-        let rows: Vec<Row> = trajectories
+        let mut rows: Vec<Row> = trajectories
             .iter()
             .zip(&advantages)
             .filter(|(tr, _)| !(shaping.overlong == Overlong::Filter && tr.truncated))
@@ -99,9 +106,22 @@ impl<'a> Learner<'a> {
             .map(|(tr, a)| Row {
                 trajectory: tr,
                 advantage: *a,
+                token_advantages: &[],
                 stale: tr.version < step,
             })
             .collect();
+        let distilled = match (plan.distill, self.teacher) {
+            (Some(d), Some(teacher)) if !rows.is_empty() => {
+                Some(teacher.distill(self.model, &rows, &self.cfg, d.coef)?)
+            }
+            (Some(_), None) => bail!("[distill] is set but no teacher was loaded"),
+            _ => None,
+        };
+        if let Some(d) = &distilled {
+            for (row, terms) in rows.iter_mut().zip(&d.per_row) {
+                row.token_advantages = terms;
+            }
+        }
         let stats = if rows.is_empty() {
             UpdateStats::default()
         } else {
@@ -126,6 +146,7 @@ impl<'a> Learner<'a> {
             )?
         };
         let mut m = step_metrics(&trajectories, &stats, kl_in_reward);
+        m.teacher_kl = distilled.map(|d| d.reverse_kl);
         m.step = step + 1;
         m.adapter_version = step + 1;
         m.lr = lr;
@@ -190,6 +211,7 @@ impl<'a> Learner<'a> {
             .map(|t| Row {
                 trajectory: t,
                 advantage: 0.0,
+                token_advantages: &[],
                 stale: false,
             })
             .collect();

@@ -2,8 +2,10 @@
 //! the trainer loop ([`trainer`], with its rollout producer, learner, run log and progress
 //! bars, run as its resolved [`plan`] says), checkpoints ([`checkpoint`]), and the supervised warm start ([`sft`]).
 
+pub mod adapter_set;
 pub mod algorithms;
 pub mod checkpoint;
+pub mod distill;
 pub mod dpo;
 mod learn;
 pub mod optim;

@@ -22,6 +22,8 @@ pub struct TrainPlan {
     pub batches: Batches,
     pub shaping: Shaping,
     pub advantages: Advantages,
+    /// On-policy distillation from a teacher (`[distill]`), when the run has one.
+    pub distill: Option<Distill>,
     pub update: UpdateConfig,
     pub eval: EvalPlan,
     pub saves: Saves,
@@ -99,6 +101,17 @@ pub enum Advantages {
     },
     /// PPO: GAE over the critic's values, per token (the update computes them).
     Critic(Critic),
+}
+
+/// On-policy distillation: each sampled token's advantage gains −coef·(log π_student −
+/// log π_teacher) (`rl::distill`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Distill {
+    /// α, the weight of the per-token reverse KL.
+    pub coef: f64,
+    /// Keep the task's group advantages beside the teacher's term (else they are 0, and
+    /// the rewards are only reported).
+    pub task_reward: bool,
 }
 
 /// Held-out evaluation.

@@ -28,6 +28,8 @@ pub struct Sources<'a> {
     pub rewards: &'a Rewards,
     /// With `[gateway]`: batches come from the sessions of agents calling it.
     pub gateway: Option<&'a crate::gateway::train::Link>,
+    /// With `[distill]`: the teacher whose log-probs the learner reads.
+    pub teacher: Option<&'a super::distill::Teacher>,
 }
 
 impl Sources<'_> {

@@ -51,13 +51,16 @@ impl Progress {
 
     pub fn step(&self, m: &StepMetrics, total: u64) {
         let line = format!(
-            "reward {:.3}{}  loss {:.4}  kl {:.4}  len {:.1}  tools {:.2}  {:.1} s/step",
+            "reward {:.3}{}  loss {:.4}  kl {:.4}{}  len {:.1}  tools {:.2}  {:.1} s/step",
             m.reward_mean,
             m.accuracy
                 .map(|a| format!("  acc {a:.3}"))
                 .unwrap_or_default(),
             m.loss,
             m.kl,
+            m.teacher_kl
+                .map(|k| format!("  teacher kl {k:.4}"))
+                .unwrap_or_default(),
             m.response_tokens,
             m.tool_calls,
             m.step_s

@@ -11,6 +11,7 @@
 //! (`AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)` then
 //! `PeftModel.from_pretrained`) and give the same scores.
 
+use super::adapter_set::{AdapterSet, check_base};
 use super::dpo::{
     PairMetrics, PairRows, PairSchedule, Pass, StepRecord, Tally, evaluate_with, optimizer,
     take_step,
@@ -278,10 +279,7 @@ impl<'a> Rm<'a> {
 /// reads the reward model's pair, or a zero one where the reward model has none.
 pub struct Scorer {
     name: String,
-    /// `(A, B)` by module path, on the model's device.
-    pairs: std::collections::HashMap<String, (Tensor, Tensor)>,
-    scaling: f64,
-    rank: usize,
+    adapter: AdapterSet,
     head: ScoreHead,
     /// Most tokens a forward takes (`train.micro_batch_tokens`).
     micro_batch_tokens: usize,
@@ -307,7 +305,7 @@ impl Scorer {
                     peft::CONFIG_FILE
                 )
             })?;
-        check_base(&folder, base)?;
+        check_base(&folder, base, "a reward model")?;
         let (read, w) = peft::read_pairs_with_saved(model, &folder, "score")?;
         let head = ScoreHead::from_weight(
             model,
@@ -316,83 +314,11 @@ impl Scorer {
         )?;
         Ok(Scorer {
             name: dir.display().to_string(),
-            rank: read.cfg.r,
-            scaling: read.cfg.scaling(),
-            pairs: read
-                .pairs
-                .into_iter()
-                .map(|(m, a, b)| (m, (a, b)))
-                .collect(),
+            adapter: AdapterSet::new(read),
             head,
             micro_batch_tokens: micro_batch_tokens.max(1),
         })
     }
-
-    /// The set a forward reads for the reward model, keyed by the run's live adapter as it
-    /// is now (built per call: a resumed run's adapter is new tensors).
-    fn snapshot(&self, model: &Model) -> Result<crate::model::lora::AdapterSnapshot> {
-        let mut live_paths = std::collections::HashSet::new();
-        let mut set = Vec::new();
-        for (path, _, lin) in model.projections() {
-            let Some(live) = &lin.lora else { continue };
-            let (a, b) = match self.pairs.get(&path) {
-                Some((a, b)) => (a.clone(), b.clone()),
-                None => (
-                    Tensor::zeros((self.rank, lin.in_features()), DType::F32, model.device())?,
-                    Tensor::zeros((lin.out_features(), self.rank), DType::F32, model.device())?,
-                ),
-            };
-            set.push((live.lora_a.as_tensor().id(), a, b));
-            live_paths.insert(path);
-        }
-        let missing: Vec<&str> = self
-            .pairs
-            .keys()
-            .filter(|p| !live_paths.contains(*p))
-            .map(String::as_str)
-            .take(3)
-            .collect();
-        if !missing.is_empty() {
-            bail!(
-                "it adapts projections this run's adapter does not ({}, ...): the run's [lora] target_modules must include the reward model's",
-                missing.join(", ")
-            );
-        }
-        Ok(
-            crate::model::lora::AdapterSnapshot::from_pairs(0, set)
-                .with_scaling(Some(self.scaling)),
-        )
-    }
-}
-
-/// Whether the adapter in `folder` was trained on `base`: its config's
-/// `base_model_name_or_path`, when it is an absolute path to a folder that exists (as
-/// `rlhost rm` writes it), must be that one. A relative path or a hub name says too little.
-fn check_base(folder: &Path, base: &Path) -> Result<()> {
-    let path = folder.join(peft::CONFIG_FILE);
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
-        .with_context(|| format!("{} is not valid JSON", path.display()))?;
-    let Some(recorded) = v
-        .get("base_model_name_or_path")
-        .and_then(|b| b.as_str())
-        .filter(|b| Path::new(b).is_absolute())
-    else {
-        return Ok(());
-    };
-    let (Ok(recorded_dir), Ok(base_dir)) =
-        (std::fs::canonicalize(recorded), std::fs::canonicalize(base))
-    else {
-        return Ok(());
-    };
-    if recorded_dir != base_dir {
-        bail!(
-            "{} was trained on {}, and this run's model is {}: a reward model scores on the base it was trained on",
-            folder.display(),
-            recorded_dir.display(),
-            base_dir.display()
-        );
-    }
-    Ok(())
 }
 
 impl crate::rollout::reward::ModelReward for Scorer {
@@ -401,7 +327,7 @@ impl crate::rollout::reward::ModelReward for Scorer {
     }
 
     fn score(&self, model: &Model, sequences: &[&[u32]]) -> Result<Vec<f64>> {
-        let set = self.snapshot(model)?;
+        let set = self.adapter.snapshot(model)?;
         let mode = Mode {
             adapter: Some(&set),
             ..Mode::INFERENCE
@@ -612,7 +538,10 @@ mod tests {
         )
         .unwrap();
         let e = err(&dir);
-        assert!(e.contains("scores on the base it was trained on"), "{e}");
+        assert!(
+            e.contains("reads its adapter over the base it was trained on"),
+            "{e}"
+        );
     }
 
     /// Issue 65: scores, the loss and the gradients of the adapter and the head against

@@ -92,7 +92,14 @@ pub fn train(
     let progress = Progress::new(state.step, plan.steps, run.quiet);
     let adapters = AdapterBoard::new(AdapterSnapshot::take(&lm.model, state.step)?);
     let mut steps = Steps {
-        learner: Learner::new(&lm.model, critic.as_ref(), opt, plan, progress.update_bar()),
+        learner: Learner::new(
+            &lm.model,
+            critic.as_ref(),
+            sources.teacher,
+            opt,
+            plan,
+            progress.update_bar(),
+        ),
         log,
         last: run
             .stop_after

@@ -119,6 +119,9 @@ pub struct StepInputs<'a> {
 pub struct Row<'t> {
     pub trajectory: &'t Trajectory,
     pub advantage: f64,
+    /// Per-token terms added to `advantage`, `tokens − 1` long like the row's targets
+    /// (on-policy distillation's −α·(log π_student − log π_teacher)); empty for none.
+    pub token_advantages: &'t [f32],
     /// Sampled by an older adapter version: importance-corrected.
     pub stale: bool,
 }
@@ -215,7 +218,7 @@ struct Micro {
     mask: Tensor,
     /// Per-token weight making Σ over the mini-batch's micro-batches its aggregate.
     weight: Tensor,
-    /// Each token's row advantage.
+    /// Each token's advantage: its row's, plus the row's per-token term if it has one.
     advantages: Tensor,
 }
 
@@ -282,7 +285,10 @@ fn micro_batches(
                 pos: ids(layout.positions())?,
                 mask: floats(layout.place(|s, k| arrays[s.row].mask[k]))?,
                 weight: floats(layout.place(|s, k| arrays[s.row].mask[k] * weights[s.row]))?,
-                advantages: floats(layout.place(|s, _| rows[s.row].advantage as f32))?,
+                advantages: floats(layout.place(|s, k| {
+                    let row = &rows[s.row];
+                    row.advantage as f32 + row.token_advantages.get(k).copied().unwrap_or(0.0)
+                }))?,
                 layout,
             })
         })
@@ -446,6 +452,23 @@ pub fn sequence_kl(model: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Ve
         }
     }
     Ok(out)
+}
+
+/// Each row's log-probs of its targets under `mode` at temperature 1, without gradients,
+/// `tokens − 1` long (target k is token k + 1), from a forward of `model` (the run's, or
+/// another with the same tokenizer): a distillation teacher's reading of the rows.
+pub fn token_logps(
+    model: &Model,
+    rows: &[Row],
+    mode: Mode,
+    cfg: &UpdateConfig,
+) -> Result<Vec<Vec<f32>>> {
+    let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+    let all: Vec<usize> = (0..rows.len()).collect();
+    let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
+    let micros = micro_batches(rows, &arrays, &all, cfg, model.device())?;
+    let refs: Vec<&Micro> = micros.iter().collect();
+    per_row_logps(model, &refs, mode, 1.0, &lens)
 }
 
 /// `[B, T]` per-token KL(behavior_logps, ref_logps) of one micro-batch with
@@ -761,7 +784,7 @@ fn update_here(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::LoraConfig;
     use crate::model::fixtures;
@@ -781,7 +804,7 @@ mod tests {
         Trajectory::sampled(tokens, prompt_len, logps)
     }
 
-    fn cfg(micro_batch_tokens: usize) -> UpdateConfig {
+    pub(crate) fn cfg(micro_batch_tokens: usize) -> UpdateConfig {
         UpdateConfig {
             clip_low: 0.2,
             clip_high: 0.28,
@@ -823,6 +846,7 @@ mod tests {
             .map(|(t, a)| Row {
                 trajectory: t,
                 advantage: *a,
+                token_advantages: &[],
                 stale: false,
             })
             .collect()
@@ -1021,6 +1045,55 @@ mod tests {
         let after: Vec<f64> = ts.iter().map(|t| seq_logp(&m, t)).collect();
         assert!(after[0] > before[0], "{before:?} -> {after:?}");
         assert!(after[1] < before[1], "{before:?} -> {after:?}");
+    }
+
+    /// A row's per-token terms (distillation's) add to its advantage token by token: terms
+    /// of 0.7 on every token with a row advantage of 0.3 train exactly as an advantage of
+    /// 1.0 does, and a term on one token alone moves that token's log-prob the most.
+    #[test]
+    fn per_token_terms_add_to_the_row_advantage() {
+        let ts = vec![
+            trajectory((1..16).collect(), 5, &[]),
+            trajectory((100..115).collect(), 5, &[2]),
+        ];
+        let mut c = cfg(1000);
+        c.kl_coef = 0.0;
+        let run = |rows: &[Row]| -> Vec<Vec<f32>> {
+            let m = model();
+            let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
+            update(&m, None, &mut opt, rows, &c, &at(1e-2, 0)).unwrap();
+            scored(&m, &rows_of(&ts, &[0.0, 0.0]), Mode::INFERENCE, 1.0)
+        };
+        let whole = run(&rows_of(&ts, &[1.0, -1.0]));
+        let terms: Vec<Vec<f32>> = ts
+            .iter()
+            .zip([0.7f32, -0.7])
+            .map(|(t, v)| vec![v; t.tokens.len() - 1])
+            .collect();
+        let mut split = rows_of(&ts, &[0.3, -0.3]);
+        for (r, t) in split.iter_mut().zip(&terms) {
+            r.token_advantages = t;
+        }
+        let split = run(&split);
+        for (a, b) in whole.iter().flatten().zip(split.iter().flatten()) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        // One token's term alone: that token's log-prob rises more than any other's.
+        let before = scored(&model(), &rows_of(&ts, &[0.0, 0.0]), Mode::INFERENCE, 1.0);
+        let mut one = vec![0f32; ts[0].tokens.len() - 1];
+        one[7] = 5.0;
+        let mut rows = rows_of(&ts[..1], &[0.0]);
+        rows[0].token_advantages = &one;
+        let after = run(&rows);
+        let rise: Vec<f32> = after[0]
+            .iter()
+            .zip(&before[0])
+            .map(|(a, b)| a - b)
+            .collect();
+        let top = (0..rise.len())
+            .max_by(|&i, &j| rise[i].total_cmp(&rise[j]))
+            .unwrap();
+        assert_eq!(top, 7, "{rise:?}");
     }
 
     /// Mini-batch epochs: the second epoch's steps see ratios away from 1, clipping acts,

@@ -204,6 +204,12 @@ pub const SOME_STEPS: &[Figure<Option<f64>>] = &[
         get: |m| m.value_loss,
     },
     Figure {
+        name: Some("teacher_kl"),
+        tag: Some("distill/reverse_kl"),
+        help: "On-policy distillation: mean per-token log pi_student - log pi_teacher over the sampled tokens",
+        get: |m| m.teacher_kl,
+    },
+    Figure {
         name: Some("rollout_kl"),
         tag: Some("mismatch/rollout_kl"),
         help: "k3 KL between the sampler's and the trainer's log-probs of the sampled tokens",
