@@ -8,6 +8,8 @@
 //!                       [--checkpointing 1]
 //! model_bench update    --model DIR [--rows 16] [--min-len 100] [--max-len 400] [--rank 16]
 //!                       [--rounds 5] [--micro-batch-tokens 4096]
+//! model_bench dpo       --model DIR [--pairs 4] [--prompt-len 128] [--reply-len 128] [--rank 16]
+//!                       [--steps 2]
 //! model_bench bandwidth [--mib 1024] [--threads 2]
 //! model_bench ops       --device cuda --dtype bf16 [--batch 8] [--seq 1024] [--iters 20]
 //! ```
@@ -93,6 +95,13 @@ fn main() -> Result<()> {
             num("rank", 16)?,
             num("rounds", 5)?,
             num("micro-batch-tokens", 4096)?,
+        ),
+        "dpo" => dpo(
+            load(&PathBuf::from(opts.get("model").context("--model")?))?,
+            num("pairs", 4)?,
+            (num("prompt-len", 128)?, num("reply-len", 128)?),
+            num("rank", 16)?,
+            num("steps", 2)?,
         ),
         "bandwidth" => bandwidth(num("mib", 1024)?, num("threads", 2)?),
         #[cfg(feature = "cuda")]
@@ -242,6 +251,92 @@ fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) 
             "placement": model.placement().describe(),
             "step_seconds": mean, "steps": times, "phase_peak_rss_gb": peak_rss_gb(),
             "start_rss_gb": start_rss})
+    );
+    Ok(())
+}
+
+/// One DPO step ([`rlhost::rl::dpo::Dpo::step`], the sigmoid loss, β 0.1): `pairs` pairs
+/// whose chosen and rejected replies are `reply` tokens after a shared `prompt`-token
+/// prompt, every pair in one optimizer step, the reference log-probs from the model with
+/// its adapter off. `bench/dpo_speed.py` runs TRL's `DPOTrainer` with PEFT on the same
+/// shape beside it.
+fn dpo(
+    mut model: Model,
+    pairs: usize,
+    (prompt, reply): (usize, usize),
+    rank: usize,
+    steps: usize,
+) -> Result<()> {
+    use rlhost::rl::dpo::{Dpo, PairRows, PairSchedule};
+    use rlhost::rl::preference::{PairLoss, PairLossSettings};
+    use rlhost::rl::sft::SftRow;
+    model.attach_lora(
+        &LoraConfig {
+            r: rank,
+            alpha: 2.0 * rank as f64,
+            ..LoraConfig::default()
+        },
+        0,
+    )?;
+    let vocab = model.cfg.vocab_size.min(500);
+    let side = |p: &[u32], salt: u64| -> SftRow {
+        let tokens = [p, &ids(reply, vocab, salt)].concat();
+        let loss_mask = (0..tokens.len()).map(|i| u8::from(i >= prompt)).collect();
+        SftRow { tokens, loss_mask }
+    };
+    let rows: Vec<PairRows> = (0..pairs)
+        .map(|i| {
+            let p = ids(prompt, vocab, 100 + i as u64);
+            PairRows {
+                chosen: side(&p, 200 + i as u64),
+                rejected: side(&p, 300 + i as u64),
+                margin: None,
+            }
+        })
+        .collect();
+    let loss = PairLossSettings {
+        loss: PairLoss::Sigmoid,
+        beta: 0.1,
+        label_smoothing: 0.0,
+        simpo_gamma: 0.5,
+    };
+    let schedule = PairSchedule {
+        steps: steps as u64 + 1,
+        pairs_per_step: pairs,
+        lr: 1e-4,
+        warmup_steps: 0,
+        min_lr_ratio: 1.0,
+        weight_decay: 0.0,
+        max_grad_norm: 1.0,
+        micro_batch_tokens: 2 * pairs * (prompt + reply),
+        pack_sequences: false,
+        seed: 0,
+        shuffle: false,
+    };
+    let mut trainer = Dpo::new(&model, loss, schedule)?;
+    let dev = model.device().clone();
+    reset_peak_rss();
+    let start_rss = rss_gb();
+    let mut times = Vec::new();
+    for step in 0..steps + 1 {
+        let t = Instant::now();
+        let record = trainer.step(&rows)?;
+        dev.synchronize()?;
+        if step > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+        eprintln!(
+            "step {step}: loss {:.4}, {:.2} s",
+            record.train.loss,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    println!(
+        "{}",
+        serde_json::json!({"impl": "rlhost", "mode": "dpo", "pairs": pairs, "prompt": prompt,
+            "reply": reply, "rank": rank, "step_seconds": mean, "steps": times,
+            "phase_peak_rss_gb": peak_rss_gb(), "start_rss_gb": start_rss})
     );
     Ok(())
 }
