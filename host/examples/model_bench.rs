@@ -114,6 +114,19 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// A rank-`rank` adapter (alpha 2·rank) on every projection, as the PyTorch peers attach
+/// theirs.
+fn attach_lora(model: &mut Model, rank: usize) -> Result<()> {
+    model.attach_lora(
+        &LoraConfig {
+            r: rank,
+            alpha: 2.0 * rank as f64,
+            ..LoraConfig::default()
+        },
+        0,
+    )
+}
+
 /// Token ids from a fixed linear congruential sequence (the model is random anyway).
 fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
     let mut s = 0x2545F4914F6CDD1Du64 ^ salt;
@@ -177,14 +190,7 @@ fn decode(
 /// after one warm-up step.
 fn train(mut model: Model, batch: usize, seq: usize, rank: usize, steps: usize) -> Result<()> {
     let dev = model.device().clone();
-    model.attach_lora(
-        &LoraConfig {
-            r: rank,
-            alpha: 2.0 * rank as f64,
-            ..LoraConfig::default()
-        },
-        0,
-    )?;
+    attach_lora(&mut model, rank)?;
     // The trainer's own optimizer (rlhost::rl::optim), clipped at 1.0 as the trainer's
     // default and the PyTorch peer are.
     let mut opt = AdamW::new(model.lora_vars(), AdamWConfig::default())?;
@@ -270,14 +276,7 @@ fn dpo(
     use rlhost::rl::dpo::{Dpo, PairRows, PairSchedule};
     use rlhost::rl::preference::{PairLoss, PairLossSettings};
     use rlhost::rl::sft::SftRow;
-    model.attach_lora(
-        &LoraConfig {
-            r: rank,
-            alpha: 2.0 * rank as f64,
-            ..LoraConfig::default()
-        },
-        0,
-    )?;
+    attach_lora(&mut model, rank)?;
     let vocab = model.cfg.vocab_size.min(500);
     let side = |p: &[u32], salt: u64| -> SftRow {
         let tokens = [p, &ids(reply, vocab, salt)].concat();
@@ -361,14 +360,7 @@ fn update_layouts(
     if min < 2 || max < min {
         bail!("--min-len {min} --max-len {max}: lengths of at least 2, min <= max");
     }
-    model.attach_lora(
-        &LoraConfig {
-            r: rank,
-            alpha: 2.0 * rank as f64,
-            ..LoraConfig::default()
-        },
-        0,
-    )?;
+    attach_lora(&mut model, rank)?;
     let mut opt = AdamW::new(model.lora_vars(), AdamWConfig::default())?;
     let vocab = model.cfg.vocab_size.min(500);
     let lens: Vec<usize> = (0..rows)

@@ -4,6 +4,7 @@
 //! an adapter over the student's weights and as a merged model folder read the same
 //! log-probs; a teacher that is not one is named in one line.
 
+use super::train_cli::metrics;
 use rlhost_tests::{TestCommand, repo_root as root, temp_dir};
 use std::path::Path;
 
@@ -19,14 +20,6 @@ fn config(dir: &Path, name: &str, out: &str, model: &str, distill: &str) -> std:
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn metrics(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn mean(rows: &[serde_json::Value], key: &str) -> f64 {

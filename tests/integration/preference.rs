@@ -3,6 +3,7 @@
 //! the reward model's saved form, a GRPO run whose only reward is the reward model, and
 //! bad pairs named by file, line and key.
 
+use super::train_cli::metrics;
 use rlhost_tests::{TestCommand, repo_root as root, temp_dir};
 use std::path::Path;
 
@@ -39,14 +40,6 @@ fn write_config(dir: &Path, data: &str, pairs: &str, extra: &str) -> std::path::
     let path = dir.join("dpo.toml");
     std::fs::write(&path, text).unwrap();
     path
-}
-
-fn metrics(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
