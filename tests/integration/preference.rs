@@ -316,6 +316,48 @@ fn dpo_trains_the_builtin_model_on_pairs_of_its_own_samples() {
     assert!(dir.join("run/adapter/adapter_model.safetensors").is_file());
 }
 
+/// `rlhost rm` serves the status endpoint as `train` does: each step's loss, pairwise
+/// accuracy and rewards under TRL's names, the held-out pairs, the checkpoint, Prometheus.
+#[test]
+fn a_pair_trainer_serves_its_status() {
+    let dir = temp_dir("rm-status");
+    write_pairs(&dir.join("pairs.jsonl"), 30);
+    let config = write_config(&dir, "pairs.jsonl", "", "");
+    let run = super::status::start_with(TestCommand::new(&["rm", "--config"]).arg(&config).args([
+        "--status-addr",
+        "127.0.0.1:0",
+        "--status-linger",
+        "600",
+    ]));
+    let st = super::status::wait_until_done(&run);
+    assert_eq!(
+        (st["step"].as_u64(), st["total_steps"].as_u64()),
+        (Some(8), Some(8))
+    );
+    let m = &st["metrics"];
+    for key in ["chosen", "rejected", "margins"] {
+        assert!(m["rewards"][key].is_f64(), "{m}");
+    }
+    assert!(m["accuracy"].is_f64() && m["eval_accuracy"].is_f64(), "{m}");
+    assert_eq!(st["eval"]["step"].as_u64(), Some(8), "{st}");
+    assert!(
+        st["last_checkpoint"]
+            .as_str()
+            .unwrap()
+            .ends_with("step-000008"),
+        "{st}"
+    );
+    let prometheus = super::status::get(&format!("{}metrics", run.url));
+    assert!(prometheus.contains("rlhost_accuracy "), "{prometheus}");
+    let history: serde_json::Value =
+        serde_json::from_str(&super::status::get(&format!("{}history", run.url))).unwrap();
+    assert_eq!(
+        history["steps"].as_array().map(Vec::len),
+        Some(8),
+        "{history}"
+    );
+}
+
 /// Each bad pair stops `rlhost dpo` with one line naming the file, the line and the key.
 #[test]
 fn bad_pairs_get_one_clear_line() {

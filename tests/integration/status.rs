@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 const STEPS: u64 = 5;
 
 /// A training run serving its status on a free port, and its stderr so far.
-struct Run {
+pub(super) struct Run {
     child: Child,
-    url: String,
+    pub(super) url: String,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -27,30 +27,37 @@ impl Drop for Run {
 }
 
 fn start(out: &Path) -> Run {
-    let mut child = fixture_countdown("train")
-        .args([
-            "--set",
-            "rollout.group_size=2",
-            "--set",
-            "rollout.prompts_per_step=2",
-            "--set",
-            "sampling.max_new_tokens=16",
-            "--set",
-            "train.save_every=2",
-            "--set",
-            "data.eval_size=3",
-            "--set",
-            "train.eval_every=2",
-            "--steps",
-            &STEPS.to_string(),
-            "--status-addr",
-            "127.0.0.1:0",
-            "--status-linger",
-            "600",
-            "--out",
-        ])
-        .arg(out)
-        .spawn();
+    start_with(
+        fixture_countdown("train")
+            .args([
+                "--set",
+                "rollout.group_size=2",
+                "--set",
+                "rollout.prompts_per_step=2",
+                "--set",
+                "sampling.max_new_tokens=16",
+                "--set",
+                "train.save_every=2",
+                "--set",
+                "data.eval_size=3",
+                "--set",
+                "train.eval_every=2",
+                "--steps",
+                &STEPS.to_string(),
+                "--status-addr",
+                "127.0.0.1:0",
+                "--status-linger",
+                "600",
+                "--out",
+            ])
+            .arg(out),
+    )
+}
+
+/// Spawns `command` (one that serves its status: `--status-addr 127.0.0.1:0` and a
+/// linger) and waits for the URL it prints.
+pub(super) fn start_with(command: TestCommand) -> Run {
+    let mut child = command.spawn();
     let stderr = Arc::new(Mutex::new(String::new()));
     let (tx, rx) = mpsc::channel();
     let pipe = child.stderr.take().unwrap();
@@ -69,18 +76,18 @@ fn start(out: &Path) -> Run {
     Run { child, url, stderr }
 }
 
-fn get(url: &str) -> String {
+pub(super) fn get(url: &str) -> String {
     ureq::get(url)
         .call()
         .and_then(|mut r| r.body_mut().read_to_string())
         .unwrap_or_else(|e| panic!("GET {url}: {e}"))
 }
 
-fn status(run: &Run) -> serde_json::Value {
+pub(super) fn status(run: &Run) -> serde_json::Value {
     serde_json::from_str(&get(&format!("{}status", run.url))).unwrap()
 }
 
-fn wait_until_done(run: &Run) -> serde_json::Value {
+pub(super) fn wait_until_done(run: &Run) -> serde_json::Value {
     let t0 = Instant::now();
     loop {
         let st = status(run);

@@ -17,6 +17,8 @@ use crate::rl::dpo::{Dpo, PairMetrics, PairRows, PairSchedule, StepRecord, refer
 use crate::rl::preference::PairLossSettings;
 use crate::rl::reward_model::{Rm, ScoreHead};
 use crate::rl::run_log::RunLog;
+use crate::status::{EvalPoint, Phase, StatusHub};
+use crate::step::StepMetrics;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::path::PathBuf;
@@ -47,6 +49,8 @@ pub struct PairsArgs {
     /// Override a config value, e.g. --set dpo.beta=0.2 (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
+    #[command(flatten)]
+    status: super::train::StatusArgs,
 }
 
 /// Which trainer.
@@ -132,249 +136,323 @@ pub fn run(
     if c.train.steps == 0 {
         bail!("{file}: train.steps is 0; nothing to train");
     }
-    let (source, held_out) = read_pairs(&loaded)?;
-    let out = out_dir(&loaded);
-    let written = ["metrics.jsonl", "config.toml", "adapter"];
-    let resume =
-        super::train::start_or_resume(&out, args.resume.as_deref(), args.overwrite, &written)?;
-    let model_key = || format!("{file}: model.path = \"{}\"", c.model.path.display());
-    // A built-in model is the one its built-in run trains from with this seed.
-    let model_dir = match crate::builtin::recipe(&c.model.path).with_context(model_key)? {
-        Some(recipe) => crate::config::builtin::build_model(recipe, c.run.seed, handle, quiet)
-            .with_context(model_key)?,
-        None => loaded.resolve(&c.model.path),
-    };
-    let at = c.model.placement(&file)?;
-    let mut lm =
-        LanguageModel::open(&model_dir, &at).with_context(|| format!("{file}: model.path"))?;
-    let mut state = TrainerState {
-        seed: c.run.seed,
-        ..TrainerState::default()
-    };
-    match (&resume, &c.model.adapter) {
-        (Some(dir), _) => {
-            state = checkpoint::load_into(dir, &mut lm.model)?;
-            if state.seed != c.run.seed {
-                bail!(
-                    "--resume {}: the checkpoint's run.seed is {} and the config's {}; the order of pairs follows the seed, so a resumed run keeps it",
-                    display(dir),
-                    state.seed,
-                    c.run.seed
-                );
-            }
-        }
-        (None, Some(a)) => peft::load_adapter(&mut lm.model, &loaded.resolve(a))?,
-        (None, None) => lm.model.attach_lora(&c.lora.to_config(), c.run.seed)?,
-    }
-    if state.step >= c.train.steps {
-        bail!(
-            "the checkpoint is at step {} and train.steps is {}: nothing left to do (raise train.steps to continue)",
-            state.step,
-            c.train.steps
-        );
-    }
-    let kwargs = &c.rollout.template_kwargs;
-    let keys = (c.pairs.chosen_key.as_str(), c.pairs.rejected_key.as_str());
-    let tokenize = |loaded: &pairs::LoadedPairs| -> Result<Vec<PairRows>> {
-        loaded
-            .samples
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                PairRows::of(&lm, p, kwargs, c.pairs.max_length, keys)
-                    .with_context(|| loaded.origins.locate(i))
-            })
-            .collect()
-    };
-    let all = tokenize(&source)?;
-    let (train_rows, eval_rows): (Vec<PairRows>, Vec<PairRows>) = match &held_out {
-        HeldOut::File(held) => (all, tokenize(held)?),
-        HeldOut::Rows(eval) => all.into_iter().enumerate().partition_map(eval),
-    };
-    let loss = PairLossSettings {
-        loss: c.dpo.loss,
-        beta: c.dpo.beta,
-        label_smoothing: c.dpo.label_smoothing,
-        simpo_gamma: c.dpo.simpo_gamma,
-    };
-    let t = &c.train;
-    let schedule = PairSchedule {
-        steps: t.steps,
-        pairs_per_step: c.pairs.per_step,
-        lr: t.lr,
-        warmup_steps: t.warmup_steps,
-        min_lr_ratio: t.min_lr_ratio,
-        weight_decay: t.weight_decay,
-        max_grad_norm: t.max_grad_norm,
-        micro_batch_tokens: t.micro_batch_tokens,
-        pack_sequences: t.pack_sequences,
-        seed: c.run.seed,
-        shuffle: c.data.shuffle,
-    };
-    let mut trainer = match kind {
-        Kind::Dpo => {
-            let mut dpo = Dpo::new(&lm.model, loss, schedule)?;
-            // Continuing an adapter: it is the reference, as loaded (on resume too).
-            if let Some(a) = &c.model.adapter {
-                dpo.reference = Some(reference_adapter(&lm.model, &loaded.resolve(a))?);
-            }
-            Trainer::Dpo(dpo)
-        }
-        Kind::Rm => {
-            let head = match &resume {
-                Some(dir) => ScoreHead::load(&lm.model, dir)?,
-                None => ScoreHead::new(&lm.model, c.run.seed)?,
-            };
-            let center = c.rm.center_rewards_coefficient;
-            Trainer::Rm(Rm::new(&lm.model, head, center, schedule)?)
-        }
-    };
-    if let Some(dir) = &resume {
-        let (step, opt) = trainer.position();
-        checkpoint::load_optimizer(dir, opt, state.optimizer_step)?;
-        *step = state.step;
-    }
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("cannot create the run directory {}", out.display()))?;
-    peft::write_atomic(&out.join("config.toml"), toml::to_string(c)?.as_bytes())?;
-    let mut log = RunLog::open(&out, resume.as_ref().map(|_| state.step))?;
-    let name = kind.name();
-    if !quiet {
-        let what = match kind {
-            Kind::Dpo => format!("{:?} loss, beta {}", c.dpo.loss, c.dpo.beta),
-            Kind::Rm => "Bradley-Terry reward model".to_string(),
-        };
-        eprintln!(
-            "{name} ({what}): {} training pairs, {} held out; model {}; run directory {}",
-            train_rows.len(),
-            eval_rows.len(),
-            display(&model_dir),
-            display(&out)
-        );
-    }
-    let held = |trainer: &Trainer| -> Result<Option<PairMetrics>> {
-        if eval_rows.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(trainer.evaluate(&eval_rows)?))
-    };
-    let from = *trainer.position().0;
-    let first = held(&trainer)?;
-    let bar = crate::progress::enabled(quiet).then(|| {
-        let bar = crate::progress::bar(
-            t.steps,
-            &format!(
-                "{name:<7} {{bar:30}} {{pos}}/{{len}} steps  {{msg}}  [{{elapsed_precise}} < {{eta_precise}}]"
-            ),
-        );
-        bar.set_position(from);
-        bar
-    });
-    let stop_at = args.stop_after.map(|n| from + n);
-    let t0 = std::time::Instant::now();
-    let mut last_eval = first.clone();
-    while *trainer.position().0 < t.steps {
-        let mut record = trainer.step(&train_rows)?;
-        let step = record.step;
-        let last = step == t.steps;
-        if (t.eval_every > 0 && step % t.eval_every == 0) || last {
-            record.eval = held(&trainer)?;
-            last_eval = record.eval.clone().or(last_eval);
-        }
-        let mut scalars = record.train.scalars("");
-        scalars.extend([
-            ("grad_norm".into(), record.grad_norm),
-            ("lr".into(), record.lr),
-        ]);
-        if let Some(e) = &record.eval {
-            scalars.extend(e.scalars("eval/"));
-        }
-        log.write_row(step, &record, &scalars)?;
-        let line = format!(
-            "loss {:.4}  acc {:.2}  margin {:.3}",
-            record.train.loss, record.train.rewards_accuracies, record.train.rewards_margins
-        );
-        match &bar {
-            Some(bar) => {
-                bar.set_position(step);
-                bar.set_message(line);
-            }
-            None if !quiet => eprintln!("step {step}/{}  {line}", t.steps),
-            None => {}
-        }
-        let stopping = stop_at == Some(step);
-        if last || stopping || (t.save_every > 0 && step % t.save_every == 0) {
-            let st = TrainerState {
-                step,
-                optimizer_step: step,
-                cursor: Default::default(),
-                seed: c.run.seed,
-            };
-            let head = trainer.head();
-            let opt = match &trainer {
-                Trainer::Dpo(d) => &d.opt,
-                Trainer::Rm(r) => &r.opt,
-            };
-            checkpoint::save(&out, &lm, head, opt, &st, t.keep_last)?;
-        }
-        if stopping && !last {
-            if let Some(bar) = &bar {
-                bar.finish_and_clear();
-            }
-            println!(
-                "{name}: stopped after step {step} of {} (--stop-after); continue with --resume latest",
-                t.steps
-            );
-            return Ok(());
-        }
-    }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    let adapter = out.join("adapter");
-    // Absolute, so that a run elsewhere can tell whether it has the same base
-    // (`[[rewards]] model` checks it).
-    let base = std::fs::canonicalize(&model_dir)
-        .unwrap_or_else(|_| model_dir.clone())
-        .display()
-        .to_string();
-    match &trainer {
-        Trainer::Dpo(_) => peft::save_adapter(&lm.model, &adapter, Some(&base))?,
-        Trainer::Rm(rm) => rm.save(&adapter, Some(&base))?,
-    }
-    println!(
-        "{name}: {} steps in {:.1} s; {} in {}",
-        t.steps,
-        t0.elapsed().as_secs_f64(),
-        match kind {
-            Kind::Dpo => "adapter",
-            Kind::Rm => "reward model (adapter and score head)",
-        },
-        display(&adapter)
+    args.status.check()?;
+    let hub = StatusHub::new(
+        &StatusHub::run_id(&loaded.path),
+        &c.model.path.display().to_string(),
+        &file,
+        c.train.steps,
     );
-    if let (Some(a), Some(b)) = (&first, &last_eval) {
+    // Served once the config and the pairs have checked out: a bad input gets its one
+    // error line and nothing else.
+    let mut server = None;
+    let result = (|| -> Result<()> {
+        let (source, held_out) = read_pairs(&loaded)?;
+        let out = out_dir(&loaded);
+        let written = ["metrics.jsonl", "config.toml", "adapter"];
+        let resume =
+            super::train::start_or_resume(&out, args.resume.as_deref(), args.overwrite, &written)?;
+        let model_key = || format!("{file}: model.path = \"{}\"", c.model.path.display());
+        // A built-in model is the one its built-in run trains from with this seed.
+        let model_dir = match crate::builtin::recipe(&c.model.path).with_context(model_key)? {
+            Some(recipe) => crate::config::builtin::build_model(recipe, c.run.seed, handle, quiet)
+                .with_context(model_key)?,
+            None => loaded.resolve(&c.model.path),
+        };
+        let at = c.model.placement(&file)?;
+        let mut lm =
+            LanguageModel::open(&model_dir, &at).with_context(|| format!("{file}: model.path"))?;
+        let mut state = TrainerState {
+            seed: c.run.seed,
+            ..TrainerState::default()
+        };
+        match (&resume, &c.model.adapter) {
+            (Some(dir), _) => {
+                state = checkpoint::load_into(dir, &mut lm.model)?;
+                if state.seed != c.run.seed {
+                    bail!(
+                        "--resume {}: the checkpoint's run.seed is {} and the config's {}; the order of pairs follows the seed, so a resumed run keeps it",
+                        display(dir),
+                        state.seed,
+                        c.run.seed
+                    );
+                }
+            }
+            (None, Some(a)) => peft::load_adapter(&mut lm.model, &loaded.resolve(a))?,
+            (None, None) => lm.model.attach_lora(&c.lora.to_config(), c.run.seed)?,
+        }
+        if state.step >= c.train.steps {
+            bail!(
+                "the checkpoint is at step {} and train.steps is {}: nothing left to do (raise train.steps to continue)",
+                state.step,
+                c.train.steps
+            );
+        }
+        let kwargs = &c.rollout.template_kwargs;
+        let keys = (c.pairs.chosen_key.as_str(), c.pairs.rejected_key.as_str());
+        let tokenize = |loaded: &pairs::LoadedPairs| -> Result<Vec<PairRows>> {
+            loaded
+                .samples
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    PairRows::of(&lm, p, kwargs, c.pairs.max_length, keys)
+                        .with_context(|| loaded.origins.locate(i))
+                })
+                .collect()
+        };
+        let all = tokenize(&source)?;
+        let (train_rows, eval_rows): (Vec<PairRows>, Vec<PairRows>) = match &held_out {
+            HeldOut::File(held) => (all, tokenize(held)?),
+            HeldOut::Rows(eval) => all.into_iter().enumerate().partition_map(eval),
+        };
+        server = super::train::serve_status(&args.status, &hub)?;
+        if let Some(server) = &server {
+            eprintln!("status: {}", server.url());
+        }
+        let loss = PairLossSettings {
+            loss: c.dpo.loss,
+            beta: c.dpo.beta,
+            label_smoothing: c.dpo.label_smoothing,
+            simpo_gamma: c.dpo.simpo_gamma,
+        };
+        let t = &c.train;
+        let schedule = PairSchedule {
+            steps: t.steps,
+            pairs_per_step: c.pairs.per_step,
+            lr: t.lr,
+            warmup_steps: t.warmup_steps,
+            min_lr_ratio: t.min_lr_ratio,
+            weight_decay: t.weight_decay,
+            max_grad_norm: t.max_grad_norm,
+            micro_batch_tokens: t.micro_batch_tokens,
+            pack_sequences: t.pack_sequences,
+            seed: c.run.seed,
+            shuffle: c.data.shuffle,
+        };
+        let mut trainer = match kind {
+            Kind::Dpo => {
+                let mut dpo = Dpo::new(&lm.model, loss, schedule)?;
+                // Continuing an adapter: it is the reference, as loaded (on resume too).
+                if let Some(a) = &c.model.adapter {
+                    dpo.reference = Some(reference_adapter(&lm.model, &loaded.resolve(a))?);
+                }
+                Trainer::Dpo(dpo)
+            }
+            Kind::Rm => {
+                let head = match &resume {
+                    Some(dir) => ScoreHead::load(&lm.model, dir)?,
+                    None => ScoreHead::new(&lm.model, c.run.seed)?,
+                };
+                let center = c.rm.center_rewards_coefficient;
+                Trainer::Rm(Rm::new(&lm.model, head, center, schedule)?)
+            }
+        };
+        if let Some(dir) = &resume {
+            let (step, opt) = trainer.position();
+            checkpoint::load_optimizer(dir, opt, state.optimizer_step)?;
+            *step = state.step;
+        }
+        std::fs::create_dir_all(&out)
+            .with_context(|| format!("cannot create the run directory {}", out.display()))?;
+        peft::write_atomic(&out.join("config.toml"), toml::to_string(c)?.as_bytes())?;
+        let mut log = RunLog::open(&out, resume.as_ref().map(|_| state.step))?;
+        let name = kind.name();
+        if !quiet {
+            let what = match kind {
+                Kind::Dpo => format!("{:?} loss, beta {}", c.dpo.loss, c.dpo.beta),
+                Kind::Rm => "Bradley-Terry reward model".to_string(),
+            };
+            eprintln!(
+                "{name} ({what}): {} training pairs, {} held out; model {}; run directory {}",
+                train_rows.len(),
+                eval_rows.len(),
+                display(&model_dir),
+                display(&out)
+            );
+        }
+        let held = |trainer: &Trainer| -> Result<Option<PairMetrics>> {
+            if eval_rows.is_empty() {
+                return Ok(None);
+            }
+            Ok(Some(trainer.evaluate(&eval_rows)?))
+        };
+        let from = *trainer.position().0;
+        hub.resume_at(from);
+        hub.set_phase(Phase::Eval);
+        let first = held(&trainer)?;
+        if let Some(e) = &first {
+            hub.eval_start(&EvalPoint {
+                step: from,
+                accuracy: Some(e.rewards_accuracies),
+                reward: e.rewards_margins,
+                tool_use: None,
+            });
+        }
+        let bar = crate::progress::enabled(quiet).then(|| {
+            let bar = crate::progress::bar(
+                t.steps,
+                &format!(
+                    "{name:<7} {{bar:30}} {{pos}}/{{len}} steps  {{msg}}  [{{elapsed_precise}} < {{eta_precise}}]"
+                ),
+            );
+            bar.set_position(from);
+            bar
+        });
+        let stop_at = args.stop_after.map(|n| from + n);
+        let t0 = std::time::Instant::now();
+        let mut last_eval = first.clone();
+        while *trainer.position().0 < t.steps {
+            hub.set_phase(Phase::Update);
+            let t_step = std::time::Instant::now();
+            let mut record = trainer.step(&train_rows)?;
+            let step = record.step;
+            let last = step == t.steps;
+            if (t.eval_every > 0 && step % t.eval_every == 0) || last {
+                hub.set_phase(Phase::Eval);
+                record.eval = held(&trainer)?;
+                last_eval = record.eval.clone().or(last_eval);
+            }
+            let mut scalars = record.train.scalars("");
+            scalars.extend([
+                ("grad_norm".into(), record.grad_norm),
+                ("lr".into(), record.lr),
+            ]);
+            if let Some(e) = &record.eval {
+                scalars.extend(e.scalars("eval/"));
+            }
+            log.write_row(step, &record, &scalars)?;
+            hub.step(
+                &step_metrics(&record, t_step.elapsed().as_secs_f64()),
+                std::iter::empty(),
+            );
+            let line = format!(
+                "loss {:.4}  acc {:.2}  margin {:.3}",
+                record.train.loss, record.train.rewards_accuracies, record.train.rewards_margins
+            );
+            match &bar {
+                Some(bar) => {
+                    bar.set_position(step);
+                    bar.set_message(line);
+                }
+                None if !quiet => eprintln!("step {step}/{}  {line}", t.steps),
+                None => {}
+            }
+            let stopping = stop_at == Some(step);
+            if last || stopping || (t.save_every > 0 && step % t.save_every == 0) {
+                let st = TrainerState {
+                    step,
+                    optimizer_step: step,
+                    cursor: Default::default(),
+                    seed: c.run.seed,
+                };
+                let head = trainer.head();
+                let opt = match &trainer {
+                    Trainer::Dpo(d) => &d.opt,
+                    Trainer::Rm(r) => &r.opt,
+                };
+                let saved = checkpoint::save(&out, &lm, head, opt, &st, t.keep_last)?;
+                hub.checkpoint(&display(&saved));
+            }
+            if stopping && !last {
+                if let Some(bar) = &bar {
+                    bar.finish_and_clear();
+                }
+                println!(
+                    "{name}: stopped after step {step} of {} (--stop-after); continue with --resume latest",
+                    t.steps
+                );
+                return Ok(());
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let adapter = out.join("adapter");
+        // Absolute, so that a run elsewhere can tell whether it has the same base
+        // (`[[rewards]] model` checks it).
+        let base = std::fs::canonicalize(&model_dir)
+            .unwrap_or_else(|_| model_dir.clone())
+            .display()
+            .to_string();
+        match &trainer {
+            Trainer::Dpo(_) => peft::save_adapter(&lm.model, &adapter, Some(&base))?,
+            Trainer::Rm(rm) => rm.save(&adapter, Some(&base))?,
+        }
         println!(
-            "held-out ({} pairs), {} -> step {}: {} accuracy {:.1}% -> {:.1}%, margin {:.3} -> {:.3}, loss {:.4} -> {:.4}",
-            b.pairs,
-            if from == 0 {
-                "start".to_string()
-            } else {
-                format!("step {from}")
-            },
+            "{name}: {} steps in {:.1} s; {} in {}",
             t.steps,
+            t0.elapsed().as_secs_f64(),
             match kind {
-                Kind::Dpo => "preference",
-                Kind::Rm => "pairwise",
+                Kind::Dpo => "adapter",
+                Kind::Rm => "reward model (adapter and score head)",
             },
-            100.0 * a.rewards_accuracies,
-            100.0 * b.rewards_accuracies,
-            a.rewards_margins,
-            b.rewards_margins,
-            a.loss,
-            b.loss
+            display(&adapter)
         );
+        if let (Some(a), Some(b)) = (&first, &last_eval) {
+            println!(
+                "held-out ({} pairs), {} -> step {}: {} accuracy {:.1}% -> {:.1}%, margin {:.3} -> {:.3}, loss {:.4} -> {:.4}",
+                b.pairs,
+                if from == 0 {
+                    "start".to_string()
+                } else {
+                    format!("step {from}")
+                },
+                t.steps,
+                match kind {
+                    Kind::Dpo => "preference",
+                    Kind::Rm => "pairwise",
+                },
+                100.0 * a.rewards_accuracies,
+                100.0 * b.rewards_accuracies,
+                a.rewards_margins,
+                b.rewards_margins,
+                a.loss,
+                b.loss
+            );
+        }
+        Ok(())
+    })();
+    match &result {
+        Ok(()) => hub.set_phase(Phase::Done),
+        Err(e) => hub.fail(&format!("{e:#}")),
     }
-    Ok(())
+    if server.is_some() && result.is_ok() {
+        args.status.linger(quiet);
+    }
+    result
+}
+
+/// A step of a pair trainer as the status endpoint, Prometheus and the dashboard show a
+/// training step: the reward is the mean implicit reward margin (DPO's β·Δlog-ratio, the
+/// reward model's r_chosen − r_rejected), the accuracy the pairwise accuracy, and the
+/// reward components TRL's `rewards/chosen`, `rewards/rejected` and `rewards/margins`;
+/// the held-out figures the same of the held-out pairs.
+fn step_metrics(r: &StepRecord, step_s: f64) -> StepMetrics {
+    StepMetrics {
+        step: r.step,
+        epoch: r.epoch as u64,
+        adapter_version: r.step,
+        reward_mean: r.train.rewards_margins,
+        rewards: [
+            ("chosen", r.train.rewards_chosen),
+            ("rejected", r.train.rewards_rejected),
+            ("margins", r.train.rewards_margins),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        accuracy: Some(r.train.rewards_accuracies),
+        loss: r.train.loss,
+        policy_loss: r.train.loss,
+        grad_norm: r.grad_norm,
+        lr: r.lr,
+        update_s: step_s,
+        step_s,
+        eval_accuracy: r.eval.as_ref().map(|e| e.rewards_accuracies),
+        eval_reward: r.eval.as_ref().map(|e| e.rewards_margins),
+        ..StepMetrics::default()
+    }
 }
 
 /// Where the held-out pairs are: a file of their own (`data.eval_path`), or rows of

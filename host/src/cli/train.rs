@@ -37,32 +37,61 @@ pub struct TrainArgs {
     /// time-sliced jobs.
     #[arg(long, value_name = "N")]
     stop_after: Option<u64>,
+    #[command(flatten)]
+    status: StatusArgs,
+}
+
+/// The status endpoint's flags, shared by the commands that train (`train`, `dpo`, `rm`).
+#[derive(Debug, Args)]
+pub struct StatusArgs {
     /// Serve the status endpoint and dashboard here (read-only). Port 0 picks a free
     /// port. Without the flag, 127.0.0.1:8787 is tried first and a free port used if it
     /// is taken; the URL is printed either way.
     #[arg(long, value_name = "ADDR:PORT")]
-    status_addr: Option<String>,
+    pub status_addr: Option<String>,
     /// Let --status-addr bind an address other than loopback. The server has no
     /// authentication: whoever reaches the port reads the run's config, prompts,
     /// trajectories and metrics.
     #[arg(long, requires = "status_addr")]
-    status_public: bool,
+    pub status_public: bool,
     /// Do not serve a status endpoint.
     #[arg(long, conflicts_with = "status_addr")]
-    no_status: bool,
+    pub no_status: bool,
     /// Keep serving the status endpoint this many seconds after the run ends (to look at
     /// the finished dashboard).
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
-    status_linger: u64,
+    pub status_linger: u64,
+}
+
+impl StatusArgs {
+    /// Refuses an address beyond loopback without `--status-public`.
+    pub fn check(&self) -> Result<()> {
+        match &self.status_addr {
+            Some(addr) => check_exposure(addr, self.status_public),
+            None => Ok(()),
+        }
+    }
+
+    /// Keeps the endpoint up `--status-linger` seconds after a run that ended.
+    pub fn linger(&self, quiet: bool) {
+        if self.status_linger == 0 {
+            return;
+        }
+        if !quiet {
+            eprintln!(
+                "run ended; the status endpoint stays up for {} s",
+                self.status_linger
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_secs(self.status_linger));
+    }
 }
 
 /// The address tried when `--status-addr` is not given.
 const DEFAULT_STATUS_ADDR: &str = "127.0.0.1:8787";
 
 pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
-    if let Some(addr) = &args.status_addr {
-        check_exposure(addr, args.status_public)?;
-    }
+    args.status.check()?;
     let mut set = args.source.set.clone();
     if let Some(steps) = args.steps {
         set.push(set_value("train.steps", steps as i64));
@@ -114,7 +143,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         &display(&loaded.path),
         plan.steps,
     );
-    let server = serve_status(&args, &hub)?;
+    let server = serve_status(&args.status, &hub)?;
     // The URL is shown once the config, plugins and data have checked out (a bad input
     // gets its one error line and nothing else), before the slow part.
     let announced = std::cell::Cell::new(false);
@@ -179,14 +208,8 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
         Err(e) => hub.fail(&format!("{e:#}")),
     }
     let interrupted = result.as_ref().is_ok_and(|o| o.interrupted);
-    if announced.get() && args.status_linger > 0 && !interrupted {
-        if !quiet {
-            eprintln!(
-                "run ended; the status endpoint stays up for {} s",
-                args.status_linger
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_secs(args.status_linger));
+    if announced.get() && !interrupted {
+        args.status.linger(quiet);
     }
     let outcome = result?;
     let metrics = &outcome.metrics;
@@ -375,8 +398,8 @@ fn section_changes(section: &str, then: &toml::Value, now: &toml::Value) -> Vec<
 
 /// Starts the status server unless `--no-status` (the caller prints its URL, even with
 /// `--quiet`: with port 0 it is the only way to find it).
-fn serve_status(
-    args: &TrainArgs,
+pub fn serve_status(
+    args: &StatusArgs,
     hub: &std::sync::Arc<StatusHub>,
 ) -> Result<Option<server::Server>> {
     if args.no_status {
