@@ -47,7 +47,8 @@ PROBE = re.compile(
 )
 HELD_OUT = re.compile(
     r"held-out \((\d+) prompts, greedy\), start -> step (\d+): accuracy ([\d.]+)% -> ([\d.]+)%,"
-    r" tool use ([\d.]+)% -> ([\d.]+)%, reward ([-\d.]+) -> ([-\d.]+)"
+    # A run with functions (`rollout.tools`) reports its malformed calls between the two.
+    r" tool use ([\d.]+)% -> ([\d.]+)%,(?: malformed calls [^,]*,)? reward ([-\d.]+) -> ([-\d.]+)"
 )
 
 

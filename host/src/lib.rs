@@ -21,3 +21,6 @@ pub mod sample;
 pub mod status;
 pub mod step;
 pub mod tinker;
+
+#[cfg(test)]
+mod import_rules;

@@ -27,7 +27,7 @@
 //! ```
 
 pub mod builtin;
-pub mod openenv;
+pub use crate::openenv::settings as openenv;
 mod ranges;
 pub mod reference;
 pub mod setup;

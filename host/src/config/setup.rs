@@ -434,8 +434,16 @@ impl Setup {
         let Some(section) = &self.loaded.config.gateway else {
             return Ok(None);
         };
+        let gateway = crate::gateway::train::Settings {
+            addr: section.addr.clone(),
+            public: section.public,
+            served_model_name: section.served_model_name.clone(),
+            refuse_while_updating: section.while_updating == super::WhileUpdating::Refuse,
+            max_connections: section.max_connections,
+            session_timeout: std::time::Duration::from_secs_f64(section.session_timeout_s),
+        };
         let link = crate::gateway::train::Link::open(
-            section,
+            &gateway,
             &self.lm,
             self.settings.template_kwargs.clone(),
             self.dataset.clone(),

@@ -12,7 +12,6 @@ use super::chat::Renderer;
 use super::pump::{Job, serve, with_sampler};
 use super::server::{self, Gateway, Tasks, TasksHeld};
 use super::sessions::Finished;
-use crate::config::{GatewaySection, WhileUpdating};
 use crate::data::Dataset;
 use crate::model::generate::sample_seed;
 use crate::model::sampler::Sampling;
@@ -43,6 +42,22 @@ pub struct Link {
     held: Mutex<Option<TasksHeld>>,
 }
 
+/// The gateway a training run serves, as `config/` builds it from `[gateway]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where it listens.
+    pub addr: String,
+    /// Bind beyond loopback (`gateway.public`).
+    pub public: bool,
+    /// The model name its answers carry.
+    pub served_model_name: String,
+    /// Refuse calls with a 503 while the trainer updates, instead of holding them.
+    pub refuse_while_updating: bool,
+    pub max_connections: usize,
+    /// A session its agent never ends is closed after this long.
+    pub session_timeout: Duration,
+}
+
 /// What one step took from the gateway.
 pub struct Taken {
     pub groups: Vec<Group>,
@@ -54,10 +69,10 @@ pub struct Taken {
 }
 
 impl Link {
-    /// Serves `lm`'s policy on `section.addr`: the routes of `rlhost serve`, tasks from
+    /// Serves `lm`'s policy on `settings.addr`: the routes of `rlhost serve`, tasks from
     /// `dataset`, `group_size` sessions a task; sampled by `remote`'s servers when given.
     pub fn open(
-        section: &GatewaySection,
+        settings: &Settings,
         lm: &LanguageModel,
         template_kwargs: serde_json::Map<String, serde_json::Value>,
         dataset: Arc<Dataset>,
@@ -69,32 +84,32 @@ impl Link {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let (tasks, held) = Tasks::held(dataset, group_size);
         let mut gw = Gateway::new(
-            section.served_model_name.clone(),
+            settings.served_model_name.clone(),
             renderer,
             jobs_tx,
             done_tx,
             Some(tasks),
         );
-        gw.refuse_while_updating = section.while_updating == WhileUpdating::Refuse;
+        gw.refuse_while_updating = settings.refuse_while_updating;
         gw.remote = remote.is_some();
         // Nothing samples until the producer's first step.
         gw.updating.store(true, Ordering::Release);
         let gw = Arc::new(gw);
         let key = crate::front::api_key(None)?;
         crate::front::check_exposure(
-            &section.addr,
-            section.public,
+            &settings.addr,
+            settings.public,
             key.is_some(),
             "gateway.addr",
             "gateway.public = true",
         )?;
-        server::spawn(gw.clone(), &section.addr, section.max_connections, key)?;
+        server::spawn(gw.clone(), &settings.addr, settings.max_connections, key)?;
         Ok(Link {
             gw,
             jobs: Mutex::new(jobs_rx),
             finished: Mutex::new(done_rx),
             pending: Mutex::new(BTreeMap::new()),
-            session_timeout: Duration::from_secs_f64(section.session_timeout_s),
+            session_timeout: settings.session_timeout,
             remote,
             held: Mutex::new(Some(held)),
         })

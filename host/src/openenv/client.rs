@@ -27,7 +27,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage, protocol::WebSocketConfig};
 
 use super::endpoint::Endpoint;
-use crate::config::openenv::{ActionKind, OpenEnvSection, PromptFrom};
+use super::settings::{ActionKind, OpenEnvSection, PromptFrom};
 use crate::plugin::net::HttpGrants;
 use crate::plugin::{Fault, FaultKind, FunctionSpec, StepResult};
 use crate::rollout::tool_calls::{CallError, CallFormat};

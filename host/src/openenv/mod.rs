@@ -12,6 +12,7 @@ pub mod client;
 pub mod endpoint;
 pub mod episode;
 pub mod server;
+pub mod settings;
 pub mod wire;
 
 use std::sync::Arc;

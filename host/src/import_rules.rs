@@ -1,0 +1,71 @@
+//! The rules the house's imports keep (issue 66; docs/src/layout.md), checked by reading
+//! the sources: a test fails when an import crosses one. Each rule names the rooms it
+//! lets through; everything else is held to it.
+//!
+//! - Only `config/` reads the raw config, and `cli/` hands it over: no `crate::config`
+//!   elsewhere. Other rooms take settings `config/` builds for them (the gateway's
+//!   `gateway::train::Settings`, the OpenEnv client's `openenv::settings`).
+
+/// Each non-comment line of each source file under `host/src` that names `needle`,
+/// outside the rooms `allowed` (folder names, or file names at the crate root), as
+/// `path:line: text`.
+fn crossings(needle: &str, allowed: &[&str]) -> Vec<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("the sources are readable") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&root).expect("under src");
+            let room = rel
+                .components()
+                .next()
+                .and_then(|c| c.as_os_str().to_str())
+                .unwrap_or_default();
+            if allowed.contains(&room) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a source file is text");
+            for (i, line) in text.lines().enumerate() {
+                let code = line.trim_start();
+                if code.starts_with("//") {
+                    continue;
+                }
+                if code.contains(needle) {
+                    out.push(format!("{}:{}: {}", rel.display(), i + 1, code));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn only_config_and_cli_name_the_config() {
+    let found = crossings("crate::config", &["config", "cli", "import_rules.rs"]);
+    assert!(
+        found.is_empty(),
+        "`crate::config` outside config/ and cli/ (take settings config/ builds instead):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The scan sees what it is meant to: a room that does name the needle is found.
+#[test]
+fn the_scan_finds_what_is_there() {
+    let found = crossings("crate::config", &["import_rules.rs"]);
+    assert!(
+        found
+            .iter()
+            .any(|l| l.starts_with("config/") || l.starts_with("cli/")),
+        "{found:?}"
+    );
+}
