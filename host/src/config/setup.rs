@@ -313,10 +313,11 @@ impl Opened {
                     .unwrap_or(r.default_weight),
             });
         }
-        // A reward model is read in place of the run's adapter, so the model needs one:
-        // where the config gives none, the fresh one the trainer would attach (the same
-        // `[lora]` and seed; B = 0, so the outputs are the base model's), so that `rlhost
-        // eval` and `rollout` of the base model score as a run's first step does.
+        // A reward model and a teacher adapter are read in place of the run's adapter,
+        // keyed by it, so the model needs one: where the config gives none, the fresh one
+        // the trainer would attach (the same `[lora]` and seed; B = 0, so the outputs are
+        // the base model's), so that `rlhost eval` and `rollout` of the base model score as
+        // a run's first step does.
         if (!rewards.models.is_empty() || c.distill.is_some()) && lm.model.lora.is_none() {
             lm.model
                 .attach_lora(&c.lora.to_config(), c.run.seed)
