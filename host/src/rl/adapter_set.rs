@@ -68,6 +68,14 @@ impl AdapterSet {
     }
 }
 
+/// The adapter folder `dir` names: its `adapter/` (where `rlhost rm`, `dpo` and `sft`
+/// write one) or `dir` itself, whichever holds an adapter config.
+pub fn adapter_folder(dir: &Path) -> Option<std::path::PathBuf> {
+    [dir.join("adapter"), dir.to_path_buf()]
+        .into_iter()
+        .find(|d| d.join(peft::CONFIG_FILE).is_file())
+}
+
 /// Whether the adapter in `folder` was trained on `base`: its config's
 /// `base_model_name_or_path`, when it is an absolute path to a folder that exists (as
 /// `rlhost train`, `rm` and `dpo` write it), must be that one. A relative path or a hub

@@ -14,11 +14,11 @@
 //! weights (no second copy of the model), or a second model with the same tokenizer on the
 //! run's device.
 
-use super::adapter_set::{AdapterSet, check_base};
+use super::adapter_set::{AdapterSet, adapter_folder, check_base};
 use super::update::{Row, UpdateConfig, token_logps};
 use crate::model::{LanguageModel, Mode, Model, Placement, peft};
 use anyhow::{Context, Result, bail};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The model that scores the student's tokens.
 pub enum Teacher {
@@ -26,7 +26,7 @@ pub enum Teacher {
     /// the run's own built-in model): a run kept close to where it started.
     Base,
     /// An adapter trained on the run's base, read in place of the run's own.
-    Adapter { folder: PathBuf, set: AdapterSet },
+    Adapter(AdapterSet),
     /// Another model with the same tokenizer, on the run's device.
     Model(Box<LanguageModel>),
 }
@@ -90,9 +90,7 @@ impl Teacher {
                 }
                 Some(r.dir)
             }
-            None => [path.join("adapter"), path.to_path_buf()]
-                .into_iter()
-                .find(|d| d.join(peft::CONFIG_FILE).is_file()),
+            None => adapter_folder(path),
         };
         if let Some(folder) = folder {
             check_base(&folder, base, "a teacher adapter")?;
@@ -109,7 +107,7 @@ impl Teacher {
                 set.snapshot(&student.model)
                     .with_context(|| format!("{}", folder.display()))?;
             }
-            return Ok(Teacher::Adapter { folder, set });
+            return Ok(Teacher::Adapter(set));
         }
         if !path.join("config.json").is_file() {
             bail!(
@@ -121,15 +119,6 @@ impl Teacher {
         let lm = LanguageModel::open(path, at)?;
         same_vocabulary(student, &lm)?;
         Ok(Teacher::Model(Box::new(lm)))
-    }
-
-    /// What a line about the run says the teacher is.
-    pub fn describe(&self) -> String {
-        match self {
-            Teacher::Base => "the base model (adapter off)".into(),
-            Teacher::Adapter { folder, .. } => format!("the adapter in {}", folder.display()),
-            Teacher::Model(lm) => format!("the model in {}", lm.dir.display()),
-        }
     }
 
     /// The teacher's own model when it has one (its tokenizer is checked against the
@@ -144,16 +133,16 @@ impl Teacher {
     /// The teacher's log-prob of each row's targets, `tokens − 1` long.
     fn logps(&self, student: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Vec<Vec<f32>>> {
         match self {
-            Teacher::Base => token_logps(student, rows, Mode::BASE, cfg),
-            Teacher::Adapter { set, .. } => {
+            Teacher::Base => token_logps(student, rows, Mode::BASE, 1.0, cfg),
+            Teacher::Adapter(set) => {
                 let snapshot = set.snapshot(student)?;
                 let mode = Mode {
                     adapter: Some(&snapshot),
                     ..Mode::INFERENCE
                 };
-                token_logps(student, rows, mode, cfg)
+                token_logps(student, rows, mode, 1.0, cfg)
             }
-            Teacher::Model(lm) => token_logps(&lm.model, rows, Mode::INFERENCE, cfg),
+            Teacher::Model(lm) => token_logps(&lm.model, rows, Mode::INFERENCE, 1.0, cfg),
         }
     }
 
@@ -295,7 +284,7 @@ mod tests {
             stale: false,
         }];
         let cfg = crate::rl::update::tests::cfg(4096);
-        let teacher_lp = token_logps(&lm.model, &rows, Mode::BASE, &cfg).unwrap();
+        let teacher_lp = token_logps(&lm.model, &rows, Mode::BASE, 1.0, &cfg).unwrap();
         let d = Teacher::Base.distill(&lm.model, &rows, &cfg, 0.5).unwrap();
         let adv = &d.per_row[0];
         assert_eq!(adv.len(), t.tokens.len() - 1);
@@ -313,13 +302,10 @@ mod tests {
         assert!((d.reverse_kl - kl / 3.0).abs() < 1e-5);
         // The fixture's adapter as a teacher reads its own pairs: not the base's log-probs.
         let set = AdapterSet::new(peft::read_pairs(&lm.model, &base.join("adapter")).unwrap());
-        let with_adapter = Teacher::Adapter {
-            folder: base.join("adapter"),
-            set,
-        };
+        let with_adapter = Teacher::Adapter(set);
         let mut loaded = LanguageModel::open(&base, &Placement::CPU).unwrap();
         peft::load_adapter(&mut loaded.model, &base.join("adapter")).unwrap();
-        let direct = token_logps(&loaded.model, &rows, Mode::INFERENCE, &cfg).unwrap();
+        let direct = token_logps(&loaded.model, &rows, Mode::INFERENCE, 1.0, &cfg).unwrap();
         let via_set = with_adapter.logps(&lm.model, &rows, &cfg).unwrap();
         for (a, b) in direct[0].iter().zip(&via_set[0]) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
@@ -334,7 +320,7 @@ mod tests {
 
     /// A copy of the fixture model whose tokenizer swaps the ids of two tokens
     /// (`sul` is 300 and `calc` 302 in the fixture's).
-    pub(crate) fn swapped_tokenizer(name: &str) -> PathBuf {
+    fn swapped_tokenizer(name: &str) -> std::path::PathBuf {
         let from = fixtures::model_dir("qwen2");
         let to = std::env::temp_dir().join(format!("rlhost-distill-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&to);

@@ -11,7 +11,7 @@
 //! (`AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)` then
 //! `PeftModel.from_pretrained`) and give the same scores.
 
-use super::adapter_set::{AdapterSet, check_base};
+use super::adapter_set::{AdapterSet, adapter_folder, check_base};
 use super::dpo::{
     PairMetrics, PairRows, PairSchedule, Pass, StepRecord, Tally, evaluate_with, optimizer,
     take_step,
@@ -295,10 +295,7 @@ impl Scorer {
         dir: &Path,
         micro_batch_tokens: usize,
     ) -> Result<Scorer> {
-        let folder = [dir.join("adapter"), dir.to_path_buf()]
-            .into_iter()
-            .find(|d| d.join(peft::CONFIG_FILE).is_file())
-            .with_context(|| {
+        let folder = adapter_folder(dir).with_context(|| {
                 format!(
                     "{} holds no reward model: neither it nor its adapter/ has {} (give the folder `rlhost rm` wrote)",
                     dir.display(),

@@ -454,13 +454,14 @@ pub fn sequence_kl(model: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Ve
     Ok(out)
 }
 
-/// Each row's log-probs of its targets under `mode` at temperature 1, without gradients,
+/// Each row's log-probs of its targets under `mode` at `temperature`, without gradients,
 /// `tokens − 1` long (target k is token k + 1), from a forward of `model` (the run's, or
-/// another with the same tokenizer): a distillation teacher's reading of the rows.
+/// another with the same tokenizer): a distillation teacher's reading of the rows at 1.
 pub fn token_logps(
     model: &Model,
     rows: &[Row],
     mode: Mode,
+    temperature: f64,
     cfg: &UpdateConfig,
 ) -> Result<Vec<Vec<f32>>> {
     let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
@@ -468,7 +469,7 @@ pub fn token_logps(
     let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
     let micros = micro_batches(rows, &arrays, &all, cfg, model.device())?;
     let refs: Vec<&Micro> = micros.iter().collect();
-    per_row_logps(model, &refs, mode, 1.0, &lens)
+    per_row_logps(model, &refs, mode, temperature, &lens)
 }
 
 /// `[B, T]` per-token KL(behavior_logps, ref_logps) of one micro-batch with
@@ -854,12 +855,7 @@ pub(crate) mod tests {
 
     /// Every row's log-probs (`tokens − 1` each) under `mode` at `temperature`.
     fn scored(m: &Model, rows: &[Row], mode: Mode, temperature: f64) -> Vec<Vec<f32>> {
-        let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
-        let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
-        let all: Vec<usize> = (0..rows.len()).collect();
-        let micros = micro_batches(rows, &arrays, &all, &cfg(1000), m.device()).unwrap();
-        let refs: Vec<&Micro> = micros.iter().collect();
-        per_row_logps(m, &refs, mode, temperature, &lens).unwrap()
+        token_logps(m, rows, mode, temperature, &cfg(1000)).unwrap()
     }
 
     fn at(lr: f64, seed: u64) -> StepInputs<'static> {
