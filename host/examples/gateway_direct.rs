@@ -34,8 +34,7 @@ impl Sink for Count {
 
 fn main() -> Result<()> {
     // As the rlhost binary sets the process up (allocator, compute threads).
-    rlhost::model::cpu::alloc::keep_freed_memory();
-    rlhost::model::cpu::threads::share_cores_quietly();
+    rlhost::model::compute::set_up_process();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: gateway_direct MODEL_DIR SESSIONS PROMPT_LEN MAX_TOKENS ROUNDS VOCAB";
     let [dir, sessions, prompt_len, max_tokens, rounds, vocab] = &args[..] else {

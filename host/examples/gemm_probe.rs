@@ -102,8 +102,7 @@ fn fma_peak() -> (f64, &'static str) {
 }
 
 fn main() -> anyhow::Result<()> {
-    rlhost::model::cpu::alloc::keep_freed_memory();
-    rlhost::model::cpu::threads::share_cores_quietly();
+    rlhost::model::compute::set_up_process();
     let (peak, width) = fma_peak();
     println!(
         "FMA peak ({width}, {} threads): {:.0} GFLOPS",

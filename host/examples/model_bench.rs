@@ -31,8 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn main() -> Result<()> {
-    rlhost::model::cpu::alloc::keep_freed_memory();
-    rlhost::model::cpu::threads::share_cores_quietly();
+    rlhost::model::compute::set_up_process();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args
         .first()

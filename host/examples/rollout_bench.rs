@@ -120,8 +120,7 @@ fn teach(lm: &mut LanguageModel) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    rlhost::model::cpu::alloc::keep_freed_memory();
-    rlhost::model::cpu::threads::share_cores_quietly();
+    rlhost::model::compute::set_up_process();
     let a = args()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

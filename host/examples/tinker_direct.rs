@@ -43,8 +43,7 @@ impl Sink for Count {
 
 fn main() -> Result<()> {
     // As the rlhost binary sets the process up (allocator, compute threads).
-    rlhost::model::cpu::alloc::keep_freed_memory();
-    rlhost::model::cpu::threads::share_cores_quietly();
+    rlhost::model::compute::set_up_process();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: tinker_direct MODEL_DIR ROWS LEN RANK ROUNDS SAMPLES SAMPLE_TOKENS";
     let [dir, rows, len, rank, rounds, samples, sample_tokens] = &args[..] else {

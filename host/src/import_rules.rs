@@ -5,6 +5,9 @@
 //! - Only `config/` reads the raw config, and `cli/` hands it over: no `crate::config`
 //!   elsewhere. Other rooms take settings `config/` builds for them (the gateway's
 //!   `gateway::train::Settings`, the OpenEnv client's `openenv::settings`).
+//! - The CPU and CUDA kernels are the model's: other rooms reach them through
+//!   `model::compute`, the compute seam, never `model::cpu` or `model::cuda` (the
+//!   benchmarks under `examples/` time the kernels themselves, and may).
 
 /// Each non-comment line of each source file under `host/src` that names `needle`,
 /// outside the rooms `allowed` (folder names, or file names at the crate root), as
@@ -54,6 +57,17 @@ fn only_config_and_cli_name_the_config() {
     assert!(
         found.is_empty(),
         "`crate::config` outside config/ and cli/ (take settings config/ builds instead):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn only_the_model_names_its_kernels() {
+    let mut found = crossings("model::cpu", &["model", "import_rules.rs"]);
+    found.extend(crossings("model::cuda", &["model", "import_rules.rs"]));
+    assert!(
+        found.is_empty(),
+        "the model's kernels named outside model/ (go through model::compute):\n{}",
         found.join("\n")
     );
 }

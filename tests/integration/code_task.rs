@@ -73,6 +73,8 @@ fn build_small_code_model(dir: &Path, tool: &str) -> PathBuf {
         kv_heads: 1,
         intermediate: 128,
         sft_examples: 384,
+        // Measured without copy drills.
+        copy_drills: 0,
         sft_epochs: 4,
         sft_batch: 16,
         // One pass and no bar: this small model's outcomes were measured without one.

@@ -93,6 +93,10 @@ pub struct Recipe {
     /// Warm-start conversations, and the share of them that use the tool.
     pub sft_examples: usize,
     pub tool_share: f64,
+    /// Copy drills added to the warm start's conversations (see [`traces::drills`]). Left
+    /// out of the cache key when 0, so that recipes without them keep their models.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub copy_drills: usize,
     pub sft_epochs: usize,
     pub sft_lr: f64,
     pub sft_batch: usize,
@@ -100,6 +104,10 @@ pub struct Recipe {
     /// further until it does, refused if it never does); `None`: one pass of `sft_epochs`,
     /// whatever it reaches (the tests' small recipes).
     pub bar: Option<Bar>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A warm start's bar, on the probe's unseen problems, greedy: the share of reference
@@ -145,6 +153,7 @@ pub const MULTIPLY: Recipe = Recipe {
     intermediate: 384,
     sft_examples: 2000,
     tool_share: 0.4,
+    copy_drills: 0,
     sft_epochs: 3,
     sft_lr: 3e-3,
     sft_batch: 32,
@@ -162,7 +171,7 @@ pub const MULTIPLY: Recipe = Recipe {
 /// learnt no copying at all, nor did a learning rate of 6e-3 by step 300.
 pub const CODE: Recipe = Recipe {
     name: "code",
-    version: 3,
+    version: 4,
     vocab_size: 512,
     hidden: 128,
     layers: 2,
@@ -171,6 +180,7 @@ pub const CODE: Recipe = Recipe {
     intermediate: 384,
     sft_examples: 16000,
     tool_share: 0.4,
+    copy_drills: 4000,
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
@@ -204,6 +214,7 @@ pub const UNITS: Recipe = Recipe {
     intermediate: 384,
     sft_examples: 16000,
     tool_share: 0.4,
+    copy_drills: 0,
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
@@ -332,7 +343,9 @@ pub fn ensure(
         task: inputs.task,
         tool,
     };
-    let traces = traces::write(&source, &samples, recipe.tool_share, seed, handle)?;
+    let mut traces = traces::write(&source, &samples, recipe.tool_share, seed, handle)?;
+    let drills = traces::drills(&traces, recipe.copy_drills, seed);
+    traces.extend(drills);
     let probe = if probe_samples.is_empty() {
         Vec::new()
     } else {
@@ -561,7 +574,7 @@ fn warm_start(
         let p = Pieces::encode(&tokenizer, t)?;
         prompt_tokens += p.prompt.len();
         let mut mask = vec![0u8; p.prompt.len()];
-        for (ids, learn) in [(&p.call, 1u8), (&p.tool, 0), (&p.after, 1)] {
+        for (ids, learn) in [(&p.call, u8::from(t.learn_call)), (&p.tool, 0), (&p.after, 1)] {
             mask.extend(std::iter::repeat_n(learn, ids.len()));
         }
         mask.push(1);

@@ -36,6 +36,9 @@ pub struct Trace {
     pub before: String,
     pub tool: Option<String>,
     pub after: String,
+    /// Whether the model's text before the tool is trained on (a copy drill's call is not:
+    /// its output was made up, see [`drills`]).
+    pub learn_call: bool,
 }
 
 /// A sample's reference solution.
@@ -164,6 +167,7 @@ pub fn write(
                 before,
                 tool: Some(tool),
                 after: reference.answer,
+                learn_call: true,
             });
         } else {
             out.push(Trace {
@@ -171,6 +175,7 @@ pub fn write(
                 before: guess(&reference.answer, &mut rng),
                 tool: None,
                 after: String::new(),
+                learn_call: true,
             });
         }
     }
@@ -309,21 +314,65 @@ async fn fire(trigger: &ToolSpec, sample: &Sample, call: &str) -> Result<Option<
     })
 }
 
-/// `answer` with each run of digits replaced by a random number of as many digits (no
-/// leading zero): a guess of the right form, wrong somewhere.
-fn guess(answer: &str, rng: &mut SplitMix64) -> String {
-    let mut out = String::with_capacity(answer.len());
-    let mut rest = answer;
+/// `n` copy drills made from `traces`' tool traces, in turn: each is the trace with every
+/// number in the tool's output replaced by a random one of 1 to [`DRILL_DIGITS`] digits, and
+/// the same number in the answer by the same; only the answer is trained on. The task's
+/// own outputs are mostly short (a 2-layer model learns to copy those by their position
+/// after the output's tag), and copying a number of any length is what the answer needs:
+/// these drills ask for it alone, at every length. Empty when no trace calls the tool.
+pub fn drills(traces: &[Trace], n: usize, seed: u64) -> Vec<Trace> {
+    let tools: Vec<&Trace> = traces.iter().filter(|t| t.tool.is_some()).collect();
+    if tools.is_empty() {
+        return Vec::new();
+    }
+    let mut rng = SplitMix64::from_state(seed ^ 0x6472_696c_6c73);
+    (0..n)
+        .map(|i| {
+            let t = tools[i % tools.len()];
+            let mut swap = BTreeMap::new();
+            let tool = map_numbers(t.tool.as_deref().unwrap_or(""), |run| {
+                let len = 1 + (rng.next_u64() % DRILL_DIGITS as u64) as usize;
+                swap.entry(run.to_string())
+                    .or_insert_with(|| random_digits(len, &mut rng))
+                    .clone()
+            });
+            let after = map_numbers(&t.after, |run| {
+                swap.get(run).cloned().unwrap_or_else(|| run.to_string())
+            });
+            Trace {
+                prompt: t.prompt.clone(),
+                before: t.before.clone(),
+                tool: Some(tool),
+                after,
+                learn_call: false,
+            }
+        })
+        .collect()
+}
+
+/// The longest number a copy drill asks for.
+pub const DRILL_DIGITS: usize = 12;
+
+/// `text` with each run of ASCII digits replaced by `with(run)`.
+fn map_numbers(text: &str, mut with: impl FnMut(&str) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
     while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
         out.push_str(&rest[..start]);
         let len = rest[start..]
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(rest.len() - start);
-        out.push_str(&random_digits(len, rng));
+        out.push_str(&with(&rest[start..start + len]));
         rest = &rest[start + len..];
     }
     out.push_str(rest);
     out
+}
+
+/// `answer` with each run of digits replaced by a random number of as many digits (no
+/// leading zero): a guess of the right form, wrong somewhere.
+fn guess(answer: &str, rng: &mut SplitMix64) -> String {
+    map_numbers(answer, |run| random_digits(run.len(), rng))
 }
 
 fn random_digits(len: usize, rng: &mut SplitMix64) -> String {
@@ -361,6 +410,38 @@ mod tests {
         assert_eq!((parts[0], parts[2], parts[4]), ("a", "b", "c"));
         assert_eq!((parts[1].len(), parts[3].len()), (1, 22));
         assert_eq!(guess("no digits", &mut rng), "no digits");
+    }
+
+    #[test]
+    fn drills_swap_the_outputs_numbers_in_the_answer_and_train_only_the_answer() {
+        let trace = |tool: Option<&str>, after: &str| Trace {
+            prompt: "<|im_start|>user\nWhat is 12 * 34?<|im_end|>\n".into(),
+            before: "<calc>12*34</calc>".into(),
+            tool: tool.map(str::to_string),
+            after: after.into(),
+            learn_call: true,
+        };
+        let traces = [
+            trace(None, "<answer>99</answer>"),
+            trace(Some("\n<output>\n408\n</output>\n"), "<answer>408</answer> (408)"),
+        ];
+        let drills = drills(&traces, 200, 1);
+        assert_eq!(drills.len(), 200);
+        let mut lengths = std::collections::BTreeSet::new();
+        for d in &drills {
+            assert!(!d.learn_call);
+            assert_eq!((&d.prompt, &d.before), (&traces[1].prompt, &traces[1].before));
+            let tool = d.tool.as_deref().unwrap();
+            let n = tool
+                .strip_prefix("\n<output>\n")
+                .and_then(|t| t.strip_suffix("\n</output>\n"))
+                .unwrap();
+            assert!(n.bytes().all(|b| b.is_ascii_digit()), "{tool}");
+            assert_eq!(d.after, format!("<answer>{n}</answer> ({n})"));
+            lengths.insert(n.len());
+        }
+        assert_eq!(lengths, (1..=DRILL_DIGITS).collect());
+        assert!(super::drills(&traces[..1], 5, 1).is_empty());
     }
 
     #[test]

@@ -90,8 +90,7 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(cli.quiet);
-    crate::model::cpu::alloc::keep_freed_memory();
-    crate::model::cpu::threads::share_cores_quietly();
+    crate::model::compute::set_up_process();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

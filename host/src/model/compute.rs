@@ -27,7 +27,19 @@ use rand::RngExt;
 use rand::rngs::StdRng;
 use std::sync::Mutex;
 
-pub use super::cpu::{applies as cpu_kernels, composed};
+pub use super::cpu::{applies as cpu_kernels, composed, composed_forced};
+/// The fused AdamW update for an f32 parameter on a CUDA device (the optimizer's one
+/// kernel outside the model).
+#[cfg(feature = "cuda")]
+pub use super::cuda::adamw;
+
+/// What the process sets up once, before any model: freed memory kept for reuse, and the
+/// CPU kernels' threads sharing the cores without spinning (see [`super::cpu::alloc`] and
+/// [`super::cpu::threads`]).
+pub fn set_up_process() {
+    super::cpu::alloc::keep_freed_memory();
+    super::cpu::threads::share_cores_quietly();
+}
 
 /// The additive mask's value for a score a query may not see (the decoder's batch masks,
 /// the pooled decode's): large and negative instead of -inf, so that a row with every key

@@ -35,7 +35,7 @@ impl Default for AdamWConfig {
 /// p ← p − lr · (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε).
 ///
 /// An f32 parameter on a CUDA device takes the fused in-place update
-/// ([`crate::model::cuda::adamw`]: two launches, no buffers) with its moments kept
+/// ([`crate::model::compute::adamw`]: two launches, no buffers) with its moments kept
 /// interleaved; checkpoints see the same `exp_avg`/`exp_avg_sq` tensors either way.
 pub struct AdamW {
     params: Vec<(String, Var)>,
@@ -87,7 +87,7 @@ fn fused(p: &Tensor) -> bool {
     p.device().is_cuda()
         && p.dtype() == candle_core::DType::F32
         && p.is_contiguous()
-        && !crate::model::cpu::composed_forced()
+        && !crate::model::compute::composed_forced()
 }
 
 impl AdamW {
@@ -123,11 +123,11 @@ impl AdamW {
                     p.set(&(decayed - (step * lr)?)?)?;
                 }
                 #[cfg(feature = "cuda")]
-                Moments::Interleaved(mv) => crate::model::cuda::adamw::update(
+                Moments::Interleaved(mv) => crate::model::compute::adamw::update(
                     p.as_tensor(),
                     mv,
                     g,
-                    crate::model::cuda::adamw::Step {
+                    crate::model::compute::adamw::Step {
                         lr: lr as f32,
                         decay: (1.0 - lr * c.weight_decay) as f32,
                         beta1: c.beta1 as f32,
