@@ -5,6 +5,9 @@
 //! - Only `config/` reads the raw config, and `cli/` hands it over: no `crate::config`
 //!   elsewhere. Other rooms take settings `config/` builds for them (the gateway's
 //!   `gateway::train::Settings`, the OpenEnv client's `openenv::settings`).
+//! - `openenv/` is the protocol and `rlhost env serve`; the rollout side of it (episodes
+//!   against a server) lives in `rollout/`, which reads the protocol's types: `openenv/`
+//!   names nothing of `rollout/`.
 //! - The CPU and CUDA kernels are the model's: other rooms reach them through
 //!   `model::compute`, the compute seam, never `model::cpu` or `model::cuda` (the
 //!   benchmarks under `examples/` time the kernels themselves, and may).
@@ -13,6 +16,16 @@
 /// outside the rooms `allowed` (folder names, or file names at the crate root), as
 /// `path:line: text`.
 fn crossings(needle: &str, allowed: &[&str]) -> Vec<String> {
+    scan(needle, &|room| !allowed.contains(&room))
+}
+
+/// Each non-comment line of a source file in `room` that names `needle`.
+fn within(room: &str, needle: &str) -> Vec<String> {
+    scan(needle, &|r| r == room)
+}
+
+/// Each non-comment line naming `needle` in the files of the rooms `checked` picks.
+fn scan(needle: &str, checked: &dyn Fn(&str) -> bool) -> Vec<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut out = Vec::new();
     let mut stack = vec![root.clone()];
@@ -32,7 +45,7 @@ fn crossings(needle: &str, allowed: &[&str]) -> Vec<String> {
                 .next()
                 .and_then(|c| c.as_os_str().to_str())
                 .unwrap_or_default();
-            if allowed.contains(&room) {
+            if !checked(room) {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("a source file is text");
@@ -72,6 +85,16 @@ fn only_the_model_names_its_kernels() {
     );
 }
 
+#[test]
+fn openenv_names_nothing_of_the_rollouts() {
+    let found = within("openenv", "crate::rollout");
+    assert!(
+        found.is_empty(),
+        "openenv/ imports from rollout/ (the rollout side of OpenEnv is rollout/openenv.rs):\n{}",
+        found.join("\n")
+    );
+}
+
 /// The scan sees what it is meant to: a room that does name the needle is found.
 #[test]
 fn the_scan_finds_what_is_there() {
@@ -82,4 +105,5 @@ fn the_scan_finds_what_is_there() {
             .any(|l| l.starts_with("config/") || l.starts_with("cli/")),
         "{found:?}"
     );
+    assert!(!within("rollout", "crate::openenv").is_empty());
 }

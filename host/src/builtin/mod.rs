@@ -574,7 +574,11 @@ fn warm_start(
         let p = Pieces::encode(&tokenizer, t)?;
         prompt_tokens += p.prompt.len();
         let mut mask = vec![0u8; p.prompt.len()];
-        for (ids, learn) in [(&p.call, u8::from(t.learn_call)), (&p.tool, 0), (&p.after, 1)] {
+        for (ids, learn) in [
+            (&p.call, u8::from(t.learn_call)),
+            (&p.tool, 0),
+            (&p.after, 1),
+        ] {
             mask.extend(std::iter::repeat_n(learn, ids.len()));
         }
         mask.push(1);

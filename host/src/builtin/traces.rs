@@ -423,14 +423,20 @@ mod tests {
         };
         let traces = [
             trace(None, "<answer>99</answer>"),
-            trace(Some("\n<output>\n408\n</output>\n"), "<answer>408</answer> (408)"),
+            trace(
+                Some("\n<output>\n408\n</output>\n"),
+                "<answer>408</answer> (408)",
+            ),
         ];
         let drills = drills(&traces, 200, 1);
         assert_eq!(drills.len(), 200);
         let mut lengths = std::collections::BTreeSet::new();
         for d in &drills {
             assert!(!d.learn_call);
-            assert_eq!((&d.prompt, &d.before), (&traces[1].prompt, &traces[1].before));
+            assert_eq!(
+                (&d.prompt, &d.before),
+                (&traces[1].prompt, &traces[1].before)
+            );
             let tool = d.tool.as_deref().unwrap();
             let n = tool
                 .strip_prefix("\n<output>\n")

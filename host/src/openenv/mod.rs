@@ -2,13 +2,12 @@
 //! plugins served under its API, so that OpenEnv's clients, TRL's `environment_factory`
 //! and anything else that speaks it can use a sandboxed plugin as an environment.
 //!
-//! And the other way: [`client`] trains against any OpenEnv server (`[rollout.openenv]`,
+//! And the other way: [`crate::rollout::openenv`] trains against any OpenEnv server (`[rollout.openenv]`,
 //! its URL read by [`endpoint`]).
 //!
 //! [`wire`] holds the protocol's messages, [`episode`] one episode over a plugin (the
 //! action mapping), [`server`] the HTTP and WebSocket routes. `rlhost env serve` runs it.
 
-pub mod client;
 pub mod endpoint;
 pub mod episode;
 pub mod server;

@@ -2,6 +2,8 @@
 //!
 //! - [`engine`]: group sampling with trigger sessions and environment episodes in the
 //!   loop, plugin calls on a worker pool, token-in/token-out.
+//! - [`openenv`]: episodes against an OpenEnv server (`[rollout.openenv]`), its
+//!   protocol's messages and settings read from [`crate::openenv`].
 //! - [`tools`]: native function calling: the run's `tools` plugins, their functions in
 //!   the prompt, one turn's calls run and answered as `tool` messages.
 //! - [`turns`]: continuing a conversation with the chat template, turn by turn.
@@ -17,6 +19,7 @@
 pub mod asks;
 pub mod engine;
 pub mod eval;
+pub mod openenv;
 pub mod queue;
 pub mod render;
 pub mod reward;

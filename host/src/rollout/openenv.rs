@@ -26,12 +26,12 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage, protocol::WebSocketConfig};
 
-use super::endpoint::Endpoint;
-use super::settings::{ActionKind, OpenEnvSection, PromptFrom};
+use super::tool_calls::{CallError, CallFormat};
+use super::tools::Written;
+use crate::openenv::endpoint::Endpoint;
+use crate::openenv::settings::{ActionKind, OpenEnvSection, PromptFrom};
 use crate::plugin::net::HttpGrants;
 use crate::plugin::{Fault, FaultKind, FunctionSpec, StepResult};
-use crate::rollout::tool_calls::{CallError, CallFormat};
-use crate::rollout::tools::Written;
 use crate::sample::Message;
 
 /// The server, checked, with the mapping the run uses; shared by every episode.
@@ -55,7 +55,7 @@ pub struct Remote {
 }
 
 /// What `reset` and `step` answer: the server side's type, read back here.
-pub use super::wire::Observed;
+pub use crate::openenv::wire::Observed;
 
 impl Remote {
     /// Checks `section` against the run's grant and the server: it answers `/health`, its
@@ -609,10 +609,11 @@ impl RemoteEpisode {
         let (mut messages, mut reward, mut done) = (Vec::new(), None, false);
         let mut kinds = Vec::with_capacity(calls.len());
         for w in calls {
-            let checked =
-                w.call.as_ref().map_err(|m| m.error.clone()).and_then(|c| {
-                    crate::rollout::tool_calls::check(c, &remote.functions).map(|()| c)
-                });
+            let checked = w
+                .call
+                .as_ref()
+                .map_err(|m| m.error.clone())
+                .and_then(|c| super::tool_calls::check(c, &remote.functions).map(|()| c));
             let text = match checked {
                 Err(e) => {
                     kinds.push(e.kind());
