@@ -1355,28 +1355,13 @@ impl<'a> Engine<'a> {
             l.state = State::Done(StopReason::EndOfTurn);
             return Ok(());
         }
-        let written: Vec<Written> = turn
-            .calls
-            .into_iter()
-            .enumerate()
-            .map(|(k, call)| Written {
-                id: format!("call_{}_{k}", l.turns),
-                call,
-            })
-            .collect();
-        l.messages
-            .push(tools::assistant_message(turn.content, &written));
-        let lim = &self.settings.limits;
-        if l.tool_calls as usize + written.len() > lim.max_tool_calls as usize {
-            l.state = State::Done(StopReason::MaxToolCalls);
+        let Some(written) = self.record_calls(l, turn) else {
             return Ok(());
-        }
-        if l.turns >= lim.max_turns {
-            l.state = State::Done(StopReason::MaxTurns);
-            return Ok(());
-        }
-        let Some(mut episode) = l.episode.take() else {
-            // Its session did not open (the fault is on record): nothing to answer.
+        };
+        // An OpenEnv run's episodes are the server's (a plugin environment is refused
+        // beside `[rollout.openenv]`); none when its session did not open (the fault is on
+        // record): nothing to answer.
+        let Some(Episode::Remote(mut episode)) = l.episode.take() else {
             l.state = State::Done(StopReason::EndOfTurn);
             return Ok(());
         };
@@ -1384,11 +1369,8 @@ impl<'a> Engine<'a> {
         l.state = State::Waiting;
         self.handle.spawn(async move {
             let c0 = Instant::now();
-            let r = match &mut episode {
-                Episode::Remote(e) => e.step_calls(&written).await,
-                Episode::Plugin(_) => unreachable!("an OpenEnv run has no plugin environment"),
-            };
-            let _ = tx.send(Event::Stepped(t, episode, r, c0.elapsed()));
+            let r = episode.step_calls(&written).await;
+            let _ = tx.send(Event::Stepped(t, Episode::Remote(episode), r, c0.elapsed()));
         });
         Ok(())
     }
@@ -1402,26 +1384,9 @@ impl<'a> Engine<'a> {
         toolbox: &std::sync::Arc<Toolbox>,
         turn: super::tool_calls::Turn,
     ) -> Result<()> {
-        let written: Vec<Written> = turn
-            .calls
-            .into_iter()
-            .enumerate()
-            .map(|(k, call)| Written {
-                id: format!("call_{}_{k}", l.turns),
-                call,
-            })
-            .collect();
-        l.messages
-            .push(tools::assistant_message(turn.content, &written));
-        let lim = &self.settings.limits;
-        if l.tool_calls as usize + written.len() > lim.max_tool_calls as usize {
-            l.state = State::Done(StopReason::MaxToolCalls);
+        let Some(written) = self.record_calls(l, turn) else {
             return Ok(());
-        }
-        if l.turns >= lim.max_turns {
-            l.state = State::Done(StopReason::MaxTurns);
-            return Ok(());
-        }
+        };
         let sessions = std::mem::take(&mut l.tools);
         let (t, tx) = (self.index_of(l), tx.clone());
         let toolbox = toolbox.clone();
@@ -1438,6 +1403,33 @@ impl<'a> Engine<'a> {
             let _ = tx.send(Event::Called(t, sessions, answers, faults, c0.elapsed()));
         });
         Ok(())
+    }
+
+    /// The calls of a turn that wrote some, numbered and recorded as the assistant's
+    /// message; `None` when they pass `max_tool_calls` or the turn is the last
+    /// `max_turns` allows (the trajectory ends there, the calls unanswered).
+    fn record_calls(&self, l: &mut Live, turn: super::tool_calls::Turn) -> Option<Vec<Written>> {
+        let written: Vec<Written> = turn
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(k, call)| Written {
+                id: format!("call_{}_{k}", l.turns),
+                call,
+            })
+            .collect();
+        l.messages
+            .push(tools::assistant_message(turn.content, &written));
+        let lim = &self.settings.limits;
+        if l.tool_calls as usize + written.len() > lim.max_tool_calls as usize {
+            l.state = State::Done(StopReason::MaxToolCalls);
+            return None;
+        }
+        if l.turns >= lim.max_turns {
+            l.state = State::Done(StopReason::MaxTurns);
+            return None;
+        }
+        Some(written)
     }
 
     /// Appends `new` messages after the conversation so far, rendered by the chat template
