@@ -19,7 +19,7 @@ use rlhost::model::{LanguageModel, Mode, Placement};
 use rlhost::rl::optim::AdamWConfig;
 use rlhost::tinker::adapter::{Adapter, attach_host, lora_config};
 use rlhost::tinker::losses::Loss;
-use rlhost::tinker::worker::{Row, forward_backward};
+use rlhost::tinker::worker::{CheckedDatum, forward_backward};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,10 +69,10 @@ fn main() -> Result<()> {
     let vocab = lm.tokenizer.vocab_size() as u32;
     // The bench's workload: fixed pseudo-random ids (the timings do not depend on them).
     let id = |i: usize| ((i as u64 * 2_654_435_761) % vocab as u64) as u32;
-    let data: Vec<Row> = (0..rows)
+    let data: Vec<CheckedDatum> = (0..rows)
         .map(|r| {
             let seq: Vec<u32> = (0..=len).map(|t| id(r * 7919 + t)).collect();
-            Row {
+            CheckedDatum {
                 tokens: seq[..len].to_vec(),
                 targets: seq[1..].to_vec(),
                 inputs: HashMap::from([("weights".to_string(), vec![1.0; len])]),

@@ -14,7 +14,7 @@
 
 /// One row of a session: a trajectory grown call by call.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
-pub struct Row {
+pub struct SessionRow {
     /// Prompt, then completions and inserted turns, exactly as the model saw them.
     pub tokens: Vec<u32>,
     /// The first call's prompt length: the row's prompt.
@@ -26,7 +26,7 @@ pub struct Row {
     pub versions: Vec<u64>,
 }
 
-impl Row {
+impl SessionRow {
     /// Tokens sampled by the model in this row.
     pub fn sampled(&self) -> usize {
         self.logps.iter().filter(|l| l.is_some()).count()
@@ -65,7 +65,7 @@ struct Choice {
 /// A session's rows and the drifts between them.
 #[derive(Debug, Clone, Default)]
 pub struct Session {
-    pub rows: Vec<Row>,
+    pub rows: Vec<SessionRow>,
     pub drifts: Vec<Drift>,
     /// A call begun and not yet finished (its prompt placed, its choices not all sampled).
     open: bool,
@@ -90,7 +90,7 @@ impl Session {
         self.settle(Some(prompt));
         let placed = match self.rows.last_mut() {
             None => {
-                self.rows.push(Row::fresh(prompt));
+                self.rows.push(SessionRow::fresh(prompt));
                 Placed::First
             }
             Some(row) if prompt.len() >= row.tokens.len() && prompt.starts_with(&row.tokens) => {
@@ -113,7 +113,7 @@ impl Session {
                     at,
                 };
                 self.drifts.push(drift);
-                self.rows.push(Row::fresh(prompt));
+                self.rows.push(SessionRow::fresh(prompt));
                 Placed::Drifted(drift)
             }
         };
@@ -172,13 +172,13 @@ impl Session {
     }
 
     /// The rows as they train: the last call's pending choice taken (choice 0).
-    pub fn settled(mut self) -> (Vec<Row>, Vec<Drift>) {
+    pub fn settled(mut self) -> (Vec<SessionRow>, Vec<Drift>) {
         self.settle(None);
         (self.rows, self.drifts)
     }
 
     /// [`Session::settled`] without giving the session up (for a view of it).
-    pub fn settled_rows(&self) -> Vec<Row> {
+    pub fn settled_rows(&self) -> Vec<SessionRow> {
         self.clone().settled().0
     }
 
@@ -195,12 +195,12 @@ impl Session {
     }
 }
 
-impl Row {
-    fn fresh(prompt: &[u32]) -> Row {
-        Row {
+impl SessionRow {
+    fn fresh(prompt: &[u32]) -> SessionRow {
+        SessionRow {
             tokens: prompt.to_vec(),
             prompt_len: prompt.len(),
-            ..Row::default()
+            ..SessionRow::default()
         }
     }
 }

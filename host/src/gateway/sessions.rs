@@ -54,7 +54,7 @@ pub struct Open {
 pub struct Finished {
     pub session: String,
     pub task: Task,
-    pub rows: Vec<record::Row>,
+    pub rows: Vec<record::SessionRow>,
     pub drifts: Vec<record::Drift>,
     pub reward: Option<Reward>,
     pub transcript: Vec<Message>,

@@ -421,7 +421,7 @@ impl Link {
 }
 
 /// A sampled log-prob of `row` that is not a finite number, if any.
-fn non_finite(row: &super::record::Row) -> Option<f32> {
+fn non_finite(row: &super::record::SessionRow) -> Option<f32> {
     row.logps.iter().flatten().copied().find(|l| !l.is_finite())
 }
 
@@ -431,7 +431,7 @@ fn non_finite(row: &super::record::Row) -> Option<f32> {
 fn trajectory(
     renderer: &Renderer,
     s: &Finished,
-    row: &super::record::Row,
+    row: &super::record::SessionRow,
     sample_id: u64,
 ) -> (Trajectory, Option<super::sessions::Reward>) {
     let tok = &renderer.tokenizer;
@@ -483,7 +483,7 @@ mod tests {
     /// inserted tokens' `None` is no such log-prob.
     #[test]
     fn a_non_finite_log_prob_is_found() {
-        let row = |logps: Vec<Option<f32>>| super::super::record::Row {
+        let row = |logps: Vec<Option<f32>>| super::super::record::SessionRow {
             tokens: vec![1; 2 + logps.len()],
             prompt_len: 2,
             logps,

@@ -23,18 +23,18 @@ use std::time::{Duration, Instant};
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
 #[serde(rename_all = "lowercase")]
-pub enum Weights {
+pub enum Answerer {
     /// The adapter being trained, at the version the trajectory samples with.
     Policy,
     /// The base model, adapters off.
     Base,
 }
 
-impl Weights {
+impl Answerer {
     pub fn name(self) -> &'static str {
         match self {
-            Weights::Policy => "policy",
-            Weights::Base => "base",
+            Answerer::Policy => "policy",
+            Answerer::Base => "base",
         }
     }
 }
@@ -90,7 +90,7 @@ pub struct GenerateGrant {
     pub temperature_max: f32,
     /// Which weights may answer: `"base"` (a judge that must not drift with the policy)
     /// and/or `"policy"`.
-    pub weights: Vec<Weights>,
+    pub weights: Vec<Answerer>,
     /// Milliseconds one plugin call may spend waiting for the model on top of its
     /// `timeout_ms` (which then counts the plugin's own time only): the engine answers
     /// between its decode steps, so a busy batch makes a call wait.
@@ -105,7 +105,7 @@ impl Default for GenerateGrant {
             max_new_tokens: 256,
             max_prompt_tokens: 2048,
             temperature_max: 1.0,
-            weights: vec![Weights::Base],
+            weights: vec![Answerer::Base],
             max_wait_ms: 60_000,
         }
     }
@@ -167,7 +167,7 @@ pub struct GenerateRequest {
     pub temperature: f32,
     pub top_p: f32,
     pub stop: Vec<String>,
-    pub weights: Weights,
+    pub weights: Answerer,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -589,7 +589,7 @@ pub fn message_alone(text: &str) -> String {
 mod tests {
     use super::*;
 
-    fn request(weights: Weights, temperature: f32, max_new_tokens: u32) -> GenerateRequest {
+    fn request(weights: Answerer, temperature: f32, max_new_tokens: u32) -> GenerateRequest {
         GenerateRequest {
             prompt: Prompt::TokenIds(vec![1, 2, 3]),
             max_new_tokens,
@@ -642,26 +642,26 @@ mod tests {
         let m = access(Some(grant.clone()), Some(echo_link(1)));
         run(async {
             let e = m
-                .generate("p@1", request(Weights::Policy, 0.0, 4))
+                .generate("p@1", request(Answerer::Policy, 0.0, 4))
                 .await
                 .unwrap_err();
             assert!(e.contains("policy weights are not granted"), "{e}");
             let e = m
-                .generate("p@1", request(Weights::Base, 0.9, 4))
+                .generate("p@1", request(Answerer::Base, 0.9, 4))
                 .await
                 .unwrap_err();
             assert!(e.contains("over the grant's 0.5"), "{e}");
             // Within: the length is capped at the grant's.
             let ok = m
-                .generate("p@1", request(Weights::Base, 0.0, 100))
+                .generate("p@1", request(Answerer::Base, 0.0, 100))
                 .await
                 .unwrap();
             assert_eq!(ok.token_ids.len(), 8);
-            m.generate("p@1", request(Weights::Base, 0.5, 4))
+            m.generate("p@1", request(Answerer::Base, 0.5, 4))
                 .await
                 .unwrap();
             let e = m
-                .generate("p@1", request(Weights::Base, 0.0, 4))
+                .generate("p@1", request(Answerer::Base, 0.0, 4))
                 .await
                 .unwrap_err();
             // The two refused calls counted towards the four too.
@@ -685,12 +685,12 @@ mod tests {
         // No grant, and a grant with no engine.
         run(async {
             let e = access(None, Some(echo_link(1)))
-                .generate("p@1", request(Weights::Base, 0.0, 4))
+                .generate("p@1", request(Answerer::Base, 0.0, 4))
                 .await
                 .unwrap_err();
             assert!(e.contains("not granted"), "{e}");
             let e = access(Some(grant), None)
-                .generate("p@1", request(Weights::Base, 0.0, 4))
+                .generate("p@1", request(Answerer::Base, 0.0, 4))
                 .await
                 .unwrap_err();
             assert!(e.contains("no model answers here"), "{e}");
@@ -727,7 +727,7 @@ mod tests {
         let m = access(Some(grant), Some(link));
         let messages = |bytes: usize| GenerateRequest {
             prompt: Prompt::Messages(vec![crate::sample::Message::new("user", "x".repeat(bytes))]),
-            ..request(Weights::Base, 0.0, 4)
+            ..request(Answerer::Base, 0.0, 4)
         };
         run(async {
             let e = m.generate("p@1", messages(1 << 20)).await.unwrap_err();
@@ -737,7 +737,7 @@ mod tests {
                     "p@1",
                     GenerateRequest {
                         prompt: Prompt::TokenIds(vec![1; 1025]),
-                        ..request(Weights::Base, 0.0, 4)
+                        ..request(Answerer::Base, 0.0, 4)
                     },
                 )
                 .await
@@ -771,7 +771,7 @@ mod tests {
             Ok(())
         });
         let m = access(Some(GenerateGrant::default()), Some(link));
-        let e = run(m.generate("p@1", request(Weights::Base, 0.0, 4))).unwrap_err();
+        let e = run(m.generate("p@1", request(Answerer::Base, 0.0, 4))).unwrap_err();
         assert_eq!(
             e,
             "the model failed: decoding: index-select invalid index 9"
@@ -786,7 +786,7 @@ mod tests {
                 let mut out = Vec::new();
                 for _ in 0..3 {
                     out.push(
-                        m.generate("p@1", request(Weights::Base, 0.0, 1))
+                        m.generate("p@1", request(Answerer::Base, 0.0, 1))
                             .await
                             .unwrap()
                             .text,

@@ -11,7 +11,7 @@ use crate::model::generate::{self, Finish};
 use crate::model::sample::SamplingParams;
 use crate::model::sampler::{Request, Sampler, Sampling, Sink, Token};
 use crate::model::tokenizer::Tokenizer;
-use crate::plugin::model::{Completion, GenerateCall, Prompt, Weights};
+use crate::plugin::model::{Answerer, Completion, GenerateCall, Prompt};
 use crate::sample::Sample;
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
@@ -159,7 +159,7 @@ pub fn ask<'t>(
     let request = Request {
         index: index as usize,
         first_choice: ASK_STREAM,
-        base: r.weights == Weights::Base,
+        base: r.weights == Answerer::Base,
         ..Request::new(ids, 1, params)
     };
     Some((request, sink))

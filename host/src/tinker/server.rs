@@ -10,7 +10,7 @@ use super::gate::Gate;
 use super::losses::Loss;
 use super::proto::{self, chunk, tensor};
 use super::wire;
-use super::worker::{Row, SampleJob, Weights, Work};
+use super::worker::{CheckedDatum, SampleJob, SamplerWeights, Work};
 use crate::model::sample::SamplingParams;
 use axum::Router;
 use axum::body::Bytes;
@@ -84,7 +84,7 @@ struct ModelInfo {
 }
 
 struct SamplerInfo {
-    weights: Weights,
+    weights: SamplerWeights,
     model_path: Option<String>,
 }
 
@@ -652,7 +652,11 @@ fn loss_of(req: &proto::ForwardBackwardRequest) -> Result<Loss, String> {
 /// The datums of `req`, checked against the loss and the model: text chunks only, ids in
 /// the vocabulary, every input the loss reads present with one value per token, nothing
 /// it does not read.
-fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<Vec<Row>, String> {
+fn rows(
+    req: &proto::ForwardBackwardRequest,
+    loss: Loss,
+    base: &Base,
+) -> Result<Vec<CheckedDatum>, String> {
     if req.data.is_empty() {
         return Err("forward_backward with no datums".into());
     }
@@ -726,7 +730,7 @@ fn rows(req: &proto::ForwardBackwardRequest, loss: Loss, base: &Base) -> Result<
                 inputs.insert(key.to_string(), values.iter().map(|v| *v as f32).collect());
             }
         }
-        out.push(Row {
+        out.push(CheckedDatum {
             tokens,
             targets,
             inputs,
@@ -930,7 +934,7 @@ async fn save(t: Arc<Tinker>, body: Bytes, for_sampler: bool) -> Response {
             t.books.lock().expect("books lock").samplers.insert(
                 sampler.clone(),
                 SamplerInfo {
-                    weights: Weights::Saved {
+                    weights: SamplerWeights::Saved {
                         key: key.clone(),
                         dir: None,
                     },
@@ -1066,7 +1070,7 @@ async fn create_sampling_session(State(t): State<Arc<Tinker>>, body: Bytes) -> R
                 Ok(d) => d,
                 Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("model_path: {e}")),
             };
-            Weights::Saved {
+            SamplerWeights::Saved {
                 key: path.clone(),
                 dir: Some(dir),
             }
@@ -1075,7 +1079,7 @@ async fn create_sampling_session(State(t): State<Arc<Tinker>>, body: Bytes) -> R
             if let Err(r) = check_base(&t, base) {
                 return *r;
             }
-            Weights::Base
+            SamplerWeights::Base
         }
         (None, None) => {
             return refuse(
@@ -1125,14 +1129,14 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             }
         },
         (None, Some(path), _) => match t.checkpoint_dir(path) {
-            Ok(dir) => Weights::Saved {
+            Ok(dir) => SamplerWeights::Saved {
                 key: path.clone(),
                 dir: Some(dir),
             },
             Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("model_path: {e}")),
         },
         (None, None, Some(base)) => match check_base(&t, base) {
-            Ok(()) => Weights::Base,
+            Ok(()) => SamplerWeights::Base,
             Err(r) => return *r,
         },
         (None, None, None) => {
@@ -1190,7 +1194,7 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 fn sample_job(
     req: &wire::Sample,
     request: &str,
-    weights: Weights,
+    weights: SamplerWeights,
     base: &Base,
 ) -> Result<SampleJob, String> {
     if req.prompt_alt_tokens_k > MAX_SAMPLES {
@@ -1471,7 +1475,7 @@ mod tests {
     }
 
     fn job(extra: Value) -> Result<SampleJob, String> {
-        sample_job(&sample(extra), "req-x", Weights::Base, &base())
+        sample_job(&sample(extra), "req-x", SamplerWeights::Base, &base())
     }
 
     /// Issue 68, points 1 and 4: sizes the client picks are refused before the model's

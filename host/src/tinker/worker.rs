@@ -30,7 +30,7 @@ use std::time::Duration;
 /// One datum of a forward/backward, checked: `tokens` and `targets` of equal length, and
 /// each loss input with one value per token.
 #[derive(Debug, Clone)]
-pub struct Row {
+pub struct CheckedDatum {
     pub tokens: Vec<u32>,
     pub targets: Vec<u32>,
     pub inputs: HashMap<String, Vec<f32>>,
@@ -38,7 +38,7 @@ pub struct Row {
 
 /// Which weights a sampler reads.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Weights {
+pub enum SamplerWeights {
     /// The base model, no adapter.
     Base,
     /// Sampler weights by key: a `tinker://` path (read from `dir` when not in memory), or
@@ -50,7 +50,7 @@ pub enum Weights {
 #[derive(Debug, Clone)]
 pub struct SampleJob {
     pub request: String,
-    pub weights: Weights,
+    pub weights: SamplerWeights,
     pub prompt: Vec<u32>,
     pub n: usize,
     pub params: SamplingParams,
@@ -81,7 +81,7 @@ pub enum Work {
     ForwardBackward {
         request: String,
         model_id: String,
-        rows: Vec<Row>,
+        rows: Vec<CheckedDatum>,
         loss: Loss,
         forward_only: bool,
     },
@@ -400,9 +400,9 @@ fn failure(e: &anyhow::Error) -> Outcome {
 fn weights(
     saved: &mut Snapshots,
     lm: &LanguageModel,
-    w: &Weights,
+    w: &SamplerWeights,
 ) -> Result<Option<Arc<AdapterSnapshot>>> {
-    let Weights::Saved { key, dir } = w else {
+    let SamplerWeights::Saved { key, dir } = w else {
         return Ok(None);
     };
     if let Some(s) = saved.get(key) {
@@ -584,7 +584,7 @@ impl Collect {
 pub fn forward_backward(
     lm: &LanguageModel,
     adapter: &mut Adapter,
-    rows: &[Row],
+    rows: &[CheckedDatum],
     loss: Loss,
     forward_only: bool,
 ) -> Result<proto::ForwardBackwardOutput> {
@@ -677,7 +677,7 @@ pub const HEAD_LOGITS: usize = 1 << 25;
 /// `[L, T]` ids, sequence ids (the attention mask), positions and targets of `rows` as
 /// `layout` packs them ([`packing`]).
 fn packed(
-    rows: &[Row],
+    rows: &[CheckedDatum],
     layout: &Layout,
     device: &Device,
 ) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
@@ -695,8 +695,8 @@ fn packed(
 mod tests {
     use super::*;
 
-    fn row(n: usize, first: u32) -> Row {
-        Row {
+    fn row(n: usize, first: u32) -> CheckedDatum {
+        CheckedDatum {
             tokens: (first..first + n as u32).collect(),
             targets: (first + 1..first + 1 + n as u32).collect(),
             inputs: HashMap::new(),
@@ -707,7 +707,7 @@ mod tests {
     /// datums' sequence ids keeping them apart.
     #[test]
     fn datums_pack_into_lanes() {
-        let rows: Vec<Row> = [(3, 10), (3, 20), (10, 30), (2, 40)]
+        let rows: Vec<CheckedDatum> = [(3, 10), (3, 20), (10, 30), (2, 40)]
             .iter()
             .map(|&(n, first)| row(n, first))
             .collect();

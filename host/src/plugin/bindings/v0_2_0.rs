@@ -105,8 +105,8 @@ impl From<model::GenerateRequest> for host_model::GenerateRequest {
             top_p: r.top_p,
             stop: r.stop,
             weights: match r.weights {
-                model::Weights::Policy => host_model::Weights::Policy,
-                model::Weights::Base => host_model::Weights::Base,
+                model::Weights::Policy => host_model::Answerer::Policy,
+                model::Weights::Base => host_model::Answerer::Base,
             },
         }
     }
