@@ -126,7 +126,7 @@ def run(a, model_dir, url):
             "--set", f"rollout.vllm.model={json.dumps(a.served_name)}",
             "--set", f"rollout.vllm.max_in_flight={a.max_in_flight}",
             "--set", f"rollout.vllm.adapter_dir={json.dumps(os.path.join(work, 'adapters'))}"]
-    env = dict(os.environ, RUST_LOG="rlhost::rollout::vllm=info")
+    env = dict(os.environ, RUST_LOG="rlhost::sampler::vllm=info")
 
     # 1-2: the whole rollout, tool in the loop, both engines (the server warmed first).
     sh([a.rlhost, "rollout", *base, *vllm, "--prompts", "8", "--out", os.path.join(work, "warm.jsonl")], env)

@@ -7,11 +7,11 @@
 //!     gateway_direct MODEL_DIR SESSIONS PROMPT_LEN MAX_TOKENS ROUNDS VOCAB
 
 use anyhow::{Context, Result};
-use rlhost::model::generate::Completion;
 use rlhost::model::placement::{DTypeChoice, DeviceChoice};
-use rlhost::model::sample::SamplingParams;
-use rlhost::model::sampler::{Request, Sampler, Sink, Token};
 use rlhost::model::{LanguageModel, Mode, Placement};
+use rlhost::sampler::decode::Completion;
+use rlhost::sampler::draw::SamplingParams;
+use rlhost::sampler::{Request, Sampler, Sink, Token};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

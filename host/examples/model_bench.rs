@@ -21,11 +21,11 @@
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Tensor};
-use rlhost::model::generate::{Sequence, advance, draw};
 use rlhost::model::placement::{DTypeChoice, DeviceChoice, Placement};
-use rlhost::model::sample::SamplingParams;
 use rlhost::model::{LoraConfig, Mode, Model};
 use rlhost::rl::optim::{Accumulator, AdamW, AdamWConfig, clip_grad_norm};
+use rlhost::sampler::decode::{Sequence, advance, draw};
+use rlhost::sampler::draw::SamplingParams;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

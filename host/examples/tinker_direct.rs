@@ -10,13 +10,13 @@
 //! ```
 
 use anyhow::{Context, Result};
-use rlhost::model::generate::Completion;
 use rlhost::model::placement::{DTypeChoice, DeviceChoice};
-use rlhost::model::sample::SamplingParams;
-use rlhost::model::sampler::generate;
-use rlhost::model::sampler::{Request, Sampler, Sink, Token};
 use rlhost::model::{LanguageModel, Mode, Placement};
 use rlhost::rl::optim::AdamWConfig;
+use rlhost::sampler::decode::Completion;
+use rlhost::sampler::draw::SamplingParams;
+use rlhost::sampler::generate;
+use rlhost::sampler::{Request, Sampler, Sink, Token};
 use rlhost::tinker::adapter::{Adapter, attach_host, lora_config};
 use rlhost::tinker::losses::Loss;
 use rlhost::tinker::worker::{CheckedDatum, forward_backward};

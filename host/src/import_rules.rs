@@ -8,6 +8,8 @@
 //! - `openenv/` is the protocol and `rlhost env serve`; the rollout side of it (episodes
 //!   against a server) lives in `rollout/`, which reads the protocol's types: `openenv/`
 //!   names nothing of `rollout/`.
+//! - `sampler/` is under every caller (the trajectory engine, the gateway, Tinker,
+//!   plugins' `model.generate`): it names none of them.
 //! - The CPU and CUDA kernels are the model's: other rooms reach them through
 //!   `model::compute`, the compute seam, never `model::cpu` or `model::cuda` (the
 //!   benchmarks under `examples/` time the kernels themselves, and may).
@@ -91,6 +93,24 @@ fn openenv_names_nothing_of_the_rollouts() {
     assert!(
         found.is_empty(),
         "openenv/ imports from rollout/ (the rollout side of OpenEnv is rollout/openenv.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_sampler_names_none_of_its_callers() {
+    let mut found = Vec::new();
+    for caller in [
+        "crate::rollout",
+        "crate::gateway",
+        "crate::tinker",
+        "crate::rl",
+    ] {
+        found.extend(within("sampler", caller));
+    }
+    assert!(
+        found.is_empty(),
+        "sampler/ imports from a room that samples through it:\n{}",
         found.join("\n")
     );
 }

@@ -18,6 +18,7 @@ pub mod rl;
 pub mod rng;
 pub mod rollout;
 pub mod sample;
+pub mod sampler;
 pub mod status;
 pub mod step;
 pub mod tinker;

@@ -381,7 +381,7 @@ fn a_grpo_run_on_vllm_loads_a_version_per_step_and_unloads_old_ones() {
     let out = dir.join("run");
     let ran = multiply("train", &model)
         // The adapter loads and unloads are logged at info level.
-        .env("RUST_LOG", "rlhost::rollout::vllm=info")
+        .env("RUST_LOG", "rlhost::sampler::vllm=info")
         .args(["--steps", "4", "--set", "train.eval_every=0"])
         .args(["--set", "train.save_every=4"])
         .args([
@@ -838,7 +838,7 @@ eval_every = 0
         .arg(dir.join("gw.toml"))
         .arg("--out")
         .arg(&out)
-        .env("RUST_LOG", "rlhost::rollout::vllm=info")
+        .env("RUST_LOG", "rlhost::sampler::vllm=info")
         .spawn();
     let (url_v1, mut stderr, seen) = super::gateway::gateway_line(&mut train);
     let gw = url_v1.trim_end_matches("/v1").to_string();

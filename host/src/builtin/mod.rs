@@ -24,14 +24,14 @@ mod traces;
 
 use crate::data::{Cursor, Dataset};
 use crate::model::chat::ChatTemplate;
-use crate::model::sample::SamplingParams;
-use crate::model::sampler::generate;
 use crate::model::{LanguageModel, LoraConfig, Mode, Placement, peft};
 use crate::rl::sft::{SftRow, SftSchedule, train};
 use crate::rng::SplitMix64;
 use crate::rollout::ToolSpec;
 use crate::rollout::tools::{Catalogue, FormatSetting, Toolbox};
 use crate::rollout::turns::TurnFormat;
+use crate::sampler::draw::SamplingParams;
+use crate::sampler::generate;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
@@ -574,14 +574,15 @@ fn warm_start(
         let p = Pieces::encode(&tokenizer, t)?;
         prompt_tokens += p.prompt.len();
         let mut mask = vec![0u8; p.prompt.len()];
+        let answer = u8::from(t.learn_answer);
         for (ids, learn) in [
             (&p.call, u8::from(t.learn_call)),
             (&p.tool, 0),
-            (&p.after, 1),
+            (&p.after, answer),
         ] {
             mask.extend(std::iter::repeat_n(learn, ids.len()));
         }
-        mask.push(1);
+        mask.push(answer);
         let mut tokens = p.prompt;
         tokens.extend(p.call.into_iter().chain(p.tool).chain(p.after));
         tokens.push(eos);

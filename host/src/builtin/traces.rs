@@ -36,9 +36,10 @@ pub struct Trace {
     pub before: String,
     pub tool: Option<String>,
     pub after: String,
-    /// Whether the model's text before the tool is trained on (a copy drill's call is not:
-    /// its output was made up, see [`drills`]).
+    /// Whether the model's text before the tool is trained on, and its text after it
+    /// (both, but for the copy drills: see [`drills`]).
     pub learn_call: bool,
+    pub learn_answer: bool,
 }
 
 /// A sample's reference solution.
@@ -168,6 +169,7 @@ pub fn write(
                 tool: Some(tool),
                 after: reference.answer,
                 learn_call: true,
+                learn_answer: true,
             });
         } else {
             out.push(Trace {
@@ -176,6 +178,7 @@ pub fn write(
                 tool: None,
                 after: String::new(),
                 learn_call: true,
+                learn_answer: true,
             });
         }
     }
@@ -314,12 +317,19 @@ async fn fire(trigger: &ToolSpec, sample: &Sample, call: &str) -> Result<Option<
     })
 }
 
-/// `n` copy drills made from `traces`' tool traces, in turn: each is the trace with every
-/// number in the tool's output replaced by a random one of 1 to [`DRILL_DIGITS`] digits, and
-/// the same number in the answer by the same; only the answer is trained on. The task's
-/// own outputs are mostly short (a 2-layer model learns to copy those by their position
-/// after the output's tag), and copying a number of any length is what the answer needs:
-/// these drills ask for it alone, at every length. Empty when no trace calls the tool.
+/// `n` copy drills made from `traces`' tool traces, in turn, two of each (one of each kind):
+/// - **answer drills**: every number in the tool's output replaced by a random one of 1 to
+///   [`DRILL_DIGITS`] digits, and the same number in the answer by the same; only the
+///   answer is trained on (the call no longer matches the output);
+/// - **call drills**: every number of two or more digits in the problem that the call
+///   copies replaced by a random one of 2 to [`CALL_DRILL_DIGITS`] digits, there and in
+///   the call; only the call is trained on (the output was the old numbers'). A trace
+///   whose call copies no such number gives an answer drill instead.
+///
+/// The task's own numbers are mostly short, and a 2-layer model learns to copy those by
+/// their position (after the output's tag, in the problem's sentence); copying a number of
+/// any length is what the task needs, and these drills ask for it alone, at every length.
+/// Empty when no trace calls the tool.
 pub fn drills(traces: &[Trace], n: usize, seed: u64) -> Vec<Trace> {
     let tools: Vec<&Trace> = traces.iter().filter(|t| t.tool.is_some()).collect();
     if tools.is_empty() {
@@ -328,7 +338,13 @@ pub fn drills(traces: &[Trace], n: usize, seed: u64) -> Vec<Trace> {
     let mut rng = SplitMix64::from_state(seed ^ 0x6472_696c_6c73);
     (0..n)
         .map(|i| {
-            let t = tools[i % tools.len()];
+            // Each trace gives one drill of each kind before the next is used.
+            let t = tools[(i / 2) % tools.len()];
+            if i % 2 == 1
+                && let Some(drill) = call_drill(t, &mut rng)
+            {
+                return drill;
+            }
             let mut swap = BTreeMap::new();
             let tool = map_numbers(t.tool.as_deref().unwrap_or(""), |run| {
                 let len = 1 + (rng.next_u64() % DRILL_DIGITS as u64) as usize;
@@ -345,10 +361,47 @@ pub fn drills(traces: &[Trace], n: usize, seed: u64) -> Vec<Trace> {
                 tool: Some(tool),
                 after,
                 learn_call: false,
+                learn_answer: true,
             }
         })
         .collect()
 }
+
+/// A call drill of `t` (see [`drills`]), if its call copies a number of the problem.
+fn call_drill(t: &Trace, rng: &mut SplitMix64) -> Option<Trace> {
+    let mut copied = std::collections::BTreeSet::new();
+    map_numbers(&t.before, |run| {
+        copied.insert(run.to_string());
+        run.to_string()
+    });
+    let mut swap = BTreeMap::new();
+    let prompt = map_numbers(&t.prompt, |run| {
+        if run.len() < 2 || !copied.contains(run) {
+            return run.to_string();
+        }
+        let len = 2 + (rng.next_u64() % (CALL_DRILL_DIGITS as u64 - 1)) as usize;
+        swap.entry(run.to_string())
+            .or_insert_with(|| random_digits(len, rng))
+            .clone()
+    });
+    if swap.is_empty() {
+        return None;
+    }
+    let before = map_numbers(&t.before, |run| {
+        swap.get(run).cloned().unwrap_or_else(|| run.to_string())
+    });
+    Some(Trace {
+        prompt,
+        before,
+        tool: t.tool.clone(),
+        after: t.after.clone(),
+        learn_call: true,
+        learn_answer: false,
+    })
+}
+
+/// The longest number of a call drill's problem.
+pub const CALL_DRILL_DIGITS: usize = 6;
 
 /// The longest number a copy drill asks for.
 pub const DRILL_DIGITS: usize = 12;
@@ -413,30 +466,55 @@ mod tests {
     }
 
     #[test]
-    fn drills_swap_the_outputs_numbers_in_the_answer_and_train_only_the_answer() {
-        let trace = |tool: Option<&str>, after: &str| Trace {
-            prompt: "<|im_start|>user\nWhat is 12 * 34?<|im_end|>\n".into(),
-            before: "<calc>12*34</calc>".into(),
+    fn drills_swap_numbers_consistently_and_train_only_the_copy() {
+        let trace = |prompt: &str, before: &str, tool: Option<&str>, after: &str| Trace {
+            prompt: format!("<|im_start|>user\n{prompt}<|im_end|>\n"),
+            before: before.into(),
             tool: tool.map(str::to_string),
             after: after.into(),
             learn_call: true,
+            learn_answer: true,
         };
+        let output = Some("\n<output>\n408\n</output>\n");
         let traces = [
-            trace(None, "<answer>99</answer>"),
+            trace("What is 5 * 6?", "", None, "<answer>99</answer>"),
             trace(
-                Some("\n<output>\n408\n</output>\n"),
+                "What is 12 * 34?",
+                "<calc>12*34</calc>",
+                output,
+                "<answer>408</answer> (408)",
+            ),
+            // Nothing of two digits in the problem: its call drills are answer drills.
+            trace(
+                "What is 2 * 3?",
+                "<calc>2*3</calc>",
+                output,
                 "<answer>408</answer> (408)",
             ),
         ];
-        let drills = drills(&traces, 200, 1);
-        assert_eq!(drills.len(), 200);
-        let mut lengths = std::collections::BTreeSet::new();
-        for d in &drills {
-            assert!(!d.learn_call);
-            assert_eq!(
-                (&d.prompt, &d.before),
-                (&traces[1].prompt, &traces[1].before)
-            );
+        let drills = drills(&traces, 400, 1);
+        assert_eq!(drills.len(), 400);
+        let (mut answers, mut calls) = (std::collections::BTreeSet::new(), 0);
+        for (i, d) in drills.iter().enumerate() {
+            let from = &traces[1 + (i / 2) % 2];
+            assert_eq!(d.learn_call, !d.learn_answer, "one copy trained");
+            if d.learn_call {
+                // The problem's numbers and the call's, swapped alike; the rest kept.
+                calls += 1;
+                let (a, b) = d.before["<calc>".len()..d.before.len() - "</calc>".len()]
+                    .split_once('*')
+                    .unwrap();
+                assert_eq!(
+                    d.prompt,
+                    format!("<|im_start|>user\nWhat is {a} * {b}?<|im_end|>\n")
+                );
+                for n in [a, b] {
+                    assert!((2..=CALL_DRILL_DIGITS).contains(&n.len()), "{n}");
+                }
+                assert_eq!((&d.tool, &d.after), (&from.tool, &from.after));
+                continue;
+            }
+            assert_eq!((&d.prompt, &d.before), (&from.prompt, &from.before));
             let tool = d.tool.as_deref().unwrap();
             let n = tool
                 .strip_prefix("\n<output>\n")
@@ -444,9 +522,13 @@ mod tests {
                 .unwrap();
             assert!(n.bytes().all(|b| b.is_ascii_digit()), "{tool}");
             assert_eq!(d.after, format!("<answer>{n}</answer> ({n})"));
-            lengths.insert(n.len());
+            answers.insert(n.len());
         }
-        assert_eq!(lengths, (1..=DRILL_DIGITS).collect());
+        assert_eq!(
+            calls, 100,
+            "every other drill of the trace with two-digit numbers"
+        );
+        assert_eq!(answers, (1..=DRILL_DIGITS).collect());
         assert!(super::drills(&traces[..1], 5, 1).is_empty());
     }
 

@@ -1,10 +1,10 @@
 //! `rlhost generate`: sample from a model directory (optionally with an adapter), raw or
 //! through the chat template, showing per-token log-probs on request.
 
-use crate::model::generate::Finish;
 use crate::model::placement::{DTypeChoice, DeviceChoice, Placement};
-use crate::model::sampler::generate;
 use crate::model::{LanguageModel, Mode, peft};
+use crate::sampler::decode::Finish;
+use crate::sampler::generate;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;

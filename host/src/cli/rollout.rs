@@ -6,9 +6,9 @@
 use crate::config::setup::{Setup, display};
 use crate::config::{set_path, set_value};
 use crate::data::Cursor;
-use crate::model::generate::sample_seed;
 use crate::rollout::eval::evaluate;
 use crate::rollout::{BatchStats, Engine, SpanKind, Trajectory};
+use crate::sampler::decode::sample_seed;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use std::collections::BTreeMap;

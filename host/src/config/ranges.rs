@@ -144,7 +144,7 @@ fn checks(c: &RunConfig) -> Vec<Check> {
         check("train.value_clip", t.value_clip, Positive, "the value's clip range around the old value"),
         check("train.save_every", t.save_every as f64, AtLeast(1), "steps between checkpoints (the last step always saves)"),
         check("train.keep_last", t.keep_last as f64, AtLeast(1), "checkpoints kept"),
-        check("sampling.temperature", s.temperature, ZeroOrAtLeast(crate::model::sample::MIN_TEMPERATURE as f64), "0 samples greedily"),
+        check("sampling.temperature", s.temperature, ZeroOrAtLeast(crate::sampler::draw::MIN_TEMPERATURE as f64), "0 samples greedily"),
         check("sampling.top_p", s.top_p, FractionAboveZero, "nucleus sampling's mass (1: off)"),
         check("sampling.min_p", s.min_p, Fraction, "min-p sampling's threshold (0: off)"),
         check("sampling.max_new_tokens", s.max_new_tokens as f64, AtLeast(1), "tokens per assistant turn"),

@@ -13,10 +13,10 @@ use super::wire::{
 };
 use crate::model::LanguageModel;
 use crate::model::chat::ChatTemplate;
-use crate::model::generate::Finish;
 use crate::model::tokenizer::Tokenizer;
 use crate::plugin::FunctionSpec;
 use crate::rollout::tool_calls::{self, CallFormat};
+use crate::sampler::decode::Finish;
 use anyhow::{Context, Result};
 use serde_json::{Map, Value, json};
 

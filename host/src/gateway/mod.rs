@@ -9,8 +9,8 @@
 //! - [`record`]: a session's token-exact rows with drift detection;
 //! - [`sessions`]: the open sessions, their tasks, groups and rewards;
 //! - [`server`]: the routes; [`pump`]: the model's thread, where every call in flight is
-//!   decoded in one batch (`model/sampler.rs`), or sent to vLLM servers
-//!   (`rollout.engine = "vllm"`, `rollout/servers.rs`): one loop over the sampler seam;
+//!   decoded in one batch (`sampler/local.rs`), or sent to vLLM servers
+//!   (`rollout.engine = "vllm"`, `sampler/servers.rs`): one loop over the sampler seam;
 //! - [`train`]: a `[gateway]` run's batches, made of the task groups agents finish.
 //!
 //! `rlhost serve` serves a model and records sessions to a file; `rlhost train` with

@@ -5,7 +5,7 @@
 //! away (its channel closed) is dropped at the next step.
 //!
 //! The same loop ([`serve`]) drives the vLLM servers' side of the sampler seam
-//! ([`with_sampler`], `rollout/servers.rs`): each choice is one token-in/token-out
+//! ([`with_sampler`], `sampler/servers.rs`): each choice is one token-in/token-out
 //! completion there, replayed through the local sampler's stop rule, its tokens sent when
 //! the server's answer comes (a streamed call gets them in one burst).
 //!
@@ -13,11 +13,11 @@
 //! enough sessions have ended: requests that arrive while it updates wait in the queue
 //! (or are refused with a 503 by the handlers, as the run is set).
 
-use crate::model::generate::Completion;
-use crate::model::sampler::{Request, Sampler, Sampling, Sink, Token};
 use crate::model::{LanguageModel, Mode};
-use crate::rollout::servers::Servers;
-use crate::rollout::vllm::Pool;
+use crate::sampler::decode::Completion;
+use crate::sampler::servers::Servers;
+use crate::sampler::vllm::Pool;
+use crate::sampler::{Request, Sampler, Sampling, Sink, Token};
 use anyhow::Result;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};

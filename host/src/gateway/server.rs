@@ -17,11 +17,11 @@ use super::wire::{
     ToolChoice, TopLogprob, Usage, model_list,
 };
 use crate::data::{Cursor, Dataset};
-use crate::model::generate::{Completion, Finish};
-use crate::model::sample::SamplingParams;
-use crate::model::sampler::{Request, Token};
 use crate::rollout::tool_calls;
 use crate::sample::{Message, MessageToolCall, Sample};
+use crate::sampler::decode::{Completion, Finish};
+use crate::sampler::draw::SamplingParams;
+use crate::sampler::{Request, Token};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};

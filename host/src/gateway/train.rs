@@ -13,12 +13,12 @@ use super::pump::{Job, serve, with_sampler};
 use super::server::{self, Gateway, Tasks, TasksHeld};
 use super::sessions::Finished;
 use crate::data::Dataset;
-use crate::model::generate::sample_seed;
-use crate::model::sampler::Sampling;
 use crate::model::{LanguageModel, Mode};
 use crate::plugin::model::{CallTally, GenerateCall, ModelLink};
 use crate::rollout::trajectory::{Span, SpanKind};
 use crate::rollout::{BatchStats, Group, Rewards, Trajectory};
+use crate::sampler::Sampling;
+use crate::sampler::decode::sample_seed;
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,7 +37,7 @@ pub struct Link {
     session_timeout: Duration,
     /// The vLLM servers that sample the calls (`rollout.engine = "vllm"`); none: the
     /// local model does.
-    remote: Option<Arc<crate::rollout::vllm::Pool>>,
+    remote: Option<Arc<crate::sampler::vllm::Pool>>,
     /// `/rl/tasks/next` waits until the producer says where the data resumes.
     held: Mutex<Option<TasksHeld>>,
 }
@@ -77,7 +77,7 @@ impl Link {
         template_kwargs: serde_json::Map<String, serde_json::Value>,
         dataset: Arc<Dataset>,
         group_size: usize,
-        remote: Option<Arc<crate::rollout::vllm::Pool>>,
+        remote: Option<Arc<crate::sampler::vllm::Pool>>,
     ) -> Result<Link> {
         let renderer = Renderer::new(lm, template_kwargs)?;
         let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();

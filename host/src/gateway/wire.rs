@@ -443,7 +443,7 @@ struct Sampling {
 /// ignored.
 fn sampling(o: &Map<String, Value>) -> Result<Sampling, ApiError> {
     let temperature = bounded(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
-    let lowest = crate::model::sample::MIN_TEMPERATURE;
+    let lowest = crate::sampler::draw::MIN_TEMPERATURE;
     if temperature > 0.0 && temperature < lowest as f64 {
         return Err(ApiError::invalid(
             "temperature",

@@ -4,8 +4,8 @@
 use super::chat::ChatTemplate;
 use super::decoder::Model;
 use super::placement::Placement;
-use super::sample::SamplingParams;
 use super::tokenizer::{Tokenizer, eos_token_ids};
+use crate::sampler::SamplingParams;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 

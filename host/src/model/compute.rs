@@ -475,10 +475,10 @@ pub fn target_logprobs(
 mod tests {
     use super::*;
     use crate::model::fixtures::{self, MODELS, Reference, masked_max_diff};
-    use crate::model::sample::SamplingParams;
-    use crate::model::sampler::generate;
     use crate::model::tokenizer::Tokenizer;
     use crate::model::{Mode, peft};
+    use crate::sampler::draw::SamplingParams;
+    use crate::sampler::generate;
 
     /// Issue 17: the whole training step (forward, log-probs, loss, backward through the
     /// LoRA adapter) and batched generation, run through the composed forms on the CPU,

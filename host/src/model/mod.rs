@@ -1,5 +1,6 @@
 //! The language model: Hugging Face Qwen2/Qwen3/Llama directories loaded into candle, with
-//! LoRA adapters in PEFT's format, the tokenizer and chat template, and sampling.
+//! LoRA adapters in PEFT's format, the tokenizer and chat template (sampling from it is
+//! [`crate::sampler`]'s).
 //!
 //! One set of weights serves two paths (see [`decoder`]): a batched, differentiable path
 //! for training and log-probs, and a KV-cached path for sampling.
@@ -13,11 +14,9 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod decoder;
-pub mod device_sample;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod frozen;
-pub mod generate;
 pub mod kv_cache;
 pub mod lora;
 pub mod nf4;
@@ -25,8 +24,6 @@ pub mod ops;
 pub mod peft;
 pub mod placement;
 pub mod profile;
-pub mod sample;
-pub mod sampler;
 pub mod tokenizer;
 pub mod weights;
 

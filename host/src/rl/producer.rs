@@ -9,11 +9,11 @@
 use super::algorithms;
 use super::plan::TrainPlan;
 use crate::data::{Cursor, Dataset};
-use crate::model::generate::sample_seed;
 use crate::model::lora::AdapterSnapshot;
 use crate::model::{LanguageModel, Mode};
 use crate::rollout::queue::RolloutQueue;
 use crate::rollout::{BatchStats, Engine, Group, Rewards, RolloutSettings};
+use crate::sampler::decode::sample_seed;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;

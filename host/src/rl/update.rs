@@ -1192,8 +1192,8 @@ pub(crate) mod tests {
     /// a different policy.
     #[test]
     fn the_update_scores_at_the_sampling_temperature() {
-        use crate::model::generate::{Sequence, advance};
-        use crate::model::sample::SamplingParams;
+        use crate::sampler::decode::{Sequence, advance};
+        use crate::sampler::draw::SamplingParams;
         let m = model();
         let params = SamplingParams {
             temperature: 0.7,

@@ -7,12 +7,12 @@
 //! trajectory) only, so a run repeats whatever else the batch holds.
 
 use crate::model::bundle::LanguageModel;
-use crate::model::generate::{self, Finish};
-use crate::model::sample::SamplingParams;
-use crate::model::sampler::{Request, Sampler, Sampling, Sink, Token};
 use crate::model::tokenizer::Tokenizer;
 use crate::plugin::model::{Answerer, Completion, GenerateCall, Prompt};
 use crate::sample::Sample;
+use crate::sampler::decode::{self, Finish};
+use crate::sampler::draw::SamplingParams;
+use crate::sampler::{Request, Sampler, Sampling, Sink, Token};
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,7 +39,7 @@ impl Sink for AskSink<'_> {
 
     /// The answer: the end-of-turn token and anything after a stop text are not part of
     /// it; its text is decoded without special tokens.
-    fn done(&mut self, _: usize, c: generate::Completion) {
+    fn done(&mut self, _: usize, c: decode::Completion) {
         let mut ids = c.tokens;
         if matches!(c.finish, Finish::StopToken(_)) {
             ids.pop();

@@ -7,8 +7,8 @@
 //! waits on one leaves the batch, the others keep decoding, and it rejoins with the
 //! inserted tokens pending when the answer arrives.
 //!
-//! What draws the tokens is the sampler seam (`model/sampler.rs`): the in-process sampler
-//! or vLLM servers (`rollout/servers.rs`), behind one trait, so this file holds the
+//! What draws the tokens is the sampler seam (`sampler/local.rs`): the in-process sampler
+//! or vLLM servers (`sampler/servers.rs`), behind one trait, so this file holds the
 //! trajectory logic once. A trajectory asks the seam for its next part (its ids so far,
 //! the rest of its turn's budget, its stop patterns), acts on each token as it comes, and
 //! releases the part where its logic stops it (a tool fires, the turn ends): in process
@@ -27,21 +27,21 @@
 
 use super::render::{escaped, inserted_ids, prompt_tokens};
 use super::reward::{Rewards, Scored};
-use super::servers::Servers;
 use super::tools::{self, Answer, ToolSpec, Toolbox, Written};
 use super::trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
 use super::turns::TurnFormat;
-use super::vllm::Pool;
 use crate::model::bundle::LanguageModel;
-use crate::model::generate::{Completion, sample_seed};
 use crate::model::lora::Mode;
-use crate::model::sample::SamplingParams;
-use crate::model::sampler::{Held, Request, Sampler, Sampling, Sink, Ticket, Token};
 use crate::model::tokenizer::IncrementalDecoder;
 use crate::plugin::model::{CallTally, GenerateCall, ModelLink};
 use crate::plugin::{EnvironmentEpisode, Fault, StepResult, ToolsSession, TriggerSession};
 use crate::rollout::openenv::{Remote, RemoteEpisode};
 use crate::sample::{Message, Sample};
+use crate::sampler::decode::{Completion, sample_seed};
+use crate::sampler::draw::SamplingParams;
+use crate::sampler::servers::Servers;
+use crate::sampler::vllm::Pool;
+use crate::sampler::{Held, Request, Sampler, Sampling, Sink, Ticket, Token};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
@@ -588,7 +588,7 @@ impl<'a> Engine<'a> {
                 let wake = tx.clone();
                 let wake = Arc::new(move || {
                     let _ = wake.send(Event::Wake);
-                }) as super::servers::Notify;
+                }) as crate::sampler::servers::Notify;
                 Box::new(
                     Servers::new(
                         pool.clone(),

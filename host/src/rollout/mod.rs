@@ -11,8 +11,6 @@
 //! - [`trajectory`]: what a finished rollout holds (tokens, log-probs, loss mask, spans).
 //! - [`reward`]: reward plugins' components, weighted and summed.
 //! - [`asks`]: plugins' `model.generate` calls, sampled beside a batch's trajectories.
-//! - [`servers`]: the sampler seam on vLLM servers ([`vllm`]: the servers and their
-//!   adapter versions).
 //! - [`queue`]: the bounded queue between the rollout side and the trainer, with
 //!   adapter versions and a staleness bound.
 
@@ -23,12 +21,10 @@ pub mod openenv;
 pub mod queue;
 pub mod render;
 pub mod reward;
-pub mod servers;
 pub mod tool_calls;
 pub mod tools;
 pub mod trajectory;
 pub mod turns;
-pub mod vllm;
 
 pub use engine::{BatchStats, Engine, RolloutLimits, RolloutSettings};
 pub use reward::{RewardSpec, Rewards, Scored};

@@ -128,7 +128,7 @@ pub fn score(
     for (i, row) in rows.iter().enumerate() {
         if ask.topk > 0 {
             // A row of log-probs is its own log-softmax: the sampler's top-k reads it as is.
-            s.top[i + 1] = Some(crate::model::sample::top_logprobs(row, ask.topk, 1.0));
+            s.top[i + 1] = Some(crate::sampler::draw::top_logprobs(row, ask.topk, 1.0));
         }
         if let Some(t) = &ask.targets {
             for j in 0..t.k {
@@ -203,7 +203,7 @@ mod tests {
         );
         assert_eq!(draw(&logp, 0.0, &mut rng), (0, 0.0));
         assert_eq!(
-            crate::model::sample::top_logprobs(&logp, 2, 1.0)
+            crate::sampler::draw::top_logprobs(&logp, 2, 1.0)
                 .iter()
                 .map(|t| t.0)
                 .collect::<Vec<_>>(),

@@ -11,7 +11,7 @@ use super::losses::Loss;
 use super::proto::{self, chunk, tensor};
 use super::wire;
 use super::worker::{CheckedDatum, SampleJob, SamplerWeights, Work};
-use crate::model::sample::SamplingParams;
+use crate::sampler::draw::SamplingParams;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};

@@ -1,5 +1,5 @@
 //! The sampler seam on vLLM servers: [`Servers`] takes the same requests as the in-process
-//! [`Sampler`](crate::model::sampler::Sampler) and hands the same tokens to the same sinks,
+//! [`Sampler`](crate::sampler::Sampler) and hands the same tokens to the same sinks,
 //! so the trajectory engine, the gateway and plugins' `model.generate` sample on servers
 //! without a loop of their own.
 //!
@@ -18,9 +18,9 @@
 //! are refused (vLLM names alternatives by text; a version is one adapter name).
 
 use super::vllm::{self, Pool, RequestError, Sampled};
-use crate::model::generate::{Completion, Finish, stop_check};
-use crate::model::sampler::{Held, Request, Sampling, Sink, Ticket, Token};
 use crate::model::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::sampler::decode::{Completion, Finish, stop_check};
+use crate::sampler::{Held, Request, Sampling, Sink, Ticket, Token};
 use anyhow::{Result, bail};
 use std::collections::VecDeque;
 use std::sync::Arc;

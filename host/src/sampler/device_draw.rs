@@ -3,7 +3,7 @@
 //! (token, log-prob, and whether the draw landed on a kept token), instead of `B · vocab`
 //! floats.
 //!
-//! The same rules as [`super::sample::sample`]: the returned log-prob is `log softmax(l /
+//! The same rules as [`super::draw::sample`]: the returned log-prob is `log softmax(l /
 //! T)[token]` over the whole vocabulary, top-k, then top-p (on the top-k set's mass, not
 //! renormalised), then min-p, and one uniform `u` per row from the sequence's own
 //! generator (drawn by the caller, as the host sampler draws it). The draw is the inverse
@@ -18,7 +18,7 @@
 //! the running sum is taken in blocks of [`BLOCK`] tokens, each a product with a triangular
 //! matrix: the block holding `u · total` first, then the token within it.
 
-use super::sample::SamplingParams;
+use super::draw::SamplingParams;
 use candle_core::{D, DType, Device, Result, Tensor};
 
 /// Tokens per block of the running sum.
@@ -201,8 +201,8 @@ fn upper_ones(m: usize, dev: &Device) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::sample::sample;
-    use crate::model::sample::tests::params;
+    use crate::sampler::draw::sample;
+    use crate::sampler::draw::tests::params;
     use rand::rngs::StdRng;
     use rand::{RngExt, SeedableRng};
 
@@ -280,7 +280,7 @@ mod tests {
             let mut same = 0;
             for (i, row) in r.iter().enumerate() {
                 let prob = |j: usize| probs[i][j];
-                let mut want = crate::model::sample::candidates(row, &p, &prob);
+                let mut want = crate::sampler::draw::candidates(row, &p, &prob);
                 let kept: Vec<usize> = (0..v).filter(|&j| keep[i][j] > 0.0).collect();
                 want.sort_unstable();
                 assert_eq!(kept, want, "row {i}, {p:?}");

@@ -11,12 +11,12 @@
 //! the prompt's cache (no copy) and its next-token logits, and each draws from its own
 //! seeded generator, so a sample's tokens do not depend on what else is in the batch.
 
-use super::decoder::Model;
-use super::device_sample::{Draw, draw_rows};
-use super::kv_cache::KvCache;
-use super::lora::Mode;
-use super::sample::{SamplingParams, sample};
-use super::tokenizer::IncrementalDecoder;
+use super::device_draw::{Draw, draw_rows};
+use super::draw::{SamplingParams, sample};
+use crate::model::decoder::Model;
+use crate::model::kv_cache::KvCache;
+use crate::model::lora::Mode;
+use crate::model::tokenizer::IncrementalDecoder;
 use anyhow::Result;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
@@ -120,7 +120,7 @@ impl Sequence {
                 anyhow::bail!("top_logprobs needs the logits: call it after advance, before draw")
             }
         };
-        Ok(super::sample::top_logprobs(&logits, k, temperature))
+        Ok(super::draw::top_logprobs(&logits, k, temperature))
     }
 
     /// Appends a token another sampler drew (a vLLM server), with its log-prob there.
@@ -162,10 +162,10 @@ pub fn advance(model: &Model, seqs: &mut [&mut Sequence], mode: Mode) -> Result<
 pub fn advance_mixed(
     model: &Model,
     seqs: &mut [&mut Sequence],
-    adapters: Option<&[Option<&super::lora::AdapterSnapshot>]>,
+    adapters: Option<&[Option<&crate::model::lora::AdapterSnapshot>]>,
     mode: Mode,
 ) -> Result<()> {
-    let _p = super::profile::span("advance", model.device());
+    let _p = crate::model::profile::span("advance", model.device());
     let mut idx = Vec::new();
     for (i, s) in seqs.iter().enumerate() {
         if !s.pending().is_empty() {
@@ -177,8 +177,9 @@ pub fn advance_mixed(
     }
     let pending: Vec<Vec<u32>> = idx.iter().map(|&i| seqs[i].pending().to_vec()).collect();
     let toks: Vec<&[u32]> = pending.iter().map(Vec::as_slice).collect();
-    let segments = adapters
-        .map(|a| super::lora::segments(idx.iter().zip(&toks).map(|(&i, t)| (t.len(), a[i]))));
+    let segments = adapters.map(|a| {
+        crate::model::lora::segments(idx.iter().zip(&toks).map(|(&i, t)| (t.len(), a[i])))
+    });
     let mode = match &segments {
         Some(s) => Mode {
             segments: Some(s),
@@ -247,7 +248,7 @@ pub(crate) fn as_on_a_gpu<R>(f: impl FnOnce() -> R) -> R {
 /// of a decode step.
 pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
     let _p = seqs.first().and_then(|s| match &s.next_logits {
-        Some(Next::Device(row)) => Some(super::profile::span("draw", row.device())),
+        Some(Next::Device(row)) => Some(crate::model::profile::span("draw", row.device())),
         _ => None,
     });
     let on_device: Vec<usize> = (0..seqs.len())
@@ -288,7 +289,7 @@ pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
     Ok(())
 }
 
-/// What [`generate`](super::sampler::generate) returns per sample, and the sampler per finished
+/// What [`generate`](super::generate) returns per sample, and the sampler per finished
 /// choice.
 #[derive(Debug, Clone)]
 pub struct Completion {
@@ -366,8 +367,8 @@ pub fn sample_seed(seed: u64, prompt: usize, sample: usize) -> u64 {
 mod tests {
     use super::*;
     use crate::model::fixtures::{self, Reference};
-    use crate::model::sampler::generate;
     use crate::model::tokenizer::Tokenizer;
+    use crate::sampler::generate;
 
     fn setup() -> (Model, Tokenizer) {
         let dir = fixtures::model_dir("qwen2");

@@ -5,142 +5,24 @@
 //! is drawn, so a caller can stream it or stop listening (the choice is dropped at the
 //! next step: a client that hangs up costs nothing more).
 //!
-//! [`Sampling`] is the seam every caller samples through: the trajectory engine
-//! (`rollout/engine.rs`), the gateway (`gateway/pump.rs`), plugins' `model.generate` and
-//! [`generate`](generate). This sampler is its in-process side; vLLM servers are the other
-//! (`rollout/servers.rs`). A caller that acts between tokens (a trajectory whose tool
-//! fires at a stop pattern) releases a choice where it is and later resumes it with ids
-//! appended: here the choice's KV cache is kept meanwhile, so nothing is prefilled twice.
+//! This sampler is the in-process side of the seam ([`Sampling`], in `seam.rs`); vLLM
+//! servers are the other (`servers.rs`). A caller that acts between tokens (a trajectory
+//! whose tool fires at a stop pattern) releases a choice where it is and later resumes it
+//! with ids appended: here the choice's KV cache is kept meanwhile, so nothing is
+//! prefilled twice.
 //!
 //! Choice `j` of a request draws from a generator seeded by `(params.seed, request.index,
 //! request.first_choice + j)` only, so its tokens do not depend on what else is in the
 //! batch; a resumed choice goes on drawing from its own generator.
 
-use super::decoder::Model;
-use super::generate::{
-    Completion, Finish, Sequence, advance, advance_mixed, draw, sample_seed, stop_check,
-};
-use super::lora::{AdapterSnapshot, Mode};
-use super::sample::SamplingParams;
-use super::tokenizer::{IncrementalDecoder, Tokenizer};
+use super::decode::{Completion, Finish, Sequence, advance, advance_mixed, draw, stop_check};
+use super::draw::SamplingParams;
+use super::seam::{Held, Request, Sampling, Sink, Ticket, Token};
+use crate::model::decoder::Model;
+use crate::model::lora::{AdapterSnapshot, Mode};
+use crate::model::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
-use std::sync::{Arc, Mutex};
-
-/// What to sample.
-#[derive(Debug, Clone)]
-pub struct Request {
-    pub prompt: Vec<u32>,
-    /// Choices, sharing the prompt's prefill.
-    pub n: usize,
-    pub params: SamplingParams,
-    /// The request's place in its caller's numbering: choice `j` is seeded by
-    /// `sample_seed(params.seed, index, j)`.
-    pub index: usize,
-    /// With each token, the log-probs of the `top_logprobs` likeliest (0: none).
-    pub top_logprobs: usize,
-    /// The adapter this request samples with, in place of the sampler's mode's (`None`:
-    /// the mode's). Requests of different adapters decode in the same forwards.
-    pub adapter: Option<Arc<AdapterSnapshot>>,
-    /// The number of the request's first choice: its choices are `first_choice..
-    /// first_choice + n`, in seeds and in what the sink is told (a group whose
-    /// trajectories are admitted in parts keeps each trajectory's seed).
-    pub first_choice: usize,
-    /// Sampled by the base model (adapters off), in a forward of its own.
-    pub base: bool,
-    /// A finished choice is held for [`Sampling::release`] (a caller that may continue
-    /// it) instead of being dropped.
-    pub hold: bool,
-}
-
-impl Request {
-    /// `n` choices of `prompt` with `params`, numbered from 0, by the sampler's weights.
-    pub fn new(prompt: Vec<u32>, n: usize, params: SamplingParams) -> Request {
-        Request {
-            prompt,
-            n,
-            params,
-            index: 0,
-            top_logprobs: 0,
-            adapter: None,
-            first_choice: 0,
-            base: false,
-            hold: false,
-        }
-    }
-
-    /// The seed of choice `choice` (numbered from `first_choice`).
-    pub fn seed(&self, choice: usize) -> u64 {
-        sample_seed(self.params.seed, self.index, choice)
-    }
-}
-
-/// A request's handle, for [`Sampling::release`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Ticket(pub u64);
-
-/// What continues a released choice: in process, its sequence with its KV cache; on
-/// servers, the server that holds its prefix in its cache (if one answered it).
-pub enum Held {
-    Sequence(Box<Sequence>),
-    Server(Option<usize>),
-}
-
-/// The sampler seam: where tokens come from, in process ([`Sampler`]) or on vLLM servers
-/// (`rollout::servers::Servers`). Requests join whenever they come; [`step`](Self::step)
-/// makes progress and hands tokens to the requests' sinks, in order per choice.
-pub trait Sampling<'t> {
-    /// Takes a request; its tokens go to `sink`. A request that cannot be sampled fails
-    /// through its sink at once.
-    fn admit(&mut self, request: Request, sink: Box<dyn Sink + 't>) -> Ticket;
-
-    /// Continues a choice [`release`](Self::release) gave back: `request.prompt` is its
-    /// ids so far and what was appended since (`n` is 1); `params` bound this part.
-    fn resume(&mut self, held: Held, request: Request, sink: Box<dyn Sink + 't>) -> Ticket;
-
-    /// Stops choice `choice` of `ticket` where it is, after the last token its sink took
-    /// (or takes back a held finished one), and gives back what continues it; `None` when
-    /// it is not known (failed, dropped, or released already).
-    fn release(&mut self, ticket: Ticket, choice: usize) -> Option<Held>;
-
-    /// Makes progress: in process one forward and one token for every live choice; on
-    /// servers, answers handed over and waiting choices sent. `false` when nothing could
-    /// be done (every request is on a server, or waits for room on one). An error means
-    /// the sampler cannot go on (no server left); a model failure instead fails the
-    /// requests it touched, through their sinks.
-    fn step(&mut self) -> Result<bool>;
-
-    /// Requests not yet finished.
-    fn pending(&self) -> usize;
-
-    /// Forwards run so far (in process; 0 on servers).
-    fn forwards(&self) -> u64;
-
-    /// Seconds spent in the base model's forwards (for requests with `base`).
-    fn base_s(&self) -> f64;
-}
-
-/// One drawn token of one choice.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Token {
-    pub choice: usize,
-    pub id: u32,
-    /// Its log-prob under the sampling temperature (see `sample.rs`).
-    pub logp: f32,
-    /// The text it completes (empty while a character is still incomplete).
-    pub text: String,
-    /// The likeliest tokens and their log-probs, most likely first, when asked for.
-    pub top: Vec<(u32, f32)>,
-}
-
-/// Where a request's tokens go, on the sampler's thread.
-pub trait Sink: Send {
-    /// A token was drawn. `false`: the caller stopped listening; the choice is dropped.
-    fn token(&mut self, token: Token) -> bool;
-    /// A choice ended (its text cut after a stop string, as `generate` cuts it).
-    fn done(&mut self, choice: usize, completion: Completion);
-    /// The model failed on this request (the message names why); nothing more comes.
-    fn failed(&mut self, message: &str);
-}
+use std::sync::Mutex;
 
 /// A token's likeliest alternatives, with their log-probs.
 type Tops = Vec<(u32, f32)>;
@@ -641,7 +523,9 @@ mod tests {
     use super::*;
     use crate::model::Model;
     use crate::model::fixtures;
-    use crate::model::sampler::generate;
+    use crate::sampler::decode::sample_seed;
+    use crate::sampler::generate;
+    use std::sync::Arc;
     use std::sync::Mutex;
 
     /// Tokens, finished choices and the failure a sink saw.
@@ -844,7 +728,7 @@ mod tests {
     /// prompt that does not extend it is prefilled afresh.
     #[test]
     fn a_released_choice_resumes_from_its_cache() {
-        use crate::model::generate::advance;
+        use crate::sampler::decode::advance;
         let dir = fixtures::model_dir("qwen2");
         let (model, tok) = (fixtures::load("qwen2"), Tokenizer::from_dir(&dir).unwrap());
         let prompt = vec![1u32, 2, 3, 4];
