@@ -19,7 +19,9 @@
 pub mod chat;
 pub mod pump;
 pub mod record;
+mod rl_routes;
 pub mod server;
 pub mod sessions;
+mod stream;
 pub mod train;
 pub mod wire;

@@ -1,7 +1,8 @@
 //! The gateway's HTTP side: OpenAI's routes (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`), each also under a session's prefix `/sessions/{id}/v1/...` and reached
-//! with a session's id as the API key; the RL routes (`/rl/tasks/next`, `/rl/sessions`,
-//! `/sessions/{id}`, `.../reward`, `.../end`) and `/status`.
+//! with a session's id as the API key; `/status`; the router, which also takes the RL
+//! routes (`rl_routes.rs`: `/rl/tasks/next`, `/rl/sessions`, `/sessions/{id}`,
+//! `.../reward`, `.../end`). A streamed chat answer is `stream.rs`'s.
 //!
 //! Handlers render and read; sampling happens on the model's thread ([`super::pump`]),
 //! reached through a queue. A call in a session is recorded token-exactly: its prompt
@@ -10,20 +11,20 @@
 
 use super::chat::{Answer, Renderer};
 use super::pump::{Event, Job};
-use super::sessions::{Finished, Reward, SessionError, Sessions, Task, read_reward};
+use super::rl_routes::{end, next_task, open_session, reward, show_session};
+use super::sessions::{Finished, SessionError, Sessions, Task};
+use super::stream::stream_chat;
 use super::wire::{
-    ApiError, ChatChunk, ChatCompletion, ChatRequest, Choice, ChoiceLogprobs, ChunkChoice,
-    DONE_EVENT, Delta, FinishReason, FunctionDelta, ModelCard, TokenLogprob, ToolCallDelta,
-    ToolChoice, TopLogprob, Usage, model_list,
+    ApiError, ChatCompletion, ChatRequest, Choice, ChoiceLogprobs, FinishReason, ModelCard,
+    TokenLogprob, TopLogprob, Usage, model_list,
 };
 use crate::data::{Cursor, Dataset};
-use crate::rollout::tool_calls;
-use crate::sample::{Message, MessageToolCall, Sample};
+use crate::sample::{Message, MessageToolCall};
 use crate::sampler::decode::{Completion, Finish};
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::{Request, Token};
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -64,11 +65,11 @@ pub struct Tasks {
     pub dataset: Arc<Dataset>,
     pub group_size: usize,
     /// The cursor, and the group being handed out (its task and sessions still to give).
-    state: Arc<tokio::sync::Mutex<TaskState>>,
+    pub(super) state: Arc<tokio::sync::Mutex<TaskState>>,
     /// The groups drawn from the data and not yet taken for training, each with where the
     /// data stood before it was drawn: a checkpoint resumes from the earliest, so that no
     /// task handed out is skipped by a resumed run.
-    out: Arc<Mutex<std::collections::BTreeMap<u64, Cursor>>>,
+    pub(super) out: Arc<Mutex<std::collections::BTreeMap<u64, Cursor>>>,
 }
 
 type TaskState = (Cursor, Option<(Task, usize)>);
@@ -140,7 +141,7 @@ pub struct Gateway {
     pub sessions: Mutex<Sessions>,
     pub tasks: Option<Tasks>,
     /// Ended sessions go here (the trainer or the record file takes them).
-    finished: std::sync::mpsc::Sender<Finished>,
+    pub(super) finished: std::sync::mpsc::Sender<Finished>,
     /// The policy version sampling now.
     pub version: AtomicU64,
     /// Set while the policy is being updated.
@@ -172,7 +173,7 @@ pub const MAX_SESSIONS: usize = 16_384;
 /// A queued request's events, holding its choices' places in [`MAX_IN_FLIGHT`] until
 /// the caller is done with it (or goes away).
 pub struct Queued {
-    rx: UnboundedReceiver<Event>,
+    pub(super) rx: UnboundedReceiver<Event>,
     _slots: Slots,
 }
 
@@ -232,11 +233,11 @@ impl Gateway {
         }
     }
 
-    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+    pub(super) fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn base_url(&self, session: &str) -> String {
+    pub(super) fn base_url(&self, session: &str) -> String {
         match self.addr.get() {
             Some(addr) => format!("http://{addr}/sessions/{session}/v1"),
             None => format!("/sessions/{session}/v1"),
@@ -292,7 +293,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
-fn error(e: ApiError) -> Response {
+pub(super) fn error(e: ApiError) -> Response {
     let mut r = (
         StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         axum::Json(e.body()),
@@ -305,7 +306,7 @@ fn error(e: ApiError) -> Response {
     r
 }
 
-fn status_error(status: u16, kind: &'static str, message: String) -> ApiError {
+pub(super) fn status_error(status: u16, kind: &'static str, message: String) -> ApiError {
     ApiError {
         status,
         message,
@@ -318,7 +319,7 @@ fn status_error(status: u16, kind: &'static str, message: String) -> ApiError {
 
 /// A 429 in OpenAI's shape for a limit that frees up by itself (`type: requests`, `code:
 /// rate_limit_exceeded`), with `Retry-After`: the official clients retry it.
-fn over_limit(message: String) -> ApiError {
+pub(super) fn over_limit(message: String) -> ApiError {
     ApiError {
         code: Some("rate_limit_exceeded"),
         retry_after_s: Some(1),
@@ -326,7 +327,7 @@ fn over_limit(message: String) -> ApiError {
     }
 }
 
-fn session_error(e: SessionError) -> ApiError {
+pub(super) fn session_error(e: SessionError) -> ApiError {
     match e {
         SessionError::Unknown(_) => ApiError {
             code: Some("session_not_found"),
@@ -357,7 +358,7 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Respo
     ))
 }
 
-fn now_s() -> u64 {
+pub(super) fn now_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -433,7 +434,7 @@ fn answered(gw: &Gateway, result: Result<Response, ApiError>) -> Response {
 
 /// A session's call in progress: abandoned when dropped unfinished (the client went
 /// away, the request failed), so the session can take its next call.
-struct CallGuard {
+pub(super) struct CallGuard {
     gw: Arc<Gateway>,
     session: Option<String>,
     /// Choices not yet recorded.
@@ -478,7 +479,7 @@ impl CallGuard {
 
     /// Records choice `choice`'s ids and log-probs (the row takes the one the agent goes
     /// on with, see `record.rs`), and choice 0's transcript.
-    fn finish(
+    pub(super) fn finish(
         &mut self,
         choice: usize,
         c: &Completion,
@@ -720,7 +721,7 @@ async fn chat(
 
 /// The conversation so far as reward plugins read it: the request's messages and the
 /// answer.
-fn transcript(req: &ChatRequest, answer: &Answer) -> Vec<Message> {
+pub(super) fn transcript(req: &ChatRequest, answer: &Answer) -> Vec<Message> {
     let mut out: Vec<Message> = req
         .messages
         .iter()
@@ -778,7 +779,7 @@ fn logprobs(gw: &Gateway, tokens: &[Token], finish: &Finish) -> ChoiceLogprobs {
     }
 }
 
-fn token_logprob(gw: &Gateway, t: &Token) -> TokenLogprob {
+pub(super) fn token_logprob(gw: &Gateway, t: &Token) -> TokenLogprob {
     let (token, bytes) = gw.renderer.token_text(t.id);
     TokenLogprob {
         token,
@@ -797,277 +798,6 @@ fn token_logprob(gw: &Gateway, t: &Token) -> TokenLogprob {
             })
             .collect(),
     }
-}
-
-/// One streamed choice's state.
-struct Streamed {
-    /// Text decoded so far (end-of-turn tokens left out) and how much of it was sent.
-    text: String,
-    sent: usize,
-    /// Tokens whose log-probs are not sent yet.
-    unsent: Vec<Token>,
-    done: bool,
-}
-
-/// Streams a chat answer as server-sent events. Text goes out as it is decoded, less the
-/// tail a stop string could still claim. With `tools`, only the text that is settled
-/// content whatever follows (`tool_calls::settled`: the text before a call's tag) goes out
-/// as it comes; the rest of the content and the calls go out when the choice ends, its
-/// calls read from the complete text.
-fn stream_chat(
-    gw: Arc<Gateway>,
-    req: ChatRequest,
-    rx: Queued,
-    guard: CallGuard,
-    id: String,
-    prompt_len: usize,
-) -> Response {
-    let created = now_s();
-    let holdback = req.stop.iter().map(String::len).max().unwrap_or(1) - 1;
-    // The format the answer's calls are read in, when they are.
-    let calls = gw
-        .renderer
-        .format
-        .filter(|_| !req.tools.is_empty() && req.tool_choice != ToolChoice::None);
-    let choices: Vec<Streamed> = (0..req.n)
-        .map(|_| Streamed {
-            text: String::new(),
-            sent: 0,
-            unsent: Vec::new(),
-            done: false,
-        })
-        .collect();
-    let chunk = {
-        let (id, model) = (id.clone(), gw.model.clone());
-        move |choice: ChunkChoice| {
-            Bytes::from(
-                ChatChunk {
-                    id: id.clone(),
-                    object: "chat.completion.chunk",
-                    created,
-                    model: model.clone(),
-                    choices: vec![choice],
-                    usage: None,
-                }
-                .event(),
-            )
-        }
-    };
-    // The role chunk of every choice first, as vLLM sends them.
-    let mut first: Vec<Bytes> = (0..req.n)
-        .map(|index| {
-            chunk(ChunkChoice {
-                index,
-                delta: Delta {
-                    role: Some("assistant"),
-                    content: Some(String::new()),
-                    tool_calls: Vec::new(),
-                },
-                logprobs: None,
-                finish_reason: None,
-            })
-        })
-        .collect();
-    first.reverse();
-    struct St {
-        gw: Arc<Gateway>,
-        req: ChatRequest,
-        rx: Queued,
-        guard: CallGuard,
-        choices: Vec<Streamed>,
-        queue: Vec<Bytes>,
-        completion_tokens: usize,
-        ended: bool,
-    }
-    let st = St {
-        gw,
-        req,
-        rx,
-        guard,
-        choices,
-        queue: first,
-        completion_tokens: 0,
-        ended: false,
-    };
-    let stream = futures_util::stream::unfold(st, move |mut st| {
-        let chunk = chunk.clone();
-        let id = id.clone();
-        async move {
-            loop {
-                if let Some(b) = st.queue.pop() {
-                    return Some((Ok::<Bytes, std::convert::Infallible>(b), st));
-                }
-                if st.ended {
-                    return None;
-                }
-                let mut out: Vec<Bytes> = Vec::new();
-                match st.rx.rx.recv().await {
-                    Some(Event::Token(t)) => {
-                        st.completion_tokens += 1;
-                        let c = &mut st.choices[t.choice];
-                        if !st.gw.renderer.eos_token_ids.contains(&t.id) {
-                            c.text.push_str(&t.text);
-                        }
-                        let index = t.choice;
-                        c.unsent.push(t);
-                        let mut upto = c.text.len().saturating_sub(holdback);
-                        if let Some(format) = calls {
-                            upto = upto.min(tool_calls::settled(format, &c.text));
-                        }
-                        while !c.text.is_char_boundary(upto) {
-                            upto -= 1;
-                        }
-                        if upto > c.sent {
-                            let delta = c.text[c.sent..upto].to_string();
-                            c.sent = upto;
-                            let lp = st.req.logprobs.map(|_| ChoiceLogprobs {
-                                content: c
-                                    .unsent
-                                    .drain(..)
-                                    .map(|t| token_logprob(&st.gw, &t))
-                                    .collect(),
-                                refusal: None,
-                            });
-                            out.push(chunk(ChunkChoice {
-                                index,
-                                delta: Delta {
-                                    content: Some(delta),
-                                    ..Delta::default()
-                                },
-                                logprobs: lp,
-                                finish_reason: None,
-                            }));
-                        }
-                    }
-                    Some(Event::Done {
-                        choice,
-                        completion,
-                        version,
-                    }) => {
-                        let gw = st.gw.clone();
-                        let answer =
-                            gw.renderer
-                                .answer(&st.req, &completion.tokens, &completion.finish);
-                        gw.counters
-                            .malformed_calls
-                            .fetch_add(answer.malformed_calls as u64, Ordering::Relaxed);
-                        let said = (choice == 0).then(|| transcript(&st.req, &answer));
-                        st.guard.finish(choice, &completion, version, said);
-                        let c = &mut st.choices[choice];
-                        c.done = true;
-                        let lp = st.req.logprobs.map(|_| {
-                            let shown: Vec<Token> = c
-                                .unsent
-                                .drain(..)
-                                .filter(|t| !gw.renderer.eos_token_ids.contains(&t.id))
-                                .collect();
-                            ChoiceLogprobs {
-                                content: shown.iter().map(|t| token_logprob(&gw, t)).collect(),
-                                refusal: None,
-                            }
-                        });
-                        // What is left of the final content (the held-back tail, less a
-                        // stop string; text after or between calls).
-                        let rest = answer
-                            .message
-                            .content
-                            .as_deref()
-                            .and_then(|t| t.get(c.sent..))
-                            .unwrap_or("")
-                            .to_string();
-                        if !answer.message.tool_calls.is_empty() {
-                            let tool_calls: Vec<ToolCallDelta> = answer
-                                .message
-                                .tool_calls
-                                .iter()
-                                .enumerate()
-                                .map(|(i, call)| ToolCallDelta {
-                                    index: i,
-                                    id: Some(call.id.clone()),
-                                    kind: Some("function"),
-                                    function: FunctionDelta {
-                                        name: Some(call.function.name.clone()),
-                                        arguments: call.function.arguments.clone(),
-                                    },
-                                })
-                                .collect();
-                            out.push(chunk(ChunkChoice {
-                                index: choice,
-                                delta: Delta {
-                                    role: None,
-                                    content: (!rest.is_empty()).then_some(rest),
-                                    tool_calls,
-                                },
-                                logprobs: lp,
-                                finish_reason: None,
-                            }));
-                        } else if !rest.is_empty()
-                            || lp.as_ref().is_some_and(|l| !l.content.is_empty())
-                        {
-                            out.push(chunk(ChunkChoice {
-                                index: choice,
-                                delta: Delta {
-                                    content: Some(rest),
-                                    ..Delta::default()
-                                },
-                                logprobs: lp,
-                                finish_reason: None,
-                            }));
-                        }
-                        out.push(chunk(ChunkChoice {
-                            index: choice,
-                            delta: Delta::default(),
-                            logprobs: None,
-                            finish_reason: Some(answer.finish_reason),
-                        }));
-                        if st.choices.iter().all(|c| c.done) {
-                            st.gw
-                                .counters
-                                .sampled_tokens
-                                .fetch_add(st.completion_tokens as u64, Ordering::Relaxed);
-                            if st.req.include_usage {
-                                out.push(Bytes::from(
-                                    ChatChunk {
-                                        id: id.clone(),
-                                        object: "chat.completion.chunk",
-                                        created,
-                                        model: st.gw.model.clone(),
-                                        choices: Vec::new(),
-                                        usage: Some(Usage {
-                                            prompt_tokens: prompt_len,
-                                            completion_tokens: st.completion_tokens,
-                                            total_tokens: prompt_len + st.completion_tokens,
-                                        }),
-                                    }
-                                    .event(),
-                                ));
-                            }
-                            out.push(Bytes::from_static(DONE_EVENT.as_bytes()));
-                            st.ended = true;
-                        }
-                    }
-                    Some(Event::Failed(why)) => {
-                        st.gw.counters.failed.fetch_add(1, Ordering::Relaxed);
-                        let e = status_error(500, "server_error", why);
-                        out.push(Bytes::from(format!("data: {}\n\n", e.body())));
-                        out.push(Bytes::from_static(DONE_EVENT.as_bytes()));
-                        st.ended = true;
-                    }
-                    None => {
-                        st.ended = true;
-                    }
-                }
-                out.reverse();
-                st.queue = out;
-            }
-        }
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .expect("a valid response")
 }
 
 /// `POST /v1/completions`: a text prompt, or token ids, or a list of either.
@@ -1201,207 +931,6 @@ async fn complete(
                   "total_tokens": prompt_tokens + completion_tokens},
     }))
     .into_response())
-}
-
-/// `POST /rl/tasks/next`: the next task of the run's dataset with a new session; the
-/// same task goes to G sessions in a row (its group).
-async fn next_task(State(gw): State<Arc<Gateway>>) -> Response {
-    if let Err(e) = room_for_a_session(&gw) {
-        return error(e);
-    }
-    let Some(tasks) = &gw.tasks else {
-        return error(status_error(
-            404,
-            "invalid_request_error",
-            "this gateway has no dataset to hand out: open sessions with POST /rl/sessions".into(),
-        ));
-    };
-    let task = {
-        let mut state = tasks.state.lock().await;
-        let (cursor, current) = &mut *state;
-        if current.as_ref().is_none_or(|(_, left)| *left == 0) {
-            let from = *cursor;
-            let batch = match tasks.dataset.next_batch(cursor, 1).await {
-                Ok(b) => b,
-                Err(e) => {
-                    return error(status_error(
-                        500,
-                        "server_error",
-                        format!("the dataset failed: {e:#}"),
-                    ));
-                }
-            };
-            let Some((id, sample)) = batch.into_iter().next() else {
-                return error(status_error(
-                    500,
-                    "server_error",
-                    "the dataset is empty".into(),
-                ));
-            };
-            let group = gw.sessions().new_group();
-            tasks
-                .out
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(group, from);
-            *current = Some((
-                Task {
-                    id: Some(id),
-                    group,
-                    index: 0,
-                    group_size: tasks.group_size,
-                    sample,
-                },
-                tasks.group_size,
-            ));
-        }
-        let (task, left) = current.as_mut().expect("set above");
-        let mut handed = task.clone();
-        handed.index = tasks.group_size - *left;
-        *left -= 1;
-        handed
-    };
-    opened(&gw, task)
-}
-
-/// A 429 when [`MAX_SESSIONS`] are open, checked before a task is taken from the
-/// dataset (so a refused call skips no task).
-fn room_for_a_session(gw: &Gateway) -> Result<(), ApiError> {
-    let open = gw.sessions().len();
-    if open >= gw.max_sessions {
-        return Err(over_limit(format!(
-            "{open} sessions are open, the gateway's limit: end finished sessions (POST /sessions/{{id}}/end), or retry when others have ended"
-        )));
-    }
-    Ok(())
-}
-
-/// A new session's answer: its id (also its API key), its base URL and its task.
-fn opened(gw: &Arc<Gateway>, task: Task) -> Response {
-    let body = json!({
-        "task": {"id": task.id, "messages": task.sample.messages, "metadata": task.sample.metadata},
-        "group": {"id": task.group, "index": task.index, "size": task.group_size},
-        "model": gw.model,
-    });
-    let id = gw.sessions().open(task);
-    let mut body = body;
-    body["session_id"] = json!(id);
-    body["api_key"] = json!(id);
-    body["base_url"] = json!(gw.base_url(&id));
-    (StatusCode::CREATED, axum::Json(body)).into_response()
-}
-
-/// `POST /rl/sessions`: a session for a task the agent brings (`messages`, `metadata`,
-/// both optional), in a group of its own.
-async fn open_session(State(gw): State<Arc<Gateway>>, body: Bytes) -> Response {
-    if let Err(e) = room_for_a_session(&gw) {
-        return error(e);
-    }
-    let v: Value = if body.is_empty() {
-        json!({})
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
-        }
-    };
-    let messages: Vec<Message> = match v.get("messages") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(m) => match serde_json::from_value(m.clone()) {
-            Ok(m) => m,
-            Err(e) => return error(ApiError::invalid("messages", format!("`messages`: {e}"))),
-        },
-    };
-    let metadata = v.get("metadata").cloned().unwrap_or_else(|| json!({}));
-    if !metadata.is_object() {
-        return error(ApiError::invalid(
-            "metadata",
-            "`metadata` must be an object",
-        ));
-    }
-    let group = gw.sessions().new_group();
-    opened(
-        &gw,
-        Task {
-            id: None,
-            group,
-            index: 0,
-            group_size: 1,
-            sample: Sample { messages, metadata },
-        },
-    )
-}
-
-/// `GET /sessions/{id}`: the recording so far.
-async fn show_session(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
-    let sessions = gw.sessions();
-    match sessions.get(&id) {
-        Ok(open) => axum::Json(json!({
-            "session_id": id,
-            "task": open.task,
-            "rows": open.record.settled_rows(),
-            "drifts": open.record.drifts,
-            "reward": open.reward,
-            "calls": open.calls,
-        }))
-        .into_response(),
-        Err(e) => error(session_error(e)),
-    }
-}
-
-/// `POST /sessions/{id}/reward`.
-async fn reward(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, body: Bytes) -> Response {
-    let v: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
-    };
-    let r: Reward = match read_reward(&v) {
-        Ok(r) => r,
-        Err(why) => return error(ApiError::invalid("reward", why)),
-    };
-    let mut sessions = gw.sessions();
-    match sessions.get_mut(&id) {
-        Ok(open) => {
-            open.reward = Some(r.clone());
-            axum::Json(json!({"session_id": id, "reward": r})).into_response()
-        }
-        Err(e) => error(session_error(e)),
-    }
-}
-
-/// `POST /sessions/{id}/end` (a body may carry the reward too).
-async fn end(State(gw): State<Arc<Gateway>>, Path(id): Path<String>, body: Bytes) -> Response {
-    if !body.is_empty() {
-        let v: Value = match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
-        };
-        if v.get("reward").is_some() || v.get("rewards").is_some() {
-            match read_reward(&v) {
-                Ok(r) => {
-                    if let Ok(open) = gw.sessions().get_mut(&id) {
-                        open.reward = Some(r);
-                    }
-                }
-                Err(why) => return error(ApiError::invalid("reward", why)),
-            }
-        }
-    }
-    let finished = match gw.sessions().end(&id) {
-        Ok(f) => f,
-        Err(e) => return error(session_error(e)),
-    };
-    let body = json!({
-        "session_id": id,
-        "rows": finished.rows.len(),
-        "drifts": finished.drifts.len(),
-        "sampled_tokens": finished.rows.iter().map(|r| r.sampled()).sum::<usize>(),
-        "reward": finished.reward,
-    });
-    if gw.finished.send(finished).is_err() {
-        tracing::warn!("gateway: session {id} ended after the run stopped taking sessions");
-    }
-    axum::Json(body).into_response()
 }
 
 /// Connections served at once: agents hold one each while their calls are sampled; past
