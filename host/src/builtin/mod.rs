@@ -184,13 +184,15 @@ pub const CODE: Recipe = Recipe {
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
-    // No bar (issue 63): measured over run seeds 1-5, the outcome follows the warm start's
-    // copying as on the multiply task (seed 4: 83 calls written exactly and 100 outputs
-    // copied, of 100, then 0% -> 86% held-out accuracy in 60 steps; seeds 2, 3 and 5:
-    // calls 41-67, copies 28-50, then 14-17%; seed 1: 6 and 18, then 0%), but a bar does
-    // not mend it here: with one of 80 calls and 90 copies, seed 2's three sets of
-    // weights, two rounds each, stayed at 36-64 calls and 32-38 copies (82 min on shared
-    // cores), and the run was refused. The recipe itself has to teach copying better.
+    // Copy drills (issue 63, `traces::drills`): without them the outcome followed the warm
+    // start's copying, and most seeds copied badly (run seeds 1-5: calls written exactly /
+    // outputs copied of 100, then held-out accuracy after 60 steps: seed 1 6 / 18 then 0%;
+    // seeds 2, 3, 5 41-67 / 28-50 then 14-17%; seed 4 83 / 100 then 86%); a bar did not
+    // mend it (seed 2's three sets of weights, two rounds each, stayed at 36-64 / 32-38).
+    // Answer drills alone (4000) took seed 2 to 61 / 54 and 25%, seed 1 to 48 / 22 and 2%;
+    // answer and call drills, 2000 each: seed 2 77 / 100 then 3% -> 83%, seed 1 91 / 100
+    // then 4% -> 93% (the book's benchmarks have the sweep).
+    // No bar: the drills were measured without one.
     bar: None,
 };
 
