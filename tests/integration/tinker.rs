@@ -147,7 +147,8 @@ fn the_official_tinker_sdk_drives_the_server() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains("checks passed"),
-        "client.py failed:\n{stdout}\n{stderr}"
+        "client.py failed ({}):\n{stdout}\n{stderr}",
+        out.status
     );
     // What it measured, for the test log.
     for line in stdout.lines().filter(|l| l.starts_with("measured:")) {

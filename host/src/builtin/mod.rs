@@ -191,8 +191,8 @@ pub const CODE: Recipe = Recipe {
     // 90 / 100 then 85%), and a bar did not mend it (seed 2's three sets of weights, two
     // rounds each, stayed at 36-64 / 32-38). With 2000 answer and 2000 call drills
     // (`copy_drills: 4000`): seed 1 91 / 100 then 4% -> 93%, seed 2 77 / 100 then 3% ->
-    // 83%, but seed 7, the shipped config's, 54 / 20 then 3% -> 11%. Better on most seeds
-    // and worse on the one the README runs; drills with a bar (a seed whose first weights
+    // 83%, seed 3 67 / 34 then 0% -> 17%, but seed 7, the shipped config's, 54 / 20 then
+    // 3% -> 11%. Better on some seeds and worse on the one the README runs; drills with a bar (a seed whose first weights
     // fail starts again) is the next thing to measure.
     // No bar: the measurements above were made without one.
     bar: None,
