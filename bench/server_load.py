@@ -15,6 +15,12 @@ memory read from /proc. Prints, per server and phase: the health route's median 
 worst time and how many probes failed, requests answered / refused, and memory before,
 at its peak during, and after.
 
+Then, alone on a quiet server, one request at a time of the largest and most demanding
+kinds each server takes or refuses (bodies near the cap, the sizes a client picks at
+their limits and past them): the rise of the server's peak resident memory (VmHWM, reset
+through /proc/PID/clear_refs before each) against the issue's bound, 10x the body or
+256 MiB, whichever is smaller.
+
   python3 bench/server_load.py                 # all three, 20 s a phase
   python3 bench/server_load.py --seconds 10 --servers tinker
 
@@ -36,6 +42,20 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def hwm_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def reset_hwm(pid):
+    # "5" resets the peak resident set size to the current one (Linux 4.0 and later).
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
 def rss_mib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -49,13 +69,19 @@ def http(addr, method, path, body=None, timeout=30, headers=""):
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=timeout)
     try:
-        s.sendall(
-            f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
-        )
+        try:
+            s.sendall(
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
+            )
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered (a refusal) before the whole body was read: read the answer
         out = b""
         while True:
-            chunk = s.recv(65536)
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
             if not chunk:
                 break
             out += chunk
@@ -166,12 +192,93 @@ def openenv_request(addr):
     return http(addr, "POST", "/step", {"action": {"message": "I guess 50."}})[0]
 
 
+def big(mib):
+    return "7 " * (mib << 19)
+
+
+def settle(addr, status, body):
+    """The final status of a Tinker call: its future's, polled, when it made one."""
+    if status != 200:
+        return status
+    request = json.loads(body).get("request_id")
+    if request is None:
+        return status
+    while True:
+        status, answer = http(addr, "POST", "/api/v1/retrieve_future", {"request_id": request}, timeout=120)
+        if status != 408:
+            # A refused operation's future answers 200 with Tinker's error shape.
+            return "error" if status == 200 and b'"error"' in answer else status
+
+
+def one_request_cases(name):
+    """(what, method, path, body) for each single request of a server's memory check."""
+    chat = "/v1/chat/completions"
+    if name == "gateway":
+        return [
+            ("a 15 MiB message", "POST", chat,
+             {"model": "policy", "messages": [{"role": "user", "content": big(15)}], "max_tokens": 8}),
+            ("4 MiB of tools", "POST", chat,
+             {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+              "tools": [{"type": "function", "function": {"name": f"f{i}", "description": "x" * 4000,
+                                                          "parameters": {"type": "object", "properties": {}}}}
+                        for i in range(1000)]}),
+            ("n = 128, 900 tokens each, top 20 log-probs", "POST", chat,
+             {"model": "policy", "messages": [{"role": "user", "content": "What is 12 * 34?"}],
+              "max_tokens": 900, "n": 128, "logprobs": True, "top_logprobs": 20, "temperature": 1.0}),
+            ("n = 10^6 (refused)", "POST", chat,
+             {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "n": 1000000}),
+        ]
+    if name == "tinker":
+        sample = {"base_model": "builtin:multiply", "prompt": {"chunks": [{"tokens": [5, 6, 7]}]}}
+        return [
+            ("asample, top-k 10^9 (refused)", "POST", "/api/v1/asample",
+             dict(sample, num_samples=1, sampling_params={"max_tokens": 8}, topk_sample_logprobs=10**9)),
+            ("asample, 256 samples x 256 top-k x 500 (refused)", "POST", "/api/v1/asample",
+             dict(sample, num_samples=256, sampling_params={"max_tokens": 500}, topk_sample_logprobs=256)),
+            ("asample, 256 samples x 900 tokens", "POST", "/api/v1/asample",
+             dict(sample, num_samples=256, sampling_params={"max_tokens": 900, "stop": []})),
+            ("asample, a 60 MiB prompt (refused)", "POST", "/api/v1/asample",
+             dict(sample, num_samples=1, prompt={"chunks": [{"tokens": [5] * (30 << 20)}]},
+                  sampling_params={"max_tokens": 8})),
+            ("create_model, rank 128", "POST", "/api/v1/create_model", "session:128"),
+            ("create_model, rank 10^6 (refused)", "POST", "/api/v1/create_model", "session:1000000"),
+        ]
+    return [
+        ("step, a 15 MiB action", "POST", "/step", {"action": {"message": big(15)}}),
+        ("reset", "POST", "/reset", {}),
+    ]
+
+
+def one_request(name, addr, pid):
+    rows = []
+    session = None
+    for what, method, path, body in one_request_cases(name):
+        if isinstance(body, str) and body.startswith("session:"):
+            if session is None:
+                _, b = http(addr, "POST", "/api/v1/create_session", {"tags": []})
+                session = json.loads(b)["session_id"]
+            body = {"session_id": session, "model_seq_id": len(rows), "base_model": "builtin:multiply",
+                    "lora_config": {"rank": int(body.split(":")[1])}}
+        size = len(json.dumps(body).encode())
+        time.sleep(0.5)
+        reset_hwm(pid)
+        before = rss_mib(pid)
+        status, answer = http(addr, method, path, body, timeout=600)
+        if name == "tinker":
+            status = settle(addr, status, answer)
+        rise = hwm_mib(pid) - before
+        bound = min(10 * size / 2**20, 256)
+        rows.append((name, what, size / 2**20, status, rise, bound))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--servers", default="gateway,tinker,openenv")
     ap.add_argument("--clients", type=int, default=256)
     ap.add_argument("--stalled", type=int, default=1030)
+    ap.add_argument("--no-single", action="store_true", help="skip the one-request memory check")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
@@ -187,7 +294,7 @@ def main():
         "openenv": ([binary, "env", "serve", os.path.join(ROOT, "plugins/dist/guess_number.wasm"), "--data", data, "--port", "0", "--max-sessions", "512"],
                     "serving", "/health", openenv_request, "/reset"),
     }
-    rows = []
+    rows, singles = [], []
     for name in args.servers.split(","):
         cmd, ready, health, request, post_path = servers[name]
         p, addr = start(cmd, ready)
@@ -213,11 +320,19 @@ def main():
             after = rss_mib(p.pid)
             t = probe.times or [float("nan")]
             rows.append((name, phase, statistics.median(t) * 1000, max(t) * 1000, probe.failed, counts, before, probe.peak, after))
+        if not args.no_single:
+            singles += one_request(name, addr, p.pid)
         p.terminate()
         p.wait()
     print(f"{'server':8} {'phase':8} {'health median':>14} {'worst':>9} {'failed':>7}  {'memory before / peak / after (MiB)':>36}  requests")
     for name, phase, med, worst, failed, counts, before, peak, after in rows:
         print(f"{name:8} {phase:8} {med:11.1f} ms {worst:6.0f} ms {failed:7}  {before:10.0f} / {peak:6.0f} / {after:6.0f}  {counts}")
+    if singles:
+        print()
+        print(f"{'server':8} {'one request':50} {'body':>9} {'status':>6} {'peak rise':>10} {'bound':>9}")
+        for name, what, size, status, rise, bound in singles:
+            mark = "" if rise <= bound else "  over"
+            print(f"{name:8} {what:50} {size:5.2f} MiB {status!s:>6} {rise:6.1f} MiB {bound:5.1f} MiB{mark}")
 
 
 if __name__ == "__main__":

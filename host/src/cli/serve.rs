@@ -241,17 +241,55 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
     let interrupted = super::interrupt::arm_saying(
         "\nrlhost serve --tinker: interrupted; stopping (interrupt again to exit at once)\n",
     );
-    while !interrupted.load(Ordering::Relaxed) && !serving.worker.is_finished() {
+    watch_model_thread(serving.worker, interrupted)
+}
+
+/// Waits for an interrupt (`Ok`) or for the end of the Tinker model's thread, which is an
+/// error naming its cause: the thread catches each operation's panic, so its end is a bug
+/// or a lost channel, and the server cannot go on. The error ends `serve` with a non-zero
+/// status, where a thread's death once left the process to exit with 0.
+fn watch_model_thread(
+    worker: std::thread::JoinHandle<()>,
+    interrupted: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
+    while !interrupted.load(Ordering::Relaxed) && !worker.is_finished() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    if serving.worker.is_finished() {
-        // The model's thread catches each operation's panic, so its end is a bug or a
-        // lost channel: the server cannot go on, and says so with a non-zero status.
-        let why = match serving.worker.join() {
-            Err(panic) => crate::tinker::worker::panic_message(&panic),
-            Ok(()) => "its work channel closed".into(),
-        };
-        anyhow::bail!("rlhost serve --tinker: the model's thread stopped ({why}); the server ends");
+    if !worker.is_finished() {
+        return Ok(());
     }
-    Ok(())
+    let why = match worker.join() {
+        Err(panic) => crate::tinker::worker::panic_message(&panic),
+        Ok(()) => "its work channel closed".into(),
+    };
+    anyhow::bail!("rlhost serve --tinker: the model's thread stopped ({why}); the server ends")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A model thread that panics, or returns, ends `serve --tinker` with an error naming
+    /// why; an interrupt ends it cleanly while the thread still runs.
+    #[test]
+    fn a_dead_model_thread_ends_the_server_with_its_cause() {
+        let calm = AtomicBool::new(false);
+        let panicked = std::thread::spawn(|| panic!("a weight went missing"));
+        let e = watch_model_thread(panicked, &calm).unwrap_err().to_string();
+        assert!(
+            e.contains("the model's thread stopped (a weight went missing)"),
+            "{e}"
+        );
+        let returned = std::thread::spawn(|| ());
+        let e = watch_model_thread(returned, &calm).unwrap_err().to_string();
+        assert!(e.contains("its work channel closed"), "{e}");
+        let interrupted = AtomicBool::new(true);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let running = std::thread::spawn(move || {
+            let _ = rx.recv();
+        });
+        assert!(watch_model_thread(running, &interrupted).is_ok());
+        drop(tx);
+    }
 }

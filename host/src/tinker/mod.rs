@@ -73,7 +73,8 @@ pub fn serve(
             .collect(),
         arch: format!("{:?}", lm.model.cfg.arch).to_lowercase(),
         tokenizer_dir: dir.display().to_string(),
-        vocab: lm.model.cfg.vocab_size,
+        // The tokenizer's ids: the head's padding rows past it are never sampled.
+        vocab: lm.model.vocab(),
         context: lm.model.cfg.max_position_embeddings,
         eos: lm.eos_token_ids.clone(),
     };
