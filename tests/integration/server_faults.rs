@@ -151,6 +151,11 @@ fn the_tinker_server_refuses_hostile_requests_and_goes_on() {
             json!({"sampling_params": {"max_tokens": 8, "temperature": 1e-40}}),
             "temperature",
         ),
+        // More keys and values than the default budget (160 MiB on the CPU; ~460 MB).
+        (
+            json!({"num_samples": 256, "sampling_params": {"max_tokens": 900}}),
+            "serve --tinker --kv-budget-mib",
+        ),
         // A padding row of the head (320 rows, 289 tokens): no token, so no prompt id.
         (
             json!({"prompt": {"chunks": [{"tokens": [5, 319]}]}}),

@@ -10,6 +10,7 @@ use crate::gateway::chat::Renderer;
 use crate::gateway::pump::{Job, pump};
 use crate::gateway::server::{self, Gateway, Tasks};
 use crate::gateway::sessions::Finished;
+use crate::sampler::kv_budget::{self, KvBudget};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::io::Write;
@@ -61,6 +62,12 @@ pub struct ServeArgs {
     /// 10 s).
     #[arg(long)]
     session_timeout: Option<f64>,
+    /// MiB of keys and values the calls being sampled may hold at once (default 160 on
+    /// the CPU, where they are the server's own memory, and 8192 on a GPU). A call that
+    /// would pass it while others hold room is told to retry (the gateway's 429) or waits
+    /// its turn (Tinker); one that could never fit is refused, naming this flag.
+    #[arg(long)]
+    kv_budget_mib: Option<u64>,
     /// Serve the Tinker training API (for the official `tinker` SDK: set TINKER_BASE_URL
     /// to the printed URL) instead of the OpenAI-compatible one.
     #[arg(long)]
@@ -111,13 +118,10 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
         .served_model_name
         .clone()
         .unwrap_or_else(|| "policy".into());
-    let gw = Arc::new(Gateway::new(
-        served.clone(),
-        renderer,
-        jobs_tx,
-        done_tx,
-        Some(tasks),
-    ));
+    let mut gw = Gateway::new(served.clone(), renderer, jobs_tx, done_tx, Some(tasks));
+    let mib = kv_budget_mib(&args)?.unwrap_or_else(|| kv_budget::default_mib(&lm.model));
+    gw.kv = Some(KvBudget::new(&lm.model, mib));
+    let gw = Arc::new(gw);
     let record = match &args.record {
         Some(path) => Some(
             std::fs::OpenOptions::new()
@@ -186,6 +190,14 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     Ok(())
 }
 
+/// `--kv-budget-mib`, checked.
+fn kv_budget_mib(args: &ServeArgs) -> Result<Option<u64>> {
+    if args.kv_budget_mib == Some(0) {
+        anyhow::bail!("--kv-budget-mib must be at least 1 (MiB)");
+    }
+    Ok(args.kv_budget_mib)
+}
+
 /// `--session-timeout`, checked (the gateway's default when not given).
 fn session_timeout(args: &ServeArgs) -> Result<std::time::Duration> {
     let silent = args
@@ -206,6 +218,7 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
         );
     }
     let silent = session_timeout(&args)?;
+    let kv_budget_mib = kv_budget_mib(&args)?;
     let loaded = super::load_config(
         args.source.config.as_deref(),
         &args.source.plugins,
@@ -229,6 +242,7 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
             max_connections: args.max_connections,
             key,
             session_timeout: silent,
+            kv_budget_mib,
         },
     )?;
     println!(

@@ -22,6 +22,7 @@ use crate::data::{Cursor, Dataset};
 use crate::sample::{Message, MessageToolCall};
 use crate::sampler::decode::{Completion, Finish};
 use crate::sampler::draw::SamplingParams;
+use crate::sampler::kv_budget::KvBudget;
 use crate::sampler::{Request, Token};
 use axum::Router;
 use axum::body::Bytes;
@@ -157,6 +158,11 @@ pub struct Gateway {
     in_flight: Arc<AtomicUsize>,
     /// Sessions open at once, at most ([`MAX_SESSIONS`]).
     pub max_sessions: usize,
+    /// The keys and values calls may hold at once (`None`: not counted, as for calls
+    /// sampled on vLLM servers, which keep their own).
+    pub kv: Option<KvBudget>,
+    /// Bytes of that budget the calls queued or decoding hold now.
+    kv_in_flight: Arc<AtomicU64>,
 }
 
 /// The most choices queued or decoding at once, over every caller: past it a call is
@@ -180,11 +186,14 @@ pub struct Queued {
 struct Slots {
     count: Arc<AtomicUsize>,
     n: usize,
+    kv: Arc<AtomicU64>,
+    bytes: u64,
 }
 
 impl Drop for Slots {
     fn drop(&mut self) {
         self.count.fetch_sub(self.n, Ordering::Relaxed);
+        self.kv.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -230,6 +239,8 @@ impl Gateway {
             addr: OnceLock::new(),
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_sessions: MAX_SESSIONS,
+            kv: None,
+            kv_in_flight: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -531,8 +542,8 @@ fn admit(gw: &Gateway, model: Option<&str>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `max_tokens` within the room the context leaves after the prompt (the whole room when
-/// not given).
+/// `max_tokens` within the room the context leaves after the prompt (when not given, that
+/// room within what the keys-and-values budget leaves one choice).
 fn room(
     gw: &Gateway,
     prompt: usize,
@@ -541,7 +552,17 @@ fn room(
 ) -> Result<usize, ApiError> {
     let room = gw.renderer.context.saturating_sub(prompt);
     match max_tokens {
-        None => Ok(room),
+        // Not given: to the end of the context, or of what the keys-and-values budget
+        // leaves one choice after the prompt, whichever comes first (a 32k context of a
+        // real model holds more than the CPU's default budget: the call runs, shorter,
+        // rather than being refused for a size the client never asked for).
+        None => Ok(match gw.kv {
+            Some(kv) => {
+                let fits = (kv.bytes / kv.per_token.max(1)).saturating_sub(prompt as u64);
+                room.min(fits.max(1) as usize)
+            }
+            None => room,
+        }),
         Some(n) if n <= room => Ok(n),
         Some(n) => Err(ApiError::invalid(
             param,
@@ -563,14 +584,33 @@ fn submit(gw: &Gateway, request: Request, stream: bool) -> Result<Queued, ApiErr
         ));
     }
     let n = request.n;
+    let (prompt, max_new) = (request.prompt.len(), request.params.max_new_tokens);
+    let bytes = gw.kv.map_or(0, |kv| kv.need(prompt, n, max_new));
+    if let Some(kv) = gw.kv {
+        let what = format!("`n` {n} × `max_tokens` {max_new} after a prompt of {prompt} tokens");
+        if let Some(why) = kv.refusal(bytes, &what, "serve --kv-budget-mib") {
+            return Err(ApiError::invalid("max_tokens", why));
+        }
+    }
     let before = gw.in_flight.fetch_add(n, Ordering::Relaxed);
+    let held = gw.kv_in_flight.fetch_add(bytes, Ordering::Relaxed);
     let slots = Slots {
         count: gw.in_flight.clone(),
         n,
+        kv: gw.kv_in_flight.clone(),
+        bytes,
     };
     if before + n > MAX_IN_FLIGHT {
         return Err(over_limit(format!(
             "the gateway is decoding {before} choices, and this call's {n} would pass its limit of {MAX_IN_FLIGHT}: retry when calls have finished"
+        )));
+    }
+    if let Some(kv) = gw.kv.filter(|kv| held + bytes > kv.bytes) {
+        return Err(over_limit(format!(
+            "the calls in flight hold {:.1} MiB of keys and values, and this call's {:.1} MiB would pass the budget of {} MiB: retry when calls have finished",
+            held as f64 / (1u64 << 20) as f64,
+            bytes as f64 / (1u64 << 20) as f64,
+            kv.bytes >> 20
         )));
     }
     let (tx, rx) = unbounded_channel();
@@ -1057,6 +1097,66 @@ mod tests {
         let again = submit(&gw, request(1), false).unwrap();
         drop((big, again));
         assert_eq!(gw.in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    /// Issue 68: the keys and values calls ask for are counted in bytes. A call that could
+    /// never fit is refused (400, naming the flag); one that fits while others hold the
+    /// room gets a 429 and queues nothing; an ended call gives its bytes back; a call with
+    /// no `max_tokens` runs to what the budget leaves rather than being refused.
+    #[test]
+    fn keys_and_values_in_flight_are_budgeted() {
+        let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+        let (jobs_tx, jobs) = std::sync::mpsc::channel();
+        let renderer = Renderer::new(&lm, Default::default()).unwrap();
+        let mut gw = Gateway::new(
+            "policy".into(),
+            renderer,
+            jobs_tx,
+            std::sync::mpsc::channel().0,
+            None,
+        );
+        gw.kv = Some(KvBudget {
+            per_token: 1000,
+            bytes: 1_000_000,
+        });
+        let request = |max_new_tokens: usize| Request {
+            prompt: vec![1, 2, 3],
+            n: 1,
+            params: SamplingParams {
+                max_new_tokens,
+                ..Default::default()
+            },
+            index: 0,
+            top_logprobs: 0,
+            adapter: None,
+            first_choice: 0,
+            base: false,
+            hold: false,
+        };
+        let never = submit(&gw, request(1000), false).err().unwrap();
+        assert_eq!(never.status, 400, "{never:?}");
+        assert!(
+            never.message.contains("serve --kv-budget-mib"),
+            "{}",
+            never.message
+        );
+        let first = submit(&gw, request(600), false).unwrap();
+        let busy = submit(&gw, request(600), false).err().unwrap();
+        assert_eq!(busy.status, 429, "{busy:?}");
+        assert_eq!(jobs.try_iter().count(), 1);
+        drop(first);
+        let again = submit(&gw, request(600), false).unwrap();
+        drop(again);
+        assert_eq!(gw.kv_in_flight.load(Ordering::Relaxed), 0);
+        assert_eq!(gw.in_flight.load(Ordering::Relaxed), 0);
+        // No max_tokens: what fits after the prompt (1000 tokens of 1000 bytes, less 3).
+        let context = gw.renderer.context;
+        assert_eq!(
+            room(&gw, 3, None, "max_tokens").unwrap(),
+            (context - 3).min(997)
+        );
+        gw.kv = None;
+        assert_eq!(room(&gw, 3, None, "max_tokens").unwrap(), context - 3);
     }
 
     /// Issue 68: open sessions are bounded; past the bound `/rl/sessions` answers 429 in

@@ -21,6 +21,7 @@ pub mod wire;
 pub mod worker;
 
 use crate::model::LanguageModel;
+use crate::sampler::kv_budget;
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +44,9 @@ pub struct Listen<'a> {
     pub key: Option<String>,
     /// A session silent this long is ended ([`server::Tinker::end_silent`]).
     pub session_timeout: std::time::Duration,
+    /// MiB of keys and values sampling may hold at once (`--kv-budget-mib`; `None`:
+    /// [`crate::sampler::kv_budget::default_mib`]).
+    pub kv_budget_mib: Option<u64>,
 }
 
 pub fn serve(
@@ -57,6 +61,7 @@ pub fn serve(
         max_connections,
         key,
         session_timeout,
+        kv_budget_mib,
     } = listen;
     adapter::attach_host(&mut lm.model)?;
     std::fs::create_dir_all(&root)
@@ -112,7 +117,11 @@ pub fn serve(
     }
     let worker = std::thread::Builder::new()
         .name("rlhost-tinker-model".into())
-        .spawn(move || worker::Worker::new(lm, name, futures).run(&rx))
+        .spawn(move || {
+            let mib = kv_budget_mib.unwrap_or_else(|| kv_budget::default_mib(&lm.model));
+            let kv = kv_budget::KvBudget::new(&lm.model, mib);
+            worker::Worker::new(lm, name, futures, kv).run(&rx)
+        })
         .context("cannot start the model's thread")?;
     Ok(Serving {
         addr,

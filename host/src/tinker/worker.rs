@@ -16,6 +16,7 @@ use crate::rl::optim::AdamWConfig;
 use crate::rl::packing::{self, Layout};
 use crate::sampler::decode::{Completion, Finish};
 use crate::sampler::draw::SamplingParams;
+use crate::sampler::kv_budget::KvBudget;
 use crate::sampler::{Request, Sampler, Sink, Token};
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
@@ -143,10 +144,20 @@ pub struct Worker {
     models: HashMap<String, Adapter>,
     saved: Snapshots,
     version: u64,
+    /// What sampling requests may hold of keys and values at once: one that fits waits
+    /// for room, one that never fits is refused.
+    kv: KvBudget,
+    /// The most bytes of that budget the requests in a batch held at once.
+    pub kv_peak: u64,
 }
 
 impl Worker {
-    pub fn new(lm: LanguageModel, base_name: String, futures: Arc<Futures>) -> Worker {
+    pub fn new(
+        lm: LanguageModel,
+        base_name: String,
+        futures: Arc<Futures>,
+        kv: KvBudget,
+    ) -> Worker {
         Worker {
             lm,
             base_name,
@@ -154,6 +165,8 @@ impl Worker {
             models: HashMap::new(),
             saved: Snapshots::default(),
             version: 0,
+            kv,
+            kv_peak: 0,
         }
     }
 
@@ -333,7 +346,12 @@ impl Worker {
         held: &mut Vec<String>,
     ) {
         let Worker {
-            lm, futures, saved, ..
+            lm,
+            futures,
+            saved,
+            kv,
+            kv_peak,
+            ..
         } = self;
         let mut sampler = Sampler::new(&lm.model, &lm.tokenizer, Mode::INFERENCE);
         let mut incoming = VecDeque::from([first]);
@@ -343,8 +361,35 @@ impl Worker {
                 incoming.push_back(job);
             }
         }
+        // The requests in the batch and the bytes of keys and values each may hold.
+        let mut holding: Vec<(String, u64)> = Vec::new();
         loop {
-            while let Some(job) = incoming.pop_front() {
+            holding.retain(|(id, _)| futures.pending(id));
+            if sampler.is_empty() {
+                holding.clear();
+            }
+            let mut used: u64 = holding.iter().map(|h| h.1).sum();
+            while let Some(job) = incoming.front() {
+                let need = kv.need(job.prompt.len(), job.n, job.params.max_new_tokens);
+                let what = format!(
+                    "num_samples {} × max_tokens {} after a prompt of {} tokens",
+                    job.n,
+                    job.params.max_new_tokens,
+                    job.prompt.len()
+                );
+                if let Some(why) = kv.refusal(need, &what, "serve --tinker --kv-budget-mib") {
+                    let job = incoming.pop_front().expect("a front");
+                    futures.finish(&job.request, Outcome::user_error(why));
+                    continue;
+                }
+                // Past the budget it waits, in order, for requests in the batch to end.
+                if used + need > kv.bytes && !sampler.is_empty() {
+                    break;
+                }
+                let job = incoming.pop_front().expect("a front");
+                used += need;
+                *kv_peak = (*kv_peak).max(used);
+                holding.push((job.request.clone(), need));
                 held.push(job.request.clone());
                 match weights(saved, lm, &job.weights) {
                     Ok(w) => admit(&mut sampler, lm, futures, job, w),
@@ -352,7 +397,10 @@ impl Worker {
                 }
             }
             if sampler.is_empty() {
-                break;
+                if incoming.is_empty() {
+                    break;
+                }
+                continue;
             }
             if let Err(e) = sampler.step() {
                 tracing::error!("tinker: a decode step failed: {e:#}");
@@ -700,6 +748,73 @@ mod tests {
             tokens: (first..first + n as u32).collect(),
             targets: (first + 1..first + 1 + n as u32).collect(),
             inputs: HashMap::new(),
+        }
+    }
+
+    /// Sampling requests past the keys-and-values budget wait for room: with room for
+    /// one request at a time, three each finish and no two were held at once, and one
+    /// that could never fit is refused, naming the flag; with room for three, those share
+    /// a batch and the fourth waits for room.
+    #[test]
+    fn samples_past_the_kv_budget_wait_their_turn() {
+        use crate::model::{fixtures, placement::Placement};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        for alone in [true, false] {
+            let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
+            let futures = Arc::new(Futures::default());
+            let mut kv = KvBudget::new(&lm.model, 1);
+            let one = kv.need(3, 2, 8);
+            kv.bytes = if alone { one } else { 3 * one };
+            let mut w = Worker::new(lm, "base".into(), futures.clone(), kv);
+            let job = |n: usize| SampleJob {
+                request: futures.open(),
+                weights: SamplerWeights::Base,
+                prompt: vec![5, 6, 7],
+                n,
+                params: SamplingParams {
+                    max_new_tokens: 8,
+                    temperature: 1.0,
+                    seed: 3,
+                    ..SamplingParams::default()
+                },
+                ask: Default::default(),
+                topk_sample: 0,
+            };
+            let jobs = [job(2), job(2), job(2), job(4)];
+            let ids: Vec<String> = jobs.iter().map(|j| j.request.clone()).collect();
+            let mut jobs = jobs.into_iter();
+            let first = jobs.next().unwrap();
+            let mut backlog: VecDeque<Work> = jobs.map(Work::Sample).collect();
+            let (_tx, rx) = std::sync::mpsc::channel();
+            w.sampling_round(first, &rx, &mut backlog, &mut Vec::new());
+            let outcome = |id: &str| {
+                rt.block_on(futures.wait(id, Duration::from_secs(1)))
+                    .unwrap()
+            };
+            for id in &ids[..3] {
+                assert!(
+                    matches!(*outcome(id), Outcome::Proto(_)),
+                    "{alone}: {:?}",
+                    outcome(id)
+                );
+            }
+            // Four samples: past a budget of one request of two, within one of three
+            // (where they wait for the first three to end).
+            match &*outcome(&ids[3]) {
+                Outcome::Failed { message, category } if alone => {
+                    assert_eq!(*category, "user");
+                    assert!(
+                        message.contains("serve --tinker --kv-budget-mib"),
+                        "{message}"
+                    );
+                }
+                Outcome::Proto(_) if !alone => {}
+                other => panic!("{alone}: {other:?}"),
+            }
+            assert_eq!(w.kv_peak, if alone { one } else { 3 * one }, "{alone}");
         }
     }
 
