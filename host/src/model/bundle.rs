@@ -20,7 +20,7 @@ pub struct LanguageModel {
 
 impl LanguageModel {
     pub fn open(dir: &Path, at: &Placement) -> Result<LanguageModel> {
-        let mut model = Model::load(dir, at)?;
+        let model = Model::load(dir, at)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         // The tokenizer may be smaller than the embedding (vocabularies are padded to a
         // multiple of 64 or 128), never larger.
@@ -32,7 +32,6 @@ impl LanguageModel {
                 model.cfg.vocab_size
             );
         }
-        model.limit_vocabulary(tokenizer.vocab_size());
         let chat = if has_template(dir) {
             Some(ChatTemplate::from_dir(dir)?)
         } else {

@@ -173,21 +173,15 @@ pub struct Server {
     in_flight: AtomicUsize,
     /// Cleared when it stops answering: no new trajectory goes there.
     alive: AtomicBool,
-    /// The trainer's vocabulary size (the tokenizer's): an id the server returns must be
-    /// below it.
+    /// The trainer's vocabulary size: an id the server returns must be below it.
     vocab: u32,
-    /// `logit_bias` of -100 on the head's rows past the tokenizer, when it has such rows
-    /// (see `Model::vocab`): vLLM samples over every row of the head, and a trained head
-    /// gives its padding rows mass the local engine never samples.
-    padding_bias: Option<Json>,
     /// Completion requests sent again after a fault ([`RETRIES`]).
     retries: AtomicU64,
 }
 
 impl Server {
-    /// A server whose answers are checked against a vocabulary of `vocab` ids, of a model
-    /// whose head has `rows` rows.
-    pub fn new(url: &str, timeout: Duration, vocab: u32, rows: u32) -> Server {
+    /// A server whose answers are checked against a vocabulary of `vocab` ids.
+    pub fn new(url: &str, timeout: Duration, vocab: u32) -> Server {
         Server::with_limit(
             url,
             timeout,
@@ -196,11 +190,10 @@ impl Server {
                 timeout.as_secs_f64()
             ),
             vocab,
-            rows,
         )
     }
 
-    fn with_limit(url: &str, timeout: Duration, limit: String, vocab: u32, rows: u32) -> Server {
+    fn with_limit(url: &str, timeout: Duration, limit: String, vocab: u32) -> Server {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             // Error statuses carry vLLM's message in the body: read it.
@@ -214,13 +207,6 @@ impl Server {
             in_flight: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
             vocab,
-            padding_bias: (rows > vocab).then(|| {
-                Json::Object(
-                    (vocab..rows)
-                        .map(|id| (id.to_string(), json!(-100)))
-                        .collect(),
-                )
-            }),
             retries: AtomicU64::new(0),
         }
     }
@@ -358,7 +344,7 @@ impl Server {
     }
 
     fn complete_once(&self, req: &Request) -> Result<Sampled, RequestError> {
-        let mut body = json!({
+        let body = json!({
             "model": req.model,
             "prompt": req.prompt,
             "max_tokens": req.max_tokens,
@@ -377,9 +363,6 @@ impl Server {
             "return_token_ids": true,
             "skip_special_tokens": false,
         });
-        if let Some(bias) = &self.padding_bias {
-            body["logit_bias"] = bias.clone();
-        }
         let limit = answer_limit(req.prompt.len(), req.max_tokens);
         let text = self.send("POST", "/v1/completions", Some(&body), limit)?;
         let malformed = |message| RequestError::Malformed {
@@ -560,11 +543,11 @@ impl Pool {
                 settings.adapter_dir.display()
             )
         })?;
-        let (vocab, rows) = (lm.model.vocab() as u32, lm.model.cfg.vocab_size as u32);
+        let vocab = lm.model.cfg.vocab_size as u32;
         let servers: Vec<Arc<Server>> = settings
             .servers
             .iter()
-            .map(|u| Arc::new(Server::new(u, settings.timeout, vocab, rows)))
+            .map(|u| Arc::new(Server::new(u, settings.timeout, vocab)))
             .collect();
         for s in &servers {
             // A server started moments ago answers its first completions slowly (30 s
@@ -577,7 +560,6 @@ impl Pool {
                 limit,
                 format!("no answer in {} s at start-up", limit.as_secs_f64()),
                 vocab,
-                rows,
             );
             check_server(&patient, &settings.model, lm, max_total_tokens, temperature)?;
         }

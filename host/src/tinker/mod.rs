@@ -78,8 +78,7 @@ pub fn serve(
             .collect(),
         arch: format!("{:?}", lm.model.cfg.arch).to_lowercase(),
         tokenizer_dir: dir.display().to_string(),
-        // The tokenizer's ids: the head's padding rows past it are never sampled.
-        vocab: lm.model.vocab(),
+        vocab: lm.model.cfg.vocab_size,
         context: lm.model.cfg.max_position_embeddings,
         eos: lm.eos_token_ids.clone(),
     };
