@@ -42,26 +42,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def hwm_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def reset_hwm(pid):
     # "5" resets the peak resident set size to the current one (Linux 4.0 and later).
     with open(f"/proc/{pid}/clear_refs", "w") as f:
         f.write("5")
 
 
-def rss_mib(pid):
+def status_mib(pid, field):
+    """A memory line of /proc/PID/status (VmRSS: resident now, VmHWM: its peak), in MiB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_mib(pid):
+    return status_mib(pid, "VmRSS")
+
+
+def hwm_mib(pid):
+    return status_mib(pid, "VmHWM")
 
 
 def http(addr, method, path, body=None, timeout=30, headers=""):

@@ -1064,6 +1064,21 @@ mod tests {
         (gw, format!("http://{addr}/v1/chat/completions"), jobs_rx)
     }
 
+    /// A request of `n` choices after a three-token prompt.
+    fn request_of(n: usize, params: SamplingParams) -> Request {
+        Request {
+            prompt: vec![1, 2, 3],
+            n,
+            params,
+            index: 0,
+            top_logprobs: 0,
+            adapter: None,
+            first_choice: 0,
+            base: false,
+            hold: false,
+        }
+    }
+
     /// Issue 68: choices in flight are bounded over every caller; a call past the bound
     /// gets a 429 and queues nothing, and a finished (or abandoned) call gives its
     /// places back.
@@ -1071,17 +1086,7 @@ mod tests {
     fn choices_in_flight_are_capped_and_given_back() {
         let lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
         let (gw, _, jobs) = updating(&lm, false);
-        let request = |n: usize| Request {
-            prompt: vec![1, 2, 3],
-            n,
-            params: Default::default(),
-            index: 0,
-            top_logprobs: 0,
-            adapter: None,
-            first_choice: 0,
-            base: false,
-            hold: false,
-        };
+        let request = |n: usize| request_of(n, SamplingParams::default());
         let big = submit(&gw, request(MAX_IN_FLIGHT - 1), false).unwrap();
         let one = submit(&gw, request(1), false).unwrap();
         let refused = submit(&gw, request(1), false).err().unwrap();
@@ -1119,19 +1124,14 @@ mod tests {
             per_token: 1000,
             bytes: 1_000_000,
         });
-        let request = |max_new_tokens: usize| Request {
-            prompt: vec![1, 2, 3],
-            n: 1,
-            params: SamplingParams {
-                max_new_tokens,
-                ..Default::default()
-            },
-            index: 0,
-            top_logprobs: 0,
-            adapter: None,
-            first_choice: 0,
-            base: false,
-            hold: false,
+        let request = |max_new_tokens: usize| {
+            request_of(
+                1,
+                SamplingParams {
+                    max_new_tokens,
+                    ..Default::default()
+                },
+            )
         };
         let never = submit(&gw, request(1000), false).err().unwrap();
         assert_eq!(never.status, 400, "{never:?}");
