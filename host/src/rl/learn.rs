@@ -284,6 +284,7 @@ fn step_metrics(
         rollout_logp_diff: stats.rollout_logp_diff,
         rollout_max_ratio: stats.rollout_max_ratio,
         grad_norm: stats.grad_norm,
+        optimizer_steps: stats.optimizer_steps,
         response_tokens: mean(&|t| t.sampled_tokens() as f64),
         turns: mean(&|t| t.turns as f64),
         tool_calls: mean(&|t| t.tool_calls as f64),

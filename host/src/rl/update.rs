@@ -145,7 +145,10 @@ pub struct UpdateStats {
     pub grad_norm: f64,
     pub tokens: usize,
     pub micro_batches: usize,
+    /// Optimizer steps taken; a mini-batch whose gradient was zero takes none and is
+    /// counted in `steps_without_signal`.
     pub optimizer_steps: usize,
+    pub steps_without_signal: usize,
     /// PPO: mean per-token clipped value loss (first epoch) and the share of tokens where
     /// the clipped value term was the larger (every step).
     pub value_loss: Option<f64>,
@@ -748,7 +751,24 @@ fn update_here(
                 step.grad_norm
             );
         }
-        opt.update(&grads, lr)?;
+        // A mini-batch whose rows all have advantage 0, with no KL, value or distillation
+        // term, has nothing to learn from: its gradient is zero. AdamW would still move
+        // the adapter, on its momentum and its weight decay, for many steps after the last
+        // signal: a run whose groups had all gone flat drifted (entropy 0.8 -> 2.1 with
+        // `grad_norm` 0 in each step, issue 63). So such a step leaves the adapter and the
+        // optimizer's moments as they are. (A mini-batch whose tokens are all clipped also
+        // has a zero gradient, but there the step is PPO's own, and it is taken.)
+        let signal = refs.is_some()
+            || ppo.is_some()
+            || share.iter().any(|&i| {
+                rows[i].advantage != 0.0 || rows[i].token_advantages.iter().any(|&a| a != 0.0)
+            });
+        if signal {
+            opt.update(&grads, lr)?;
+            stats.optimizer_steps += 1;
+        } else {
+            stats.steps_without_signal += 1;
+        }
         step.clip_fraction = clipped_sum / tokens.max(1.0);
         step.approx_kl = kl_sum / tokens.max(1.0);
         (clipped_tokens, kl_old_sum, step_tokens_sum) = (
@@ -760,7 +780,6 @@ fn update_here(
             stats.loss += step.loss / k as f64;
         }
         stats.grad_norm += step.grad_norm / steps.len() as f64;
-        stats.optimizer_steps += 1;
         stats.steps.push(step);
     }
     let n = stats.tokens.max(1) as f64;
@@ -1041,6 +1060,65 @@ pub(crate) mod tests {
         let after: Vec<f64> = ts.iter().map(|t| seq_logp(&m, t)).collect();
         assert!(after[0] > before[0], "{before:?} -> {after:?}");
         assert!(after[1] < before[1], "{before:?} -> {after:?}");
+    }
+
+    /// A step after signal, then a batch with every advantage 0 and no KL term: the second
+    /// update's gradient is zero, so it takes no optimizer step and leaves the adapter and
+    /// AdamW's moments exactly as they were (AdamW alone would go on moving the adapter on
+    /// its first moment: checked here by stepping it once on the zero gradient).
+    #[test]
+    fn a_batch_without_signal_leaves_the_adapter_where_it_was() {
+        let ts = vec![
+            trajectory((1..16).collect(), 5, &[]),
+            trajectory((100..115).collect(), 5, &[]),
+        ];
+        let m = model();
+        let mut opt = AdamW::new(m.lora_vars(), AdamWConfig::default()).unwrap();
+        let mut c = cfg(1000);
+        c.kl_coef = 0.0;
+        let s = update(
+            &m,
+            None,
+            &mut opt,
+            &rows_of(&ts, &[1.0, -1.0]),
+            &c,
+            &at(1e-2, 0),
+        )
+        .unwrap();
+        assert_eq!((s.optimizer_steps, s.steps_without_signal), (1, 0));
+        let before = lora_values(&m);
+        let moments = opt.state().unwrap();
+        let s = update(
+            &m,
+            None,
+            &mut opt,
+            &rows_of(&ts, &[0.0, 0.0]),
+            &c,
+            &at(1e-2, 1),
+        )
+        .unwrap();
+        assert_eq!((s.optimizer_steps, s.steps_without_signal), (0, 1));
+        assert_eq!(s.grad_norm, 0.0);
+        assert!(s.entropy > 0.0, "the step's figures are still measured");
+        assert_eq!(lora_values(&m), before);
+        assert_eq!(opt.step, 1);
+        for ((a, x), (b, y)) in moments.iter().zip(opt.state().unwrap()) {
+            assert_eq!(a, &b);
+            let (x, y) = (x.flatten_all().unwrap(), y.flatten_all().unwrap());
+            assert_eq!(
+                x.to_vec1::<f32>().unwrap(),
+                y.to_vec1::<f32>().unwrap(),
+                "{a}"
+            );
+        }
+        // What the skip prevents: AdamW stepped on the zero gradient moves the adapter.
+        let zeros: Vec<Tensor> = opt
+            .params()
+            .iter()
+            .map(|(_, v)| v.as_tensor().zeros_like().unwrap())
+            .collect();
+        opt.update(&zeros, 1e-2).unwrap();
+        assert_ne!(lora_values(&m), before);
     }
 
     /// A row's per-token terms (distillation's) add to its advantage token by token: terms
