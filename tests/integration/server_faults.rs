@@ -156,6 +156,11 @@ fn the_tinker_server_refuses_hostile_requests_and_goes_on() {
             json!({"num_samples": 256, "sampling_params": {"max_tokens": 900}}),
             "serve --tinker --kv-budget-mib",
         ),
+        // A padding row of the head (320 rows, 289 tokens): no token, so no prompt id.
+        (
+            json!({"prompt": {"chunks": [{"tokens": [5, 319]}]}}),
+            "token 319 at position 1 is outside the vocabulary",
+        ),
     ] {
         let mut req = json!({"num_samples": 1, "base_model": "builtin:multiply",
                              "prompt": {"chunks": [{"tokens": [5, 6, 7]}]},

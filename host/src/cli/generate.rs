@@ -67,6 +67,7 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let at = Placement::open(args.device, args.dtype).context("--device")?;
     let mut lm = LanguageModel::open(&args.model, &at)?;
+    lm.sample_tokens_only();
     if let Some(adapter) = &args.adapter {
         peft::load_adapter(&mut lm.model, adapter)
             .with_context(|| format!("loading adapter {}", adapter.display()))?;

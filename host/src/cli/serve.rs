@@ -110,7 +110,11 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
         anyhow::bail!("--group-size must be at least 1");
     }
     let mode = setup.mode();
-    let crate::config::setup::Setup { lm, dataset, .. } = setup;
+    let crate::config::setup::Setup {
+        mut lm, dataset, ..
+    } = setup;
+    // The served model's ids are decoded by clients: none past the tokenizer.
+    lm.sample_tokens_only();
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Finished>();
     let tasks = Tasks::new(dataset, group_size);

@@ -47,6 +47,16 @@ impl LanguageModel {
         })
     }
 
+    /// Never samples an id the tokenizer cannot decode: the head's rows past the tokenizer
+    /// (vocabularies padded to a multiple of 64 or 128) get `-inf` before every draw, and
+    /// log-probs are normalised over the tokenizer's rows ([`Model::limit_vocabulary`]).
+    /// For the servers and `generate`, whose ids a client decodes; Tinker's adapters train
+    /// the head (`train_unembed`), and a few steps gave those rows mass. A training run's
+    /// policy stays the whole head, as in TRL and vLLM: its head does not train.
+    pub fn sample_tokens_only(&mut self) {
+        self.model.limit_vocabulary(self.tokenizer.vocab_size());
+    }
+
     pub fn chat(&self) -> Result<&ChatTemplate> {
         self.chat.as_ref().with_context(|| {
             format!(

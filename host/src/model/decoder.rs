@@ -86,6 +86,11 @@ pub struct Model {
     /// Recompute each layer's activations in the backward instead of keeping them
     /// (`train.gradient_checkpointing`, see [`super::checkpoint`]).
     pub gradient_checkpointing: bool,
+    /// Ids from here on name no token: the rows a head rounded up to a multiple of 64 or
+    /// 128 has past the tokenizer's vocabulary ([`Model::limit_vocabulary`]). They are
+    /// never sampled and are left out of every log-softmax, the trainer's included, so
+    /// that the sampler's log-probs and the trainer's are of one distribution.
+    vocab_limit: usize,
     device: Device,
 }
 
@@ -187,6 +192,7 @@ impl Model {
             inv_freq,
             lora: None,
             gradient_checkpointing: false,
+            vocab_limit: cfg.vocab_size,
             device: device.clone(),
             cfg,
         })
@@ -427,10 +433,40 @@ impl Model {
         rms_norm(&x, &self.norm, ctx.eps)
     }
 
+    /// Ids at and past `n` (the tokenizer's size) name no token: see `vocab_limit`. A
+    /// trained head gives its padding rows real mass (Tinker's `train_unembed` did within
+    /// a few steps), and a draw there is text nobody can decode.
+    pub fn limit_vocabulary(&mut self, n: usize) {
+        self.vocab_limit = n.clamp(1, self.cfg.vocab_size);
+    }
+
+    /// The ids that name tokens: `0..vocab()`.
+    pub fn vocab(&self) -> usize {
+        self.vocab_limit
+    }
+
     /// Full logits `[.., vocab]` in f32 from hidden states (small vocabularies and tests;
-    /// training uses [`Model::logprobs`]).
+    /// training uses [`Model::logprobs`]), `-inf` past [`Model::vocab`].
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        compute::linear(hidden, &self.lm_head)?.to_dtype(DType::F32)
+        self.past_vocab_masked(compute::linear(hidden, &self.lm_head)?.to_dtype(DType::F32)?)
+    }
+
+    /// `logits` (f32, vocabulary last) with the ids past [`Model::vocab`] at `-inf`, so
+    /// that no draw lands there and a softmax gives them no mass. The width stays the
+    /// config's: a head adapter's delta and every caller's indexing keep their shapes.
+    fn past_vocab_masked(&self, logits: Tensor) -> Result<Tensor> {
+        let v = self.cfg.vocab_size;
+        if self.vocab_limit >= v {
+            return Ok(logits);
+        }
+        let last = logits.rank() - 1;
+        let mut dims = logits.dims().to_vec();
+        dims[last] = v - self.vocab_limit;
+        let padding = Tensor::full(f32::NEG_INFINITY, dims, logits.device())?;
+        Tensor::cat(
+            &[&logits.narrow(last, 0, self.vocab_limit)?, &padding],
+            last,
+        )
     }
 
     /// Log-probs of `targets` and entropies, both `[B, T]`, from hidden states `[B, T, H]`,
@@ -439,7 +475,9 @@ impl Model {
         let (b, t, h) = hidden.dims3()?;
         let (logp, ent) = compute::target_logprobs(
             &hidden.reshape((b * t, h))?,
-            &self.lm_head,
+            // The head's first rows: a log-softmax over them is the masked one the
+            // sampler draws from (a prefix of rows stays contiguous, no copy).
+            &self.lm_head.narrow(0, 0, self.vocab_limit)?,
             &targets.flatten_all()?,
             logprob_chunk_rows(self.cfg.vocab_size, &self.device),
             !self.gradient_checkpointing,
@@ -555,6 +593,7 @@ impl Model {
         }
         let x = rms_norm(&x, &self.norm, eps)?;
         let logits = compute::linear(&x, &self.lm_head)?.to_dtype(DType::F32)?;
+        let logits = self.past_vocab_masked(logits)?;
         head_adapters(logits, &x, mode, &spans, all_positions)
     }
 }

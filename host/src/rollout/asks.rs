@@ -109,7 +109,7 @@ pub fn ask<'t>(
                 .map_err(|e| format!("the messages do not render with the chat template: {e:#}"))
         }
     };
-    let vocab = lm.model.cfg.vocab_size;
+    let vocab = lm.model.vocab();
     let max_len = lm.model.cfg.max_position_embeddings;
     let checked = ids.and_then(|ids| {
         if ids.is_empty() {

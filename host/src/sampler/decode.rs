@@ -486,6 +486,86 @@ mod tests {
         assert_eq!(s.logprobs.iter().filter(|l| l.is_none()).count(), 4);
     }
 
+    /// A head with rows past the tokenizer's vocabulary (a padded head; here the padding
+    /// rows are made to dominate, as training the head once made them win draws): no draw
+    /// lands there, on the host or as on a GPU, and each sampled log-prob is the trainer's,
+    /// whose log-softmax leaves those rows out too.
+    #[test]
+    fn rows_past_the_vocabulary_are_never_drawn_and_never_normalised_over() {
+        let (mut model, tok) = setup();
+        let (v, limit) = (model.cfg.vocab_size, 400);
+        let head = model.lm_head.clone();
+        model.lm_head = Tensor::cat(
+            &[
+                head.narrow(0, 0, limit).unwrap(),
+                (head.narrow(0, limit, v - limit).unwrap() * 8.0).unwrap(),
+            ],
+            0,
+        )
+        .unwrap();
+        // Prompts of tokens (a tokenizer of `limit` ids writes no others).
+        let prompts: Vec<Vec<u32>> = Reference::load("qwen2")
+            .rows()
+            .into_iter()
+            .map(|r| r.into_iter().map(|t| t % limit as u32).collect())
+            .collect();
+        let p = params(3);
+        let past = |model: &Model| -> usize {
+            let out = generate(model, &tok, &prompts, 2, &p, Mode::INFERENCE).unwrap();
+            out.iter()
+                .flatten()
+                .flat_map(|s| &s.tokens)
+                .filter(|&&t| t as usize >= limit)
+                .count()
+        };
+        // Unlimited, the padding wins most draws: the check below can fail.
+        assert!(past(&model) > 20, "{}", past(&model));
+        model.limit_vocabulary(limit);
+        assert_eq!(model.vocab(), limit);
+        for gpu in [false, true] {
+            let run = || generate(&model, &tok, &prompts, 2, &p, Mode::INFERENCE).unwrap();
+            let out = if gpu { as_on_a_gpu(run) } else { run() };
+            for (prompt, sample) in prompts
+                .iter()
+                .zip(&out)
+                .flat_map(|(p, g)| g.iter().map(move |s| (p, s)))
+            {
+                assert!(
+                    sample.tokens.iter().all(|&t| (t as usize) < limit),
+                    "{:?}",
+                    sample.tokens
+                );
+                let ids: Vec<u32> = prompt.iter().chain(&sample.tokens).copied().collect();
+                let t = ids.len();
+                let ids = Tensor::new(ids.as_slice(), model.device())
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let pos = Tensor::arange(0u32, t as u32, model.device())
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
+                let h = model
+                    .forward_batch(&ids, &ids.ones_like().unwrap(), &pos, Mode::INFERENCE)
+                    .unwrap();
+                let (logp, _) = model
+                    .logprobs(
+                        &h.narrow(1, 0, t - 1).unwrap(),
+                        &ids.narrow(1, 1, t - 1).unwrap(),
+                    )
+                    .unwrap();
+                let logp = logp.squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+                for (k, lp) in sample.logprobs.iter().enumerate() {
+                    let trainer = logp[prompt.len() + k - 1];
+                    assert!(
+                        (lp - trainer).abs() < 1e-4,
+                        "gpu {gpu}, token {k}: {lp} vs {trainer}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn stops_on_tokens_strings_and_length() {
         let (model, tok) = setup();

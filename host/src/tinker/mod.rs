@@ -63,6 +63,7 @@ pub fn serve(
         session_timeout,
         kv_budget_mib,
     } = listen;
+    lm.sample_tokens_only();
     adapter::attach_host(&mut lm.model)?;
     std::fs::create_dir_all(&root)
         .with_context(|| format!("cannot create the checkpoint directory {}", root.display()))?;
@@ -78,7 +79,8 @@ pub fn serve(
             .collect(),
         arch: format!("{:?}", lm.model.cfg.arch).to_lowercase(),
         tokenizer_dir: dir.display().to_string(),
-        vocab: lm.model.cfg.vocab_size,
+        // The tokenizer's ids: the head's padding rows past it are never sampled.
+        vocab: lm.model.vocab(),
         context: lm.model.cfg.max_position_embeddings,
         eos: lm.eos_token_ids.clone(),
     };
