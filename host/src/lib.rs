@@ -17,10 +17,10 @@ pub mod progress;
 pub mod rl;
 pub mod rng;
 pub mod rollout;
-pub mod sample;
 pub mod sampler;
 pub mod status;
 pub mod step;
+pub mod task;
 pub mod tinker;
 
 #[cfg(test)]

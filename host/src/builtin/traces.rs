@@ -23,7 +23,7 @@ use crate::rng::SplitMix64;
 use crate::rollout::ToolSpec;
 use crate::rollout::tools::{self as functions, Toolbox, Written};
 use crate::rollout::turns::TurnFormat;
-use crate::sample::{Message, Sample};
+use crate::task::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use tokio::runtime::Handle;

@@ -472,7 +472,7 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::Message;
+    use crate::task::Message;
 
     fn sampled(id: u64, index: usize, reply: &str, reward: f64) -> Trajectory {
         let mut t = Trajectory::sampled(vec![1, 2, 3], 2, vec![Some(-1.0)]);

@@ -20,9 +20,9 @@ use crate::rollout::render::prompt_tokens;
 use crate::rollout::reward::WeightedModel;
 use crate::rollout::tools::{Catalogue, Toolbox};
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
-use crate::sample::Sample;
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::vllm::{Pool, VllmSettings};
+use crate::task::Sample;
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -492,7 +492,7 @@ fn open_teacher(
         at,
     )?;
     if let Some(other) = teacher.own_model() {
-        use crate::sample::Message;
+        use crate::task::Message;
         let probes = [
             (
                 "a user turn",

@@ -17,7 +17,7 @@ pub mod rows;
 pub use config::{DataConfig, Format, OnBadRow};
 
 use crate::plugin::{DatasetSource, Plugin};
-use crate::sample::{Message, Sample};
+use crate::task::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use rows::{ReadOptions, RowKeys};
 use serde::{Deserialize, Serialize};

@@ -16,7 +16,7 @@
 
 use super::rows::{self, Loaded, RowOptions, describe, parse_messages};
 use super::{Format, OnBadRow};
-use crate::sample::Message;
+use crate::task::Message;
 use anyhow::Result;
 use serde_json::{Map, Value};
 use std::path::Path;

@@ -26,7 +26,7 @@
 //! `on_bad_row = "skip"` it is counted instead, and one warning shows the first error.
 
 use super::config::{Format, OnBadRow};
-use crate::sample::{Message, Sample};
+use crate::task::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 use std::fs::File;

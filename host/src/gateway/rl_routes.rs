@@ -5,7 +5,7 @@
 use super::server::{Gateway, error, over_limit, session_error, status_error};
 use super::sessions::{Reward, Task, read_reward};
 use super::wire::ApiError;
-use crate::sample::{Message, Sample};
+use crate::task::{Message, Sample};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -101,19 +101,24 @@ pub(super) fn opened(gw: &Arc<Gateway>, task: Task) -> Response {
     (StatusCode::CREATED, axum::Json(body)).into_response()
 }
 
+/// A route's JSON body; an empty body is `{}`.
+fn json_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_body(format!("the body is not JSON: {e}")))
+}
+
 /// `POST /rl/sessions`: a session for a task the agent brings (`messages`, `metadata`,
 /// both optional), in a group of its own.
 pub(super) async fn open_session(State(gw): State<Arc<Gateway>>, body: Bytes) -> Response {
     if let Err(e) = room_for_a_session(&gw) {
         return error(e);
     }
-    let v: Value = if body.is_empty() {
-        json!({})
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
-        }
+    let v = match json_body(&body) {
+        Ok(v) => v,
+        Err(e) => return error(e),
     };
     let messages: Vec<Message> = match v.get("messages") {
         None | Some(Value::Null) => Vec::new(),
@@ -168,9 +173,9 @@ pub(super) async fn reward(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let v: Value = match serde_json::from_slice(&body) {
+    let v = match json_body(&body) {
         Ok(v) => v,
-        Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
+        Err(e) => return error(e),
     };
     let r: Reward = match read_reward(&v) {
         Ok(r) => r,
@@ -192,10 +197,10 @@ pub(super) async fn end(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    if !body.is_empty() {
-        let v: Value = match serde_json::from_slice(&body) {
+    {
+        let v = match json_body(&body) {
             Ok(v) => v,
-            Err(e) => return error(ApiError::bad_body(format!("the body is not JSON: {e}"))),
+            Err(e) => return error(e),
         };
         if v.get("reward").is_some() || v.get("rewards").is_some() {
             match read_reward(&v) {

@@ -19,11 +19,11 @@ use super::wire::{
     TokenLogprob, TopLogprob, Usage, model_list,
 };
 use crate::data::{Cursor, Dataset};
-use crate::sample::{Message, MessageToolCall};
 use crate::sampler::decode::{Completion, Finish};
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::kv_budget::KvBudget;
 use crate::sampler::{Request, Token};
+use crate::task::{Message, MessageToolCall};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};

@@ -6,7 +6,7 @@
 //! serve`, the trainer of a gateway run).
 
 use super::record;
-use crate::sample::{Message, Sample};
+use crate::task::{Message, Sample};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;

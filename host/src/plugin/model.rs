@@ -49,7 +49,7 @@ use crate::model::tokenizer::BYTES_PER_TOKEN;
 
 /// The bytes of text a message gives the chat template: its role, content and function
 /// calls (their arguments counted as JSON, without writing them out).
-fn text_bytes(m: &crate::sample::Message) -> usize {
+fn text_bytes(m: &crate::task::Message) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -726,7 +726,7 @@ mod tests {
         .within(1024);
         let m = access(Some(grant), Some(link));
         let messages = |bytes: usize| GenerateRequest {
-            prompt: Prompt::Messages(vec![crate::sample::Message::new("user", "x".repeat(bytes))]),
+            prompt: Prompt::Messages(vec![crate::task::Message::new("user", "x".repeat(bytes))]),
             ..request(Answerer::Base, 0.0, 4)
         };
         run(async {

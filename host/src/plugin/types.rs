@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-pub use crate::sample::{Message, MessageToolCall, Sample};
+pub use crate::task::{Message, MessageToolCall, Sample};
 
 /// A finished rollout as reward plugins see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

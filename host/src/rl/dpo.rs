@@ -499,7 +499,7 @@ pub(super) fn take_step(
 pub(super) mod tests {
     use super::*;
     use crate::model::{Placement, fixtures};
-    use crate::sample::Message;
+    use crate::task::Message;
 
     fn pair(q: &str, c: &str, r: &str) -> Pair {
         Pair {

@@ -14,7 +14,7 @@ use super::packing::{self, Layout};
 use crate::model::{LanguageModel, Mode, Model};
 use crate::rollout::render::escaped;
 use crate::rollout::turns::TurnFormat;
-use crate::sample::Message;
+use crate::task::Message;
 use anyhow::{Context, Result, bail};
 use candle_core::{Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};

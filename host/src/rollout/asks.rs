@@ -9,10 +9,10 @@
 use crate::model::bundle::LanguageModel;
 use crate::model::tokenizer::Tokenizer;
 use crate::plugin::model::{Answerer, Completion, GenerateCall, Prompt};
-use crate::sample::Sample;
 use crate::sampler::decode::{self, Finish};
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::{Request, Sampler, Sampling, Sink, Token};
+use crate::task::Sample;
 use serde_json::{Map, Value as Json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,8 +5,8 @@
 
 use super::{Engine, Trajectory};
 use crate::model::Mode;
-use crate::sample::Sample;
 use crate::sampler::decode::sample_seed;
+use crate::task::Sample;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

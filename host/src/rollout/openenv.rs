@@ -32,7 +32,7 @@ use crate::openenv::endpoint::Endpoint;
 use crate::openenv::settings::{ActionKind, OpenEnvSection, PromptFrom};
 use crate::plugin::net::HttpGrants;
 use crate::plugin::{Fault, FaultKind, FunctionSpec, StepResult};
-use crate::sample::Message;
+use crate::task::Message;
 
 /// The server, checked, with the mapping the run uses; shared by every episode.
 pub struct Remote {

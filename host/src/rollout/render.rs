@@ -5,7 +5,7 @@
 
 use super::trajectory::SpanKind;
 use crate::model::bundle::LanguageModel;
-use crate::sample::{Message, Sample};
+use crate::task::{Message, Sample};
 use anyhow::Result;
 use serde_json::{Map, Value as Json};
 

@@ -20,7 +20,7 @@
 use super::tool_calls::{self, CallError, CallFormat, Malformed, ToolCall};
 use crate::model::chat::ChatTemplate;
 use crate::plugin::{Fault, FunctionSpec, Plugin, Role, ToolsSession};
-use crate::sample::{Message, MessageToolCall, Sample};
+use crate::task::{Message, MessageToolCall, Sample};
 use anyhow::{Context, Result, bail};
 use futures_util::future::{join, join_all};
 use serde_json::{Value as Json, json};

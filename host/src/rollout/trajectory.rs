@@ -5,7 +5,7 @@
 //! host inserted — trigger output and environment turns — (not trained on, mask 0).
 
 use crate::plugin::Fault;
-use crate::sample::Message;
+use crate::task::Message;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

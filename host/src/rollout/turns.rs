@@ -18,7 +18,7 @@
 //! the *glue*, comes first in what is appended.
 
 use crate::model::chat::ChatTemplate;
-use crate::sample::Message;
+use crate::task::Message;
 use anyhow::{Result, bail};
 use serde_json::{Map, Value as Json};
 

@@ -1,6 +1,7 @@
-//! The sample format that crosses parts (RL2's): datasets yield samples, rollouts render
-//! their messages with the chat template, plugins receive them. Its own module, so that
-//! data, rollouts and training need not import the plugin sandbox for two structs.
+//! A task instance, as it crosses rooms (RL2's sample format): datasets yield samples,
+//! rollouts render their messages with the chat template, plugins receive them. Named for
+//! the task, not the sampling (`sampler/` draws tokens). Its own module, so that data,
+//! rollouts and training need not import the plugin sandbox for two structs.
 
 use serde::{Deserialize, Serialize};
 
