@@ -5,11 +5,13 @@
 //! AdamW state ([`adapter`]).
 //!
 //! `rlhost serve --tinker` starts it ([`serve`]); the wire is the SDK's (JSON, and
-//! protobuf for forward/backward and sampling: [`proto`], [`wire`]); operations are
+//! protobuf for forward/backward and sampling: [`proto`], [`wire`]; a forward/backward's
+//! datums decoded and checked by [`datum`]); operations are
 //! futures the SDK polls ([`futures`]), run in each client's order ([`gate`]) on the
 //! model's thread ([`worker`]).
 
 pub mod adapter;
+pub mod datum;
 pub mod futures;
 pub mod gate;
 pub mod losses;

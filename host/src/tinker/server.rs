@@ -5,12 +5,12 @@
 //! or `NotFoundError` with it), and a problem in an accepted operation's data settles its
 //! future as failed (`RequestFailedError`, category `user`), naming the datum and field.
 
+use super::datum;
 use super::futures::{Futures, Outcome, Waited};
 use super::gate::Gate;
-use super::losses::Loss;
-use super::proto::{self, chunk, tensor};
+use super::proto;
 use super::wire;
-use super::worker::{CheckedDatum, SampleJob, SamplerWeights, Work};
+use super::worker::{SampleJob, SamplerWeights, Work};
 use crate::sampler::draw::SamplingParams;
 use axum::Router;
 use axum::body::Bytes;
@@ -612,7 +612,12 @@ async fn forward_backward(
         return *r;
     }
     let request = t.futures.open();
-    let work = match loss_of(&req).and_then(|loss| Ok((loss, rows(&req, loss, &t.base)?))) {
+    let work = match datum::loss_of(&req).and_then(|loss| {
+        Ok((
+            loss,
+            datum::checked(&req, loss, t.base.vocab, t.base.context)?,
+        ))
+    }) {
         Ok((loss, rows)) => Work::ForwardBackward {
             request: request.clone(),
             model_id: req.model_id.clone(),
@@ -627,207 +632,6 @@ async fn forward_backward(
     };
     t.submit(&req.model_id, Some(req.seq_id as i64), work);
     future(&request, Some(&req.model_id))
-}
-
-/// The loss and its settings (`loss_fn_config_v2` where the SDK wrote it, else the
-/// legacy map).
-fn loss_of(req: &proto::ForwardBackwardRequest) -> Result<Loss, String> {
-    let mut config: HashMap<String, f64> = req.loss_fn_config.clone();
-    for (k, v) in &req.loss_fn_config_v2 {
-        match &v.value {
-            Some(proto::loss_config_value::Value::Number(x)) => {
-                config.insert(k.clone(), *x);
-            }
-            Some(proto::loss_config_value::Value::Text(s)) => {
-                return Err(format!(
-                    "loss_fn_config {k:?} = {s:?}: rlhost's losses take numbers only"
-                ));
-            }
-            None => {}
-        }
-    }
-    Loss::parse(&req.loss_fn, &config).map_err(|e| e.to_string())
-}
-
-/// The datums of `req`, checked against the loss and the model: text chunks only, ids in
-/// the vocabulary, every input the loss reads present with one value per token, nothing
-/// it does not read.
-fn rows(
-    req: &proto::ForwardBackwardRequest,
-    loss: Loss,
-    base: &Base,
-) -> Result<Vec<CheckedDatum>, String> {
-    if req.data.is_empty() {
-        return Err("forward_backward with no datums".into());
-    }
-    let mut wanted: Vec<&str> = vec!["target_tokens"];
-    wanted.extend(loss.inputs());
-    let mut out = Vec::with_capacity(req.data.len());
-    for (i, d) in req.data.iter().enumerate() {
-        let at = |what: String| format!("datum {i}: {what}");
-        let mut tokens = Vec::new();
-        for (c, ch) in d.model_input.iter().enumerate() {
-            match &ch.chunk {
-                Some(chunk::Kind::EncodedText(t)) => tokens.extend(
-                    ids(&t.tokens, base.vocab)
-                        .map_err(|e| at(format!("model_input chunk {c}: {e}")))?,
-                ),
-                Some(chunk::Kind::Image(_)) | Some(chunk::Kind::Dmel(_)) => {
-                    return Err(at(format!(
-                        "model_input chunk {c} is an image or audio chunk; rlhost serves text models (encoded_text chunks only)"
-                    )));
-                }
-                None => return Err(at(format!("model_input chunk {c} is empty"))),
-            }
-        }
-        let n = tokens.len();
-        if n == 0 {
-            return Err(at("model_input has no tokens".into()));
-        }
-        if n > base.context {
-            return Err(at(format!(
-                "{n} tokens is more than the model's context of {}",
-                base.context
-            )));
-        }
-        let mut keys: Vec<&String> = d.loss_fn_inputs.keys().collect();
-        keys.sort();
-        if let Some(extra) = keys.iter().find(|k| !wanted.contains(&k.as_str())) {
-            return Err(at(format!(
-                "loss_fn_inputs has {extra:?}, which {} does not read (it reads {})",
-                req.loss_fn,
-                wanted.join(", ")
-            )));
-        }
-        let mut inputs = HashMap::new();
-        let mut targets = Vec::new();
-        for key in &wanted {
-            let tensor = d.loss_fn_inputs.get(*key).ok_or_else(|| {
-                at(format!(
-                    "loss_fn_inputs has no {key:?} ({} reads {})",
-                    req.loss_fn,
-                    wanted.join(", ")
-                ))
-            })?;
-            let values =
-                values(tensor, n).map_err(|e| at(format!("loss_fn_inputs {key:?}: {e}")))?;
-            if *key == "target_tokens" {
-                for (p, v) in values.iter().enumerate() {
-                    if v.fract() != 0.0 || *v < 0.0 || *v >= base.vocab as f64 {
-                        return Err(at(format!(
-                            "target_tokens[{p}] = {v} is outside the vocabulary (0..{})",
-                            base.vocab
-                        )));
-                    }
-                }
-                targets = values.iter().map(|v| *v as u32).collect();
-            } else {
-                if let Some(p) = values.iter().position(|v| !v.is_finite()) {
-                    return Err(at(format!(
-                        "loss_fn_inputs {key:?}[{p}] is not a finite number"
-                    )));
-                }
-                inputs.insert(key.to_string(), values.iter().map(|v| *v as f32).collect());
-            }
-        }
-        out.push(CheckedDatum {
-            tokens,
-            targets,
-            inputs,
-        });
-    }
-    Ok(out)
-}
-
-/// Token ids from little-endian int32 bytes, each in `0..vocab`.
-fn ids(bytes: &[u8], vocab: usize) -> Result<Vec<u32>, String> {
-    if !bytes.len().is_multiple_of(4) {
-        return Err(format!(
-            "{} bytes of tokens is not a whole number of int32 ids",
-            bytes.len()
-        ));
-    }
-    bytes
-        .chunks_exact(4)
-        .enumerate()
-        .map(|(p, b)| {
-            let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            if v < 0 || v as usize >= vocab {
-                Err(format!(
-                    "token {v} at position {p} is outside the vocabulary (0..{vocab})"
-                ))
-            } else {
-                Ok(v as u32)
-            }
-        })
-        .collect()
-}
-
-/// A tensor's values as f64, which must be one per token (`[n]`, dense or CSR).
-fn values(t: &proto::Tensor, n: usize) -> Result<Vec<f64>, String> {
-    let width = match proto::DType::try_from(t.dtype) {
-        Ok(proto::DType::Float32 | proto::DType::Int32) => 4,
-        Ok(proto::DType::Int64) => 8,
-        _ => return Err(format!("dtype {} is not float32, int32 or int64", t.dtype)),
-    };
-    let decode = |bytes: &[u8]| -> Result<Vec<f64>, String> {
-        if !bytes.len().is_multiple_of(width) {
-            return Err(format!(
-                "{} bytes is not a whole number of values",
-                bytes.len()
-            ));
-        }
-        Ok(bytes
-            .chunks_exact(width)
-            .map(|b| match proto::DType::try_from(t.dtype) {
-                Ok(proto::DType::Float32) => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-                Ok(proto::DType::Int32) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-                _ => i64::from_le_bytes(b.try_into().expect("8 bytes")) as f64,
-            })
-            .collect())
-    };
-    let shape: Vec<i64> = t.shape.clone();
-    // The shape is the client's: checked against the tokens before it sizes anything.
-    if !(shape.is_empty() || shape == [n as i64]) {
-        return Err(format!(
-            "has the shape {shape:?}; it needs one value per model_input token: shape [{n}]"
-        ));
-    }
-    let dense = match &t.encoding {
-        Some(tensor::Encoding::Dense(bytes)) => decode(bytes)?,
-        Some(tensor::Encoding::SparseCsr(csr)) => {
-            // A 1-D tensor in CSR is one row: its columns and values over zeros.
-            let vals = decode(&csr.values)?;
-            let cols: Vec<i64> = csr
-                .col_indices
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
-                .collect();
-            if cols.len() != vals.len() {
-                return Err("sparse_csr has a different number of columns and values".into());
-            }
-            let len = n;
-            let mut out = vec![0.0; len];
-            for (c, v) in cols.iter().zip(vals) {
-                let c = *c as usize;
-                if c >= len {
-                    return Err(format!(
-                        "sparse_csr column {c} is outside the shape {shape:?}"
-                    ));
-                }
-                out[c] = v;
-            }
-            out
-        }
-        None => Vec::new(),
-    };
-    if dense.len() != n {
-        return Err(format!(
-            "has {} values (shape {shape:?}); it needs one per model_input token: shape [{n}]",
-            dense.len()
-        ));
-    }
-    Ok(dense)
 }
 
 async fn optim_step(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
@@ -1551,30 +1355,6 @@ mod tests {
             _ => panic!("no unload"),
         }
         assert!(open_session(&t, "sess-gone").is_err());
-    }
-
-    /// Issue 68, point 2: a sparse input whose shape is 10^12 aborted the server on the
-    /// allocation it sized; the shape is compared with the tokens first.
-    #[test]
-    fn a_tensor_shape_is_checked_against_the_tokens_before_it_sizes_anything() {
-        let sparse = |shape: Vec<i64>| proto::Tensor {
-            encoding: Some(tensor::Encoding::SparseCsr(proto::SparseCsr {
-                values: 1f32.to_le_bytes().to_vec(),
-                crow_indices: Vec::new(),
-                col_indices: 0i64.to_le_bytes().to_vec(),
-            })),
-            dtype: proto::DType::Float32 as i32,
-            shape,
-        };
-        let e = values(&sparse(vec![1_000_000_000_000]), 3).unwrap_err();
-        assert!(e.contains("shape [3]"), "{e}");
-        assert_eq!(values(&sparse(vec![3]), 3).unwrap(), vec![1.0, 0.0, 0.0]);
-        let dense = proto::Tensor {
-            encoding: Some(tensor::Encoding::Dense(proto::f32_bytes(&[1.0, 2.0]))),
-            dtype: proto::DType::Float32 as i32,
-            shape: vec![i64::MAX, 2],
-        };
-        assert!(values(&dense, 2).is_err());
     }
 
     /// Issue 68, point 13: AdamW's settings outside where it is defined are refused by
