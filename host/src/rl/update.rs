@@ -551,10 +551,7 @@ fn update_here(
         );
     }
     let device = model.device();
-    let temperature = cfg.temperature;
     let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
-    let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
-    let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
     let k = cfg.mini_batches.clamp(1, rows.len());
     let epochs = cfg.epochs.max(1);
     let steps: Vec<(usize, Vec<usize>, Vec<Micro>)> = plan(rows.len(), k, epochs, seed)
@@ -583,56 +580,7 @@ fn update_here(
         (Some(_), None) => bail!("PPO needs a value head and none was given"),
         (None, _) => None,
     };
-    // The policy before any step needs a pass of its own unless one step is all there
-    // is (then it is the step's own log-probs, detached) or the sampler's stand in; the
-    // critic's values before any step come from the same pass.
-    let recompute = cfg.old_logps == OldLogps::Recompute && steps.len() > 1;
-    let (recomputed, old_values) = if recompute || critic.is_some() {
-        let head = critic.map(|(_, h)| h);
-        per_row_pass(
-            model,
-            &first_epoch,
-            Mode::INFERENCE,
-            temperature,
-            &lens,
-            recompute,
-            head,
-        )?
-    } else {
-        Default::default()
-    };
-    // `None`: the step's own log-probs, detached.
-    let old: Option<Vec<Vec<f32>>> = match cfg.old_logps {
-        OldLogps::Sampler => Some(behavior.clone()),
-        OldLogps::Recompute => recompute.then_some(recomputed),
-    };
-    let refs = if cfg.kl_coef > 0.0 {
-        Some(per_row_logps(
-            model,
-            &first_epoch,
-            Mode::BASE,
-            temperature,
-            &lens,
-        )?)
-    } else {
-        None
-    };
-    let ppo = match critic {
-        Some((p, head)) => {
-            let t = ppo_targets(
-                model,
-                rows,
-                &arrays,
-                &behavior,
-                &first_epoch,
-                old_values,
-                p,
-                cfg,
-            )?;
-            Some((p, head, t))
-        }
-        None => None,
-    };
+    let fixed = fixed(model, rows, &arrays, &first_epoch, critic, steps.len(), cfg)?;
     let mut stats = UpdateStats {
         micro_batches: first_epoch.len(),
         ..Default::default()
@@ -658,28 +606,15 @@ fn update_here(
             if let Some(bar) = &cfg.progress {
                 bar.inc(1);
             }
-            let hidden = model.forward_batch(&m.input, &m.attn, &m.pos, train)?;
-            let (lp, entropy) = score(model, &hidden, m, temperature)?;
-            let old = match &old {
-                Some(old) => m.pad(old, device)?,
-                None => lp.detach(),
-            };
-            // PPO: each token's own advantage; otherwise its row's.
-            let advantages = match &ppo {
-                Some((_, _, t)) => m.pad(&t.advantages, device)?,
-                None => m.advantages.clone(),
-            };
-            let (surrogate, clipped) =
-                clipped_surrogate(&lp, &old, &advantages, cfg.clip_low, cfg.clip_high)?;
-            let mut per_token = surrogate.clone();
-            let measure = cfg.old_logps == OldLogps::Recompute && *epoch == 0;
-            let rollout = if measure || cfg.rollout_correction != RolloutCorrection::None {
-                Some(m.pad(&behavior, device)?)
-            } else {
-                None
-            };
-            if let Some(rollout) = rollout.as_ref().filter(|_| measure) {
-                let (k3, diff, max_r, n) = rollout_mismatch(&old, rollout, &m.mask)?;
+            let (loss, sums) = micro_loss(model, m, &fixed, cfg, *epoch, train)?;
+            let grads = loss.backward()?;
+            acc.add(&params, &grads)?;
+            step.loss += loss.to_scalar::<f32>()? as f64;
+            tokens += sums.tokens;
+            clipped_sum += sums.clipped;
+            kl_sum += sums.kl_old;
+            value_clipped += sums.value_clipped;
+            if let Some((k3, diff, max_r, n)) = sums.mismatch {
                 mismatch = (
                     mismatch.0 + k3,
                     mismatch.1 + diff,
@@ -687,60 +622,12 @@ fn update_here(
                     mismatch.3 + n,
                 );
             }
-            if let Some(rollout) = rollout.as_ref()
-                && cfg.rollout_correction != RolloutCorrection::None
-            {
-                let w = rollout_weights(&old, rollout, &m.mask, &m.attn, cfg.rollout_correction)?;
-                per_token = (per_token * w)?;
-            }
-            if cfg.old_logps == OldLogps::Recompute
-                && cfg.rollout_correction == RolloutCorrection::None
-                && m.layout.slots.iter().any(|s| rows[s.row].stale)
-            {
-                // w = 1 + stale·(min(e^{old − behavior}, cap) − 1): fresh rows weigh 1.
-                let stale = m.spread(|i| f32::from(u8::from(rows[i].stale)), device)?;
-                let tis = truncated_is(&old, &m.pad(&behavior, device)?, cfg.tis_cap)?;
-                let w = ((tis - 1.0)? * stale)? + 1.0;
-                per_token = (per_token * w?)?;
-            }
-            let kl_tok = match &refs {
-                Some(refs) => Some(kl(&lp, &m.pad(refs, device)?, cfg.kl_estimator)?),
-                None => None,
-            };
-            if let Some(k) = &kl_tok {
-                per_token = (per_token + (k * cfg.kl_coef)?)?;
-            }
-            // The critic's loss, never importance-weighted: it regresses returns.
-            if let Some((p, head, t)) = &ppo {
-                let v = head.values(model, (&m.input, &m.attn, &m.pos), Some(&hidden), true)?;
-                let (vl, used) = value_loss(
-                    &v,
-                    &m.pad(&t.old_values, device)?,
-                    &m.pad(&t.returns, device)?,
-                    p.value_clip,
-                )?;
-                per_token = (per_token + (&vl * p.vf_coef)?)?;
-                value_clipped += masked_sum(&used, &m.mask)?;
-                if *epoch == 0 {
-                    value_loss_sum += masked_sum(&vl, &m.mask)?;
-                }
-            }
-            let loss = (&per_token * &m.weight)?.sum_all()?;
-            let grads = loss.backward()?;
-            acc.add(&params, &grads)?;
-            let n = m.mask.sum_all()?.to_scalar::<f32>()? as f64;
-            tokens += n;
-            step.loss += loss.to_scalar::<f32>()? as f64;
-            clipped_sum += masked_sum(&clipped, &m.mask)?;
-            // k3 with samples from the old policy: r − 1 − log r, r = π / π_old.
-            kl_sum += masked_sum(&kl(&old, &lp.detach(), KlEstimator::K3)?, &m.mask)?;
             if *epoch == 0 {
-                stats.tokens += n as usize;
-                stats.policy_loss += masked_sum(&surrogate, &m.mask)?;
-                stats.entropy += masked_sum(&entropy, &m.mask)?;
-                if let Some(k) = &kl_tok {
-                    stats.kl += masked_sum(k, &m.mask)?;
-                }
+                stats.tokens += sums.tokens as usize;
+                stats.policy_loss += sums.surrogate;
+                stats.entropy += sums.entropy;
+                stats.kl += sums.kl_ref;
+                value_loss_sum += sums.value_loss;
             }
         }
         let mut grads = acc.take(&params)?;
@@ -758,8 +645,8 @@ fn update_here(
         // `grad_norm` 0 in each step, issue 63). So such a step leaves the adapter and the
         // optimizer's moments as they are. (A mini-batch whose tokens are all clipped also
         // has a zero gradient, but there the step is PPO's own, and it is taken.)
-        let signal = refs.is_some()
-            || ppo.is_some()
+        let signal = fixed.refs.is_some()
+            || fixed.ppo.is_some()
             || share.iter().any(|&i| {
                 rows[i].advantage != 0.0 || rows[i].token_advantages.iter().any(|&a| a != 0.0)
             });
@@ -793,7 +680,7 @@ fn update_here(
         stats.rollout_logp_diff = Some(mismatch.1 / mismatch.3);
         stats.rollout_max_ratio = Some(mismatch.2);
     }
-    if let Some((p, _, t)) = &ppo {
+    if let Some((p, _, t)) = &fixed.ppo {
         stats.value_loss = Some(value_loss_sum / n);
         stats.value_clip_fraction = Some(value_clipped / step_tokens_sum.max(1.0));
         if p.kl_reward_coef > 0.0 {
@@ -801,6 +688,206 @@ fn update_here(
         }
     }
     Ok(stats)
+}
+
+/// The passes an update needs before its first step, over the first epoch's micro-batches
+/// (which cover every row once): the policy before any step and the critic's values, the
+/// reference's log-probs and PPO's targets.
+fn fixed<'a, 't>(
+    model: &Model,
+    rows: &'a [Row<'t>],
+    arrays: &[RowArrays],
+    first_epoch: &[&Micro],
+    critic: Option<(&'a PpoConfig, &'a ValueHead)>,
+    planned_steps: usize,
+    cfg: &UpdateConfig,
+) -> Result<Fixed<'a, 't>> {
+    let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
+    let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
+    // The policy before any step needs a pass of its own unless one step is all there
+    // is (then it is the step's own log-probs, detached) or the sampler's stand in; the
+    // critic's values before any step come from the same pass.
+    let recompute = cfg.old_logps == OldLogps::Recompute && planned_steps > 1;
+    let (recomputed, old_values) = if recompute || critic.is_some() {
+        let head = critic.map(|(_, h)| h);
+        per_row_pass(
+            model,
+            first_epoch,
+            Mode::INFERENCE,
+            cfg.temperature,
+            &lens,
+            recompute,
+            head,
+        )?
+    } else {
+        Default::default()
+    };
+    // `None`: the step's own log-probs, detached.
+    let old: Option<Vec<Vec<f32>>> = match cfg.old_logps {
+        OldLogps::Sampler => Some(behavior.clone()),
+        OldLogps::Recompute => recompute.then_some(recomputed),
+    };
+    let refs = if cfg.kl_coef > 0.0 {
+        Some(per_row_logps(
+            model,
+            first_epoch,
+            Mode::BASE,
+            cfg.temperature,
+            &lens,
+        )?)
+    } else {
+        None
+    };
+    let ppo = match critic {
+        Some((p, head)) => {
+            let t = ppo_targets(
+                model,
+                rows,
+                arrays,
+                &behavior,
+                first_epoch,
+                old_values,
+                p,
+                cfg,
+            )?;
+            Some((p, head, t))
+        }
+        None => None,
+    };
+    Ok(Fixed {
+        rows,
+        behavior,
+        old,
+        refs,
+        ppo,
+    })
+}
+
+/// What an update holds fixed over its steps: the rows, their sampler log-probs, the policy
+/// before any step (`None`: each step's own log-probs, detached), the reference's
+/// log-probs (with a KL term) and PPO's targets.
+struct Fixed<'a, 't> {
+    rows: &'a [Row<'t>],
+    behavior: Vec<Vec<f32>>,
+    old: Option<Vec<Vec<f32>>>,
+    refs: Option<Vec<Vec<f32>>>,
+    ppo: Option<(&'a PpoConfig, &'a ValueHead, PpoTargets)>,
+}
+
+/// A micro-batch's sums over its trained tokens, for the step's figures.
+#[derive(Default)]
+struct MicroSums {
+    tokens: f64,
+    /// Tokens whose ratio was clipped.
+    clipped: f64,
+    /// k3 of KL(old ‖ current) with samples from the old policy: r − 1 − log r.
+    kl_old: f64,
+    /// The critic's clipped value terms that were the larger.
+    value_clipped: f64,
+    /// Σ k3, Σ |old − rollout|, max ratio, tokens: the sampler against the trainer
+    /// (measured in the first epoch when the old log-probs are recomputed).
+    mismatch: Option<(f64, f64, f64, f64)>,
+    // First epoch only (0 otherwise): the surrogate, the entropy, the KL to the reference
+    // and the value loss.
+    surrogate: f64,
+    entropy: f64,
+    kl_ref: f64,
+    value_loss: f64,
+}
+
+/// One micro-batch's loss, Σ over its tokens of weight × (clipped surrogate, importance-
+/// weighted where the rollout needs it, + β·KL to the reference + the critic's value
+/// loss), and its sums for the figures.
+fn micro_loss(
+    model: &Model,
+    m: &Micro,
+    fixed: &Fixed,
+    cfg: &UpdateConfig,
+    epoch: usize,
+    train: Mode,
+) -> Result<(Tensor, MicroSums)> {
+    let device = model.device();
+    let Fixed {
+        rows,
+        behavior,
+        old,
+        refs,
+        ppo,
+    } = fixed;
+    let hidden = model.forward_batch(&m.input, &m.attn, &m.pos, train)?;
+    let (lp, entropy) = score(model, &hidden, m, cfg.temperature)?;
+    let old = match old {
+        Some(old) => m.pad(old, device)?,
+        None => lp.detach(),
+    };
+    // PPO: each token's own advantage; otherwise its row's.
+    let advantages = match ppo {
+        Some((_, _, t)) => m.pad(&t.advantages, device)?,
+        None => m.advantages.clone(),
+    };
+    let (surrogate, clipped) =
+        clipped_surrogate(&lp, &old, &advantages, cfg.clip_low, cfg.clip_high)?;
+    let mut per_token = surrogate.clone();
+    let mut sums = MicroSums::default();
+    let measure = cfg.old_logps == OldLogps::Recompute && epoch == 0;
+    let rollout = if measure || cfg.rollout_correction != RolloutCorrection::None {
+        Some(m.pad(behavior, device)?)
+    } else {
+        None
+    };
+    if let Some(rollout) = rollout.as_ref().filter(|_| measure) {
+        sums.mismatch = Some(rollout_mismatch(&old, rollout, &m.mask)?);
+    }
+    if let Some(rollout) = rollout.as_ref()
+        && cfg.rollout_correction != RolloutCorrection::None
+    {
+        let w = rollout_weights(&old, rollout, &m.mask, &m.attn, cfg.rollout_correction)?;
+        per_token = (per_token * w)?;
+    }
+    if cfg.old_logps == OldLogps::Recompute
+        && cfg.rollout_correction == RolloutCorrection::None
+        && m.layout.slots.iter().any(|s| rows[s.row].stale)
+    {
+        // w = 1 + stale·(min(e^{old − behavior}, cap) − 1): fresh rows weigh 1.
+        let stale = m.spread(|i| f32::from(u8::from(rows[i].stale)), device)?;
+        let tis = truncated_is(&old, &m.pad(behavior, device)?, cfg.tis_cap)?;
+        let w = ((tis - 1.0)? * stale)? + 1.0;
+        per_token = (per_token * w?)?;
+    }
+    let kl_tok = match refs {
+        Some(refs) => Some(kl(&lp, &m.pad(refs, device)?, cfg.kl_estimator)?),
+        None => None,
+    };
+    if let Some(k) = &kl_tok {
+        per_token = (per_token + (k * cfg.kl_coef)?)?;
+    }
+    // The critic's loss, never importance-weighted: it regresses returns.
+    if let Some((p, head, t)) = ppo {
+        let v = head.values(model, (&m.input, &m.attn, &m.pos), Some(&hidden), true)?;
+        let (vl, used) = value_loss(
+            &v,
+            &m.pad(&t.old_values, device)?,
+            &m.pad(&t.returns, device)?,
+            p.value_clip,
+        )?;
+        per_token = (per_token + (&vl * p.vf_coef)?)?;
+        sums.value_clipped = masked_sum(&used, &m.mask)?;
+        if epoch == 0 {
+            sums.value_loss = masked_sum(&vl, &m.mask)?;
+        }
+    }
+    let loss = (&per_token * &m.weight)?.sum_all()?;
+    sums.tokens = m.mask.sum_all()?.to_scalar::<f32>()? as f64;
+    sums.clipped = masked_sum(&clipped, &m.mask)?;
+    sums.kl_old = masked_sum(&kl(&old, &lp.detach(), KlEstimator::K3)?, &m.mask)?;
+    if epoch == 0 {
+        sums.surrogate = masked_sum(&surrogate, &m.mask)?;
+        sums.entropy = masked_sum(&entropy, &m.mask)?;
+        if let Some(k) = &kl_tok {
+            sums.kl_ref = masked_sum(k, &m.mask)?;
+        }
+    }
+    Ok((loss, sums))
 }
 
 #[cfg(test)]
