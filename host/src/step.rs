@@ -51,9 +51,9 @@ pub struct StepMetrics {
     #[serde(default)]
     pub value_loss: Option<f64>,
     pub grad_norm: f64,
-    /// Optimizer steps the update took. A mini-batch whose gradient was exactly zero
-    /// (every advantage 0, and no KL, value or distillation term) takes none, so that the
-    /// adapter does not drift on AdamW's momentum when there is nothing to learn.
+    /// Optimizer steps the update took. A mini-batch with nothing to learn from (every
+    /// advantage 0, and no KL, value or distillation term) takes none, so that the adapter
+    /// does not drift on AdamW's momentum when there is nothing to learn.
     #[serde(default)]
     pub optimizer_steps: usize,
     pub lr: f64,

@@ -145,8 +145,9 @@ pub struct UpdateStats {
     pub grad_norm: f64,
     pub tokens: usize,
     pub micro_batches: usize,
-    /// Optimizer steps taken; a mini-batch whose gradient was zero takes none and is
-    /// counted in `steps_without_signal`.
+    /// Optimizer steps taken. A mini-batch with nothing to learn from (every advantage 0,
+    /// and no KL, value or distillation term) takes none and is counted in
+    /// `steps_without_signal`.
     pub optimizer_steps: usize,
     pub steps_without_signal: usize,
     /// PPO: mean per-token clipped value loss (first epoch) and the share of tokens where
