@@ -169,9 +169,9 @@ pub const MULTIPLY: Recipe = Recipe {
 /// same conversations, copied 34, 30, 39, then 100. One round a set of weights: the
 /// copies jump in or stay out, and more rounds of a set that stayed out did not bring
 /// them (seed 2's three sets of weights, two rounds each, 32-38). With copy drills, a set
-/// passed on about half the tries (4 of the 8 measured: seeds 1 and 2 at their first,
-/// seed 7 at its second, seed 3 at its fourth), so eight sets leave a seed about one
-/// chance in 250 of failing every one.
+/// passed on about half the tries (5 of the 10 measured: seeds 1 and 2 at their first,
+/// seeds 5 and 7 at their second, seed 3 at its fourth), so eight sets leave a seed about
+/// one chance in 250 of failing every one.
 pub const CODE_BAR: Bar = Bar {
     calls: 0.75,
     copies: 0.8,
@@ -208,7 +208,8 @@ pub const CODE: Recipe = Recipe {
     // seed 7 90 / 100 then 85%; the others 6-67 / 18-50 then 0-17%). Drills alone: seed 1
     // 91 / 100 then 4% -> 93%, seed 2 77 / 100 then 3% -> 83%, but seed 3 67 / 34 then
     // 0% -> 17% and seed 7 54 / 20 then 3% -> 11%. Drills with the bar: seed 7's second
-    // weights 90 / 100 then 9% -> 85%, seed 3's fourth 81 / 100 then 1% -> 87%.
+    // weights 90 / 100 then 9% -> 85%, seed 3's fourth 81 / 100 then 1% -> 87%, seed 5's
+    // second 87 / 100 then 1% -> 86%.
     bar: Some(CODE_BAR),
 };
 
