@@ -197,20 +197,18 @@ pub(super) async fn end(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    {
-        let v = match json_body(&body) {
-            Ok(v) => v,
-            Err(e) => return error(e),
-        };
-        if v.get("reward").is_some() || v.get("rewards").is_some() {
-            match read_reward(&v) {
-                Ok(r) => {
-                    if let Ok(open) = gw.sessions().get_mut(&id) {
-                        open.reward = Some(r);
-                    }
+    let v = match json_body(&body) {
+        Ok(v) => v,
+        Err(e) => return error(e),
+    };
+    if v.get("reward").is_some() || v.get("rewards").is_some() {
+        match read_reward(&v) {
+            Ok(r) => {
+                if let Ok(open) = gw.sessions().get_mut(&id) {
+                    open.reward = Some(r);
                 }
-                Err(why) => return error(ApiError::invalid("reward", why)),
             }
+            Err(why) => return error(ApiError::invalid("reward", why)),
         }
     }
     let finished = match gw.sessions().end(&id) {

@@ -145,11 +145,9 @@ pub struct UpdateStats {
     pub grad_norm: f64,
     pub tokens: usize,
     pub micro_batches: usize,
-    /// Optimizer steps taken. A mini-batch with nothing to learn from (every advantage 0,
-    /// and no KL, value or distillation term) takes none and is counted in
-    /// `steps_without_signal`.
+    /// Optimizer steps taken, of `steps.len()` planned: a mini-batch with nothing to learn
+    /// from (every advantage 0, and no KL, value or distillation term) takes none.
     pub optimizer_steps: usize,
-    pub steps_without_signal: usize,
     /// PPO: mean per-token clipped value loss (first epoch) and the share of tokens where
     /// the clipped value term was the larger (every step).
     pub value_loss: Option<f64>,
@@ -654,8 +652,6 @@ fn update_here(
         if signal {
             opt.update(&grads, lr)?;
             stats.optimizer_steps += 1;
-        } else {
-            stats.steps_without_signal += 1;
         }
         step.clip_fraction = clipped_sum / tokens.max(1.0);
         step.approx_kl = kl_sum / tokens.max(1.0);
@@ -1173,7 +1169,7 @@ pub(crate) mod tests {
             &at(1e-2, 0),
         )
         .unwrap();
-        assert_eq!((s.optimizer_steps, s.steps_without_signal), (1, 0));
+        assert_eq!((s.optimizer_steps, s.steps.len()), (1, 1));
         let before = lora_values(&m);
         let moments = opt.state().unwrap();
         let s = update(
@@ -1185,7 +1181,7 @@ pub(crate) mod tests {
             &at(1e-2, 1),
         )
         .unwrap();
-        assert_eq!((s.optimizer_steps, s.steps_without_signal), (0, 1));
+        assert_eq!((s.optimizer_steps, s.steps.len()), (0, 1));
         assert_eq!(s.grad_norm, 0.0);
         assert!(s.entropy > 0.0, "the step's figures are still measured");
         assert_eq!(lora_values(&m), before);
