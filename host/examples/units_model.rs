@@ -14,7 +14,7 @@ use rlhost::builtin::{Inputs, Recipe, UNITS, ensure};
 use rlhost::data::{DataConfig, Dataset};
 use rlhost::plugin::{Limits, PluginRuntime, PluginSpec, RuntimeOptions};
 use rlhost::rollout::ToolSpec;
-use rlhost::rollout::tools::Catalogue;
+use rlhost::rollout::env::tools::Catalogue;
 use std::path::{Path, PathBuf};
 
 fn main() -> Result<()> {

@@ -6,8 +6,11 @@
 //!   elsewhere. Other rooms take settings `config/` builds for them (the gateway's
 //!   `gateway::train::Settings`, the OpenEnv client's `openenv::settings`).
 //! - `openenv/` is the protocol and `rlhost env serve`; the rollout side of it (episodes
-//!   against a server) lives in `rollout/`, which reads the protocol's types: `openenv/`
-//!   names nothing of `rollout/`.
+//!   against a server) lives in `rollout/env/`, which reads the protocol's types:
+//!   `openenv/` names nothing of `rollout/`.
+//! - The rollout engine (`rollout/engine/`) reaches what answers turns only through the
+//!   environment seam (`rollout/env/mod.rs`): it names no session type and no
+//!   environment's own module.
 //! - `sampler/` is under every caller (the trajectory engine, the gateway, Tinker,
 //!   plugins' `model.generate`): it names none of them.
 //! - The CPU and CUDA kernels are the model's: other rooms reach them through
@@ -18,15 +21,27 @@
 /// outside the rooms `allowed` (folder names, or file names at the crate root), as
 /// `path:line: text`.
 fn crossings(needle: &str, allowed: &[&str]) -> Vec<String> {
-    scan(needle, &|room| !allowed.contains(&room))
+    scan(needle, &|path| !allowed.contains(&room(path)))
 }
 
 /// Each non-comment line of a source file in `room` that names `needle`.
-fn within(room: &str, needle: &str) -> Vec<String> {
-    scan(needle, &|r| r == room)
+fn within(room_name: &str, needle: &str) -> Vec<String> {
+    scan(needle, &|path| room(path) == room_name)
 }
 
-/// Each non-comment line naming `needle` in the files of the rooms `checked` picks.
+/// Each non-comment line of a source file whose path (under `host/src`) starts with
+/// `prefix` that names `needle`.
+fn under(prefix: &str, needle: &str) -> Vec<String> {
+    scan(needle, &|path| path.starts_with(prefix))
+}
+
+/// The room a source file is in: the first part of its path under `host/src`.
+fn room(path: &str) -> &str {
+    path.split('/').next().unwrap_or_default()
+}
+
+/// Each non-comment line naming `needle` in the files `checked` picks by their path
+/// under `host/src` (`/`-separated).
 fn scan(needle: &str, checked: &dyn Fn(&str) -> bool) -> Vec<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut out = Vec::new();
@@ -42,12 +57,11 @@ fn scan(needle: &str, checked: &dyn Fn(&str) -> bool) -> Vec<String> {
                 continue;
             }
             let rel = path.strip_prefix(&root).expect("under src");
-            let room = rel
+            let rel_text: Vec<&str> = rel
                 .components()
-                .next()
-                .and_then(|c| c.as_os_str().to_str())
-                .unwrap_or_default();
-            if !checked(room) {
+                .filter_map(|c| c.as_os_str().to_str())
+                .collect();
+            if !checked(&rel_text.join("/")) {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("a source file is text");
@@ -92,7 +106,7 @@ fn openenv_names_nothing_of_the_rollouts() {
     let found = within("openenv", "crate::rollout");
     assert!(
         found.is_empty(),
-        "openenv/ imports from rollout/ (the rollout side of OpenEnv is rollout/openenv.rs):\n{}",
+        "openenv/ imports from rollout/ (the rollout side of OpenEnv is rollout/env/openenv.rs):\n{}",
         found.join("\n")
     );
 }
@@ -115,6 +129,27 @@ fn the_sampler_names_none_of_its_callers() {
     );
 }
 
+#[test]
+fn the_engine_reaches_environments_through_their_seam() {
+    let mut found = Vec::new();
+    for needle in [
+        "env::openenv",
+        "env::tools",
+        "env::plugin",
+        "TriggerSession",
+        "ToolsSession",
+        "EnvironmentEpisode",
+        "RemoteEpisode",
+    ] {
+        found.extend(under("rollout/engine/", needle));
+    }
+    assert!(
+        found.is_empty(),
+        "the rollout engine names an environment's own types (ask rollout/env/mod.rs, the seam):\n{}",
+        found.join("\n")
+    );
+}
+
 /// The scan sees what it is meant to: a room that does name the needle is found.
 #[test]
 fn the_scan_finds_what_is_there() {
@@ -126,4 +161,5 @@ fn the_scan_finds_what_is_there() {
         "{found:?}"
     );
     assert!(!within("rollout", "crate::openenv").is_empty());
+    assert!(!under("rollout/env/", "RemoteEpisode").is_empty());
 }

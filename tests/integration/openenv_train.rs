@@ -13,7 +13,7 @@ use super::rollout::{GUESS, msg, run, sample, settings_for, taught, tool};
 use super::tokio_runtime;
 use rlhost::config::openenv::{OpenEnvSection, PromptFrom};
 use rlhost::plugin::{Limits, Sample};
-use rlhost::rollout::openenv::Remote;
+use rlhost::rollout::env::openenv::Remote;
 use rlhost::rollout::{Rewards, RolloutSettings, StopReason, Trajectory};
 use rlhost_tests::{TestCommand, plugin, repo_root, temp_dir};
 use serde_json::json;

@@ -12,8 +12,8 @@ use super::{load, tokio_runtime};
 use rlhost::model::{LanguageModel, LoraConfig, Mode, Placement};
 use rlhost::plugin::{Message, Sample};
 use rlhost::rl::sft::{self, SftOptions, SftRow};
+use rlhost::rollout::env::tools::{self, Catalogue, FormatSetting, Toolbox, Written};
 use rlhost::rollout::tool_calls::CallFormat;
-use rlhost::rollout::tools::{self, Catalogue, FormatSetting, Toolbox, Written};
 use rlhost::rollout::turns::TurnFormat;
 use rlhost::rollout::{
     Engine, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason, ToolSpec, Trajectory,

@@ -10,7 +10,7 @@ use rlhost::data::{DataConfig, Dataset};
 use rlhost::model::chat::ChatTemplate;
 use rlhost::plugin::Sample;
 use rlhost::rollout::ToolSpec;
-use rlhost::rollout::tools::{self, Catalogue, FormatSetting, Toolbox, Written};
+use rlhost::rollout::env::tools::{self, Catalogue, FormatSetting, Toolbox, Written};
 use rlhost_tests::{TestCommand, plugin, temp_dir};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

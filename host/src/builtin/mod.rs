@@ -28,7 +28,7 @@ use crate::model::{LanguageModel, LoraConfig, Mode, Placement, peft};
 use crate::rl::sft::{SftRow, SftSchedule, train};
 use crate::rng::SplitMix64;
 use crate::rollout::ToolSpec;
-use crate::rollout::tools::{Catalogue, FormatSetting, Toolbox};
+use crate::rollout::env::tools::{Catalogue, FormatSetting, Toolbox};
 use crate::rollout::turns::TurnFormat;
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::generate;

@@ -21,7 +21,7 @@
 use crate::model::chat::ChatTemplate;
 use crate::rng::SplitMix64;
 use crate::rollout::ToolSpec;
-use crate::rollout::tools::{self as functions, Toolbox, Written};
+use crate::rollout::env::tools::{self as functions, Toolbox, Written};
 use crate::rollout::turns::TurnFormat;
 use crate::task::{Message, Sample};
 use anyhow::{Context, Result, bail};

@@ -10,7 +10,7 @@ use crate::plugin::{
     DirGrant, Grants, Limits, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, Sample,
     Trajectory,
 };
-use crate::rollout::engine::new_match;
+use crate::rollout::live::new_match;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};

@@ -314,7 +314,7 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
         *calls.entry(k).or_default() += v;
     }
     let kinds = all.iter().flat_map(|t| &t.call_kinds);
-    if let Some(malformed) = crate::rollout::tools::malformed_rate(kinds) {
+    if let Some(malformed) = crate::rollout::env::tools::malformed_rate(kinds) {
         let total: u32 = calls.values().sum();
         let kinds: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v}")).collect();
         s.push_str(&format!(

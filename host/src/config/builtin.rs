@@ -14,8 +14,8 @@
 use super::{LoadedConfig, RunConfig};
 use crate::builtin::{answered_style, calls_functions};
 use crate::plugin::{Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, cache};
+use crate::rollout::env::tools::Catalogue;
 use crate::rollout::tool_calls::CallFormat;
-use crate::rollout::tools::Catalogue;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 

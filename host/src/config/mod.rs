@@ -518,7 +518,7 @@ pub struct RolloutSection {
     pub tools_config: serde_json::Map<String, serde_json::Value>,
     /// How the model writes function calls: `auto` (the format the chat template's markup
     /// shows), `hermes`, `llama3_json` or `qwen3_coder`.
-    pub tool_call_format: crate::rollout::tools::FormatSetting,
+    pub tool_call_format: crate::rollout::env::tools::FormatSetting,
     /// Assistant turns per trajectory; the environment or the model usually ends sooner.
     pub max_turns: u32,
     /// Tool calls per trajectory (trigger firings, function calls, environment answers);

@@ -15,10 +15,10 @@ use crate::plugin::{DirGrant, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOp
 use crate::rl::distill::{Teacher, same_rendering};
 use crate::rl::reward_model::Scorer;
 use crate::rl::trainer::Sources;
-use crate::rollout::openenv::Remote;
+use crate::rollout::env::openenv::Remote;
+use crate::rollout::env::tools::{Catalogue, Toolbox};
 use crate::rollout::render::prompt_tokens;
 use crate::rollout::reward::WeightedModel;
-use crate::rollout::tools::{Catalogue, Toolbox};
 use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::vllm::{Pool, VllmSettings};
@@ -369,9 +369,9 @@ impl Opened {
         };
         if let Some(remote) = openenv.as_mut().filter(|r| !r.functions.is_empty()) {
             let key = || format!("{file}: rollout.openenv.action.kind = \"call\"");
-            let format = crate::rollout::tools::call_format(r.tool_call_format, lm.chat()?)
+            let format = crate::rollout::env::tools::call_format(r.tool_call_format, lm.chat()?)
                 .with_context(key)?;
-            crate::rollout::tools::renders_tools(lm.chat()?, &remote.template_tools)
+            crate::rollout::env::tools::renders_tools(lm.chat()?, &remote.template_tools)
                 .with_context(key)?;
             remote.set_format(format);
         }

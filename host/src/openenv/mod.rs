@@ -2,7 +2,7 @@
 //! plugins served under its API, so that OpenEnv's clients, TRL's `environment_factory`
 //! and anything else that speaks it can use a sandboxed plugin as an environment.
 //!
-//! And the other way: [`crate::rollout::openenv`] trains against any OpenEnv server (`[rollout.openenv]`,
+//! And the other way: [`crate::rollout::env::openenv`] trains against any OpenEnv server (`[rollout.openenv]`,
 //! its URL read by [`endpoint`]).
 //!
 //! [`wire`] holds the protocol's messages, [`episode`] one episode over a plugin (the

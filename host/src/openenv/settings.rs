@@ -1,6 +1,6 @@
 //! `[rollout.openenv]`: an OpenEnv server as the run's environment, in place of an
 //! environment plugin. What the section says and the checks serde cannot make; the
-//! client that follows it is [`crate::rollout::openenv`]. The config file's section is this type
+//! client that follows it is [`crate::rollout::env::openenv`]. The config file's section is this type
 //! (`config/` reads it into `RunConfig` and re-exports it as `config::openenv`), so that
 //! the client reads its settings without importing `config/`.
 

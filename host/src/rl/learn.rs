@@ -267,7 +267,7 @@ fn step_metrics(
         *function_calls.entry(kind.clone()).or_default() += u64::from(*n);
     }
     let malformed_call_rate =
-        crate::rollout::tools::malformed_rate(trajectories.iter().flat_map(|t| &t.call_kinds));
+        crate::rollout::env::tools::malformed_rate(trajectories.iter().flat_map(|t| &t.call_kinds));
     StepMetrics {
         reward_mean,
         reward_std,

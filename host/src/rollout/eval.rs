@@ -56,7 +56,9 @@ pub fn evaluate(
         trajectories: all.len(),
         accuracy: rewards.get("correct").copied(),
         tool_use_rate: all.iter().filter(|t| t.tool_calls > 0).count() as f64 / n,
-        malformed_call_rate: super::tools::malformed_rate(all.iter().flat_map(|t| &t.call_kinds)),
+        malformed_call_rate: super::env::tools::malformed_rate(
+            all.iter().flat_map(|t| &t.call_kinds),
+        ),
         reward_mean: all.iter().map(|t| t.reward).sum::<f64>() / n,
         response_tokens: all.iter().map(|t| t.sampled_tokens() as f64).sum::<f64>() / n,
         rewards,

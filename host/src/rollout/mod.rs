@@ -1,11 +1,13 @@
 //! Rollouts: the sampling engine joined with the plugins.
 //!
-//! - [`engine`]: group sampling with trigger sessions and environment episodes in the
-//!   loop, plugin calls on a worker pool, token-in/token-out.
-//! - [`openenv`]: episodes against an OpenEnv server (`[rollout.openenv]`), its
-//!   protocol's messages and settings read from [`crate::openenv`].
-//! - [`tools`]: native function calling: the run's `tools` plugins, their functions in
-//!   the prompt, one turn's calls run and answered as `tool` messages.
+//! - [`engine`]: the trajectory state machine: group sampling with what answers turns in
+//!   the loop, their calls on a worker pool, token-in/token-out; [`live`] is one
+//!   trajectory while it samples, [`start`] how a batch's trajectories start.
+//! - [`env`]: the environment seam, what answers a trajectory's turns: trigger and
+//!   environment plugins, function calling (`rollout.tools`), an OpenEnv server.
+//! - [`settings`]: what the engine needs besides the model; [`stats`]: where a batch's
+//!   time went.
+//! - [`tool_calls`]: reading the calls a model writes, in each model family's format.
 //! - [`turns`]: continuing a conversation with the chat template, turn by turn.
 //! - [`render`]: a sample's prompt and inserted text as token ids, specials escaped.
 //! - [`trajectory`]: what a finished rollout holds (tokens, log-probs, loss mask, spans).
@@ -16,17 +18,22 @@
 
 pub mod asks;
 pub mod engine;
+pub mod env;
 pub mod eval;
-pub mod openenv;
+pub mod live;
 pub mod queue;
 pub mod render;
 pub mod reward;
+pub mod settings;
+mod start;
+pub mod stats;
 pub mod tool_calls;
-pub mod tools;
 pub mod trajectory;
 pub mod turns;
 
-pub use engine::{BatchStats, Engine, RolloutLimits, RolloutSettings};
+pub use engine::Engine;
+pub use env::tools::ToolSpec;
 pub use reward::{RewardSpec, Rewards, Scored};
-pub use tools::ToolSpec;
+pub use settings::{RolloutLimits, RolloutSettings};
+pub use stats::BatchStats;
 pub use trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};

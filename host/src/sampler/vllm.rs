@@ -725,6 +725,41 @@ impl Pool {
     }
 }
 
+/// A batch's hold on the adapter version it samples with on the servers: acquired (loaded
+/// if new) when the batch begins, released when it ends however it ends.
+pub struct Lease<'p> {
+    pub pool: &'p Pool,
+    lm: &'p LanguageModel,
+    mode: Mode<'p>,
+    version: u64,
+    /// The model name the batch's requests use.
+    pub name: String,
+}
+
+impl<'p> Lease<'p> {
+    pub fn new(
+        pool: &'p Pool,
+        lm: &'p LanguageModel,
+        mode: Mode<'p>,
+        version: u64,
+    ) -> Result<Self> {
+        let name = pool.acquire(lm, mode, version)?;
+        Ok(Lease {
+            pool,
+            lm,
+            mode,
+            version,
+            name,
+        })
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        self.pool.release(self.version, self.mode, self.lm);
+    }
+}
+
 /// Whether `mode` samples the base model: adapters off, or none attached.
 fn base_only(lm: &LanguageModel, mode: Mode) -> bool {
     !mode.adapters || lm.model.lora.is_none()

@@ -17,9 +17,10 @@
 //!   a trap, the deadline or the memory cap is the plugin's fault (`fault`), recorded on
 //!   the trajectory, and the model reads `error: the tool failed (…)`.
 
-use super::tool_calls::{self, CallError, CallFormat, Malformed, ToolCall};
 use crate::model::chat::ChatTemplate;
+use crate::plugin::model::ModelLink;
 use crate::plugin::{Fault, FunctionSpec, Plugin, Role, ToolsSession};
+use crate::rollout::tool_calls::{self, CallError, CallFormat, Malformed, ToolCall};
 use crate::task::{Message, MessageToolCall, Sample};
 use anyhow::{Context, Result, bail};
 use futures_util::future::{join, join_all};
@@ -229,6 +230,24 @@ pub fn malformed_rate<'a>(kinds: impl Iterator<Item = (&'a String, &'a u32)>) ->
         }
     }
     (all > 0).then(|| malformed as f64 / all as f64)
+}
+
+/// Opens a trajectory's session of a tools plugin with a stateful function, seeded
+/// `seed`, its `model.generate` calls on `link`.
+pub async fn open(
+    spec: ToolSpec,
+    sample: Sample,
+    seed: u64,
+    link: ModelLink,
+) -> Result<ToolsSession, Fault> {
+    spec.plugin
+        .open_tools(&spec.config, &sample, seed)
+        .await
+        .map(|mut s| {
+            s.set_model(Some(link));
+            s
+        })
+        .map_err(|e| spec.plugin.open_fault("tools.open", e))
 }
 
 /// One call's answer.

@@ -26,13 +26,13 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage, protocol::WebSocketConfig};
 
-use super::tool_calls::{CallError, CallFormat};
 use super::tools::Written;
 use crate::openenv::endpoint::Endpoint;
 use crate::openenv::settings::{ActionKind, OpenEnvSection, PromptFrom};
 use crate::plugin::net::HttpGrants;
 use crate::plugin::{Fault, FaultKind, FunctionSpec, StepResult};
-use crate::task::Message;
+use crate::rollout::tool_calls::{CallError, CallFormat};
+use crate::task::{Message, Sample};
 
 /// The server, checked, with the mapping the run uses; shared by every episode.
 pub struct Remote {
@@ -52,6 +52,51 @@ pub struct Remote {
     pub name: String,
     /// One permit per session open (`max_sessions`).
     sessions: Arc<tokio::sync::Semaphore>,
+}
+
+/// The `episode_id` an OpenEnv session of trajectory `j` of sample `id` is reset with.
+pub fn episode_id(seed: u64, id: u64, j: usize) -> String {
+    format!("rlhost-{seed:016x}-{id}-{j}")
+}
+
+/// With `prompt = "reset"` or `"append"`: opens and resets every session of a batch
+/// (`group_size` a sample) before it samples, all at once, since each reset gives its
+/// trajectory's prompt. Each is the episode and its reset observation's messages, or the
+/// fault that left the trajectory without one. A batch that needs more sessions than
+/// `max_sessions` allows is refused: it could never start.
+pub async fn reset_all(
+    remote: &Arc<Remote>,
+    samples: &[(u64, Sample)],
+    group_size: usize,
+    seed: u64,
+) -> Result<Vec<Result<(RemoteEpisode, Vec<Message>), Fault>>> {
+    let n = samples.len() * group_size;
+    if n > remote.max_sessions() {
+        bail!(
+            "rollout.openenv.prompt = \"reset\" opens every session of a batch before it samples: this batch has {n} trajectories, rollout.openenv.max_sessions is {}; raise it (and the server's own cap) or lower rollout.prompts_per_step",
+            remote.max_sessions()
+        );
+    }
+    // All the batch's places at once: a held-out evaluation opening beside it could
+    // otherwise hold part of what each needs.
+    let mut places = remote.places(n).await;
+    let opening: Vec<_> = samples
+        .iter()
+        .flat_map(|(id, sample)| (0..group_size).map(move |j| (*id, sample, j)))
+        .map(|(id, sample, j)| {
+            let (remote, metadata) = (remote.clone(), sample.metadata.clone());
+            let place = places.split(1).expect("one place per trajectory");
+            tokio::spawn(async move {
+                let id_text = episode_id(seed, id, j);
+                RemoteEpisode::open(remote, id, id_text, &metadata, Some(place)).await
+            })
+        })
+        .collect();
+    futures_util::future::join_all(opening)
+        .await
+        .into_iter()
+        .map(|r| r.context("an OpenEnv reset task panicked"))
+        .collect()
 }
 
 /// What `reset` and `step` answer: the server side's type, read back here.
@@ -609,11 +654,10 @@ impl RemoteEpisode {
         let (mut messages, mut reward, mut done) = (Vec::new(), None, false);
         let mut kinds = Vec::with_capacity(calls.len());
         for w in calls {
-            let checked = w
-                .call
-                .as_ref()
-                .map_err(|m| m.error.clone())
-                .and_then(|c| super::tool_calls::check(c, &remote.functions).map(|()| c));
+            let checked =
+                w.call.as_ref().map_err(|m| m.error.clone()).and_then(|c| {
+                    crate::rollout::tool_calls::check(c, &remote.functions).map(|()| c)
+                });
             let text = match checked {
                 Err(e) => {
                     kinds.push(e.kind());
