@@ -8,7 +8,8 @@
 //!   with tool calls read in the model's format;
 //! - [`record`]: a session's token-exact rows with drift detection;
 //! - [`sessions`]: the open sessions, their tasks, groups and rewards;
-//! - [`server`]: the routes; [`pump`]: the model's thread, where every call in flight is
+//! - [`server`]: the routes and the gateway's state; `calls.rs` one sampling call
+//!   (admitted, recorded in its session, answered); [`pump`]: the model's thread, where every call in flight is
 //!   decoded in one batch (`sampler/local.rs`), or sent to vLLM servers
 //!   (`rollout.engine = "vllm"`, `sampler/servers.rs`): one loop over the sampler seam;
 //! - [`train`]: a `[gateway]` run's batches, made of the task groups agents finish.
@@ -16,6 +17,7 @@
 //! `rlhost serve` serves a model and records sessions to a file; `rlhost train` with
 //! `[gateway]` trains on them (docs/src/gateway.md).
 
+mod calls;
 pub mod chat;
 pub mod pump;
 pub mod record;
