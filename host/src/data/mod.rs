@@ -10,6 +10,7 @@
 //! samples the interrupted one would have seen next.
 
 pub mod config;
+mod formats;
 pub mod order;
 pub mod pairs;
 pub mod rows;
