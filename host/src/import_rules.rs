@@ -15,7 +15,9 @@
 //!   plugins' `model.generate`): it names none of them.
 //! - The CPU and CUDA kernels are the model's: other rooms reach them through
 //!   `model::compute`, the compute seam, never `model::cpu` or `model::cuda` (the
-//!   benchmarks under `examples/` time the kernels themselves, and may).
+//!   benchmarks under `examples/` time the kernels themselves, and may). The other way,
+//!   the CPU kernels name none of the model's types: a frozen weight reaches them as
+//!   `cpu::frozen`'s traits, which `model/frozen.rs` and `model/nf4/` implement.
 
 /// Each non-comment line of each source file under `host/src` that names `needle`,
 /// outside the rooms `allowed` (folder names, or file names at the crate root), as
@@ -146,6 +148,24 @@ fn the_engine_reaches_environments_through_their_seam() {
     assert!(
         found.is_empty(),
         "the rollout engine names an environment's own types (ask rollout/env/mod.rs, the seam):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_kernels_name_none_of_the_models_types() {
+    let mut found = Vec::new();
+    for needle in [
+        "model::frozen",
+        "model::lora",
+        "model::nf4",
+        "model::decoder",
+    ] {
+        found.extend(under("model/cpu/", needle));
+    }
+    assert!(
+        found.is_empty(),
+        "model/cpu/ names a model type (take it through cpu::frozen's traits):\n{}",
         found.join("\n")
     );
 }

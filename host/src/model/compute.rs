@@ -112,7 +112,7 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
     if let Some(lora) = lin.lora.as_ref().filter(|_| mode.adapters && mode.grad)
         && (lora.dropout == 0.0 || mode.dropout_rng.is_none())
         && cpu_kernels(x)
-        && super::cpu::lora_op::applies(lin, x)
+        && super::cpu::lora_op::applies(&lin.weight, x)
     {
         let (a, b) = lora.pair(mode.adapter);
         let s = lora.scaling_in(mode.adapter);
@@ -402,15 +402,40 @@ pub fn lora_mlp(x: &Tensor, [gate, up, down]: [&Linear; 3], mode: Mode) -> Resul
     if mode.adapters
         && mode.grad
         && cpu_kernels(x)
-        && super::cpu::mlp_op::applies(x, gate, up, down)
+        && [gate, up, down]
+            .iter()
+            .all(|l| l.lora.is_some() && l.bias.is_none())
+        && super::cpu::mlp_op::applies(x, [&gate.weight, &up.weight, &down.weight])
         && [gate, up, down].iter().all(|l| {
             l.lora.as_ref().is_some_and(|a| a.dropout == 0.0) || mode.dropout_rng.is_none()
         })
     {
-        return super::cpu::mlp_op::lora_mlp(x, gate, up, down, mode.adapter).map(Some);
+        let set = mode.adapter;
+        let projections = [gate, up, down].map(|l| mlp_projection(l, set));
+        return super::cpu::mlp_op::lora_mlp(x, projections).map(Some);
     }
     let _ = (x, gate, up, down, mode);
     Ok(None)
+}
+
+/// A projection of the MLP block as the fused kernel takes it: its weight and its
+/// adapter (the live one or `set`'s). Only for projections with an adapter.
+#[cfg(target_arch = "x86_64")]
+fn mlp_projection<'l>(
+    l: &'l Linear,
+    set: Option<&'l crate::model::lora::AdapterSnapshot>,
+) -> super::cpu::mlp_op::Projection<'l, Weight> {
+    let lora = l
+        .lora
+        .as_ref()
+        .expect("the fused MLP is taken with every adapter");
+    let (a, b) = lora.pair(set);
+    super::cpu::mlp_op::Projection {
+        w: &l.weight,
+        a,
+        b,
+        scaling: lora.scaling_in(set),
+    }
 }
 
 /// `silu(gate) ⊙ up`.

@@ -11,30 +11,33 @@
 //! of `dx` in one).
 //! `dx` is skipped when `x` needs no gradient (the first layer, under frozen embeddings).
 //! The frozen weight may be NF4 (QLoRA): its products then go a dequantized block at a time
-//! ([`crate::model::frozen`]).
+//! ([`super::frozen`]).
 //!
 //! Used for training forwards without LoRA dropout (dropout masks the adapter's input
 //! only, which this node does not model); everything else takes the composed path.
 
+use super::frozen::FrozenWeight;
 use super::gemm::{MatRef, product};
 use super::storage::with_f32_data;
-use crate::model::frozen::{Weight, with_frozen};
-use crate::model::lora::Linear;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
-/// Whether the fused kernels ([`lora_linear`], [`super::mlp_op`]) can run `lin` on `x`:
-/// f32 on a CPU with AVX2 and FMA, the weight dense f32 or NF4.
-pub fn applies(lin: &Linear, x: &Tensor) -> bool {
-    match &lin.weight {
-        Weight::Dense(w) => super::gemm::applies(x, w),
-        Weight::Nf4(_) => super::applies(x),
-    }
+/// Whether the fused kernels ([`lora_linear`], [`super::mlp_op`]) can run a projection
+/// with the frozen weight `w` on `x`: f32 on a CPU with AVX2 and FMA, the weight dense f32
+/// or kept quantized.
+pub fn applies(w: &impl FrozenWeight, x: &Tensor) -> bool {
+    w.applies(x)
 }
 
 /// `x Wᵀ + s (x Aᵀ) Bᵀ` for `x: [..., in]` (out `[..., out]`); differentiable in `x`, `a`,
 /// `b`.
-pub fn lora_linear(x: &Tensor, w: &Weight, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
+pub fn lora_linear<W: FrozenWeight>(
+    x: &Tensor,
+    w: &W,
+    a: &Tensor,
+    b: &Tensor,
+    scaling: f64,
+) -> Result<Tensor> {
     let (out_f, in_f) = w.dims2();
     let (r, in_a) = a.dims2()?;
     if in_a != in_f || b.dims() != [out_f, r] {
@@ -61,8 +64,8 @@ pub fn lora_linear(x: &Tensor, w: &Weight, a: &Tensor, b: &Tensor, scaling: f64)
     )
 }
 
-struct LoraMatmul {
-    w: Weight,
+struct LoraMatmul<W> {
+    w: W,
     scaling: f32,
     /// `s x Aᵀ` from the forward, for `dB`.
     low: Mutex<Vec<f32>>,
@@ -72,7 +75,7 @@ fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     super::storage::f32_slice(s, l, "lora")
 }
 
-impl CustomOp3 for LoraMatmul {
+impl<W: FrozenWeight> CustomOp3 for LoraMatmul<W> {
     fn name(&self) -> &'static str {
         "lora-matmul"
     }
@@ -93,7 +96,7 @@ impl CustomOp3 for LoraMatmul {
         let xm = MatRef::row_major(x, m, k);
         let mut low = product(xm, MatRef::row_major(a, r, k).t());
         low.iter_mut().for_each(|v| *v *= self.scaling);
-        let y = with_frozen(&self.w, |w| {
+        let y = self.w.with_frozen(|w| {
             Ok(w.forward_plus(
                 xm,
                 MatRef::row_major(&low, m, r),
@@ -135,7 +138,7 @@ impl CustomOp3 for LoraMatmul {
             with_f32_data(b, |bv| {
                 with_f32_data(a, |av| {
                     with_f32_data(x, |xv| {
-                        with_frozen(&self.w, |w| {
+                        self.w.with_frozen(|w| {
                             let gm = MatRef::row_major(gv, m, n);
                             // gl = s g B: [m, r]
                             let mut gl = product(gm, MatRef::row_major(bv, n, r));

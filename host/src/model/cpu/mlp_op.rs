@@ -11,47 +11,51 @@
 //! `dx = dgate W_g + dup W_u` (plus the adapters' terms) is one accumulated product.
 //!
 //! The frozen weights may be NF4 (QLoRA): their products then go a dequantized block at a
-//! time ([`crate::model::frozen`]).
+//! time ([`super::frozen`]).
 //!
 //! The adapters come in as one flat tensor (`[A_g, B_g, A_u, B_u, A_d, B_d]`, see
 //! [`lora_mlp`]), so that the node has two inputs; candle's backward of that
 //! concatenation hands each adapter its slice of the gradient.
 
 use super::alloc::zeroed;
+use super::frozen::{Frozen, FrozenWeight, with_frozen3};
 use super::fused::{swiglu_grads_in_place, swiglu_into};
 use super::gemm::{MatRef, product};
 use super::storage::with_f32_data;
-use crate::model::frozen::{Frozen, Weight, with_frozen, with_frozen3};
-use crate::model::lora::{AdapterSnapshot, Linear};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, bail};
 use std::sync::Mutex;
 
-/// Whether [`lora_mlp`] applies: all three projections with an adapter and no bias, and
-/// the gemm ops usable for `x` and every frozen weight.
-pub fn applies(x: &Tensor, gate: &Linear, up: &Linear, down: &Linear) -> bool {
-    [gate, up, down]
-        .iter()
-        .all(|l| l.lora.is_some() && l.bias.is_none() && super::lora_op::applies(l, x))
+/// One projection of the block: its frozen weight, and its adapter's `A: [r, in]`,
+/// `B: [out, r]` and scaling.
+pub struct Projection<'a, W> {
+    pub w: &'a W,
+    pub a: &'a Tensor,
+    pub b: &'a Tensor,
+    pub scaling: f64,
+}
+
+/// Whether [`lora_mlp`] can take the frozen weights `w` (gate, up, down) beside `x`: the
+/// gemm ops usable for `x` and each. (The caller checks that every projection has an
+/// adapter and no bias.)
+pub fn applies<W: FrozenWeight>(x: &Tensor, w: [&W; 3]) -> bool {
+    w.iter().all(|w| w.applies(x))
 }
 
 /// `down(silu(gate(x)) ⊙ up(x))` with every adapter applied, for `x: [..., hidden]`;
-/// differentiable in `x` and the adapters, which are the live ones or those of `set` (a
-/// snapshot, PPO's critic, a recomputed layer's). Callers check [`applies`] and that no
+/// differentiable in `x` and the adapters (the live ones or a snapshot's: PPO's critic, a
+/// recomputed layer's, as the caller picks). Callers check [`applies`] and that no
 /// adapter needs dropout.
-pub fn lora_mlp(
+pub fn lora_mlp<W: FrozenWeight>(
     x: &Tensor,
-    gate: &Linear,
-    up: &Linear,
-    down: &Linear,
-    set: Option<&AdapterSnapshot>,
+    [gate, up, down]: [Projection<W>; 3],
 ) -> Result<Tensor> {
-    let (inter, hidden) = gate.weight.dims2();
-    if up.weight.dims2() != (inter, hidden) || down.weight.dims2() != (hidden, inter) {
+    let (inter, hidden) = gate.w.dims2();
+    if up.w.dims2() != (inter, hidden) || down.w.dims2() != (hidden, inter) {
         bail!(
             "mlp: gate {:?}, up {:?}, down {:?} do not fit",
-            gate.weight.dims2(),
-            up.weight.dims2(),
-            down.weight.dims2()
+            gate.w.dims2(),
+            up.w.dims2(),
+            down.w.dims2()
         );
     }
     if x.dims().last() != Some(&hidden) {
@@ -63,25 +67,22 @@ pub fn lora_mlp(
     let mut parts = Vec::with_capacity(6);
     let mut ranks = [0usize; 3];
     let mut scaling = [0f32; 3];
-    for (i, l) in [gate, up, down].into_iter().enumerate() {
-        let Some(lora) = &l.lora else {
-            bail!("mlp: projection {i} has no adapter")
-        };
-        let (a, b) = lora.pair(set);
-        let (r, in_f) = a.dims2()?;
-        if in_f != l.in_features() || b.dims() != [l.out_features(), r] {
-            bail!("mlp: adapter {i} is A {:?}, B {:?}", a.dims(), b.dims());
+    for (i, p) in [&gate, &up, &down].into_iter().enumerate() {
+        let (out_f, in_f) = p.w.dims2();
+        let (r, in_a) = p.a.dims2()?;
+        if in_a != in_f || p.b.dims() != [out_f, r] {
+            bail!("mlp: adapter {i} is A {:?}, B {:?}", p.a.dims(), p.b.dims());
         }
         ranks[i] = r;
-        scaling[i] = lora.scaling_in(set) as f32;
-        parts.push(a.flatten_all()?);
-        parts.push(b.flatten_all()?);
+        scaling[i] = p.scaling as f32;
+        parts.push(p.a.flatten_all()?);
+        parts.push(p.b.flatten_all()?);
     }
     let adapters = Tensor::cat(&parts, 0)?;
     x.contiguous()?.apply_op2(
         &adapters,
         LoraMlp {
-            w: [gate.weight.clone(), up.weight.clone(), down.weight.clone()],
+            w: [gate.w.clone(), up.w.clone(), down.w.clone()],
             ranks,
             scaling,
             saved: Mutex::new(None),
@@ -89,9 +90,9 @@ pub fn lora_mlp(
     )
 }
 
-struct LoraMlp {
+struct LoraMlp<W> {
     /// Frozen `W_g [I, H]`, `W_u [I, H]`, `W_d [H, I]`.
-    w: [Weight; 3],
+    w: [W; 3],
     ranks: [usize; 3],
     scaling: [f32; 3],
     saved: Mutex<Option<Saved>>,
@@ -127,7 +128,7 @@ fn offsets(ranks: [usize; 3], hidden: usize, inter: usize) -> ([usize; 6], usize
     (at, total)
 }
 
-impl LoraMlp {
+impl<W: FrozenWeight> LoraMlp<W> {
     fn dims(&self) -> Result<(usize, usize)> {
         Ok(self.w[0].dims2())
     }
@@ -137,7 +138,7 @@ impl LoraMlp {
     }
 }
 
-impl CustomOp2 for LoraMlp {
+impl<W: FrozenWeight> CustomOp2 for LoraMlp<W> {
     fn name(&self) -> &'static str {
         "lora-mlp"
     }
@@ -169,12 +170,12 @@ impl CustomOp2 for LoraMlp {
             (low, y)
         };
         let w = &self.w;
-        let (low_g, gate) = with_frozen(&w[0], |w| Ok(project(0, xm, w)))?;
-        let (low_u, up) = with_frozen(&w[1], |w| Ok(project(1, xm, w)))?;
+        let (low_g, gate) = w[0].with_frozen(|w| Ok(project(0, xm, w)))?;
+        let (low_u, up) = w[1].with_frozen(|w| Ok(project(1, xm, w)))?;
         let mut h = zeroed(gate.len());
         swiglu_into(&gate, &up, &mut h);
         let hm = MatRef::row_major(&h, m, inter);
-        let (low_d, y) = with_frozen(&w[2], |w| Ok(project(2, hm, w)))?;
+        let (low_d, y) = w[2].with_frozen(|w| Ok(project(2, hm, w)))?;
         drop(h);
         *self.saved.lock().map_err(|_| Self::poisoned())? = Some(Saved {
             gate,

@@ -9,6 +9,8 @@ pub mod alloc;
 // AVX2/FMA kernels for the training step; elsewhere the composed forms do the work.
 #[cfg(target_arch = "x86_64")]
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+pub mod frozen;
 pub mod fused;
 #[cfg(target_arch = "x86_64")]
 pub mod gemm;

@@ -21,6 +21,17 @@ pub struct Nf4Linear {
     on_device: std::sync::Mutex<Option<(Tensor, Tensor)>>,
 }
 
+#[cfg(target_arch = "x86_64")]
+impl crate::model::cpu::frozen::RowBlocks for Nf4Linear {
+    fn dims(&self) -> (usize, usize) {
+        Nf4Linear::dims(self)
+    }
+
+    fn dequantize_rows_into(&self, r0: usize, r1: usize, out: &mut [f32]) {
+        Nf4Linear::dequantize_rows_into(self, r0, r1, out)
+    }
+}
+
 impl Nf4Linear {
     pub fn new(q: Nf4) -> Nf4Linear {
         Nf4Linear {
