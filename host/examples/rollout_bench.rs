@@ -152,7 +152,7 @@ fn main() -> Result<()> {
         ("calculator", "calculator", Some(load("calculator")?)),
         ("python", "python", Some(load("code_trigger")?)),
     ] {
-        let mut sampling = lm.default_sampling()?;
+        let mut sampling = rlhost::sampler::draw::defaults(&lm)?;
         sampling.temperature = 1.0;
         sampling.top_k = 0;
         sampling.top_p = 1.0;

@@ -92,7 +92,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         anyhow::bail!("the prompt encodes to no tokens");
     }
-    let mut params = lm.default_sampling()?;
+    let mut params = crate::sampler::draw::defaults(&lm)?;
     params.max_new_tokens = args.max_new_tokens;
     params.seed = args.seed;
     params.stop_strings = args.stop.clone();

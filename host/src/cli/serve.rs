@@ -8,8 +8,9 @@
 
 use crate::gateway::chat::Renderer;
 use crate::gateway::pump::{Job, pump};
-use crate::gateway::server::{self, Gateway, Tasks};
+use crate::gateway::server;
 use crate::gateway::sessions::Finished;
+use crate::gateway::state::{Gateway, Tasks};
 use crate::sampler::kv_budget::{self, KvBudget};
 use anyhow::{Context, Result};
 use clap::Args;

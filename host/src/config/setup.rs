@@ -324,7 +324,7 @@ impl Opened {
                 .with_context(|| format!("{file}: [lora]"))?;
         }
         let s = &c.sampling;
-        let mut sampling = lm.default_sampling()?;
+        let mut sampling = crate::sampler::draw::defaults(&lm)?;
         sampling.temperature = s.temperature;
         sampling.top_k = s.top_k;
         sampling.top_p = s.top_p;
@@ -483,12 +483,18 @@ fn open_teacher(
     spec: &str,
 ) -> Result<Teacher> {
     let c = &loaded.config;
+    let model_spec = c.model.path.display().to_string();
+    if spec.starts_with(crate::builtin::SCHEME) && spec != model_spec {
+        bail!(
+            "a built-in model is built for its run's task with a tokenizer of its own, so only the run's own model ({model_spec}) can teach as {spec}; give a model folder, or a run or adapter folder trained on this run's model"
+        );
+    }
     let teacher = Teacher::open(
         spec,
         &loaded.resolve(Path::new(spec)),
         lm,
         model_dir,
-        &c.model.path.display().to_string(),
+        &model_spec,
         at,
     )?;
     if let Some(other) = teacher.own_model() {

@@ -3,7 +3,6 @@
 //! by row); `rows.rs` makes samples of them. What each format's cells become is said in
 //! `rows.rs`'s header.
 
-use super::rows::{describe, without_position};
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 use std::fs::File;
@@ -225,6 +224,28 @@ fn without_csv_position(e: &csv::Error) -> String {
     match text.split_once("): ") {
         Some((_, rest)) if text.starts_with("CSV") => rest.to_string(),
         _ => text,
+    }
+}
+
+/// A value as an error message shows it: scalars as JSON (long strings cut), containers by kind.
+pub(crate) fn describe(value: &Value) -> String {
+    match value {
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "an object".into(),
+        Value::String(s) if s.chars().count() > 40 => {
+            let cut: String = s.chars().take(40).collect();
+            format!("{}…", Value::String(cut))
+        }
+        scalar => scalar.to_string(),
+    }
+}
+
+/// serde_json's message without its " at line L column C" (the caller places it).
+pub(super) fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(cut) => text[..cut].to_string(),
+        None => text,
     }
 }
 

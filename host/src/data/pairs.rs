@@ -14,7 +14,8 @@
 //! the files are those `data.path` reads ([`super::rows`]), and a bad row is an error
 //! naming the file, the row and the key (or is skipped with `data.on_bad_row = "skip"`).
 
-use super::rows::{self, Loaded, RowOptions, describe, parse_messages};
+use super::formats::describe;
+use super::rows::{self, Loaded, RowOptions, parse_messages};
 use super::{Format, OnBadRow};
 use crate::task::Message;
 use anyhow::Result;

@@ -26,7 +26,10 @@
 //! `on_bad_row = "skip"` it is counted instead, and one warning shows the first error.
 
 use super::config::{Format, OnBadRow};
-use super::formats::{At, Sink, read_arrow, read_csv, read_json, read_jsonl, read_parquet};
+use super::formats::describe;
+use super::formats::{
+    At, Sink, read_arrow, read_csv, read_json, read_jsonl, read_parquet, without_position,
+};
 use crate::task::{Message, Sample};
 use anyhow::{Result, bail};
 use serde_json::Value;
@@ -473,28 +476,6 @@ pub(crate) fn parse_messages(value: Value, key: &str) -> Result<Vec<Message>, St
             })
         })
         .collect()
-}
-
-/// A value as an error message shows it: scalars as JSON (long strings cut), containers by kind.
-pub(crate) fn describe(value: &Value) -> String {
-    match value {
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "an object".into(),
-        Value::String(s) if s.chars().count() > 40 => {
-            let cut: String = s.chars().take(40).collect();
-            format!("{}…", Value::String(cut))
-        }
-        scalar => scalar.to_string(),
-    }
-}
-
-/// serde_json's message without its " at line L column C" (the caller places it).
-pub(super) fn without_position(e: &serde_json::Error) -> String {
-    let text = e.to_string();
-    match text.rfind(" at line ") {
-        Some(cut) => text[..cut].to_string(),
-        None => text,
-    }
 }
 
 #[cfg(test)]

@@ -4,21 +4,16 @@
 //! shape, log-probs included; a session's call recorded token-exactly, or abandoned when
 //! its client goes away.
 
-use super::chat::Answer;
+use super::answers::{CallGuard, token_logprob, transcript};
 use super::pump::{Event, Job};
-use super::server::{
-    Gateway, MAX_IN_FLIGHT, Queued, Slots, now_s, over_limit, session_error, status_error,
-};
-use super::sessions::SessionError;
+use super::state::{Gateway, MAX_IN_FLIGHT, Queued, Slots, now_s, over_limit, status_error};
 use super::stream::stream_chat;
 use super::wire::{
-    ApiError, ChatCompletion, ChatRequest, Choice, ChoiceLogprobs, FinishReason, TokenLogprob,
-    TopLogprob, Usage,
+    ApiError, ChatCompletion, ChatRequest, Choice, ChoiceLogprobs, FinishReason, Usage,
 };
 use crate::sampler::decode::{Completion, Finish};
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::{Request, Token};
-use crate::task::{Message, MessageToolCall};
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -26,91 +21,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::sync::mpsc::unbounded_channel;
-
-/// A session's call in progress: abandoned when dropped unfinished (the client went
-/// away, the request failed), so the session can take its next call.
-pub(super) struct CallGuard {
-    gw: Arc<Gateway>,
-    session: Option<String>,
-    /// Choices not yet recorded.
-    left: usize,
-}
-
-impl CallGuard {
-    /// Places `prompt` in the session (when there is one), for a call of `n` choices.
-    fn begin(
-        gw: &Arc<Gateway>,
-        session: Option<String>,
-        prompt: &[u32],
-        n: usize,
-    ) -> Result<CallGuard, ApiError> {
-        gw.counters.calls.fetch_add(1, Ordering::Relaxed);
-        if let Some(id) = &session {
-            let mut sessions = gw.sessions();
-            let open = sessions.get_mut(id).map_err(session_error)?;
-            let placed = open
-                .record
-                .begin_call(prompt, n)
-                .map_err(|why| session_error(SessionError::Misuse(why)))?;
-            open.calls += 1;
-            open.last_call = std::time::Instant::now();
-            gw.counters.session_calls.fetch_add(1, Ordering::Relaxed);
-            match placed {
-                super::record::Placed::Drifted(_) => {
-                    gw.counters.drifts.fetch_add(1, Ordering::Relaxed);
-                }
-                super::record::Placed::Extended { .. } => {
-                    gw.counters.extended.fetch_add(1, Ordering::Relaxed);
-                }
-                super::record::Placed::First => {}
-            }
-        }
-        Ok(CallGuard {
-            gw: gw.clone(),
-            session,
-            left: n,
-        })
-    }
-
-    /// Records choice `choice`'s ids and log-probs (the row takes the one the agent goes
-    /// on with, see `record.rs`), and choice 0's transcript.
-    pub(super) fn finish(
-        &mut self,
-        choice: usize,
-        c: &Completion,
-        version: u64,
-        transcript: Option<Vec<Message>>,
-    ) {
-        self.left = self.left.saturating_sub(1);
-        let Some(id) = &self.session else { return };
-        let mut sessions = self.gw.sessions();
-        if let Ok(open) = sessions.get_mut(id) {
-            if let Err(why) = open
-                .record
-                .finish_call(choice, &c.tokens, &c.logprobs, version)
-            {
-                tracing::warn!("gateway: session {id}: {why}");
-            }
-            if let (0, Some(t)) = (choice, transcript) {
-                open.transcript = t;
-            }
-        }
-    }
-}
-
-impl Drop for CallGuard {
-    fn drop(&mut self) {
-        if self.left == 0 {
-            return;
-        }
-        if let Some(id) = &self.session {
-            self.gw.counters.abandoned.fetch_add(1, Ordering::Relaxed);
-            if let Ok(open) = self.gw.sessions().get_mut(id) {
-                open.record.abandon_call();
-            }
-        }
-    }
-}
 
 /// The checks every sampling call shares: the model's name and the update pause.
 pub(super) fn admit(gw: &Gateway, model: Option<&str>) -> Result<(), ApiError> {
@@ -343,51 +253,6 @@ pub(super) async fn chat(
     Ok(axum::Json(body).into_response())
 }
 
-/// The conversation so far as reward plugins read it: the request's messages and the
-/// answer.
-pub(super) fn transcript(req: &ChatRequest, answer: &Answer) -> Vec<Message> {
-    let mut out: Vec<Message> = req
-        .messages
-        .iter()
-        .map(|m| Message {
-            role: m.role.template_role().to_string(),
-            content: m.text().unwrap_or_default(),
-            tool_calls: m
-                .tool_calls
-                .iter()
-                .flatten()
-                .map(|c| {
-                    MessageToolCall::new(
-                        c.id.clone(),
-                        c.function.name.clone(),
-                        serde_json::from_str(&c.function.arguments)
-                            .unwrap_or_else(|_| json!(c.function.arguments)),
-                    )
-                })
-                .collect(),
-            tool_call_id: m.tool_call_id.clone(),
-        })
-        .collect();
-    out.push(Message {
-        role: "assistant".into(),
-        content: answer.message.content.clone().unwrap_or_default(),
-        tool_calls: answer
-            .message
-            .tool_calls
-            .iter()
-            .map(|c| {
-                MessageToolCall::new(
-                    c.id.clone(),
-                    c.function.name.clone(),
-                    serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null),
-                )
-            })
-            .collect(),
-        tool_call_id: None,
-    });
-    out
-}
-
 /// A choice's `logprobs`: every sampled token but an end-of-turn one.
 fn logprobs(gw: &Gateway, tokens: &[Token], finish: &Finish) -> ChoiceLogprobs {
     let shown = match finish {
@@ -400,27 +265,6 @@ fn logprobs(gw: &Gateway, tokens: &[Token], finish: &Finish) -> ChoiceLogprobs {
             .map(|t| token_logprob(gw, t))
             .collect(),
         refusal: None,
-    }
-}
-
-pub(super) fn token_logprob(gw: &Gateway, t: &Token) -> TokenLogprob {
-    let (token, bytes) = gw.renderer.token_text(t.id);
-    TokenLogprob {
-        token,
-        logprob: t.logp,
-        bytes,
-        top_logprobs: t
-            .top
-            .iter()
-            .map(|&(id, logprob)| {
-                let (token, bytes) = gw.renderer.token_text(id);
-                TopLogprob {
-                    token,
-                    logprob,
-                    bytes,
-                }
-            })
-            .collect(),
     }
 }
 

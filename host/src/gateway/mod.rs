@@ -17,6 +17,7 @@
 //! `rlhost serve` serves a model and records sessions to a file; `rlhost train` with
 //! `[gateway]` trains on them (docs/src/gateway.md).
 
+mod answers;
 mod calls;
 pub mod chat;
 pub mod pump;
@@ -24,6 +25,7 @@ pub mod record;
 mod rl_routes;
 pub mod server;
 pub mod sessions;
+pub mod state;
 mod stream;
 pub mod train;
 pub mod wire;

@@ -2,8 +2,8 @@
 //! `/rl/sessions` (a session an agent opens with its own task), `/sessions/{id}` and its
 //! `reward` and `end`.
 
-use super::server::{Gateway, error, over_limit, session_error, status_error};
 use super::sessions::{Reward, Task, read_reward};
+use super::state::{Gateway, error, over_limit, session_error, status_error};
 use super::wire::ApiError;
 use crate::task::{Message, Sample};
 use axum::body::Bytes;

@@ -1,9 +1,9 @@
 //! A chat answer streamed as server-sent events (`"stream": true`), token by token as the
 //! model's thread decodes it, in OpenAI's chunk shape.
 
-use super::calls::{CallGuard, token_logprob, transcript};
+use super::answers::{CallGuard, token_logprob, transcript};
 use super::pump::Event;
-use super::server::{Gateway, Queued, now_s, status_error};
+use super::state::{Gateway, Queued, now_s, status_error};
 use super::wire::{
     ChatChunk, ChatRequest, ChoiceLogprobs, ChunkChoice, DONE_EVENT, Delta, FunctionDelta,
     ToolCallDelta, ToolChoice, Usage,

@@ -10,8 +10,9 @@
 
 use super::chat::Renderer;
 use super::pump::{Job, serve, with_sampler};
-use super::server::{self, Gateway, Tasks, TasksHeld};
+use super::server;
 use super::sessions::Finished;
+use super::state::{Gateway, Tasks, TasksHeld};
 use crate::data::Dataset;
 use crate::model::{LanguageModel, Mode};
 use crate::plugin::model::{CallTally, GenerateCall, ModelLink};

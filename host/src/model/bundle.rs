@@ -5,7 +5,6 @@ use super::chat::ChatTemplate;
 use super::decoder::Model;
 use super::placement::Placement;
 use super::tokenizer::{Tokenizer, eos_token_ids};
-use crate::sampler::SamplingParams;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
@@ -65,49 +64,6 @@ impl LanguageModel {
             )
         })
     }
-
-    /// Sampling defaults from `generation_config.json` (as transformers' `generate` uses
-    /// them), stopping at the EOS ids.
-    pub fn default_sampling(&self) -> Result<SamplingParams> {
-        let mut p = SamplingParams {
-            stop_token_ids: self.eos_token_ids.clone(),
-            ..SamplingParams::default()
-        };
-        let path = self.dir.join("generation_config.json");
-        if !path.is_file() {
-            return Ok(p);
-        }
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
-        let num = |k: &str| -> Result<Option<f64>> {
-            match v.get(k) {
-                None | Some(serde_json::Value::Null) => Ok(None),
-                Some(x) => x.as_f64().map(Some).with_context(|| {
-                    format!("{}: `{k}` must be a number, found {x}", path.display())
-                }),
-            }
-        };
-        if v.get("do_sample").and_then(|d| d.as_bool()) == Some(false) {
-            p.temperature = 0.0;
-        } else if let Some(t) = num("temperature")? {
-            p.temperature = t as f32;
-        }
-        if let Some(k) = num("top_k")? {
-            p.top_k = k as usize;
-        }
-        if let Some(tp) = num("top_p")? {
-            p.top_p = tp as f32;
-        }
-        if let Some(mp) = num("min_p")? {
-            p.min_p = mp as f32;
-        }
-        if let Some(n) = num("max_new_tokens")? {
-            p.max_new_tokens = n as usize;
-        }
-        Ok(p)
-    }
 }
 
 fn has_template(dir: &Path) -> bool {
@@ -129,8 +85,6 @@ mod tests {
     fn opens_a_fixture_with_its_generation_defaults() {
         let lm = LanguageModel::open(&fixtures::model_dir("qwen3"), &Placement::CPU).unwrap();
         assert_eq!(lm.eos_token_ids, vec![507, 505]);
-        let p = lm.default_sampling().unwrap();
-        assert_eq!((p.temperature, p.top_k, p.top_p), (0.7, 20, 0.8));
         assert!(lm.chat().is_ok());
     }
 }

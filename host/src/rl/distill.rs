@@ -50,8 +50,8 @@ impl Teacher {
     /// The teacher `spec` (`[distill] teacher`) names, resolved to `path` (the config's
     /// base folder joined), for the student `student` loaded from `base` (`model_spec` is
     /// the config's `model.path`): a run folder (its newest checkpoint), a checkpoint or
-    /// adapter folder trained on `base`, a model folder, `base` itself, or the run's own
-    /// `builtin:` model.
+    /// adapter folder trained on `base`, a model folder, or `base` itself (the run's own
+    /// model as the config names it: a `builtin:` one is checked by `config/`).
     pub fn open(
         spec: &str,
         path: &Path,
@@ -60,13 +60,8 @@ impl Teacher {
         model_spec: &str,
         at: &Placement,
     ) -> Result<Teacher> {
-        if spec.starts_with(crate::builtin::SCHEME) {
-            if spec == model_spec {
-                return Ok(Teacher::Base);
-            }
-            bail!(
-                "a built-in model is built for its run's task with a tokenizer of its own, so only the run's own model ({model_spec}) can teach as {spec}; give a model folder, or a run or adapter folder trained on this run's model"
-            );
+        if spec == model_spec {
+            return Ok(Teacher::Base);
         }
         if !path.exists() {
             bail!(

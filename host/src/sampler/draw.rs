@@ -6,6 +6,8 @@
 //! from the same weights, so importance ratios start at exactly 1 (verl and TRL use the
 //! same convention).
 
+use crate::model::LanguageModel;
+use anyhow::{Context, Result};
 use rand::RngExt;
 use rand::rngs::StdRng;
 
@@ -211,6 +213,50 @@ pub(crate) fn candidates(
     kept
 }
 
+/// A model's sampling defaults, from its `generation_config.json` (as transformers'
+/// `generate` uses them), stopping at its EOS ids.
+pub fn defaults(lm: &LanguageModel) -> Result<SamplingParams> {
+    let mut p = SamplingParams {
+        stop_token_ids: lm.eos_token_ids.clone(),
+        ..SamplingParams::default()
+    };
+    let path = lm.dir.join("generation_config.json");
+    if !path.is_file() {
+        return Ok(p);
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let num = |k: &str| -> Result<Option<f64>> {
+        match v.get(k) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .map(Some)
+                .with_context(|| format!("{}: `{k}` must be a number, found {x}", path.display())),
+        }
+    };
+    if v.get("do_sample").and_then(|d| d.as_bool()) == Some(false) {
+        p.temperature = 0.0;
+    } else if let Some(t) = num("temperature")? {
+        p.temperature = t as f32;
+    }
+    if let Some(k) = num("top_k")? {
+        p.top_k = k as usize;
+    }
+    if let Some(tp) = num("top_p")? {
+        p.top_p = tp as f32;
+    }
+    if let Some(mp) = num("min_p")? {
+        p.min_p = mp as f32;
+    }
+    if let Some(n) = num("max_new_tokens")? {
+        p.max_new_tokens = n as usize;
+    }
+    Ok(p)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -308,5 +354,17 @@ pub(crate) mod tests {
         assert!(params(1.0, 0, 0.0, 0.0).validate().is_err());
         assert!(params(1.0, 0, 1.0, 1.5).validate().is_err());
         assert!(params(0.7, 20, 0.8, 0.05).validate().is_ok());
+    }
+
+    #[test]
+    fn a_models_generation_defaults_are_read() {
+        let lm = LanguageModel::open(
+            &crate::model::fixtures::model_dir("qwen3"),
+            &crate::model::Placement::CPU,
+        )
+        .unwrap();
+        let p = defaults(&lm).unwrap();
+        assert_eq!((p.temperature, p.top_k, p.top_p), (0.7, 20, 0.8));
+        assert_eq!(p.stop_token_ids, vec![507, 505]);
     }
 }

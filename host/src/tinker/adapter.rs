@@ -218,7 +218,7 @@ impl Adapter {
         let norm = clip_grad_norm(&mut grads, clip)?;
         if !norm.is_finite() {
             // A step on a NaN or infinite gradient would turn every weight NaN for good.
-            return Err(super::worker::UserError(format!(
+            return Err(super::wire::UserError(format!(
                 "the summed gradient's norm is {norm}: the step was not taken (the adapter \
                  is as before; its gradients are dropped)"
             ))

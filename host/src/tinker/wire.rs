@@ -269,3 +269,15 @@ pub struct Failed {
     /// `user` (the request cannot succeed as sent), `server`, or `unknown`.
     pub category: &'static str,
 }
+
+/// An error in what the client sent (reported with category `user`).
+#[derive(Debug)]
+pub struct UserError(pub String);
+
+impl std::fmt::Display for UserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UserError {}

@@ -10,6 +10,7 @@ use super::futures::{Futures, Outcome};
 use super::losses::Loss;
 use super::proto;
 use super::snapshots::{KEEP_UNNAMED, Snapshots};
+use super::wire::UserError;
 use crate::model::LanguageModel;
 use crate::model::lora::{AdapterSnapshot, LoraConfig, Mode};
 use crate::rl::optim::AdamWConfig;
@@ -469,18 +470,6 @@ fn weights(
     saved.insert_named(key.clone(), snapshot.clone());
     Ok(Some(snapshot))
 }
-
-/// An error in what the client sent (reported with category `user`).
-#[derive(Debug)]
-pub struct UserError(pub String);
-
-impl std::fmt::Display for UserError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UserError {}
 
 /// Admits a sampling request (its prompt's log-probs computed first when asked for).
 fn admit(

@@ -8,7 +8,7 @@ use crate::rollout::RolloutLimits;
 use serde_json::Map;
 
 fn settings(lm: &LanguageModel, group_size: usize) -> RolloutSettings {
-    let mut sampling = lm.default_sampling().unwrap();
+    let mut sampling = crate::sampler::draw::defaults(lm).unwrap();
     sampling.temperature = 1.0;
     sampling.top_k = 0;
     sampling.top_p = 1.0;
