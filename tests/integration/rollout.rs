@@ -145,7 +145,7 @@ pub(super) fn settings_for(
     trigger: Option<ToolSpec>,
     environment: Option<ToolSpec>,
 ) -> RolloutSettings {
-    let mut sampling = rlhost::sampler::draw::defaults(&lm).unwrap();
+    let mut sampling = rlhost::sampler::draw::defaults(lm).unwrap();
     sampling.temperature = 0.0;
     sampling.max_new_tokens = 48;
     RolloutSettings {

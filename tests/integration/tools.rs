@@ -169,7 +169,7 @@ fn conversation(rt: &tokio::runtime::Runtime, toolbox: &Toolbox, sample: &Sample
 }
 
 fn settings(toolbox: &Arc<Toolbox>, lm: &LanguageModel) -> RolloutSettings {
-    let mut sampling = rlhost::sampler::draw::defaults(&lm).unwrap();
+    let mut sampling = rlhost::sampler::draw::defaults(lm).unwrap();
     sampling.temperature = 0.0;
     sampling.max_new_tokens = 160;
     RolloutSettings {
