@@ -1,6 +1,6 @@
 //! The environment seam: what answers a trajectory's turns.
 //!
-//! The engine (`rollout/engine.rs`) keeps a trajectory's state machine: it samples, finds
+//! The engine (`rollout/engine/`) keeps a trajectory's state machine: it samples, finds
 //! where a tool fires or a turn ends, inserts what comes back and counts. What answers is
 //! asked here, the same three ways whatever answers:
 //! - [`Environment::open`]: a trajectory's [`Sessions`], opened on the worker pool;
