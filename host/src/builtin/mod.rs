@@ -169,9 +169,9 @@ pub const MULTIPLY: Recipe = Recipe {
 /// same conversations, copied 34, 30, 39, then 100. One round a set of weights: the
 /// copies jump in or stay out, and more rounds of a set that stayed out did not bring
 /// them (seed 2's three sets of weights, two rounds each, 32-38). With copy drills, a set
-/// passed on 6 of the 14 tries measured (seeds 1 and 2 at their first, seeds 5 and 7 at
-/// their second, seeds 3 and 4 at their fourth): twelve sets leave a seed about one
-/// chance in 800 of failing every one (eight, one in 90).
+/// passed on 6 of the 16 tries measured (seeds 1 and 2 at their first, seeds 5 and 7 at
+/// their second, seeds 3 and 4 at their fourth; seed 6's first two failed): twelve sets
+/// leave a seed about one chance in 280 of failing every one (eight, one in 40).
 pub const CODE_BAR: Bar = Bar {
     calls: 0.75,
     copies: 0.8,
