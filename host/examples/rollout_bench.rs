@@ -18,7 +18,9 @@ use rlhost::model::Placement;
 use rlhost::model::{LanguageModel, LoraConfig, Mode};
 use rlhost::plugin::{Limits, PluginRuntime, PluginSpec, RuntimeOptions, Sample};
 use rlhost::rl::sft::{self, SftOptions, SftRow};
-use rlhost::rollout::{BatchStats, Engine, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
+use rlhost::rollout::{
+    Answerers, BatchStats, Engine, Rewards, RolloutLimits, RolloutSettings, ToolSpec,
+};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -169,11 +171,11 @@ fn main() -> Result<()> {
                 sampling: sampling.clone(),
                 limits: RolloutLimits::default(),
                 template_kwargs: Default::default(),
-                trigger: trigger.clone(),
-                environment: None,
-                tools: None,
+                env: Answerers {
+                    trigger: trigger.clone(),
+                    ..Default::default()
+                },
                 remote: None,
-                openenv: None,
             };
             let batch: Vec<(u64, Sample)> = if shared {
                 samples.clone()

@@ -88,7 +88,7 @@ fn connect(rt: &tokio::runtime::Runtime, section: &OpenEnvSection) -> Arc<Remote
 fn with_openenv(remote: Arc<Remote>, group: usize) -> RolloutSettings {
     let mut s = settings_for(taught(), None, None);
     s.group_size = group;
-    s.openenv = Some(remote);
+    s.env.openenv = Some(remote);
     s
 }
 

@@ -13,8 +13,8 @@ use rlhost::model::{LanguageModel, LoraConfig, Mode, Placement};
 use rlhost::plugin::{Limits, Message, Sample};
 use rlhost::rl::sft::{self, SftOptions, SftRow};
 use rlhost::rollout::{
-    Engine, Group, RewardSpec, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason,
-    ToolSpec, Trajectory,
+    Answerers, Engine, Group, RewardSpec, Rewards, RolloutLimits, RolloutSettings, SpanKind,
+    StopReason, ToolSpec, Trajectory,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -153,11 +153,12 @@ pub(super) fn settings_for(
         sampling,
         limits: RolloutLimits::default(),
         template_kwargs: Default::default(),
-        trigger,
-        environment,
-        tools: None,
+        env: Answerers {
+            trigger,
+            environment,
+            ..Default::default()
+        },
         remote: None,
-        openenv: None,
     }
 }
 

@@ -16,7 +16,8 @@ use rlhost::rollout::env::tools::{self, Catalogue, FormatSetting, Toolbox, Writt
 use rlhost::rollout::tool_calls::CallFormat;
 use rlhost::rollout::turns::TurnFormat;
 use rlhost::rollout::{
-    Engine, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason, ToolSpec, Trajectory,
+    Answerers, Engine, Rewards, RolloutLimits, RolloutSettings, SpanKind, StopReason, ToolSpec,
+    Trajectory,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -180,11 +181,11 @@ fn settings(toolbox: &Arc<Toolbox>, lm: &LanguageModel) -> RolloutSettings {
             ..RolloutLimits::default()
         },
         template_kwargs: Default::default(),
-        trigger: None,
-        environment: None,
-        tools: Some(toolbox.clone()),
+        env: Answerers {
+            tools: Some(toolbox.clone()),
+            ..Default::default()
+        },
         remote: None,
-        openenv: None,
     }
 }
 

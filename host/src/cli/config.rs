@@ -25,7 +25,7 @@ pub struct ReferenceArgs {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     #[command(flatten)]
-    source: super::RunSource,
+    source: super::source::RunSource,
 }
 
 pub fn run(command: ConfigCommand, handle: &tokio::runtime::Handle) -> Result<()> {
@@ -40,7 +40,7 @@ pub fn run(command: ConfigCommand, handle: &tokio::runtime::Handle) -> Result<()
             Ok(())
         }
         ConfigCommand::Show(args) => {
-            let loaded = super::load_config(
+            let loaded = super::source::load_config(
                 args.source.config.as_deref(),
                 &args.source.plugins,
                 &args.source.set,

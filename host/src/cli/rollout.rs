@@ -25,7 +25,7 @@ pub enum Split {
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
     #[command(flatten)]
-    source: super::RunSource,
+    source: super::source::RunSource,
     /// Where to write the trajectories, one JSON object per line.
     #[arg(long)]
     out: PathBuf,
@@ -69,13 +69,13 @@ pub fn run(args: RolloutArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(adapter) = &args.adapter {
         set.push(set_path("model.adapter", adapter)?);
     }
-    let loaded = super::load_config(
+    let loaded = super::source::load_config(
         args.source.config.as_deref(),
         &args.source.plugins,
         &set,
         handle,
     )?;
-    let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
+    let setup = super::source::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
     let c = &setup.loaded.config;
     let samples = match args.split {
         Split::Eval => {
@@ -401,7 +401,7 @@ fn summary(all: &[Trajectory], stats: &BatchStats, setup: &Setup) -> String {
 #[derive(Debug, Args)]
 pub struct EvalArgs {
     #[command(flatten)]
-    source: super::RunSource,
+    source: super::source::RunSource,
     /// A PEFT adapter to evaluate (overrides model.adapter); none: the base model.
     #[arg(long)]
     adapter: Option<PathBuf>,
@@ -429,13 +429,13 @@ pub fn eval(args: EvalArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(adapter) = &args.adapter {
         set.push(set_path("model.adapter", adapter)?);
     }
-    let loaded = super::load_config(
+    let loaded = super::source::load_config(
         args.source.config.as_deref(),
         &args.source.plugins,
         &set,
         handle,
     )?;
-    let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
+    let setup = super::source::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
     let mut samples = handle.block_on(setup.dataset.eval_samples())?;
     if samples.is_empty() {
         bail!(

@@ -23,7 +23,7 @@ use tokio::runtime::Handle;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    source: super::RunSource,
+    source: super::source::RunSource,
     /// Where to listen (`127.0.0.1:0` picks a free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8000")]
     addr: String,
@@ -96,13 +96,13 @@ pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(adapter) = &args.adapter {
         set.push(crate::config::set_path("model.adapter", adapter)?);
     }
-    let loaded = super::load_config(
+    let loaded = super::source::load_config(
         args.source.config.as_deref(),
         &args.source.plugins,
         &set,
         handle,
     )?;
-    let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
+    let setup = super::source::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
     let renderer = Renderer::new(&setup.lm, setup.settings.template_kwargs.clone())?;
     let group_size = args
         .group_size
@@ -224,7 +224,7 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
     }
     let silent = session_timeout(&args)?;
     let kv_budget_mib = kv_budget_mib(&args)?;
-    let loaded = super::load_config(
+    let loaded = super::source::load_config(
         args.source.config.as_deref(),
         &args.source.plugins,
         &args.source.set,
@@ -235,7 +235,7 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
         Some(name) => (name, vec![path]),
         None => (path, vec![]),
     };
-    let setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
+    let setup = super::source::open_run(loaded, &args.source.plugins, handle, quiet, &|| {})?;
     let dir = setup.lm.dir.clone();
     let serving = crate::tinker::serve(
         setup.lm,

@@ -15,7 +15,7 @@ use tokio::runtime::Handle;
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     #[command(flatten)]
-    source: super::RunSource,
+    source: super::source::RunSource,
     /// Continue from `latest` (the run directory's newest checkpoint) or a checkpoint folder.
     #[arg(long, value_name = "latest|DIR")]
     resume: Option<String>,
@@ -102,7 +102,7 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
     if let Some(out) = &args.out {
         set.push(set_path("run.out_dir", out)?);
     }
-    let loaded = super::load_config(
+    let loaded = super::source::load_config(
         args.source.config.as_deref(),
         &args.source.plugins,
         &set,
@@ -159,7 +159,8 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             hub.set_phase(Phase::WarmStart);
             announce();
         };
-        let mut setup = super::open_run(loaded, &args.source.plugins, handle, quiet, &warm_start)?;
+        let mut setup =
+            super::source::open_run(loaded, &args.source.plugins, handle, quiet, &warm_start)?;
         announce();
         if !quiet {
             let at = setup.lm.model.placement();

@@ -5,7 +5,7 @@
 //! later as a "NaN gradient norm". Each rule here says what the number is for, so the error
 //! can say what would go wrong.
 
-use super::RunConfig;
+use super::sections::RunConfig;
 
 /// What a number may be.
 #[derive(Debug, Clone, Copy)]

@@ -19,7 +19,7 @@ use crate::rollout::env::openenv::Remote;
 use crate::rollout::env::tools::{Catalogue, Toolbox};
 use crate::rollout::render::prompt_tokens;
 use crate::rollout::reward::WeightedModel;
-use crate::rollout::{RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
+use crate::rollout::{Answerers, RewardSpec, Rewards, RolloutLimits, RolloutSettings, ToolSpec};
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::vllm::{Pool, VllmSettings};
 use crate::task::Sample;
@@ -386,11 +386,13 @@ impl Opened {
                 truncation_marker: r.truncation_marker.clone(),
             },
             template_kwargs: r.template_kwargs.clone(),
-            trigger,
-            environment,
-            tools,
+            env: Answerers {
+                trigger,
+                environment,
+                tools,
+                openenv: openenv.map(std::sync::Arc::new),
+            },
             remote,
-            openenv: openenv.map(std::sync::Arc::new),
         };
         let teacher = match &c.distill {
             Some(d) => Some(
@@ -406,7 +408,7 @@ impl Opened {
                 max_tokens: max_total_tokens.saturating_sub(1),
                 max_token_bytes: lm.tokenizer.max_token_bytes(),
                 count: &|sample| {
-                    Ok(prompt_tokens(&lm, kwargs, settings.template_tools(), sample)?.len())
+                    Ok(prompt_tokens(&lm, kwargs, settings.env.template_tools(), sample)?.len())
                 },
                 on_bad_row: c.data.on_bad_row,
             })
@@ -521,7 +523,7 @@ fn open_teacher(
             ),
         ];
         let kwargs = &settings.template_kwargs;
-        let tools = settings.template_tools();
+        let tools = settings.env.template_tools();
         for (what, messages) in probes {
             let sample = Sample {
                 messages,

@@ -222,7 +222,7 @@ impl CustomOp2 for Recompute {
 #[cfg(test)]
 mod tests {
     use crate::model::fixtures::{self, Reference, max_diff};
-    use crate::model::lora::{AdapterSnapshot, Mode, seeded};
+    use crate::model::lora::{Mode, seeded};
     use crate::model::{Model, peft};
     use candle_core::Var;
     use std::sync::Mutex;
@@ -311,7 +311,7 @@ mod tests {
         assert!((kept_d.0 - kept.0).abs() > 1e-4, "dropout changed the loss");
         set_dropout(&mut model, 0.0);
 
-        let (critic, critic_vars) = AdapterSnapshot::trainable(&model, 5).unwrap();
+        let (critic, critic_vars) = model.trainable_adapter(5).unwrap();
         // A fresh B is zero; move it so that A's gradient is not zero too.
         for (_, v) in &critic_vars {
             v.set(&(v.as_tensor() + 0.01).unwrap()).unwrap();

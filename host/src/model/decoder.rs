@@ -21,8 +21,8 @@ use super::compute::{self, MASKED, rms_norm};
 use super::config::{Arch, ModelConfig};
 use super::frozen::Weight;
 use super::kv_cache::{self, KvCache, KvShape, PooledStep};
-use super::lora::{Linear, Lora, LoraConfig, Mode, seeded};
-use super::nf4::Nf4Linear;
+use super::lora::{AdapterSnapshot, Linear, Lora, LoraConfig, Mode, seeded};
+use super::nf4::linear::Nf4Linear;
 use super::ops::{rope_cos_sin, rope_inv_freq, softmax_last};
 use super::placement::Placement;
 use super::weights::Weights;
@@ -255,6 +255,52 @@ impl Model {
         // The f32 weights just dropped are not needed again.
         super::cpu::alloc::release_freed_memory();
         Ok(())
+    }
+
+    /// Every adapter as it is now, copied (the rollout side's snapshot of version
+    /// `version`).
+    pub fn adapter_snapshot(&self, version: u64) -> anyhow::Result<AdapterSnapshot> {
+        let mut pairs = Vec::new();
+        for (_, _, lin) in self.projections() {
+            if let Some(l) = &lin.lora {
+                let a = l.lora_a.as_tensor();
+                let copy = |t: &Tensor| t.copy().map(|c| c.detach());
+                pairs.push((a.id(), copy(a)?, copy(l.lora_b.as_tensor())?));
+            }
+        }
+        Ok(AdapterSnapshot::from_pairs(version, pairs))
+    }
+
+    /// A second, trainable adapter on the same projections, initialised as PEFT does (A
+    /// Kaiming-uniform from `seed`, B zero) with the live adapter's rank and scaling: PPO's
+    /// critic when it does not share the policy's adapter. Returns the set and its
+    /// variables, named `<module path>.lora_A` / `.lora_B`.
+    pub fn trainable_adapter(
+        &self,
+        seed: u64,
+    ) -> anyhow::Result<(AdapterSnapshot, Vec<(String, Var)>)> {
+        let cfg = self
+            .lora
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the model has no adapter to mirror"))?;
+        let mut rng = seeded(seed);
+        let (mut pairs, mut vars) = (Vec::new(), Vec::new());
+        for (path, _, lin) in self.projections() {
+            if let Some(live) = &lin.lora {
+                let l = Lora::init(
+                    lin.in_features(),
+                    lin.out_features(),
+                    cfg,
+                    &mut rng,
+                    self.device(),
+                )?;
+                let (a, b) = (l.lora_a.as_tensor().clone(), l.lora_b.as_tensor().clone());
+                pairs.push((live.lora_a.as_tensor().id(), a, b));
+                vars.push((format!("{path}.lora_A"), l.lora_a));
+                vars.push((format!("{path}.lora_B"), l.lora_b));
+            }
+        }
+        Ok((AdapterSnapshot::from_pairs(0, pairs), vars))
     }
 
     /// Every projection with its module path (`model.layers.3.mlp.up_proj`) and short name.

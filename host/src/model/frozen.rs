@@ -5,7 +5,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::{frozen::Frozen, frozen::FrozenWeight, storage::with_f32_data};
-use super::nf4::Nf4Linear;
+use super::nf4::linear::Nf4Linear;
 use candle_core::{Device, Result, Tensor};
 use std::sync::Arc;
 

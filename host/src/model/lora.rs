@@ -7,7 +7,7 @@
 //! per forward: that is the reference policy for KL, with no second copy of the weights.
 
 use super::frozen::Weight;
-use super::nf4::Nf4Linear;
+use super::nf4::linear::Nf4Linear;
 use candle_core::{DType, Device, Result, Tensor, TensorId, Var};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -238,64 +238,6 @@ impl std::fmt::Debug for AdapterSnapshot {
 }
 
 impl AdapterSnapshot {
-    /// Copies every adapter of `model` as it is now.
-    pub fn take(model: &super::Model, version: u64) -> Result<AdapterSnapshot> {
-        let mut tensors = HashMap::new();
-        for (_, _, lin) in model.projections() {
-            if let Some(l) = &lin.lora {
-                let a = l.lora_a.as_tensor();
-                let copy = |t: &Tensor| t.copy().map(|c| c.detach());
-                tensors.insert(a.id(), (copy(a)?, copy(l.lora_b.as_tensor())?));
-            }
-        }
-        Ok(AdapterSnapshot {
-            version,
-            tensors,
-            scaling: None,
-            head: None,
-        })
-    }
-
-    /// A second, trainable adapter on the same projections, initialised as PEFT does (A
-    /// Kaiming-uniform from `seed`, B zero) with the live adapter's rank and scaling: PPO's
-    /// critic when it does not share the policy's adapter. Returns the set and its
-    /// variables, named `<module path>.lora_A` / `.lora_B`.
-    pub fn trainable(
-        model: &super::Model,
-        seed: u64,
-    ) -> anyhow::Result<(AdapterSnapshot, Vec<(String, Var)>)> {
-        let cfg = model
-            .lora
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("the model has no adapter to mirror"))?;
-        let mut rng = seeded(seed);
-        let (mut tensors, mut vars) = (HashMap::new(), Vec::new());
-        for (path, _, lin) in model.projections() {
-            if let Some(live) = &lin.lora {
-                let l = Lora::init(
-                    lin.in_features(),
-                    lin.out_features(),
-                    cfg,
-                    &mut rng,
-                    model.device(),
-                )?;
-                let pair = (l.lora_a.as_tensor().clone(), l.lora_b.as_tensor().clone());
-                tensors.insert(live.lora_a.as_tensor().id(), pair);
-                vars.push((format!("{path}.lora_A"), l.lora_a));
-                vars.push((format!("{path}.lora_B"), l.lora_b));
-            }
-        }
-        Ok((
-            AdapterSnapshot {
-                version: 0,
-                tensors,
-                scaling: None,
-                head: None,
-            },
-            vars,
-        ))
-    }
-
     /// A set of `(A, B)` pairs keyed by the live `lora_A` tensors they stand in for.
     pub fn from_pairs(
         version: u64,

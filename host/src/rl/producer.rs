@@ -35,7 +35,7 @@ pub struct Sources<'a> {
 impl Sources<'_> {
     /// The plugins a rollout calls (trigger, environment, tools, rewards), each once.
     pub fn plugins(&self) -> Vec<&crate::plugin::Plugin> {
-        let s = self.settings;
+        let s = &self.settings.env;
         let mut all: Vec<&crate::plugin::Plugin> = s
             .trigger
             .iter()

@@ -24,7 +24,6 @@ use super::run_log::RunLog;
 use super::value_head::ValueHead;
 use crate::data::Cursor;
 use crate::model::LanguageModel;
-use crate::model::lora::AdapterSnapshot;
 use crate::rollout::eval::{EvalReport, evaluate};
 use crate::rollout::queue::{QueueError, RolloutQueue};
 use crate::rollout::{Engine, RolloutSettings};
@@ -90,7 +89,7 @@ pub fn train(
     let b = &plan.batches;
     let queue = RolloutQueue::new(b.queue_capacity, b.max_staleness, state.step);
     let progress = Progress::new(state.step, plan.steps, run.quiet);
-    let adapters = AdapterBoard::new(AdapterSnapshot::take(&lm.model, state.step)?);
+    let adapters = AdapterBoard::new(lm.model.adapter_snapshot(state.step)?);
     let mut steps = Steps {
         learner: Learner::new(
             &lm.model,
@@ -209,8 +208,7 @@ impl Steps<'_> {
         self.phase(Phase::Update, "updating the adapter");
         let (mut m, scored) = self.learner.learn(&batch, step)?;
         let done = step + 1;
-        self.adapters
-            .publish(AdapterSnapshot::take(&self.lm.model, done)?);
+        self.adapters.publish(self.lm.model.adapter_snapshot(done)?);
         self.queue.publish(done);
         (m.rollout_s, m.step_s) = (rollout_s, t0.elapsed().as_secs_f64());
         if self.held_out.due(done, self.last) {
@@ -555,11 +553,8 @@ mod tests {
                 sampling: SamplingParams::default(),
                 limits: Default::default(),
                 template_kwargs: Default::default(),
-                trigger: None,
-                environment: None,
-                tools: None,
+                env: Default::default(),
                 remote: None,
-                openenv: None,
             },
         };
         let due: Vec<u64> = (1..=7).filter(|&d| held_out(3).due(d, 7)).collect();

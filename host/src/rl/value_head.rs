@@ -39,7 +39,7 @@ impl ValueHead {
             weight: Var::zeros((1, model.cfg.hidden_size), DType::F32, device)?,
             bias: Var::zeros(1, DType::F32, device)?,
             adapter: if own_adapter {
-                Some(AdapterSnapshot::trainable(model, seed)?)
+                Some(model.trainable_adapter(seed)?)
             } else {
                 None
             },

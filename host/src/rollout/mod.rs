@@ -32,6 +32,7 @@ pub mod trajectory;
 pub mod turns;
 
 pub use engine::Engine;
+pub use env::Answerers;
 pub use env::tools::ToolSpec;
 pub use reward::{RewardSpec, Rewards, Scored};
 pub use settings::{RolloutLimits, RolloutSettings};

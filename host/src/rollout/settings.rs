@@ -1,9 +1,8 @@
 //! What the rollout engine needs besides the model: the group size, sampling, the
-//! per-trajectory limits, the template's variables, and what answers turns (the
-//! environment seam's settings, read by [`super::env::Environment`]) and who samples.
+//! per-trajectory limits, the template's variables, what answers turns (the environment
+//! seam's [`Answerers`]) and who samples.
 
-use super::env::openenv::Remote;
-use super::env::tools::{ToolSpec, Toolbox};
+use super::env::Answerers;
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::vllm::Pool;
 use serde_json::{Map, Value as Json};
@@ -44,25 +43,8 @@ pub struct RolloutSettings {
     pub limits: RolloutLimits,
     /// Extra chat template variables, e.g. `enable_thinking = false`.
     pub template_kwargs: Map<String, Json>,
-    pub trigger: Option<ToolSpec>,
-    pub environment: Option<ToolSpec>,
-    /// Functions the model calls in its own format (`rollout.tools`).
-    pub tools: Option<Arc<Toolbox>>,
+    /// What answers turns: trigger, environment plugin, tools, OpenEnv server.
+    pub env: Answerers,
     /// vLLM servers that sample in place of the local model (`rollout.engine = "vllm"`).
     pub remote: Option<Arc<Pool>>,
-    /// An OpenEnv server as the environment (`[rollout.openenv]`), in place of
-    /// `environment`.
-    pub openenv: Option<Arc<Remote>>,
-}
-
-impl RolloutSettings {
-    /// The chat template's `tools`: the tools plugins' functions, or those of an OpenEnv
-    /// server whose actions are calls.
-    pub fn template_tools(&self) -> Option<&[Json]> {
-        match (&self.tools, &self.openenv) {
-            (Some(t), _) => Some(&t.template_tools),
-            (None, Some(r)) if !r.functions.is_empty() => Some(&r.template_tools),
-            _ => None,
-        }
-    }
 }

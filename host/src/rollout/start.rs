@@ -4,8 +4,8 @@
 
 use super::env::openenv::{self, Remote, RemoteEpisode};
 use super::stats::BatchStats;
+use super::trajectory::FaultRecord;
 use crate::plugin::{Fault, FaultKind};
-use crate::rollout::FaultRecord;
 use crate::task::{Message, Sample};
 use anyhow::{Context, Result, bail};
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! few seconds sees every step of a slow run, and the latest of a fast one); plugin
 //! faults are a counter per plugin and kind, so `rate()` works on them.
 
-use super::Phase;
 use super::figures::{EVERY_STEP, Figure, SOME_STEPS};
+use super::phase::Phase;
 use crate::step::StepMetrics;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;

@@ -376,8 +376,7 @@ pub fn read_bnb(w: &Weights, name: &str, out_f: usize, in_f: usize) -> Result<Op
     }))
 }
 
-mod linear;
-pub use linear::Nf4Linear;
+pub mod linear;
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -482,7 +481,7 @@ pub(crate) mod tests {
             let (rows, cols) = w.dims2().unwrap();
             let values = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             for nested in [false, true] {
-                let q = Nf4Linear::new(Nf4::quantize(&values, rows, cols, nested).unwrap());
+                let q = linear::Nf4Linear::new(Nf4::quantize(&values, rows, cols, nested).unwrap());
                 let ops = q.dense_on(&Device::Cpu).unwrap();
                 let ops = ops.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 assert_eq!(

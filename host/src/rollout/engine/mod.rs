@@ -95,14 +95,14 @@ impl<'a> Engine<'a> {
         }
         settings.sampling.validate()?;
         let chat = lm.chat()?;
-        let env = Environment::new(settings)?;
+        let env = Environment::new(&settings.env)?;
         let continued_by = env.continued_by();
         let turns = match continued_by {
             Some(what) => Some(
                 TurnFormat::new(
                     chat,
                     settings.template_kwargs.clone(),
-                    settings.template_tools().map(<[Json]>::to_vec),
+                    settings.env.template_tools().map(<[Json]>::to_vec),
                 )
                 .with_context(|| {
                     format!("{what} needs a chat template that can continue a conversation")
@@ -138,7 +138,7 @@ impl<'a> Engine<'a> {
         prompt_tokens(
             self.lm,
             &self.settings.template_kwargs,
-            self.settings.template_tools(),
+            self.settings.env.template_tools(),
             sample,
         )
     }

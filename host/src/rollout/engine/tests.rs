@@ -4,7 +4,7 @@
 use super::*;
 use crate::model::Placement;
 use crate::model::fixtures;
-use crate::rollout::RolloutLimits;
+use crate::rollout::settings::RolloutLimits;
 use serde_json::Map;
 
 fn settings(lm: &LanguageModel, group_size: usize) -> RolloutSettings {
@@ -18,11 +18,8 @@ fn settings(lm: &LanguageModel, group_size: usize) -> RolloutSettings {
         sampling,
         limits: RolloutLimits::default(),
         template_kwargs: Map::new(),
-        trigger: None,
-        environment: None,
-        tools: None,
+        env: Default::default(),
         remote: None,
-        openenv: None,
     }
 }
 
@@ -149,7 +146,6 @@ fn group_sampling_is_independent_of_the_batch() {
 /// the live adapter changes meanwhile.
 #[test]
 fn a_batch_sampled_from_a_snapshot_is_that_version_exactly() {
-    use crate::model::lora::AdapterSnapshot;
     let mut lm = LanguageModel::open(&fixtures::model_dir("qwen2"), &Placement::CPU).unwrap();
     lm.model
         .attach_lora(&crate::model::LoraConfig::default(), 3)
@@ -172,7 +168,7 @@ fn a_batch_sampled_from_a_snapshot_is_that_version_exactly() {
     let engine = Engine::new(&lm, &s, &rewards, rt.handle().clone()).unwrap();
     let samples = [(1, Sample::from_prompt("Tell me a story."))];
     let (v0, _) = engine.run(&samples, 5, 0, Mode::INFERENCE).unwrap();
-    let snapshot = AdapterSnapshot::take(&lm.model, 0).unwrap();
+    let snapshot = lm.model.adapter_snapshot(0).unwrap();
     let from_snapshot = Mode {
         adapter: Some(&snapshot),
         ..Mode::INFERENCE

@@ -26,12 +26,12 @@
 
 pub mod openenv;
 pub mod plugin;
+mod reply;
 pub mod tools;
 
-use super::settings::RolloutSettings;
 use super::tool_calls;
 use crate::plugin::model::ModelLink;
-use crate::plugin::{Fault, StepResult, ToolsSession, TriggerSession};
+use crate::plugin::{Fault, ToolsSession, TriggerSession};
 use crate::sampler::decode::sample_seed;
 use crate::task::{Message, Sample};
 use anyhow::{Result, bail};
@@ -39,13 +39,41 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use openenv::{Remote, RemoteEpisode};
 use plugin::Episode;
+pub use reply::{Reply, Then};
+use serde_json::Value as Json;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tools::{Toolbox, Written};
+use std::time::Instant;
+use tools::{ToolSpec, Toolbox, Written};
 
-/// What answers the turns of a run's trajectories: the run's settings, read once.
+/// What answers a run's turns, as `config/` built it (part of the engine's
+/// `RolloutSettings`). Any of them may be there at once but two episodes (an environment
+/// plugin and a server), which the config refuses.
+#[derive(Clone, Default)]
+pub struct Answerers {
+    pub trigger: Option<ToolSpec>,
+    pub environment: Option<ToolSpec>,
+    /// Functions the model calls in its own format (`rollout.tools`).
+    pub tools: Option<Arc<Toolbox>>,
+    /// An OpenEnv server as the environment (`[rollout.openenv]`), in place of
+    /// `environment`.
+    pub openenv: Option<Arc<Remote>>,
+}
+
+impl Answerers {
+    /// The chat template's `tools`: the tools plugins' functions, or those of an OpenEnv
+    /// server whose actions are calls.
+    pub fn template_tools(&self) -> Option<&[Json]> {
+        match (&self.tools, &self.openenv) {
+            (Some(t), _) => Some(&t.template_tools),
+            (None, Some(r)) if !r.functions.is_empty() => Some(&r.template_tools),
+            _ => None,
+        }
+    }
+}
+
+/// What answers the turns of a run's trajectories: the run's answerers, read once.
 pub struct Environment<'a> {
-    s: &'a RolloutSettings,
+    s: &'a Answerers,
 }
 
 /// One trajectory's sessions: its trigger's, its episode (a plugin's or a server's) and
@@ -100,72 +128,10 @@ pub enum Read {
     Text,
 }
 
-/// What a turn is answered with, and what becomes of the episode.
-pub enum Then {
-    /// A trigger's output, inserted as it is (`None`: the firing inserts nothing).
-    Output(Option<String>),
-    /// The turn's calls answered, one `tool` message each.
-    Answers(Vec<Message>),
-    /// The environment's next turn (a text episode).
-    Turn(Vec<Message>),
-    /// The episode is over.
-    Done,
-    /// The episode failed (the fault is in [`Reply::faults`]): the trajectory ends.
-    Failed,
-}
-
 /// A finished turn, for [`Environment::answer`].
 pub enum Turn {
     Calls(By, Vec<Written>),
     Text(String),
-}
-
-/// What answered a firing or a turn.
-pub struct Reply {
-    pub then: Then,
-    /// How each function call of the turn went, in order (`ok`, `tool_error`, a malformed
-    /// call's kind, `fault`); each counts as a tool call.
-    pub kinds: Vec<&'static str>,
-    pub faults: Vec<Fault>,
-    /// The environment's reward for the turn, summed over its steps.
-    pub reward: Option<f64>,
-    /// The time the answer took.
-    pub took: Duration,
-}
-
-impl Reply {
-    fn new(then: Then) -> Reply {
-        Reply {
-            then,
-            kinds: Vec::new(),
-            faults: Vec::new(),
-            reward: None,
-            took: Duration::ZERO,
-        }
-    }
-
-    /// An episode's step: its messages (or its end), or its fault. `kinds` are the
-    /// turn's calls when the step sent calls (a fault then counts as one more call, the
-    /// one it failed on); none when the turn itself was the action.
-    fn stepped(result: Result<(StepResult, Vec<&'static str>), Fault>, calls: bool) -> Reply {
-        match result {
-            Ok((step, kinds)) => Reply {
-                then: match (step.done, calls) {
-                    (true, _) => Then::Done,
-                    (false, true) => Then::Answers(step.messages),
-                    (false, false) => Then::Turn(step.messages),
-                },
-                kinds,
-                reward: step.reward,
-                ..Reply::new(Then::Done)
-            },
-            Err(fault) => Reply {
-                kinds: if calls { vec!["fault"] } else { Vec::new() },
-                faults: vec![fault],
-                ..Reply::new(Then::Failed)
-            },
-        }
-    }
 }
 
 /// A call on the worker pool: the sessions back with its reply, timed.
@@ -191,7 +157,7 @@ enum Opened {
 impl<'a> Environment<'a> {
     /// Checks what the settings combine: a server whose actions are calls needs the call
     /// format the run's template writes.
-    pub fn new(s: &'a RolloutSettings) -> Result<Environment<'a>> {
+    pub fn new(s: &'a Answerers) -> Result<Environment<'a>> {
         if let Some(r) = &s.openenv
             && !r.functions.is_empty()
             && r.format.is_none()

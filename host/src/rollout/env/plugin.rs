@@ -3,8 +3,8 @@
 //! its messages), one session of each per trajectory.
 
 use super::openenv::RemoteEpisode;
+use super::reply::{Reply, Then};
 use super::tools::ToolSpec;
-use super::{Reply, Then};
 use crate::plugin::model::ModelLink;
 use crate::plugin::{EnvironmentEpisode, Fault, TriggerSession};
 use crate::task::Sample;
