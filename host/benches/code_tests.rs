@@ -13,7 +13,7 @@
 //! Run: `bash plugins/build.sh && cargo bench -p rlhost --bench code_tests`
 
 use futures_util::StreamExt;
-use rlhost::plugin::{Limits, PluginRuntime, PluginSpec, RuntimeOptions, Sample, Trajectory};
+use rlhost::plugin::{Limits, PluginRuntime, PluginSpec, RuntimeOptions, Sample, Transcript};
 use rlhost::rollout::reward::split_cases;
 use rlhost::rollout::{RewardSpec, Rewards};
 use serde_json::{Value, json};
@@ -100,14 +100,14 @@ fn sandboxed(
     let rewards = rt
         .block_on(Rewards::open(vec![spec], 1.0, workers))
         .unwrap();
-    let trajectories: Vec<Trajectory> = work
+    let trajectories: Vec<Transcript> = work
         .iter()
         .map(|(code, meta)| {
             let sample = Sample {
                 messages: vec![],
                 metadata: meta.clone(),
             };
-            Trajectory::single_turn(&sample, format!("```python\n{code}\n```"))
+            Transcript::single_turn(&sample, format!("```python\n{code}\n```"))
         })
         .collect();
     let cases: usize = work

@@ -15,7 +15,7 @@
 //! (`-- code_trigger` times the Python tool alone).
 
 use rlhost::plugin::{Limits, Plugin, PluginRuntime, PluginSpec, RuntimeOptions, Sample};
-use rlhost::plugin::{Message, Trajectory};
+use rlhost::plugin::{Message, Transcript};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -115,8 +115,8 @@ async fn load(runtime: &Arc<PluginRuntime>, name: &str) -> Plugin {
         .expect("load plugin")
 }
 
-fn trajectory(completion: &str) -> Trajectory {
-    Trajectory {
+fn trajectory(completion: &str) -> Transcript {
+    Transcript {
         messages: vec![Message::new("assistant", completion)],
         completion: completion.into(),
         metadata: serde_json::json!({"answer": 42}),

@@ -4,7 +4,7 @@
 //! First the machine's FMA peak on the same threads, which the rates are a fraction of.
 //! `RAYON_NUM_THREADS=2 cargo run --release -p rlhost --example gemm_probe`
 use candle_core::{Device, Tensor};
-use rlhost::model::cpu::gemm::{MatRef, gemm};
+use rlhost::model::kernels::gemm::{MatRef, gemm};
 use std::time::Instant;
 
 fn time(f: impl Fn() -> candle_core::Result<Tensor>) -> anyhow::Result<f64> {

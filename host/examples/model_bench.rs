@@ -482,7 +482,7 @@ fn update_layouts(
 #[cfg(feature = "cuda")]
 fn ops(at: &Placement, batch: usize, seq: usize, iters: usize) -> Result<()> {
     use candle_core::Var;
-    use rlhost::model::cuda::{attention, flash};
+    use rlhost::model::kernels::{attention, flash};
     let dev = at.device.clone();
     let dt = at.dtype;
     let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
@@ -549,7 +549,7 @@ fn ops(at: &Placement, batch: usize, seq: usize, iters: usize) -> Result<()> {
     let a = Var::from_tensor(&Tensor::randn(0f32, 0.02, (16, 1536), &dev)?)?;
     let b = Var::from_tensor(&Tensor::randn(0f32, 0.02, (8960, 16), &dev)?)?;
     let lora = |x: &Tensor| -> candle_core::Result<Tensor> {
-        rlhost::model::cuda::lora::lora_linear(x, &w, None, a.as_tensor(), b.as_tensor(), 2.0)
+        rlhost::model::kernels::lora::lora_linear(x, &w, None, a.as_tensor(), b.as_tensor(), 2.0)
     };
     let fwd = time(&mut || {
         lora(&x.detach())?;

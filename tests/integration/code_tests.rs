@@ -4,7 +4,7 @@
 //! contained, counted and named in the trajectory's note, while the other cases count.
 
 use super::{load_with, tokio_runtime};
-use rlhost::plugin::{FaultKind, Limits, Plugin, Sample, Trajectory};
+use rlhost::plugin::{FaultKind, Limits, Plugin, Sample, Transcript};
 use rlhost::rollout::{RewardSpec, Rewards, Scored};
 use serde_json::json;
 use std::time::Instant;
@@ -42,7 +42,7 @@ fn score(
         metadata: json!({"tests": tests}),
     };
     let completion = format!("Here is my solution.\n```python\n{solution}\n```");
-    rt.block_on(rewards.fns[0].score(&Trajectory::single_turn(&sample, completion), None))
+    rt.block_on(rewards.fns[0].score(&Transcript::single_turn(&sample, completion), None))
 }
 
 fn components(s: &Scored) -> (f64, f64) {
@@ -230,7 +230,7 @@ fn the_sample_datasets_reference_solutions_pass_their_tests() {
                 };
                 let completion = format!("```python\n{solution}\n```");
                 let s = rt.block_on(
-                    rewards.fns[0].score(&Trajectory::single_turn(&sample, completion), None),
+                    rewards.fns[0].score(&Transcript::single_turn(&sample, completion), None),
                 );
                 assert_eq!(
                     components(&s),

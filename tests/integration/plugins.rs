@@ -1,7 +1,7 @@
 //! Each example plugin's behaviour through the real host.
 
 use super::{load, load_with};
-use rlhost::plugin::{FaultKind, Limits, Message, Role, Sample, Trajectory};
+use rlhost::plugin::{FaultKind, Limits, Message, Role, Sample, Transcript};
 
 fn no_sample() -> Sample {
     Sample::from_prompt("")
@@ -114,7 +114,7 @@ async fn countdown_generates_seeded_solvable_puzzles_and_scores_answers() {
         );
 
         let solution = sample.metadata["solution"].as_str().unwrap();
-        let score = |completion: String| Trajectory {
+        let score = |completion: String| Transcript {
             messages: vec![Message {
                 role: "assistant".into(),
                 content: completion.clone(),
@@ -164,7 +164,7 @@ async fn countdown_reward_checks_each_number_is_used_exactly_once() {
     let mut scorer = plugin.open_reward("{}").await.unwrap();
     let metadata = serde_json::json!({"numbers": [3, 5, 7], "target": 22, "solution": "3 * 5 + 7"});
     let mut score = async |completion: &str| {
-        let t = Trajectory {
+        let t = Transcript {
             messages: vec![],
             completion: completion.into(),
             metadata: metadata.clone(),
@@ -185,7 +185,7 @@ async fn countdown_reward_checks_each_number_is_used_exactly_once() {
         (1.0, 1.0)
     );
     // Metadata that is not a countdown puzzle is the reward's own error.
-    let t = Trajectory {
+    let t = Transcript {
         messages: vec![],
         completion: "<answer>1</answer>".into(),
         metadata: serde_json::json!({}),
@@ -632,7 +632,7 @@ async fn multiply_problems_are_scored_by_their_product() {
     assert_eq!(sample.metadata["answer"].as_u64(), Some(a * b));
     assert_eq!(sample.messages[0].content, format!("What is {a} * {b}?"));
     let mut scorer = plugin.open_reward("{}").await.unwrap();
-    let score = |completion: String| Trajectory {
+    let score = |completion: String| Transcript {
         messages: sample.messages.clone(),
         completion,
         metadata: sample.metadata.clone(),
@@ -667,7 +667,7 @@ async fn multiply_problems_are_scored_by_their_product() {
 async fn math_answer_compares_as_math_and_hostile_answers_end_as_wrong() {
     let plugin = load("math_answer").await;
     let mut scorer = plugin.open_reward("{}").await.unwrap();
-    let score = |gold: &str, completion: String| Trajectory {
+    let score = |gold: &str, completion: String| Transcript {
         messages: vec![Message::new("user", "q")],
         completion,
         metadata: serde_json::json!({ "answer": gold }),

@@ -3,7 +3,7 @@
 //! readable by the plugin.
 
 use super::{load, load_with};
-use rlhost::plugin::{DirGrant, FaultKind, Grants, Limits, Plugin, PluginSpec, Sample, Trajectory};
+use rlhost::plugin::{DirGrant, FaultKind, Grants, Limits, Plugin, PluginSpec, Sample, Transcript};
 use std::time::{Duration, Instant};
 
 /// A short deadline keeps the suite fast; the slack on top covers a loaded CI machine.
@@ -341,7 +341,7 @@ async fn http_grants_are_read_when_the_plugin_loads() {
 async fn reward_and_dataset_faults_are_typed() {
     let plugin = load_with("hostile", limits()).await;
     let mut scorer = plugin.open_reward(&config("nan")).await.unwrap();
-    let trajectory = Trajectory {
+    let trajectory = Transcript {
         messages: vec![],
         completion: "x".into(),
         metadata: serde_json::json!({}),

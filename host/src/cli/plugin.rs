@@ -8,7 +8,7 @@ use crate::plugin::model::GenerateGrant;
 use crate::plugin::scaffold::{self, Lang};
 use crate::plugin::{
     DirGrant, Grants, Limits, Plugin, PluginRuntime, PluginSpec, Role, RuntimeOptions, Sample,
-    Trajectory,
+    Transcript,
 };
 use crate::rollout::live::new_match;
 use anyhow::{Context, Result, bail};
@@ -604,8 +604,8 @@ async fn call(args: CallArgs) -> Result<()> {
         }
         Role::Reward => {
             let trajectory = match &args.trajectory {
-                Some(path) => read_json::<Trajectory>(path, "trajectory")?,
-                None => Trajectory::single_turn(&args.sample()?, args.text.concat()),
+                Some(path) => read_json::<Transcript>(path, "trajectory")?,
+                None => Transcript::single_turn(&args.sample()?, args.text.concat()),
             };
             let mut scorer = plugin.open_reward(&args.config).await?;
             let started = std::time::Instant::now();

@@ -10,9 +10,9 @@ pub mod chat;
 pub mod checkpoint;
 pub mod compute;
 pub mod config;
-pub mod cpu;
+mod cpu;
 #[cfg(feature = "cuda")]
-pub mod cuda;
+mod cuda;
 pub mod decoder;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -33,3 +33,12 @@ pub use decoder::Model;
 pub use kv_cache::KvCache;
 pub use lora::{LoraConfig, Mode};
 pub use placement::Placement;
+
+/// The kernels themselves, for the benchmarks under `examples/` that time them: the
+/// crate reaches `cpu/` and `cuda/` only through [`compute`], the compute seam.
+#[doc(hidden)]
+pub mod kernels {
+    pub use super::cpu::gemm;
+    #[cfg(feature = "cuda")]
+    pub use super::cuda::{attention, flash, lora};
+}

@@ -43,5 +43,5 @@ pub use session::{
     DatasetSource, EnvironmentEpisode, RewardScorer, Session, ToolsSession, TriggerSession,
 };
 pub use types::{
-    Component, FunctionSpec, Message, PluginInfo, Role, Sample, StepResult, Trajectory,
+    Component, FunctionSpec, Message, PluginInfo, Role, Sample, StepResult, Transcript,
 };

@@ -16,7 +16,7 @@ use super::fault::{Fault, FaultKind};
 use super::model::ModelLink;
 use super::plugin::{Inner, Plugin};
 use super::sandbox::StoreState;
-use super::types::{Component, FunctionSpec, Message, Role, Sample, StepResult, Trajectory};
+use super::types::{Component, FunctionSpec, Message, Role, Sample, StepResult, Transcript};
 use anyhow::Result;
 use wasmtime::Store;
 use wasmtime::component::{Instance, ResourceAny};
@@ -440,7 +440,7 @@ impl Kind for bindings::Reward {
 
 impl RewardScorer {
     /// Scores one trajectory into named components.
-    pub async fn score(&mut self, trajectory: &Trajectory) -> Result<Vec<Component>, Fault> {
+    pub async fn score(&mut self, trajectory: &Transcript) -> Result<Vec<Component>, Fault> {
         let call = "reward.score";
         // Outside a rollout each score is a trajectory of its own to the model's grant:
         // a fresh link (its calls counted from 0, seeded alike), where one is served.

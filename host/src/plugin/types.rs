@@ -9,10 +9,11 @@ use std::str::FromStr;
 
 pub use crate::task::{Message, MessageToolCall, Sample};
 
-/// A finished rollout as reward plugins see it.
+/// A finished rollout as reward plugins see it (the contract's `trajectory` record): its
+/// messages and final text, where `rollout::Trajectory` is the trainer's tokens.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Trajectory {
+pub struct Transcript {
     pub messages: Vec<Message>,
     pub completion: String,
     #[serde(default = "empty_object")]
@@ -23,16 +24,16 @@ pub struct Trajectory {
     pub truncated: bool,
 }
 
-impl Trajectory {
+impl Transcript {
     /// `sample` answered in one assistant turn by `completion`, not cut off.
-    pub fn single_turn(sample: &Sample, completion: String) -> Trajectory {
+    pub fn single_turn(sample: &Sample, completion: String) -> Transcript {
         let mut messages = sample.messages.clone();
         messages.push(Message {
             role: "assistant".into(),
             content: completion.clone(),
             ..Default::default()
         });
-        Trajectory {
+        Transcript {
             messages,
             completion,
             metadata: sample.metadata.clone(),

@@ -75,7 +75,7 @@ impl RewardFn {
     /// engine; none outside a rollout).
     pub async fn score(
         &self,
-        trajectory: &crate::plugin::Trajectory,
+        trajectory: &crate::plugin::Transcript,
         model: Option<ModelLink>,
     ) -> Scored {
         // No cases (an empty list) is the plugin's to refuse, scored whole.
@@ -103,7 +103,7 @@ impl RewardFn {
     /// (`rollout.reward_instances`).
     async fn score_cases(
         &self,
-        trajectory: &crate::plugin::Trajectory,
+        trajectory: &crate::plugin::Transcript,
         key: &str,
         cases: Vec<Value>,
         model: Option<ModelLink>,

@@ -192,8 +192,8 @@ impl Trajectory {
     }
 
     /// The trajectory as the reward plugins receive it.
-    pub fn for_reward(&self) -> crate::plugin::Trajectory {
-        crate::plugin::Trajectory {
+    pub fn for_reward(&self) -> crate::plugin::Transcript {
+        crate::plugin::Transcript {
             messages: self.messages.clone(),
             completion: self.completion.clone(),
             metadata: self.metadata.clone(),

@@ -17,6 +17,7 @@ pub mod gate;
 pub mod losses;
 pub mod prompt;
 pub mod proto;
+pub mod sample_request;
 pub mod server;
 pub mod snapshots;
 pub mod wire;
@@ -73,7 +74,7 @@ pub fn serve(
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", root.display()))?;
     let dir = lm.dir.canonicalize().unwrap_or_else(|_| lm.dir.clone());
-    let base = server::Base {
+    let base = sample_request::Base {
         name: name.clone(),
         aliases: also
             .into_iter()

@@ -11,7 +11,7 @@ pub mod v0_1_0;
 pub mod v0_2_0;
 
 use super::sandbox::StoreState;
-use super::types::{Component, Message, PluginInfo, Role, Sample, StepResult, Trajectory};
+use super::types::{Component, Message, PluginInfo, Role, Sample, StepResult, Transcript};
 use wasmtime::Store;
 use wasmtime::component::{Instance, InstancePre, Linker, ResourceAny};
 
@@ -386,7 +386,7 @@ impl Reward {
         &self,
         store: &mut Store<StoreState>,
         scorer: ResourceAny,
-        trajectory: &Trajectory,
+        trajectory: &Transcript,
     ) -> Call<Vec<Component>> {
         match self {
             Reward::V0_1_0(g) => Ok(g

@@ -162,8 +162,8 @@ impl From<&types::Sample> for wit::Sample {
     }
 }
 
-impl From<&types::Trajectory> for wit::Trajectory {
-    fn from(t: &types::Trajectory) -> Self {
+impl From<&types::Transcript> for wit::Trajectory {
+    fn from(t: &types::Transcript) -> Self {
         wit::Trajectory {
             messages: t.messages.iter().map(Into::into).collect(),
             completion: t.completion.clone(),
