@@ -12,11 +12,11 @@ use std::time::Duration;
 pub enum EnvCommand {
     /// Serve an environment or tools plugin under the OpenEnv API (HTTP and `/ws`
     /// sessions, `/mcp`), one sandboxed episode per session.
-    Serve(ServeArgs),
+    Serve(EnvServeArgs),
 }
 
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub struct EnvServeArgs {
     /// The plugin component (.wasm); a bare name is looked for where installed plugins are.
     #[arg(value_parser = crate::config::builtin::plugin_file)]
     file: PathBuf,
@@ -56,7 +56,7 @@ pub async fn run(command: EnvCommand) -> Result<()> {
     }
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
+async fn serve(args: EnvServeArgs) -> Result<()> {
     if let Err(e) = serde_json::from_str::<serde_json::Value>(&args.config) {
         bail!("--config is not valid JSON ({e}); pass an object such as '{{}}'");
     }

@@ -62,7 +62,7 @@ enum Command {
     /// Accuracy, tool-use rate and rewards on the held-out split.
     Eval(rollout::EvalArgs),
     /// Print the status of a running job (its --status-addr URL).
-    Status(status::StatusArgs),
+    Status(status::StatusCommandArgs),
     /// Write a commented starter config for your own model, data and plugins.
     Init(init::InitArgs),
     /// The run config's keys (`config reference`) and a resolved config (`config show`).

@@ -5,7 +5,7 @@ use anyhow::Result;
 use clap::Args;
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub struct StatusCommandArgs {
     /// The job's status address, e.g. http://127.0.0.1:8787 (as `rlhost train` printed it).
     url: String,
     /// Print the raw `/status` JSON.
@@ -16,7 +16,7 @@ pub struct StatusArgs {
     watch: Option<f64>,
 }
 
-pub fn run(args: StatusArgs) -> Result<()> {
+pub fn run(args: StatusCommandArgs) -> Result<()> {
     loop {
         let st = client::fetch(&args.url)?;
         if args.json {

@@ -38,7 +38,7 @@ use anyhow::{Result, bail};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use openenv::{Remote, RemoteEpisode};
-use plugin::Episode;
+use plugin::AnyEpisode;
 pub use reply::{Reply, Then};
 use serde_json::Value as Json;
 use std::sync::Arc;
@@ -83,7 +83,7 @@ pub struct Sessions {
     /// Boxed, as the episode is: a session is a few hundred bytes, and the sessions move
     /// to the pool and back with every call.
     trigger: Option<Box<TriggerSession>>,
-    episode: Option<Box<Episode>>,
+    episode: Option<Box<AnyEpisode>>,
     /// `None` for plugins without a stateful function, or whose session failed to open
     /// (their calls are answered as the tool's failure).
     tools: Vec<Option<ToolsSession>>,
@@ -129,7 +129,7 @@ pub enum Read {
 }
 
 /// A finished turn, for [`Environment::answer`].
-pub enum Turn {
+pub enum Finished {
     Calls(By, Vec<Written>),
     Text(String),
 }
@@ -150,7 +150,7 @@ fn timed(work: impl Future<Output = (Sessions, Reply)> + Send + 'static) -> Answ
 /// A session that opened, or the fault of one that did not.
 enum Opened {
     Trigger(Result<TriggerSession, Fault>),
-    Episode(Result<Episode, Fault>),
+    Episode(Result<AnyEpisode, Fault>),
     Tools(usize, Result<ToolsSession, Fault>),
 }
 
@@ -204,7 +204,7 @@ impl<'a> Environment<'a> {
         let n_tools = s.tools.as_ref().map_or(0, |t| t.plugins.len());
         let sessions = Sessions {
             trigger: None,
-            episode: opened.map(|e| Box::new(Episode::Remote(e))),
+            episode: opened.map(|e| Box::new(AnyEpisode::Remote(e))),
             tools: (0..n_tools).map(|_| None).collect(),
             sample: s.tools.as_ref().map(|_| Arc::new(sample.clone())),
             seed: sample_seed(seed, id as usize, j),
@@ -217,7 +217,7 @@ impl<'a> Environment<'a> {
         if let Some(spec) = &s.environment {
             let open = plugin::open_environment(spec.clone(), sample.clone(), plugin_seed, link());
             opening.push(
-                open.map(|r| Opened::Episode(r.map(Episode::Plugin)))
+                open.map(|r| Opened::Episode(r.map(AnyEpisode::Plugin)))
                     .boxed(),
             );
         }
@@ -229,7 +229,7 @@ impl<'a> Environment<'a> {
             opening.push(
                 async move {
                     let r = RemoteEpisode::open(remote, id, episode_id, &metadata, None).await;
-                    Opened::Episode(r.map(|(e, _)| Episode::Remote(e)))
+                    Opened::Episode(r.map(|(e, _)| AnyEpisode::Remote(e)))
                 }
                 .boxed(),
             );
@@ -332,10 +332,10 @@ impl<'a> Environment<'a> {
         &self,
         mut sessions: Sessions,
         turn_number: u32,
-        turn: Turn,
+        turn: Finished,
     ) -> Result<Answering, Sessions> {
         match turn {
-            Turn::Calls(By::Tools, written) => {
+            Finished::Calls(By::Tools, written) => {
                 let toolbox: Arc<Toolbox> = self
                     .s
                     .tools
@@ -359,14 +359,14 @@ impl<'a> Environment<'a> {
                     (sessions, reply)
                 }))
             }
-            Turn::Calls(By::Server, written) => {
+            Finished::Calls(By::Server, written) => {
                 let Some(episode) = sessions.episode.take() else {
                     return Err(sessions);
                 };
                 // A server's calls come with a server's episode: the config refuses a
                 // plugin environment beside `[rollout.openenv]`.
                 let mut remote = match *episode {
-                    Episode::Remote(remote) => remote,
+                    AnyEpisode::Remote(remote) => remote,
                     plugin => {
                         sessions.episode = Some(Box::new(plugin));
                         return Err(sessions);
@@ -374,18 +374,18 @@ impl<'a> Environment<'a> {
                 };
                 Ok(timed(async move {
                     let r = remote.step_calls(&written).await;
-                    sessions.episode = Some(Box::new(Episode::Remote(remote)));
+                    sessions.episode = Some(Box::new(AnyEpisode::Remote(remote)));
                     (sessions, Reply::stepped(r, true))
                 }))
             }
-            Turn::Text(text) => {
+            Finished::Text(text) => {
                 let Some(mut episode) = sessions.episode.take() else {
                     return Err(sessions);
                 };
                 Ok(timed(async move {
                     let r = match episode.as_mut() {
-                        Episode::Plugin(e) => e.step(&text).await,
-                        Episode::Remote(e) => e.step_text(&text).await,
+                        AnyEpisode::Plugin(e) => e.step(&text).await,
+                        AnyEpisode::Remote(e) => e.step_text(&text).await,
                     };
                     sessions.episode = Some(episode);
                     (sessions, Reply::stepped(r.map(|s| (s, Vec::new())), false))

@@ -10,7 +10,7 @@ use crate::plugin::{EnvironmentEpisode, Fault, TriggerSession};
 use crate::task::Sample;
 
 /// A trajectory's episode: a plugin's in the sandbox, or a session on an OpenEnv server.
-pub enum Episode {
+pub enum AnyEpisode {
     Plugin(EnvironmentEpisode),
     Remote(RemoteEpisode),
 }
