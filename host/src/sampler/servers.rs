@@ -35,7 +35,7 @@ pub type Notify = Arc<dyn Fn() + Send + Sync>;
 struct Waiting {
     ticket: Ticket,
     choice: usize,
-    request: vllm::CompletionRequest,
+    request: vllm::TokensRequest,
     /// The server that holds its prefix (a resumed choice), if it is still up.
     server: Option<usize>,
 }
@@ -160,7 +160,7 @@ impl<'t> Servers<'t> {
             self.queue.push_back(Waiting {
                 ticket,
                 choice: j,
-                request: vllm::CompletionRequest {
+                request: vllm::TokensRequest {
                     model: model.clone(),
                     prompt: request.prompt.clone(),
                     max_tokens: p.max_new_tokens,

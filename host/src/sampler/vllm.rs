@@ -120,7 +120,7 @@ impl RequestError {
 
 /// One completion request: the ids so far and how to sample what follows.
 #[derive(Debug, Clone)]
-pub struct CompletionRequest {
+pub struct TokensRequest {
     pub model: String,
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
@@ -323,7 +323,7 @@ impl Server {
 
     /// Samples one continuation of `req.prompt`, sending the request again after a fault
     /// the server may get over, at most [`RETRIES`] times (each counted).
-    pub fn complete(&self, req: &CompletionRequest) -> Result<Sampled, RequestError> {
+    pub fn complete(&self, req: &TokensRequest) -> Result<Sampled, RequestError> {
         let mut wait = FIRST_BACKOFF;
         let mut tries = 0;
         loop {
@@ -343,7 +343,7 @@ impl Server {
         }
     }
 
-    fn complete_once(&self, req: &CompletionRequest) -> Result<Sampled, RequestError> {
+    fn complete_once(&self, req: &TokensRequest) -> Result<Sampled, RequestError> {
         let body = json!({
             "model": req.model,
             "prompt": req.prompt,
@@ -395,7 +395,7 @@ impl Server {
 pub struct Reserved(Arc<Server>);
 
 impl Reserved {
-    pub fn complete(&self, req: &CompletionRequest) -> Result<Sampled, RequestError> {
+    pub fn complete(&self, req: &TokensRequest) -> Result<Sampled, RequestError> {
         self.0.complete(req)
     }
 }
@@ -891,7 +891,7 @@ fn score_probe(s: &Server, model: &str, lm: &LanguageModel) -> Result<Probe> {
     let prompt = lm
         .tokenizer
         .encode_plain("The quick brown fox jumps over the lazy dog. 12 + 30 =")?;
-    let req = CompletionRequest {
+    let req = TokensRequest {
         model: model.to_string(),
         prompt: prompt.clone(),
         max_tokens: 8,

@@ -27,7 +27,7 @@
 //! may decode to more than the pattern (`</calc>\n`): the tool sees the text up to the
 //! pattern's end, and its output follows the whole token.
 
-use super::env::{Answering, Environment, Finished, Opening, Read, Reply, Sessions, Then};
+use super::env::{Answering, EndedTurn, Environment, Opening, Read, Reply, Sessions, Then};
 use super::live::{Live, State, new_match};
 use super::render::{escaped, inserted_ids, prompt_tokens};
 use super::reward::Rewards;
@@ -564,7 +564,7 @@ impl<'a> Engine<'a> {
                     l.state = State::Done(StopReason::MaxTurns);
                     return Ok(());
                 }
-                Finished::Calls(by, written)
+                EndedTurn::Calls(by, written)
             }
             Read::Last => {
                 l.messages.push(Message::new("assistant", content));
@@ -573,7 +573,7 @@ impl<'a> Engine<'a> {
             }
             Read::Text => {
                 l.messages.push(Message::new("assistant", content.clone()));
-                Finished::Text(content)
+                EndedTurn::Text(content)
             }
         };
         let sessions = l

@@ -129,7 +129,7 @@ pub enum Read {
 }
 
 /// A finished turn, for [`Environment::answer`].
-pub enum Finished {
+pub enum EndedTurn {
     Calls(By, Vec<Written>),
     Text(String),
 }
@@ -332,10 +332,10 @@ impl<'a> Environment<'a> {
         &self,
         mut sessions: Sessions,
         turn_number: u32,
-        turn: Finished,
+        turn: EndedTurn,
     ) -> Result<Answering, Sessions> {
         match turn {
-            Finished::Calls(By::Tools, written) => {
+            EndedTurn::Calls(By::Tools, written) => {
                 let toolbox: Arc<Toolbox> = self
                     .s
                     .tools
@@ -359,7 +359,7 @@ impl<'a> Environment<'a> {
                     (sessions, reply)
                 }))
             }
-            Finished::Calls(By::Server, written) => {
+            EndedTurn::Calls(By::Server, written) => {
                 let Some(episode) = sessions.episode.take() else {
                     return Err(sessions);
                 };
@@ -378,7 +378,7 @@ impl<'a> Environment<'a> {
                     (sessions, Reply::stepped(r, true))
                 }))
             }
-            Finished::Text(text) => {
+            EndedTurn::Text(text) => {
                 let Some(mut episode) = sessions.episode.take() else {
                     return Err(sessions);
                 };
