@@ -6,6 +6,11 @@
 //! here are raw; [`setup`] turns them into working objects (model, plugins, dataset,
 //! rollout settings), ripgrep's low-args → high-args flow.
 //!
+//! This file reads a config (the file, its `--set` overrides, the checks across
+//! sections); `sections.rs` holds the sections as the user writes them (`train.rs`
+//! `[train]`), `ranges.rs` every number's range, and `plan.rs` the one conversion into
+//! the trainer's plan.
+//!
 //! ```toml
 //! [run]
 //! seed = 1
