@@ -73,8 +73,9 @@ fn build_small_code_model(dir: &Path, tool: &str) -> PathBuf {
         kv_heads: 1,
         intermediate: 128,
         sft_examples: 384,
-        // Measured without copy drills.
+        // Measured without copy drills, its guesses trained whole.
         copy_drills: 0,
+        untrained_guess_digits: false,
         sft_epochs: 4,
         sft_batch: 16,
         // One pass and no bar: this small model's outcomes were measured without one.

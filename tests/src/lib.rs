@@ -117,12 +117,36 @@ impl TestCommand {
         self
     }
 
-    pub fn run(mut self) -> Ran {
+    /// With `RLHOST_TEST_SEED=N` in the environment, a command that takes a run config
+    /// (`train`, `rollout`, `sft`, `dpo`, `rm`) runs with `--set run.seed=N` after its own
+    /// arguments: how `bench/test_seeds.py` runs the learning tests over seeds (issue 63).
+    /// CI leaves it unset, so each test keeps the seed it names.
+    fn seeded(mut self) -> Self {
+        let Ok(seed) = std::env::var("RLHOST_TEST_SEED") else {
+            return self;
+        };
+        let seed: u64 = seed
+            .parse()
+            .unwrap_or_else(|_| panic!("RLHOST_TEST_SEED={seed:?} is not a number"));
+        let takes_config = self.cmd.get_args().next().is_some_and(|a| {
+            ["train", "rollout", "sft", "dpo", "rm"]
+                .iter()
+                .any(|c| a == std::ffi::OsStr::new(c))
+        });
+        if takes_config {
+            self.cmd
+                .args(["--set".to_string(), format!("run.seed={seed}")]);
+        }
+        self
+    }
+
+    pub fn run(self) -> Ran {
+        let mut this = self.seeded();
         let Output {
             status,
             stdout,
             stderr,
-        } = self.cmd.output().expect("cannot run rlhost");
+        } = this.cmd.output().expect("cannot run rlhost");
         let ran = Ran {
             code: status.code(),
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
@@ -137,8 +161,9 @@ impl TestCommand {
     }
 
     /// Starts it in the background with stdout and stderr piped.
-    pub fn spawn(mut self) -> std::process::Child {
-        self.cmd
+    pub fn spawn(self) -> std::process::Child {
+        self.seeded()
+            .cmd
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

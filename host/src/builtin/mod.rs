@@ -97,6 +97,11 @@ pub struct Recipe {
     /// out of the cache key when 0, so that recipes without them keep their models.
     #[serde(skip_serializing_if = "is_zero")]
     pub copy_drills: usize,
+    /// Whether the digits of the guesses (the traces that skip the tool) are left out of
+    /// the loss, their form (`<answer>`, units, separators) still trained. Left out of the
+    /// cache key when false.
+    #[serde(skip_serializing_if = "is_false")]
+    pub untrained_guess_digits: bool,
     pub sft_epochs: usize,
     pub sft_lr: f64,
     pub sft_batch: usize,
@@ -108,6 +113,10 @@ pub struct Recipe {
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A warm start's bar, on the probe's unseen problems, greedy: the share of reference
@@ -154,6 +163,7 @@ pub const MULTIPLY: Recipe = Recipe {
     sft_examples: 2000,
     tool_share: 0.4,
     copy_drills: 0,
+    untrained_guess_digits: false,
     sft_epochs: 3,
     sft_lr: 3e-3,
     sft_batch: 32,
@@ -190,7 +200,7 @@ pub const CODE_BAR: Bar = Bar {
 /// learnt no copying at all, nor did a learning rate of 6e-3 by step 300.
 pub const CODE: Recipe = Recipe {
     name: "code",
-    version: 4,
+    version: 5,
     vocab_size: 512,
     hidden: 128,
     layers: 2,
@@ -200,6 +210,7 @@ pub const CODE: Recipe = Recipe {
     sft_examples: 16000,
     tool_share: 0.4,
     copy_drills: 4000,
+    untrained_guess_digits: true,
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
@@ -209,8 +220,23 @@ pub const CODE: Recipe = Recipe {
     // 91 / 100 then 4% -> 93%, seed 2 77 / 100 then 3% -> 83%, but seed 3 67 / 34 then
     // 0% -> 17% and seed 7 54 / 20 then 3% -> 11%. Drills with the bar: seed 7's second
     // weights 90 / 100 then 9% -> 85%, seed 3's fourth 81 / 100 then 1% -> 87%, seed 5's
-    // second 87 / 100 then 1% -> 86%.
+    // second 87 / 100 then 1% -> 86%. Since v5 the guesses' digits are untrained (as the
+    // units recipe's): seed 6, whose first two sets of weights had failed the bar (62 / 81,
+    // 60 / 30), passed on its first at 83 / 100, then 2% -> 84%;
+    // seed 3, which had needed four, at 82 / 100, then 3% -> 87%.
     bar: Some(CODE_BAR),
+};
+
+/// The units task's bar (issue 63). Its copies fail on repeated digits and fractions'
+/// denominators (`655.32` copied as `6555.3`, `43/11` as `43/14`), and they rise through
+/// the round rather than jump in as the code task's do (seed 4: 32 copies at step 500,
+/// 52 at 1,250, 67 at 2,000, 79 at the end); RL took that model (98 calls, 79 copies)
+/// from 1% to 70%, where the models below it measured (27-34 copies) learnt 0-5 points.
+pub const UNITS_BAR: Bar = Bar {
+    calls: 0.75,
+    copies: 0.75,
+    max_rounds: 1,
+    max_inits: 12,
 };
 
 /// The `units` functions' task (conversions, dates, fractions, called in the Hermes
@@ -224,7 +250,7 @@ pub const CODE: Recipe = Recipe {
 /// (warm start 375 s on 2 cores).
 pub const UNITS: Recipe = Recipe {
     name: "units",
-    version: 5,
+    version: 6,
     vocab_size: 512,
     hidden: 128,
     layers: 2,
@@ -233,16 +259,17 @@ pub const UNITS: Recipe = Recipe {
     intermediate: 384,
     sft_examples: 16000,
     tool_share: 0.4,
-    copy_drills: 0,
+    copy_drills: 4000,
+    untrained_guess_digits: true,
     sft_epochs: 5,
     sft_lr: 3e-3,
     sft_batch: 32,
-    // No bar yet: the probe is printed, nothing is refused. Swept over seeds 1-7 (issue 63,
-    // the book's benchmarks), the outcome followed the probe as the code task's did:
-    // seeds 4 and 5 (68 / 34 and 31 / 27) learnt 0-5 points, seeds 3, 6 and 7 (73 / 95,
-    // 35 / 99, 100 / 91) 53, 36 and 94. The code task's mend (copy drills and a bar) is
-    // not yet measured on this task.
-    bar: None,
+    // Drills, untrained guess digits and a bar (issue 63). Without them, swept over seeds
+    // 1-7, the outcome followed the probe as the code task's did: seeds 4 and 5 (68 / 34
+    // and 31 / 27) learnt 0-5 points, seeds 3, 6 and 7 (73 / 95, 35 / 99, 100 / 91) 53,
+    // 36 and 94. Seed 4's first weights with drills alone: 63 / 67; with drills and the
+    // guesses' digits untrained: 98 / 79, then 1% -> 70%.
+    bar: Some(UNITS_BAR),
 };
 
 /// The recipe a `builtin:NAME` path names, if it is one.
@@ -573,6 +600,9 @@ fn write_model(recipe: &Recipe, dir: &Path, seed: u64) -> Result<()> {
 /// Samples after the warm start's own on which the warm-started model is probed.
 const PROBE_EXAMPLES: usize = 100;
 
+/// Steps of the warm start between two probes of a round.
+const PROBE_EVERY: u64 = 250;
+
 /// SFT of a full-rank adapter on the traces, merged into the base. With a [`Bar`], in
 /// rounds of the recipe's epochs until `probe` (tool traces of samples not trained on)
 /// shows that the model writes its calls and copies the tool's output as the bar asks; a
@@ -594,25 +624,9 @@ fn warm_start(
     let mut rows = Vec::with_capacity(traces.len());
     let mut prompt_tokens = 0;
     for t in traces {
-        let p = Pieces::encode(&tokenizer, t)?;
-        prompt_tokens += p.prompt.len();
-        let mut mask = vec![0u8; p.prompt.len()];
-        let answer = u8::from(t.learn_answer);
-        for (ids, learn) in [
-            (&p.call, u8::from(t.learn_call)),
-            (&p.tool, 0),
-            (&p.after, answer),
-        ] {
-            mask.extend(std::iter::repeat_n(learn, ids.len()));
-        }
-        mask.push(answer);
-        let mut tokens = p.prompt;
-        tokens.extend(p.call.into_iter().chain(p.tool).chain(p.after));
-        tokens.push(eos);
-        rows.push(SftRow {
-            tokens,
-            loss_mask: mask,
-        });
+        let (row, prompt_len) = sft_row(recipe, &tokenizer, eos, t)?;
+        prompt_tokens += prompt_len;
+        rows.push(row);
     }
     let lora = LoraConfig {
         r: recipe.hidden,
@@ -665,23 +679,35 @@ fn warm_start(
                     "  warm start {bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
                 )
             });
-            let losses = train(
-                &lm.model,
-                &rows,
-                &schedule,
-                |step, total, loss| match &bar {
+            // The probe every `PROBE_EVERY` steps as well (1-2 s, greedy on 100 problems):
+            // what the person watching wants to know is whether calls and copies rise.
+            let mut probed_at = String::new();
+            let losses = train(&lm.model, &rows, &schedule, |step, total, loss| {
+                if step % PROBE_EVERY == 0 && step < total && !probe.is_empty() {
+                    let (probed, calls, copies) = copies(&lm, probe)?;
+                    probed_at = format!(
+                        "  probe at step {step}: calls {calls}, copies {copies} of {probed}"
+                    );
+                    if bar.is_none() && !quiet {
+                        eprintln!(
+                            "  warm start: {label}step {step}/{total}: calls {calls}, copies {copies} of {probed}"
+                        );
+                    }
+                }
+                match &bar {
                     Some(bar) => {
                         bar.set_length(total);
                         bar.set_position(step);
-                        bar.set_message(format!("{label}loss {loss:.4}"));
+                        bar.set_message(format!("{label}loss {loss:.4}{probed_at}"));
                     }
                     None if !quiet && (step % 25 == 0 || step == total) => eprintln!(
                         "  warm start: {label}step {step}/{total}  loss {loss:.4}  {:.0} s",
                         t0.elapsed().as_secs_f64()
                     ),
                     None => {}
-                },
-            )?;
+                }
+                Ok(())
+            })?;
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }
@@ -740,6 +766,48 @@ fn warm_start(
         100.0 * bar.calls,
         100.0 * bar.copies,
     )
+}
+
+/// A trace as the warm start trains on it, and the length of its prompt: the model's text
+/// before the tool and after it, each learnt or not as the trace says, the tool's output
+/// never.
+fn sft_row(
+    recipe: &Recipe,
+    tokenizer: &crate::model::tokenizer::Tokenizer,
+    eos: u32,
+    t: &Trace,
+) -> Result<(SftRow, usize)> {
+    let p = Pieces::encode(tokenizer, t)?;
+    let prompt_len = p.prompt.len();
+    let mut mask = vec![0u8; prompt_len];
+    let answer = u8::from(t.learn_answer);
+    let call = u8::from(t.learn_call);
+    if recipe.untrained_guess_digits && t.tool.is_none() {
+        // A guess's digits are noise no model can predict; trained on, they teach the
+        // answer to write random digits, which competes with copying the tool's output.
+        // Its form (`<answer>`, units, separators) is still learnt, and with it the
+        // choice to answer without the tool.
+        mask.extend(p.call.iter().map(|&id| {
+            let digit = tokenizer
+                .id_to_token(id)
+                .is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+            if digit { 0 } else { call }
+        }));
+    } else {
+        mask.extend(std::iter::repeat_n(call, p.call.len()));
+    }
+    for (ids, learn) in [(&p.tool, 0), (&p.after, answer)] {
+        mask.extend(std::iter::repeat_n(learn, ids.len()));
+    }
+    mask.push(answer);
+    let mut tokens = p.prompt;
+    tokens.extend(p.call.into_iter().chain(p.tool).chain(p.after));
+    tokens.push(eos);
+    let row = SftRow {
+        tokens,
+        loss_mask: mask,
+    };
+    Ok((row, prompt_len))
 }
 
 impl Bar {
@@ -897,5 +965,73 @@ mod tests {
             !BAR.stalled(100, (100, 62), (100, 72)),
             "copies still rising"
         );
+    }
+
+    /// With `untrained_guess_digits`, a guess's digits leave the loss and its form stays;
+    /// a tool trace's answer is learnt whole either way.
+    #[test]
+    fn a_guess_is_learnt_without_its_digits_when_the_recipe_says_so() {
+        let trace = |tool: Option<&str>, before: &str, after: &str| Trace {
+            prompt: "<|im_start|>user\nConvert 12 km to mi.<|im_end|>\n<|im_start|>assistant\n"
+                .into(),
+            before: before.into(),
+            tool: tool.map(str::to_string),
+            after: after.into(),
+            learn_call: true,
+            learn_answer: true,
+        };
+        let traces = [
+            trace(None, "<answer>7.45645 mi</answer>", ""),
+            trace(
+                Some("7.45645 mi"),
+                "<calc>12 km</calc>",
+                "<answer>7.45645 mi</answer>",
+            ),
+        ];
+        let (guess, called) = (&traces[0], &traces[1]);
+        let dir = std::env::temp_dir().join(format!("rlhost-guess-mask-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_tokenizer(&UNITS, &traces, &dir).unwrap();
+        let tok = crate::model::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+        let eos = tok.token_to_id("<|im_end|>").unwrap();
+        let learnt = |recipe: &Recipe, t: &Trace| {
+            let (row, prompt_len) = sft_row(recipe, &tok, eos, t).unwrap();
+            let ids = &row.tokens[prompt_len..row.tokens.len() - 1];
+            let mask = &row.loss_mask[prompt_len..row.tokens.len() - 1];
+            let text = |keep: u8| {
+                let kept: Vec<u32> = ids
+                    .iter()
+                    .zip(mask)
+                    .filter(|(_, m)| **m == keep)
+                    .map(|(id, _)| *id)
+                    .collect();
+                tok.decode(&kept, false).unwrap()
+            };
+            (text(1), text(0), *row.loss_mask.last().unwrap())
+        };
+        let masked = Recipe {
+            untrained_guess_digits: true,
+            ..UNITS
+        };
+        let whole = Recipe {
+            untrained_guess_digits: false,
+            ..UNITS
+        };
+        assert_eq!(
+            learnt(&masked, guess),
+            ("<answer>. mi</answer>".into(), "745645".into(), 1),
+            "the guess's form learnt, its digits not, its end learnt"
+        );
+        assert_eq!(
+            learnt(&whole, guess),
+            ("<answer>7.45645 mi</answer>".into(), String::new(), 1)
+        );
+        let (kept, dropped, _) = learnt(&masked, called);
+        assert_eq!(kept, "<calc>12 km</calc><answer>7.45645 mi</answer>");
+        assert_eq!(
+            dropped, "7.45645 mi",
+            "only the tool's output is out of the loss"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -16,7 +16,8 @@
 //! the trace is that call and the end of the turn, then the real tools' answers as the chat
 //! template continues with `tool` messages (masked), then the answer text.
 //! The other traces skip the tool and guess: the answer text with each number replaced by
-//! another of as many digits. The share of tool traces is the recipe's.
+//! another of as many digits. The share of tool traces is the recipe's; a recipe with
+//! `untrained_guess_digits` learns a guess's form but not its digits (`sft_row`).
 
 use crate::model::chat::ChatTemplate;
 use crate::rng::SplitMix64;

@@ -108,6 +108,7 @@ pub fn run(args: SftArgs, quiet: bool) -> Result<()> {
         if !quiet && (step % 10 == 0 || step == total) {
             eprintln!("step {step}/{total}  loss {loss:.4}");
         }
+        Ok(())
     })?;
     peft::save_adapter(&lm.model, &args.out, Some(&model_dir.display().to_string()))?;
     if let Some(merged) = &args.merge {

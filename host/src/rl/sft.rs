@@ -235,12 +235,12 @@ pub struct SftSchedule {
 
 /// Trains the adapter over `rows` for `schedule.epochs` (rows shuffled each epoch by the
 /// seed); calls `on_step(step, total, loss)` after each optimizer step and returns the
-/// losses.
+/// losses. An error from `on_step` (a warm start's probe between steps) ends it.
 pub fn train(
     model: &Model,
     rows: &[SftRow],
     schedule: &SftSchedule,
-    mut on_step: impl FnMut(u64, u64, f32),
+    mut on_step: impl FnMut(u64, u64, f32) -> Result<()>,
 ) -> Result<Vec<f32>> {
     if rows.is_empty() {
         bail!("no SFT rows");
@@ -285,7 +285,7 @@ pub fn train(
             opt.update(&grads, lr)?;
             step += 1;
             losses.push(loss_sum as f32);
-            on_step(step, total, loss_sum as f32);
+            on_step(step, total, loss_sum as f32)?;
         }
     }
     Ok(losses)
