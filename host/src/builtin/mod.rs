@@ -268,7 +268,8 @@ pub const UNITS: Recipe = Recipe {
     // 1-7, the outcome followed the probe as the code task's did: seeds 4 and 5 (68 / 34
     // and 31 / 27) learnt 0-5 points, seeds 3, 6 and 7 (73 / 95, 35 / 99, 100 / 91) 53,
     // 36 and 94. Seed 4's first weights with drills alone: 63 / 67; with drills and the
-    // guesses' digits untrained: 98 / 79, then 1% -> 70%.
+    // guesses' digits untrained: 98 / 79, then 1% -> 70%. With all three, on their first
+    // weights: seed 5 100 / 99, then 7% -> 99%; seed 6 100 / 96, then 0% -> 98%.
     bar: Some(UNITS_BAR),
 };
 
