@@ -23,6 +23,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from seed_sweep import seeds  # noqa: E402  (`1-5`, `2,3,6` or a mix)
+
 # Every test that asserts that a run learns (its reward or accuracy rises), by module.
 LEARNING = [
     "train_cli::a_simple_reward_is_learned",
@@ -38,18 +41,6 @@ LEARNING = [
     "preference::a_grpo_run_learns_what_a_reward_model_prefers",
     "distill::a_student_learns_what_its_teacher_says_from_its_log_probs_alone",
 ]
-
-
-def seeds(text):
-    """`1-5`, `2,3,6` or a mix."""
-    out = []
-    for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.extend(range(int(a), int(b) + 1))
-        elif part:
-            out.append(int(part))
-    return out
 
 
 def test_binary():
