@@ -97,7 +97,10 @@ def supervised():
     losses = []
     for _ in range(20):
         fb = tc.forward_backward(data, "cross_entropy")
-        op = tc.optim_step(types.AdamParams(learning_rate=1e-2))
+        # 5e-3: at 1e-2 Adam overshoots now and then (a loss of 1.6 back to 14 in one
+        # step on some initialisations); at 5e-3 twelve initialisations ended at 5-18% of
+        # the first loss.
+        op = tc.optim_step(types.AdamParams(learning_rate=5e-3))
         losses.append(mean_loss(fb.result(), data))
         op.result()
     print(f"measured: supervised loss per token {losses[0]:.3f} -> {losses[-1]:.3f} in 20 steps")
@@ -352,24 +355,36 @@ def slow_and_resume():
     tc = training_client(rank=8)
     tok = tokenizer()
     big = tok.encode("Q: 41+2= 43. " * 60)
-    data = [
-        types.Datum(
-            model_input=types.ModelInput.from_ints(big[:-1]),
-            loss_fn_inputs={"target_tokens": big[1:], "weights": [1.0] * (len(big) - 1)},
-        )
-        for _ in range(int(os.environ.get("RLHOST_TINKER_SLOW_ROWS", "48")))
-    ]
-    t0 = time.time()
-    fb = tc.forward_backward(data, "cross_entropy")
-    result = fb.result()
-    took = time.time() - t0
-    polls = took / (int(os.environ.get("RLHOST_TINKER_POLL_MS", "20000")) / 1000)
+    poll = int(os.environ.get("RLHOST_TINKER_POLL_MS", "20000")) / 1000
+
+    def step(rows):
+        data = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(big[:-1]),
+                loss_fn_inputs={"target_tokens": big[1:], "weights": [1.0] * (len(big) - 1)},
+            )
+            for _ in range(rows)
+        ]
+        t0 = time.time()
+        result = tc.forward_backward(data, "cross_entropy").result()
+        assert len(result.loss_fn_outputs) == rows
+        return time.time() - t0
+
+    # How long a step takes depends on the machine and on what else runs on it: a step
+    # that came back within two polls is retried with the rows scaled to take about four
+    # (the gradients add up; the optimizer step below takes them all).
+    rows = int(os.environ.get("RLHOST_TINKER_SLOW_ROWS", "48"))
+    took = step(rows)
+    for _ in range(3):
+        if took > 2 * poll:
+            break
+        rows = min(512, max(rows + 1, int(rows * 4 * poll / max(took, 1e-3))))
+        took = step(rows)
     print(
-        f"measured: a forward_backward of {len(data)} x {len(big) - 1} tokens answered after {took:.1f} s "
-        f"({polls:.1f} polls' time)"
+        f"measured: a forward_backward of {rows} x {len(big) - 1} tokens answered after {took:.1f} s "
+        f"({took / poll:.1f} polls' time)"
     )
-    assert len(result.loss_fn_outputs) == len(data)
-    assert polls > 2, "the step was not longer than two polls: lower RLHOST_TINKER_POLL_MS"
+    assert took > 2 * poll, "the step was not longer than two polls: lower RLHOST_TINKER_POLL_MS"
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     # save_state then load it with the optimizer: the next step equals the original's.
     small = [sft_datum(p, a) for p, a in SFT]
