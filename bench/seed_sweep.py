@@ -8,6 +8,8 @@ asserted; the exit status is 0 unless a run failed to run.
     python3 bench/seed_sweep.py --plugin plugins/dist/code_trigger.wasm --seeds 1-5
     python3 bench/seed_sweep.py --config configs/units.toml --set train.steps=60
     python3 bench/seed_sweep.py --seeds 2,3,6 -- --set train.lr=3e-4   # anything after -- goes to train
+    python3 bench/seed_sweep.py --config configs/gateway-units.toml --set gateway.addr=127.0.0.1:0 \
+        --agent "$VENV/bin/python examples/agents/units_agent.py --url {url}"  # the gateway agent's run
 
 Each seed is a run of its own, built-in model included: the built-in model's warm start
 depends on the seed, so each seed builds (once; cached like any built-in model) and
@@ -35,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -81,8 +84,38 @@ def run_one(args, seed, extra):
         env["RLHOST_CACHE_DIR"] = os.path.join(os.path.abspath(args.out), "cache")
     t0 = time.time()
     with open(log_path, "w") as log:
-        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if args.agent:
+            rc = run_with_agent(args.agent, cmd, env, log, log_path, out_dir + ".agent.log")
+        else:
+            rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     return read_run(seed, out_dir, rc, time.time() - t0)
+
+
+GATEWAY = re.compile(r"gateway: (http://\S+?)/v1 ")
+
+
+def run_with_agent(agent, cmd, env, log, log_path, agent_log):
+    """A gateway run: `train`, then `agent` (its `{url}` the address train prints) once the
+    gateway listens. The agent ends by itself when the gateway goes (the run ended); one
+    still running 60 s after is stopped."""
+    train = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = None
+    while url is None and train.poll() is None:
+        time.sleep(1)
+        if m := GATEWAY.search(open(log_path, errors="replace").read()):
+            url = m.group(1)
+    if url is None:
+        return train.wait()
+    with open(agent_log, "w") as out:
+        client = subprocess.Popen(shlex.split(agent.replace("{url}", url)), cwd=ROOT,
+                                  stdout=out, stderr=subprocess.STDOUT)
+        rc = train.wait()
+        try:
+            client.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            client.wait()
+    return rc
 
 
 def read_run(seed, out_dir, rc=0, seconds=None):
@@ -213,6 +246,9 @@ def main():
                     help="build each seed's built-in model anew in OUT/cache (the warm start's probe is printed only when it is built)")
     ap.add_argument("--reprint", action="store_true",
                     help="run nothing: print the table of the runs already in OUT for these seeds")
+    ap.add_argument("--agent",
+                    help="for a run with a [gateway]: the agent's command, started when the run prints the "
+                         "gateway's address, which replaces {url} in it (its output in OUT/seed-N.agent.log)")
     ap.add_argument("--min-gain", type=float, default=40.0, help="the held-out gain counted as learning (points)")
     args = ap.parse_args(argv)
     if not os.path.exists(args.rlhost):

@@ -128,8 +128,11 @@ fn call_reports_a_typed_fault_and_exits_1() {
         .arg("--text")
         .arg("x</go>")
         .fails();
+    // "still running at the 300 ms deadline" as a rule; on a loaded machine the deadline
+    // can also pass while the guest waits in a host call, which says so in its own words.
     assert!(
-        stderr.contains("error: plugin `hostile@0.1.0` timeout in trigger.fire: still running at the 300 ms deadline"),
+        stderr.contains("error: plugin `hostile@0.1.0` timeout in trigger.fire: ")
+            && stderr.contains("the 300 ms deadline"),
         "{stderr}"
     );
 }

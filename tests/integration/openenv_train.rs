@@ -376,6 +376,7 @@ fn a_model_learns_to_call_an_openenv_mcp_environment() {
         .grant();
     let dir = temp_dir("openenv-learn");
     let model = super::units_task::small_units_model();
+    let learn_lr = super::units_task::LEARN_LR;
     let config = format!(
         r#"
 [run]
@@ -405,7 +406,7 @@ plugin = "units_task"
 weights = {{ tool_use = 1.0, correct = 0.0, format = 0.0 }}
 [train]
 steps = 10
-lr = 0.004
+lr = {learn_lr}
 save_every = 100
 "#,
         model = model.display().to_string(),

@@ -357,6 +357,24 @@ impl Tester<'_> {
         vec![Sample::from_prompt("What is 6 times 7?")]
     }
 
+    /// Opens `role` with a `config` it should refuse: a guest error passes, another fault
+    /// fails, and opening is `if_opened`.
+    async fn refuses(
+        &mut self,
+        role: Role,
+        config: &str,
+        sample: &Sample,
+        if_opened: (Outcome, String),
+    ) -> (Outcome, String) {
+        match self.open(role, config, sample).await {
+            Err(f) if f.kind == FaultKind::GuestError => {
+                (Outcome::Pass, format!("guest error: {}", f.message))
+            }
+            Err(f) => (Outcome::Fail, f.to_string()),
+            Ok(()) => if_opened,
+        }
+    }
+
     /// Opens `role` with `{}`, with a malformed config and with an unknown field, then
     /// with the configuration under test; true when the last one opened.
     async fn opens(&mut self, role: Role, samples: &[Sample]) -> bool {
@@ -380,28 +398,20 @@ impl Tester<'_> {
         if self.out_of_time(r) {
             return false;
         }
-        let (outcome, detail) = match self.open(role, MALFORMED, sample).await {
-            Err(f) if f.kind == FaultKind::GuestError => {
-                (Outcome::Pass, format!("guest error: {}", f.message))
-            }
-            Err(f) => (Outcome::Fail, f.to_string()),
-            Ok(()) => (
-                Outcome::Fail,
-                format!("opened with {MALFORMED:?}: a config that is not JSON must be an error"),
-            ),
-        };
+        let opened_anyway = (
+            Outcome::Fail,
+            format!("opened with {MALFORMED:?}: a config that is not JSON must be an error"),
+        );
+        let (outcome, detail) = self.refuses(role, MALFORMED, sample, opened_anyway).await;
         self.check(r, "open with a malformed config", outcome, detail);
         if opened && !self.out_of_time(r) {
-            let (outcome, detail) = match self.open(role, UNKNOWN_FIELD, sample).await {
-                Err(f) if f.kind == FaultKind::GuestError => {
-                    (Outcome::Pass, format!("guest error: {}", f.message))
-                }
-                Err(f) => (Outcome::Fail, f.to_string()),
-                Ok(()) => (
-                    Outcome::Warn,
-                    format!("opened with {UNKNOWN_FIELD}: a misspelt field goes unnoticed"),
-                ),
-            };
+            let opened_anyway = (
+                Outcome::Warn,
+                format!("opened with {UNKNOWN_FIELD}: a misspelt field goes unnoticed"),
+            );
+            let (outcome, detail) = self
+                .refuses(role, UNKNOWN_FIELD, sample, opened_anyway)
+                .await;
             self.check(r, "open with an unknown field", outcome, detail);
         }
         if self.options.config.trim() == "{}" {
