@@ -257,7 +257,11 @@ def main():
     rows = []
     for seed in seeds(args.seeds):
         if args.reprint:
-            rows.append(read_run(seed, os.path.join(args.out, f"seed-{seed}")))
+            run_dir = os.path.join(args.out, f"seed-{seed}")
+            if not os.path.exists(run_dir + ".log"):
+                print(f"seed {seed}: no run in {args.out}", file=sys.stderr)
+                continue
+            rows.append(read_run(seed, run_dir))
             continue
         row = run_one(args, seed, extra)
         rows.append(row)
