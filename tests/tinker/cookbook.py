@@ -236,7 +236,7 @@ class MultiplyDatasetBuilder(RLDatasetBuilder):
     renderer_name: str
     model_name_for_tokenizer: str
     steps: int
-    held_out: int = 48
+    held_out: int = 96
     seed: int = 7
 
     async def __call__(self):
@@ -259,7 +259,10 @@ def reinforcement():
     log = LOG_DIR / "rl_basic"
     blueprint = rl_basic.build_config_blueprint(MODEL)
     renderer_name = blueprint.make().renderer_name
-    steps = 12
+    # 16 steps and 96 held-out problems: with 12 and 48, a CI run that drew a slow start (the
+    # adapter's seed and the samples are random, as on the hosted service) ended at
+    # +14.6 points, under the check's 15; four runs here: +52 at 12 steps, +44, +44 and +47 at 16.
+    steps = 16
     config = blueprint.apply(
         {
             "base_url": BASE_URL,
@@ -288,7 +291,7 @@ def reinforcement():
     late = sum(v for _, v in reward[-2:]) / 2
     print(
         f"measured: rl_basic {steps} steps of 8 x 8; mean reward {early:.2f} (steps 1-2) -> {late:.2f} "
-        f"(steps {steps - 1}-{steps}); held-out accuracy (48 problems, temperature 1) "
+        f"(steps {steps - 1}-{steps}); held-out accuracy (96 problems, temperature 1) "
         f"{test[0][1]:.0%} (step {test[0][0]}) -> {test[-1][1]:.0%} (step {test[-1][0]})"
     )
     assert late >= early + 0.1, reward
