@@ -274,7 +274,10 @@ def reinforcement():
                 model_name_for_tokenizer=MODEL,
                 steps=steps,
             ),
-            "learning_rate": 2e-3,
+            # 1e-3: at 2e-3 a CI run rose to 0.89 mean reward by step 6 and fell to 0.02 by
+            # step 14 (the recipe's importance_sampling loss has no clip); at 1e-3 two runs side
+            # by side here went +44 and +47 points.
+            "learning_rate": 1e-3,
             "lora_rank": 16,
             "max_tokens": 40,
             "eval_every": steps,
