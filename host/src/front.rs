@@ -47,7 +47,7 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A refusal in a server's own error shape: its status and message.
-pub type Refusal = fn(StatusCode, String) -> Response;
+pub type ErrorShape = fn(StatusCode, String) -> Response;
 
 /// Whether a bearer token is taken in the key's place on a path: `(token, path)`.
 pub type Also = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
@@ -70,7 +70,7 @@ pub struct Policy {
     /// gateway's live session ids on their own calls, which it hands out (as each
     /// session's `api_key`) only to holders of the key.
     pub also: Option<Also>,
-    pub refusal: Refusal,
+    pub refusal: ErrorShape,
 }
 
 impl Policy {
@@ -81,7 +81,7 @@ impl Policy {
         max_connections: usize,
         max_body: usize,
         health: &'static [&'static str],
-        refusal: Refusal,
+        refusal: ErrorShape,
     ) -> Policy {
         Policy {
             name,

@@ -18,6 +18,8 @@
 //!   benchmarks under `examples/` time the kernels themselves, and may). The other way,
 //!   the CPU kernels name none of the model's types: a frozen weight reaches them as
 //!   `cpu::frozen`'s traits, which `model/frozen.rs` and `model/nf4/` implement.
+//! - One name, one type: outside the files that mirror a protocol or contract
+//!   ([`MIRRORS`]), no two crate-visible types share a name.
 
 /// Each non-comment line of each source file under `host/src` that names `needle`,
 /// outside the rooms `allowed` (folder names, or file names at the crate root), as
@@ -45,6 +47,27 @@ fn room(path: &str) -> &str {
 /// Each non-comment line naming `needle` in the files `checked` picks by their path
 /// under `host/src` (`/`-separated).
 fn scan(needle: &str, checked: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let mut out = Vec::new();
+    for (rel, text) in sources() {
+        if !checked(&rel) {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            if code.contains(needle) {
+                out.push(format!("{rel}:{}: {code}", i + 1));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every source file under `host/src`: its path there (`/`-separated) and its text.
+fn sources() -> Vec<(String, String)> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut out = Vec::new();
     let mut stack = vec![root.clone()];
@@ -59,26 +82,61 @@ fn scan(needle: &str, checked: &dyn Fn(&str) -> bool) -> Vec<String> {
                 continue;
             }
             let rel = path.strip_prefix(&root).expect("under src");
-            let rel_text: Vec<&str> = rel
+            let rel: Vec<&str> = rel
                 .components()
                 .filter_map(|c| c.as_os_str().to_str())
                 .collect();
-            if !checked(&rel_text.join("/")) {
-                continue;
-            }
             let text = std::fs::read_to_string(&path).expect("a source file is text");
-            for (i, line) in text.lines().enumerate() {
-                let code = line.trim_start();
-                if code.starts_with("//") {
-                    continue;
-                }
-                if code.contains(needle) {
-                    out.push(format!("{}:{}: {}", rel.display(), i + 1, code));
-                }
-            }
+            out.push((rel.join("/"), text));
         }
     }
     out.sort();
+    out
+}
+
+/// The files that mirror a protocol or a contract, and so keep its names even where
+/// another room has a type of the same name: the OpenAI wire (`gateway/wire.rs`), Tinker's
+/// (`tinker/wire.rs`, `tinker/proto.rs`), OpenEnv's (`openenv/wire.rs`) and the bindings
+/// generated from the WIT contract (`plugin/bindings/`).
+const MIRRORS: &[&str] = &[
+    "gateway/wire.rs",
+    "tinker/wire.rs",
+    "tinker/proto.rs",
+    "openenv/wire.rs",
+    "plugin/bindings/",
+];
+
+/// The crate-visible types (`pub`, `pub(crate)`, `pub(super)`; struct, enum, type alias,
+/// trait) defined outside the mirrors, each as `name` and `path:line`.
+fn visible_types() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (rel, text) in sources() {
+        if MIRRORS.iter().any(|m| rel.starts_with(m)) {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            let Some(rest) = code.strip_prefix("pub") else {
+                continue;
+            };
+            let rest = match rest.strip_prefix('(') {
+                Some(r) => r.split_once(") ").map_or("", |(_, r)| r),
+                None => rest.strip_prefix(' ').unwrap_or(""),
+            };
+            let rest = rest.strip_prefix("unsafe ").unwrap_or(rest);
+            let Some(rest) = ["struct ", "enum ", "type ", "trait "]
+                .iter()
+                .find_map(|k| rest.strip_prefix(k))
+            else {
+                continue;
+            };
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            out.push((name, format!("{rel}:{}", i + 1)));
+        }
+    }
     out
 }
 
@@ -182,4 +240,38 @@ fn the_scan_finds_what_is_there() {
     );
     assert!(!within("rollout", "crate::openenv").is_empty());
     assert!(!under("rollout/env/", "RemoteEpisode").is_empty());
+}
+
+/// One name, one type: outside the protocol mirrors, no two crate-visible types share a
+/// name, so that a reader (and an import) never has to ask which `Batch` this is.
+#[test]
+fn each_visible_type_is_named_once() {
+    let mut by_name: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (name, at) in visible_types() {
+        by_name.entry(name).or_default().push(at);
+    }
+    let twice: Vec<String> = by_name
+        .iter()
+        .filter(|(_, at)| at.len() > 1)
+        .map(|(name, at)| format!("{name}: {}", at.join(", ")))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "types defined under one name twice (name each for what it holds):\n{}",
+        twice.join("\n")
+    );
+}
+
+/// The type scan sees what it is meant to: types of every kind and visibility are found,
+/// and a mirror's are left out.
+#[test]
+fn the_type_scan_finds_what_is_there() {
+    let types = visible_types();
+    let found = |name: &str| types.iter().any(|(n, _)| n == name);
+    assert!(found("Trajectory") && found("Sampling") && found("KvPool") && found("Refusal"));
+    assert!(
+        !types
+            .iter()
+            .any(|(_, at)| at.starts_with("gateway/wire.rs"))
+    );
 }

@@ -1,7 +1,7 @@
 //! `rlhost env serve`: an environment or tools plugin served under OpenEnv's API.
 
 use super::plugin::SandboxArgs;
-use crate::openenv::{self, Options, Served};
+use crate::openenv::{self, ServeOptions, Served};
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use std::io::Write;
@@ -63,7 +63,7 @@ async fn serve(args: EnvServeArgs) -> Result<()> {
     let plugin = args.sandbox.load(&args.file).await?;
     let name = plugin.id().to_string();
     let served = Served::new(plugin, args.config, args.data.as_deref(), args.seed).await?;
-    let options = Options {
+    let options = ServeOptions {
         max_sessions: args.max_sessions as usize,
         idle: Duration::from_secs(args.idle_timeout_s),
         max_message_bytes: args.max_message_mib as usize * (1 << 20),

@@ -55,16 +55,16 @@ pub struct PairsArgs {
 
 /// Which trainer.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Kind {
+pub enum Objective {
     Dpo,
     Rm,
 }
 
-impl Kind {
+impl Objective {
     fn name(self) -> &'static str {
         match self {
-            Kind::Dpo => "dpo",
-            Kind::Rm => "rm",
+            Objective::Dpo => "dpo",
+            Objective::Rm => "rm",
         }
     }
 }
@@ -111,7 +111,7 @@ impl Trainer<'_> {
 }
 
 pub fn run(
-    kind: Kind,
+    kind: Objective,
     args: PairsArgs,
     handle: &tokio::runtime::Handle,
     quiet: bool,
@@ -127,8 +127,8 @@ pub fn run(
     let c = &loaded.config;
     let file = display(&loaded.path);
     let checked = match kind {
-        Kind::Dpo => c.dpo.validate(),
-        Kind::Rm => c.rm.validate(),
+        Objective::Dpo => c.dpo.validate(),
+        Objective::Rm => c.rm.validate(),
     };
     checked
         .and_then(|()| c.pairs.validate())
@@ -231,7 +231,7 @@ pub fn run(
             shuffle: c.data.shuffle,
         };
         let mut trainer = match kind {
-            Kind::Dpo => {
+            Objective::Dpo => {
                 let mut dpo = Dpo::new(&lm.model, loss, schedule)?;
                 // Continuing an adapter: it is the reference, as loaded (on resume too).
                 if let Some(a) = &c.model.adapter {
@@ -239,7 +239,7 @@ pub fn run(
                 }
                 Trainer::Dpo(dpo)
             }
-            Kind::Rm => {
+            Objective::Rm => {
                 let head = match &resume {
                     Some(dir) => ScoreHead::load(&lm.model, dir)?,
                     None => ScoreHead::new(&lm.model, c.run.seed)?,
@@ -260,8 +260,8 @@ pub fn run(
         let name = kind.name();
         if !quiet {
             let what = match kind {
-                Kind::Dpo => format!("{:?} loss, beta {}", c.dpo.loss, c.dpo.beta),
-                Kind::Rm => "Bradley-Terry reward model".to_string(),
+                Objective::Dpo => format!("{:?} loss, beta {}", c.dpo.loss, c.dpo.beta),
+                Objective::Rm => "Bradley-Terry reward model".to_string(),
             };
             eprintln!(
                 "{name} ({what}): {} training pairs, {} held out; model {}; run directory {}",
@@ -384,8 +384,8 @@ pub fn run(
             t.steps,
             t0.elapsed().as_secs_f64(),
             match kind {
-                Kind::Dpo => "adapter",
-                Kind::Rm => "reward model (adapter and score head)",
+                Objective::Dpo => "adapter",
+                Objective::Rm => "reward model (adapter and score head)",
             },
             display(&adapter)
         );
@@ -400,8 +400,8 @@ pub fn run(
                 },
                 t.steps,
                 match kind {
-                    Kind::Dpo => "preference",
-                    Kind::Rm => "pairwise",
+                    Objective::Dpo => "preference",
+                    Objective::Rm => "pairwise",
                 },
                 100.0 * a.rewards_accuracies,
                 100.0 * b.rewards_accuracies,

@@ -3,7 +3,7 @@
 use crate::model::LanguageModel;
 use crate::model::placement::Placement;
 use crate::plugin::cache;
-use crate::plugin::conformance::{self, Outcome};
+use crate::plugin::conformance::{self, Verdict};
 use crate::plugin::model::GenerateGrant;
 use crate::plugin::scaffold::{self, Lang};
 use crate::plugin::{
@@ -260,7 +260,7 @@ pub async fn run(command: PluginCommand) -> Result<()> {
 }
 
 fn new(args: NewArgs) -> Result<()> {
-    let made = scaffold::create(&scaffold::Request {
+    let made = scaffold::create(&scaffold::Spec {
         name: args.name.clone(),
         lang: args.lang,
         role: args.role,
@@ -310,9 +310,9 @@ async fn test(args: TestArgs) -> Result<()> {
         bail!(
             "plugin `{}`: {} of {} checks failed and {} could not run",
             report.plugin,
-            report.count(Outcome::Fail),
+            report.count(Verdict::Fail),
             report.checks.len(),
-            report.count(Outcome::Skip)
+            report.count(Verdict::Skip)
         );
     }
     Ok(())
@@ -366,10 +366,10 @@ fn print_report(file: &Path, plugin: &Plugin, report: &conformance::Report) {
     );
     for c in &report.checks {
         let outcome = match c.outcome {
-            Outcome::Pass => "pass",
-            Outcome::Warn => "warn",
-            Outcome::Fail => "FAIL",
-            Outcome::Skip => "skip",
+            Verdict::Pass => "pass",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "FAIL",
+            Verdict::Skip => "skip",
         };
         println!(
             "  {:<11} {:<width$}  {outcome:<6} {}",
@@ -387,10 +387,10 @@ fn print_report(file: &Path, plugin: &Plugin, report: &conformance::Report) {
     }
     println!(
         "{} passed, {} failed, {} warnings, {} skipped",
-        report.count(Outcome::Pass),
-        report.count(Outcome::Fail),
-        report.count(Outcome::Warn),
-        report.count(Outcome::Skip)
+        report.count(Verdict::Pass),
+        report.count(Verdict::Fail),
+        report.count(Verdict::Warn),
+        report.count(Verdict::Skip)
     );
 }
 

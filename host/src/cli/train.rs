@@ -402,7 +402,7 @@ fn section_changes(section: &str, then: &toml::Value, now: &toml::Value) -> Vec<
 pub fn serve_status(
     args: &StatusArgs,
     hub: &std::sync::Arc<StatusHub>,
-) -> Result<Option<server::Server>> {
+) -> Result<Option<server::Running>> {
     if args.no_status {
         return Ok(None);
     }

@@ -1,5 +1,5 @@
 //! The file formats a dataset is read from, each as rows of JSON objects handed to a
-//! [`Sink`] with where each is in its file (JSONL and CSV by line, JSON, Parquet and Arrow
+//! [`RowSink`] with where each is in its file (JSONL and CSV by line, JSON, Parquet and Arrow
 //! by row); `rows.rs` makes samples of them. What each format's cells become is said in
 //! `rows.rs`'s header.
 
@@ -17,7 +17,7 @@ pub(super) enum At {
 }
 
 /// The readers' view of what they read into: the items so far and the bad rows.
-pub(super) trait Sink {
+pub(super) trait RowSink {
     fn push(&mut self, at: At, row: Result<Value, String>) -> Result<()>;
     fn full(&self) -> bool;
     fn absent_if_empty(&self, column: &str) -> bool;
@@ -27,7 +27,7 @@ fn open(path: &Path) -> Result<File> {
     File::open(path).with_context(|| format!("cannot open dataset file {}", path.display()))
 }
 
-pub(super) fn read_jsonl(path: &Path, rows: &mut dyn Sink) -> Result<()> {
+pub(super) fn read_jsonl(path: &Path, rows: &mut dyn RowSink) -> Result<()> {
     let reader = BufReader::new(open(path)?);
     for (i, line) in reader.lines().enumerate() {
         if rows.full() {
@@ -51,7 +51,7 @@ pub(super) fn read_jsonl(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn read_json(path: &Path, rows: &mut dyn Sink) -> Result<()> {
+pub(super) fn read_json(path: &Path, rows: &mut dyn RowSink) -> Result<()> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read dataset file {}", path.display()))?;
     let text = text.trim_start_matches('\u{feff}');
@@ -83,7 +83,7 @@ pub(super) fn read_json(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn read_csv(path: &Path, rows: &mut dyn Sink) -> Result<()> {
+pub(super) fn read_csv(path: &Path, rows: &mut dyn RowSink) -> Result<()> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(open(path)?);
@@ -128,7 +128,7 @@ pub(super) fn read_csv(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn read_parquet(path: &Path, rows: &mut dyn Sink) -> Result<()> {
+pub(super) fn read_parquet(path: &Path, rows: &mut dyn RowSink) -> Result<()> {
     use parquet::file::reader::SerializedFileReader;
     let reader = SerializedFileReader::new(open(path)?)
         .with_context(|| format!("cannot read {} as parquet", path.display()))?;
@@ -142,7 +142,7 @@ pub(super) fn read_parquet(path: &Path, rows: &mut dyn Sink) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn read_arrow(path: &Path, rows: &mut dyn Sink) -> Result<()> {
+pub(super) fn read_arrow(path: &Path, rows: &mut dyn RowSink) -> Result<()> {
     use arrow_ipc::reader::{FileReader, StreamReader};
     use std::io::{Read, Seek};
     let mut i = 0u64;

@@ -28,7 +28,7 @@
 use super::config::{Format, OnBadRow};
 use super::formats::describe;
 use super::formats::{
-    At, Sink, read_arrow, read_csv, read_json, read_jsonl, read_parquet, without_position,
+    At, RowSink, read_arrow, read_csv, read_json, read_jsonl, read_parquet, without_position,
 };
 use crate::task::{Message, Sample};
 use anyhow::{Result, bail};
@@ -200,7 +200,7 @@ impl<'a, T> Rows<'a, T> {
     }
 }
 
-impl<T> Sink for Rows<'_, T> {
+impl<T> RowSink for Rows<'_, T> {
     fn full(&self) -> bool {
         self.options
             .max_rows

@@ -2,7 +2,7 @@
 //! call (or abandons it when its client goes away), the transcript a tool-calling answer
 //! adds to the session, and a token's log-prob in OpenAI's shape.
 
-use super::chat::Answer;
+use super::chat::ReadChoice;
 use super::sessions::SessionError;
 use super::state::{Gateway, session_error};
 use super::wire::{ApiError, ChatRequest, TokenLogprob, TopLogprob};
@@ -100,7 +100,7 @@ impl Drop for CallGuard {
 
 /// The conversation so far as reward plugins read it: the request's messages and the
 /// answer.
-pub(super) fn transcript(req: &ChatRequest, answer: &Answer) -> Vec<Message> {
+pub(super) fn transcript(req: &ChatRequest, answer: &ReadChoice) -> Vec<Message> {
     let mut out: Vec<Message> = req
         .messages
         .iter()

@@ -5,7 +5,7 @@
 //! its client goes away.
 
 use super::answers::{CallGuard, token_logprob, transcript};
-use super::pump::{Event, Job};
+use super::pump::{Emitted, Job};
 use super::state::{Gateway, MAX_IN_FLIGHT, Queued, Slots, now_s, over_limit, status_error};
 use super::stream::stream_chat;
 use super::wire::{
@@ -138,8 +138,8 @@ async fn gather(mut q: Queued, n: usize) -> Result<Vec<Gathered>, ApiError> {
     let mut left = n;
     while left > 0 {
         match rx.recv().await {
-            Some(Event::Token(t)) => out[t.choice].tokens.push(t),
-            Some(Event::Done {
+            Some(Emitted::Token(t)) => out[t.choice].tokens.push(t),
+            Some(Emitted::Done {
                 choice,
                 completion,
                 version,
@@ -147,7 +147,7 @@ async fn gather(mut q: Queued, n: usize) -> Result<Vec<Gathered>, ApiError> {
                 out[choice].done = Some((completion, version));
                 left -= 1;
             }
-            Some(Event::Failed(why)) => return Err(status_error(500, "server_error", why)),
+            Some(Emitted::Failed(why)) => return Err(status_error(500, "server_error", why)),
             // The sampler let go of the call unanswered: the run ended with it queued.
             None => {
                 return Err(status_error(

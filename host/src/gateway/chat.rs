@@ -51,7 +51,7 @@ pub struct Renderer {
 
 /// One choice's answer, read.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
+pub struct ReadChoice {
     pub message: AnswerMessage,
     pub finish_reason: FinishReason,
     /// Calls written but unreadable (bad JSON, unknown function, …): the text is then
@@ -187,13 +187,13 @@ impl Renderer {
 
     /// The answer of one choice: its text without the end-of-turn token or the stop
     /// string, read for tool calls when the request has `tools`.
-    pub fn answer(&self, req: &ChatRequest, tokens: &[u32], finish: &Finish) -> Answer {
+    pub fn answer(&self, req: &ChatRequest, tokens: &[u32], finish: &Finish) -> ReadChoice {
         let text = self.text_of(tokens, finish);
         let finish_reason = match finish {
             Finish::Length => FinishReason::Length,
             _ => FinishReason::Stop,
         };
-        let plain = |malformed_calls| Answer {
+        let plain = |malformed_calls| ReadChoice {
             message: AnswerMessage {
                 role: "assistant",
                 content: Some(text.clone()),
@@ -235,7 +235,7 @@ impl Renderer {
         if !req.parallel_tool_calls {
             calls.truncate(1);
         }
-        Answer {
+        ReadChoice {
             message: AnswerMessage {
                 role: "assistant",
                 content: (!turn.content.is_empty()).then_some(turn.content),

@@ -28,7 +28,7 @@ use tokio::sync::mpsc::UnboundedSender;
 /// A request and where its tokens go.
 pub struct Job {
     pub request: Request,
-    pub tx: UnboundedSender<Event>,
+    pub tx: UnboundedSender<Emitted>,
     /// Whether the caller wants each token as it is drawn (a streamed call); otherwise a
     /// choice's tokens come together with its end.
     pub stream: bool,
@@ -36,7 +36,7 @@ pub struct Job {
 
 /// What a request's channel carries.
 #[derive(Debug)]
-pub enum Event {
+pub enum Emitted {
     Token(Token),
     /// A choice ended, sampled by the policy of `version`.
     Done {
@@ -49,7 +49,7 @@ pub enum Event {
 }
 
 struct Channel {
-    tx: UnboundedSender<Event>,
+    tx: UnboundedSender<Emitted>,
     version: u64,
     /// A call that is not streamed: its tokens, kept until their choice ends. Sent one by
     /// one, each would wake the caller's handler for nothing (64 sessions' tokens are
@@ -64,17 +64,17 @@ impl Sink for Channel {
                 held.push(token);
                 !self.tx.is_closed()
             }
-            None => self.tx.send(Event::Token(token)).is_ok(),
+            None => self.tx.send(Emitted::Token(token)).is_ok(),
         }
     }
 
     fn done(&mut self, choice: usize, completion: Completion) {
         if let Some(held) = &mut self.held {
             for t in held.extract_if(.., |t| t.choice == choice) {
-                let _ = self.tx.send(Event::Token(t));
+                let _ = self.tx.send(Emitted::Token(t));
             }
         }
-        let _ = self.tx.send(Event::Done {
+        let _ = self.tx.send(Emitted::Done {
             choice,
             completion,
             version: self.version,
@@ -82,7 +82,7 @@ impl Sink for Channel {
     }
 
     fn failed(&mut self, message: &str) {
-        let _ = self.tx.send(Event::Failed(message.to_string()));
+        let _ = self.tx.send(Emitted::Failed(message.to_string()));
     }
 }
 

@@ -43,7 +43,7 @@ pub struct Drift {
     pub at: usize,
 }
 
-/// What [`Session::begin_call`] did with a prompt.
+/// What [`Recording::begin_call`] did with a prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placed {
     /// The session's first call: row 0 starts with the prompt.
@@ -64,7 +64,7 @@ struct Choice {
 
 /// A session's rows and the drifts between them.
 #[derive(Debug, Clone, Default)]
-pub struct Session {
+pub struct Recording {
     pub rows: Vec<SessionRow>,
     pub drifts: Vec<Drift>,
     /// A call begun and not yet finished (its prompt placed, its choices not all sampled).
@@ -73,7 +73,7 @@ pub struct Session {
     choices: Vec<Option<Choice>>,
 }
 
-impl Session {
+impl Recording {
     /// Places a call's rendered prompt: extends the current row or starts a new one.
     /// Calls of a session are sequential (an agent waits for each answer): a call begun
     /// while another is open is refused, naming why.
@@ -177,7 +177,7 @@ impl Session {
         (self.rows, self.drifts)
     }
 
-    /// [`Session::settled`] without giving the session up (for a view of it).
+    /// [`Recording::settled`] without giving the session up (for a view of it).
     pub fn settled_rows(&self) -> Vec<SessionRow> {
         self.clone().settled().0
     }
@@ -213,7 +213,7 @@ mod tests {
     /// the two answers alone, each with its log-probs and version.
     #[test]
     fn an_agent_that_replays_history_grows_one_row() {
-        let mut s = Session::default();
+        let mut s = Recording::default();
         assert_eq!(s.begin_call(&[1, 2, 3], 1), Ok(Placed::First));
         s.finish_call(0, &[10, 11], &[-0.5, -0.25], 4).unwrap();
         // The next prompt: everything so far, then the tool turn [20, 21, 22].
@@ -239,7 +239,7 @@ mod tests {
     /// row, the drift recorded where the prompt left the row.
     #[test]
     fn a_prompt_that_leaves_the_row_starts_another() {
-        let mut s = Session::default();
+        let mut s = Recording::default();
         s.begin_call(&[1, 2, 3], 1).unwrap();
         s.finish_call(0, &[10, 11], &[-0.1, -0.2], 0).unwrap();
         // The answer re-rendered as [10, 99]: drift at index 4.
@@ -269,7 +269,7 @@ mod tests {
     /// mismatched log-probs are refused.
     #[test]
     fn misuse_is_refused() {
-        let mut s = Session::default();
+        let mut s = Recording::default();
         assert!(s.begin_call(&[], 1).is_err());
         assert!(s.begin_call(&[1], 0).is_err());
         assert!(s.finish_call(0, &[1], &[-1.0], 0).is_err());
@@ -285,7 +285,7 @@ mod tests {
     /// continued, leave choice 0 on the row.
     #[test]
     fn the_row_takes_the_choice_the_agent_continues() {
-        let mut s = Session::default();
+        let mut s = Recording::default();
         s.begin_call(&[1, 2], 3).unwrap();
         // Choices may end in any order (streamed).
         s.finish_call(2, &[30, 31], &[-0.3, -0.31], 0).unwrap();

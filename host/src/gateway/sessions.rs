@@ -1,6 +1,6 @@
 //! The gateway's sessions (issue 46, point 2): each is a URL prefix
 //! (`/sessions/{id}/v1/...`) and equally an API key (`Authorization: Bearer {id}`), holds
-//! its token-exact recording ([`record::Session`]), the task it was opened for (with its
+//! its token-exact recording ([`record::Recording`]), the task it was opened for (with its
 //! group, G sessions a task), and the reward the agent reports. An ended session leaves
 //! the table as a [`Finished`] for whoever consumes them (the record file of `rlhost
 //! serve`, the trainer of a gateway run).
@@ -39,7 +39,7 @@ pub struct Reward {
 #[derive(Debug)]
 pub struct Open {
     pub task: Task,
-    pub record: record::Session,
+    pub record: record::Recording,
     pub reward: Option<Reward>,
     /// The last call's messages and the answer given (choice 0), for reward plugins that
     /// score a session the agent did not reward.
@@ -92,7 +92,7 @@ impl Sessions {
             id.clone(),
             Open {
                 task,
-                record: record::Session::default(),
+                record: record::Recording::default(),
                 reward: None,
                 transcript: Vec::new(),
                 calls: 0,

@@ -5,7 +5,7 @@
 //! (`calls.rs`, `stream.rs`) take it from here.
 
 use super::chat::Renderer;
-use super::pump::{Event, Job};
+use super::pump::{Emitted, Job};
 use super::sessions::{Finished, SessionError, Sessions, Task};
 use super::wire::ApiError;
 use crate::data::{Cursor, Dataset};
@@ -160,7 +160,7 @@ pub const MAX_SESSIONS: usize = 16_384;
 /// A queued request's events, holding its choices' places in [`MAX_IN_FLIGHT`] until
 /// the caller is done with it (or goes away).
 pub struct Queued {
-    pub(super) rx: UnboundedReceiver<Event>,
+    pub(super) rx: UnboundedReceiver<Emitted>,
     pub(super) _slots: Slots,
 }
 

@@ -2,7 +2,7 @@
 //! model's thread decodes it, in OpenAI's chunk shape.
 
 use super::answers::{CallGuard, token_logprob, transcript};
-use super::pump::Event;
+use super::pump::Emitted;
 use super::state::{Gateway, Queued, now_s, status_error};
 use super::wire::{
     ChatChunk, ChatRequest, ChoiceLogprobs, ChunkChoice, DONE_EVENT, Delta, FunctionDelta,
@@ -119,7 +119,7 @@ pub(super) fn stream_chat(
                 }
                 let mut out: Vec<Bytes> = Vec::new();
                 match st.rx.rx.recv().await {
-                    Some(Event::Token(t)) => {
+                    Some(Emitted::Token(t)) => {
                         st.completion_tokens += 1;
                         let c = &mut st.choices[t.choice];
                         if !st.gw.renderer.eos_token_ids.contains(&t.id) {
@@ -156,7 +156,7 @@ pub(super) fn stream_chat(
                             }));
                         }
                     }
-                    Some(Event::Done {
+                    Some(Emitted::Done {
                         choice,
                         completion,
                         version,
@@ -263,7 +263,7 @@ pub(super) fn stream_chat(
                             st.ended = true;
                         }
                     }
-                    Some(Event::Failed(why)) => {
+                    Some(Emitted::Failed(why)) => {
                         st.gw.counters.failed.fetch_add(1, Ordering::Relaxed);
                         let e = status_error(500, "server_error", why);
                         out.push(Bytes::from(format!("data: {}\n\n", e.body())));

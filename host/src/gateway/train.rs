@@ -16,7 +16,7 @@ use super::state::{Gateway, Tasks, TasksHeld};
 use crate::data::Dataset;
 use crate::model::{LanguageModel, Mode};
 use crate::plugin::model::{CallTally, GenerateCall, ModelLink};
-use crate::rollout::trajectory::{Span, SpanKind};
+use crate::rollout::trajectory::{SpanKind, TokenSpan};
 use crate::rollout::{BatchStats, Group, Rewards, Trajectory};
 use crate::sampler::Sampling;
 use crate::sampler::decode::sample_seed;
@@ -60,7 +60,7 @@ pub struct Settings {
 }
 
 /// What one step took from the gateway.
-pub struct Taken {
+pub struct Harvest {
     pub groups: Vec<Group>,
     pub stats: BatchStats,
     /// Rows left out: sampled by a policy older than `max_staleness` allows.
@@ -155,7 +155,7 @@ impl Link {
         rewards: &Rewards,
         handle: &Handle,
         give_up: &dyn Fn() -> bool,
-    ) -> Result<Taken> {
+    ) -> Result<Harvest> {
         let t0 = Instant::now();
         self.gw.version.store(version, Ordering::Release);
         let oldest = version.saturating_sub(max_staleness);
@@ -245,7 +245,7 @@ impl Link {
                 "gateway: {stale_rows} session rows were sampled by a policy older than version {oldest} (rollout.max_staleness = {max_staleness}) and are left out"
             );
         }
-        Ok(Taken {
+        Ok(Harvest {
             groups,
             stats,
             stale_rows,
@@ -445,7 +445,7 @@ fn trajectory(
         while end < row.logps.len() && row.logps[end].is_some() == sampled {
             end += 1;
         }
-        spans.push(Span {
+        spans.push(TokenSpan {
             kind: if sampled {
                 SpanKind::Model
             } else {

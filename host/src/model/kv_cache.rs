@@ -6,7 +6,7 @@
 //! On a GPU a decode step (one new token for each sequence) attending sequence by
 //! sequence is some fifteen small kernels per sequence and layer: measured on an H200,
 //! 70% of a decode step of 64 sequences on a 1.5B-shaped model, which is all launches.
-//! There the batch's caches move into one [`Pool`]: per layer a `[rows, kv_heads, cap, d]`
+//! There the batch's caches move into one [`KvPool`]: per layer a `[rows, kv_heads, cap, d]`
 //! buffer, one row per sequence, each row becoming that sequence's own buffer (a view,
 //! no copy). A decode step ([`PooledStep`]) then writes every sequence's new key and value
 //! with one scatter and attends for all sequences with one masked product per layer.
@@ -24,7 +24,7 @@ pub struct KvCache {
     pub(super) layers: Vec<LayerKv>,
     pub(super) len: usize,
     /// The pool whose row `.1` holds this cache's own buffers, while it does.
-    pooled: Option<(Arc<Pool>, usize)>,
+    pooled: Option<(Arc<KvPool>, usize)>,
 }
 
 impl Clone for KvCache {
@@ -70,7 +70,7 @@ impl KvCache {
 
     /// The pool row this cache can take one more token in, if it is in `pool`'s row and
     /// every layer still appends there.
-    fn row_in(&self, pool: &Arc<Pool>) -> Option<usize> {
+    fn row_in(&self, pool: &Arc<KvPool>) -> Option<usize> {
         let (p, row) = self.pooled.as_ref()?;
         let fits = self.len < pool.cap - 1;
         let there = self.layers.iter().all(|l| l.pool_room.is_some());
@@ -161,7 +161,7 @@ impl LayerKv {
 }
 
 /// One buffer per layer for a batch of decoding sequences, a row each.
-pub(super) struct Pool {
+pub(super) struct KvPool {
     /// Per layer: keys and values `[rows, kv_heads, cap, d]`.
     layers: Vec<(Tensor, Tensor)>,
     rows: usize,
@@ -169,7 +169,7 @@ pub(super) struct Pool {
     cap: usize,
 }
 
-/// Whether decode steps on `device` go through a [`Pool`]: on a GPU. On the CPU the
+/// Whether decode steps on `device` go through a [`KvPool`]: on a GPU. On the CPU the
 /// per-sequence attention has its own kernels and costs no launches.
 pub(super) fn pooling(device: &Device) -> bool {
     #[cfg(test)]
@@ -195,7 +195,7 @@ pub(crate) fn with_pooling<R>(on: bool, f: impl FnOnce() -> R) -> R {
 
 /// What every layer of one pooled decode step shares.
 pub(super) struct PooledStep {
-    pool: Arc<Pool>,
+    pool: Arc<KvPool>,
     /// `[rows, kv_heads, 1, d]`: the position each row's new key and value go to.
     index: Tensor,
     /// `[rows, 1, 1, cap]`: 0 where a row's query may look, `MASKED` elsewhere.
@@ -285,7 +285,7 @@ impl PooledStep {
 
     /// A pool with a row per cache, each holding that cache's keys and values, with room
     /// to grow by half again; each cache's own buffers become views of its row.
-    fn build(caches: &mut [&mut KvCache], shape: KvShape, device: &Device) -> Result<Arc<Pool>> {
+    fn build(caches: &mut [&mut KvCache], shape: KvShape, device: &Device) -> Result<Arc<KvPool>> {
         let rows = caches.len();
         let longest = caches.iter().map(|c| c.len).max().unwrap_or(0);
         let cap = ((longest + 2) * 3 / 2).next_multiple_of(64);
@@ -308,7 +308,7 @@ impl PooledStep {
             }
             buffers.push((kb, vb));
         }
-        let pool = Arc::new(Pool {
+        let pool = Arc::new(KvPool {
             layers: buffers,
             rows,
             cap,

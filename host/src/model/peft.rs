@@ -155,7 +155,7 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    let Read { cfg, pairs, .. } = read_pairs(model, dir)?;
+    let ReadAdapter { cfg, pairs, .. } = read_pairs(model, dir)?;
     let mut pairs: HashMap<String, (Tensor, Tensor)> =
         pairs.into_iter().map(|(m, a, b)| (m, (a, b))).collect();
     let paths: Vec<String> = model.projections().into_iter().map(|(p, _, _)| p).collect();
@@ -178,7 +178,7 @@ pub fn load_adapter(model: &mut Model, dir: &Path) -> Result<()> {
 }
 
 /// An adapter as read from its directory.
-pub struct Read {
+pub struct ReadAdapter {
     /// The config of its projections (`lm_head` left out of `target_modules`).
     pub cfg: LoraConfig,
     /// For each projection it targets, the module path, `A: [r, in]`, `B: [out, r]`.
@@ -189,7 +189,7 @@ pub struct Read {
 
 /// The adapter in `dir`, its tensors in f32 on the model's device, checked against the
 /// model's shapes.
-pub fn read_pairs(model: &Model, dir: &Path) -> Result<Read> {
+pub fn read_pairs(model: &Model, dir: &Path) -> Result<ReadAdapter> {
     let (path, v) = config_json(dir)?;
     let (read, _) = read_pairs_saving(model, dir, &path, v, None)?;
     Ok(read)
@@ -198,7 +198,11 @@ pub fn read_pairs(model: &Model, dir: &Path) -> Result<Read> {
 /// [`read_pairs`] of a sequence classifier's adapter, as `rlhost rm` and TRL's
 /// `RewardTrainer` write one: `modules_to_save = [module]` (`score`), whose weight
 /// (`base_model.model.score.weight`) comes back beside the pairs.
-pub fn read_pairs_with_saved(model: &Model, dir: &Path, module: &str) -> Result<(Read, Tensor)> {
+pub fn read_pairs_with_saved(
+    model: &Model,
+    dir: &Path,
+    module: &str,
+) -> Result<(ReadAdapter, Tensor)> {
     let (path, mut v) = config_json(dir)?;
     let saved = v.get("modules_to_save").cloned().unwrap_or(Value::Null);
     if saved != serde_json::json!([module]) {
@@ -218,7 +222,7 @@ fn read_pairs_saving(
     config_path: &Path,
     config: Value,
     saved: Option<&str>,
-) -> Result<(Read, Option<Tensor>)> {
+) -> Result<(ReadAdapter, Option<Tensor>)> {
     let (cfg, with_head) = config_with_head(config_path, config)?;
     let path = dir.join(WEIGHTS_FILE);
     if !path.is_file() {
@@ -281,7 +285,7 @@ fn read_pairs_saving(
             path.display()
         );
     }
-    Ok((Read { cfg, pairs, head }, saved))
+    Ok((ReadAdapter { cfg, pairs, head }, saved))
 }
 
 /// Writes `model`'s adapter to `dir` in PEFT's format. Each file is written to a temporary

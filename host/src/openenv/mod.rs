@@ -19,14 +19,14 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 pub use episode::Served;
-pub use server::Options;
+pub use server::ServeOptions;
 
 /// Serves `served` on `addr` until the process ends (Ctrl-C: no episode keeps anything
 /// worth saving); `ready` is told the bound address first (a port of 0 picks a free one).
 pub async fn serve(
     served: Served,
     addr: &str,
-    options: Options,
+    options: ServeOptions,
     ready: impl FnOnce(std::net::SocketAddr),
 ) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {

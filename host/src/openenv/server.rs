@@ -29,7 +29,7 @@ use super::wire::{self, Code, Incoming, rpc};
 
 /// The server's bounds.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct ServeOptions {
     /// Sessions (and stateless HTTP episodes) open at once.
     pub max_sessions: usize,
     /// A session with no message for this long is closed.
@@ -41,11 +41,11 @@ pub struct Options {
 struct App {
     served: Arc<Served>,
     permits: Arc<Semaphore>,
-    options: Options,
+    options: ServeOptions,
 }
 
 /// The routes, over `served`.
-pub fn router(served: Arc<Served>, options: Options) -> Router {
+pub fn router(served: Arc<Served>, options: ServeOptions) -> Router {
     let max_body = options.max_message_bytes;
     let app = Arc::new(App {
         served,

@@ -171,7 +171,7 @@ pub struct GenerateRequest {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
+pub struct Generated {
     pub text: String,
     pub token_ids: Vec<u32>,
     /// `stop` or `length`.
@@ -181,7 +181,7 @@ pub struct Completion {
 }
 
 /// Where a call's answer arrives.
-type Answer = tokio::sync::oneshot::Receiver<Result<Completion, String>>;
+type Answer = tokio::sync::oneshot::Receiver<Result<Generated, String>>;
 
 /// One granted call on its way to the engine.
 pub struct GenerateCall {
@@ -194,7 +194,7 @@ pub struct GenerateCall {
     /// sampling from both.
     pub trajectory_seed: u64,
     pub index: u32,
-    pub reply: tokio::sync::oneshot::Sender<Result<Completion, String>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<Generated, String>>,
 }
 
 /// Where a session's calls go: the engine sampling the session's trajectory, and the
@@ -514,7 +514,7 @@ impl ModelAccess {
         &self,
         plugin: &str,
         request: GenerateRequest,
-    ) -> Result<Completion, String> {
+    ) -> Result<Generated, String> {
         let tally = |outcome: &str| {
             if let Some(t) = self.link.as_ref().and_then(|l| l.tally.as_ref()) {
                 t.add(plugin, outcome);
@@ -603,7 +603,7 @@ mod tests {
     /// A link whose engine answers every call with its seed and capped length.
     fn echo_link(seed: u64) -> ModelLink {
         ModelLink::new(seed, |call: GenerateCall| {
-            let _ = call.reply.send(Ok(Completion {
+            let _ = call.reply.send(Ok(Generated {
                 text: format!(
                     "{} {} {}",
                     call.trajectory_seed, call.index, call.request.max_new_tokens

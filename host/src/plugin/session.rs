@@ -68,7 +68,7 @@ pub trait Kind: Sized {
         store: &mut Store<StoreState>,
         args: &Self::Args,
     ) -> wasmtime::Result<Result<ResourceAny, String>>;
-    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<Self::Opened, Fault> {
+    async fn opened(inner: &Inner, live: &mut LiveInstance<Self>) -> Result<Self::Opened, Fault> {
         let _ = (inner, live);
         Ok(Self::Opened::default())
     }
@@ -80,20 +80,20 @@ pub struct Session<K: Kind> {
     plugin: Plugin,
     args: K::Args,
     seed: u64,
-    live: Option<Live<K>>,
+    live: Option<LiveInstance<K>>,
     opened: K::Opened,
     /// Where `model.generate` calls go: the engine sampling this session's trajectory.
     model: Option<ModelLink>,
 }
 
 /// One live instance and the resource a session holds in it.
-pub struct Live<G> {
+pub struct LiveInstance<G> {
     store: Store<StoreState>,
     guest: G,
     handle: ResourceAny,
 }
 
-impl<G> Live<G> {
+impl<G> LiveInstance<G> {
     /// Calls a method of the session's resource.
     async fn call<R>(
         &mut self,
@@ -139,7 +139,7 @@ impl<K: Kind> Session<K> {
     }
 
     /// The live instance, opened if there is none (first use, or after a fault).
-    async fn live(&mut self) -> Result<&mut Live<K>, Fault> {
+    async fn live(&mut self) -> Result<&mut LiveInstance<K>, Fault> {
         if self.live.is_none() {
             let inner = &*self.plugin.0;
             let (mut store, instance) = inner
@@ -154,7 +154,7 @@ impl<K: Kind> Session<K> {
                 })
                 .await?
                 .map_err(|message| inner.guest_error(K::OPEN, message))?;
-            let mut live = Live {
+            let mut live = LiveInstance {
                 store,
                 guest,
                 handle,
@@ -236,7 +236,7 @@ impl Kind for bindings::Trigger {
         self.open(store, config, sample).await
     }
 
-    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<Vec<String>, Fault> {
+    async fn opened(inner: &Inner, live: &mut LiveInstance<Self>) -> Result<Vec<String>, Fault> {
         let call = "trigger.stop-patterns";
         let patterns = live
             .call(inner, call, async |guest, store, handle| {
@@ -356,7 +356,7 @@ impl Kind for bindings::Dataset {
         self.open(store, config, *seed).await
     }
 
-    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<u64, Fault> {
+    async fn opened(inner: &Inner, live: &mut LiveInstance<Self>) -> Result<u64, Fault> {
         live.call(inner, "dataset.len", async |guest, store, handle| {
             guest.len(store, handle).await
         })
@@ -524,7 +524,10 @@ impl Kind for bindings::Tools {
     /// The functions, asked once; a list the host cannot use (names not unique or not
     /// `[A-Za-z0-9_-]`, a schema that is not JSON or not one [`super::schema`] can check)
     /// is the plugin's bad output.
-    async fn opened(inner: &Inner, live: &mut Live<Self>) -> Result<Vec<FunctionSpec>, Fault> {
+    async fn opened(
+        inner: &Inner,
+        live: &mut LiveInstance<Self>,
+    ) -> Result<Vec<FunctionSpec>, Fault> {
         let call = "tools.functions";
         let raw = live
             .call(inner, call, async |guest, store, handle| {

@@ -19,7 +19,7 @@ pub struct AdapterSet {
 
 impl AdapterSet {
     /// The projections' pairs of an adapter as [`peft`] read them.
-    pub fn new(read: peft::Read) -> AdapterSet {
+    pub fn new(read: peft::ReadAdapter) -> AdapterSet {
         AdapterSet {
             rank: read.cfg.r,
             scaling: read.cfg.scaling(),

@@ -42,7 +42,7 @@ pub struct SftOptions {
 /// The batch tensors of `rows` as `layout` packs them ([`packing`]): inputs, targets
 /// (shifted by one), sequence ids (the attention mask), positions and loss weights, all
 /// `[L, T]`.
-pub(super) struct Batch {
+pub(super) struct SftBatch {
     pub input: Tensor,
     pub target: Tensor,
     pub attn: Tensor,
@@ -74,12 +74,12 @@ pub(super) fn sized(rows: &[SftRow]) -> Result<Vec<(usize, usize)>> {
     Ok(sized)
 }
 
-pub(super) fn batch(rows: &[SftRow], layout: &Layout, device: &Device) -> Result<Batch> {
+pub(super) fn batch(rows: &[SftRow], layout: &Layout, device: &Device) -> Result<SftBatch> {
     let shape = (layout.lanes, layout.width);
     let weight = layout.place(|s, k| f32::from(rows[s.row].loss_mask[k + 1]));
     let tokens: f32 = weight.iter().sum();
     let ids = |v: Vec<u32>| Tensor::from_vec(v, shape, device);
-    Ok(Batch {
+    Ok(SftBatch {
         input: ids(layout.place(|s, k| rows[s.row].tokens[k]))?,
         target: ids(layout.place(|s, k| rows[s.row].tokens[k + 1]))?,
         attn: ids(layout.sequence_ids())?,

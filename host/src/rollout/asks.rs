@@ -8,7 +8,7 @@
 
 use crate::model::bundle::LanguageModel;
 use crate::model::tokenizer::Tokenizer;
-use crate::plugin::model::{Answerer, Completion, GenerateCall, Prompt};
+use crate::plugin::model::{Answerer, GenerateCall, Generated, Prompt};
 use crate::sampler::decode::{self, Finish};
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::{Request, Sampler, Sampling, Sink, Token};
@@ -25,7 +25,7 @@ pub struct AskSink<'t> {
     tokenizer: &'t Tokenizer,
     stop_strings: Vec<String>,
     prompt_tokens: usize,
-    reply: Option<tokio::sync::oneshot::Sender<Result<Completion, String>>>,
+    reply: Option<tokio::sync::oneshot::Sender<Result<Generated, String>>>,
     /// Tokens sampled for asks, counted for the batch's figures.
     sampled: Arc<AtomicUsize>,
 }
@@ -60,7 +60,7 @@ impl Sink for AskSink<'_> {
                 {
                     text.truncate(cut);
                 }
-                Completion {
+                Generated {
                     text,
                     token_ids: ids,
                     finish_reason: finish.to_string(),

@@ -3,9 +3,9 @@
 //! and its counts; how inserted text is appended within the limits, how a stop pattern
 //! is found in new text only, and the [`Trajectory`] it becomes.
 
-use super::env::Sessions;
+use super::env::TrajectorySessions;
 use super::settings::RolloutLimits;
-use super::trajectory::{FaultRecord, Span, SpanKind, StopReason, Trajectory};
+use super::trajectory::{FaultRecord, SpanKind, StopReason, TokenSpan, Trajectory};
 use crate::model::tokenizer::{IncrementalDecoder, Tokenizer};
 use crate::sampler::{Held, Ticket};
 use crate::task::{Message, Sample};
@@ -70,7 +70,7 @@ pub(super) struct Live<'t> {
     pub dec: IncrementalDecoder<'t>,
     pub state: State,
     /// What answers its turns (none while they open or a call of theirs runs).
-    pub env: Option<Sessions>,
+    pub env: Option<TrajectorySessions>,
     /// Its trigger's stop patterns (copied when its sessions open).
     pub patterns: Vec<String>,
     pub call_kinds: std::collections::BTreeMap<String, u32>,
@@ -110,7 +110,7 @@ impl<'t> Live<'t> {
         seed: u64,
         prompt: Vec<u32>,
         messages: Vec<Message>,
-        env: Option<Sessions>,
+        env: Option<TrajectorySessions>,
         fault: Option<FaultRecord>,
     ) -> Live<'t> {
         let first = prompt.len();
@@ -150,7 +150,7 @@ impl<'t> Live<'t> {
     }
 
     /// Its sessions have opened (those that could): it decodes from now on.
-    pub fn opened(&mut self, sessions: Sessions) {
+    pub fn opened(&mut self, sessions: TrajectorySessions) {
         self.patterns = sessions.stop_patterns().to_vec();
         self.env = Some(sessions);
         if self.state == State::Opening {
@@ -239,9 +239,9 @@ impl<'t> Live<'t> {
         let completion = self.ids.completion().to_vec();
         let mut spans = Vec::new();
         let mut at = 0;
-        let push = |kind, start: usize, end: usize, spans: &mut Vec<Span>| -> Result<()> {
+        let push = |kind, start: usize, end: usize, spans: &mut Vec<TokenSpan>| -> Result<()> {
             if end > start {
-                spans.push(Span {
+                spans.push(TokenSpan {
                     kind,
                     start,
                     end,

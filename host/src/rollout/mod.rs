@@ -37,4 +37,4 @@ pub use env::tools::ToolSpec;
 pub use reward::{RewardSpec, Rewards, Scored};
 pub use settings::{RolloutLimits, RolloutSettings};
 pub use stats::BatchStats;
-pub use trajectory::{FaultRecord, Group, Span, SpanKind, StopReason, Trajectory};
+pub use trajectory::{FaultRecord, Group, SpanKind, StopReason, TokenSpan, Trajectory};

@@ -24,7 +24,7 @@ pub enum SpanKind {
 
 /// Tokens `start..end` of the completion (0 = the first token after the prompt).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Span {
+pub struct TokenSpan {
     pub kind: SpanKind,
     pub start: usize,
     pub end: usize,
@@ -116,7 +116,7 @@ pub struct Trajectory {
     /// Per completion token: the sampling log-prob (log softmax(logits / T)); `None` for
     /// inserted tokens.
     pub logps: Vec<Option<f32>>,
-    pub spans: Vec<Span>,
+    pub spans: Vec<TokenSpan>,
     /// The conversation: the prompt's messages, each assistant turn (with trigger output
     /// in place) and each environment message.
     pub messages: Vec<Message>,

@@ -160,11 +160,11 @@ async fn events(State(hub): State<Arc<StatusHub>>) -> impl IntoResponse {
 }
 
 /// A running server; dropping it does not stop it (it lives as long as the process).
-pub struct Server {
+pub struct Running {
     pub addr: SocketAddr,
 }
 
-impl Server {
+impl Running {
     /// `http://ADDR/`.
     pub fn url(&self) -> String {
         format!("http://{}/", self.addr)
@@ -173,7 +173,7 @@ impl Server {
 
 /// Binds `addr` now (so a taken port is an error before the run starts) and serves on a
 /// thread of its own.
-pub fn spawn(hub: Arc<StatusHub>, addr: &str) -> Result<Server> {
+pub fn spawn(hub: Arc<StatusHub>, addr: &str) -> Result<Running> {
     spawn_with(hub, addr, MAX_CONNECTIONS, HEADER_TIMEOUT)
 }
 
@@ -183,7 +183,7 @@ pub fn spawn_with(
     addr: &str,
     max_connections: usize,
     header_timeout: Duration,
-) -> Result<Server> {
+) -> Result<Running> {
     let std_listener = std::net::TcpListener::bind(addr).with_context(|| {
         format!("cannot listen on --status-addr {addr} (is the port taken? `127.0.0.1:0` picks a free one)")
     })?;
@@ -217,7 +217,7 @@ pub fn spawn_with(
             })
         })
         .context("cannot start the status server's thread")?;
-    Ok(Server { addr: local })
+    Ok(Running { addr: local })
 }
 
 /// Nice 10 for the calling thread (Linux applies `setpriority` per thread).
@@ -235,7 +235,7 @@ fn lower_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::{Span, SpanKind, StopReason, Trajectory};
+    use crate::rollout::{SpanKind, StopReason, TokenSpan, Trajectory};
     use crate::step::StepMetrics;
     use axum::body::Body;
     use axum::http::Request;
@@ -279,13 +279,13 @@ mod tests {
             prompt_len: 1,
             logps: vec![Some(-0.1), None],
             spans: vec![
-                Span {
+                TokenSpan {
                     kind: SpanKind::Model,
                     start: 0,
                     end: 1,
                     text: "<calc>2*3</calc>".into(),
                 },
-                Span {
+                TokenSpan {
                     kind: SpanKind::Tool,
                     start: 1,
                     end: 2,

@@ -17,7 +17,7 @@ pub const KEEP_BYTES: usize = 256 << 20;
 
 /// What an operation came to.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub enum Settled {
     /// A JSON result.
     Json(serde_json::Value),
     /// A protobuf result (forward/backward, sampling).
@@ -29,16 +29,16 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
-    pub fn user_error(message: impl Into<String>) -> Outcome {
-        Outcome::Failed {
+impl Settled {
+    pub fn user_error(message: impl Into<String>) -> Settled {
+        Settled::Failed {
             message: message.into(),
             category: "user",
         }
     }
 
-    pub fn server_error(message: impl Into<String>) -> Outcome {
-        Outcome::Failed {
+    pub fn server_error(message: impl Into<String>) -> Settled {
+        Settled::Failed {
             message: message.into(),
             category: "server",
         }
@@ -46,19 +46,19 @@ impl Outcome {
 }
 
 struct Slot {
-    tx: watch::Sender<Option<Arc<Outcome>>>,
+    tx: watch::Sender<Option<Arc<Settled>>>,
     finished: Option<Instant>,
     /// The outcome's size, once finished.
     bytes: usize,
 }
 
-impl Outcome {
+impl Settled {
     /// About how many bytes it holds.
     fn size(&self) -> usize {
         match self {
-            Outcome::Json(v) => serde_json::to_vec(v).map_or(0, |b| b.len()),
-            Outcome::Proto(b) => b.len(),
-            Outcome::Failed { message, .. } => message.len(),
+            Settled::Json(v) => serde_json::to_vec(v).map_or(0, |b| b.len()),
+            Settled::Proto(b) => b.len(),
+            Settled::Failed { message, .. } => message.len(),
         }
     }
 }
@@ -99,7 +99,7 @@ impl Futures {
     }
 
     /// Settles `id` (a second outcome for the same id is ignored).
-    pub fn finish(&self, id: &str, outcome: Outcome) {
+    pub fn finish(&self, id: &str, outcome: Settled) {
         let mut slots = self.slots.lock().expect("futures lock");
         if let Some(slot) = slots.get_mut(id)
             && slot.finished.is_none()
@@ -132,7 +132,7 @@ impl Futures {
     }
 
     /// The outcome of `id`, waiting up to `wait` for it.
-    pub async fn wait(&self, id: &str, wait: Duration) -> Result<Arc<Outcome>, Waited> {
+    pub async fn wait(&self, id: &str, wait: Duration) -> Result<Arc<Settled>, Waited> {
         let mut rx = {
             let slots = self.slots.lock().expect("futures lock");
             slots.get(id).ok_or(Waited::Unknown)?.tx.subscribe()
@@ -149,7 +149,7 @@ impl Futures {
 impl Futures {
     /// The outcome of `id` once it is settled, however long that takes; `None` when there
     /// is no such request (or it was forgotten before it was read here).
-    pub async fn settled(&self, id: &str) -> Option<Arc<Outcome>> {
+    pub async fn settled(&self, id: &str) -> Option<Arc<Settled>> {
         loop {
             match self.wait(id, Duration::from_secs(600)).await {
                 Ok(outcome) => return Some(outcome),
@@ -170,7 +170,7 @@ mod tests {
         let f = Futures::default();
         let ids: Vec<String> = (0..5).map(|_| f.open()).collect();
         for id in &ids {
-            f.finish(id, Outcome::Proto(vec![0; KEEP_BYTES / 3]));
+            f.finish(id, Settled::Proto(vec![0; KEEP_BYTES / 3]));
         }
         let slots = f.slots.lock().unwrap();
         assert!(!slots.contains_key(&ids[0]) && !slots.contains_key(&ids[1]));
@@ -188,13 +188,13 @@ mod tests {
         let (f2, id2) = (f.clone(), id.clone());
         let waiter = tokio::spawn(async move { f2.wait(&id2, Duration::from_secs(10)).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        f.finish(&id, Outcome::Json(serde_json::json!({"ok": 1})));
+        f.finish(&id, Settled::Json(serde_json::json!({"ok": 1})));
         let got = waiter.await.unwrap().unwrap();
-        assert_eq!(*got, Outcome::Json(serde_json::json!({"ok": 1})));
+        assert_eq!(*got, Settled::Json(serde_json::json!({"ok": 1})));
         // Read again (a retried poll), and a second outcome does not replace the first.
-        f.finish(&id, Outcome::user_error("late"));
+        f.finish(&id, Settled::user_error("late"));
         let again = f.wait(&id, Duration::from_millis(1)).await.unwrap();
-        assert_eq!(*again, Outcome::Json(serde_json::json!({"ok": 1})));
+        assert_eq!(*again, Settled::Json(serde_json::json!({"ok": 1})));
         assert_eq!(
             f.wait("req-999", Duration::from_millis(1)).await,
             Err(Waited::Unknown)

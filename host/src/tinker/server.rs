@@ -6,7 +6,7 @@
 //! future as failed (`RequestFailedError`, category `user`), naming the datum and field.
 
 use super::datum;
-use super::futures::{Futures, Outcome, Waited};
+use super::futures::{Futures, Settled, Waited};
 use super::gate::Gate;
 use super::proto;
 use super::sample_request::{Base, MAX_SAMPLES, sample_job};
@@ -827,7 +827,7 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
 fn forget_if_failed(t: Arc<Tinker>, request: String, model_id: String) {
     tokio::spawn(async move {
         let outcome = t.futures.settled(&request).await;
-        if !matches!(outcome.as_deref(), Some(Outcome::Json(_))) {
+        if !matches!(outcome.as_deref(), Some(Settled::Json(_))) {
             let mut books = t.books.lock().expect("books lock");
             books.models.remove(&model_id);
             books.gate.close(&model_id);
@@ -975,13 +975,13 @@ async fn retrieve_future(State(t): State<Arc<Tinker>>, body: Bytes) -> Response 
     };
     match t.futures.wait(&req.request_id, poll()).await {
         Ok(outcome) => match &*outcome {
-            Outcome::Json(v) => ok(v.clone()),
-            Outcome::Proto(bytes) => (
+            Settled::Json(v) => ok(v.clone()),
+            Settled::Proto(bytes) => (
                 [(header::CONTENT_TYPE, "application/x-protobuf")],
                 bytes.clone(),
             )
                 .into_response(),
-            Outcome::Failed { message, category } => ok(json!(wire::Failed {
+            Settled::Failed { message, category } => ok(json!(wire::Failed {
                 error: message.clone(),
                 category,
             })),

@@ -6,7 +6,7 @@
 //! join it, anything else waits until it is done.
 
 use super::adapter::Adapter;
-use super::futures::{Futures, Outcome};
+use super::futures::{Futures, Settled};
 use super::losses::Loss;
 use super::proto;
 use super::snapshots::{KEEP_UNNAMED, Snapshots};
@@ -199,7 +199,7 @@ impl Worker {
                 for id in held.iter().filter(|id| self.futures.pending(id)) {
                     self.futures.finish(
                         id,
-                        Outcome::server_error(format!(
+                        Settled::server_error(format!(
                             "the server hit a bug running this request ({why}); it goes on \
                              serving other requests"
                         )),
@@ -236,7 +236,7 @@ impl Worker {
             .ok_or_else(|| unknown(model_id))
     }
 
-    fn operate(&mut self, work: Work) -> Result<Outcome> {
+    fn operate(&mut self, work: Work) -> Result<Settled> {
         match work {
             Work::Create {
                 model_id,
@@ -247,7 +247,7 @@ impl Worker {
             } => {
                 let adapter = Adapter::fresh(&self.lm.model, lora, head, seed)?;
                 self.models.insert(model_id.clone(), adapter);
-                Ok(Outcome::Json(
+                Ok(Settled::Json(
                     json!({"model_id": model_id, "type": "create_model"}),
                 ))
             }
@@ -264,7 +264,7 @@ impl Worker {
                 let adapter = Adapter::load(&self.lm.model, &dir, optimizer)
                     .map_err(|e| UserError(format!("loading {}: {e:#}", dir.display())))?;
                 self.models.insert(model_id.clone(), adapter);
-                Ok(Outcome::Json(
+                Ok(Settled::Json(
                     json!({"model_id": model_id, "type": "load_weights"}),
                 ))
             }
@@ -281,7 +281,7 @@ impl Worker {
                     .get_mut(&model_id)
                     .ok_or_else(|| unknown(&model_id))?;
                 let out = forward_backward(lm, adapter, &rows, loss, forward_only)?;
-                Ok(Outcome::Proto(out.encode_to_vec()))
+                Ok(Settled::Proto(out.encode_to_vec()))
             }
             Work::Optim {
                 model_id,
@@ -298,7 +298,7 @@ impl Worker {
                 if let Some(n) = norm {
                     metrics.insert("grad_norm:mean".into(), json!(n));
                 }
-                Ok(Outcome::Json(json!({ "metrics": metrics })))
+                Ok(Settled::Json(json!({ "metrics": metrics })))
             }
             Work::Save {
                 model_id,
@@ -328,7 +328,7 @@ impl Worker {
                         None => self.saved.insert_unnamed(&model_id, key, snapshot),
                     }
                 }
-                Ok(Outcome::Json(answer))
+                Ok(Settled::Json(answer))
             }
             Work::Fail { message, .. } => Err(UserError(message).into()),
             Work::Sample(_) | Work::Unload { .. } => unreachable!("handled by run"),
@@ -380,7 +380,7 @@ impl Worker {
                 );
                 if let Some(why) = kv.refusal(need, &what, "serve --tinker --kv-budget-mib") {
                     let job = incoming.pop_front().expect("a front");
-                    futures.finish(&job.request, Outcome::user_error(why));
+                    futures.finish(&job.request, Settled::user_error(why));
                     continue;
                 }
                 // Past the budget it waits, in order, for requests in the batch to end.
@@ -436,11 +436,11 @@ fn unknown(model_id: &str) -> anyhow::Error {
 
 /// The outcome of an operation that failed with `e`: the user's fault where it found a
 /// problem in what was sent, the server's otherwise.
-fn failure(e: &anyhow::Error) -> Outcome {
+fn failure(e: &anyhow::Error) -> Settled {
     if e.downcast_ref::<UserError>().is_some() {
-        Outcome::user_error(format!("{e:#}"))
+        Settled::user_error(format!("{e:#}"))
     } else {
-        Outcome::server_error(format!("{e:#}"))
+        Settled::server_error(format!("{e:#}"))
     }
 }
 
@@ -500,7 +500,7 @@ fn admit(
                 Some(p)
             }
             Err(e) => {
-                futures.finish(&job.request, Outcome::server_error(format!("{e:#}")));
+                futures.finish(&job.request, Settled::server_error(format!("{e:#}")));
                 return;
             }
         }
@@ -570,13 +570,13 @@ impl Sink for Collect {
         if self.left == 0 {
             let response = self.response();
             self.futures
-                .finish(&self.request, Outcome::Proto(response.encode_to_vec()));
+                .finish(&self.request, Settled::Proto(response.encode_to_vec()));
         }
     }
 
     fn failed(&mut self, message: &str) {
         self.futures
-            .finish(&self.request, Outcome::user_error(message.to_string()));
+            .finish(&self.request, Settled::user_error(message.to_string()));
     }
 }
 
@@ -785,7 +785,7 @@ mod tests {
             };
             for id in &ids[..3] {
                 assert!(
-                    matches!(*outcome(id), Outcome::Proto(_)),
+                    matches!(*outcome(id), Settled::Proto(_)),
                     "{alone}: {:?}",
                     outcome(id)
                 );
@@ -793,14 +793,14 @@ mod tests {
             // Four samples: past a budget of one request of two, within one of three
             // (where they wait for the first three to end).
             match &*outcome(&ids[3]) {
-                Outcome::Failed { message, category } if alone => {
+                Settled::Failed { message, category } if alone => {
                     assert_eq!(*category, "user");
                     assert!(
                         message.contains("serve --tinker --kv-budget-mib"),
                         "{message}"
                     );
                 }
-                Outcome::Proto(_) if !alone => {}
+                Settled::Proto(_) if !alone => {}
                 other => panic!("{alone}: {other:?}"),
             }
             assert_eq!(w.kv_peak, if alone { one } else { 3 * one }, "{alone}");

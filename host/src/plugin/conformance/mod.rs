@@ -66,7 +66,7 @@ impl Default for Options {
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Outcome {
+pub enum Verdict {
     Pass,
     /// Not against the contract, but likely a mistake (e.g. an unknown config field
     /// accepted in silence).
@@ -83,7 +83,7 @@ pub struct Check {
     /// The role checked, or `None` for the plugin as a whole.
     pub role: Option<Role>,
     pub name: String,
-    pub outcome: Outcome,
+    pub outcome: Verdict,
     pub detail: String,
 }
 
@@ -106,13 +106,13 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn count(&self, outcome: Outcome) -> usize {
+    pub fn count(&self, outcome: Verdict) -> usize {
         self.checks.iter().filter(|c| c.outcome == outcome).count()
     }
 
     /// No check failed and every check ran.
     pub fn passed(&self) -> bool {
-        self.count(Outcome::Fail) == 0 && self.count(Outcome::Skip) == 0
+        self.count(Verdict::Fail) == 0 && self.count(Verdict::Skip) == 0
     }
 }
 
@@ -229,7 +229,7 @@ const MALFORMED: &str = r#"{"config": "#;
 const UNKNOWN_FIELD: &str = r#"{"surely_not_a_field": 1}"#;
 
 impl Tester<'_> {
-    fn check(&mut self, role: Option<Role>, name: &str, outcome: Outcome, detail: String) {
+    fn check(&mut self, role: Option<Role>, name: &str, outcome: Verdict, detail: String) {
         if self.options.progress {
             let outcome = format!("{outcome:?}").to_lowercase();
             let role = role.map_or("-".to_string(), |r| r.to_string());
@@ -274,7 +274,7 @@ impl Tester<'_> {
                 "not run: {} calls timed out (the limit is {MAX_TIMEOUTS}, each call waits for the plugin's deadline); fix what hangs, then test again",
                 self.timeouts
             );
-            self.check(role, "the remaining checks", Outcome::Skip, detail);
+            self.check(role, "the remaining checks", Verdict::Skip, detail);
         }
         true
     }
@@ -308,16 +308,16 @@ impl Tester<'_> {
         .flatten()
         .collect();
         let (outcome, detail) = if problems.is_empty() {
-            (Outcome::Pass, format!("{} {}", info.name, info.version))
+            (Verdict::Pass, format!("{} {}", info.name, info.version))
         } else {
-            (Outcome::Fail, problems.join("; "))
+            (Verdict::Fail, problems.join("; "))
         };
         self.check(None, "about is well formed", outcome, detail);
         // Loading refuses any other version, so a loaded plugin's is supported.
         self.check(
             None,
             "WIT version is supported",
-            Outcome::Pass,
+            Verdict::Pass,
             format!("rlhost:plugin@{}", self.plugin.wit_version()),
         );
     }
@@ -364,13 +364,13 @@ impl Tester<'_> {
         role: Role,
         config: &str,
         sample: &Sample,
-        if_opened: (Outcome, String),
-    ) -> (Outcome, String) {
+        if_opened: (Verdict, String),
+    ) -> (Verdict, String) {
         match self.open(role, config, sample).await {
             Err(f) if f.kind == FaultKind::GuestError => {
-                (Outcome::Pass, format!("guest error: {}", f.message))
+                (Verdict::Pass, format!("guest error: {}", f.message))
             }
-            Err(f) => (Outcome::Fail, f.to_string()),
+            Err(f) => (Verdict::Fail, f.to_string()),
             Ok(()) => if_opened,
         }
     }
@@ -382,16 +382,16 @@ impl Tester<'_> {
         let r = Some(role);
         let opened = match self.open(role, "{}", sample).await {
             Ok(()) => {
-                self.check(r, "open with {}", Outcome::Pass, "opened".into());
+                self.check(r, "open with {}", Verdict::Pass, "opened".into());
                 true
             }
             Err(f) if f.kind == FaultKind::GuestError => {
                 let detail = format!("guest error: {}", f.message);
-                self.check(r, "open with {}", Outcome::Pass, detail);
+                self.check(r, "open with {}", Verdict::Pass, detail);
                 false
             }
             Err(f) => {
-                self.check(r, "open with {}", Outcome::Fail, f.to_string());
+                self.check(r, "open with {}", Verdict::Fail, f.to_string());
                 false
             }
         };
@@ -399,14 +399,14 @@ impl Tester<'_> {
             return false;
         }
         let opened_anyway = (
-            Outcome::Fail,
+            Verdict::Fail,
             format!("opened with {MALFORMED:?}: a config that is not JSON must be an error"),
         );
         let (outcome, detail) = self.refuses(role, MALFORMED, sample, opened_anyway).await;
         self.check(r, "open with a malformed config", outcome, detail);
         if opened && !self.out_of_time(r) {
             let opened_anyway = (
-                Outcome::Warn,
+                Verdict::Warn,
                 format!("opened with {UNKNOWN_FIELD}: a misspelt field goes unnoticed"),
             );
             let (outcome, detail) = self
@@ -417,7 +417,7 @@ impl Tester<'_> {
         if self.options.config.trim() == "{}" {
             if !opened {
                 let detail = "it does not open with {} and the samples tested: pass --config with a config it accepts, or --sample with samples it can open";
-                self.check(r, "the remaining checks", Outcome::Skip, detail.into());
+                self.check(r, "the remaining checks", Verdict::Skip, detail.into());
             }
             return opened;
         }
@@ -430,7 +430,7 @@ impl Tester<'_> {
                 self.check(
                     r,
                     "open with the given config",
-                    Outcome::Pass,
+                    Verdict::Pass,
                     String::new(),
                 );
                 true
@@ -439,7 +439,7 @@ impl Tester<'_> {
                 self.check(
                     r,
                     "open with the given config",
-                    Outcome::Fail,
+                    Verdict::Fail,
                     f.to_string(),
                 );
                 false
@@ -494,9 +494,9 @@ impl Tester<'_> {
     /// the row either way.
     fn faults_check(&mut self, role: Role, name: &str, n: usize, faults: &[Fault], extra: &str) {
         let (outcome, detail) = match faults.first() {
-            None => (Outcome::Pass, format!("{n} calls{extra}")),
+            None => (Verdict::Pass, format!("{n} calls{extra}")),
             Some(first) => (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!(
                     "{} of {n} calls faulted; the first: {first}{extra}",
                     faults.len()

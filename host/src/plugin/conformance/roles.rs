@@ -3,7 +3,7 @@
 //! environment's steps, each over the seeded random inputs of [`super::inputs`].
 
 use super::inputs::{clip, random_value, trajectory};
-use super::{MAX_TIMEOUTS, Outcome, Streak, Tester, as_fault, components_problem, sample_problem};
+use super::{MAX_TIMEOUTS, Streak, Tester, Verdict, as_fault, components_problem, sample_problem};
 use crate::plugin::{FaultKind, Role, Sample};
 
 impl Tester<'_> {
@@ -17,15 +17,15 @@ impl Tester<'_> {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => {
                 let detail = format!("{e:#}");
-                return self.check(role, "opens", Outcome::Fail, detail);
+                return self.check(role, "opens", Verdict::Fail, detail);
             }
         };
         let len = a.len();
         if len == 0 || b.len() != len {
             let detail = format!("len {len} then {}: must be the same and above 0", b.len());
-            return self.check(role, "len", Outcome::Fail, detail);
+            return self.check(role, "len", Verdict::Fail, detail);
         }
-        self.check(role, "len", Outcome::Pass, format!("{len} samples"));
+        self.check(role, "len", Verdict::Pass, format!("{len} samples"));
         let mut indices = vec![0, len - 1];
         for _ in 0..self.options.inputs.saturating_sub(2) {
             indices.push(self.rng.below(len));
@@ -64,17 +64,17 @@ impl Tester<'_> {
         self.faults_check(Role::Dataset, "get: no fault", made, &faults, &stopped);
         let (outcome, detail) = if compared == 0 {
             (
-                Outcome::Skip,
+                Verdict::Skip,
                 "nothing to compare: no index gave a sample twice".to_string(),
             )
         } else if differ.is_empty() {
             (
-                Outcome::Pass,
+                Verdict::Pass,
                 format!("{compared} indices, opened twice with seed {seed}"),
             )
         } else {
             (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!(
                     "{} of {compared} indices gave another sample the second time (first: {})",
                     differ.len(),
@@ -85,12 +85,12 @@ impl Tester<'_> {
         self.check(role, "deterministic for a seed", outcome, detail);
         let (outcome, detail) = match malformed.first() {
             None if compared == 0 => (
-                Outcome::Skip,
+                Verdict::Skip,
                 "nothing to check: no sample came back".to_string(),
             ),
-            None => (Outcome::Pass, format!("{compared} samples")),
+            None => (Verdict::Pass, format!("{compared} samples")),
             Some(first) => (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!("{} malformed; {first}", malformed.len()),
             ),
         };
@@ -111,7 +111,7 @@ impl Tester<'_> {
                 return self.check(
                     role,
                     "functions are well formed",
-                    Outcome::Fail,
+                    Verdict::Fail,
                     format!("{e:#}"),
                 );
             }
@@ -121,7 +121,7 @@ impl Tester<'_> {
             return self.check(
                 role,
                 "functions are well formed",
-                Outcome::Fail,
+                Verdict::Fail,
                 "it lists no function".into(),
             );
         }
@@ -129,7 +129,7 @@ impl Tester<'_> {
         self.check(
             role,
             "functions are well formed",
-            Outcome::Pass,
+            Verdict::Pass,
             names.join(", "),
         );
         let (mut faults, mut answered, mut refused, mut made, mut streak) =
@@ -178,12 +178,12 @@ impl Tester<'_> {
         }
         let (outcome, detail) = match (bad_faults.first(), bad_answered) {
             (Some(f), _) => (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!("`{}` faulted on arguments that do not fit: {f}", spec.name),
             ),
-            (None, 0) => (Outcome::Pass, format!("`{}` refused all 3", spec.name)),
+            (None, 0) => (Verdict::Pass, format!("`{}` refused all 3", spec.name)),
             (None, n) => (
-                Outcome::Warn,
+                Verdict::Warn,
                 format!(
                     "`{}` answered {n} of 3 calls whose arguments do not fit its schema",
                     spec.name
@@ -198,7 +198,7 @@ impl Tester<'_> {
         let config = self.options.config.clone();
         let mut scorer = match self.plugin.open_reward(&config).await {
             Ok(s) => s,
-            Err(e) => return self.check(role, "opens", Outcome::Fail, format!("{e:#}")),
+            Err(e) => return self.check(role, "opens", Verdict::Fail, format!("{e:#}")),
         };
         let (mut faults, mut guest_errors, mut problems, mut unstable) =
             (Vec::new(), Vec::new(), Vec::new(), 0);
@@ -241,27 +241,27 @@ impl Tester<'_> {
                 .first()
                 .map_or(String::new(), |f| format!(": {}", f.message));
             (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!(
                     "no trajectory was scored{first}; pass --sample with samples this reward can score"
                 ),
             )
         } else if let Some(first) = problems.first() {
             (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!("{} of {scored}: {first}", problems.len()),
             )
         } else {
-            (Outcome::Pass, format!("{scored} scored"))
+            (Verdict::Pass, format!("{scored} scored"))
         };
         self.check(role, "finite, named, distinct components", outcome, detail);
         let (outcome, detail) = if scored == 0 {
-            (Outcome::Skip, "nothing was scored".to_string())
+            (Verdict::Skip, "nothing was scored".to_string())
         } else if unstable == 0 {
-            (Outcome::Pass, "scored twice, the same".to_string())
+            (Verdict::Pass, "scored twice, the same".to_string())
         } else {
             (
-                Outcome::Warn,
+                Verdict::Warn,
                 format!("{unstable} trajectories got other components the second time"),
             )
         };
@@ -273,18 +273,18 @@ impl Tester<'_> {
         let (config, seed) = (self.options.config.clone(), self.options.seed);
         let mut session = match self.plugin.open_trigger(&config, &samples[0], seed).await {
             Ok(s) => s,
-            Err(e) => return self.check(role, "opens", Outcome::Fail, format!("{e:#}")),
+            Err(e) => return self.check(role, "opens", Verdict::Fail, format!("{e:#}")),
         };
         let patterns = session.stop_patterns().to_vec();
         self.check(
             role,
             "stop patterns",
-            Outcome::Pass,
+            Verdict::Pass,
             format!("{patterns:?}"),
         );
         if patterns.is_empty() {
             let detail = "none: a trigger the host never fires (single-turn)".to_string();
-            return self.check(role, "fire", Outcome::Pass, detail);
+            return self.check(role, "fire", Verdict::Pass, detail);
         }
         let limit = self.plugin.spec().limits.max_output_bytes;
         let n = self.options.inputs;
@@ -314,12 +314,12 @@ impl Tester<'_> {
         let first_half = streak.stopped(made, n / 2);
         let (outcome, detail) = match answered.first() {
             None if silent == 0 => (
-                Outcome::Skip,
+                Verdict::Skip,
                 format!("nothing to check: every call faulted{first_half}"),
             ),
-            None => (Outcome::Pass, format!("{silent} texts{first_half}")),
+            None => (Verdict::Pass, format!("{silent} texts{first_half}")),
             Some(first) => (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!(
                     "answered {} of {} texts that end with no stop pattern, e.g. {:?}",
                     answered.len(),
@@ -454,15 +454,15 @@ impl Tester<'_> {
         self.faults_check(Role::Environment, "step: no fault", steps, &faults, &extra);
         let (outcome, detail) = match problems.first() {
             None if answered == 0 => (
-                Outcome::Skip,
+                Verdict::Skip,
                 "nothing to check: no step answered".to_string(),
             ),
             None => (
-                Outcome::Pass,
+                Verdict::Pass,
                 "tool or user messages, finite rewards".into(),
             ),
             Some(first) => (
-                Outcome::Fail,
+                Verdict::Fail,
                 format!("{} steps gave {first}", problems.len()),
             ),
         };

@@ -58,7 +58,7 @@ impl FromStr for Lang {
 
 /// What to make.
 #[derive(Debug, Clone)]
-pub struct Request {
+pub struct Spec {
     /// The plugin's name: the folder, the package and the name it reports.
     pub name: String,
     pub lang: Lang,
@@ -99,7 +99,7 @@ pub struct Made {
 
 /// Makes the project. Nothing is written when it fails, and an existing folder is never
 /// touched.
-pub fn create(request: &Request) -> Result<Made> {
+pub fn create(request: &Spec) -> Result<Made> {
     check_name(&request.name)?;
     let dir = request.parent.join(&request.name);
     if dir.exists() {
@@ -147,7 +147,7 @@ fn component(lang: Lang, name: &str) -> String {
     }
 }
 
-fn write_all(staging: &Path, files: &[(String, String)], request: &Request) -> Result<()> {
+fn write_all(staging: &Path, files: &[(String, String)], request: &Spec) -> Result<()> {
     for (path, text) in files {
         let path = staging.join(path);
         std::fs::create_dir_all(path.parent().expect("a file in the project"))
@@ -179,7 +179,7 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 /// The project's files, holes filled (C bindings come after, from the written `wit/`).
-fn files(request: &Request) -> Result<Vec<(String, String)>> {
+fn files(request: &Spec) -> Result<Vec<(String, String)>> {
     let role = request.role;
     let mut files: Vec<(String, String)> = Vec::new();
     let mut add = |path: String, template: &str| files.push((path, template.to_string()));
@@ -373,7 +373,7 @@ mod tests {
         for lang in Lang::ALL {
             for role in Role::ALL {
                 let name = format!("p_{lang}_{role}");
-                let request = Request {
+                let request = Spec {
                     name: name.clone(),
                     lang,
                     role,
@@ -422,7 +422,7 @@ mod tests {
         let parent = temp("taken");
         std::fs::create_dir(parent.join("mine")).unwrap();
         std::fs::write(parent.join("mine/keep.txt"), "mine").unwrap();
-        let request = |name: &str| Request {
+        let request = |name: &str| Spec {
             name: name.into(),
             lang: Lang::Python,
             role: Role::Reward,

@@ -2,7 +2,7 @@
 //! turns, the sampler's tokens, scores), the sink that turns the sampler's tokens into
 //! events, and the batch's trajectories and figures.
 
-use super::super::env::{Reply, Sessions};
+use super::super::env::{Reply, TrajectorySessions};
 use super::super::live::Live;
 use super::super::reward::Scored;
 use super::super::stats::BatchStats;
@@ -19,11 +19,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// What reaches the batch's loop: what answers turns, and the sampler's tokens.
-pub(super) enum Event {
+pub(super) enum Arrival {
     /// Trajectory `usize`'s sessions opened (the faults of those that did not).
-    Opened(usize, Sessions, Vec<Fault>),
+    Opened(usize, TrajectorySessions, Vec<Fault>),
     /// A firing or a turn answered: the trajectory's sessions back, with the reply.
-    Answered(usize, Sessions, Reply),
+    Answered(usize, TrajectorySessions, Reply),
     /// A token the sampler drew for trajectory `usize`'s request number `u64`.
     Token(usize, u64, Token),
     /// The sampler ended that request (its own stop rule, or a prefill).
@@ -42,31 +42,31 @@ pub(super) enum Event {
 pub(super) struct ToLoop {
     pub first: usize,
     pub request: u64,
-    pub tx: mpsc::Sender<Event>,
+    pub tx: mpsc::Sender<Arrival>,
 }
 
 impl Sink for ToLoop {
     fn token(&mut self, token: Token) -> bool {
         let t = self.first + token.choice;
-        self.tx.send(Event::Token(t, self.request, token)).is_ok()
+        self.tx.send(Arrival::Token(t, self.request, token)).is_ok()
     }
 
     fn done(&mut self, choice: usize, _: Completion) {
         let _ = self
             .tx
-            .send(Event::Ended(self.first + choice, self.request));
+            .send(Arrival::Ended(self.first + choice, self.request));
     }
 
     fn failed(&mut self, message: &str) {
         let _ = self
             .tx
-            .send(Event::Unsampled(self.first, message.to_string()));
+            .send(Arrival::Unsampled(self.first, message.to_string()));
     }
 }
 
 /// One batch while it is sampled: its trajectories, the plugin answers on their way, and
 /// where the time went.
-pub(super) struct Batch<'t> {
+pub(super) struct InFlight<'t> {
     pub lives: Vec<Live<'t>>,
     /// Each trajectory once it has finished.
     pub done: Vec<Option<Trajectory>>,
@@ -76,8 +76,8 @@ pub(super) struct Batch<'t> {
     pub scored: usize,
     /// Where plugin calls (and the sampler's sinks) send their events, and where the loop
     /// reads them.
-    pub tx: mpsc::Sender<Event>,
-    pub rx: mpsc::Receiver<Event>,
+    pub tx: mpsc::Sender<Arrival>,
+    pub rx: mpsc::Receiver<Arrival>,
     /// Tokens sampled for plugins' `model.generate` calls.
     pub asked: Arc<AtomicUsize>,
     /// The outcomes of those calls (and of the refused ones) by plugin.
@@ -88,7 +88,7 @@ pub(super) struct Batch<'t> {
     pub prefilled: bool,
 }
 
-impl Batch<'_> {
+impl InFlight<'_> {
     /// Whether anything is left: a trajectory not handed over, a score, a request.
     pub fn unfinished(&self, pending: usize) -> bool {
         pending > 0 || self.scored < self.scoring || self.done.iter().any(Option::is_none)
@@ -97,7 +97,7 @@ impl Batch<'_> {
     /// The next event: one that has come (`None` if none has), or with `wait` the next
     /// to come within it, the wait counted as the servers' time when a request is on a
     /// server, else as the plugins'.
-    pub fn next_event(&mut self, wait: Option<Duration>) -> Result<Option<Event>> {
+    pub fn next_event(&mut self, wait: Option<Duration>) -> Result<Option<Arrival>> {
         let Some(wait) = wait else {
             return Ok(self.rx.try_recv().ok());
         };

@@ -27,7 +27,9 @@
 //! may decode to more than the pattern (`</calc>\n`): the tool sees the text up to the
 //! pattern's end, and its output follows the whole token.
 
-use super::env::{Answering, EndedTurn, Environment, Opening, Read, Reply, Sessions, Then};
+use super::env::{
+    Answering, EndedTurn, Environment, Opening, Read, Reply, Then, TrajectorySessions,
+};
 use super::live::{Live, State, new_match};
 use super::render::{escaped, inserted_ids, prompt_tokens};
 use super::reward::Rewards;
@@ -55,7 +57,7 @@ use tokio::runtime::Handle;
 
 mod batch;
 mod scoring;
-use batch::{Batch, Event, ToLoop};
+use batch::{Arrival, InFlight, ToLoop};
 
 /// The error of a batch abandoned through [`Engine::set_cancel`] (or a gateway run's
 /// interruption): the queue hands it to the trainer as [`super::queue::QueueError::Abandoned`],
@@ -163,7 +165,7 @@ impl<'a> Engine<'a> {
         // Plugin sessions open on the worker pool while the prompts prefill; a trajectory
         // starts decoding once its own are open, not when all are (opening 64 Python
         // sessions takes longer than a prefill on two cores).
-        let (tx, rx) = mpsc::channel::<Event>();
+        let (tx, rx) = mpsc::channel::<Arrival>();
         // With vLLM servers, the adapter version this batch samples with is loaded on
         // them first (and stays loaded while the lease lives).
         let retries_before = self.settings.remote.as_ref().map_or(0, |p| p.retries());
@@ -180,7 +182,7 @@ impl<'a> Engine<'a> {
             (Some(lease), Some(pool)) => {
                 let wake = tx.clone();
                 let wake = Arc::new(move || {
-                    let _ = wake.send(Event::Wake);
+                    let _ = wake.send(Arrival::Wake);
                 }) as crate::sampler::servers::Notify;
                 Box::new(
                     Servers::new(
@@ -196,7 +198,7 @@ impl<'a> Engine<'a> {
         };
         let tally = Arc::new(CallTally::default());
         let lives = self.lives(starts, samples, seed, &tx, &tally);
-        let mut batch = Batch {
+        let mut batch = InFlight {
             done: (0..lives.len()).map(|_| None).collect(),
             lives,
             stats,
@@ -247,13 +249,13 @@ impl<'a> Engine<'a> {
     /// go: this batch's loop, as events.
     fn link(
         &self,
-        tx: &mpsc::Sender<Event>,
+        tx: &mpsc::Sender<Arrival>,
         tally: &std::sync::Arc<CallTally>,
         traj_seed: u64,
     ) -> ModelLink {
         let tx = tx.clone();
         ModelLink::new(traj_seed, move |call| {
-            tx.send(Event::Generate(call))
+            tx.send(Arrival::Generate(call))
                 .map_err(|_| "the rollout this call belonged to has ended".to_string())
         })
         .tallied(tally.clone())
@@ -267,7 +269,7 @@ impl<'a> Engine<'a> {
     /// j)`). Each resumes once its plugin sessions are open.
     fn prefill<'m>(
         &self,
-        b: &mut Batch<'a>,
+        b: &mut InFlight<'a>,
         sampler: &mut dyn Sampling<'m>,
         samples: &[(u64, Sample)],
         seed: u64,
@@ -314,7 +316,7 @@ impl<'a> Engine<'a> {
         starts: Vec<Start>,
         samples: &[(u64, Sample)],
         seed: u64,
-        tx: &mpsc::Sender<Event>,
+        tx: &mpsc::Sender<Arrival>,
         tally: &Arc<CallTally>,
     ) -> Vec<Live<'a>> {
         let g = self.settings.group_size;
@@ -332,7 +334,7 @@ impl<'a> Engine<'a> {
                     let tx = tx.clone();
                     self.handle.spawn(async move {
                         let (sessions, faults) = opening.await;
-                        let _ = tx.send(Event::Opened(t, sessions, faults));
+                        let _ = tx.send(Arrival::Opened(t, sessions, faults));
                     });
                     None
                 }
@@ -360,7 +362,7 @@ impl<'a> Engine<'a> {
     /// once nothing is left to sample or wait for.
     fn round<'m>(
         &self,
-        b: &mut Batch<'a>,
+        b: &mut InFlight<'a>,
         sampler: &mut dyn Sampling<'m>,
         samples: &[(u64, Sample)],
         version: u64,
@@ -403,7 +405,7 @@ impl<'a> Engine<'a> {
         // A finished trajectory gives back its sessions before the loop waits: another
         // may be waiting for its place (`rollout.openenv.max_sessions`).
         self.hand_over_finished(b, samples, version)?;
-        // With requests on servers, an answer wakes the loop (`Event::Wake`); the timeout
+        // With requests on servers, an answer wakes the loop (`Arrival::Wake`); the timeout
         // only bounds a wait for room on a server that another batch keeps full.
         let wait = if sampler.pending() > 0 {
             Duration::from_millis(20)
@@ -418,7 +420,7 @@ impl<'a> Engine<'a> {
 
     /// Gives every active trajectory that has no request on the sampler its next one,
     /// resuming from what its last one left (its cache, its server).
-    fn submit<'m>(&self, b: &mut Batch<'a>, sampler: &mut dyn Sampling<'m>) {
+    fn submit<'m>(&self, b: &mut InFlight<'a>, sampler: &mut dyn Sampling<'m>) {
         for t in 0..b.lives.len() {
             let l = &mut b.lives[t];
             if l.state != State::Active || l.ticket.is_some() {
@@ -487,7 +489,7 @@ impl<'a> Engine<'a> {
 
     /// Acts on the token `tok` just appended to an active trajectory: the same rules
     /// whichever sampler drew it.
-    fn took(&self, l: &mut Live, tok: u32, tx: &mpsc::Sender<Event>) -> Result<()> {
+    fn took(&self, l: &mut Live, tok: u32, tx: &mpsc::Sender<Arrival>) -> Result<()> {
         let s = self.settings;
         l.checked = l.dec.text().len();
         l.dec.push(tok)?;
@@ -540,7 +542,12 @@ impl<'a> Engine<'a> {
     /// The model ended its turn: record it, and hand it to what answers it (its calls to
     /// the tools or the server, its text to the episode), or end the trajectory at a limit
     /// or where nothing answers.
-    fn end_turn(&self, l: &mut Live, tx: &mpsc::Sender<Event>, by_stop_token: bool) -> Result<()> {
+    fn end_turn(
+        &self,
+        l: &mut Live,
+        tx: &mpsc::Sender<Arrival>,
+        by_stop_token: bool,
+    ) -> Result<()> {
         let tokens = &l.ids.tokens[l.turn_start..];
         let content_tokens = if by_stop_token {
             &tokens[..tokens.len() - 1]
@@ -595,11 +602,11 @@ impl<'a> Engine<'a> {
 
     /// Runs a firing or a turn's answer on the worker pool: the trajectory `t` waits, and
     /// the answer comes back to the loop with its sessions.
-    fn spawn_answer(&self, t: usize, tx: &mpsc::Sender<Event>, answering: Answering) {
+    fn spawn_answer(&self, t: usize, tx: &mpsc::Sender<Arrival>, answering: Answering) {
         let tx = tx.clone();
         self.handle.spawn(async move {
             let (sessions, reply) = answering.await;
-            let _ = tx.send(Event::Answered(t, sessions, reply));
+            let _ = tx.send(Arrival::Answered(t, sessions, reply));
         });
     }
 
@@ -655,8 +662,8 @@ impl<'a> Engine<'a> {
     /// Acts on an event: a plugin's answer, a token, the end of a request.
     fn apply<'m>(
         &self,
-        event: Event,
-        b: &mut Batch<'a>,
+        event: Arrival,
+        b: &mut InFlight<'a>,
         sampler: &mut dyn Sampling<'m>,
     ) -> Result<()>
     where
@@ -664,12 +671,12 @@ impl<'a> Engine<'a> {
     {
         let (lives, stats) = (&mut b.lives, &mut b.stats);
         match event {
-            Event::Answered(t, sessions, reply) => {
+            Arrival::Answered(t, sessions, reply) => {
                 stats.plugin_busy_s += reply.took.as_secs_f64();
                 stats.tool_busy_s += reply.took.as_secs_f64();
                 self.answered(&mut lives[t], sessions, reply)?;
             }
-            Event::Token(t, request, token) => {
+            Arrival::Token(t, request, token) => {
                 let l = &mut lives[t];
                 // Tokens of a request the trajectory has left (it stopped it earlier in
                 // the same burst from a server) are not its.
@@ -682,7 +689,7 @@ impl<'a> Engine<'a> {
                     Self::release(l, sampler);
                 }
             }
-            Event::Ended(t, request) => {
+            Arrival::Ended(t, request) => {
                 let l = &mut lives[t];
                 // The sampler's rule ended the part (or it was the prefill) while the
                 // trajectory goes on: it resumes from here with its next request.
@@ -690,12 +697,12 @@ impl<'a> Engine<'a> {
                     Self::release(l, sampler);
                 }
             }
-            Event::Unsampled(t, why) => {
+            Arrival::Unsampled(t, why) => {
                 let (id, j) = (lives[t].sample, lives[t].index);
                 bail!("sampling trajectory {j} of sample {id} (in the batch's order): {why}");
             }
-            Event::Wake => {}
-            Event::Generate(call) => {
+            Arrival::Wake => {}
+            Arrival::Generate(call) => {
                 stats.asks += 1;
                 let stop = &self.settings.sampling.stop_token_ids;
                 let kwargs = &self.settings.template_kwargs;
@@ -705,13 +712,13 @@ impl<'a> Engine<'a> {
                     sampler.admit(request, Box::new(sink));
                 }
             }
-            Event::Scored(t, results, took) => {
+            Arrival::Scored(t, results, took) => {
                 stats.plugin_busy_s += took.as_secs_f64();
                 let traj = b.done[t].as_mut().expect("scored after finishing");
                 self.rewards.combine(traj, results, lives[t].env_reward);
                 b.scored += 1;
             }
-            Event::Opened(t, sessions, faults) => {
+            Arrival::Opened(t, sessions, faults) => {
                 let l = &mut lives[t];
                 l.faults.extend(faults.iter().map(FaultRecord::from));
                 l.opened(sessions);
@@ -723,7 +730,7 @@ impl<'a> Engine<'a> {
     /// A firing or a turn answered: the calls counted (whether or not the episode goes
     /// on after them), the faults and reward on record, and the answer inserted, or the
     /// trajectory ended.
-    fn answered(&self, l: &mut Live, sessions: Sessions, reply: Reply) -> Result<()> {
+    fn answered(&self, l: &mut Live, sessions: TrajectorySessions, reply: Reply) -> Result<()> {
         l.env = Some(sessions);
         l.faults.extend(reply.faults.iter().map(FaultRecord::from));
         for kind in &reply.kinds {

@@ -3,7 +3,7 @@
 //! batch's loop), or at once when the run has none.
 
 use super::Engine;
-use super::batch::{Batch, Event};
+use super::batch::{Arrival, InFlight};
 use crate::plugin::model::{CallTally, ModelLink};
 use crate::rollout::live::State;
 use crate::rollout::trajectory::{StopReason, Trajectory};
@@ -16,7 +16,7 @@ impl<'a> Engine<'a> {
     /// Hands every trajectory that finished since the last round over to be scored.
     pub(super) fn hand_over_finished(
         &self,
-        b: &mut Batch<'a>,
+        b: &mut InFlight<'a>,
         samples: &[(u64, Sample)],
         version: u64,
     ) -> Result<()> {
@@ -34,7 +34,7 @@ impl<'a> Engine<'a> {
     /// at once when the run has no reward plugins).
     fn hand_over(
         &self,
-        b: &mut Batch<'a>,
+        b: &mut InFlight<'a>,
         t: usize,
         samples: &[(u64, Sample)],
         stop: StopReason,
@@ -64,7 +64,7 @@ impl<'a> Engine<'a> {
         t: usize,
         traj_seed: u64,
         traj: &Trajectory,
-        tx: mpsc::Sender<Event>,
+        tx: mpsc::Sender<Arrival>,
         tally: &std::sync::Arc<CallTally>,
     ) {
         let fns = self.rewards.fns.clone();
@@ -80,7 +80,7 @@ impl<'a> Engine<'a> {
             for (f, link) in fns.iter().zip(links) {
                 results.push(f.score(&view, Some(link)).await);
             }
-            let _ = tx.send(Event::Scored(t, results, c0.elapsed()));
+            let _ = tx.send(Arrival::Scored(t, results, c0.elapsed()));
         });
     }
 }

@@ -75,8 +75,8 @@ fn prompts_are_checked_against_the_length_limit() {
 /// (counting the wait as the tool's) only when asked to.
 #[test]
 fn a_batch_waits_for_plugin_answers_only_when_told_to() {
-    let (tx, rx) = mpsc::channel::<Event>();
-    let mut batch = Batch {
+    let (tx, rx) = mpsc::channel::<Arrival>();
+    let mut batch = InFlight {
         lives: Vec::new(),
         done: Vec::new(),
         stats: BatchStats::default(),
@@ -92,10 +92,10 @@ fn a_batch_waits_for_plugin_answers_only_when_told_to() {
     assert!(batch.next_event(None).unwrap().is_none());
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(30));
-        let _ = tx.send(Event::Scored(3, Vec::new(), Duration::ZERO));
+        let _ = tx.send(Arrival::Scored(3, Vec::new(), Duration::ZERO));
     });
     let event = batch.next_event(Some(Duration::from_secs(60))).unwrap();
-    assert!(matches!(event, Some(Event::Scored(3, _, _))));
+    assert!(matches!(event, Some(Arrival::Scored(3, _, _))));
     assert!(
         batch.stats.plugin_wait_s >= 0.02,
         "{}",

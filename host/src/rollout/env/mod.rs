@@ -3,7 +3,7 @@
 //! The engine (`rollout/engine/`) keeps a trajectory's state machine: it samples, finds
 //! where a tool fires or a turn ends, inserts what comes back and counts. What answers is
 //! asked here, the same three ways whatever answers:
-//! - [`Environment::open`]: a trajectory's [`Sessions`], opened on the worker pool;
+//! - [`Environment::open`]: a trajectory's [`TrajectorySessions`], opened on the worker pool;
 //! - [`Environment::fire`]: a trigger's stop pattern matched mid-turn;
 //! - [`Environment::read`] then [`Environment::answer`]: the model's turn ended; its
 //!   function calls, or its text, answered.
@@ -79,7 +79,7 @@ pub struct Environment<'a> {
 /// One trajectory's sessions: its trigger's, its episode (a plugin's or a server's) and
 /// one per tools plugin with a stateful function. A call takes them to the worker pool
 /// and its [`Reply`] brings them back.
-pub struct Sessions {
+pub struct TrajectorySessions {
     /// Boxed, as the episode is: a session is a few hundred bytes, and the sessions move
     /// to the pool and back with every call.
     trigger: Option<Box<TriggerSession>>,
@@ -93,7 +93,7 @@ pub struct Sessions {
     seed: u64,
 }
 
-impl Sessions {
+impl TrajectorySessions {
     /// The trigger's stop patterns (none without a trigger session).
     pub fn stop_patterns(&self) -> &[String] {
         self.trigger.as_ref().map_or(&[], |t| t.stop_patterns())
@@ -103,10 +103,10 @@ impl Sessions {
 /// A trajectory's sessions: open at once (it has none to open, or only a server session
 /// opened with its prompt), or opening on the worker pool.
 pub enum Opening {
-    Ready(Sessions),
+    Ready(TrajectorySessions),
     /// The sessions once all have opened (or failed to: the faults, and the trajectory
     /// goes on without them).
-    Later(BoxFuture<'static, (Sessions, Vec<Fault>)>),
+    Later(BoxFuture<'static, (TrajectorySessions, Vec<Fault>)>),
 }
 
 /// What answers a turn's function calls.
@@ -135,9 +135,9 @@ pub enum EndedTurn {
 }
 
 /// A call on the worker pool: the sessions back with its reply, timed.
-pub type Answering = BoxFuture<'static, (Sessions, Reply)>;
+pub type Answering = BoxFuture<'static, (TrajectorySessions, Reply)>;
 
-fn timed(work: impl Future<Output = (Sessions, Reply)> + Send + 'static) -> Answering {
+fn timed(work: impl Future<Output = (TrajectorySessions, Reply)> + Send + 'static) -> Answering {
     async move {
         let c0 = Instant::now();
         let (sessions, mut reply) = work.await;
@@ -202,7 +202,7 @@ impl<'a> Environment<'a> {
         let plugin_seed = sample_seed(seed ^ 0x706c_7567, id as usize, j);
         let tools_seed = sample_seed(seed ^ 0x746f_6f6c, id as usize, j);
         let n_tools = s.tools.as_ref().map_or(0, |t| t.plugins.len());
-        let sessions = Sessions {
+        let sessions = TrajectorySessions {
             trigger: None,
             episode: opened.map(|e| Box::new(AnyEpisode::Remote(e))),
             tools: (0..n_tools).map(|_| None).collect(),
@@ -272,7 +272,11 @@ impl<'a> Environment<'a> {
 
     /// The trigger fires on `text` (the model's text up to its pattern's end); `None`
     /// when the trajectory has no trigger session (it failed to open): nothing fires.
-    pub fn fire(&self, mut sessions: Sessions, text: String) -> Result<Answering, Sessions> {
+    pub fn fire(
+        &self,
+        mut sessions: TrajectorySessions,
+        text: String,
+    ) -> Result<Answering, TrajectorySessions> {
         let Some(mut trigger) = sessions.trigger.take() else {
             return Err(sessions);
         };
@@ -330,10 +334,10 @@ impl<'a> Environment<'a> {
     /// the trajectory ends with its turn.
     pub fn answer(
         &self,
-        mut sessions: Sessions,
+        mut sessions: TrajectorySessions,
         turn_number: u32,
         turn: EndedTurn,
-    ) -> Result<Answering, Sessions> {
+    ) -> Result<Answering, TrajectorySessions> {
         match turn {
             EndedTurn::Calls(By::Tools, written) => {
                 let toolbox: Arc<Toolbox> = self
