@@ -25,6 +25,12 @@ What it does:
    one row a lane padded to the longest, alternating in one process; the medians, their
    ratio and the tokens each layout feeds the model.
 
+`--against OLD_BIN` makes the peer another build of `model_bench` (say, one built from an
+older commit) instead of transformers/PEFT: the same rows, alternating the two binaries,
+to show that a change of the code's layout left the figures where they were (torch and
+transformers are then needed only to make the random model; PEFT not at all).
+`--bin NEW_BIN` names our side's binary (default: target/release/examples/model_bench).
+
 Every measurement runs in its own process with the same thread count (RAYON_NUM_THREADS
 and torch.set_num_threads), and its peak RSS comes from wait4().
 """
@@ -129,18 +135,29 @@ def main():
     ap.add_argument("--worker", choices=["decode", "train"])
     ap.add_argument("--model")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--bin", default=BIN, help="our side's model_bench")
+    ap.add_argument("--against", metavar="OLD_BIN",
+                    help="another model_bench build as the peer, in place of transformers/PEFT")
     ap.add_argument("--rounds", type=int, default=3,
                     help="training step: alternate rlhost and the peer this many times; the "
                          "medians are compared (this VM's speed drifts by 15-20%% within minutes)")
     args = ap.parse_args()
     if args.worker:
         return torch_worker(args)
-    if not os.path.exists(BIN):
-        sys.exit(f"{BIN} missing: cargo build --release -p rlhost --example model_bench")
+    ours_bin = args.bin
+    for b in [ours_bin] + ([args.against] if args.against else []):
+        if not os.path.exists(b):
+            sys.exit(f"{b} missing: cargo build --release -p rlhost --example model_bench")
     layers = 4 if args.small else 24
     model = os.path.join(WORK, f"qwen2.5-0.5b-shape-{layers}l")
     make_model(model, layers)
     py = [sys.executable, os.path.abspath(__file__), "--model", model, "--threads", str(args.threads)]
+
+    def peer(mode, *extra):
+        """The peer's command for a decode or train measurement."""
+        if args.against:
+            return [args.against, mode, "--model", model, *extra]
+        return py + ["--worker", mode, *extra]
     t = args.threads
     rows = []
 
@@ -153,12 +170,12 @@ def main():
     from safetensors import safe_open
     with safe_open(os.path.join(model, "model.safetensors"), "np") as f:
         n_params = sum(int(__import__("numpy").prod(f.get_slice(k).get_shape())) for k in f.keys())
-    bw = run([BIN, "bandwidth", "--threads", str(t)], t)
+    bw = run([ours_bin, "bandwidth", "--threads", str(t)], t)
     print(f"memory read bandwidth ({t} threads): {bw['gb_per_s']:.1f} GB/s; model {n_params / 1e6:.0f} M params", flush=True)
     results = {"bandwidth": bw, "params": n_params}
     for b in () if args.skip_decode else (1, 8):
-        ours = run([BIN, "decode", "--model", model, "--batch", str(b)], t)
-        theirs = run(py + ["--worker", "decode", "--batch", str(b)], t)
+        ours = run([ours_bin, "decode", "--model", model, "--batch", str(b)], t)
+        theirs = run(peer("decode", "--batch", str(b)), t)
         show(f"greedy decode tokens/s, batch {b}", ours, theirs, "tokens_per_s")
         results[f"decode_b{b}"] = {"rlhost": ours, "transformers": theirs}
         if b == 1:
@@ -172,8 +189,8 @@ def main():
         # round's ratio compares two neighbouring runs.
         rounds = []
         for i in range(max(1, args.rounds)):
-            ours = run([BIN, "train", "--model", model], t)
-            theirs = run(py + ["--worker", "train"], t)
+            ours = run([ours_bin, "train", "--model", model], t)
+            theirs = run(peer("train"), t)
             rounds.append({"rlhost": ours, "peft": theirs})
             print(f"  round {i + 1}: rlhost {ours['step_seconds']:.2f} s, peer "
                   f"{theirs['step_seconds']:.2f} s, ratio "
@@ -188,7 +205,12 @@ def main():
         results["train"] = {"rlhost": ours, "peft": theirs, "rounds": rounds,
                             "median_round_ratio": statistics.median(ratios)}
     if not args.skip_packing:
-        upd = run([BIN, "update", "--model", model, "--rounds", str(max(3, args.rounds))], t)
+        upd = run([ours_bin, "update", "--model", model, "--rounds", str(max(3, args.rounds))], t)
+        if args.against:
+            old = run([args.against, "update", "--model", model, "--rounds", str(max(3, args.rounds))], t)
+            print(f"RL update, packed: {upd['packed_seconds']:.2f} s, peer {old['packed_seconds']:.2f} s; "
+                  f"one row a lane: {upd['padded_seconds']:.2f} s, peer {old['padded_seconds']:.2f} s", flush=True)
+            results["update_packing_peer"] = old
         print(f"RL update, 16 rows of 100-400 tokens: packed {upd['packed_seconds']:.2f} s, one row "
               f"a lane {upd['padded_seconds']:.2f} s, {upd['padded_over_packed']:.2f}x; tokens fed "
               f"{upd['packed_tokens']} vs {upd['padded_tokens']} ({upd['real_tokens']} real), peak "
