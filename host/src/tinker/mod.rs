@@ -15,8 +15,10 @@ pub mod datum;
 pub mod futures;
 pub mod gate;
 pub mod losses;
+pub mod paths;
 pub mod prompt;
 pub mod proto;
+pub mod replies;
 pub mod sample_request;
 pub mod server;
 pub mod snapshots;
@@ -37,8 +39,6 @@ pub struct Serving {
     pub worker: std::thread::JoinHandle<()>,
 }
 
-/// Serves the Tinker API on `addr` with `lm` as the base model named `name` (also accepted
-/// under the names in `also` and its directory's path), checkpoints under `root`.
 /// Where and how the server listens.
 pub struct Listen<'a> {
     pub addr: &'a str,
@@ -52,6 +52,8 @@ pub struct Listen<'a> {
     pub kv_budget_mib: Option<u64>,
 }
 
+/// Serves the Tinker API on `addr` with `lm` as the base model named `name` (also accepted
+/// under the names in `also` and its directory's path), checkpoints under `root`.
 pub fn serve(
     mut lm: LanguageModel,
     name: String,
@@ -99,7 +101,7 @@ pub fn serve(
         max_connections,
         server::MAX_BODY,
         &["/api/v1/healthz"],
-        server::refuse,
+        replies::refuse,
     )
     .with_key(key);
     let addr = crate::front::spawn(addr, policy, app)?;

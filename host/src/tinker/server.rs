@@ -8,7 +8,11 @@
 use super::datum;
 use super::futures::{Futures, Settled, Waited};
 use super::gate::Gate;
+use super::paths::{check_name, parse_path};
 use super::proto;
+use super::replies::{
+    Refused, client_config, empty, healthz, not_found, ok, parse, refuse, telemetry, wrong_method,
+};
 use super::sample_request::{Base, MAX_SAMPLES, sample_job};
 use super::wire;
 use super::worker::{SamplerWeights, Work};
@@ -18,7 +22,6 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -135,48 +138,6 @@ impl Tinker {
     }
 }
 
-/// The parts of a Tinker path, checked: three, none empty, none that leaves the checkpoint
-/// root.
-pub fn parse_path(path: &str) -> Result<(&str, &str, &str), String> {
-    let rest = path.strip_prefix("tinker://").ok_or_else(|| {
-        format!(
-            "{path:?} is not a Tinker path (tinker://<model id>/<weights|sampler_weights>/<name>)"
-        )
-    })?;
-    let parts: Vec<&str> = rest.split('/').collect();
-    let [model, kind, name] = parts[..] else {
-        return Err(format!(
-            "{path:?} is not a Tinker path (tinker://<model id>/<weights|sampler_weights>/<name>)"
-        ));
-    };
-    if !matches!(kind, "weights" | "sampler_weights") {
-        return Err(format!(
-            "{path:?}: rlhost keeps `weights` and `sampler_weights` checkpoints, not {kind:?}"
-        ));
-    }
-    for part in [model, name] {
-        check_name(part).map_err(|e| format!("{path:?}: {e}"))?;
-    }
-    Ok((model, kind, name))
-}
-
-/// A checkpoint or model name: letters, digits, `.`, `_`, `-`, `:`, not starting with `.`.
-fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 200
-        && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not a usable name (letters, digits, `.`, `_`, `-`, `:`; not starting with `.`)"
-        ))
-    }
-}
-
 pub fn router(t: Arc<Tinker>) -> Router {
     Router::new()
         .route("/api/v1/client/config", post(client_config))
@@ -207,67 +168,6 @@ pub fn router(t: Arc<Tinker>) -> Router {
         // silent 2 MiB).
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(t)
-}
-
-/// A refusal from a check, boxed (a response is large).
-type Refused = Box<Response>;
-
-/// A refusal the SDK raises as `BadRequestError`/`NotFoundError` with this message.
-pub fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, axum::Json(json!({ "detail": message.into() }))).into_response()
-}
-
-fn ok(v: Value) -> Response {
-    axum::Json(v).into_response()
-}
-
-fn parse<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Refused> {
-    serde_json::from_slice(body).map_err(|e| {
-        Box::new(refuse(
-            StatusCode::BAD_REQUEST,
-            format!("{what}: the body is not a valid request: {e}"),
-        ))
-    })
-}
-
-async fn not_found(uri: axum::http::Uri) -> Response {
-    refuse(
-        StatusCode::NOT_FOUND,
-        format!(
-            "rlhost's Tinker server has no {} (the subset it serves is in the book's \"Your own RL loop\" page)",
-            uri.path()
-        ),
-    )
-}
-
-async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    refuse(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!("{} does not take {method}", uri.path()),
-    )
-}
-
-async fn client_config() -> Response {
-    // The SDK's defaults, spelled out: no token exchange, uncompressed forward/backward
-    // bodies (the server does not read zstd), sampling polled per request.
-    ok(json!({
-        "pjwt_auth_enabled": false,
-        "proto_compress_fwdbwd": false,
-        "sample_use_retrieve_futures": false,
-        "custom_loss_server_side": false,
-    }))
-}
-
-async fn empty() -> Response {
-    ok(json!({}))
-}
-
-async fn healthz() -> Response {
-    ok(json!({"status": "ok"}))
-}
-
-async fn telemetry() -> Response {
-    ok(json!({"status": "accepted"}))
 }
 
 async fn capabilities(State(t): State<Arc<Tinker>>) -> Response {
