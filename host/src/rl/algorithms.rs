@@ -400,6 +400,224 @@ pub fn value_loss(
     Ok(((l1.maximum(&l2)? * 0.5)?, used))
 }
 
+/// A group's rollouts as a tree (issue 67): node 0 is the root, the prompt, with no tokens
+/// of its own; every other node is a segment that continues its parent (a turn, or the
+/// tokens up to a branch point), listed after its parent; a leaf is a finished trajectory
+/// and carries its reward. A flat group is a root with one leaf a trajectory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutTree {
+    parents: Vec<Option<usize>>,
+    rewards: Vec<Option<f64>>,
+    children: Vec<Vec<usize>>,
+}
+
+impl RolloutTree {
+    /// `parents[n]` is node n's parent (`None` for the root, node 0 alone); `rewards[n]`
+    /// is a leaf's reward and `None` for a node with children. Refused with a message
+    /// naming the node when the shape is not a tree listed parents first, or a leaf has no
+    /// reward (or an inner node has one).
+    pub fn new(
+        parents: Vec<Option<usize>>,
+        rewards: Vec<Option<f64>>,
+    ) -> std::result::Result<Self, String> {
+        if parents.is_empty() || parents.len() != rewards.len() {
+            return Err(format!(
+                "a rollout tree needs one parent and one reward slot per node ({} and {})",
+                parents.len(),
+                rewards.len()
+            ));
+        }
+        let mut children = vec![Vec::new(); parents.len()];
+        for (n, p) in parents.iter().enumerate() {
+            match (n, p) {
+                (0, None) => {}
+                (0, Some(_)) => return Err("node 0 is the root and has no parent".into()),
+                (_, None) => {
+                    return Err(format!("node {n} has no parent: only node 0 is the root"));
+                }
+                (_, Some(p)) if *p >= n => {
+                    return Err(format!("node {n}'s parent {p} is not listed before it"));
+                }
+                (_, Some(p)) => children[*p].push(n),
+            }
+        }
+        for (n, r) in rewards.iter().enumerate() {
+            match (children[n].is_empty(), r) {
+                (true, None) if n > 0 => return Err(format!("leaf {n} has no reward")),
+                (true, _) if n == 0 => {
+                    return Err("the tree has no trajectory: the root is a leaf".into());
+                }
+                (false, Some(_)) => {
+                    return Err(format!(
+                        "node {n} has children and a reward: only leaves have one"
+                    ));
+                }
+                (_, Some(r)) if !r.is_finite() => {
+                    return Err(format!("leaf {n}'s reward {r} is not finite"));
+                }
+                _ => {}
+            }
+        }
+        Ok(RolloutTree {
+            parents,
+            rewards,
+            children,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.parents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parents.is_empty()
+    }
+
+    /// The leaves, in node order.
+    pub fn leaves(&self) -> Vec<usize> {
+        (0..self.len())
+            .filter(|&n| self.children[n].is_empty())
+            .collect()
+    }
+
+    /// The leaves' rewards, in node order.
+    pub fn leaf_rewards(&self) -> Vec<f64> {
+        self.leaves()
+            .iter()
+            .filter_map(|&n| self.rewards[n])
+            .collect()
+    }
+
+    /// The nodes from the root's first child down to `leaf`: the segments a trajectory
+    /// is made of, in order.
+    pub fn path(&self, leaf: usize) -> Vec<usize> {
+        let mut out = vec![leaf];
+        let mut n = leaf;
+        while let Some(p) = self.parents[n] {
+            if p == 0 {
+                break;
+            }
+            out.push(p);
+            n = p;
+        }
+        out.reverse();
+        out
+    }
+
+    /// Each node's leaf count |L(n)| and value V(n) = (1/|L(n)|) Σ_{l ∈ L(n)} R_l, the
+    /// mean reward of the trajectories that pass through it (TreeRL's node value).
+    pub fn values(&self) -> (Vec<usize>, Vec<f64>) {
+        let mut count = vec![0usize; self.len()];
+        let mut sum = vec![0.0f64; self.len()];
+        // Children come after their parents, so one pass from the back adds each subtree
+        // into its parent once it is complete.
+        for n in (0..self.len()).rev() {
+            if let Some(r) = self.rewards[n] {
+                count[n] += 1;
+                sum[n] += r;
+            }
+            if let Some(p) = self.parents[n] {
+                count[p] += count[n];
+                sum[p] += sum[n];
+            }
+        }
+        let values = sum.iter().zip(&count).map(|(s, &c)| s / c as f64).collect();
+        (count, values)
+    }
+}
+
+/// TreeRL's process advantage of each segment (Hou et al. 2025): with V(n) a node's mean
+/// leaf reward ([`RolloutTree::values`]),
+///
+///   A(n) = (V(n) − V(root)) + (V(n) − V(parent(n)))          global plus local
+///   A(n) = [(V(n) − V(root)) + (V(n) − V(parent(n)))] / √|L(n)|   with `reweight`
+///
+/// The global term says how much better than the prompt's average the trajectories
+/// through n did, the local one what the step into n added over its parent; the
+/// reweighting damps segments many trajectories share (they are trained once per path).
+/// The root has no tokens and gets 0. As the paper writes it; TreeRL's released code
+/// differs (leave-one-out-centred leaf rewards over the prompt's forest, the √ taken of
+/// each value before the difference, and a zero local term replaced by the segment
+/// before's): see docs/design/tree-advantages.md.
+pub fn treerl_advantages(tree: &RolloutTree, reweight: bool) -> Vec<f64> {
+    let (count, v) = tree.values();
+    (0..tree.len())
+        .map(|n| match tree.parents[n] {
+            None => 0.0,
+            Some(p) => {
+                let a = (v[n] - v[0]) + (v[n] - v[p]);
+                if reweight {
+                    a / (count[n] as f64).sqrt()
+                } else {
+                    a
+                }
+            }
+        })
+        .collect()
+}
+
+/// GRPO over each tree's leaves: each trajectory against the others of its own tree,
+///   A_l = (R_l − mean_{tree}(R)) / (std_{tree}(R) + ε)
+/// std unbiased, as [`advantages`] (TRL) has it; a tree of one leaf gets 0. In leaf order
+/// ([`RolloutTree::leaves`]).
+pub fn leaf_grpo_advantages(tree: &RolloutTree, eps: f64) -> Vec<f64> {
+    grpo_scores(&tree.leaf_rewards(), eps)
+}
+
+/// (R_i − mean(R)) / (std(R) + ε) over one group, as [`advantages`] gives it for GRPO,
+/// and 0 where the divisor is 0 (a group of one, or equal rewards at ε = 0), where the
+/// centred reward is 0 too.
+fn grpo_scores(rewards: &[f64], eps: f64) -> Vec<f64> {
+    let m = mean(rewards);
+    let d = std_unbiased(rewards) + eps;
+    rewards
+        .iter()
+        .map(|r| if d > 0.0 { (r - m) / d } else { 0.0 })
+        .collect()
+}
+
+/// Tree-GRPO's advantages (Ji et al. 2025) for a prompt's trees: each leaf's intra-tree
+/// GRPO score plus its inter-tree one over every leaf of the prompt,
+///   A_l = (R_l − mean_{tree}) / (std_{tree} + ε) + (R_l − mean_{all}) / (std_{all} + ε)
+/// std unbiased (as the released code's `torch.std`; its ε is 1e-6). A tree of one leaf
+/// gets an intra score of 0 here, where the code's group of one gives the raw reward: a
+/// trajectory with no sibling has nothing to be compared with. Per tree, in leaf order.
+pub fn tree_grpo_advantages(trees: &[RolloutTree], eps: f64) -> Vec<Vec<f64>> {
+    let per_tree: Vec<Vec<f64>> = trees.iter().map(RolloutTree::leaf_rewards).collect();
+    let all: Vec<f64> = per_tree.iter().flatten().copied().collect();
+    let mut inter = grpo_scores(&all, eps).into_iter();
+    per_tree
+        .iter()
+        .map(|leaves| {
+            grpo_scores(leaves, eps)
+                .into_iter()
+                .map(|intra| intra + inter.next().unwrap_or(0.0))
+                .collect()
+        })
+        .collect()
+}
+
+/// A segment's advantage when a shared prefix is trained once, from its leaves' (in leaf
+/// order): the mean over the trajectories through it (ARPO's and TreeAdv's attribution).
+/// Trained once per path instead, each path's copy carries its leaf's advantage and a
+/// segment n is weighted |L(n)| times; the mean keeps its total weight at one while its
+/// sign and size follow the paths it leads to. The root gets 0.
+pub fn per_segment_from_leaves(tree: &RolloutTree, leaf_advantages: &[f64]) -> Vec<f64> {
+    let leaves = tree.leaves();
+    let mut sum = vec![0.0f64; tree.len()];
+    let mut count = vec![0usize; tree.len()];
+    for (&leaf, &a) in leaves.iter().zip(leaf_advantages) {
+        for n in tree.path(leaf) {
+            sum[n] += a;
+            count[n] += 1;
+        }
+    }
+    sum.iter()
+        .zip(&count)
+        .map(|(s, &c)| if c == 0 { 0.0 } else { s / c as f64 })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -915,5 +1133,122 @@ mod tests {
             .unwrap();
         assert!(close(w[0][0] as f64, 2.0, 1e-6), "e^1 = 2.718 capped at 2");
         assert!(close(w[0][1] as f64, 1.0, 1e-6));
+    }
+    /// The tree of docs/design/tree-advantages.md's examples: root → A, B; A → a1 (1),
+    /// a2 (0); B → b1 (0), b2 (0). Nodes: 0 root, 1 A, 2 B, 3 a1, 4 a2, 5 b1, 6 b2.
+    fn example_tree() -> RolloutTree {
+        RolloutTree::new(
+            vec![None, Some(0), Some(0), Some(1), Some(1), Some(2), Some(2)],
+            vec![None, None, None, Some(1.0), Some(0.0), Some(0.0), Some(0.0)],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_tree_is_checked_when_built() {
+        let t = |p: Vec<Option<usize>>, r: Vec<Option<f64>>| RolloutTree::new(p, r).unwrap_err();
+        assert!(t(vec![None, Some(0)], vec![None]).contains("one parent and one reward"));
+        assert!(t(vec![None, None], vec![None, Some(1.0)]).contains("node 1 has no parent"));
+        assert!(
+            t(vec![None, Some(2), Some(0)], vec![None, Some(1.0), None])
+                .contains("not listed before")
+        );
+        assert!(t(vec![None, Some(0)], vec![None, None]).contains("leaf 1 has no reward"));
+        assert!(
+            t(
+                vec![None, Some(0), Some(1)],
+                vec![None, Some(1.0), Some(0.0)]
+            )
+            .contains("children and a reward")
+        );
+        assert!(t(vec![None], vec![None]).contains("root is a leaf"));
+        assert!(t(vec![None, Some(0)], vec![None, Some(f64::NAN)]).contains("not finite"));
+    }
+
+    #[test]
+    fn node_values_are_the_mean_of_their_leaves() {
+        let tree = example_tree();
+        let (count, v) = tree.values();
+        assert_eq!(count, vec![4, 2, 2, 1, 1, 1, 1]);
+        assert_eq!(v, vec![0.25, 0.5, 0.0, 1.0, 0.0, 0.0, 0.0]);
+        assert_eq!(tree.leaves(), vec![3, 4, 5, 6]);
+        assert_eq!(tree.path(4), vec![1, 4]);
+    }
+
+    /// By hand: V(root) = 0.25, V(A) = 0.5, V(B) = 0.
+    /// A: (0.5 − 0.25) + (0.5 − 0.25) = 0.5, reweighted 0.5/√2; B: −0.5, −0.5/√2;
+    /// a1: (1 − 0.25) + (1 − 0.5) = 1.25; a2: −0.25 − 0.5 = −0.75; b1, b2: −0.25 + 0.
+    #[test]
+    fn treerl_advantages_by_hand() {
+        let tree = example_tree();
+        let a = treerl_advantages(&tree, false);
+        assert_eq!(a, vec![0.0, 0.5, -0.5, 1.25, -0.75, -0.25, -0.25]);
+        let w = treerl_advantages(&tree, true);
+        let h = std::f64::consts::FRAC_1_SQRT_2;
+        for (got, want) in w
+            .iter()
+            .zip([0.0, 0.5 * h, -0.5 * h, 1.25, -0.75, -0.25, -0.25])
+        {
+            assert!(close(*got, want, 1e-12), "{w:?}");
+        }
+    }
+
+    /// By hand: rewards 1, 0, 0, 0: mean 0.25, unbiased std √((0.75² + 3·0.25²)/3) = 0.5;
+    /// with ε = 1e-4: 0.75/0.5001 and −0.25/0.5001.
+    #[test]
+    fn leaf_grpo_by_hand() {
+        let a = leaf_grpo_advantages(&example_tree(), 1e-4);
+        let want = [
+            0.75 / 0.5001,
+            -0.25 / 0.5001,
+            -0.25 / 0.5001,
+            -0.25 / 0.5001,
+        ];
+        for (got, want) in a.iter().zip(want) {
+            assert!(close(*got, want, 1e-12), "{a:?}");
+        }
+    }
+
+    /// By hand, with a second tree of the same prompt whose leaves are 1, 1, 1, 0
+    /// (mean 0.75, unbiased std 0.5): intra +1.5 / −0.5 in the first tree, +0.5 / −1.5
+    /// in the second; inter over all eight (mean 0.5, std √(2/7)): ±0.5/√(2/7) = ±0.935414.
+    #[test]
+    fn tree_grpo_by_hand() {
+        let second = RolloutTree::new(
+            vec![None, Some(0), Some(0), Some(1), Some(1), Some(2), Some(2)],
+            vec![None, None, None, Some(1.0), Some(1.0), Some(1.0), Some(0.0)],
+        )
+        .unwrap();
+        let a = tree_grpo_advantages(&[example_tree(), second], 0.0);
+        let inter = 0.5 / (2.0f64 / 7.0).sqrt();
+        let want = [
+            vec![1.5 + inter, -0.5 - inter, -0.5 - inter, -0.5 - inter],
+            vec![0.5 + inter, 0.5 + inter, 0.5 + inter, -1.5 - inter],
+        ];
+        for (got, want) in a.iter().flatten().zip(want.iter().flatten()) {
+            assert!(close(*got, *want, 1e-12), "{a:?}");
+        }
+        // A tree of one leaf has no sibling: its intra score is 0, its inter score stays.
+        let lone = RolloutTree::new(vec![None, Some(0)], vec![None, Some(1.0)]).unwrap();
+        let a = tree_grpo_advantages(&[lone, example_tree()], 0.0);
+        let all = [1.0, 1.0, 0.0, 0.0, 0.0];
+        let (m, sd) = (
+            0.4,
+            (all.iter().map(|r| (r - 0.4f64).powi(2)).sum::<f64>() / 4.0).sqrt(),
+        );
+        assert!(close(a[0][0], (1.0 - m) / sd, 1e-12), "{a:?}");
+    }
+
+    /// Leaf-GRPO's advantages (1.5, −0.5, −0.5, −0.5 at ε = 0) taken to the segments:
+    /// A is the mean of a1 and a2 (0.5), B of b1 and b2 (−0.5), each leaf its own.
+    #[test]
+    fn a_shared_segment_trained_once_takes_its_leaves_mean() {
+        let tree = example_tree();
+        let leaf = leaf_grpo_advantages(&tree, 0.0);
+        let seg = per_segment_from_leaves(&tree, &leaf);
+        let want = [0.0, 0.5, -0.5, 1.5, -0.5, -0.5, -0.5];
+        for (got, want) in seg.iter().zip(want) {
+            assert!(close(*got, want, 1e-12), "{seg:?}");
+        }
     }
 }
