@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// written, as `<dir>/<model id>/<weights|sampler_weights>/<name>/` in PEFT's format.
     #[arg(long, default_value = "tinker-checkpoints", requires = "tinker")]
     checkpoints: PathBuf,
+    /// With --tinker: the LoRA seed of the first training client created without one
+    /// (`create_lora_training_client(seed=None)`), the next taking the next number, so
+    /// that a script's run repeats (default: a random seed each, as the hosted service).
+    #[arg(long, requires = "tinker")]
+    seed: Option<u64>,
 }
 
 pub fn run(args: ServeArgs, handle: &Handle, quiet: bool) -> Result<()> {
@@ -248,6 +253,7 @@ fn tinker(args: ServeArgs, key: Option<String>, handle: &Handle, quiet: bool) ->
             key,
             session_timeout: silent,
             kv_budget_mib,
+            seed: args.seed,
         },
     )?;
     println!(

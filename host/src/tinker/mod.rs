@@ -39,7 +39,7 @@ pub struct Serving {
     pub worker: std::thread::JoinHandle<()>,
 }
 
-/// Where and how the server listens.
+/// Where and how the server listens, and how it seeds the clients that bring no seed.
 pub struct Listen<'a> {
     pub addr: &'a str,
     pub max_connections: usize,
@@ -50,6 +50,9 @@ pub struct Listen<'a> {
     /// MiB of keys and values sampling may hold at once (`--kv-budget-mib`; `None`:
     /// [`crate::sampler::kv_budget::default_mib`]).
     pub kv_budget_mib: Option<u64>,
+    /// The first seed of the training clients created without one (`--seed`;
+    /// [`server::Tinker::with_seed`]).
+    pub seed: Option<u64>,
 }
 
 /// Serves the Tinker API on `addr` with `lm` as the base model named `name` (also accepted
@@ -67,6 +70,7 @@ pub fn serve(
         key,
         session_timeout,
         kv_budget_mib,
+        seed,
     } = listen;
     lm.sample_tokens_only();
     adapter::attach_host(&mut lm.model)?;
@@ -91,7 +95,7 @@ pub fn serve(
     };
     let futures = Arc::new(futures::Futures::default());
     let (tx, rx) = std::sync::mpsc::channel();
-    let tinker = Arc::new(server::Tinker::new(base, futures.clone(), root, tx));
+    let tinker = Arc::new(server::Tinker::new(base, futures.clone(), root, tx).with_seed(seed));
     let app = {
         let t = tinker.clone();
         Box::new(move || server::router(t))

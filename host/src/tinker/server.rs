@@ -90,6 +90,9 @@ pub struct Tinker {
     pub root: PathBuf,
     work: Mutex<Sender<Work>>,
     books: Mutex<Books>,
+    /// The next seed for a training client created without one (`serve --tinker --seed`);
+    /// `None`: drawn at random, as the hosted service does.
+    next_seed: Option<std::sync::atomic::AtomicU64>,
 }
 
 impl Tinker {
@@ -101,6 +104,22 @@ impl Tinker {
             root,
             work: Mutex::new(work),
             books: Mutex::default(),
+            next_seed: None,
+        }
+    }
+
+    /// Training clients created without a seed take `seed`, `seed + 1`, … in the order
+    /// they are created, so that a script that leaves the seed out runs the same each time.
+    pub fn with_seed(mut self, seed: Option<u64>) -> Tinker {
+        self.next_seed = seed.map(std::sync::atomic::AtomicU64::new);
+        self
+    }
+
+    /// The seed of a training client created without one.
+    fn unseeded(&self) -> u64 {
+        match &self.next_seed {
+            Some(next) => next.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            None => rand::random(),
         }
     }
 
@@ -395,7 +414,7 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         books.gate.open(&model_id, 1);
     }
     let request = t.futures.open();
-    let seed = lora.seed.unwrap_or_else(rand::random);
+    let seed = lora.seed.unwrap_or_else(|| t.unseeded());
     t.submit(
         &model_id,
         None,
@@ -908,6 +927,23 @@ async fn retrieve_future(State(t): State<Arc<Tinker>>, body: Bytes) -> Response 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `serve --tinker --seed N`: clients that bring no seed take N, N + 1, … in the
+    /// order they are created; without it each draws its own.
+    #[test]
+    fn clients_without_a_seed_take_the_servers_in_turn() {
+        let make = || {
+            let (tx, _rx) = std::sync::mpsc::channel();
+            Tinker::new(Base::for_tests(), Arc::default(), std::env::temp_dir(), tx)
+        };
+        let seeded = make().with_seed(Some(5));
+        assert_eq!(
+            [seeded.unseeded(), seeded.unseeded(), seeded.unseeded()],
+            [5, 6, 7]
+        );
+        let drawn = make();
+        assert_ne!(drawn.unseeded(), drawn.unseeded());
+    }
 
     /// Issue 68: a session whose client went silent (no heartbeat, no call) past the
     /// timeout is ended and its training clients unloaded; a live one is kept, and a call
