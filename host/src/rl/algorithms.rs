@@ -403,7 +403,7 @@ pub fn value_loss(
 /// A group's rollouts as a tree (issue 67): node 0 is the root, the prompt, with no tokens
 /// of its own; every other node is a segment that continues its parent (a turn, or the
 /// tokens up to a branch point), listed after its parent; a leaf is a finished trajectory
-/// and carries its reward. A flat group is a root with one leaf a trajectory.
+/// and carries its reward. A flat group is a root whose children are its trajectories.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RolloutTree {
     parents: Vec<Option<usize>>,
