@@ -18,6 +18,8 @@
 //!   benchmarks under `examples/` time the kernels themselves, and may). The other way,
 //!   the CPU kernels name none of the model's types: a frozen weight reaches them as
 //!   `cpu::frozen`'s traits, which `model/frozen.rs` and `model/nf4/` implement.
+//! - Nothing imports back up: each room names only rooms on the floors below it
+//!   ([`FLOORS`], as docs/src/layout.md draws them), never one above or beside it.
 //! - One name, one type: outside the files that mirror a protocol or contract
 //!   ([`MIRRORS`]), no two crate-visible types share a name.
 
@@ -274,4 +276,111 @@ fn the_type_scan_finds_what_is_there() {
             .iter()
             .any(|(_, at)| at.starts_with("gateway/wire.rs"))
     );
+}
+
+/// The house's floors, from the ground up (docs/src/layout.md): a room may name the rooms
+/// on the floors below its own, and no other. A room is a folder under `host/src`, or a
+/// file at its root (without `.rs`).
+const FLOORS: &[&[&str]] = &[
+    &["task", "step", "rng", "progress", "front"],
+    &["model"],
+    &["plugin", "sampler"],
+    &["openenv", "data"],
+    &["rollout"],
+    &["status", "gateway"],
+    &["rl"],
+    &["tinker", "builtin"],
+    &["config"],
+    &["cli"],
+    &["main"],
+];
+
+fn floor_of(room: &str) -> Option<usize> {
+    FLOORS.iter().position(|f| f.contains(&room))
+}
+
+/// The rooms a source text names through `crate::` (`crate::rollout::…` and the names of
+/// a `crate::{…}` group), comment lines and the inline tests left out: a test may check a
+/// room against a reference above it (a kernel's against the composed optimizer step).
+fn rooms_named(text: &str) -> Vec<String> {
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = Vec::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // The group's top-level names: `{a, b::c, d::{e, f}}` names a, b and d.
+            let (mut depth, mut start) = (0usize, true);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if start && !c.is_whitespace() => {
+                        start = false;
+                        out.push(ident(&group[i..]));
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.push(ident(rest));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn nothing_imports_back_up() {
+    let mut found = Vec::new();
+    for (rel, text) in sources() {
+        let room = room(&rel).trim_end_matches(".rs").to_string();
+        if room == "lib" || room == "import_rules" {
+            continue;
+        }
+        let Some(own) = floor_of(&room) else {
+            found.push(format!(
+                "{rel}: room `{room}` is on no floor (add it to FLOORS and layout.md)"
+            ));
+            continue;
+        };
+        for named in rooms_named(&text) {
+            if named == room {
+                continue;
+            }
+            match floor_of(&named) {
+                Some(f) if f < own => {}
+                Some(_) => found.push(format!("{rel} names crate::{named}, on its floor or above")),
+                None => {}
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "imports that run back up or across a floor (move what is shared below both):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The floor check reads what it is meant to: plain paths and groups, nested or not.
+#[test]
+fn the_floor_check_reads_paths_and_groups() {
+    let text = "use crate::model::Model;\nuse crate::{rollout, sampler::{Held, Request}, task::Sample};\n// crate::config\nlet x = crate::rng::SplitMix64::new(1);\n#[cfg(test)]\nmod tests {\nuse crate::cli;\n}";
+    assert_eq!(
+        rooms_named(text),
+        ["model", "rng", "rollout", "sampler", "task"]
+    );
+    assert!(floor_of("rollout") > floor_of("sampler"));
 }
