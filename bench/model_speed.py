@@ -205,9 +205,11 @@ def main():
         results["train"] = {"rlhost": ours, "peft": theirs, "rounds": rounds,
                             "median_round_ratio": statistics.median(ratios)}
     if not args.skip_packing:
-        upd = run([ours_bin, "update", "--model", model, "--rounds", str(max(3, args.rounds))], t)
+        def update(binary):
+            return run([binary, "update", "--model", model, "--rounds", str(max(3, args.rounds))], t)
+        upd = update(ours_bin)
         if args.against:
-            old = run([args.against, "update", "--model", model, "--rounds", str(max(3, args.rounds))], t)
+            old = update(args.against)
             print(f"RL update, packed: {upd['packed_seconds']:.2f} s, peer {old['packed_seconds']:.2f} s; "
                   f"one row a lane: {upd['padded_seconds']:.2f} s, peer {old['padded_seconds']:.2f} s", flush=True)
             results["update_packing_peer"] = old

@@ -407,8 +407,9 @@ pub fn value_loss(
 #[derive(Debug, Clone, PartialEq)]
 pub struct RolloutTree {
     parents: Vec<Option<usize>>,
+    /// Some for the leaves and only for them (checked when built), so a node is a leaf
+    /// exactly when it has a reward.
     rewards: Vec<Option<f64>>,
-    children: Vec<Vec<usize>>,
 }
 
 impl RolloutTree {
@@ -427,7 +428,7 @@ impl RolloutTree {
                 rewards.len()
             ));
         }
-        let mut children = vec![Vec::new(); parents.len()];
+        let mut has_children = vec![false; parents.len()];
         for (n, p) in parents.iter().enumerate() {
             match (n, p) {
                 (0, None) => {}
@@ -438,31 +439,27 @@ impl RolloutTree {
                 (_, Some(p)) if *p >= n => {
                     return Err(format!("node {n}'s parent {p} is not listed before it"));
                 }
-                (_, Some(p)) => children[*p].push(n),
+                (_, Some(p)) => has_children[*p] = true,
             }
         }
+        if !has_children[0] {
+            return Err("the tree has no trajectory: the root is a leaf".into());
+        }
         for (n, r) in rewards.iter().enumerate() {
-            match (children[n].is_empty(), r) {
-                (true, None) if n > 0 => return Err(format!("leaf {n} has no reward")),
-                (true, _) if n == 0 => {
-                    return Err("the tree has no trajectory: the root is a leaf".into());
-                }
-                (false, Some(_)) => {
+            match (has_children[n], r) {
+                (false, None) => return Err(format!("leaf {n} has no reward")),
+                (true, Some(_)) => {
                     return Err(format!(
                         "node {n} has children and a reward: only leaves have one"
                     ));
                 }
-                (_, Some(r)) if !r.is_finite() => {
+                (false, Some(r)) if !r.is_finite() => {
                     return Err(format!("leaf {n}'s reward {r} is not finite"));
                 }
                 _ => {}
             }
         }
-        Ok(RolloutTree {
-            parents,
-            rewards,
-            children,
-        })
+        Ok(RolloutTree { parents, rewards })
     }
 
     pub fn len(&self) -> usize {
@@ -476,16 +473,13 @@ impl RolloutTree {
     /// The leaves, in node order.
     pub fn leaves(&self) -> Vec<usize> {
         (0..self.len())
-            .filter(|&n| self.children[n].is_empty())
+            .filter(|&n| self.rewards[n].is_some())
             .collect()
     }
 
     /// The leaves' rewards, in node order.
     pub fn leaf_rewards(&self) -> Vec<f64> {
-        self.leaves()
-            .iter()
-            .filter_map(|&n| self.rewards[n])
-            .collect()
+        self.rewards.iter().flatten().copied().collect()
     }
 
     /// The nodes from the root's first child down to `leaf`: the segments a trajectory
