@@ -36,6 +36,7 @@ mod data;
 mod distill;
 mod docs;
 mod faults;
+mod fork;
 mod gateway;
 mod generate;
 mod http;

@@ -3,10 +3,12 @@
 //!
 //! - [`runtime`]: the engine, its epoch ticker, the linker and the compile cache.
 //! - [`sandbox`]: limits, grants and what each store holds.
+//! - [`clock`]: the virtual clocks a plugin reads.
 //! - [`plugin`]: a loaded plugin; every guest call goes through it.
 //! - `session`: per-trajectory trigger sessions and episodes, dataset and reward handles,
 //!   one [`Session`] shape for the four roles.
 //! - [`fault`]: typed, counted plugin faults.
+//! - [`fork`]: a session forked into another with the same state, by replay.
 //! - [`inspect`]: what a component file is, checked before it runs.
 //! - [`http`]: plugins' outbound HTTP (`wasi:http`), sent only as granted.
 //! - [`net`]: outbound HTTP grants (`allow_http`) and the check each request passes.
@@ -18,8 +20,10 @@
 
 pub mod bindings;
 pub mod cache;
+pub mod clock;
 pub mod conformance;
 pub mod fault;
+pub mod fork;
 pub mod http;
 pub mod inspect;
 pub mod model;
@@ -35,6 +39,7 @@ mod session;
 pub mod types;
 
 pub use fault::{Fault, FaultCounts, FaultKind};
+pub use fork::ForkError;
 pub use inspect::LoadError;
 pub use plugin::{Plugin, PluginSpec};
 pub use runtime::{PluginRuntime, RuntimeOptions};

@@ -4,9 +4,11 @@
 //! Defaults deny everything. A plugin gets no files, no network, no environment
 //! variables, no arguments and no inherited stdio; what it prints is captured and capped;
 //! its memory, its time per call and the size of what it returns are capped; its
-//! randomness is seeded so rollouts are reproducible. Grants widen this only when the run
+//! randomness is seeded and its clocks virtual ([`super::clock`]), so rollouts are
+//! reproducible. Grants widen this only when the run
 //! config names them.
 
+use super::clock::VirtualTime;
 use super::http::{GateHooks, HttpAccess, HttpGate};
 use super::model::{GenerateGrant, ModelAccess};
 use super::net::HttpGrants;
@@ -231,6 +233,8 @@ pub struct StoreState {
     /// Epoch ticks of the call's deadline not yet handed to the store: the deadline is
     /// given out a slice at a time, and the call yields to the executor between slices.
     pub epoch_left: u64,
+    /// What the instance's clocks have read.
+    pub time: VirtualTime,
 }
 
 impl StoreState {
@@ -261,6 +265,10 @@ impl StoreState {
         wasi.secure_random(StdRng::seed_from_u64(seed))
             .insecure_random(StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15))
             .insecure_random_seed(u128::from(seed) << 64 | u128::from(!seed));
+        // Clocks too: virtual, one step a reading ([`super::clock`]).
+        let time = VirtualTime::default();
+        wasi.wall_clock(time.wall())
+            .monotonic_clock(time.monotonic());
         // No preopened directories unless granted, and then read-only.
         for grant in &grants.read_only_dirs {
             wasi.preopened_dir(&grant.host, &grant.guest, FsPerms::ReadOnly)
@@ -297,6 +305,7 @@ impl StoreState {
             http_hooks: GateHooks(http.clone()),
             model,
             epoch_left: 0,
+            time,
         })
     }
 

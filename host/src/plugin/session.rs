@@ -10,9 +10,13 @@
 //! The four roles share one [`Session`]; a [`Kind`] says what is particular to each (how
 //! an instance is opened and what is asked of it then), and each role's calls check what
 //! the plugin returned.
+//!
+//! A session logs the calls it made on its live instance, with a digest of each answer,
+//! so that it can be forked by replaying them ([`super::fork`]).
 
 use super::bindings::{self, Exports};
 use super::fault::{Fault, FaultKind};
+use super::fork::{GuestCall, Logged, digest};
 use super::model::ModelLink;
 use super::plugin::{Inner, Plugin};
 use super::sandbox::StoreState;
@@ -47,8 +51,8 @@ pub trait Kind: Sized {
     const ROLE: Role;
     /// The call that opens the session's resource, as faults name it.
     const OPEN: &'static str;
-    /// What opening takes, kept to open a fresh instance after a fault.
-    type Args;
+    /// What opening takes, kept to open a fresh instance after a fault (or a fork).
+    type Args: Clone;
     /// What the session asks of a fresh instance (a trigger's stop patterns, a dataset's
     /// length).
     type Opened: Default;
@@ -72,6 +76,23 @@ pub trait Kind: Sized {
         let _ = (inner, live);
         Ok(Self::Opened::default())
     }
+    /// Makes a logged call again (a fork's replay) and returns the digest of what the
+    /// guest answered, as [`Session`] logged it the first time.
+    async fn redo(
+        &self,
+        store: &mut Store<StoreState>,
+        handle: ResourceAny,
+        call: &GuestCall,
+    ) -> wasmtime::Result<u64>;
+}
+
+/// The refusal of a logged call that a role never makes (the log is the session's own,
+/// so this would be a host bug, reported as the replay's fault rather than a panic).
+fn not_made<R>(role: Role, call: &GuestCall) -> wasmtime::Result<R> {
+    Err(wasmtime::format_err!(
+        "a {role} session made a `{}` call",
+        call.name()
+    ))
 }
 
 /// A plugin's session of one role: the instance it lives in, opened on first use and
@@ -84,6 +105,8 @@ pub struct Session<K: Kind> {
     opened: K::Opened,
     /// Where `model.generate` calls go: the engine sampling this session's trajectory.
     model: Option<ModelLink>,
+    /// The calls made on the live instance since it opened, in order.
+    log: Vec<Logged>,
 }
 
 /// One live instance and the resource a session holds in it.
@@ -120,9 +143,69 @@ impl<K: Kind> Session<K> {
             live: None,
             opened: K::Opened::default(),
             model: None,
+            log: Vec::new(),
         };
         session.live().await?;
         Ok(session)
+    }
+
+    /// A session of the same plugin, arguments and seed with no instance yet and an empty
+    /// log: what a fork starts from.
+    pub(super) fn unopened(&self) -> Session<K> {
+        Session {
+            plugin: self.plugin.clone(),
+            args: self.args.clone(),
+            seed: self.seed,
+            live: None,
+            opened: K::Opened::default(),
+            model: self.model.clone(),
+            log: Vec::with_capacity(self.log.len()),
+        }
+    }
+
+    /// Whether the session has a live instance (it has none after a fault, until its
+    /// next call opens a fresh one).
+    pub(super) fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// Opens the session's instance if it has none.
+    pub(super) async fn open(&mut self) -> Result<(), Fault> {
+        self.live().await.map(|_| ())
+    }
+
+    /// The calls made on the live instance since it opened (none when there is no live
+    /// instance: the next call opens a fresh one).
+    pub(super) fn log(&self) -> &[Logged] {
+        if self.live.is_some() { &self.log } else { &[] }
+    }
+
+    /// Makes `logged` again on this session's instance (opening it if needed) and logs
+    /// it: the digest of what the guest answered this time. A fault discards the
+    /// instance, as any call's does.
+    pub(super) async fn redo(&mut self, logged: &Logged) -> Result<u64, Fault> {
+        let inner = self.plugin.0.clone();
+        let call = &logged.call;
+        let result = self
+            .live()
+            .await?
+            .call(&inner, call.name(), async |guest, store, handle| {
+                guest.redo(store, handle, call).await
+            })
+            .await;
+        match result {
+            Ok(answer) => {
+                self.log.push(Logged {
+                    call: call.clone(),
+                    answer,
+                });
+                Ok(answer)
+            }
+            Err(fault) => {
+                self.live = None;
+                Err(fault)
+            }
+        }
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -141,6 +224,7 @@ impl<K: Kind> Session<K> {
     /// The live instance, opened if there is none (first use, or after a fault).
     async fn live(&mut self) -> Result<&mut LiveInstance<K>, Fault> {
         if self.live.is_none() {
+            self.log.clear();
             let inner = &*self.plugin.0;
             let (mut store, instance) = inner
                 .instantiate(K::seed(inner, self.seed), K::OPEN, self.model.clone())
@@ -167,20 +251,41 @@ impl<K: Kind> Session<K> {
 
     /// Calls the session's resource, and settles the result: a fault discards the
     /// instance; a plugin's own error is counted and passed on, and keeps it.
-    async fn call<T>(
+    async fn call<T: std::fmt::Debug>(
         &mut self,
         call: &'static str,
+        record: GuestCall,
         run: impl AsyncFnOnce(
             &K,
             &mut Store<StoreState>,
             ResourceAny,
         ) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T, Fault> {
+        match self.guest_call(call, record, run).await? {
+            Ok(value) => Ok(value),
+            Err(message) => Err(self.plugin.0.guest_error(call, message)),
+        }
+    }
+
+    /// Calls the session's resource and logs `record` with the digest of what the guest
+    /// returned (its own errors too: the call ran, and may have changed its state). A
+    /// fault discards the instance, and with it the log.
+    async fn guest_call<R: std::fmt::Debug>(
+        &mut self,
+        call: &'static str,
+        record: GuestCall,
+        run: impl AsyncFnOnce(&K, &mut Store<StoreState>, ResourceAny) -> wasmtime::Result<R>,
+    ) -> Result<R, Fault> {
         let inner = self.plugin.0.clone();
         let result = self.live().await?.call(&inner, call, run).await;
         match result {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(message)) => Err(inner.guest_error(call, message)),
+            Ok(answer) => {
+                self.log.push(Logged {
+                    answer: digest(&answer),
+                    call: record,
+                });
+                Ok(answer)
+            }
             Err(fault) => {
                 self.live = None;
                 Err(fault)
@@ -236,6 +341,18 @@ impl Kind for bindings::Trigger {
         self.open(store, config, sample).await
     }
 
+    async fn redo(
+        &self,
+        store: &mut Store<StoreState>,
+        handle: ResourceAny,
+        call: &GuestCall,
+    ) -> wasmtime::Result<u64> {
+        match call {
+            GuestCall::Fire(text) => Ok(digest(&self.fire(store, handle, text).await?)),
+            other => not_made(Self::ROLE, other),
+        }
+    }
+
     async fn opened(inner: &Inner, live: &mut LiveInstance<Self>) -> Result<Vec<String>, Fault> {
         let call = "trigger.stop-patterns";
         let patterns = live
@@ -268,9 +385,11 @@ impl TriggerSession {
     pub async fn fire(&mut self, text: &str) -> Result<Option<String>, Fault> {
         let call = "trigger.fire";
         let output = self
-            .call(call, async |guest, store, handle| {
-                guest.fire(store, handle, text).await
-            })
+            .call(
+                call,
+                GuestCall::Fire(text.to_string()),
+                async |guest, store, handle| guest.fire(store, handle, text).await,
+            )
             .await?;
         let problem = self
             .plugin
@@ -301,6 +420,18 @@ impl Kind for bindings::Environment {
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
         self.open(store, config, sample).await
     }
+
+    async fn redo(
+        &self,
+        store: &mut Store<StoreState>,
+        handle: ResourceAny,
+        call: &GuestCall,
+    ) -> wasmtime::Result<u64> {
+        match call {
+            GuestCall::Step(assistant) => Ok(digest(&self.step(store, handle, assistant).await?)),
+            other => not_made(Self::ROLE, other),
+        }
+    }
 }
 
 impl EnvironmentEpisode {
@@ -308,9 +439,11 @@ impl EnvironmentEpisode {
     pub async fn step(&mut self, assistant: &str) -> Result<StepResult, Fault> {
         let call = "environment.step";
         let step = self
-            .call(call, async |guest, store, handle| {
-                guest.step(store, handle, assistant).await
-            })
+            .call(
+                call,
+                GuestCall::Step(assistant.to_string()),
+                async |guest, store, handle| guest.step(store, handle, assistant).await,
+            )
             .await?;
         let problem = if let Some(m) = step
             .messages
@@ -356,6 +489,18 @@ impl Kind for bindings::Dataset {
         self.open(store, config, *seed).await
     }
 
+    async fn redo(
+        &self,
+        store: &mut Store<StoreState>,
+        handle: ResourceAny,
+        call: &GuestCall,
+    ) -> wasmtime::Result<u64> {
+        match call {
+            GuestCall::Get(index) => Ok(digest(&self.get(store, handle, *index).await?)),
+            other => not_made(Self::ROLE, other),
+        }
+    }
+
     async fn opened(inner: &Inner, live: &mut LiveInstance<Self>) -> Result<u64, Fault> {
         live.call(inner, "dataset.len", async |guest, store, handle| {
             guest.len(store, handle).await
@@ -386,7 +531,7 @@ impl DatasetSource {
             });
         }
         let raw = self
-            .call(call, async |guest, store, handle| {
+            .call(call, GuestCall::Get(index), async |guest, store, handle| {
                 guest.get(store, handle, index).await
             })
             .await?;
@@ -436,6 +581,20 @@ impl Kind for bindings::Reward {
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
         self.open(store, config).await
     }
+
+    async fn redo(
+        &self,
+        store: &mut Store<StoreState>,
+        handle: ResourceAny,
+        call: &GuestCall,
+    ) -> wasmtime::Result<u64> {
+        match call {
+            GuestCall::Score(trajectory) => {
+                Ok(digest(&self.score(store, handle, trajectory).await?))
+            }
+            other => not_made(Self::ROLE, other),
+        }
+    }
 }
 
 impl RewardScorer {
@@ -451,9 +610,11 @@ impl RewardScorer {
             live.store.data_mut().model.link = Some(link);
         }
         let components = self
-            .call(call, async |guest, store, handle| {
-                guest.score(store, handle, trajectory).await
-            })
+            .call(
+                call,
+                GuestCall::Score(trajectory.clone()),
+                async |guest, store, handle| guest.score(store, handle, trajectory).await,
+            )
             .await?;
         let valid_name = |name: &str| {
             !name.is_empty()
@@ -519,6 +680,20 @@ impl Kind for bindings::Tools {
         (config, sample): &(String, Sample),
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
         self.open(store, config, sample).await
+    }
+
+    async fn redo(
+        &self,
+        store: &mut Store<StoreState>,
+        handle: ResourceAny,
+        call: &GuestCall,
+    ) -> wasmtime::Result<u64> {
+        match call {
+            GuestCall::Invoke { name, arguments } => {
+                Ok(digest(&self.call(store, handle, name, arguments).await?))
+            }
+            other => not_made(Self::ROLE, other),
+        }
     }
 
     /// The functions, asked once; a list the host cannot use (names not unique or not
@@ -603,25 +778,19 @@ impl ToolsSession {
         arguments: &str,
     ) -> Result<Result<String, String>, Fault> {
         let call = "tools.call";
-        let inner = self.plugin.0.clone();
-        let result = self
-            .live()
-            .await?
-            .call(&inner, call, async |guest, store, handle| {
+        let record = GuestCall::Invoke {
+            name: name.to_string(),
+            arguments: arguments.to_string(),
+        };
+        let answer = self
+            .guest_call(call, record, async |guest, store, handle| {
                 guest.call(store, handle, name, arguments).await
             })
-            .await;
-        let answer = match result {
-            Ok(answer) => answer,
-            Err(fault) => {
-                self.live = None;
-                return Err(fault);
-            }
-        };
+            .await?;
         let bytes = match &answer {
             Ok(text) | Err(text) => text.len(),
         };
-        let problem = inner.too_large(bytes);
+        let problem = self.plugin.0.too_large(bytes);
         self.check(call, answer, problem)
     }
 }

@@ -303,6 +303,7 @@ impl Environment {
 }
 
 /// A sample as a dataset plugin returned it: its metadata still the JSON text it sent.
+#[derive(Debug)]
 pub struct RawSample {
     pub messages: Vec<Message>,
     pub metadata: String,

@@ -31,7 +31,7 @@ pub mod tools;
 
 use super::tool_calls;
 use crate::plugin::model::ModelLink;
-use crate::plugin::{Fault, ToolsSession, TriggerSession};
+use crate::plugin::{Fault, ForkError, ToolsSession, TriggerSession};
 use crate::sampler::decode::sample_seed;
 use crate::task::{Message, Sample};
 use anyhow::{Result, bail};
@@ -97,6 +97,69 @@ impl TrajectorySessions {
     /// The trigger's stop patterns (none without a trigger session).
     pub fn stop_patterns(&self) -> &[String] {
         self.trigger.as_ref().map_or(&[], |t| t.stop_patterns())
+    }
+
+    /// Sessions for a branch of this trajectory (a tree rollout): each session forked
+    /// ([`crate::plugin::fork`]), so the branch goes on from this state and its calls
+    /// change only its own; stateless calls seeded from `seed`, the branch's; its
+    /// sessions' `model.generate` calls on `link`. A server's episode cannot be forked
+    /// ([`Answerers::forkable`] refuses such a run before it starts).
+    pub async fn fork(&self, seed: u64, link: ModelLink) -> Result<TrajectorySessions, ForkError> {
+        let trigger = match &self.trigger {
+            Some(t) => {
+                let mut fork = t.fork().await?;
+                fork.set_model(Some(link.clone()));
+                Some(Box::new(fork))
+            }
+            None => None,
+        };
+        let episode = match self.episode.as_deref() {
+            Some(AnyEpisode::Plugin(e)) => {
+                let mut fork = e.fork().await?;
+                fork.set_model(Some(link.clone()));
+                Some(Box::new(AnyEpisode::Plugin(fork)))
+            }
+            Some(AnyEpisode::Remote(_)) => {
+                return Err(ForkError::Refused(SERVER_UNFORKABLE.into()));
+            }
+            None => None,
+        };
+        let mut tools = Vec::with_capacity(self.tools.len());
+        for session in &self.tools {
+            tools.push(match session {
+                Some(t) => {
+                    let mut fork = t.fork().await?;
+                    fork.set_model(Some(link.clone()));
+                    Some(fork)
+                }
+                None => None,
+            });
+        }
+        Ok(TrajectorySessions {
+            trigger,
+            episode,
+            tools,
+            sample: self.sample.clone(),
+            seed,
+        })
+    }
+}
+
+/// Why a run with an OpenEnv server cannot branch.
+const SERVER_UNFORKABLE: &str = "an OpenEnv server's episode cannot be forked: its state lives in the server, which has no way to copy a session; tree rollouts need plugin environments";
+
+impl Answerers {
+    /// Whether every session of a trajectory can be forked (tree rollouts), and if not
+    /// the one line that says which cannot and why.
+    pub fn forkable(&self) -> Result<(), String> {
+        if self.openenv.is_some() {
+            return Err(SERVER_UNFORKABLE.into());
+        }
+        let tools = self.tools.iter().flat_map(|t| &t.plugins);
+        for spec in self.trigger.iter().chain(&self.environment).chain(tools) {
+            spec.plugin.forkable()?;
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,168 @@
+//! Forking a plugin session: a new session whose plugin state is the original's at the
+//! fork, and which goes its own way from then on (issue 67's tree rollouts give each
+//! branch one).
+//!
+//! The fork replays: it opens a fresh instance of the same plugin with the same
+//! arguments and seed, and makes every call the original made on its live instance
+//! again, in order. That is exact because everything a plugin sees from outside is the
+//! host's and per instance: its random numbers are seeded, its clocks are virtual
+//! ([`super::clock`]), and wasm computes the same on the same inputs. Each replayed call
+//! must answer what it answered the first time (the log keeps a digest of each answer);
+//! one that does not means the plugin reads something the host does not supply, and the
+//! fork is refused rather than handed on in another state.
+//!
+//! Two inputs are not recorded yet, so a plugin granted either cannot be forked (the
+//! refusal is [`Plugin::forkable`], asked before a run starts): HTTP answers (the network
+//! answers as it likes) and `model.generate` answers (the model changes between updates).
+//!
+//! A replay costs the open plus the guest time of every earlier call, which grows with
+//! the session; copying the instance's memory instead costs the same whatever its history,
+//! and needs a patch to wasmtime (`docs/design/plugin-fork.md`).
+
+use super::fault::Fault;
+use super::plugin::Plugin;
+use super::session::{Kind, Session};
+use super::types::Transcript;
+use std::fmt;
+use std::hash::{DefaultHasher, Hasher};
+
+/// One call a session made on its instance, as a replay makes it again.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuestCall {
+    /// `trigger.fire` on the text so far.
+    Fire(String),
+    /// `environment.step` on the assistant's turn.
+    Step(String),
+    /// `dataset.get` of an index.
+    Get(u64),
+    /// `reward.score` of a trajectory.
+    Score(Transcript),
+    /// `tools.call` of a function with its arguments.
+    Invoke { name: String, arguments: String },
+}
+
+impl GuestCall {
+    /// The call's name, as faults name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            GuestCall::Fire(_) => "trigger.fire",
+            GuestCall::Step(_) => "environment.step",
+            GuestCall::Get(_) => "dataset.get",
+            GuestCall::Score(_) => "reward.score",
+            GuestCall::Invoke { .. } => "tools.call",
+        }
+    }
+}
+
+/// A call in a session's log, with the digest of what the guest answered.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    pub call: GuestCall,
+    pub answer: u64,
+}
+
+/// The digest of a guest's answer: a hash of its `Debug` text, which shows every field.
+/// Compared only within one process, so the std hasher (fixed keys) does.
+pub fn digest(answer: &impl fmt::Debug) -> u64 {
+    struct Feed(DefaultHasher);
+    impl fmt::Write for Feed {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            self.0.write(s.as_bytes());
+            Ok(())
+        }
+    }
+    let mut feed = Feed(DefaultHasher::new());
+    fmt::write(&mut feed, format_args!("{answer:?}")).expect("hashing cannot fail");
+    feed.0.finish()
+}
+
+/// Why a session could not be forked.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    /// The plugin reads something a replay cannot give it again ([`Plugin::forkable`]).
+    #[error("{0}")]
+    Refused(String),
+    /// Opening the fork's instance, or a replayed call, faulted.
+    #[error("forking a session: {0}")]
+    Fault(#[from] Fault),
+    /// A replayed call answered otherwise than the first time.
+    #[error(
+        "plugin `{plugin}` cannot be forked: replaying call {index} of the session (`{call}`) answered otherwise than the first time, so the plugin reads something the host does not supply (a file that changed?)"
+    )]
+    Diverged {
+        plugin: String,
+        index: usize,
+        call: &'static str,
+    },
+}
+
+impl Plugin {
+    /// Whether this plugin's sessions can be forked, and if not the one line that says
+    /// why: it is granted HTTP or `model.generate`, whose answers a replay cannot give
+    /// again.
+    pub fn forkable(&self) -> Result<(), String> {
+        let grants = &self.spec().grants;
+        let what = if !grants.allow_http.is_empty() {
+            "HTTP (`allow_http`), whose answers come from the network"
+        } else if grants.generate.is_some() {
+            "`model.generate`, whose answers change as the model trains"
+        } else {
+            return Ok(());
+        };
+        Err(format!(
+            "plugin `{}` cannot be forked: it is granted {what}, and a fork replays the session's calls; run it without tree rollouts, or without the grant",
+            self.name()
+        ))
+    }
+}
+
+impl<K: Kind> Session<K> {
+    /// A new session whose plugin state is this one's now; the two are independent from
+    /// then on, and answer the same calls alike (their random numbers and clocks go on
+    /// from the same point). A session whose instance faulted has nothing to copy: its
+    /// fork, like it, opens a fresh instance at its next call.
+    pub async fn fork(&self) -> Result<Session<K>, ForkError> {
+        self.plugin().forkable().map_err(ForkError::Refused)?;
+        let mut fork = self.unopened();
+        if !self.is_live() {
+            return Ok(fork);
+        }
+        fork.open().await?;
+        for (index, logged) in self.log().iter().enumerate() {
+            if fork.redo(logged).await? != logged.answer {
+                return Err(ForkError::Diverged {
+                    plugin: self.plugin().name().to_string(),
+                    index,
+                    call: logged.call.name(),
+                });
+            }
+        }
+        Ok(fork)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_digest_sees_every_field() {
+        let a: Result<Option<String>, String> = Ok(Some("<result>4</result>".into()));
+        let b: Result<Option<String>, String> = Ok(Some("<result>5</result>".into()));
+        let c: Result<Option<String>, String> = Err("<result>4</result>".into());
+        assert_eq!(digest(&a), digest(&a.clone()));
+        assert_ne!(digest(&a), digest(&b));
+        assert_ne!(digest(&a), digest(&c));
+    }
+
+    #[test]
+    fn calls_are_named_as_faults_name_them() {
+        let invoke = GuestCall::Invoke {
+            name: "convert".into(),
+            arguments: "{}".into(),
+        };
+        assert_eq!(invoke.name(), "tools.call");
+        assert_eq!(GuestCall::Fire(String::new()).name(), "trigger.fire");
+        assert_eq!(GuestCall::Get(3).name(), "dataset.get");
+    }
+}
