@@ -388,6 +388,7 @@ fn update_layouts(
             advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
             token_advantages: &[],
             stale: false,
+            trained_from: 0,
         })
         .collect();
     let cfg = |pack: bool| UpdateConfig {

@@ -176,6 +176,7 @@ fn main() -> Result<()> {
                     ..Default::default()
                 },
                 remote: None,
+                tree: None,
             };
             let batch: Vec<(u64, Sample)> = if shared {
                 samples.clone()

@@ -5,6 +5,21 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// A step's trees: their mean leaves and depth, and the forks their branches took.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TreeFigures {
+    /// Trajectories per prompt (its tree's leaves), mean over the batch.
+    pub leaves: f64,
+    /// Branch points on a trajectory's path, mean over the trajectories.
+    pub depth: f64,
+    pub branch_points: u64,
+    /// Sessions forked for branches, those that failed (their branches ended there),
+    /// and the seconds the forks took (summed; on the worker pool).
+    pub forks: u64,
+    pub fork_failures: u64,
+    pub fork_s: f64,
+}
+
 /// One step's figures, one line of `metrics.jsonl`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StepMetrics {
@@ -50,6 +65,14 @@ pub struct StepMetrics {
     /// PPO: the critic's mean per-token clipped value loss.
     #[serde(default)]
     pub value_loss: Option<f64>,
+    /// Tokens this step's batch sampled, each once (a tree's shared segment counts
+    /// once): what learning is measured against when groups differ in shape.
+    #[serde(default)]
+    pub sampled_tokens: u64,
+    /// Tree rollouts (`[rollout.tree]`): the shape of this step's trees and what forking
+    /// cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeFigures>,
     pub grad_norm: f64,
     /// Optimizer steps the update took. A mini-batch with nothing to learn from (every
     /// advantage 0, and no KL, value or distillation term) takes none, so that the adapter

@@ -40,7 +40,7 @@ fn the_code_tasks_answers_are_what_the_python_and_javascript_tools_print() {
 
 /// A small `builtin:code` model warm-started with `tool` on the `modpow` family (the
 /// shortest call), in a private cache; built once per tool for the tests of this module.
-fn small_code_model(tool: &str) -> PathBuf {
+pub(super) fn small_code_model(tool: &str) -> PathBuf {
     static MODELS: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
     let mut models = MODELS.lock().unwrap_or_else(|e| e.into_inner());
     models

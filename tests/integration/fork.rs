@@ -151,7 +151,7 @@ async fn a_forked_episode_counts_only_its_own_turns() {
     let right = a.step("37").await.unwrap();
     assert!(right.done && right.reward == Some(1.0), "{right:?}");
     // A fork of a fresh episode has nothing to replay and plays as a new one.
-    let c = plugin
+    let mut c = plugin
         .open_environment(r#"{"max_guesses": 3}"#, &sample, 1)
         .await
         .unwrap();
@@ -217,7 +217,7 @@ async fn a_plugin_granted_http_cannot_be_forked() {
         why.contains("plugin `hostile` cannot be forked: it is granted HTTP (`allow_http`)"),
         "{why}"
     );
-    let session = plugin
+    let mut session = plugin
         .open_trigger(r#"{"mode": "read-file"}"#, &Sample::from_prompt(""), 1)
         .await
         .unwrap();

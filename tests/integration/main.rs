@@ -56,6 +56,7 @@ mod status;
 mod tinker;
 mod tools;
 mod train_cli;
+mod tree;
 mod units_task;
 mod vllm;
 

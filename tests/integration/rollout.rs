@@ -159,6 +159,7 @@ pub(super) fn settings_for(
             ..Default::default()
         },
         remote: None,
+        tree: None,
     }
 }
 

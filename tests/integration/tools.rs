@@ -186,6 +186,7 @@ fn settings(toolbox: &Arc<Toolbox>, lm: &LanguageModel) -> RolloutSettings {
             ..Default::default()
         },
         remote: None,
+        tree: None,
     }
 }
 

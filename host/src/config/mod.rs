@@ -187,6 +187,41 @@ impl LoadedConfig {
                 );
             }
         }
+        if let Some(tree) = &r.tree {
+            tree.settings(r.group_size)
+                .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+            if r.openenv.is_some() || c.gateway.is_some() {
+                bail!(
+                    "{file}: [rollout.tree] branches trajectories by forking their plugin sessions; {} cannot be forked, so keep one or the other",
+                    if c.gateway.is_some() {
+                        "a [gateway] agent's session"
+                    } else {
+                        "an OpenEnv server's episode ([rollout.openenv])"
+                    }
+                );
+            }
+            if c.distill.is_some() || c.train.algorithm == crate::rl::algorithms::Algorithm::Ppo {
+                bail!(
+                    "{file}: [rollout.tree] trains each tree with its own advantages (rollout.tree.advantage), which {} replaces; keep one or the other",
+                    if c.distill.is_some() {
+                        "[distill]'s per-token teacher term"
+                    } else {
+                        "train.algorithm = \"ppo\"'s critic"
+                    }
+                );
+            }
+            let multi_turn = r.environment.is_some() || !r.tools.is_empty();
+            if r.trigger.is_none() && !multi_turn {
+                bail!(
+                    "{file}: [rollout.tree] branches after tool results, but the run has no rollout.trigger, rollout.tools or rollout.environment to give any"
+                );
+            }
+            if tree.branch_at == crate::rollout::tree::BranchAt::Turn && !multi_turn {
+                bail!(
+                    "{file}: rollout.tree.branch_at = \"turn\" branches where a new assistant turn starts, but a trigger's output goes on within the turn; use branch_at = \"result\", or rollout.tools or rollout.environment"
+                );
+            }
+        }
         if let Some(o) = &r.openenv {
             o.check()
                 .map_err(|e| anyhow::anyhow!("{file}: rollout.openenv.{e}"))?;
@@ -328,6 +363,49 @@ weights = { correct = 1.0 }
         std::fs::write(&path, text).unwrap();
         let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
         LoadedConfig::load(&path, &overrides)
+    }
+
+    /// `[rollout.tree]` (issue 67): a tree that fits the group loads; each way it cannot
+    /// work is one line naming the key.
+    #[test]
+    fn a_tree_is_checked_against_the_group_and_the_run() {
+        let tree = format!("{BASE}[rollout.tree]\nchains = 1\n");
+        let c = load(&tree, &[]).unwrap().config;
+        let t = c.rollout.tree.unwrap();
+        assert_eq!((t.chains, t.branch_factor, t.max_depth), (1, 2, 2));
+        for (set, want) in [
+            (
+                "rollout.tree.chains=2",
+                "2 chains × branch_factor 2 ^ max_depth 2 = 8 leaves do not fit rollout.group_size = 4",
+            ),
+            (
+                "rollout.tree.branch_factor=0",
+                "rollout.tree.branch_factor = 0: a branch point splits",
+            ),
+            (
+                "rollout.tree.branch_factor=1",
+                "rollout.tree.branch_factor = 1",
+            ),
+            ("rollout.tree.max_depth=0", "rollout.tree.max_depth = 0"),
+            ("rollout.tree.chains=0", "rollout.tree.chains = 0"),
+            (
+                "rollout.tree.branch_at=\"turn\"",
+                "a trigger's output goes on within the turn",
+            ),
+            (
+                "train.algorithm=\"ppo\"",
+                "train.algorithm = \"ppo\"'s critic",
+            ),
+        ] {
+            let e = format!("{:#}", load(&tree, &[set]).unwrap_err());
+            assert!(e.contains(want), "{set}: {e}");
+        }
+        let no_tool = tree.replace("trigger = \"calc\"\n", "");
+        let e = format!("{:#}", load(&no_tool, &[]).unwrap_err());
+        assert!(
+            e.contains("no rollout.trigger, rollout.tools or rollout.environment"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::rl::optim::AdamWConfig;
 use crate::rl::plan::{
     Advantages, Batches, Distill, EvalPlan, Saves, Schedule, Shaping, TrainPlan,
 };
+use crate::rl::tree_rows::TreeTraining;
 use crate::rl::update::{PpoConfig, UpdateConfig};
 use std::path::Path;
 
@@ -50,6 +51,11 @@ impl RunConfig {
             distill: self.distill.as_ref().map(|d| Distill {
                 coef: d.coef,
                 task_reward: d.task_reward,
+            }),
+            tree: r.tree.as_ref().map(|tree| TreeTraining {
+                advantage: tree.advantage,
+                shared_prefix: tree.shared_prefix,
+                eps: t.adv_eps,
             }),
             advantages: match t.algorithm {
                 Algorithm::Grpo => Advantages::Group {

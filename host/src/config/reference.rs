@@ -349,7 +349,7 @@ mod tests {
     fn keys_in_code() -> BTreeSet<String> {
         let c: RunConfig = toml::from_str(
             "[model]\npath = \"m\"\n[data]\npath = \"d.jsonl\"\n[plugins.NAME]\npath = \"p.wasm\"\ngenerate = {}\n\
-             [rollout.openenv]\n[gateway]\n[distill]\nteacher = \"t\"\n[[rewards]]\nplugin = \"NAME\"\n",
+             [rollout.openenv]\n[rollout.tree]\n[gateway]\n[distill]\nteacher = \"t\"\n[[rewards]]\nplugin = \"NAME\"\n",
         )
         .unwrap();
         let mut keys = BTreeSet::new();
@@ -362,7 +362,7 @@ mod tests {
                 };
                 match v {
                     // Tables of known keys (sections, `[rollout.vllm]`,
-                    // `[rollout.openenv]` and its action mapping, a plugin's `generate`
+                    // `[rollout.openenv]` and its action mapping, `[rollout.tree]`, a plugin's `generate`
                     // grant); free-form tables (plugin configs, weights, template
                     // variables, an action's fixed fields) are one key.
                     Value::Object(_)
@@ -370,6 +370,7 @@ mod tests {
                             || key == "rollout.vllm"
                             || key == "rollout.openenv"
                             || key == "rollout.openenv.action"
+                            || key == "rollout.tree"
                             || key == "plugins.NAME.generate" =>
                     {
                         walk(&key, v, keys)

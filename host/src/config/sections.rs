@@ -9,6 +9,7 @@ use crate::data::DataConfig;
 use crate::model::placement::{DTypeChoice, DeviceChoice, Placement};
 use crate::openenv::settings as openenv;
 use crate::plugin::{Grants, Limits};
+use crate::rollout::tree::TreeSettings;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -520,6 +521,82 @@ pub struct RolloutSection {
     pub vllm: VllmSection,
     /// An OpenEnv server as the environment, in place of `environment`.
     pub openenv: Option<openenv::OpenEnvSection>,
+    /// Groups sampled as trees: trajectories branch at tool results, each branch with a
+    /// fork of its parent's plugin sessions; `group_size` bounds the leaves.
+    pub tree: Option<TreeSection>,
+}
+
+/// `[rollout.tree]`: each prompt's group grown as a tree (`rollout/tree.rs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TreeSection {
+    /// Trajectories each prompt starts with; they branch into the rest of the group.
+    pub chains: usize,
+    /// Where a trajectory branches: `result` (after each tool output or environment
+    /// answer) or `turn` (only where a new assistant turn starts).
+    pub branch_at: crate::rollout::tree::BranchAt,
+    /// Children at each branch point: the trajectory that branches and `branch_factor −
+    /// 1` forks of it.
+    pub branch_factor: usize,
+    /// Branch points on one path; the group has at most `chains · branch_factor ^
+    /// max_depth` leaves, which must fit `rollout.group_size`.
+    pub max_depth: usize,
+    /// The advantages over each tree: `treerl` (TreeRL's global plus local, per segment),
+    /// `leaf_grpo` (GRPO over each tree's leaves) or `tree_grpo` (Tree-GRPO's intra plus
+    /// inter tree).
+    pub advantage: crate::rollout::tree::TreeAdvantage,
+    /// A segment several trajectories share: trained in each (`per_path`) or once
+    /// (`once`), with the segment's advantage.
+    pub shared_prefix: crate::rollout::tree::SharedPrefix,
+}
+
+impl Default for TreeSection {
+    fn default() -> Self {
+        TreeSection {
+            chains: 2,
+            branch_at: crate::rollout::tree::BranchAt::Result,
+            branch_factor: 2,
+            max_depth: 2,
+            advantage: crate::rollout::tree::TreeAdvantage::Treerl,
+            shared_prefix: crate::rollout::tree::SharedPrefix::PerPath,
+        }
+    }
+}
+
+impl TreeSection {
+    /// The engine's settings, once the section is checked against `group_size`: one
+    /// line naming the key when it cannot work.
+    pub fn settings(&self, group_size: usize) -> std::result::Result<TreeSettings, String> {
+        if self.chains == 0 {
+            return Err(
+                "rollout.tree.chains = 0: each prompt needs at least one trajectory to branch from"
+                    .into(),
+            );
+        }
+        if self.branch_factor < 2 {
+            return Err(format!(
+                "rollout.tree.branch_factor = {}: a branch point splits a trajectory into at least 2 (itself and one fork)",
+                self.branch_factor
+            ));
+        }
+        if self.max_depth == 0 {
+            return Err("rollout.tree.max_depth = 0: no trajectory could branch; remove [rollout.tree] for flat groups".into());
+        }
+        let settings = TreeSettings {
+            chains: self.chains,
+            branch_at: self.branch_at,
+            branch_factor: self.branch_factor,
+            max_depth: self.max_depth,
+        };
+        let leaves = settings.max_leaves();
+        if leaves > group_size {
+            return Err(format!(
+                "rollout.tree: {} chains × branch_factor {} ^ max_depth {} = {leaves} leaves do not fit rollout.group_size = {group_size}; raise group_size to {leaves} or lower chains, branch_factor or max_depth",
+                self.chains, self.branch_factor, self.max_depth
+            ));
+        }
+        Ok(settings)
+    }
 }
 
 /// `rollout.engine`.
@@ -595,6 +672,7 @@ impl Default for RolloutSection {
             engine: EngineKind::Local,
             vllm: VllmSection::default(),
             openenv: None,
+            tree: None,
         }
     }
 }

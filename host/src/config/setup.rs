@@ -393,7 +393,20 @@ impl Opened {
                 openenv: openenv.map(std::sync::Arc::new),
             },
             remote,
+            tree: match &r.tree {
+                Some(t) => Some(
+                    t.settings(r.group_size)
+                        .map_err(|e| anyhow::anyhow!("{file}: {e}"))?,
+                ),
+                None => None,
+            },
         };
+        if settings.tree.is_some() {
+            settings
+                .env
+                .forkable()
+                .map_err(|e| anyhow::anyhow!("{file}: [rollout.tree]: {e}"))?;
+        }
         let teacher = match &c.distill {
             Some(d) => Some(
                 open_teacher(&loaded, &lm, &model_dir, &at, &settings, &d.teacher)

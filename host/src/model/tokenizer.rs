@@ -274,6 +274,7 @@ fn ids(tokenizer: &tokenizers::Tokenizer, text: &str, post_process: bool) -> Res
 /// The window restarts at every emission, so each push decodes a handful of tokens, not
 /// the history. For byte-level BPE the outputs, followed by [`flush`](Self::flush),
 /// concatenate to `decode(all ids)`.
+#[derive(Clone)]
 pub struct IncrementalDecoder<'a> {
     tokenizer: &'a Tokenizer,
     skip_special_tokens: bool,

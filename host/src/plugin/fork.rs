@@ -120,8 +120,10 @@ impl<K: Kind> Session<K> {
     /// A new session whose plugin state is this one's now; the two are independent from
     /// then on, and answer the same calls alike (their random numbers and clocks go on
     /// from the same point). A session whose instance faulted has nothing to copy: its
-    /// fork, like it, opens a fresh instance at its next call.
-    pub async fn fork(&self) -> Result<Session<K>, ForkError> {
+    /// fork, like it, opens a fresh instance at its next call. (`&mut`, though nothing in
+    /// it changes: a session is not `Sync`, so only a unique borrow can be held across
+    /// the replay on the worker pool.)
+    pub async fn fork(&mut self) -> Result<Session<K>, ForkError> {
         self.plugin().forkable().map_err(ForkError::Refused)?;
         let mut fork = self.unopened();
         if !self.is_live() {

@@ -277,6 +277,7 @@ mod tests {
             advantage: 0.0,
             token_advantages: &[],
             stale: false,
+            trained_from: 0,
         }];
         let cfg = crate::rl::update::tests::cfg(4096);
         let teacher_lp = token_logps(&lm.model, &rows, Mode::BASE, 1.0, &cfg).unwrap();

@@ -7,13 +7,14 @@ use super::distill::Teacher;
 use super::optim::AdamW;
 use super::plan::{Advantages, TrainPlan};
 use super::producer::Batch;
+use super::tree_rows::{self, TreeRow};
 use super::update::{Row, StepInputs, UpdateConfig, UpdateStats, sequence_kl, update};
 use super::value_head::ValueHead;
 use crate::model::Model;
 use crate::model::lora::seeded;
 use crate::rollout::{Group, Trajectory};
 use crate::sampler::decode::sample_seed;
-use crate::step::StepMetrics;
+use crate::step::{StepMetrics, TreeFigures};
 use anyhow::{Result, bail};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -98,16 +99,38 @@ impl<'a> Learner<'a> {
             self.note_flat(&rewards, &advantages, batch.dropped, step);
         }
         let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
+        // A tree group's trajectories take their terms from its tree; a flat one's, the
+        // group estimator's.
+        let tree_terms: Vec<TreeRow> = match &plan.tree {
+            Some(how) if task_reward => {
+                let mut terms = Vec::with_capacity(trajectories.len());
+                let mut at = 0;
+                for g in &groups {
+                    let flat = &advantages[at..at + g.trajectories.len()];
+                    at += g.trajectories.len();
+                    if tree_rows::is_tree(g) {
+                        terms.extend(tree_rows::tree_rows(g, how).map_err(|e| {
+                            anyhow::anyhow!("training on sample {}'s tree: {e}", g.sample_id)
+                        })?);
+                    } else {
+                        terms.extend(flat.iter().map(|&a| TreeRow::flat(a)));
+                    }
+                }
+                terms
+            }
+            _ => advantages.iter().map(|&a| TreeRow::flat(a)).collect(),
+        };
         let mut rows: Vec<Row> = trajectories
             .iter()
-            .zip(&advantages)
+            .zip(&tree_terms)
             .filter(|(tr, _)| !(shaping.overlong == Overlong::Filter && tr.truncated))
             .filter(|(tr, _)| tr.sampled_tokens() > 0)
-            .map(|(tr, a)| Row {
+            .map(|(tr, terms)| Row {
                 trajectory: tr,
-                advantage: *a,
-                token_advantages: &[],
+                advantage: terms.advantage,
+                token_advantages: &terms.token_advantages,
                 stale: tr.version < step,
+                trained_from: terms.trained_from,
             })
             .collect();
         let distilled = match (plan.distill, self.teacher) {
@@ -158,6 +181,22 @@ impl<'a> Learner<'a> {
             .filter(|r| !algorithms::informative(r))
             .count();
         m.sampled_tokens_per_s = batch.stats.sampled_tokens as f64 / batch.stats.wall_s.max(1e-9);
+        m.sampled_tokens = batch.stats.sampled_tokens as u64;
+        m.tree = groups.iter().any(tree_rows::is_tree).then(|| {
+            let s = &batch.stats;
+            TreeFigures {
+                leaves: trajectories.len() as f64 / groups.len().max(1) as f64,
+                depth: trajectories
+                    .iter()
+                    .map(|t| t.tree.as_ref().map_or(0, |p| p.depth()) as f64)
+                    .sum::<f64>()
+                    / trajectories.len().max(1) as f64,
+                branch_points: s.branch_points as u64,
+                forks: s.forks as u64,
+                fork_failures: s.fork_failures as u64,
+                fork_s: s.fork_s,
+            }
+        });
         m.tool_wait_s = batch.stats.plugin_wait_s;
         m.tool_busy_s = batch.stats.tool_busy_s;
         m.generate_answered = batch
@@ -213,6 +252,7 @@ impl<'a> Learner<'a> {
                 advantage: 0.0,
                 token_advantages: &[],
                 stale: false,
+                trained_from: 0,
             })
             .collect();
         let kls = sequence_kl(self.model, &rows, &self.cfg)?;

@@ -18,5 +18,6 @@ pub mod reward_model;
 pub(crate) mod run_log;
 pub mod sft;
 pub mod trainer;
+pub mod tree_rows;
 pub mod update;
 pub mod value_head;

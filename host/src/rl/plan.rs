@@ -24,6 +24,9 @@ pub struct TrainPlan {
     pub advantages: Advantages,
     /// On-policy distillation from a teacher (`[distill]`), when the run has one.
     pub distill: Option<Distill>,
+    /// How groups sampled as trees are trained (`[rollout.tree]`): their advantages
+    /// replace `advantages`' for them.
+    pub tree: Option<super::tree_rows::TreeTraining>,
     pub update: UpdateConfig,
     pub eval: EvalPlan,
     pub saves: Saves,

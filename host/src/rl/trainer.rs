@@ -428,12 +428,14 @@ impl HeldOut {
         } else {
             Vec::new()
         };
+        // One greedy answer a prompt, a chain, never a tree.
         let settings = RolloutSettings {
             group_size: 1,
             sampling: SamplingParams {
                 temperature: 0.0,
                 ..sources.settings.sampling.clone()
             },
+            tree: None,
             ..sources.settings.clone()
         };
         Ok(HeldOut {
@@ -555,6 +557,7 @@ mod tests {
                 template_kwargs: Default::default(),
                 env: Default::default(),
                 remote: None,
+                tree: None,
             },
         };
         let due: Vec<u64> = (1..=7).filter(|&d| held_out(3).due(d, 7)).collect();

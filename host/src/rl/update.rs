@@ -124,6 +124,9 @@ pub struct Row<'t> {
     pub token_advantages: &'t [f32],
     /// Sampled by an older adapter version: importance-corrected.
     pub stale: bool,
+    /// Completion tokens before it are not trained in this row: a tree's segment that an
+    /// earlier row trains (`rollout.tree.shared_prefix = "once"`); 0 for all.
+    pub trained_from: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -183,6 +186,18 @@ struct RowArrays {
     target: Vec<u32>,
     mask: Vec<f32>,
     behavior: Vec<f32>,
+}
+
+/// [`row_arrays`] of a row, its completion tokens before `trained_from` left out of the
+/// loss (target k is completion token k + 1 − prompt_len).
+fn arrays_of(row: &Row) -> RowArrays {
+    let t = row.trajectory;
+    let mut a = row_arrays(t);
+    let before = (t.prompt_len + row.trained_from)
+        .saturating_sub(1)
+        .min(a.mask.len());
+    a.mask[..before].fill(0.0);
+    a
 }
 
 fn row_arrays(t: &Trajectory) -> RowArrays {
@@ -443,7 +458,7 @@ fn masked_sum(x: &Tensor, mask: &Tensor) -> Result<f64> {
 /// verl put in the reward): Σ_t KL(behavior_logps_t, ref_logps_t). For KL in the reward
 /// (the reward of row i becomes r_i − β · KL_i, before advantages).
 pub fn sequence_kl(model: &Model, rows: &[Row], cfg: &UpdateConfig) -> Result<Vec<f64>> {
-    let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+    let arrays: Vec<RowArrays> = rows.iter().map(arrays_of).collect();
     let all: Vec<usize> = (0..rows.len()).collect();
     let device = model.device();
     let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
@@ -466,7 +481,7 @@ pub fn token_logps(
     temperature: f64,
     cfg: &UpdateConfig,
 ) -> Result<Vec<Vec<f32>>> {
-    let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+    let arrays: Vec<RowArrays> = rows.iter().map(arrays_of).collect();
     let all: Vec<usize> = (0..rows.len()).collect();
     let lens: Vec<usize> = arrays.iter().map(|a| a.input.len()).collect();
     let micros = micro_batches(rows, &arrays, &all, cfg, model.device())?;
@@ -550,7 +565,7 @@ fn update_here(
         );
     }
     let device = model.device();
-    let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+    let arrays: Vec<RowArrays> = rows.iter().map(arrays_of).collect();
     let k = cfg.mini_batches.clamp(1, rows.len());
     let epochs = cfg.epochs.max(1);
     let steps: Vec<(usize, Vec<usize>, Vec<Micro>)> = plan(rows.len(), k, epochs, seed)
@@ -952,6 +967,7 @@ pub(crate) mod tests {
                 advantage: *a,
                 token_advantages: &[],
                 stale: false,
+                trained_from: 0,
             })
             .collect()
     }
@@ -1032,7 +1048,7 @@ pub(crate) mod tests {
         ];
         let mut rows = rows_of(&ts, &[1.0, -0.5, 0.25, 0.7]);
         rows[2].stale = true;
-        let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+        let arrays: Vec<RowArrays> = rows.iter().map(arrays_of).collect();
         let micros =
             micro_batches(&rows, &arrays, &[0, 1, 2, 3], &cfg(10_000), &Device::Cpu).unwrap();
         assert_eq!(micros.len(), 1);
@@ -1480,7 +1496,7 @@ pub(crate) mod tests {
         );
 
         // The masked span's positions: zero advantage, return and value loss.
-        let arrays: Vec<RowArrays> = rows.iter().map(|r| row_arrays(r.trajectory)).collect();
+        let arrays: Vec<RowArrays> = rows.iter().map(arrays_of).collect();
         let behavior: Vec<Vec<f32>> = arrays.iter().map(|a| a.behavior.clone()).collect();
         let all: Vec<usize> = (0..rows.len()).collect();
         let micros = micro_batches(&rows, &arrays, &all, &c, m.device()).unwrap();

@@ -6,6 +6,7 @@
 use super::env::TrajectorySessions;
 use super::settings::RolloutLimits;
 use super::trajectory::{FaultRecord, SpanKind, StopReason, TokenSpan, Trajectory};
+use super::tree::TreePlace;
 use crate::model::tokenizer::{IncrementalDecoder, Tokenizer};
 use crate::sampler::{Held, Ticket};
 use crate::task::{Message, Sample};
@@ -13,6 +14,7 @@ use anyhow::Result;
 
 /// A trajectory's ids: the prompt, then sampled and inserted ones, with the sampling
 /// log-prob of each sampled one (`None`: inserted).
+#[derive(Clone)]
 pub(super) struct Ids {
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
@@ -57,8 +59,16 @@ pub(super) enum State {
 
 /// One trajectory while it is being sampled.
 pub(super) struct Live<'t> {
+    /// Its place in the batch's trajectories (branches are added at the end).
+    pub t: usize,
     pub sample: usize,
     pub index: usize,
+    /// Its place in its group's tree (tree rollouts).
+    pub tree: Option<TreePlace>,
+    /// Completion tokens it had when it was forked from its parent (a branch), and how
+    /// many of them were sampled: counted once, in the parent's figures.
+    pub inherited: usize,
+    pub inherited_sampled: usize,
     pub ids: Ids,
     /// Its request on the sampler and the choice it is there (none while it waits, or
     /// between two parts), and what continues it meanwhile (its KV cache, its server).
@@ -105,6 +115,7 @@ impl<'t> Live<'t> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         tokenizer: &'t Tokenizer,
+        t: usize,
         sample: usize,
         index: usize,
         seed: u64,
@@ -115,8 +126,12 @@ impl<'t> Live<'t> {
     ) -> Live<'t> {
         let first = prompt.len();
         Live {
+            t,
             sample,
             index,
+            tree: None,
+            inherited: 0,
+            inherited_sampled: 0,
             ids: Ids::new(prompt),
             ticket: None,
             held: None,
@@ -144,6 +159,51 @@ impl<'t> Live<'t> {
             tool_truncations: 0,
             faults: fault.into_iter().collect(),
             env_reward: None,
+            seed,
+            requests: 0,
+        }
+    }
+
+    /// A branch of this trajectory where it is now (a tree rollout): trajectory `t` of the
+    /// batch, `index` in its group, at `place`, drawing from `seed`, with `held` (a fork
+    /// of this one's cache) to continue from. Its sessions are forked apart: it waits for
+    /// them ([`Self::opened`]).
+    pub fn branch(
+        &self,
+        t: usize,
+        index: usize,
+        place: TreePlace,
+        seed: u64,
+        held: Option<Held>,
+    ) -> Live<'t> {
+        Live {
+            t,
+            sample: self.sample,
+            index,
+            tree: Some(place),
+            inherited: self.ids.logps.len(),
+            inherited_sampled: self.ids.logps.iter().flatten().count(),
+            ids: self.ids.clone(),
+            ticket: None,
+            held,
+            request: 0,
+            dec: self.dec.clone(),
+            state: State::Opening,
+            env: None,
+            patterns: self.patterns.clone(),
+            call_kinds: self.call_kinds.clone(),
+            scan_from: self.scan_from,
+            turn_start: self.turn_start,
+            turn_tokens: self.turn_tokens,
+            turn_open: self.turn_open,
+            checked: self.checked,
+            inserted: self.inserted.clone(),
+            messages: self.messages.clone(),
+            turns: self.turns,
+            tool_calls: self.tool_calls,
+            tool_truncations: self.tool_truncations,
+            faults: self.faults.clone(),
+            env_reward: self.env_reward,
             seed,
             requests: 0,
         }
@@ -280,6 +340,7 @@ impl<'t> Live<'t> {
             notes: Default::default(),
             rewards: Default::default(),
             reward: 0.0,
+            tree: self.tree.take(),
         })
     }
 }

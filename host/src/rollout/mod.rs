@@ -11,6 +11,7 @@
 //! - [`turns`]: continuing a conversation with the chat template, turn by turn.
 //! - [`render`]: a sample's prompt and inserted text as token ids, specials escaped.
 //! - [`trajectory`]: what a finished rollout holds (tokens, log-probs, loss mask, spans).
+//! - [`tree`]: tree rollouts' settings and a trajectory's place in its group's tree.
 //! - [`reward`]: reward plugins' components, weighted and summed.
 //! - [`asks`]: plugins' `model.generate` calls, sampled beside a batch's trajectories.
 //! - [`queue`]: the bounded queue between the rollout side and the trainer, with
@@ -29,6 +30,7 @@ mod start;
 pub mod stats;
 pub mod tool_calls;
 pub mod trajectory;
+pub mod tree;
 pub mod turns;
 
 pub use engine::Engine;

@@ -1,8 +1,9 @@
 //! What the rollout engine needs besides the model: the group size, sampling, the
 //! per-trajectory limits, the template's variables, what answers turns (the environment
-//! seam's [`Answerers`]) and who samples.
+//! seam's [`Answerers`]), who samples, and whether groups grow as trees.
 
 use super::env::Answerers;
+use super::tree::TreeSettings;
 use crate::sampler::draw::SamplingParams;
 use crate::sampler::vllm::Pool;
 use serde_json::{Map, Value as Json};
@@ -47,4 +48,6 @@ pub struct RolloutSettings {
     pub env: Answerers,
     /// vLLM servers that sample in place of the local model (`rollout.engine = "vllm"`).
     pub remote: Option<Arc<Pool>>,
+    /// Groups sampled as trees (`[rollout.tree]`); `group_size` bounds their leaves.
+    pub tree: Option<TreeSettings>,
 }

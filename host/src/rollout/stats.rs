@@ -46,6 +46,13 @@ pub struct BatchStats {
     /// Seconds each plugin's calls waited for their answers, summed (they overlap).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub generate_wait_s: std::collections::BTreeMap<String, f64>,
+    /// Tree rollouts: branch points taken, sessions forked for the branches (and those
+    /// whose fork failed), and the seconds the forks took (on the worker pool, while the
+    /// rest of the batch decodes; the trajectory that branches waits for them).
+    pub branch_points: usize,
+    pub forks: usize,
+    pub fork_failures: usize,
+    pub fork_s: f64,
 }
 
 impl BatchStats {
@@ -69,6 +76,10 @@ impl BatchStats {
         self.asks += s.asks;
         self.asked_tokens += s.asked_tokens;
         self.ask_s += s.ask_s;
+        self.branch_points += s.branch_points;
+        self.forks += s.forks;
+        self.fork_failures += s.fork_failures;
+        self.fork_s += s.fork_s;
         for (k, n) in &s.generate_calls {
             *self.generate_calls.entry(k.clone()).or_default() += n;
         }

@@ -4,6 +4,7 @@
 //! is covered by `spans`: what the model sampled (trained on, `loss_mask` 1) and what the
 //! host inserted — trigger output and environment turns — (not trained on, mask 0).
 
+use super::tree::TreePlace;
 use crate::plugin::Fault;
 use crate::task::Message;
 use serde::{Deserialize, Serialize};
@@ -143,6 +144,10 @@ pub struct Trajectory {
     /// Reward components by name (weighted sum in `reward`); empty until scored.
     pub rewards: BTreeMap<String, f64>,
     pub reward: f64,
+    /// Its place in its group's tree, when the group was sampled as one
+    /// (`[rollout.tree]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreePlace>,
 }
 
 impl Trajectory {
@@ -173,6 +178,7 @@ impl Trajectory {
             notes: BTreeMap::new(),
             rewards: BTreeMap::new(),
             reward: 0.0,
+            tree: None,
         }
     }
 

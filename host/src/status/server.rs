@@ -309,6 +309,7 @@ mod tests {
             notes: [("code_tests".to_string(), "case 1: wrong output".to_string())].into(),
             rewards: [("correct".to_string(), 1.0)].into(),
             reward: 1.0,
+            tree: None,
         }
     }
 

@@ -7,8 +7,8 @@ use super::super::live::Live;
 use super::super::reward::Scored;
 use super::super::stats::BatchStats;
 use super::super::trajectory::{Group, Trajectory};
-use crate::plugin::Fault;
 use crate::plugin::model::{CallTally, GenerateCall};
+use crate::plugin::{Fault, ForkError};
 use crate::sampler::decode::Completion;
 use crate::sampler::{Sink, Token};
 use crate::task::Sample;
@@ -35,6 +35,9 @@ pub(super) enum Arrival {
     Scored(usize, Vec<Scored>, Duration),
     /// A plugin's `model.generate` call, within its grant.
     Generate(GenerateCall),
+    /// Branch `usize`'s sessions forked from its parent's (tree rollouts), or why not,
+    /// and how long the fork took.
+    Forked(usize, Result<TrajectorySessions, ForkError>, Duration),
 }
 
 /// Where the sampler's tokens for a trajectory's request go: the batch's loop, as events
@@ -115,7 +118,9 @@ impl InFlight<'_> {
         Ok(event)
     }
 
-    /// The finished trajectories by sample, and the batch's figures.
+    /// The finished trajectories by sample, and the batch's figures. A tree's
+    /// trajectories are put in the order of their paths (chain, then child at each
+    /// branch), which does not depend on when each branch was reached, and numbered so.
     pub fn into_groups(
         self,
         samples: &[(u64, Sample)],
@@ -134,10 +139,23 @@ impl InFlight<'_> {
         stats.asked_tokens = self.asked.load(Ordering::Relaxed);
         stats.generate_calls = self.tally.snapshot();
         stats.generate_wait_s = self.tally.wait_s();
-        for (t, traj) in self.done.into_iter().enumerate() {
-            groups[t / group_size]
+        for (traj, l) in self.done.into_iter().zip(&self.lives) {
+            groups[l.sample]
                 .trajectories
                 .push(traj.expect("every trajectory finished"));
+        }
+        for g in &mut groups {
+            if g.trajectories.iter().any(|t| t.tree.is_some()) {
+                g.trajectories.sort_by(|a, b| {
+                    a.tree
+                        .as_ref()
+                        .map(|p| &p.path)
+                        .cmp(&b.tree.as_ref().map(|p| &p.path))
+                });
+                for (index, t) in g.trajectories.iter_mut().enumerate() {
+                    t.index = index;
+                }
+            }
         }
         stats.wall_s = t0.elapsed().as_secs_f64();
         (groups, stats)

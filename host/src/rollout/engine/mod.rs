@@ -37,6 +37,7 @@ use super::settings::RolloutSettings;
 use super::start::{self, Prompts, Start};
 use super::stats::BatchStats;
 use super::trajectory::{FaultRecord, Group, SpanKind, StopReason};
+use super::tree::TreePlace;
 use super::turns::TurnFormat;
 use crate::model::bundle::LanguageModel;
 use crate::model::lora::Mode;
@@ -56,6 +57,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 mod batch;
+mod branch;
 mod scoring;
 use batch::{Arrival, InFlight, ToLoop};
 
@@ -96,6 +98,12 @@ impl<'a> Engine<'a> {
             bail!("rollout.group_size must be at least 1");
         }
         settings.sampling.validate()?;
+        if settings.tree.is_some() {
+            settings
+                .env
+                .forkable()
+                .map_err(|why| anyhow::anyhow!("[rollout.tree]: {why}"))?;
+        }
         let chat = lm.chat()?;
         let env = Environment::new(&settings.env)?;
         let continued_by = env.continued_by();
@@ -158,7 +166,7 @@ impl<'a> Engine<'a> {
         let t0 = Instant::now();
         if let Some(bar) = &self.progress {
             bar.reset();
-            bar.set_length((samples.len() * self.settings.group_size) as u64);
+            bar.set_length((samples.len() * self.starts_per_sample()) as u64);
         }
         let mut stats = BatchStats::default();
         let starts = self.starts(samples, seed, &mut stats)?;
@@ -226,15 +234,25 @@ impl<'a> Engine<'a> {
         Ok((groups, stats))
     }
 
-    /// How each trajectory starts (sample `i`'s `j`th at `i * G + j`): its prompt, from
-    /// its sample or from an OpenEnv server's `reset` (`start.rs`).
+    /// Trajectories each sample starts with: its group, or its tree's chains (which
+    /// branch into the rest as they go).
+    fn starts_per_sample(&self) -> usize {
+        self.settings
+            .tree
+            .as_ref()
+            .map_or(self.settings.group_size, |t| t.chains)
+    }
+
+    /// How each trajectory starts (sample `i`'s `j`th at `i * G + j`, G the trajectories
+    /// each starts with): its prompt, from its sample or from an OpenEnv server's `reset`
+    /// (`start.rs`).
     fn starts(
         &self,
         samples: &[(u64, Sample)],
         seed: u64,
         stats: &mut BatchStats,
     ) -> Result<Vec<Start>> {
-        let g = self.settings.group_size;
+        let g = self.starts_per_sample();
         let p = Prompts {
             render: &|sample: &Sample| self.prompt_tokens(sample),
             limit: self.settings.limits.max_total_tokens,
@@ -274,7 +292,7 @@ impl<'a> Engine<'a> {
         samples: &[(u64, Sample)],
         seed: u64,
     ) {
-        let g = self.settings.group_size;
+        let g = self.starts_per_sample();
         let mut t = 0;
         while t < b.lives.len() {
             let (i, j0) = (t / g, t % g);
@@ -319,7 +337,7 @@ impl<'a> Engine<'a> {
         tx: &mpsc::Sender<Arrival>,
         tally: &Arc<CallTally>,
     ) -> Vec<Live<'a>> {
-        let g = self.settings.group_size;
+        let g = self.starts_per_sample();
         let mut lives = Vec::with_capacity(starts.len());
         for (t, start) in starts.into_iter().enumerate() {
             let (i, j) = (t / g, t % g);
@@ -341,16 +359,11 @@ impl<'a> Engine<'a> {
             };
             let tok = &self.lm.tokenizer;
             let (messages, fault) = (start.messages, start.fault);
-            lives.push(Live::new(
-                tok,
-                i,
-                j,
-                traj_seed,
-                start.prompt,
-                messages,
-                env,
-                fault,
-            ));
+            let mut live = Live::new(tok, t, i, j, traj_seed, start.prompt, messages, env, fault);
+            if self.settings.tree.is_some() {
+                live.tree = Some(TreePlace::chain(j as u32));
+            }
+            lives.push(live);
         }
         lives
     }
@@ -512,7 +525,7 @@ impl<'a> Engine<'a> {
                 match self.env.fire(sessions, text) {
                     Ok(firing) => {
                         l.state = State::Waiting;
-                        self.spawn_answer(self.index_of(l), tx, firing);
+                        self.spawn_answer(l.t, tx, firing);
                         return Ok(());
                     }
                     Err(sessions) => l.env = Some(sessions),
@@ -533,10 +546,6 @@ impl<'a> Engine<'a> {
             l.state = State::Done(StopReason::TurnTokens);
         }
         Ok(())
-    }
-
-    fn index_of(&self, l: &Live) -> usize {
-        l.sample * self.settings.group_size + l.index
     }
 
     /// The model ended its turn: record it, and hand it to what answers it (its calls to
@@ -590,7 +599,7 @@ impl<'a> Engine<'a> {
         match self.env.answer(sessions, l.turns, turn) {
             Ok(answering) => {
                 l.state = State::Waiting;
-                self.spawn_answer(self.index_of(l), tx, answering);
+                self.spawn_answer(l.t, tx, answering);
             }
             Err(sessions) => {
                 l.env = Some(sessions);
@@ -674,8 +683,14 @@ impl<'a> Engine<'a> {
             Arrival::Answered(t, sessions, reply) => {
                 stats.plugin_busy_s += reply.took.as_secs_f64();
                 stats.tool_busy_s += reply.took.as_secs_f64();
+                let new_turn = matches!(reply.then, Then::Answers(_) | Then::Turn(_));
+                let inserted = new_turn || matches!(reply.then, Then::Output(Some(_)));
                 self.answered(&mut lives[t], sessions, reply)?;
+                if inserted && self.branches_here(&lives[t], new_turn) {
+                    self.branch(b, t);
+                }
             }
+            Arrival::Forked(t, forked, took) => self.forked(b, t, forked, took),
             Arrival::Token(t, request, token) => {
                 let l = &mut lives[t];
                 // Tokens of a request the trajectory has left (it stopped it earlier in

@@ -42,8 +42,10 @@ impl<'a> Engine<'a> {
     ) -> Result<()> {
         let l = &mut b.lives[t];
         let mut traj = l.finish(&self.lm.tokenizer, &samples[l.sample], stop, version)?;
-        b.stats.sampled_tokens += traj.sampled_tokens();
-        b.stats.inserted_tokens += traj.completion_tokens().len() - traj.sampled_tokens();
+        // A branch's tokens from before its branch point are its parent's, counted there.
+        let sampled = traj.sampled_tokens() - l.inherited_sampled;
+        b.stats.sampled_tokens += sampled;
+        b.stats.inserted_tokens += traj.completion_tokens().len() - l.inherited - sampled;
         if let Some(bar) = &self.progress {
             bar.inc(1);
         }

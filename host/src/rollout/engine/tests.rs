@@ -20,6 +20,7 @@ fn settings(lm: &LanguageModel, group_size: usize) -> RolloutSettings {
         template_kwargs: Map::new(),
         env: Default::default(),
         remote: None,
+        tree: None,
     }
 }
 

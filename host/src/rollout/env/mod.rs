@@ -104,8 +104,12 @@ impl TrajectorySessions {
     /// change only its own; stateless calls seeded from `seed`, the branch's; its
     /// sessions' `model.generate` calls on `link`. A server's episode cannot be forked
     /// ([`Answerers::forkable`] refuses such a run before it starts).
-    pub async fn fork(&self, seed: u64, link: ModelLink) -> Result<TrajectorySessions, ForkError> {
-        let trigger = match &self.trigger {
+    pub async fn fork(
+        &mut self,
+        seed: u64,
+        link: ModelLink,
+    ) -> Result<TrajectorySessions, ForkError> {
+        let trigger = match &mut self.trigger {
             Some(t) => {
                 let mut fork = t.fork().await?;
                 fork.set_model(Some(link.clone()));
@@ -113,7 +117,7 @@ impl TrajectorySessions {
             }
             None => None,
         };
-        let episode = match self.episode.as_deref() {
+        let episode = match self.episode.as_deref_mut() {
             Some(AnyEpisode::Plugin(e)) => {
                 let mut fork = e.fork().await?;
                 fork.set_model(Some(link.clone()));
@@ -125,7 +129,7 @@ impl TrajectorySessions {
             None => None,
         };
         let mut tools = Vec::with_capacity(self.tools.len());
-        for session in &self.tools {
+        for session in &mut self.tools {
             tools.push(match session {
                 Some(t) => {
                     let mut fork = t.fork().await?;
