@@ -315,6 +315,19 @@
         { label: "step_s", get: field("step_s"), color: "#111827" },
       ],
     },
+    tree: {
+      // Tree rollouts ([rollout.tree]): leaves a prompt, branch points on a path, the
+      // sessions forked for branches and the seconds the forks took; empty otherwise.
+      series: () => {
+        const inTree = (name) => (m) => numOrNull(m.tree ? m.tree[name] : null);
+        return [
+          { label: "leaves", get: inTree("leaves"), color: color(0), spanGaps: true },
+          { label: "depth", get: inTree("depth"), color: color(5), spanGaps: true },
+          { label: "forks", get: inTree("forks"), color: color(2), spanGaps: true },
+          { label: "fork_s", get: inTree("fork_s"), color: color(4), spanGaps: true },
+        ];
+      },
+    },
     faults: {
       // Cumulative count per "plugin/kind"; one series per key as it appears.
       series(steps) {
