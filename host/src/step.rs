@@ -13,6 +13,9 @@ pub struct TreeFigures {
     /// Branch points on a trajectory's path, mean over the trajectories.
     pub depth: f64,
     pub branch_points: u64,
+    /// With `branch_at = "entropy"`: branch points measured, whether or not they branched.
+    #[serde(default)]
+    pub probes: u64,
     /// Sessions forked for branches, those that failed (their branches ended there),
     /// and the seconds the forks took (summed; on the worker pool).
     pub forks: u64,

@@ -63,8 +63,26 @@ fn rows(path: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn branches_share_their_parent_up_to_the_tool_output_they_branch_after() {
-    let dir = temp_dir("tree-rollout");
-    let config = write_config(&dir, "chains = 2\nbranch_factor = 2\nmax_depth = 1", "");
+    branches_share_their_parent("tree-rollout", "");
+}
+
+/// ARPO's rule with a threshold of 0: every branch point whose window is sampled
+/// branches, from the tool's output, not from after the window.
+#[test]
+fn the_entropy_rule_branches_from_the_answer() {
+    branches_share_their_parent(
+        "tree-entropy",
+        "branch_at = \"entropy\"\nentropy_window = 2\nentropy_threshold = 0.0",
+    );
+}
+
+fn branches_share_their_parent(name: &str, rule: &str) {
+    let dir = temp_dir(name);
+    let config = write_config(
+        &dir,
+        &format!("chains = 2\nbranch_factor = 2\nmax_depth = 1\n{rule}"),
+        "",
+    );
     let out = dir.join("r.jsonl");
     TestCommand::new(&["rollout", "-q", "--config"])
         .arg(&config)
@@ -170,6 +188,21 @@ fn a_tree_run_trains_and_reports_its_trees() {
                 .all(|m| m["sampled_tokens"].as_u64().unwrap() > 0)
         );
     }
+    // ARPO's rule with a threshold no mean surprisal reaches: measured, never branched.
+    let config = write_config(
+        &dir,
+        "chains = 2\nbranch_factor = 2\nmax_depth = 1\nbranch_at = \"entropy\"\nentropy_window = 2\nentropy_threshold = 1e9",
+        "",
+    );
+    let out = dir.join("run-entropy");
+    TestCommand::new(&["train", "--no-status", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&out)
+        .ok();
+    let metrics = super::train_cli::metrics(&out);
+    let sum = |k: &str| -> u64 { metrics.iter().map(|m| m["tree"][k].as_u64().unwrap()).sum() };
+    assert!(sum("probes") > 0 && sum("forks") == 0, "{metrics:?}");
 }
 
 #[test]

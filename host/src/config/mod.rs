@@ -188,7 +188,7 @@ impl LoadedConfig {
             }
         }
         if let Some(tree) = &r.tree {
-            tree.settings(r.group_size)
+            tree.settings(r.group_size, c.sampling.max_new_tokens)
                 .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
             if r.openenv.is_some() || c.gateway.is_some() {
                 bail!(
@@ -400,6 +400,15 @@ weights = { correct = 1.0 }
             let e = format!("{:#}", load(&tree, &[set]).unwrap_err());
             assert!(e.contains(want), "{set}: {e}");
         }
+        let long = [
+            "rollout.tree.branch_at=\"entropy\"",
+            "rollout.tree.entropy_window=600",
+        ];
+        let e = format!("{:#}", load(&tree, &long).unwrap_err());
+        assert!(
+            e.contains("rollout.tree.entropy_window = 600: the rule reads that many tokens of one turn, so it must be 1 to sampling.max_new_tokens (512)"),
+            "{e}"
+        );
         let no_tool = tree.replace("trigger = \"calc\"\n", "");
         let e = format!("{:#}", load(&no_tool, &[]).unwrap_err());
         assert!(

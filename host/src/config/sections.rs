@@ -533,8 +533,16 @@ pub struct TreeSection {
     /// Trajectories each prompt starts with; they branch into the rest of the group.
     pub chains: usize,
     /// Where a trajectory branches: `result` (after each tool output or environment
-    /// answer) or `turn` (only where a new assistant turn starts).
+    /// answer), `turn` (only where a new assistant turn starts) or `entropy` (after an
+    /// answer whose next `entropy_window` sampled tokens have a mean surprisal of at least
+    /// `entropy_threshold`: ARPO's rule).
     pub branch_at: crate::rollout::tree::BranchAt,
+    /// With `branch_at = "entropy"`: tokens sampled after an answer before the rule
+    /// decides; at most `sampling.max_new_tokens` (they must fit the turn).
+    pub entropy_window: usize,
+    /// With `branch_at = "entropy"`: the mean −log p (nats) over the window at which a
+    /// trajectory branches; 0 always branches, as `result` does.
+    pub entropy_threshold: f64,
     /// Children at each branch point: the trajectory that branches and `branch_factor −
     /// 1` forks of it.
     pub branch_factor: usize,
@@ -557,6 +565,8 @@ impl Default for TreeSection {
             branch_at: crate::rollout::tree::BranchAt::Result,
             branch_factor: 2,
             max_depth: 2,
+            entropy_window: 8,
+            entropy_threshold: 1.0,
             advantage: crate::rollout::tree::TreeAdvantage::Treerl,
             shared_prefix: crate::rollout::tree::SharedPrefix::PerPath,
         }
@@ -566,7 +576,11 @@ impl Default for TreeSection {
 impl TreeSection {
     /// The engine's settings, once the section is checked against `group_size`: one
     /// line naming the key when it cannot work.
-    pub fn settings(&self, group_size: usize) -> std::result::Result<TreeSettings, String> {
+    pub fn settings(
+        &self,
+        group_size: usize,
+        max_new_tokens: usize,
+    ) -> std::result::Result<TreeSettings, String> {
         if self.chains == 0 {
             return Err(
                 "rollout.tree.chains = 0: each prompt needs at least one trajectory to branch from"
@@ -582,11 +596,27 @@ impl TreeSection {
         if self.max_depth == 0 {
             return Err("rollout.tree.max_depth = 0: no trajectory could branch; remove [rollout.tree] for flat groups".into());
         }
+        if self.branch_at == crate::rollout::tree::BranchAt::Entropy {
+            if self.entropy_window == 0 || self.entropy_window > max_new_tokens {
+                return Err(format!(
+                    "rollout.tree.entropy_window = {}: the rule reads that many tokens of one turn, so it must be 1 to sampling.max_new_tokens ({max_new_tokens})",
+                    self.entropy_window
+                ));
+            }
+            if !(self.entropy_threshold.is_finite() && self.entropy_threshold >= 0.0) {
+                return Err(format!(
+                    "rollout.tree.entropy_threshold = {}: a mean surprisal in nats, a finite number ≥ 0",
+                    self.entropy_threshold
+                ));
+            }
+        }
         let settings = TreeSettings {
             chains: self.chains,
             branch_at: self.branch_at,
             branch_factor: self.branch_factor,
             max_depth: self.max_depth,
+            entropy_window: self.entropy_window,
+            entropy_threshold: self.entropy_threshold,
         };
         let leaves = settings.max_leaves();
         if leaves > group_size {

@@ -395,7 +395,7 @@ impl Opened {
             remote,
             tree: match &r.tree {
                 Some(t) => Some(
-                    t.settings(r.group_size)
+                    t.settings(r.group_size, c.sampling.max_new_tokens)
                         .map_err(|e| anyhow::anyhow!("{file}: {e}"))?,
                 ),
                 None => None,

@@ -192,6 +192,7 @@ impl<'a> Learner<'a> {
                     .sum::<f64>()
                     / trajectories.len().max(1) as f64,
                 branch_points: s.branch_points as u64,
+                probes: s.branch_probes as u64,
                 forks: s.forks as u64,
                 fork_failures: s.fork_failures as u64,
                 fork_s: s.fork_s,

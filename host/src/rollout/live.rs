@@ -57,6 +57,17 @@ pub(super) enum State {
     Done(StopReason),
 }
 
+/// A branch point under measurement (`branch_at = "entropy"`): the trajectory as it was
+/// there, its cache forked, and the surprisal of the tokens it sampled since.
+pub(super) struct Probe<'t> {
+    /// The branch point, in completion tokens.
+    pub at: usize,
+    /// The trajectory at the branch point: what its branches are copies of.
+    pub there: Live<'t>,
+    pub tokens: usize,
+    pub surprisal: f64,
+}
+
 /// One trajectory while it is being sampled.
 pub(super) struct Live<'t> {
     /// Its place in the batch's trajectories (branches are added at the end).
@@ -65,6 +76,9 @@ pub(super) struct Live<'t> {
     pub index: usize,
     /// Its place in its group's tree (tree rollouts).
     pub tree: Option<TreePlace>,
+    /// With `branch_at = "entropy"`: the branch point it may branch at once the tokens
+    /// after it are measured.
+    pub probe: Option<Box<Probe<'t>>>,
     /// Completion tokens it had when it was forked from its parent (a branch), and how
     /// many of them were sampled: counted once, in the parent's figures.
     pub inherited: usize,
@@ -130,6 +144,7 @@ impl<'t> Live<'t> {
             sample,
             index,
             tree: None,
+            probe: None,
             inherited: 0,
             inherited_sampled: 0,
             ids: Ids::new(prompt),
@@ -181,6 +196,7 @@ impl<'t> Live<'t> {
             sample: self.sample,
             index,
             tree: Some(place),
+            probe: None,
             inherited: self.ids.logps.len(),
             inherited_sampled: self.ids.logps.iter().flatten().count(),
             ids: self.ids.clone(),
@@ -316,8 +332,10 @@ impl<'t> Live<'t> {
             at = end;
         }
         push(SpanKind::Model, at, completion.len(), &mut spans)?;
-        // Frees the KV cache now, not when the batch ends.
+        // Frees the KV cache now (a measured branch point's copy too), not when the batch
+        // ends.
         self.held = None;
+        self.probe = None;
         let ids = std::mem::replace(&mut self.ids, Ids::new(Vec::new()));
         Ok(Trajectory {
             sample_id: *id,

@@ -50,6 +50,8 @@ pub struct BatchStats {
     /// whose fork failed), and the seconds the forks took (on the worker pool, while the
     /// rest of the batch decodes; the trajectory that branches waits for them).
     pub branch_points: usize,
+    /// With the entropy rule: branch points measured (whether or not they branched).
+    pub branch_probes: usize,
     pub forks: usize,
     pub fork_failures: usize,
     pub fork_s: f64,
@@ -77,6 +79,7 @@ impl BatchStats {
         self.asked_tokens += s.asked_tokens;
         self.ask_s += s.ask_s;
         self.branch_points += s.branch_points;
+        self.branch_probes += s.branch_probes;
         self.forks += s.forks;
         self.fork_failures += s.fork_failures;
         self.fork_s += s.fork_s;

@@ -29,6 +29,11 @@ pub enum BranchAt {
     /// Only where a new assistant turn starts: after a turn's function results or the
     /// environment's answer to it.
     Turn,
+    /// After a tool output or environment answer where the model is unsure what to make
+    /// of it (ARPO's rule): the mean surprisal (−log p, an estimate of the entropy) of the
+    /// `entropy_window` tokens it samples next reaches `entropy_threshold`. The branches
+    /// start at the answer, not after the window.
+    Entropy,
 }
 
 /// How a group's tree becomes advantages ([`crate::rl::algorithms`]).
@@ -63,6 +68,10 @@ pub struct TreeSettings {
     pub branch_at: BranchAt,
     pub branch_factor: usize,
     pub max_depth: usize,
+    /// With [`BranchAt::Entropy`]: the tokens after an answer whose mean surprisal is
+    /// measured, and the mean (nats) at which the trajectory branches.
+    pub entropy_window: usize,
+    pub entropy_threshold: f64,
 }
 
 impl TreeSettings {
@@ -224,6 +233,8 @@ mod tests {
             branch_at: BranchAt::Result,
             branch_factor: 3,
             max_depth: 2,
+            entropy_window: 8,
+            entropy_threshold: 1.0,
         };
         assert_eq!(t.max_leaves(), 18);
     }

@@ -687,7 +687,7 @@ impl<'a> Engine<'a> {
                 let inserted = new_turn || matches!(reply.then, Then::Output(Some(_)));
                 self.answered(&mut lives[t], sessions, reply)?;
                 if inserted && self.branches_here(&lives[t], new_turn) {
-                    self.branch(b, t);
+                    self.at_branch_point(b, t);
                 }
             }
             Arrival::Forked(t, forked, took) => self.forked(b, t, forked, took),
@@ -702,6 +702,9 @@ impl<'a> Engine<'a> {
                 self.took(l, token.id, &b.tx)?;
                 if l.state != State::Active {
                     Self::release(l, sampler);
+                }
+                if l.probe.is_some() {
+                    self.measure(b, t, token.logp, sampler);
                 }
             }
             Arrival::Ended(t, request) => {
