@@ -98,8 +98,8 @@ def main():
         need = {n: tokens_to_reach(c, goal) for n, c in curves.items()}
         print(f"seed {seed}: flat's final held-out accuracy {goal:.0%}")
         for name, curve in curves.items():
-            points = ", ".join(f"{t / 1000:.0f}k: {acc:.0%}" for t, acc in curve)
-            reach = "never" if need[name] is None else f"{need[name] / 1000:.0f}k tokens"
+            points = ", ".join(f"{t / 1000:.1f}k: {acc:.0%}" for t, acc in curve)
+            reach = "never" if need[name] is None else f"{need[name] / 1000:.1f}k tokens"
             print(f"  {name}: {points}  (reaches {goal:.0%} at {reach})")
         if need["tree"] is not None and need["flat"]:
             ratios.append(need["tree"] / need["flat"])
