@@ -1,10 +1,10 @@
 //! Tree rollouts' branch points (`rollout/tree.rs`): a trajectory just answered splits
 //! into the tree's branch factor (with the entropy rule, once the tokens it samples next
-//! say it is unsure, from where it was when answered). It goes on as child 0; each other child is a copy of
-//! it (ids, text, counts, conversation) on a copy-on-write fork of its KV cache, drawing
-//! from its own seed, with its plugin sessions forked on the worker pool. The trajectory
-//! that branches waits for the forks, since they are made from its sessions, and then
-//! every branch decodes with the rest of the batch.
+//! say it is unsure, from where it was when answered). It goes on as child 0; each other
+//! child is a copy of it (ids, text, counts, conversation) on a copy-on-write fork of its
+//! KV cache, drawing from its own seed, with its plugin sessions forked on the worker
+//! pool. The trajectory that branches waits for the forks, since they are made from its
+//! sessions, and then every branch decodes with the rest of the batch.
 
 use super::super::env::TrajectorySessions;
 use super::super::live::{Live, Probe, State};
