@@ -27,18 +27,9 @@ import subprocess
 import sys
 import time
 
+from seed_sweep import seeds  # `1-10`, `2,3,6` or a mix
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def seeds(text):
-    out = []
-    for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return out
 
 
 def train(rlhost, config, seed, sets, out):

@@ -174,38 +174,23 @@ impl<K: Kind> Session<K> {
         self.live().await.map(|_| ())
     }
 
-    /// The calls made on the live instance since it opened (none when there is no live
-    /// instance: the next call opens a fresh one).
+    /// The calls made on the live instance since it opened (with no live instance, those
+    /// of the one a fault discarded: see [`Self::is_live`]).
     pub(super) fn log(&self) -> &[Logged] {
-        if self.live.is_some() { &self.log } else { &[] }
+        &self.log
     }
 
     /// Makes `logged` again on this session's instance (opening it if needed) and logs
     /// it: the digest of what the guest answered this time. A fault discards the
     /// instance, as any call's does.
     pub(super) async fn redo(&mut self, logged: &Logged) -> Result<u64, Fault> {
-        let inner = self.plugin.0.clone();
         let call = &logged.call;
-        let result = self
-            .live()
-            .await?
-            .call(&inner, call.name(), async |guest, store, handle| {
-                guest.redo(store, handle, call).await
-            })
-            .await;
-        match result {
-            Ok(answer) => {
-                self.log.push(Logged {
-                    call: call.clone(),
-                    answer,
-                });
-                Ok(answer)
-            }
-            Err(fault) => {
-                self.live = None;
-                Err(fault)
-            }
-        }
+        self.logged_call(
+            call.clone(),
+            async |guest, store, handle| guest.redo(store, handle, call).await,
+            |answer| *answer,
+        )
+        .await
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -253,7 +238,6 @@ impl<K: Kind> Session<K> {
     /// instance; a plugin's own error is counted and passed on, and keeps it.
     async fn call<T: std::fmt::Debug>(
         &mut self,
-        call: &'static str,
         record: GuestCall,
         run: impl AsyncFnOnce(
             &K,
@@ -261,23 +245,24 @@ impl<K: Kind> Session<K> {
             ResourceAny,
         ) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T, Fault> {
-        match self.guest_call(call, record, run).await? {
+        let call = record.name();
+        match self.logged_call(record, run, digest).await? {
             Ok(value) => Ok(value),
             Err(message) => Err(self.plugin.0.guest_error(call, message)),
         }
     }
 
-    /// Calls the session's resource and logs `record` with the digest of what the guest
-    /// returned (its own errors too: the call ran, and may have changed its state). A
-    /// fault discards the instance, and with it the log.
-    async fn guest_call<R: std::fmt::Debug>(
+    /// Calls the session's resource (the call `record` names) and logs `record` with the
+    /// digest of what the guest returned (its own errors too: the call ran, and may have
+    /// changed its state). A fault discards the instance, and with it the log.
+    async fn logged_call<R>(
         &mut self,
-        call: &'static str,
         record: GuestCall,
         run: impl AsyncFnOnce(&K, &mut Store<StoreState>, ResourceAny) -> wasmtime::Result<R>,
+        digest: impl FnOnce(&R) -> u64,
     ) -> Result<R, Fault> {
         let inner = self.plugin.0.clone();
-        let result = self.live().await?.call(&inner, call, run).await;
+        let result = self.live().await?.call(&inner, record.name(), run).await;
         match result {
             Ok(answer) => {
                 self.log.push(Logged {
@@ -386,7 +371,6 @@ impl TriggerSession {
         let call = "trigger.fire";
         let output = self
             .call(
-                call,
                 GuestCall::Fire(text.to_string()),
                 async |guest, store, handle| guest.fire(store, handle, text).await,
             )
@@ -440,7 +424,6 @@ impl EnvironmentEpisode {
         let call = "environment.step";
         let step = self
             .call(
-                call,
                 GuestCall::Step(assistant.to_string()),
                 async |guest, store, handle| guest.step(store, handle, assistant).await,
             )
@@ -531,7 +514,7 @@ impl DatasetSource {
             });
         }
         let raw = self
-            .call(call, GuestCall::Get(index), async |guest, store, handle| {
+            .call(GuestCall::Get(index), async |guest, store, handle| {
                 guest.get(store, handle, index).await
             })
             .await?;
@@ -611,7 +594,6 @@ impl RewardScorer {
         }
         let components = self
             .call(
-                call,
                 GuestCall::Score(trajectory.clone()),
                 async |guest, store, handle| guest.score(store, handle, trajectory).await,
             )
@@ -783,9 +765,11 @@ impl ToolsSession {
             arguments: arguments.to_string(),
         };
         let answer = self
-            .guest_call(call, record, async |guest, store, handle| {
-                guest.call(store, handle, name, arguments).await
-            })
+            .logged_call(
+                record,
+                async |guest, store, handle| guest.call(store, handle, name, arguments).await,
+                digest,
+            )
             .await?;
         let bytes = match &answer {
             Ok(text) | Err(text) => text.len(),

@@ -101,25 +101,20 @@ impl<'a> Learner<'a> {
         let trajectories: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajectories).collect();
         // A tree group's trajectories take their terms from its tree; a flat one's, the
         // group estimator's.
-        let tree_terms: Vec<TreeRow> = match &plan.tree {
-            Some(how) if task_reward => {
-                let mut terms = Vec::with_capacity(trajectories.len());
-                let mut at = 0;
-                for g in &groups {
-                    let flat = &advantages[at..at + g.trajectories.len()];
-                    at += g.trajectories.len();
-                    if tree_rows::is_tree(g) {
-                        terms.extend(tree_rows::tree_rows(g, how).map_err(|e| {
-                            anyhow::anyhow!("training on sample {}'s tree: {e}", g.sample_id)
-                        })?);
-                    } else {
-                        terms.extend(flat.iter().map(|&a| TreeRow::flat(a)));
-                    }
+        let mut tree_terms: Vec<TreeRow> = Vec::with_capacity(trajectories.len());
+        let mut at = 0;
+        for g in &groups {
+            let flat = &advantages[at..at + g.trajectories.len()];
+            at += g.trajectories.len();
+            match &plan.tree {
+                Some(how) if task_reward && tree_rows::is_tree(g) => {
+                    tree_terms.extend(tree_rows::tree_rows(g, how).map_err(|e| {
+                        anyhow::anyhow!("training on sample {}'s tree: {e}", g.sample_id)
+                    })?);
                 }
-                terms
+                _ => tree_terms.extend(flat.iter().map(|&a| TreeRow::flat(a))),
             }
-            _ => advantages.iter().map(|&a| TreeRow::flat(a)).collect(),
-        };
+        }
         let mut rows: Vec<Row> = trajectories
             .iter()
             .zip(&tree_terms)

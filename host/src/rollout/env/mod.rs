@@ -69,6 +69,19 @@ impl Answerers {
             _ => None,
         }
     }
+
+    /// Whether every session of a trajectory can be forked (tree rollouts), and if not
+    /// the one line that says which cannot and why.
+    pub fn forkable(&self) -> Result<(), String> {
+        if self.openenv.is_some() {
+            return Err(SERVER_UNFORKABLE.into());
+        }
+        let tools = self.tools.iter().flat_map(|t| &t.plugins);
+        for spec in self.trigger.iter().chain(&self.environment).chain(tools) {
+            spec.plugin.forkable()?;
+        }
+        Ok(())
+    }
 }
 
 /// What answers the turns of a run's trajectories: the run's answerers, read once.
@@ -151,21 +164,6 @@ impl TrajectorySessions {
 
 /// Why a run with an OpenEnv server cannot branch.
 const SERVER_UNFORKABLE: &str = "an OpenEnv server's episode cannot be forked: its state lives in the server, which has no way to copy a session; tree rollouts need plugin environments";
-
-impl Answerers {
-    /// Whether every session of a trajectory can be forked (tree rollouts), and if not
-    /// the one line that says which cannot and why.
-    pub fn forkable(&self) -> Result<(), String> {
-        if self.openenv.is_some() {
-            return Err(SERVER_UNFORKABLE.into());
-        }
-        let tools = self.tools.iter().flat_map(|t| &t.plugins);
-        for spec in self.trigger.iter().chain(&self.environment).chain(tools) {
-            spec.plugin.forkable()?;
-        }
-        Ok(())
-    }
-}
 
 /// A trajectory's sessions: open at once (it has none to open, or only a server session
 /// opened with its prompt), or opening on the worker pool.
