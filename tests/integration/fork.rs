@@ -3,7 +3,11 @@
 //! Each plugin below is a real one from `plugins/`.
 
 use super::load;
+use rlhost::plugin::model::{GenerateCall, GenerateGrant, Generated, ModelLink};
 use rlhost::plugin::{DirGrant, ForkError, Grants, Limits, PluginSpec, Sample, TriggerSession};
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn py(code: &str) -> String {
     format!("```python\n{code}\n```")
@@ -197,34 +201,146 @@ async fn a_replay_that_answers_otherwise_refuses_the_fork() {
     );
 }
 
-/// A plugin granted the network or the model cannot be forked: one line, asked before a
-/// run, and the same refusal from `fork`.
-#[tokio::test]
-async fn a_plugin_granted_http_cannot_be_forked() {
+/// A loopback HTTP server that answers each request with the number of requests it has
+/// answered so far: the network never answers the same twice.
+fn counting_server() -> (u16, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let count = answered.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut sock) = conn else { return };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match sock.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let body = format!("n={}", count.fetch_add(1, Ordering::SeqCst) + 1);
+            let _ = sock.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    (port, answered)
+}
+
+/// A plugin granted HTTP forks: the fork's replay is served the answers the session got
+/// (the server, asked again, would answer otherwise), the server is not asked, and after
+/// the fork each session's requests go out and are recorded for their own forks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_is_served_the_http_answers_its_original_got() {
+    let (port, answered) = counting_server();
+    let url = format!("http://127.0.0.1:{port}/count");
     let plugin = super::runtime(false)
         .load(PluginSpec {
             path: rlhost_tests::plugin("hostile"),
             limits: Limits::default(),
             grants: Grants {
-                allow_http: vec!["http://127.0.0.1:9".into()],
+                allow_http: vec![format!("http://127.0.0.1:{port}")],
                 ..Grants::default()
             },
         })
         .await
         .unwrap();
-    let why = plugin.forkable().unwrap_err();
-    assert!(
-        why.contains("plugin `hostile` cannot be forked: it is granted HTTP (`allow_http`)"),
-        "{why}"
-    );
-    let mut session = plugin
-        .open_trigger(r#"{"mode": "read-file"}"#, &Sample::from_prompt(""), 1)
+    let config = format!(r#"{{"mode": "http-get", "url": "{url}"}}"#);
+    let mut a = plugin
+        .open_trigger(&config, &Sample::from_prompt(""), 1)
         .await
         .unwrap();
-    let err = session.fork().await.err().expect("refused");
-    assert!(
-        matches!(&err, ForkError::Refused(line) if *line == why),
-        "{err}"
+    assert_eq!(fire(&mut a, "go</go>").await, "200 n=1");
+    assert_eq!(fire(&mut a, "go</go>").await, "200 n=2");
+
+    let mut b = a.fork().await.unwrap();
+    assert_eq!(
+        answered.load(Ordering::SeqCst),
+        2,
+        "the replay asked the server nothing"
     );
-    assert!(load("calculator").await.forkable().is_ok());
+    // A fresh session that makes the same calls is answered by the server, otherwise.
+    let mut fresh = plugin
+        .open_trigger(&config, &Sample::from_prompt(""), 1)
+        .await
+        .unwrap();
+    assert_eq!(fire(&mut fresh, "go</go>").await, "200 n=3");
+
+    assert_eq!(
+        fire(&mut b, "go</go>").await,
+        "200 n=4",
+        "the fork asks anew"
+    );
+    assert_eq!(fire(&mut a, "go</go>").await, "200 n=5");
+    // A fork of the fork replays its three answers: two recorded by its original, one
+    // by itself.
+    let mut c = b.fork().await.unwrap();
+    assert_eq!(answered.load(Ordering::SeqCst), 5);
+    assert_eq!(fire(&mut c, "go</go>").await, "200 n=6");
+}
+
+/// A plugin granted `model.generate` forks: the replay is served the model's recorded
+/// answers (the model, asked again, answers otherwise: it trains between steps), and the
+/// calls it made still count against the per-trajectory grant in the fork.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_is_served_the_model_answers_its_original_got() {
+    let plugin = super::runtime(false)
+        .load(PluginSpec {
+            path: rlhost_tests::plugin("hostile"),
+            limits: Limits::default(),
+            grants: Grants {
+                generate: Some(GenerateGrant {
+                    max_calls_per_trajectory: 3,
+                    ..GenerateGrant::default()
+                }),
+                ..Grants::default()
+            },
+        })
+        .await
+        .unwrap();
+    // The model: each answer the number of calls it has answered so far.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    let link = ModelLink::new(5, move |call: GenerateCall| {
+        let n = count.fetch_add(1, Ordering::SeqCst) as u32 + 1;
+        let _ = call.reply.send(Ok(Generated {
+            text: format!("{n}"),
+            token_ids: vec![n],
+            finish_reason: "stop".into(),
+            prompt_tokens: 3,
+        }));
+        Ok(())
+    });
+    let mut a = plugin
+        .open_trigger(r#"{"mode": "generate"}"#, &Sample::from_prompt(""), 1)
+        .await
+        .unwrap();
+    a.set_model(Some(link.clone()));
+    assert_eq!(fire(&mut a, "go</go>").await, "[1] stop");
+    assert_eq!(fire(&mut a, "go</go>").await, "[2] stop");
+
+    let mut b = a.fork().await.unwrap();
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        2,
+        "the replay asked the model nothing"
+    );
+    assert_eq!(
+        fire(&mut b, "go</go>").await,
+        "[3] stop",
+        "the fork asks anew"
+    );
+    // The fork's call was the trajectory's third, the grant's last: the link's count
+    // is the session's and its fork's (a tree's branch gets a link of its own that
+    // goes on from its parent's count).
+    assert!(
+        fire(&mut a, "go</go>").await.contains("over the grant's 3"),
+        "the fourth call of the trajectory is refused"
+    );
+    assert_eq!(b.model_calls(), 4);
 }

@@ -11,17 +11,19 @@
 //! one that does not means the plugin reads something the host does not supply, and the
 //! fork is refused rather than handed on in another state.
 //!
-//! Two inputs are not recorded yet, so a plugin granted either cannot be forked (the
-//! refusal is [`Plugin::forkable`], asked before a run starts): HTTP answers (the network
-//! answers as it likes) and `model.generate` answers (the model changes between updates).
+//! Two inputs come from outside the host's making: HTTP answers (the network answers as
+//! it likes) and `model.generate` answers (the model changes between updates, and samples
+//! with the trajectory's seed). Each instance records them on its tape ([`super::tape`]),
+//! and the replay is served the recorded answers, each checked against the request that
+//! asked for it the first time.
 //!
 //! A replay costs the open plus the guest time of every earlier call, which grows with
 //! the session; copying the instance's memory instead costs the same whatever its history,
 //! and needs a patch to wasmtime (`docs/design/plugin-fork.md`).
 
 use super::fault::Fault;
-use super::plugin::Plugin;
 use super::session::{Kind, Session};
+use super::tape::Tape;
 use super::types::Transcript;
 use std::fmt;
 use std::hash::{DefaultHasher, Hasher};
@@ -85,6 +87,10 @@ pub enum ForkError {
     /// Opening the fork's instance, or a replayed call, faulted.
     #[error("forking a session: {0}")]
     Fault(#[from] Fault),
+    /// The replay asked the network or the model for other answers than the session
+    /// received (or the session had a request still open).
+    #[error("plugin `{plugin}` cannot be forked: {why}")]
+    Answers { plugin: String, why: String },
     /// A replayed call answered otherwise than the first time.
     #[error(
         "plugin `{plugin}` cannot be forked: replaying call {index} of the session (`{call}`) answered otherwise than the first time, so the plugin reads something the host does not supply (a file that changed?)"
@@ -96,26 +102,6 @@ pub enum ForkError {
     },
 }
 
-impl Plugin {
-    /// Whether this plugin's sessions can be forked, and if not the one line that says
-    /// why: it is granted HTTP or `model.generate`, whose answers a replay cannot give
-    /// again.
-    pub fn forkable(&self) -> Result<(), String> {
-        let grants = &self.spec().grants;
-        let what = if !grants.allow_http.is_empty() {
-            "HTTP (`allow_http`), whose answers come from the network"
-        } else if grants.generate.is_some() {
-            "`model.generate`, whose answers change as the model trains"
-        } else {
-            return Ok(());
-        };
-        Err(format!(
-            "plugin `{}` cannot be forked: it is granted {what}, and a fork replays the session's calls; run it without tree rollouts, or without the grant",
-            self.name()
-        ))
-    }
-}
-
 impl<K: Kind> Session<K> {
     /// A new session whose plugin state is this one's now; the two are independent from
     /// then on, and answer the same calls alike (their random numbers and clocks go on
@@ -124,21 +110,36 @@ impl<K: Kind> Session<K> {
     /// it changes: a session is not `Sync`, so only a unique borrow can be held across
     /// the replay on the worker pool.)
     pub async fn fork(&mut self) -> Result<Session<K>, ForkError> {
-        self.plugin().forkable().map_err(ForkError::Refused)?;
-        let mut fork = self.unopened();
-        if !self.is_live() {
-            return Ok(fork);
+        if !K::FORKS {
+            return Err(ForkError::Refused(format!(
+                "a {} session cannot be forked: it keeps no log of its calls",
+                K::ROLE
+            )));
         }
+        let mut fork = self.unopened();
+        let plugin = self.plugin().name().to_string();
+        let answers = |why| ForkError::Answers {
+            plugin: plugin.clone(),
+            why,
+        };
+        let Some(tape) = self.tape() else {
+            return Ok(fork);
+        };
+        fork.replaying(Tape::replaying(tape.snapshot().map_err(answers)?));
         fork.open().await?;
         for (index, logged) in self.log().iter().enumerate() {
             if fork.redo(logged).await? != logged.answer {
                 return Err(ForkError::Diverged {
-                    plugin: self.plugin().name().to_string(),
+                    plugin: plugin.clone(),
                     index,
                     call: logged.call.name(),
                 });
             }
         }
+        let tape = fork
+            .tape()
+            .expect("a replay that did not fault leaves its instance live");
+        tape.finish_replay().map_err(answers)?;
         Ok(fork)
     }
 }

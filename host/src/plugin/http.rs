@@ -21,15 +21,18 @@
 //! and one warning in the host's log naming the destination and the grant that would
 //! allow it.
 
+use super::fork::digest;
 use super::net::{Denial, HttpGrants};
+use super::tape::{Cue, Ending, Exchange, Head, Piece, Tape};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use std::future::Future;
+use std::hash::{DefaultHasher, Hasher};
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -37,6 +40,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep, timeout_at};
 use wasmtime_wasi_http::io::TokioIo;
+use wasmtime_wasi_http::p2::bindings::http::types::{
+    DnsErrorPayload, ErrorCode, FieldSizePayload, TlsAlertReceivedPayload,
+};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 /// What a plugin may do over HTTP.
@@ -326,8 +332,13 @@ async fn tls(
         .map_err(Error::Tls)
 }
 
-/// The plugin's side of [`WasiHttpHooks`]: every request through its [`HttpGate`].
-pub struct GateHooks(pub Arc<HttpGate>);
+/// One instance's side of [`WasiHttpHooks`]: every request through its plugin's
+/// [`HttpGate`], and its answer on the instance's [`Tape`] (a fork's replay is answered
+/// from there instead).
+pub struct GateHooks {
+    pub gate: Arc<HttpGate>,
+    pub tape: Arc<Tape>,
+}
 
 impl WasiHttpHooks for GateHooks {
     fn send_request(
@@ -336,7 +347,375 @@ impl WasiHttpHooks for GateHooks {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = Result<Sent, Error>> + Send> {
-        Box::new(self.0.clone().send(request, options))
+        let head = digest(&(request.method(), request.uri(), request.headers()));
+        match self.tape.http(head) {
+            Cue::Live(Some(exchange)) => {
+                Box::new(record(self.gate.clone(), request, options, exchange))
+            }
+            Cue::Live(None) => Box::new(self.gate.clone().send(request, options)),
+            Cue::Replay(exchange) => Box::new(replay(
+                self.gate.access.clone(),
+                self.tape.clone(),
+                request,
+                exchange,
+            )),
+            Cue::Diverged(why) => Box::new(async move { Err(Error::InternalError(Some(why))) }),
+        }
+    }
+}
+
+/// Sends `request` through the gate, recording on `exchange` its body's digest, the
+/// response and as much of the response body as the guest reads.
+async fn record(
+    gate: Arc<HttpGate>,
+    request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+    exchange: Arc<Mutex<Exchange>>,
+) -> Result<Sent, Error> {
+    /// Marks the exchange abandoned if the guest drops the response's future first.
+    struct Abandoned(Option<Arc<Mutex<Exchange>>>);
+    impl Drop for Abandoned {
+        fn drop(&mut self) {
+            if let Some(x) = self.0.take() {
+                lock(&x).abandoned = true;
+            }
+        }
+    }
+    let mut guard = Abandoned(Some(exchange.clone()));
+    let hashed = exchange.clone();
+    let request = request.map(|b| {
+        Hashed {
+            inner: b,
+            hash: DefaultHasher::new(),
+            exchange: hashed,
+        }
+        .boxed_unsync()
+    });
+    let sent = gate.send(request, options).await;
+    guard.0 = None;
+    let mut x = lock(&exchange);
+    match sent {
+        Ok((response, io)) => {
+            x.answer = Some(Ok(Head {
+                status: response.status(),
+                version: response.version(),
+                headers: response.headers().clone(),
+            }));
+            drop(x);
+            let response = response.map(|b| {
+                Recording {
+                    inner: b,
+                    exchange: exchange.clone(),
+                }
+                .boxed_unsync()
+            });
+            Ok((response, io))
+        }
+        Err(e) => {
+            x.answer = Some(Err(code_of(&e)));
+            Err(e)
+        }
+    }
+}
+
+/// Answers a fork's replayed `request` as `exchange` recorded, once the request's body
+/// (which the guest writes meanwhile) is in and matches the recorded one.
+async fn replay(
+    access: HttpAccess,
+    tape: Arc<Tape>,
+    request: http::Request<WasiBody>,
+    exchange: Arc<Mutex<Exchange>>,
+) -> Result<Sent, Error> {
+    let x = lock(&exchange).clone();
+    if x.abandoned {
+        // The guest dropped this future the first time, and will again.
+        return std::future::pending().await;
+    }
+    let mut body = request.into_body();
+    let mut hash = DefaultHasher::new();
+    let (mut seen, mut whole) = (0u64, true);
+    let drained = timeout_at(Instant::now() + access.deadline, async {
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        seen += data.len() as u64;
+                        hash.write(data);
+                    }
+                }
+                Err(_) => {
+                    whole = false;
+                    break;
+                }
+            }
+            if seen > access.max_bytes {
+                whole = false;
+                break;
+            }
+        }
+    })
+    .await;
+    let body_digest = (drained.is_ok() && whole).then(|| hash.finish());
+    if x.body.is_some() && body_digest != x.body {
+        let why = "a replayed HTTP request's body was not the one recorded".to_string();
+        tape.diverge(why.clone());
+        return Err(Error::InternalError(Some(why)));
+    }
+    match x.answer {
+        None => Err(Error::InternalError(Some(
+            "a replayed HTTP request had no recorded answer".into(),
+        ))),
+        Some(Err(code)) => Err(again(code)),
+        Some(Ok(head)) => {
+            let mut response = http::Response::new(
+                Replayed {
+                    frames: x.frames.into(),
+                    end: x.end,
+                }
+                .boxed_unsync(),
+            );
+            *response.status_mut() = head.status;
+            *response.version_mut() = head.version;
+            *response.headers_mut() = head.headers;
+            let io: Box<dyn Future<Output = Result<(), Error>> + Send> = Box::new(async { Ok(()) });
+            Ok((response, io))
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A request body passed on as it is, its digest kept on the exchange once it ends.
+struct Hashed {
+    inner: WasiBody,
+    hash: DefaultHasher,
+    exchange: Arc<Mutex<Exchange>>,
+}
+
+impl Body for Hashed {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.hash.write(data);
+                }
+            }
+            Poll::Ready(None) => {
+                let digest = self.hash.finish();
+                lock(&self.exchange).body = Some(digest);
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body passed on as it is, each frame the guest reads recorded on the
+/// exchange, and how it ended.
+struct Recording {
+    inner: WasiBody,
+    exchange: Arc<Mutex<Exchange>>,
+}
+
+impl Body for Recording {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(ready) = &polled {
+            let mut x = lock(&self.exchange);
+            match ready {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        x.frames.push(Piece::Data(data.clone()));
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        x.frames.push(Piece::Trailers(trailers.clone()));
+                    }
+                }
+                Some(Err(e)) => x.end = Some(Ending::Failed(code_of(e))),
+                None => x.end = Some(Ending::Complete),
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        lock(&self.exchange).end.get_or_insert(Ending::Dropped);
+    }
+}
+
+/// A recorded response body, given again.
+struct Replayed {
+    frames: std::collections::VecDeque<Piece>,
+    end: Option<Ending>,
+}
+
+impl Body for Replayed {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if let Some(piece) = self.frames.pop_front() {
+            return Poll::Ready(Some(Ok(match piece {
+                Piece::Data(data) => Frame::data(data),
+                Piece::Trailers(trailers) => Frame::trailers(trailers),
+            })));
+        }
+        Poll::Ready(match self.end.take() {
+            Some(Ending::Complete) => None,
+            Some(Ending::Failed(code)) => Some(Err(again(code))),
+            // The guest stopped reading here the first time; it asks for no more.
+            Some(Ending::Dropped) | None => Some(Err(Error::HttpResponseIncomplete)),
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && matches!(self.end, Some(Ending::Complete))
+    }
+}
+
+/// The error that the guest sees as `code` again: wasmtime-wasi-http's own conversion,
+/// except for the one code it turns into a request's (48.0.8 maps a response header's
+/// size to `HttpRequestHeaderSize`).
+fn again(code: ErrorCode) -> Error {
+    match code {
+        ErrorCode::HttpResponseHeaderSize(p) => Error::HttpResponseHeaderSize {
+            field_name: p.field_name,
+            field_size: p.field_size,
+        },
+        code => Error::from(code),
+    }
+}
+
+/// The error code the guest sees for `e`, as wasmtime-wasi-http turns it into one (with
+/// the default hooks, which [`GateHooks`] keeps): what a replay gives again ([`again`]).
+fn code_of(e: &Error) -> ErrorCode {
+    use std::error::Error as _;
+    let size = |field_name: &Option<String>, field_size: &Option<u32>| FieldSizePayload {
+        field_name: field_name.clone(),
+        field_size: *field_size,
+    };
+    let dns = |rcode: &str| {
+        ErrorCode::DnsError(DnsErrorPayload {
+            rcode: Some(rcode.to_string()),
+            info_code: None,
+        })
+    };
+    match e {
+        Error::Hyper(err) => err
+            .source()
+            .and_then(|cause| cause.downcast_ref::<ErrorCode>())
+            .cloned()
+            .unwrap_or(ErrorCode::HttpProtocolError),
+        Error::Connect(err) => {
+            if err.kind() == std::io::ErrorKind::AddrNotAvailable
+                || err
+                    .to_string()
+                    .starts_with("failed to lookup address information")
+            {
+                dns("address not available")
+            } else {
+                ErrorCode::ConnectionRefused
+            }
+        }
+        Error::Tls(_) => ErrorCode::TlsProtocolError,
+        Error::HttpRequestBodySize(n) => ErrorCode::HttpRequestBodySize(*n),
+        Error::DnsTimeout => ErrorCode::DnsTimeout,
+        Error::DnsError { rcode, info_code } => ErrorCode::DnsError(DnsErrorPayload {
+            rcode: rcode.clone(),
+            info_code: *info_code,
+        }),
+        Error::DestinationNotFound => ErrorCode::DestinationNotFound,
+        Error::DestinationUnavailable => ErrorCode::DestinationUnavailable,
+        Error::DestinationIpProhibited => ErrorCode::DestinationIpProhibited,
+        Error::DestinationIpUnroutable => ErrorCode::DestinationIpUnroutable,
+        Error::ConnectionRefused => ErrorCode::ConnectionRefused,
+        Error::ConnectionTerminated => ErrorCode::ConnectionTerminated,
+        Error::ConnectionTimeout => ErrorCode::ConnectionTimeout,
+        Error::ConnectionReadTimeout => ErrorCode::ConnectionReadTimeout,
+        Error::ConnectionWriteTimeout => ErrorCode::ConnectionWriteTimeout,
+        Error::ConnectionLimitReached => ErrorCode::ConnectionLimitReached,
+        Error::TlsProtocolError => ErrorCode::TlsProtocolError,
+        Error::TlsCertificateError => ErrorCode::TlsCertificateError,
+        Error::TlsAlertReceived {
+            alert_id,
+            alert_message,
+        } => ErrorCode::TlsAlertReceived(TlsAlertReceivedPayload {
+            alert_id: *alert_id,
+            alert_message: alert_message.clone(),
+        }),
+        Error::HttpRequestDenied => ErrorCode::HttpRequestDenied,
+        Error::HttpRequestLengthRequired => ErrorCode::HttpRequestLengthRequired,
+        Error::HttpRequestMethodInvalid => ErrorCode::HttpRequestMethodInvalid,
+        Error::HttpRequestUriInvalid => ErrorCode::HttpRequestUriInvalid,
+        Error::HttpRequestUriTooLong => ErrorCode::HttpRequestUriTooLong,
+        Error::HttpRequestHeaderSectionSize(n) => ErrorCode::HttpRequestHeaderSectionSize(*n),
+        Error::HttpRequestHeaderSize {
+            field_name,
+            field_size,
+        } => ErrorCode::HttpRequestHeaderSize(Some(size(field_name, field_size))),
+        Error::HttpRequestTrailerSectionSize(n) => ErrorCode::HttpRequestTrailerSectionSize(*n),
+        Error::HttpRequestTrailerSize {
+            field_name,
+            field_size,
+        } => ErrorCode::HttpRequestTrailerSize(size(field_name, field_size)),
+        Error::HttpResponseIncomplete => ErrorCode::HttpResponseIncomplete,
+        Error::HttpResponseHeaderSectionSize(n) => ErrorCode::HttpResponseHeaderSectionSize(*n),
+        Error::HttpResponseHeaderSize {
+            field_name,
+            field_size,
+        } => ErrorCode::HttpResponseHeaderSize(size(field_name, field_size)),
+        Error::HttpResponseBodySize(n) => ErrorCode::HttpResponseBodySize(*n),
+        Error::HttpResponseTrailerSectionSize(n) => ErrorCode::HttpResponseTrailerSectionSize(*n),
+        Error::HttpResponseTrailerSize {
+            field_name,
+            field_size,
+        } => ErrorCode::HttpResponseTrailerSize(size(field_name, field_size)),
+        Error::HttpResponseTransferCoding(c) => ErrorCode::HttpResponseTransferCoding(c.clone()),
+        Error::HttpResponseContentCoding(c) => ErrorCode::HttpResponseContentCoding(c.clone()),
+        Error::HttpResponseTimeout => ErrorCode::HttpResponseTimeout,
+        Error::HttpUpgradeFailed => ErrorCode::HttpUpgradeFailed,
+        Error::HttpProtocolError => ErrorCode::HttpProtocolError,
+        Error::LoopDetected => ErrorCode::LoopDetected,
+        Error::ConfigurationError => ErrorCode::ConfigurationError,
+        Error::InternalError(text) => ErrorCode::InternalError(text.clone()),
+        // `InvalidDnsNameError`, only made by wasmtime-wasi-http's own sender (not built
+        // here), and what later versions add.
+        other => ErrorCode::InternalError(Some(other.to_string())),
     }
 }
 

@@ -9,6 +9,7 @@
 //!   one [`Session`] shape for the four roles.
 //! - [`fault`]: typed, counted plugin faults.
 //! - [`fork`]: a session forked into another with the same state, by replay.
+//! - [`tape`]: an instance's HTTP and `model.generate` answers, recorded for its forks.
 //! - [`inspect`]: what a component file is, checked before it runs.
 //! - [`http`]: plugins' outbound HTTP (`wasi:http`), sent only as granted.
 //! - [`net`]: outbound HTTP grants (`allow_http`) and the check each request passes.
@@ -36,6 +37,7 @@ pub mod sandbox;
 pub mod scaffold;
 pub mod schema;
 mod session;
+pub mod tape;
 pub mod types;
 
 pub use fault::{Fault, FaultCounts, FaultKind};

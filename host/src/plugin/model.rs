@@ -11,6 +11,8 @@
 //!
 //! The plugin module knows nothing of the engine: a link is a function that takes a call.
 
+use super::fork::digest;
+use super::tape::{Cue, Tape};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -280,6 +282,18 @@ impl ModelLink {
         self
     }
 
+    /// The calls made on this link so far (refused ones too: each takes an index).
+    pub fn calls_made(&self) -> u32 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// The same link, its next call numbered `made` (a branch's link goes on from its
+    /// parent's calls, which count against the same grant).
+    pub fn continuing(self, made: u32) -> ModelLink {
+        self.calls.store(made, Ordering::Relaxed);
+        self
+    }
+
     /// The same link, its calls' outcomes also tallied in `tally`.
     pub fn tallied(mut self, tally: Arc<CallTally>) -> ModelLink {
         self.tally = Some(tally);
@@ -395,6 +409,9 @@ pub struct ModelAccess {
     pub link: Option<ModelLink>,
     pub counts: Arc<GenerateCounts>,
     pub clock: Arc<Mutex<WaitClock>>,
+    /// The instance's record of outside answers: each call's answer goes on it, and a
+    /// fork's replay is answered from it.
+    pub tape: Arc<Tape>,
 }
 
 impl ModelAccess {
@@ -509,12 +526,27 @@ impl ModelAccess {
         Ok((call, rx))
     }
 
-    /// One `model.generate` call of plugin `plugin`: refused, or sent and awaited.
+    /// One `model.generate` call of plugin `plugin`: refused, or sent and awaited, and
+    /// its answer recorded on the instance's tape; in a fork's replay, the answer the
+    /// original got (not counted again: the call was made once).
     pub async fn generate(
         &self,
         plugin: &str,
         request: GenerateRequest,
     ) -> Result<Generated, String> {
+        let asked = digest(&request);
+        match self.tape.generate(asked) {
+            Cue::Replay(answer) => return answer,
+            Cue::Diverged(why) => return Err(why),
+            Cue::Live(()) => {}
+        }
+        let answer = self.ask(plugin, request).await;
+        self.tape.record_generate(asked, &answer);
+        answer
+    }
+
+    /// [`Self::generate`] of the model itself.
+    async fn ask(&self, plugin: &str, request: GenerateRequest) -> Result<Generated, String> {
         let tally = |outcome: &str| {
             if let Some(t) = self.link.as_ref().and_then(|l| l.tally.as_ref()) {
                 t.add(plugin, outcome);

@@ -12,6 +12,7 @@ use super::inspect::{LoadError, Shape, role_list};
 use super::model::{GenerateCounts, ModelAccess, ModelLink, ModelServer};
 use super::output::truncate_utf8;
 use super::sandbox::{EPOCH_TICK, Grants, Limits, StoreState};
+use super::tape::Tape;
 use super::types::{PluginInfo, Role};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -229,12 +230,15 @@ impl Inner {
     }
 
     /// A fresh store and instance, with randomness seeded from `seed`.
-    /// `link`: where its `model.generate` calls go (its session's trajectory's engine).
+    /// `link`: where its `model.generate` calls go (its session's trajectory's engine);
+    /// `tape`: where its outside answers are recorded (a fork's: already holding those
+    /// its replay is to be served).
     pub(super) async fn instantiate(
         &self,
         seed: u64,
         call: &'static str,
         link: Option<ModelLink>,
+        tape: Arc<Tape>,
     ) -> Result<(Store<StoreState>, wasmtime::component::Instance), Fault> {
         let link = link.or_else(|| self.standalone_link(seed));
         let model = ModelAccess {
@@ -242,6 +246,7 @@ impl Inner {
             link,
             counts: self.generate.clone(),
             clock: Arc::default(),
+            tape,
         };
         let state = StoreState::new(
             &self.id,
@@ -411,7 +416,14 @@ impl Inner {
     }
 
     async fn about_info(&self) -> Result<PluginInfo, Fault> {
-        let (mut store, instance) = self.instantiate(self.seed_salt, "about.info", None).await?;
+        let (mut store, instance) = self
+            .instantiate(
+                self.seed_salt,
+                "about.info",
+                None,
+                Arc::new(Tape::new(false)),
+            )
+            .await?;
         let about = self
             .exports
             .about(&mut store, &instance)

@@ -13,6 +13,7 @@ use super::http::{GateHooks, HttpAccess, HttpGate};
 use super::model::{GenerateGrant, ModelAccess};
 use super::net::HttpGrants;
 use super::output::CappedPipe;
+use super::tape::Tape;
 use anyhow::{Context, Result};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -238,6 +239,14 @@ pub struct StoreState {
 }
 
 impl StoreState {
+    /// The instance's record of its HTTP and `model.generate` answers (a fork replays
+    /// them).
+    pub fn tape(&self) -> &Arc<Tape> {
+        &self.model.tape
+    }
+}
+
+impl StoreState {
     /// A fresh sandbox for one instance. `seed` seeds the plugin's randomness: the same
     /// seed gives the same random numbers, so a rollout can be replayed.
     pub fn new(
@@ -302,7 +311,10 @@ impl StoreState {
             max_log_bytes: limits.max_log_bytes,
             note: None,
             http: WasiHttpCtx::new(),
-            http_hooks: GateHooks(http.clone()),
+            http_hooks: GateHooks {
+                gate: http.clone(),
+                tape: model.tape.clone(),
+            },
             model,
             epoch_left: 0,
             time,

@@ -20,8 +20,10 @@ use super::fork::{GuestCall, Logged, digest};
 use super::model::ModelLink;
 use super::plugin::{Inner, Plugin};
 use super::sandbox::StoreState;
+use super::tape::Tape;
 use super::types::{Component, FunctionSpec, Message, Role, Sample, StepResult, Transcript};
 use anyhow::Result;
+use std::sync::Arc;
 use wasmtime::Store;
 use wasmtime::component::{Instance, ResourceAny};
 
@@ -51,6 +53,10 @@ pub trait Kind: Sized {
     const ROLE: Role;
     /// The call that opens the session's resource, as faults name it.
     const OPEN: &'static str;
+    /// Whether the role's sessions can be forked, and so keep their calls and outside
+    /// answers: a trajectory's (trigger, tools, environment). A dataset's or a reward's
+    /// session lives as long as the run, and a log of all its calls would grow with it.
+    const FORKS: bool = true;
     /// What opening takes, kept to open a fresh instance after a fault (or a fork).
     type Args: Clone;
     /// What the session asks of a fresh instance (a trigger's stop patterns, a dataset's
@@ -107,6 +113,8 @@ pub struct Session<K: Kind> {
     model: Option<ModelLink>,
     /// The calls made on the live instance since it opened, in order.
     log: Vec<Logged>,
+    /// A fork's first instance: the tape of outside answers its replay is served.
+    replay: Option<Arc<Tape>>,
 }
 
 /// One live instance and the resource a session holds in it.
@@ -144,6 +152,7 @@ impl<K: Kind> Session<K> {
             opened: K::Opened::default(),
             model: None,
             log: Vec::new(),
+            replay: None,
         };
         session.live().await?;
         Ok(session)
@@ -160,13 +169,20 @@ impl<K: Kind> Session<K> {
             opened: K::Opened::default(),
             model: self.model.clone(),
             log: Vec::with_capacity(self.log.len()),
+            replay: None,
         }
     }
 
-    /// Whether the session has a live instance (it has none after a fault, until its
-    /// next call opens a fresh one).
-    pub(super) fn is_live(&self) -> bool {
-        self.live.is_some()
+    /// Serves the next instance this session opens (a fork's) the outside answers on
+    /// `tape` while it replays.
+    pub(super) fn replaying(&mut self, tape: Tape) {
+        self.replay = Some(Arc::new(tape));
+    }
+
+    /// The live instance's record of outside answers (`None` without one: after a fault,
+    /// until the session's next call opens a fresh instance).
+    pub(super) fn tape(&self) -> Option<&Arc<Tape>> {
+        self.live.as_ref().map(|l| l.store.data().tape())
     }
 
     /// Opens the session's instance if it has none.
@@ -175,7 +191,7 @@ impl<K: Kind> Session<K> {
     }
 
     /// The calls made on the live instance since it opened (with no live instance, those
-    /// of the one a fault discarded: see [`Self::is_live`]).
+    /// of the one a fault discarded: see [`Self::tape`]).
     pub(super) fn log(&self) -> &[Logged] {
         &self.log
     }
@@ -197,6 +213,11 @@ impl<K: Kind> Session<K> {
         &self.plugin
     }
 
+    /// The `model.generate` calls made on the session's link so far.
+    pub fn model_calls(&self) -> u32 {
+        self.model.as_ref().map_or(0, |l| l.calls_made())
+    }
+
     /// Sends the session's `model.generate` calls down `link` from now on (`None`: no
     /// model answers them), in this instance and every one it opens after a fault.
     pub fn set_model(&mut self, link: Option<ModelLink>) {
@@ -212,7 +233,14 @@ impl<K: Kind> Session<K> {
             self.log.clear();
             let inner = &*self.plugin.0;
             let (mut store, instance) = inner
-                .instantiate(K::seed(inner, self.seed), K::OPEN, self.model.clone())
+                .instantiate(
+                    K::seed(inner, self.seed),
+                    K::OPEN,
+                    self.model.clone(),
+                    self.replay
+                        .take()
+                        .unwrap_or_else(|| Arc::new(Tape::new(K::FORKS))),
+                )
                 .await?;
             let guest = K::load(&inner.exports, &mut store, &instance)
                 .map_err(|e| inner.fault(K::OPEN, FaultKind::Incompatible, e.to_string()))?;
@@ -254,7 +282,8 @@ impl<K: Kind> Session<K> {
 
     /// Calls the session's resource (the call `record` names) and logs `record` with the
     /// digest of what the guest returned (its own errors too: the call ran, and may have
-    /// changed its state). A fault discards the instance, and with it the log.
+    /// changed its state), if the role forks. A fault discards the instance, and with it
+    /// the log.
     async fn logged_call<R>(
         &mut self,
         record: GuestCall,
@@ -265,10 +294,12 @@ impl<K: Kind> Session<K> {
         let result = self.live().await?.call(&inner, record.name(), run).await;
         match result {
             Ok(answer) => {
-                self.log.push(Logged {
-                    answer: digest(&answer),
-                    call: record,
-                });
+                if K::FORKS {
+                    self.log.push(Logged {
+                        answer: digest(&answer),
+                        call: record,
+                    });
+                }
                 Ok(answer)
             }
             Err(fault) => {
@@ -451,6 +482,7 @@ impl EnvironmentEpisode {
 impl Kind for bindings::Dataset {
     const ROLE: Role = Role::Dataset;
     const OPEN: &'static str = "dataset.open";
+    const FORKS: bool = false;
     /// The config and the run's seed.
     type Args = (String, u64);
     /// The length.
@@ -540,6 +572,7 @@ impl DatasetSource {
 impl Kind for bindings::Reward {
     const ROLE: Role = Role::Reward;
     const OPEN: &'static str = "reward.open";
+    const FORKS: bool = false;
     /// The config.
     type Args = String;
     type Opened = ();

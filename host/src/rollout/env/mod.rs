@@ -71,16 +71,13 @@ impl Answerers {
     }
 
     /// Whether every session of a trajectory can be forked (tree rollouts), and if not
-    /// the one line that says which cannot and why.
+    /// the one line that says why: every plugin's session can, an OpenEnv server's
+    /// episode cannot.
     pub fn forkable(&self) -> Result<(), String> {
-        if self.openenv.is_some() {
-            return Err(SERVER_UNFORKABLE.into());
+        match self.openenv {
+            Some(_) => Err(SERVER_UNFORKABLE.into()),
+            None => Ok(()),
         }
-        let tools = self.tools.iter().flat_map(|t| &t.plugins);
-        for spec in self.trigger.iter().chain(&self.environment).chain(tools) {
-            spec.plugin.forkable()?;
-        }
-        Ok(())
     }
 }
 
@@ -112,6 +109,18 @@ impl TrajectorySessions {
         self.trigger.as_ref().map_or(&[], |t| t.stop_patterns())
     }
 
+    /// The `model.generate` calls made on the trajectory's link so far (its sessions
+    /// share one).
+    fn model_calls(&self) -> u32 {
+        let episode = match self.episode.as_deref() {
+            Some(AnyEpisode::Plugin(e)) => e.model_calls(),
+            _ => 0,
+        };
+        let trigger = self.trigger.as_ref().map_or(0, |t| t.model_calls());
+        let tools = self.tools.iter().flatten().map(|t| t.model_calls());
+        tools.fold(trigger.max(episode), u32::max)
+    }
+
     /// Sessions for a branch of this trajectory (a tree rollout): each session forked
     /// ([`crate::plugin::fork`]), so the branch goes on from this state and its calls
     /// change only its own; stateless calls seeded from `seed`, the branch's; its
@@ -122,6 +131,10 @@ impl TrajectorySessions {
         seed: u64,
         link: ModelLink,
     ) -> Result<TrajectorySessions, ForkError> {
+        // The branch's calls count on from the trajectory's so far (one link for all its
+        // sessions), against the same per-trajectory grant.
+        let made = self.model_calls();
+        let link = link.continuing(made);
         let trigger = match &mut self.trigger {
             Some(t) => {
                 let mut fork = t.fork().await?;
