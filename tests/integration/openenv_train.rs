@@ -11,10 +11,11 @@
 use super::openenv::{Server, openenv_python};
 use super::rollout::{GUESS, msg, run, sample, settings_for, taught, tool};
 use super::tokio_runtime;
-use rlhost::config::openenv::{OpenEnvSection, PromptFrom};
+use rlhost::config::openenv::{ForkBy, OpenEnvSection, PromptFrom};
 use rlhost::plugin::{Limits, Sample};
 use rlhost::rollout::env::openenv::Remote;
-use rlhost::rollout::{Rewards, RolloutSettings, StopReason, Trajectory};
+use rlhost::rollout::tree::{BranchAt, TreeSettings};
+use rlhost::rollout::{Engine, Rewards, RolloutSettings, StopReason, Trajectory};
 use rlhost_tests::{TestCommand, plugin, repo_root, temp_dir};
 use serde_json::json;
 use std::io::BufRead;
@@ -583,5 +584,85 @@ plugin = "units_task"
         calls += a["tool_calls"].as_u64().unwrap();
     }
     assert!(calls > 0, "no call was made: nothing compared");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A tree rollout against `rlhost env serve` with `rollout.openenv.fork = "replay"`: each
+/// branch's episode is a new server session sent the reset and the actions again, and
+/// the trees are token for token those of the plugin forked in process.
+#[test]
+fn a_served_episode_forks_by_replay_as_the_plugin_does_in_process() {
+    let rt = tokio_runtime();
+    let dir = temp_dir("openenv-tree");
+    let data = dir.join("guess.jsonl");
+    let row = json!({"messages": [{"role": "user", "content": GUESS}], "metadata": {"secret": 37}});
+    std::fs::write(&data, format!("{row}\n")).unwrap();
+    let tree = |s: &mut RolloutSettings| {
+        s.group_size = 4;
+        s.sampling.temperature = 1.0;
+        s.tree = Some(TreeSettings {
+            chains: 2,
+            branch_at: BranchAt::Result,
+            branch_factor: 2,
+            max_depth: 1,
+            entropy_window: 0,
+            entropy_threshold: 0.0,
+        });
+    };
+    let mut local = settings_for(
+        taught(),
+        None,
+        Some(tool(&rt, "guess_number", "{}", Limits::default())),
+    );
+    tree(&mut local);
+    let want = run(
+        &rt,
+        &local,
+        &Rewards::none(),
+        &[(0, sample(GUESS, json!({"secret": 37})))],
+    );
+    let server = Server::start(&[
+        plugin("guess_number").to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    let mut s = section(&server.url);
+    s.prompt = PromptFrom::Reset;
+    // Without `fork = "replay"` the engine refuses the tree in one line.
+    let mut refused = with_openenv(connect(&rt, &s), 4);
+    tree(&mut refused);
+    let err = Engine::new(taught(), &refused, &Rewards::none(), rt.handle().clone())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("rollout.openenv.fork = \"replay\""), "{err}");
+
+    s.fork = ForkBy::Replay;
+    let mut remote = with_openenv(connect(&rt, &s), 4);
+    tree(&mut remote);
+    let empty = Sample {
+        messages: Vec::new(),
+        metadata: json!({"secret": 37}),
+    };
+    let got = run(&rt, &remote, &Rewards::none(), &[(0, empty)]);
+    let (w, g) = (&want[0].trajectories, &got[0].trajectories);
+    assert_eq!((g.len(), w.len()), (4, 4));
+    let forked = g.iter().filter(|t| {
+        t.tree
+            .as_ref()
+            .is_some_and(|p| p.path.get(1).is_some_and(|&c| c > 0))
+    });
+    assert!(
+        forked.count() >= 1,
+        "a branch went on in a forked session: {:?}",
+        g.iter().map(|t| &t.tree).collect::<Vec<_>>()
+    );
+    for (w, g) in w.iter().zip(g) {
+        assert_eq!(g.faults, vec![], "{:?}", faults(g));
+        assert_eq!(g.tree, w.tree);
+        assert_eq!(g.messages, w.messages);
+        assert_eq!(g.tokens, w.tokens, "{}", g.completion);
+        assert_eq!(g.rewards.get("env"), w.rewards.get("env"));
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -190,15 +190,32 @@ impl LoadedConfig {
         if let Some(tree) = &r.tree {
             tree.settings(r.group_size, c.sampling.max_new_tokens)
                 .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
-            if r.openenv.is_some() || c.gateway.is_some() {
+            let replayed = r
+                .openenv
+                .as_ref()
+                .map(|o| o.fork == crate::openenv::settings::ForkBy::Replay);
+            if replayed == Some(false) || c.gateway.is_some() {
                 bail!(
-                    "{file}: [rollout.tree] branches trajectories by forking their plugin sessions; {} cannot be forked, so keep one or the other",
+                    "{file}: [rollout.tree] branches trajectories by forking their sessions; {} cannot be forked, so keep one or the other",
                     if c.gateway.is_some() {
                         "a [gateway] agent's session"
                     } else {
-                        "an OpenEnv server's episode ([rollout.openenv])"
+                        "an OpenEnv server's episode ([rollout.openenv]; set rollout.openenv.fork = \"replay\" if the server's episodes follow from their reset's seed)"
                     }
                 );
+            }
+            // Every leaf of a batch holds a session at its end: a fork that waited for a
+            // place its own batch holds would wait out its timeout.
+            if let Some(o) = r.openenv.as_ref().filter(|_| replayed == Some(true)) {
+                let leaves = r.group_size * r.prompts_per_step;
+                if leaves > o.max_sessions {
+                    bail!(
+                        "{file}: [rollout.tree] with rollout.openenv.fork = \"replay\" opens a session for every leaf: {} prompts × group_size {} = {leaves} sessions, rollout.openenv.max_sessions is {}; raise it (and the server's own cap) or lower rollout.prompts_per_step",
+                        r.prompts_per_step,
+                        r.group_size,
+                        o.max_sessions
+                    );
+                }
             }
             if c.distill.is_some() || c.train.algorithm == crate::rl::algorithms::Algorithm::Ppo {
                 bail!(
@@ -210,10 +227,10 @@ impl LoadedConfig {
                     }
                 );
             }
-            let multi_turn = r.environment.is_some() || !r.tools.is_empty();
+            let multi_turn = r.environment.is_some() || !r.tools.is_empty() || r.openenv.is_some();
             if r.trigger.is_none() && !multi_turn {
                 bail!(
-                    "{file}: [rollout.tree] branches after tool results, but the run has no rollout.trigger, rollout.tools or rollout.environment to give any"
+                    "{file}: [rollout.tree] branches after tool results, but the run has no rollout.trigger, rollout.tools, rollout.environment or [rollout.openenv] to give any"
                 );
             }
             if tree.branch_at == crate::rollout::tree::BranchAt::Turn && !multi_turn {
@@ -412,9 +429,26 @@ weights = { correct = 1.0 }
         let no_tool = tree.replace("trigger = \"calc\"\n", "");
         let e = format!("{:#}", load(&no_tool, &[]).unwrap_err());
         assert!(
-            e.contains("no rollout.trigger, rollout.tools or rollout.environment"),
+            e.contains("no rollout.trigger, rollout.tools, rollout.environment or [rollout.openenv]"),
             "{e}"
         );
+        // An OpenEnv server's episodes branch only by replay, with a session for every
+        // leaf of a batch.
+        let served = format!(
+            "{no_tool}[rollout.openenv]\nurl = \"http://127.0.0.1:9\"\nallow = [\"http://127.0.0.1:9\"]\n"
+        );
+        let e = format!("{:#}", load(&served, &[]).unwrap_err());
+        assert!(e.contains("set rollout.openenv.fork = \"replay\""), "{e}");
+        let replay = ["rollout.openenv.fork=\"replay\""];
+        let e = format!("{:#}", load(&served, &replay).unwrap_err());
+        assert!(
+            e.contains(
+                "8 prompts × group_size 4 = 32 sessions, rollout.openenv.max_sessions is 16"
+            ),
+            "{e}"
+        );
+        let room = [replay[0], "rollout.openenv.max_sessions=32"];
+        load(&served, &room).unwrap();
     }
 
     #[test]

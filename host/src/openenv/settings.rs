@@ -55,6 +55,25 @@ pub struct OpenEnvSection {
     pub step_timeout_s: f64,
     /// Largest message the server may send, in MiB; a larger one ends the episode.
     pub max_message_mib: f64,
+    /// How a tree rollout (`[rollout.tree]`) forks an episode: `none`, it cannot (the
+    /// episode's state lives in the server, which has no way to copy a session), or
+    /// `replay`: a new session is reset as the episode was and sent its actions again,
+    /// each answer checked against the first time's (a different one ends that branch
+    /// with a fault). Only for servers whose episodes follow from their reset's seed.
+    pub fork: ForkBy,
+}
+
+/// `rollout.openenv.fork`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ForkBy {
+    /// Episodes are not forked: a tree rollout is refused.
+    #[default]
+    None,
+    /// A new session replays the episode's reset and actions.
+    Replay,
 }
 
 impl Default for OpenEnvSection {
@@ -73,6 +92,7 @@ impl Default for OpenEnvSection {
             connect_timeout_s: 10.0,
             step_timeout_s: 60.0,
             max_message_mib: 16.0,
+            fork: ForkBy::None,
         }
     }
 }

@@ -91,6 +91,10 @@ pub enum ForkError {
     /// received (or the session had a request still open).
     #[error("plugin `{plugin}` cannot be forked: {why}")]
     Answers { plugin: String, why: String },
+    /// An episode served from elsewhere (an OpenEnv server's, `by` as its faults name
+    /// it: `openenv:<url>`) that could not be forked, and why.
+    #[error("{why}")]
+    Elsewhere { by: String, why: String },
     /// A replayed call answered otherwise than the first time.
     #[error(
         "plugin `{plugin}` cannot be forked: replaying call {index} of the session (`{call}`) answered otherwise than the first time, so the plugin reads something the host does not supply (a file that changed?)"

@@ -181,8 +181,10 @@ impl<'a> Engine<'a> {
                     ForkError::Fault(fault) => FaultRecord::from(fault),
                     other => FaultRecord {
                         plugin: match other {
-                            ForkError::Diverged { plugin, .. } => plugin.clone(),
-                            _ => String::new(),
+                            ForkError::Diverged { plugin, .. }
+                            | ForkError::Answers { plugin, .. } => plugin.clone(),
+                            ForkError::Elsewhere { by, .. } => by.clone(),
+                            ForkError::Refused(_) | ForkError::Fault(_) => String::new(),
                         },
                         call: "fork".into(),
                         kind: "fork".into(),

@@ -30,6 +30,7 @@ mod reply;
 pub mod tools;
 
 use super::tool_calls;
+use crate::openenv::settings::ForkBy;
 use crate::plugin::model::ModelLink;
 use crate::plugin::{Fault, ForkError, ToolsSession, TriggerSession};
 use crate::sampler::decode::sample_seed;
@@ -37,7 +38,7 @@ use crate::task::{Message, Sample};
 use anyhow::{Result, bail};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use openenv::{Remote, RemoteEpisode};
+use openenv::{EpisodeForkError, Remote, RemoteEpisode};
 use plugin::AnyEpisode;
 pub use reply::{Reply, Then};
 use serde_json::Value as Json;
@@ -74,9 +75,9 @@ impl Answerers {
     /// the one line that says why: every plugin's session can, an OpenEnv server's
     /// episode cannot.
     pub fn forkable(&self) -> Result<(), String> {
-        match self.openenv {
-            Some(_) => Err(SERVER_UNFORKABLE.into()),
-            None => Ok(()),
+        match &self.openenv {
+            Some(r) if r.section.fork != ForkBy::Replay => Err(openenv::UNFORKABLE.into()),
+            _ => Ok(()),
         }
     }
 }
@@ -149,9 +150,16 @@ impl TrajectorySessions {
                 fork.set_model(Some(link.clone()));
                 Some(Box::new(AnyEpisode::Plugin(fork)))
             }
-            Some(AnyEpisode::Remote(_)) => {
-                return Err(ForkError::Refused(SERVER_UNFORKABLE.into()));
-            }
+            Some(AnyEpisode::Remote(e)) => match e.fork().await {
+                Ok(fork) => Some(Box::new(AnyEpisode::Remote(fork))),
+                Err(EpisodeForkError::Fault(fault)) => return Err(ForkError::Fault(fault)),
+                Err(other) => {
+                    return Err(ForkError::Elsewhere {
+                        by: e.source(),
+                        why: other.to_string(),
+                    });
+                }
+            },
             None => None,
         };
         let mut tools = Vec::with_capacity(self.tools.len());
@@ -174,9 +182,6 @@ impl TrajectorySessions {
         })
     }
 }
-
-/// Why a run with an OpenEnv server cannot branch.
-const SERVER_UNFORKABLE: &str = "an OpenEnv server's episode cannot be forked: its state lives in the server, which has no way to copy a session; tree rollouts need plugin environments";
 
 /// A trajectory's sessions: open at once (it has none to open, or only a server session
 /// opened with its prompt), or opening on the worker pool.

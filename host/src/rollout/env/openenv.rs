@@ -28,7 +28,8 @@ use tokio_tungstenite::tungstenite::{self, Message as WsMessage, protocol::WebSo
 
 use super::tools::Written;
 use crate::openenv::endpoint::Endpoint;
-use crate::openenv::settings::{ActionKind, OpenEnvSection, PromptFrom};
+use crate::openenv::settings::{ActionKind, ForkBy, OpenEnvSection, PromptFrom};
+use crate::plugin::fork::digest;
 use crate::plugin::net::HttpGrants;
 use crate::plugin::{Fault, FaultKind, FunctionSpec, StepResult};
 use crate::rollout::tool_calls::{CallError, CallFormat};
@@ -53,6 +54,9 @@ pub struct Remote {
     /// One permit per session open (`max_sessions`).
     sessions: Arc<tokio::sync::Semaphore>,
 }
+
+/// Why a run with an OpenEnv server cannot branch unless it says its episodes replay.
+pub const UNFORKABLE: &str = "an OpenEnv server's episode cannot be forked: its state lives in the server, which has no way to copy a session; tree rollouts need plugin environments, or rollout.openenv.fork = \"replay\" for a server whose episodes follow from their reset's seed";
 
 /// The `episode_id` an OpenEnv session of trajectory `j` of sample `id` is reset with.
 pub fn episode_id(seed: u64, id: u64, j: usize) -> String {
@@ -237,9 +241,14 @@ impl Remote {
         (self.section.max_message_mib * 1024.0 * 1024.0) as usize
     }
 
+    /// What the server's faults are filed under: `openenv:<url>`.
+    pub fn source(&self) -> String {
+        format!("openenv:{}", self.url)
+    }
+
     fn fault(&self, call: &'static str, kind: FaultKind, message: String) -> Fault {
         Fault {
-            plugin: format!("openenv:{}", self.url),
+            plugin: self.source(),
             call,
             kind,
             message,
@@ -523,6 +532,22 @@ pub struct RemoteEpisode {
     /// Its place under `max_sessions`, given back once the server has been told the
     /// session is over (so that the next session does not find the server full).
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// With `fork = "replay"`: each message sent (the reset, then the actions) and the
+    /// digest of the server's answer, which a fork sends again and checks.
+    sent: Vec<(Value, u64)>,
+}
+
+/// Why an episode could not be forked, in one line.
+#[derive(Debug, thiserror::Error)]
+pub enum EpisodeForkError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("forking an OpenEnv episode: {0}")]
+    Fault(#[from] Fault),
+    #[error(
+        "the OpenEnv server {url} answered message {index} of the episode's replay otherwise than the first time, so its episodes do not follow from their reset (leave rollout.openenv.fork unset for it)"
+    )]
+    Diverged { url: String, index: usize },
 }
 
 impl RemoteEpisode {
@@ -549,6 +574,39 @@ impl RemoteEpisode {
                 .await
                 .expect("the session semaphore is never closed"),
         };
+        let mut episode = RemoteEpisode::connect(&remote, permit).await?;
+        let mut data = Map::new();
+        if remote.section.reset_metadata
+            && let Some(meta) = metadata.as_object()
+        {
+            data.extend(meta.clone());
+        }
+        data.extend(remote.section.reset.clone());
+        data.insert("seed".into(), json!(seed));
+        data.insert("episode_id".into(), json!(episode_id));
+        let limit = Duration::from_secs_f64(remote.section.connect_timeout_s);
+        let observed = episode
+            .exchange(call, json!({"type": "reset", "data": data}), limit)
+            .await?;
+        let prompt = if remote.prompt_from_reset() {
+            remote.messages(
+                call,
+                &observed.observation,
+                "user",
+                &["system", "user", "assistant"],
+            )?
+        } else {
+            Vec::new()
+        };
+        Ok((episode, prompt))
+    }
+
+    /// A new session on the server holding `permit`, not yet reset.
+    async fn connect(
+        remote: &Arc<Remote>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<RemoteEpisode, Fault> {
+        let call = "openenv.reset";
         let limit = Duration::from_secs_f64(remote.section.connect_timeout_s);
         let connect = async {
             let stream = remote.tcp().await.map_err(|e| e.to_string())?;
@@ -585,35 +643,66 @@ impl RemoteEpisode {
                 ));
             }
         };
-        let mut episode = RemoteEpisode {
+        Ok(RemoteEpisode {
             remote: remote.clone(),
             ws: Some(ws),
             handle: tokio::runtime::Handle::current(),
             permit: Some(permit),
-        };
-        let mut data = Map::new();
-        if remote.section.reset_metadata
-            && let Some(meta) = metadata.as_object()
-        {
-            data.extend(meta.clone());
+            sent: Vec::new(),
+        })
+    }
+
+    /// What the server's faults are filed under.
+    pub fn source(&self) -> String {
+        self.remote.source()
+    }
+
+    /// With `rollout.openenv.fork = "replay"`: a new session in this episode's state,
+    /// made by sending it the episode's reset and actions again; each answer must be the
+    /// one the episode got, or the fork is refused. It waits for a place under
+    /// `max_sessions` at most `connect_timeout_s`.
+    pub async fn fork(&mut self) -> Result<RemoteEpisode, EpisodeForkError> {
+        let remote = self.remote.clone();
+        if remote.section.fork != ForkBy::Replay {
+            return Err(EpisodeForkError::Refused(UNFORKABLE.into()));
         }
-        data.extend(remote.section.reset.clone());
-        data.insert("seed".into(), json!(seed));
-        data.insert("episode_id".into(), json!(episode_id));
-        let observed = episode
-            .exchange(call, json!({"type": "reset", "data": data}), limit)
-            .await?;
-        let prompt = if remote.prompt_from_reset() {
-            remote.messages(
-                call,
-                &observed.observation,
-                "user",
-                &["system", "user", "assistant"],
-            )?
-        } else {
-            Vec::new()
+        if self.ws.is_none() {
+            return Err(EpisodeForkError::Refused(format!(
+                "the OpenEnv episode on {} cannot be forked: its session has ended",
+                remote.url
+            )));
+        }
+        let wait = Duration::from_secs_f64(remote.section.connect_timeout_s);
+        let place = tokio::time::timeout(wait, remote.sessions.clone().acquire_owned());
+        let Ok(permit) = place.await else {
+            return Err(EpisodeForkError::Fault(remote.fault(
+                "openenv.reset",
+                FaultKind::Timeout,
+                format!(
+                    "no place for a fork's session within rollout.openenv.connect_timeout_s ({} s): rollout.openenv.max_sessions ({}) are all open",
+                    remote.section.connect_timeout_s,
+                    remote.max_sessions()
+                ),
+            )));
         };
-        Ok((episode, prompt))
+        let permit = permit.expect("the session semaphore is never closed");
+        let mut fork = RemoteEpisode::connect(&remote, permit).await?;
+        for (index, (message, answer)) in self.sent.iter().enumerate() {
+            let (call, limit) = if index == 0 {
+                ("openenv.reset", remote.section.connect_timeout_s)
+            } else {
+                ("openenv.step", remote.section.step_timeout_s)
+            };
+            let limit = Duration::from_secs_f64(limit);
+            let observed = fork.exchange(call, message.clone(), limit).await?;
+            if digest(&observed) != *answer {
+                return Err(EpisodeForkError::Diverged {
+                    url: remote.url.clone(),
+                    index,
+                });
+            }
+        }
+        Ok(fork)
     }
 
     /// Sends the assistant's turn as a text action.
@@ -782,7 +871,12 @@ impl RemoteEpisode {
         };
         let result = outcome.and_then(|text| read_answer(&text));
         match result {
-            Ok(observed) => Ok(observed),
+            Ok(observed) => {
+                if remote.section.fork == ForkBy::Replay {
+                    self.sent.push((message, digest(&observed)));
+                }
+                Ok(observed)
+            }
             Err((kind, message)) => {
                 // The exchange is out of step (or the server is gone): no further use.
                 self.close();
