@@ -419,7 +419,9 @@ async fn record(
 }
 
 /// Answers a fork's replayed `request` as `exchange` recorded, once the request's body
-/// (which the guest writes meanwhile) is in and matches the recorded one.
+/// (which the guest writes meanwhile) is in and matches the recorded one. A guest that
+/// waits for the response before it ends its body gets the deadline's error, and the
+/// fork is refused.
 async fn replay(
     access: HttpAccess,
     tape: Arc<Tape>,
@@ -432,35 +434,39 @@ async fn replay(
         return std::future::pending().await;
     }
     let mut body = request.into_body();
-    let mut hash = DefaultHasher::new();
-    let (mut seen, mut whole) = (0u64, true);
-    let drained = timeout_at(Instant::now() + access.deadline, async {
-        while let Some(frame) = body.frame().await {
-            match frame {
-                Ok(frame) => {
-                    if let Some(data) = frame.data_ref() {
-                        seen += data.len() as u64;
-                        hash.write(data);
+    // A body the first request sent in whole is read again and compared; one it did not
+    // (refused before it was read, or cut off) is dropped unread, as it was then.
+    if let Some(sent) = x.body {
+        let mut hash = DefaultHasher::new();
+        let (mut seen, mut whole) = (0u64, true);
+        let drained = timeout_at(Instant::now() + access.deadline, async {
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(frame) => {
+                        if let Some(data) = frame.data_ref() {
+                            seen += data.len() as u64;
+                            hash.write(data);
+                        }
+                    }
+                    Err(_) => {
+                        whole = false;
+                        break;
                     }
                 }
-                Err(_) => {
+                if seen > access.max_bytes {
                     whole = false;
                     break;
                 }
             }
-            if seen > access.max_bytes {
-                whole = false;
-                break;
-            }
+        })
+        .await;
+        if drained.is_err() || !whole || hash.finish() != sent {
+            let why = "a replayed HTTP request's body was not the one recorded".to_string();
+            tape.diverge(why.clone());
+            return Err(Error::InternalError(Some(why)));
         }
-    })
-    .await;
-    let body_digest = (drained.is_ok() && whole).then(|| hash.finish());
-    if x.body.is_some() && body_digest != x.body {
-        let why = "a replayed HTTP request's body was not the one recorded".to_string();
-        tape.diverge(why.clone());
-        return Err(Error::InternalError(Some(why)));
     }
+    drop(body);
     match x.answer {
         None => Err(Error::InternalError(Some(
             "a replayed HTTP request had no recorded answer".into(),

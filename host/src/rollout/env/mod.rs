@@ -73,7 +73,7 @@ impl Answerers {
 
     /// Whether every session of a trajectory can be forked (tree rollouts), and if not
     /// the one line that says why: every plugin's session can, an OpenEnv server's
-    /// episode cannot.
+    /// episode only by replay (`rollout.openenv.fork = "replay"`).
     pub fn forkable(&self) -> Result<(), String> {
         match &self.openenv {
             Some(r) if r.section.fork != ForkBy::Replay => Err(openenv::UNFORKABLE.into()),
