@@ -429,7 +429,9 @@ weights = { correct = 1.0 }
         let no_tool = tree.replace("trigger = \"calc\"\n", "");
         let e = format!("{:#}", load(&no_tool, &[]).unwrap_err());
         assert!(
-            e.contains("no rollout.trigger, rollout.tools, rollout.environment or [rollout.openenv]"),
+            e.contains(
+                "no rollout.trigger, rollout.tools, rollout.environment or [rollout.openenv]"
+            ),
             "{e}"
         );
         // An OpenEnv server's episodes branch only by replay, with a session for every
