@@ -23,7 +23,7 @@
 
 use super::fork::digest;
 use super::net::{Denial, HttpGrants};
-use super::tape::{Cue, Ending, Exchange, Head, Piece, Tape};
+use super::tape::{Cue, Ending, Exchange, Piece, ResponseHead, Tape};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -396,7 +396,7 @@ async fn record(
     let mut x = lock(&exchange);
     match sent {
         Ok((response, io)) => {
-            x.answer = Some(Ok(Head {
+            x.answer = Some(Ok(ResponseHead {
                 status: response.status(),
                 version: response.version(),
                 headers: response.headers().clone(),

@@ -32,7 +32,7 @@ struct Reel {
     /// Whether answers are kept: only for sessions that can be forked (a dataset's or a
     /// reward's lives as long as the run, and its tape would grow with it).
     recording: bool,
-    entries: Vec<Entry>,
+    entries: Vec<Recorded>,
     /// `entries[..replay]` are the original's, served while a fork replays; `served` of
     /// them so far.
     replay: usize,
@@ -43,7 +43,7 @@ struct Reel {
 
 /// One outside answer, as recorded.
 #[derive(Clone)]
-pub enum Entry {
+pub enum Recorded {
     /// A `model.generate` call: the digest of its request and what it answered.
     Generate {
         request: u64,
@@ -62,7 +62,7 @@ pub struct Exchange {
     pub body: Option<u64>,
     /// The response's head, or the error the request ended in; `None` while it is on its
     /// way.
-    pub answer: Option<Result<Head, ErrorCode>>,
+    pub answer: Option<Result<ResponseHead, ErrorCode>>,
     /// The guest dropped the response's future before it arrived.
     pub abandoned: bool,
     /// The response body's frames, as far as the guest read them.
@@ -73,7 +73,7 @@ pub struct Exchange {
 
 /// A response's status line and headers.
 #[derive(Clone, Debug)]
-pub struct Head {
+pub struct ResponseHead {
     pub status: http::StatusCode,
     pub version: http::Version,
     pub headers: http::HeaderMap,
@@ -138,7 +138,7 @@ impl Tape {
 
     /// A fork's tape: `entries` (its original's, from [`Tape::snapshot`]) served in order
     /// while the fork replays, then recording.
-    pub fn replaying(entries: Vec<Entry>) -> Tape {
+    pub fn replaying(entries: Vec<Recorded>) -> Tape {
         Tape(Mutex::new(Reel {
             recording: true,
             replay: entries.len(),
@@ -150,13 +150,13 @@ impl Tape {
 
     /// A copy of everything recorded, for a fork of this instance; `Err` with the reason
     /// when an HTTP exchange is still open.
-    pub fn snapshot(&self) -> Result<Vec<Entry>, String> {
+    pub fn snapshot(&self) -> Result<Vec<Recorded>, String> {
         let reel = lock(&self.0);
         reel.entries
             .iter()
             .map(|e| match e {
-                Entry::Generate { .. } => Ok(e.clone()),
-                Entry::Http(x) => Ok(Entry::Http(Arc::new(Mutex::new(lock(x).settled()?)))),
+                Recorded::Generate { .. } => Ok(e.clone()),
+                Recorded::Http(x) => Ok(Recorded::Http(Arc::new(Mutex::new(lock(x).settled()?)))),
             })
             .collect()
     }
@@ -188,7 +188,7 @@ impl Tape {
     }
 
     /// The next answer to serve while replaying, if it is one `matches` accepts.
-    fn next(&self, what: &str, matches: impl FnOnce(&Entry) -> bool) -> Cue<Entry> {
+    fn next(&self, what: &str, matches: impl FnOnce(&Recorded) -> bool) -> Cue<Recorded> {
         let mut reel = lock(&self.0);
         if reel.served == reel.replay {
             return Cue::Live(());
@@ -209,10 +209,11 @@ impl Tape {
 
     /// Where a `model.generate` call's answer comes from; `request` is its digest.
     pub fn generate(&self, request: u64) -> Cue<Result<Generated, String>> {
-        let matches = |e: &Entry| matches!(e, Entry::Generate { request: r, .. } if *r == request);
+        let matches =
+            |e: &Recorded| matches!(e, Recorded::Generate { request: r, .. } if *r == request);
         match self.next("model.generate call", matches) {
-            Cue::Replay(Entry::Generate { answer, .. }) => Cue::Replay(answer),
-            Cue::Replay(Entry::Http(_)) => unreachable!("matched a generate entry"),
+            Cue::Replay(Recorded::Generate { answer, .. }) => Cue::Replay(answer),
+            Cue::Replay(Recorded::Http(_)) => unreachable!("matched a generate entry"),
             Cue::Live(()) => Cue::Live(()),
             Cue::Diverged(why) => Cue::Diverged(why),
         }
@@ -222,7 +223,7 @@ impl Tape {
     pub fn record_generate(&self, request: u64, answer: &Result<Generated, String>) {
         let mut reel = lock(&self.0);
         if reel.recording {
-            reel.entries.push(Entry::Generate {
+            reel.entries.push(Recorded::Generate {
                 request,
                 answer: answer.clone(),
             });
@@ -232,10 +233,10 @@ impl Tape {
     /// Where an HTTP request's answer comes from; `request` is the digest of its head.
     /// Live: the exchange to fill in, already on the tape (`None`: nothing is kept).
     pub fn http(&self, request: u64) -> Cue<Arc<Mutex<Exchange>>, Option<Arc<Mutex<Exchange>>>> {
-        let matches = |e: &Entry| matches!(e, Entry::Http(x) if lock(x).request == request);
+        let matches = |e: &Recorded| matches!(e, Recorded::Http(x) if lock(x).request == request);
         match self.next("HTTP request", matches) {
-            Cue::Replay(Entry::Http(x)) => Cue::Replay(x),
-            Cue::Replay(Entry::Generate { .. }) => unreachable!("matched an HTTP entry"),
+            Cue::Replay(Recorded::Http(x)) => Cue::Replay(x),
+            Cue::Replay(Recorded::Generate { .. }) => unreachable!("matched an HTTP entry"),
             Cue::Diverged(why) => Cue::Diverged(why),
             Cue::Live(()) => {
                 let mut reel = lock(&self.0);
@@ -246,7 +247,7 @@ impl Tape {
                     request,
                     ..Exchange::default()
                 }));
-                reel.entries.push(Entry::Http(x.clone()));
+                reel.entries.push(Recorded::Http(x.clone()));
                 Cue::Live(Some(x))
             }
         }
@@ -280,7 +281,7 @@ mod tests {
             panic!("a fresh tape records")
         };
         let mut x = lock(&x);
-        x.answer = Some(Ok(Head {
+        x.answer = Some(Ok(ResponseHead {
             status: http::StatusCode::OK,
             version: http::Version::HTTP_11,
             headers: http::HeaderMap::new(),
