@@ -4,7 +4,9 @@
 
 use super::load;
 use rlhost::plugin::model::{GenerateCall, GenerateGrant, Generated, ModelLink};
-use rlhost::plugin::{DirGrant, ForkError, Grants, Limits, PluginSpec, Sample, TriggerSession};
+use rlhost::plugin::{
+    DirGrant, ForkError, Grants, Limits, Plugin, PluginSpec, Sample, TriggerSession,
+};
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -201,6 +203,18 @@ async fn a_replay_that_answers_otherwise_refuses_the_fork() {
     );
 }
 
+/// The hostile plugin with `grants`.
+async fn hostile(grants: Grants) -> Plugin {
+    super::runtime(false)
+        .load(PluginSpec {
+            path: rlhost_tests::plugin("hostile"),
+            limits: Limits::default(),
+            grants,
+        })
+        .await
+        .unwrap()
+}
+
 /// A loopback HTTP server that answers each request with the number of requests it has
 /// answered so far: the network never answers the same twice.
 fn counting_server() -> (u16, Arc<AtomicUsize>) {
@@ -239,17 +253,11 @@ fn counting_server() -> (u16, Arc<AtomicUsize>) {
 async fn a_fork_is_served_the_http_answers_its_original_got() {
     let (port, answered) = counting_server();
     let url = format!("http://127.0.0.1:{port}/count");
-    let plugin = super::runtime(false)
-        .load(PluginSpec {
-            path: rlhost_tests::plugin("hostile"),
-            limits: Limits::default(),
-            grants: Grants {
-                allow_http: vec![format!("http://127.0.0.1:{port}")],
-                ..Grants::default()
-            },
-        })
-        .await
-        .unwrap();
+    let plugin = hostile(Grants {
+        allow_http: vec![format!("http://127.0.0.1:{port}")],
+        ..Grants::default()
+    })
+    .await;
     let config = format!(r#"{{"mode": "http-get", "url": "{url}"}}"#);
     let mut a = plugin
         .open_trigger(&config, &Sample::from_prompt(""), 1)
@@ -289,20 +297,14 @@ async fn a_fork_is_served_the_http_answers_its_original_got() {
 /// calls it made still count against the per-trajectory grant in the fork.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_is_served_the_model_answers_its_original_got() {
-    let plugin = super::runtime(false)
-        .load(PluginSpec {
-            path: rlhost_tests::plugin("hostile"),
-            limits: Limits::default(),
-            grants: Grants {
-                generate: Some(GenerateGrant {
-                    max_calls_per_trajectory: 3,
-                    ..GenerateGrant::default()
-                }),
-                ..Grants::default()
-            },
-        })
-        .await
-        .unwrap();
+    let plugin = hostile(Grants {
+        generate: Some(GenerateGrant {
+            max_calls_per_trajectory: 3,
+            ..GenerateGrant::default()
+        }),
+        ..Grants::default()
+    })
+    .await;
     // The model: each answer the number of calls it has answered so far.
     let asked = Arc::new(AtomicUsize::new(0));
     let count = asked.clone();

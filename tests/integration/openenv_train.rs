@@ -93,6 +93,18 @@ fn with_openenv(remote: Arc<Remote>, group: usize) -> RolloutSettings {
     s
 }
 
+/// guess_number served by `rlhost env serve` on one row (secret 37), its data in `dir`.
+fn serve_guess(dir: &Path) -> Server {
+    let data = dir.join("guess.jsonl");
+    let row = json!({"messages": [{"role": "user", "content": GUESS}], "metadata": {"secret": 37}});
+    std::fs::write(&data, format!("{row}\n")).unwrap();
+    Server::start(&[
+        plugin("guess_number").to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ])
+}
+
 fn faults(t: &Trajectory) -> Vec<(String, String, String)> {
     t.faults
         .iter()
@@ -107,9 +119,6 @@ fn faults(t: &Trajectory) -> Vec<(String, String, String)> {
 fn a_served_environment_plays_token_exactly_as_in_process() {
     let rt = tokio_runtime();
     let dir = temp_dir("openenv-exact");
-    let data = dir.join("guess.jsonl");
-    let row = json!({"messages": [{"role": "user", "content": GUESS}], "metadata": {"secret": 37}});
-    std::fs::write(&data, format!("{row}\n")).unwrap();
     let local = settings_for(
         taught(),
         None,
@@ -121,11 +130,7 @@ fn a_served_environment_plays_token_exactly_as_in_process() {
         &Rewards::none(),
         &[(0, sample(GUESS, json!({"secret": 37})))],
     );
-    let server = Server::start(&[
-        plugin("guess_number").to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ]);
+    let server = serve_guess(&dir);
     let mut s = section(&server.url);
     s.prompt = PromptFrom::Reset;
     let remote = with_openenv(connect(&rt, &s), 2);
@@ -594,9 +599,6 @@ plugin = "units_task"
 fn a_served_episode_forks_by_replay_as_the_plugin_does_in_process() {
     let rt = tokio_runtime();
     let dir = temp_dir("openenv-tree");
-    let data = dir.join("guess.jsonl");
-    let row = json!({"messages": [{"role": "user", "content": GUESS}], "metadata": {"secret": 37}});
-    std::fs::write(&data, format!("{row}\n")).unwrap();
     let tree = |s: &mut RolloutSettings| {
         s.group_size = 4;
         s.sampling.temperature = 1.0;
@@ -621,11 +623,7 @@ fn a_served_episode_forks_by_replay_as_the_plugin_does_in_process() {
         &Rewards::none(),
         &[(0, sample(GUESS, json!({"secret": 37})))],
     );
-    let server = Server::start(&[
-        plugin("guess_number").to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ]);
+    let server = serve_guess(&dir);
     let mut s = section(&server.url);
     s.prompt = PromptFrom::Reset;
     // Without `fork = "replay"` the engine refuses the tree in one line.

@@ -23,10 +23,10 @@
 
 use super::fork::digest;
 use super::net::{Denial, HttpGrants};
-use super::tape::{Cue, Ending, Exchange, Piece, ResponseHead, Tape};
+use super::tape::{Cue, Ending, Exchange, Piece, ResponseHead, Tape, lock};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use std::future::Future;
 use std::hash::{DefaultHasher, Hasher};
 use std::net::IpAddr;
@@ -382,15 +382,8 @@ async fn record(
         }
     }
     let mut guard = Abandoned(Some(exchange.clone()));
-    let hashed = exchange.clone();
-    let request = request.map(|b| {
-        Hashed {
-            inner: b,
-            hash: DefaultHasher::new(),
-            exchange: hashed,
-        }
-        .boxed_unsync()
-    });
+    let taping = Taping::Request(DefaultHasher::new());
+    let request = request.map(|b| Taped::body(b, exchange.clone(), taping));
     let sent = gate.send(request, options).await;
     guard.0 = None;
     let mut x = lock(&exchange);
@@ -402,13 +395,7 @@ async fn record(
                 headers: response.headers().clone(),
             }));
             drop(x);
-            let response = response.map(|b| {
-                Recording {
-                    inner: b,
-                    exchange: exchange.clone(),
-                }
-                .boxed_unsync()
-            });
+            let response = response.map(|b| Taped::body(b, exchange.clone(), Taping::Response));
             Ok((response, io))
         }
         Err(e) => {
@@ -433,40 +420,29 @@ async fn replay(
         // The guest dropped this future the first time, and will again.
         return std::future::pending().await;
     }
-    let mut body = request.into_body();
+    let body = request.into_body();
     // A body the first request sent in whole is read again and compared; one it did not
     // (refused before it was read, or cut off) is dropped unread, as it was then.
     if let Some(sent) = x.body {
-        let mut hash = DefaultHasher::new();
-        let (mut seen, mut whole) = (0u64, true);
-        let drained = timeout_at(Instant::now() + access.deadline, async {
-            while let Some(frame) = body.frame().await {
-                match frame {
-                    Ok(frame) => {
-                        if let Some(data) = frame.data_ref() {
-                            seen += data.len() as u64;
-                            hash.write(data);
-                        }
-                    }
-                    Err(_) => {
-                        whole = false;
-                        break;
-                    }
-                }
-                if seen > access.max_bytes {
-                    whole = false;
-                    break;
-                }
+        let deadline = Instant::now() + access.deadline;
+        let read = timeout_at(
+            deadline,
+            Limited::new(body, access.max_bytes as usize).collect(),
+        );
+        let same = match read.await {
+            Ok(Ok(collected)) => {
+                let mut hash = DefaultHasher::new();
+                hash.write(&collected.to_bytes());
+                hash.finish() == sent
             }
-        })
-        .await;
-        if drained.is_err() || !whole || hash.finish() != sent {
+            _ => false,
+        };
+        if !same {
             let why = "a replayed HTTP request's body was not the one recorded".to_string();
             tape.diverge(why.clone());
             return Err(Error::InternalError(Some(why)));
         }
     }
-    drop(body);
     match x.answer {
         None => Err(Error::InternalError(Some(
             "a replayed HTTP request had no recorded answer".into(),
@@ -489,18 +465,34 @@ async fn replay(
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// What a [`Taped`] body puts on its exchange.
+enum Taping {
+    /// A request body: the digest of its bytes, once it ends.
+    Request(DefaultHasher),
+    /// A response body: each frame the guest reads, and how it ended.
+    Response,
 }
 
-/// A request body passed on as it is, its digest kept on the exchange once it ends.
-struct Hashed {
+/// A body passed on as it is, recorded on its exchange as it is read.
+struct Taped {
     inner: WasiBody,
-    hash: DefaultHasher,
     exchange: Arc<Mutex<Exchange>>,
+    taping: Taping,
 }
 
-impl Body for Hashed {
+impl Taped {
+    /// `inner`, recorded on `exchange` as `taping` says.
+    fn body(inner: WasiBody, exchange: Arc<Mutex<Exchange>>, taping: Taping) -> WasiBody {
+        Taped {
+            inner,
+            exchange,
+            taping,
+        }
+        .boxed_unsync()
+    }
+}
+
+impl Body for Taped {
     type Data = Bytes;
     type Error = Error;
 
@@ -509,18 +501,30 @@ impl Body for Hashed {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
+        let Poll::Ready(ready) = &polled else {
+            return polled;
+        };
+        let this = &mut *self;
+        let mut x = lock(&this.exchange);
+        match (&mut this.taping, ready) {
+            (Taping::Request(hash), Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    self.hash.write(data);
+                    hash.write(data);
                 }
             }
-            Poll::Ready(None) => {
-                let digest = self.hash.finish();
-                lock(&self.exchange).body = Some(digest);
+            (Taping::Request(hash), None) => x.body = Some(hash.finish()),
+            (Taping::Request(_), Some(Err(_))) => {}
+            (Taping::Response, Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    x.frames.push(Piece::Data(data.clone()));
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    x.frames.push(Piece::Trailers(trailers.clone()));
+                }
             }
-            _ => {}
+            (Taping::Response, Some(Err(e))) => x.end = Some(Ending::Failed(code_of(e))),
+            (Taping::Response, None) => x.end = Some(Ending::Complete),
         }
+        drop(x);
         polled
     }
 
@@ -533,51 +537,11 @@ impl Body for Hashed {
     }
 }
 
-/// A response body passed on as it is, each frame the guest reads recorded on the
-/// exchange, and how it ended.
-struct Recording {
-    inner: WasiBody,
-    exchange: Arc<Mutex<Exchange>>,
-}
-
-impl Body for Recording {
-    type Data = Bytes;
-    type Error = Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(ready) = &polled {
-            let mut x = lock(&self.exchange);
-            match ready {
-                Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
-                        x.frames.push(Piece::Data(data.clone()));
-                    } else if let Some(trailers) = frame.trailers_ref() {
-                        x.frames.push(Piece::Trailers(trailers.clone()));
-                    }
-                }
-                Some(Err(e)) => x.end = Some(Ending::Failed(code_of(e))),
-                None => x.end = Some(Ending::Complete),
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Recording {
+impl Drop for Taped {
     fn drop(&mut self) {
-        lock(&self.exchange).end.get_or_insert(Ending::Dropped);
+        if let Taping::Response = self.taping {
+            lock(&self.exchange).end.get_or_insert(Ending::Dropped);
+        }
     }
 }
 

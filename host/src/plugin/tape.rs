@@ -105,7 +105,8 @@ pub enum Cue<R, L = ()> {
     Diverged(String),
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// A lock that a panic elsewhere does not poison for good: what is recorded stays readable.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -162,12 +163,9 @@ impl Tape {
     }
 
     /// Outside answers recorded so far.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         lock(&self.0).entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The replay is over: `Err` with why if it asked for anything other than was
@@ -365,6 +363,6 @@ mod tests {
         let tape = Tape::new(false);
         tape.record_generate(7, &answer("kept?"));
         assert!(matches!(tape.http(9), Cue::Live(None)));
-        assert!(tape.is_empty());
+        assert_eq!(tape.len(), 0);
     }
 }
