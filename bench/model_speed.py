@@ -26,7 +26,9 @@ What it does:
    ratio and the tokens each layout feeds the model.
 
 `--against OLD_BIN` makes the peer another build of `model_bench` (say, one built from an
-older commit) instead of transformers/PEFT: the same rows, alternating the two binaries,
+older commit) instead of transformers/PEFT: the same rows, alternating the two binaries
+(its results under `against` in model_speed.json, where transformers' and PEFT's are under
+`transformers` and `peft`),
 to show that a change of the code's layout left the figures where they were (torch and
 transformers are then needed only to make the random model; PEFT not at all).
 `--bin NEW_BIN` names our side's binary (default: target/release/examples/model_bench).
@@ -160,6 +162,8 @@ def main():
         return py + ["--worker", mode, *extra]
     t = args.threads
     rows = []
+    # The peer's key in model_speed.json: what it was, so that a file read later says.
+    decode_peer, train_peer = ("against", "against") if args.against else ("transformers", "peft")
 
     def show(name, ours, theirs, key, higher_is_better=True):
         ratio = ours[key] / theirs[key] if higher_is_better else theirs[key] / ours[key]
@@ -177,7 +181,7 @@ def main():
         ours = run([ours_bin, "decode", "--model", model, "--batch", str(b)], t)
         theirs = run(peer("decode", "--batch", str(b)), t)
         show(f"greedy decode tokens/s, batch {b}", ours, theirs, "tokens_per_s")
-        results[f"decode_b{b}"] = {"rlhost": ours, "transformers": theirs}
+        results[f"decode_b{b}"] = {"rlhost": ours, decode_peer: theirs}
         if b == 1:
             # Each token reads every weight once (the tied embedding as lm_head), in f32.
             limit = bw["gb_per_s"] * 1e9 / (n_params * 4)
@@ -191,18 +195,18 @@ def main():
         for i in range(max(1, args.rounds)):
             ours = run([ours_bin, "train", "--model", model], t)
             theirs = run(peer("train"), t)
-            rounds.append({"rlhost": ours, "peft": theirs})
+            rounds.append({"rlhost": ours, train_peer: theirs})
             print(f"  round {i + 1}: rlhost {ours['step_seconds']:.2f} s, peer "
                   f"{theirs['step_seconds']:.2f} s, ratio "
                   f"{theirs['step_seconds'] / ours['step_seconds']:.2f}x", flush=True)
         ours = {k: statistics.median([r["rlhost"][k] for r in rounds]) for k in ("step_seconds", "peak_rss_gb")}
-        theirs = {k: statistics.median([r["peft"][k] for r in rounds]) for k in ("step_seconds", "peak_rss_gb")}
+        theirs = {k: statistics.median([r[train_peer][k] for r in rounds]) for k in ("step_seconds", "peak_rss_gb")}
         show("LoRA r16 step 4x256, seconds", ours, theirs, "step_seconds", higher_is_better=False)
         show("LoRA r16 step peak RSS, GB", ours, theirs, "peak_rss_gb", higher_is_better=False)
-        ratios = [r["peft"]["step_seconds"] / r["rlhost"]["step_seconds"] for r in rounds]
+        ratios = [r[train_peer]["step_seconds"] / r["rlhost"]["step_seconds"] for r in rounds]
         print(f"  per-round step ratios {', '.join(f'{x:.2f}x' for x in ratios)}; median "
               f"{statistics.median(ratios):.2f}x", flush=True)
-        results["train"] = {"rlhost": ours, "peft": theirs, "rounds": rounds,
+        results["train"] = {"rlhost": ours, train_peer: theirs, "rounds": rounds,
                             "median_round_ratio": statistics.median(ratios)}
     if not args.skip_packing:
         def update(binary):

@@ -26,7 +26,9 @@ probes its own. The columns:
   share of the reward before it (the goal: never more than half); each step's batch holds
   new prompts, so one batch of hard prompts makes such a fall with no harm done;
   `lasting drop`: the largest fall from one step to the mean of the three after it (a
-  collapse lasts);
+  collapse lasts); `held-out drop`: the largest fall of the held-out accuracy from one
+  evaluation to the next, as a share of the one before; with `--set train.eval_every=1`
+  that is what one update did to the same problems, with no new batch to blame;
 - `entropy`, `grad`, `clip`: means over the run of the sampled tokens' entropy, the
   gradient's norm before clipping and the clip fraction.
 
@@ -141,6 +143,14 @@ def read_run(seed, out_dir, rc=0, seconds=None):
         steps = [json.loads(l) for l in open(metrics) if l.strip()]
         if steps:
             row.update(summarise(steps))
+            start = os.path.join(out_dir, "eval_start.json")
+            held = [json.load(open(start))["accuracy"]] if os.path.exists(start) else []
+            held += [s["eval_accuracy"] for s in steps if s.get("eval_accuracy") is not None]
+            # With `--set train.eval_every=1`, what each update alone did: the same held-out
+            # problems before and after it, greedy, so no batch of hard prompts moves it.
+            falls = [(a - b) / a for a, b in zip(held, held[1:]) if a > 0 and b < a]
+            if len(held) > 1:
+                row["held_drop"] = max(falls, default=0.0)
     return row
 
 
@@ -193,6 +203,7 @@ COLUMNS = [
     ("flat5", "flat 1-5", "{:.2f}"),
     ("worst_drop", "worst drop", "{:.2f}"),
     ("lasting_drop", "lasting drop", "{:.2f}"),
+    ("held_drop", "held-out drop", "{:.2f}"),
     ("entropy", "entropy", "{:.3f}"),
     ("grad", "grad", "{:.3f}"),
     ("clip", "clip", "{:.3f}"),
@@ -267,6 +278,8 @@ def main():
         rows.append(row)
         done = f"acc {row.get('acc0', float('nan')):.0f}% -> {row.get('acc1', float('nan')):.0f}%"
         print(f"seed {seed}: {done} in {row['s']:.0f} s (log {row['log']})", file=sys.stderr, flush=True)
+    if not rows:
+        sys.exit(f"no runs of seeds {args.seeds} in {args.out} (each as seed-N.log and seed-N/)")
     print(table(rows, args.min_gain))
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -21,6 +21,12 @@ pub struct TreeFigures {
     pub forks: u64,
     pub fork_failures: u64,
     pub fork_s: f64,
+    /// Deferred forks replayed at a branch's first call to the forked session, and the
+    /// seconds those replays took (inside the calls).
+    #[serde(default)]
+    pub replays: u64,
+    #[serde(default)]
+    pub replay_s: f64,
 }
 
 /// One step's figures, one line of `metrics.jsonl`.

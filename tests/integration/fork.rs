@@ -5,7 +5,7 @@
 use super::load;
 use rlhost::plugin::model::{GenerateCall, GenerateGrant, Generated, ModelLink};
 use rlhost::plugin::{
-    DirGrant, ForkError, Grants, Limits, Plugin, PluginSpec, Sample, TriggerSession,
+    DirGrant, FaultKind, ForkError, Grants, Limits, Plugin, PluginSpec, Sample, TriggerSession,
 };
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -201,6 +201,89 @@ async fn a_replay_that_answers_otherwise_refuses_the_fork() {
             .contains("replaying call 0 of the session (`trigger.fire`) answered otherwise"),
         "{err}"
     );
+}
+
+/// A deferred fork opens nothing until it is called, then replays the history as it was
+/// at the fork, whatever the original did since; a deferred fork of a deferred fork is
+/// the same history again.
+#[tokio::test]
+async fn a_deferred_fork_replays_at_its_first_call_what_was_there_at_the_fork() {
+    let plugin = load("code_trigger").await;
+    let mut a = plugin
+        .open_trigger("{}", &Sample::from_prompt(""), 4)
+        .await
+        .unwrap();
+    fire(
+        &mut a,
+        &py("x = 6 * 7
+import random
+r = random.random()"),
+    )
+    .await;
+    let mut d = a.fork_deferred().unwrap();
+    let mut e = d.fork_deferred().unwrap();
+    assert!(d.is_deferred() && e.is_deferred());
+    assert_eq!(d.stop_patterns(), a.stop_patterns());
+    let mut eager = a.fork().await.unwrap();
+    // The original moves on; the deferred forks were taken before.
+    fire(&mut a, &py("x = 0")).await;
+    let look = py("print(x, r, random.random())");
+    let seen = fire(&mut eager, &look).await;
+    assert!(seen.contains("42 0."), "{seen}");
+    assert_eq!(d.take_replays().0, 0, "nothing replayed before a call");
+    assert_eq!(fire(&mut d, &look).await, seen);
+    assert!(!d.is_deferred());
+    let (replays, took) = d.take_replays();
+    assert_eq!(replays, 1);
+    assert!(took.as_nanos() > 0);
+    assert_eq!(fire(&mut e, &look).await, seen);
+    // A fork of the replayed fork has its own history on top.
+    fire(&mut d, &py("y = 1")).await;
+    let mut f = d.fork_deferred().unwrap();
+    assert_eq!(
+        fire(&mut f, &py("print(x, y)")).await,
+        "\n<output>\n42 1\n</output>\n"
+    );
+}
+
+/// A deferred fork whose replay answers otherwise (a granted file changed after the
+/// fork) faults at its first call, with kind `fork` and the replay's reason; its next
+/// call opens a fresh instance, as after any fault.
+#[tokio::test]
+async fn a_deferred_fork_that_replays_otherwise_faults_at_its_first_call() {
+    let dir = rlhost_tests::temp_dir("fork-deferred-diverged");
+    std::fs::write(dir.join("data.txt"), "before").unwrap();
+    let plugin = hostile(Grants {
+        read_only_dirs: vec![DirGrant {
+            host: dir.clone(),
+            guest: "/data".into(),
+        }],
+        ..Grants::default()
+    })
+    .await;
+    let config = r#"{"mode": "read-file", "path": "/data/data.txt"}"#;
+    let mut a = plugin
+        .open_trigger(config, &Sample::from_prompt(""), 1)
+        .await
+        .unwrap();
+    assert!(fire(&mut a, "</go>").await.contains("before"));
+    let mut d = a
+        .fork_deferred()
+        .expect("nothing is checked until the replay");
+    std::fs::write(dir.join("data.txt"), "after").unwrap();
+    let fault = d
+        .fire("</go>")
+        .await
+        .expect_err("the replay read another file");
+    assert_eq!(fault.kind, FaultKind::Fork, "{fault}");
+    assert_eq!(fault.call, "trigger.fire");
+    assert!(
+        fault
+            .message
+            .contains("replaying call 0 of the session (`trigger.fire`) answered otherwise"),
+        "{fault}"
+    );
+    assert!(fire(&mut d, "</go>").await.contains("after"));
 }
 
 /// The hostile plugin with `grants`.

@@ -25,10 +25,14 @@ pub enum FaultKind {
     Incompatible,
     /// A remote environment could not be reached, or closed its connection.
     Connection,
+    /// A deferred fork's replay, made at its first call, did not give its original's
+    /// state back: a replayed call answered otherwise, or asked the network or the model
+    /// for other answers than were recorded.
+    Fork,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::Trap,
         FaultKind::Timeout,
         FaultKind::OutOfMemory,
@@ -36,6 +40,7 @@ impl FaultKind {
         FaultKind::GuestError,
         FaultKind::Incompatible,
         FaultKind::Connection,
+        FaultKind::Fork,
     ];
 
     /// The kebab-case name used in logs, metrics and error texts.
@@ -48,6 +53,7 @@ impl FaultKind {
             FaultKind::GuestError => "guest-error",
             FaultKind::Incompatible => "incompatible",
             FaultKind::Connection => "connection",
+            FaultKind::Fork => "fork",
         }
     }
 }
@@ -82,7 +88,7 @@ impl Fault {
 
 /// Fault counts of one plugin, by kind. Shared by all of the plugin's sessions.
 #[derive(Debug, Default)]
-pub struct FaultCounts([AtomicU64; 7]);
+pub struct FaultCounts([AtomicU64; FaultKind::ALL.len()]);
 
 impl FaultCounts {
     pub fn record(&self, kind: FaultKind) {

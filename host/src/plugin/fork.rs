@@ -20,10 +20,17 @@
 //! A replay costs the open plus the guest time of every earlier call, which grows with
 //! the session; copying the instance's memory instead costs the same whatever its history,
 //! and needs a patch to wasmtime (`docs/design/plugin-fork.md`).
+//!
+//! So a fork can also be **deferred** ([`Session::fork_deferred`]): it copies the log and
+//! the tape (a few microseconds) and opens nothing; its first call replays them, then
+//! runs. What it replays is fixed at the fork, so it gives the same state whenever that
+//! is; a branch that never calls the plugin again (a tree's branch after a tool's output
+//! often just answers) never pays for an instance. A replay that fails then is that
+//! call's fault (kind `fork`) rather than the fork's error.
 
 use super::fault::Fault;
 use super::session::{Kind, Session};
-use super::tape::Tape;
+use super::tape::{Recorded, Tape};
 use super::types::Transcript;
 use std::fmt;
 use std::hash::{DefaultHasher, Hasher};
@@ -78,6 +85,25 @@ pub fn digest(answer: &impl fmt::Debug) -> u64 {
     feed.0.finish()
 }
 
+/// What a deferred fork replays when it is first called: its original's calls and the
+/// outside answers they got, as they stood at the fork.
+pub(super) struct Pending {
+    pub(super) log: Vec<Logged>,
+    pub(super) answers: Vec<Recorded>,
+}
+
+impl Pending {
+    /// A copy for a fork of a deferred fork (its own exchanges, not shared ones).
+    fn copy(&self) -> Pending {
+        Pending {
+            log: self.log.clone(),
+            answers: Tape::replaying(self.answers.clone())
+                .snapshot()
+                .expect("a settled record stays settled"),
+        }
+    }
+}
+
 /// Why a session could not be forked.
 #[derive(Debug, thiserror::Error)]
 pub enum ForkError {
@@ -109,42 +135,40 @@ pub enum ForkError {
 impl<K: Kind> Session<K> {
     /// A new session whose plugin state is this one's now; the two are independent from
     /// then on, and answer the same calls alike (their random numbers and clocks go on
-    /// from the same point). A session whose instance faulted has nothing to copy: its
-    /// fork, like it, opens a fresh instance at its next call. (`&mut`, though nothing in
-    /// it changes: a session is not `Sync`, so only a unique borrow can be held across
-    /// the replay on the worker pool.)
+    /// from the same point). The replay is made here, so a fork that cannot be made is
+    /// this call's error. A session whose instance faulted has nothing to copy: its fork,
+    /// like it, opens a fresh instance at its next call. (`&mut`, though nothing in it
+    /// changes: a session is not `Sync`, so only a unique borrow can be held across the
+    /// replay on the worker pool.)
     pub async fn fork(&mut self) -> Result<Session<K>, ForkError> {
+        let mut fork = self.fork_deferred()?;
+        fork.replay_pending().await?;
+        Ok(fork)
+    }
+
+    /// [`Self::fork`], the replay deferred to the fork's first call: the log and the
+    /// outside answers are copied now, and nothing is opened. Refused here as `fork` is
+    /// for a role that does not fork or a request still open; a replay that fails later
+    /// is its first call's fault.
+    pub fn fork_deferred(&self) -> Result<Session<K>, ForkError> {
         if !K::FORKS {
             return Err(ForkError::Refused(format!(
                 "a {} session cannot be forked: it keeps no log of its calls",
                 K::ROLE
             )));
         }
-        let mut fork = self.unopened();
-        let plugin = self.plugin().name().to_string();
-        let answers = |why| ForkError::Answers {
-            plugin: plugin.clone(),
-            why,
+        let pending = match (self.pending(), self.tape()) {
+            (Some(pending), _) => Some(pending.copy()),
+            (None, Some(tape)) => Some(Pending {
+                log: self.log().to_vec(),
+                answers: tape.snapshot().map_err(|why| ForkError::Answers {
+                    plugin: self.plugin().name().to_string(),
+                    why,
+                })?,
+            }),
+            (None, None) => None,
         };
-        let Some(tape) = self.tape() else {
-            return Ok(fork);
-        };
-        fork.replaying(Tape::replaying(tape.snapshot().map_err(answers)?));
-        fork.open().await?;
-        for (index, logged) in self.log().iter().enumerate() {
-            if fork.redo(logged).await? != logged.answer {
-                return Err(ForkError::Diverged {
-                    plugin: plugin.clone(),
-                    index,
-                    call: logged.call.name(),
-                });
-            }
-        }
-        let tape = fork
-            .tape()
-            .expect("a replay that did not fault leaves its instance live");
-        tape.finish_replay().map_err(answers)?;
-        Ok(fork)
+        Ok(self.unopened(pending))
     }
 }
 

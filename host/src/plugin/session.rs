@@ -12,11 +12,12 @@
 //! the plugin returned.
 //!
 //! A session logs the calls it made on its live instance, with a digest of each answer,
-//! so that it can be forked by replaying them ([`super::fork`]).
+//! so that it can be forked by replaying them ([`super::fork`]). A deferred fork holds
+//! its original's log and outside answers, and replays them when it is first called.
 
 use super::bindings::{self, Exports};
 use super::fault::{Fault, FaultKind};
-use super::fork::{GuestCall, Logged, digest};
+use super::fork::{ForkError, GuestCall, Logged, Pending, digest};
 use super::model::ModelLink;
 use super::plugin::{Inner, Plugin};
 use super::sandbox::StoreState;
@@ -24,6 +25,7 @@ use super::tape::Tape;
 use super::types::{Component, FunctionSpec, Message, Role, Sample, StepResult, Transcript};
 use anyhow::Result;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use wasmtime::Store;
 use wasmtime::component::{Instance, ResourceAny};
 
@@ -60,8 +62,8 @@ pub trait Kind: Sized {
     /// What opening takes, kept to open a fresh instance after a fault (or a fork).
     type Args: Clone;
     /// What the session asks of a fresh instance (a trigger's stop patterns, a dataset's
-    /// length).
-    type Opened: Default;
+    /// length); a deferred fork starts with its original's.
+    type Opened: Default + Clone;
     fn load(
         exports: &Exports,
         store: &mut Store<StoreState>,
@@ -115,6 +117,11 @@ pub struct Session<K: Kind> {
     log: Vec<Logged>,
     /// A fork's first instance: the tape of outside answers its replay is served.
     replay: Option<Arc<Tape>>,
+    /// A deferred fork not called yet: what its first call replays first.
+    pending: Option<Pending>,
+    /// Deferred replays made and the time they took, until the caller takes them
+    /// ([`Self::take_replays`]).
+    replays: (usize, Duration),
 }
 
 /// One live instance and the resource a session holds in it.
@@ -153,30 +160,83 @@ impl<K: Kind> Session<K> {
             model: None,
             log: Vec::new(),
             replay: None,
+            pending: None,
+            replays: (0, Duration::ZERO),
         };
         session.live().await?;
         Ok(session)
     }
 
     /// A session of the same plugin, arguments and seed with no instance yet and an empty
-    /// log: what a fork starts from.
-    pub(super) fn unopened(&self) -> Session<K> {
+    /// log, which replays `pending` first when it is called: what a fork starts from. It
+    /// keeps what the original was told when it opened (a trigger's stop patterns).
+    pub(super) fn unopened(&self, pending: Option<Pending>) -> Session<K> {
         Session {
             plugin: self.plugin.clone(),
             args: self.args.clone(),
             seed: self.seed,
             live: None,
-            opened: K::Opened::default(),
+            opened: self.opened.clone(),
             model: self.model.clone(),
-            log: Vec::with_capacity(self.log.len()),
+            log: Vec::new(),
             replay: None,
+            pending,
+            replays: (0, Duration::ZERO),
         }
     }
 
-    /// Serves the next instance this session opens (a fork's) the outside answers on
-    /// `tape` while it replays.
-    pub(super) fn replaying(&mut self, tape: Tape) {
-        self.replay = Some(Arc::new(tape));
+    /// A deferred fork's replay, while it has not been made.
+    pub(super) fn pending(&self) -> Option<&Pending> {
+        self.pending.as_ref()
+    }
+
+    /// Whether the session is a deferred fork that has not replayed yet (no instance).
+    pub fn is_deferred(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// The deferred replays this session made since the last time this was asked, and
+    /// the time they took (what a branch's first call paid for its fork).
+    pub fn take_replays(&mut self) -> (usize, Duration) {
+        std::mem::replace(&mut self.replays, (0, Duration::ZERO))
+    }
+
+    /// Makes a deferred fork's replay now, if it has one: opens the instance, serves it
+    /// the recorded outside answers and makes the logged calls again, each checked
+    /// against its digest. Any refusal leaves no instance (the next call opens a fresh
+    /// one, as after a fault).
+    pub(super) async fn replay_pending(&mut self) -> Result<(), ForkError> {
+        let Some(pending) = self.pending.take() else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let plugin = self.plugin.name().to_string();
+        let answers = |why| ForkError::Answers {
+            plugin: plugin.clone(),
+            why,
+        };
+        self.replay = Some(Arc::new(Tape::replaying(pending.answers)));
+        self.open().await?;
+        for (index, logged) in pending.log.into_iter().enumerate() {
+            if self.redo(&logged).await? != logged.answer {
+                self.live = None;
+                return Err(ForkError::Diverged {
+                    plugin,
+                    index,
+                    call: logged.call.name(),
+                });
+            }
+        }
+        let tape = self
+            .tape()
+            .expect("a replay that did not fault leaves its instance live");
+        if let Err(why) = tape.finish_replay() {
+            self.live = None;
+            return Err(answers(why));
+        }
+        self.replays.0 += 1;
+        self.replays.1 += t0.elapsed();
+        Ok(())
     }
 
     /// The live instance's record of outside answers (`None` without one: after a fault,
@@ -199,14 +259,28 @@ impl<K: Kind> Session<K> {
     /// Makes `logged` again on this session's instance (opening it if needed) and logs
     /// it: the digest of what the guest answered this time. A fault discards the
     /// instance, as any call's does.
-    pub(super) async fn redo(&mut self, logged: &Logged) -> Result<u64, Fault> {
+    async fn redo(&mut self, logged: &Logged) -> Result<u64, Fault> {
         let call = &logged.call;
-        self.logged_call(
-            call.clone(),
-            async |guest, store, handle| guest.redo(store, handle, call).await,
-            |answer| *answer,
-        )
-        .await
+        let inner = self.plugin.0.clone();
+        let live = self.live().await?;
+        let result = live
+            .call(&inner, call.name(), async |guest, store, handle| {
+                guest.redo(store, handle, call).await
+            })
+            .await;
+        match result {
+            Ok(answer) => {
+                self.log.push(Logged {
+                    call: call.clone(),
+                    answer,
+                });
+                Ok(answer)
+            }
+            Err(fault) => {
+                self.live = None;
+                Err(fault)
+            }
+        }
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -283,7 +357,8 @@ impl<K: Kind> Session<K> {
     /// Calls the session's resource (the call `record` names) and logs `record` with the
     /// digest of what the guest returned (its own errors too: the call ran, and may have
     /// changed its state), if the role forks. A fault discards the instance, and with it
-    /// the log.
+    /// the log. A deferred fork replays first; a replay that fails is this call's fault
+    /// (`fork`, or the replayed call's own).
     async fn logged_call<R>(
         &mut self,
         record: GuestCall,
@@ -291,6 +366,12 @@ impl<K: Kind> Session<K> {
         digest: impl FnOnce(&R) -> u64,
     ) -> Result<R, Fault> {
         let inner = self.plugin.0.clone();
+        if let Err(e) = self.replay_pending().await {
+            return Err(match e {
+                ForkError::Fault(fault) => fault,
+                other => inner.fault(record.name(), FaultKind::Fork, other.to_string()),
+            });
+        }
         let result = self.live().await?.call(&inner, record.name(), run).await;
         match result {
             Ok(answer) => {

@@ -191,6 +191,8 @@ impl<'a> Learner<'a> {
                 forks: s.forks as u64,
                 fork_failures: s.fork_failures as u64,
                 fork_s: s.fork_s,
+                replays: s.replays as u64,
+                replay_s: s.replay_s,
             }
         });
         m.tool_wait_s = batch.stats.plugin_wait_s;

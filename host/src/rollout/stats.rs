@@ -48,13 +48,19 @@ pub struct BatchStats {
     pub generate_wait_s: std::collections::BTreeMap<String, f64>,
     /// Tree rollouts: branch points taken, sessions forked for the branches (and those
     /// whose fork failed), and the seconds the forks took (on the worker pool, while the
-    /// rest of the batch decodes; the trajectory that branches waits for them).
+    /// rest of the batch decodes; the trajectory that branches waits for them: a plugin
+    /// session's fork is deferred, so this is mostly a server episode's replay).
     pub branch_points: usize,
     /// With the entropy rule: branch points measured (whether or not they branched).
     pub branch_probes: usize,
     pub forks: usize,
     pub fork_failures: usize,
     pub fork_s: f64,
+    /// Deferred forks' replays, made at a branch's first call to a forked session (a
+    /// branch that never calls it again makes none), and their seconds, inside those
+    /// calls (so inside `tool_busy_s` too).
+    pub replays: usize,
+    pub replay_s: f64,
 }
 
 impl BatchStats {
@@ -83,6 +89,8 @@ impl BatchStats {
         self.forks += s.forks;
         self.fork_failures += s.fork_failures;
         self.fork_s += s.fork_s;
+        self.replays += s.replays;
+        self.replay_s += s.replay_s;
         for (k, n) in &s.generate_calls {
             *self.generate_calls.entry(k.clone()).or_default() += n;
         }

@@ -680,9 +680,12 @@ impl<'a> Engine<'a> {
     {
         let (lives, stats) = (&mut b.lives, &mut b.stats);
         match event {
-            Arrival::Answered(t, sessions, reply) => {
+            Arrival::Answered(t, mut sessions, reply) => {
                 stats.plugin_busy_s += reply.took.as_secs_f64();
                 stats.tool_busy_s += reply.took.as_secs_f64();
+                let (replays, replay) = sessions.take_replays();
+                stats.replays += replays;
+                stats.replay_s += replay.as_secs_f64();
                 let new_turn = matches!(reply.then, Then::Answers(_) | Then::Turn(_));
                 let inserted = new_turn || matches!(reply.then, Then::Output(Some(_)));
                 self.answered(&mut lives[t], sessions, reply)?;

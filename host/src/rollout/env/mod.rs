@@ -43,7 +43,7 @@ use plugin::AnyEpisode;
 pub use reply::{Reply, Then};
 use serde_json::Value as Json;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tools::{ToolSpec, Toolbox, Written};
 
 /// What answers a run's turns, as `config/` built it (part of the engine's
@@ -125,8 +125,10 @@ impl TrajectorySessions {
     /// Sessions for a branch of this trajectory (a tree rollout): each session forked
     /// ([`crate::plugin::fork`]), so the branch goes on from this state and its calls
     /// change only its own; stateless calls seeded from `seed`, the branch's; its
-    /// sessions' `model.generate` calls on `link`. A server's episode cannot be forked
-    /// ([`Answerers::forkable`] refuses such a run before it starts).
+    /// sessions' `model.generate` calls on `link`. A plugin's session is forked deferred:
+    /// the branch's first call to it replays (most branches after a tool's output never
+    /// call it again); a server's episode is replayed here, where the run allows it
+    /// ([`Answerers::forkable`] refuses such a run before it starts otherwise).
     pub async fn fork(
         &mut self,
         seed: u64,
@@ -138,7 +140,7 @@ impl TrajectorySessions {
         let link = link.continuing(made);
         let trigger = match &mut self.trigger {
             Some(t) => {
-                let mut fork = t.fork().await?;
+                let mut fork = t.fork_deferred()?;
                 fork.set_model(Some(link.clone()));
                 Some(Box::new(fork))
             }
@@ -146,7 +148,7 @@ impl TrajectorySessions {
         };
         let episode = match self.episode.as_deref_mut() {
             Some(AnyEpisode::Plugin(e)) => {
-                let mut fork = e.fork().await?;
+                let mut fork = e.fork_deferred()?;
                 fork.set_model(Some(link.clone()));
                 Some(Box::new(AnyEpisode::Plugin(fork)))
             }
@@ -163,10 +165,10 @@ impl TrajectorySessions {
             None => None,
         };
         let mut tools = Vec::with_capacity(self.tools.len());
-        for session in &mut self.tools {
+        for session in &self.tools {
             tools.push(match session {
                 Some(t) => {
-                    let mut fork = t.fork().await?;
+                    let mut fork = t.fork_deferred()?;
                     fork.set_model(Some(link.clone()));
                     Some(fork)
                 }
@@ -180,6 +182,26 @@ impl TrajectorySessions {
             sample: self.sample.clone(),
             seed,
         })
+    }
+
+    /// The deferred forks' replays these sessions made since this was last asked, and the
+    /// time they took (inside the calls that made them).
+    pub fn take_replays(&mut self) -> (usize, Duration) {
+        let mut total = (0, Duration::ZERO);
+        let mut add = |(n, t): (usize, Duration)| {
+            total.0 += n;
+            total.1 += t;
+        };
+        if let Some(t) = &mut self.trigger {
+            add(t.take_replays());
+        }
+        if let Some(AnyEpisode::Plugin(e)) = self.episode.as_deref_mut() {
+            add(e.take_replays());
+        }
+        for t in self.tools.iter_mut().flatten() {
+            add(t.take_replays());
+        }
+        total
     }
 }
 

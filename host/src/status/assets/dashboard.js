@@ -317,7 +317,8 @@
     },
     tree: {
       // Tree rollouts ([rollout.tree]): leaves a prompt, branch points on a path, the
-      // sessions forked for branches and the seconds the forks took; empty otherwise.
+      // sessions forked for branches and the seconds the forks took, and the deferred
+      // forks replayed at a branch's first call and their seconds; empty otherwise.
       series: () => {
         const inTree = (name) => (m) => numOrNull(m.tree ? m.tree[name] : null);
         return [
@@ -325,6 +326,8 @@
           { label: "depth", get: inTree("depth"), color: color(5), spanGaps: true },
           { label: "forks", get: inTree("forks"), color: color(2), spanGaps: true },
           { label: "fork_s", get: inTree("fork_s"), color: color(4), spanGaps: true },
+          { label: "replays", get: inTree("replays"), color: color(1), spanGaps: true },
+          { label: "replay_s", get: inTree("replay_s"), color: color(3), spanGaps: true },
         ];
       },
     },
