@@ -19,6 +19,14 @@ fn js(code: &str) -> String {
     format!("```js\n{code}\n```")
 }
 
+/// A code tool's session on an empty sample, seeded `seed`.
+async fn fresh(plugin: &Plugin, seed: u64) -> TriggerSession {
+    plugin
+        .open_trigger("{}", &Sample::from_prompt(""), seed)
+        .await
+        .unwrap()
+}
+
 async fn fire(session: &mut TriggerSession, text: &str) -> String {
     session
         .fire(text)
@@ -37,18 +45,12 @@ async fn a_forked_python_session_keeps_its_globals_and_goes_its_own_way() {
         py("x = 6 * 7"),
         py("import random, time\nr = random.random()\nt0 = time.time()\nm0 = time.monotonic()"),
     ];
-    let mut a = plugin
-        .open_trigger("{}", &Sample::from_prompt(""), 9)
-        .await
-        .unwrap();
+    let mut a = fresh(&plugin, 9).await;
     for text in &history {
         fire(&mut a, text).await;
     }
     let mut b = a.fork().await.unwrap();
-    let mut replayed = plugin
-        .open_trigger("{}", &Sample::from_prompt(""), 9)
-        .await
-        .unwrap();
+    let mut replayed = fresh(&plugin, 9).await;
     for text in &history {
         fire(&mut replayed, text).await;
     }
@@ -89,10 +91,7 @@ async fn a_forked_python_session_keeps_its_globals_and_goes_its_own_way() {
 #[tokio::test]
 async fn a_forked_javascript_session_keeps_its_bindings() {
     let plugin = load("js_trigger").await;
-    let mut a = plugin
-        .open_trigger("{}", &Sample::from_prompt(""), 3)
-        .await
-        .unwrap();
+    let mut a = fresh(&plugin, 3).await;
     fire(
         &mut a,
         &js("let n = 5; const seen = [Math.random(), Date.now()]"),
@@ -209,10 +208,7 @@ async fn a_replay_that_answers_otherwise_refuses_the_fork() {
 #[tokio::test]
 async fn a_deferred_fork_replays_at_its_first_call_what_was_there_at_the_fork() {
     let plugin = load("code_trigger").await;
-    let mut a = plugin
-        .open_trigger("{}", &Sample::from_prompt(""), 4)
-        .await
-        .unwrap();
+    let mut a = fresh(&plugin, 4).await;
     fire(
         &mut a,
         &py("x = 6 * 7
