@@ -147,6 +147,9 @@ pub struct StepMetrics {
     /// decoding): over `tool_calls` × trajectories, the time of one call.
     #[serde(default)]
     pub tool_busy_s: f64,
+    /// Seconds the trainer waited for this step's batch: rollouts are sampled while it
+    /// updates and evaluates, so this is what sampling did not hide, not the batch's
+    /// sampling time (`sampled_tokens_per_s` gives that).
     pub rollout_s: f64,
     pub update_s: f64,
     pub step_s: f64,
