@@ -273,6 +273,11 @@ async fn a_deferred_fork_that_replays_otherwise_faults_at_its_first_call() {
         .expect_err("the replay read another file");
     assert_eq!(fault.kind, FaultKind::Fork, "{fault}");
     assert_eq!(fault.call, "trigger.fire");
+    assert_eq!(
+        plugin.faults().get(FaultKind::Fork),
+        1,
+        "counted as the plugin's fault"
+    );
     assert!(
         fault
             .message
