@@ -209,13 +209,7 @@ async fn a_replay_that_answers_otherwise_refuses_the_fork() {
 async fn a_deferred_fork_replays_at_its_first_call_what_was_there_at_the_fork() {
     let plugin = load("code_trigger").await;
     let mut a = fresh(&plugin, 4).await;
-    fire(
-        &mut a,
-        &py("x = 6 * 7
-import random
-r = random.random()"),
-    )
-    .await;
+    fire(&mut a, &py("x = 6 * 7\nimport random\nr = random.random()")).await;
     let mut d = a.fork_deferred().unwrap();
     let mut e = d.fork_deferred().unwrap();
     assert!(d.is_deferred() && e.is_deferred());

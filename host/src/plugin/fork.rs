@@ -30,7 +30,7 @@
 
 use super::fault::Fault;
 use super::session::{Kind, Session};
-use super::tape::{Recorded, Tape};
+use super::tape::Recorded;
 use super::types::Transcript;
 use std::fmt;
 use std::hash::{DefaultHasher, Hasher};
@@ -86,22 +86,13 @@ pub fn digest(answer: &impl fmt::Debug) -> u64 {
 }
 
 /// What a deferred fork replays when it is first called: its original's calls and the
-/// outside answers they got, as they stood at the fork.
+/// outside answers they got, as they stood at the fork. A fork of a deferred fork clones
+/// it: the HTTP exchanges are settled ([`super::tape::Tape::snapshot`]), and a replay
+/// only reads them.
+#[derive(Clone)]
 pub(super) struct Pending {
     pub(super) log: Vec<Logged>,
     pub(super) answers: Vec<Recorded>,
-}
-
-impl Pending {
-    /// A copy for a fork of a deferred fork (its own exchanges, not shared ones).
-    fn copy(&self) -> Pending {
-        Pending {
-            log: self.log.clone(),
-            answers: Tape::replaying(self.answers.clone())
-                .snapshot()
-                .expect("a settled record stays settled"),
-        }
-    }
 }
 
 /// Why a session could not be forked.
@@ -158,7 +149,7 @@ impl<K: Kind> Session<K> {
             )));
         }
         let pending = match (self.pending(), self.tape()) {
-            (Some(pending), _) => Some(pending.copy()),
+            (Some(pending), _) => Some(pending.clone()),
             (None, Some(tape)) => Some(Pending {
                 log: self.log().to_vec(),
                 answers: tape.snapshot().map_err(|why| ForkError::Answers {

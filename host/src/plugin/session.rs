@@ -261,26 +261,12 @@ impl<K: Kind> Session<K> {
     /// instance, as any call's does.
     async fn redo(&mut self, logged: &Logged) -> Result<u64, Fault> {
         let call = &logged.call;
-        let inner = self.plugin.0.clone();
-        let live = self.live().await?;
-        let result = live
-            .call(&inner, call.name(), async |guest, store, handle| {
-                guest.redo(store, handle, call).await
-            })
-            .await;
-        match result {
-            Ok(answer) => {
-                self.log.push(Logged {
-                    call: call.clone(),
-                    answer,
-                });
-                Ok(answer)
-            }
-            Err(fault) => {
-                self.live = None;
-                Err(fault)
-            }
-        }
+        self.run_logged(
+            call.clone(),
+            async |guest, store, handle| guest.redo(store, handle, call).await,
+            |answer| *answer,
+        )
+        .await
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -365,13 +351,27 @@ impl<K: Kind> Session<K> {
         run: impl AsyncFnOnce(&K, &mut Store<StoreState>, ResourceAny) -> wasmtime::Result<R>,
         digest: impl FnOnce(&R) -> u64,
     ) -> Result<R, Fault> {
-        let inner = self.plugin.0.clone();
         if let Err(e) = self.replay_pending().await {
             return Err(match e {
                 ForkError::Fault(fault) => fault,
-                other => inner.fault(record.name(), FaultKind::Fork, other.to_string()),
+                other => self
+                    .plugin
+                    .0
+                    .fault(record.name(), FaultKind::Fork, other.to_string()),
             });
         }
+        self.run_logged(record, run, digest).await
+    }
+
+    /// [`Self::logged_call`] on the live instance as it is (a replay's calls, which must
+    /// not start another replay).
+    async fn run_logged<R>(
+        &mut self,
+        record: GuestCall,
+        run: impl AsyncFnOnce(&K, &mut Store<StoreState>, ResourceAny) -> wasmtime::Result<R>,
+        digest: impl FnOnce(&R) -> u64,
+    ) -> Result<R, Fault> {
+        let inner = self.plugin.0.clone();
         let result = self.live().await?.call(&inner, record.name(), run).await;
         match result {
             Ok(answer) => {
