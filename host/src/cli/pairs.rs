@@ -209,6 +209,7 @@ pub fn run(
         server = super::train::serve_status(&args.status, &hub)?;
         if let Some(server) = &server {
             eprintln!("status: {}", server.url());
+            args.status.wait_for_viewer(&hub, &server.url(), quiet);
         }
         let loss = PairLossSettings {
             loss: c.dpo.loss,

@@ -61,6 +61,16 @@ pub struct StatusArgs {
     /// the finished dashboard).
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     pub status_linger: u64,
+    /// Before the first step, wait up to this many seconds for a dashboard (a reader of
+    /// `/events`) to connect, so that it shows the run from its start: for a demo or a
+    /// recording. Training starts when one connects or the time is up.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 0,
+        conflicts_with = "no_status"
+    )]
+    pub status_wait: u64,
 }
 
 impl StatusArgs {
@@ -69,6 +79,32 @@ impl StatusArgs {
         match &self.status_addr {
             Some(addr) => check_exposure(addr, self.status_public),
             None => Ok(()),
+        }
+    }
+
+    /// Holds the run up to `--status-wait` seconds until a dashboard reads `/events`.
+    pub fn wait_for_viewer(&self, hub: &StatusHub, url: &str, quiet: bool) {
+        if self.status_wait == 0 {
+            return;
+        }
+        if !quiet {
+            eprintln!(
+                "waiting up to {} s for a dashboard at {url} before the first step",
+                self.status_wait
+            );
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(self.status_wait);
+        while hub.viewers() == 0 {
+            if std::time::Instant::now() >= until {
+                if !quiet {
+                    eprintln!(
+                        "no dashboard connected in {} s; training starts",
+                        self.status_wait
+                    );
+                }
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
 
@@ -167,6 +203,9 @@ pub fn run(args: TrainArgs, handle: &Handle, quiet: bool) -> Result<()> {
             eprintln!("model: {} on {}", display(&setup.lm.dir), at.describe());
         }
         write_plugins(&out, &setup)?;
+        if let Some(server) = &server {
+            args.status.wait_for_viewer(&hub, &server.url(), quiet);
+        }
         // Printed even with --quiet: the agents need the address (`127.0.0.1:0` picks it).
         if let Some(url) = setup.open_gateway()? {
             eprintln!(

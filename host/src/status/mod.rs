@@ -345,6 +345,11 @@ impl StatusHub {
         self.events.subscribe()
     }
 
+    /// Readers of `/events` now (a dashboard holds one while its page is open).
+    pub fn viewers(&self) -> usize {
+        self.events.receiver_count()
+    }
+
     // A poisoned lock only means a panic elsewhere while holding it; the state is plain
     // data, still readable.
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {

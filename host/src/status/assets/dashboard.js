@@ -635,6 +635,9 @@
     es.addEventListener("step", (ev) => {
       let m;
       try { m = JSON.parse(ev.data); } catch (_) { return; }
+      // Steps that reached this page over the stream (not from /history): what a
+      // test reads to know the charts grew live.
+      root.dataset.liveSteps = String(Number(root.dataset.liveSteps || 0) + 1);
       addStep(m);
       scheduleRender();
       loadRollouts();
