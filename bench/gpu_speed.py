@@ -105,6 +105,18 @@ def torch_worker(args):
     """Runs inside a child process: one transformers/PEFT measurement on the GPU."""
     import torch
     from transformers import AutoModelForCausalLM
+    if args.worker == "bandwidth":
+        # Device memory bandwidth as a copy of 1 GiB measures it (read and write), best of 5.
+        x = torch.zeros(1 << 29, dtype=torch.bfloat16, device=torch.device("cuda"))
+        best = 0.0
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            x.clone()
+            torch.cuda.synchronize()
+            best = max(best, 2 * (1 << 30) / (time.perf_counter() - t))
+        print(json.dumps({"mode": "bandwidth", "gb_per_s": best / 1e9}))
+        return
     if args.liger:
         # Liger's Triton kernels patched into transformers' Qwen2 before the model loads
         # (RoPE, RMSNorm, SwiGLU, and the LM head fused with the cross-entropy, which
@@ -194,7 +206,7 @@ def main():
     ap.add_argument("--no-liger", action="store_true",
                     help="leave out the PEFT + Liger peer (it needs liger-kernel installed)")
     ap.add_argument("--liger", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--worker", choices=["decode", "train"])
+    ap.add_argument("--worker", choices=["decode", "train", "bandwidth"])
     ap.add_argument("--model")
     args = ap.parse_args()
     if args.worker:
@@ -222,15 +234,36 @@ def main():
         rows.append((name, a, b, ratio))
 
     if not args.skip_decode:
-        mine, peer = [], []
+        mine, peer, composed = [], [], []
+        # A decode step's floor: what it must read (the weights, the keys and values its
+        # sequences attend to) at the device's copy bandwidth.
+        bandwidth = run(py + ["--worker", "bandwidth"])["gb_per_s"]
+        decode = [ours[0], "decode", *ours[1:], "--batch", str(PROMPTS), "--prompt-len",
+                  str(PROMPT_LEN), "--new", str(NEW), "--temperature", "1"]
         for _ in range(args.rounds):
-            mine.append(run([ours[0], "decode", *ours[1:], "--batch", str(PROMPTS), "--prompt-len",
-                             str(PROMPT_LEN), "--new", str(NEW), "--temperature", "1"]))
+            mine.append(run(decode))
             peer.append(run(py + ["--worker", "decode"]))
-            print(f"decode round: rlhost {mine[-1]['tokens_per_s']:.0f} tok/s, "
+            # The decode step's attention composed (products over the pool's whole capacity,
+            # mask, softmax) instead of the flash-decoding kernel.
+            composed.append(run(decode, {"RLHOST_DECODE_ATTENTION": "composed"}))
+            m = mine[-1]
+            m["floor_step_ms"] = (m["weights_gb"] + m["kv_gb_per_step"]) / bandwidth * 1e3
+            m["floor_fraction"] = m["floor_step_ms"] / m["decode_step_ms"]
+            print(f"decode round: rlhost {m['tokens_per_s']:.0f} tok/s (prefill "
+                  f"{m['prefill_s'] * 1e3:.1f} ms, decode step {m['decode_step_ms']:.2f} ms, "
+                  f"its floor {m['floor_step_ms']:.2f} ms = {m['weights_gb']:.2f} GB of weights + "
+                  f"{m['kv_gb_per_step']:.2f} GB of keys and values at {bandwidth:.0f} GB/s: "
+                  f"{100 * m['floor_fraction']:.0f}% of the floor), composed attention "
+                  f"{composed[-1]['tokens_per_s']:.0f} tok/s (step {composed[-1]['decode_step_ms']:.2f} ms), "
                   f"transformers {peer[-1]['tokens_per_s']:.0f} tok/s", flush=True)
         compare(f"rollout {PROMPTS}x{PROMPT_LEN}+{NEW}, tokens/s", mine, peer, "tokens_per_s", True)
         compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
+        compare("  tokens/s (rlhost, composed decode attention)", mine, composed, "tokens_per_s", True)
+        compare("  decode step, ms (rlhost, composed)", mine, composed, "decode_step_ms", False)
+        compare("  prefill, s (rlhost, composed)", mine, composed, "prefill_s", False)
+        print(f"rollout: decode step {statistics.median(r['decode_step_ms'] for r in mine):.2f} ms, "
+              f"{100 * statistics.median(r['floor_fraction'] for r in mine):.0f}% of its bandwidth floor "
+              f"({statistics.median(r['floor_step_ms'] for r in mine):.2f} ms)", flush=True)
     if not args.skip_train:
         liger = not args.no_liger
         mine, peer, peer_liger, cublas, qlora = [], [], [], [], []

@@ -6,9 +6,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 8] = [
     "adamw",
     "attention",
+    "decode",
     "flash",
     "logprobs",
     "rms_norm",

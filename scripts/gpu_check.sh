@@ -6,10 +6,17 @@
 # of the compute entry points (RLHOST_PROFILE=1).
 #
 #   scripts/gpu_check.sh PACK OUT [tests] [train] [qlora] [bench] [bench7b] [profile] [ops]
-#                                 [packing]             # default: tests train qlora bench profile
+#                                 [qlorastep] [packing]  # default: tests train qlora bench profile
+#
+# Issue 64's checks in one call (~8 minutes: the model tests, the rollout row beside
+# transformers' generate with the decode step's floor, the decode and training profiles,
+# the QLoRA step against the LoRA step, packed against padded updates, the built-in run on
+# the GPU):
+#   RLHOST_GPU_BENCH=decode RLHOST_GPU_TRAIN_DEVICES=cuda \
+#       scripts/gpu_check.sh PACK OUT tests bench profile qlorastep packing train
 #
 # Each part writes one file under OUT (tests.txt, train.txt, qlora.txt, bench.txt, bench7b.txt,
-# profile.txt, ops.txt, packing.txt and, with nsys, step_*.csv),
+# profile.txt, ops.txt, qlorastep.txt, packing.txt and, with nsys, step_*.csv),
 # stops at its own time limit (RLHOST_GPU_LIMIT_<PART> seconds) and goes on when another
 # fails; summary.txt has each part's exit status and time; the exit status is the number
 # of parts that failed. Plugins come from RLHOST_PLUGIN_DIR (default plugins/dist).
@@ -158,6 +165,27 @@ for line in open(sys.argv[1]):
                 echo "no nsys on this machine" >> "$out/ops.txt"
             fi
             [ $first -eq 0 ] ;;
+        qlorastep)
+            # The QLoRA step against the LoRA step on the 1.5B shape in bf16 (8 x 1024, rank
+            # 16), rlhost alone: the base in NF4 dequantized per product, the adapters as
+            # in the LoRA step (issue 64's goal: at most 1.3x the LoRA step).
+            model=bench/.work/qwen2.5-1.5b-shape-28l-bf16
+            [ -e "$model/model.safetensors" ] || python3 -c 'import sys; sys.path.insert(0, "bench"); import gpu_speed as g; g.make_model("bench/.work/qwen2.5-1.5b-shape-28l-bf16", 28)'
+            rc=0
+            for quantize in none nf4; do
+                extra=()
+                [ "$quantize" = none ] || extra=(--quantize "$quantize")
+                limited "${!var:-90}" "$out/qlorastep.txt" "$pack/model_bench" train --model "$model" \
+                    --device cuda --dtype bf16 --batch 8 --seq 1024 --rank 16 --steps 3 "${extra[@]}" \
+                    || rc=$?
+            done
+            python3 -c 'import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+if len(rows) >= 2:
+    lora, nf4 = rows[-2]["step_seconds"], rows[-1]["step_seconds"]
+    print(f"QLoRA step {nf4:.3f} s vs LoRA step {lora:.3f} s: {nf4 / lora:.2f}x")' \
+                "$out/qlorastep.txt" | tee -a "$out/qlorastep.txt"
+            [ $rc -eq 0 ] ;;
         packing)
             # Sequence packing in the RL update on the 1.5B shape in bf16: 16 trajectories
             # of 128 to 1024 tokens, packed into lanes beside one a lane padded to the
@@ -169,7 +197,7 @@ for line in open(sys.argv[1]):
                 --device cuda --dtype bf16 --rows 16 --min-len 128 --max-len 1024 --rounds 3 \
                 --micro-batch-tokens 8192 ;;
         *)
-            echo "unknown part $part (tests, train, qlora, bench, bench7b, profile, ops, packing)" >&2
+            echo "unknown part $part (tests, train, qlora, bench, bench7b, profile, ops, qlorastep, packing)" >&2
             false ;;
     esac
     status=$?

@@ -73,6 +73,7 @@ fn main() -> Result<()> {
     match mode.as_str() {
         "decode" => decode(
             load(&PathBuf::from(opts.get("model").context("--model")?))?,
+            weight_bytes(&PathBuf::from(opts.get("model").context("--model")?))?,
             num("batch", 1)?,
             num("prompt-len", 32)?,
             num("new", 64)?,
@@ -141,8 +142,14 @@ fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
 
 /// Decoding of `new` tokens (greedy, or sampled at `temperature`) after a `prompt_len`
 /// prompt for `batch` sequences, timed like transformers' `generate` (prefill included).
+/// Also reported: the prefill's time (the first forward, every prompt in it), the mean
+/// time of a decode step after it (forward, draw, the tokens appended), and on a GPU what
+/// a step must read: the weights, and the keys and values each sequence attends to, on
+/// average over the run (`bench/gpu_speed.py` divides them by the device's bandwidth: the
+/// step's floor).
 fn decode(
     model: Model,
+    weight_bytes: u64,
     batch: usize,
     prompt_len: usize,
     new: usize,
@@ -154,14 +161,19 @@ fn decode(
         max_new_tokens: new,
         ..SamplingParams::default()
     };
-    let run = |new: usize| -> Result<f64> {
+    let run = |new: usize| -> Result<(f64, f64)> {
         let mut seqs: Vec<Sequence> = (0..batch)
             .map(|i| Sequence::new(&model, ids(prompt_len, vocab, i as u64), 0))
             .collect();
         let t = Instant::now();
-        for _ in 0..new {
+        let mut prefill = 0.0;
+        for step in 0..new {
             let mut all = seqs.iter_mut().collect::<Vec<_>>();
             advance(&model, &mut all, Mode::INFERENCE)?;
+            if step == 0 {
+                model.device().synchronize()?;
+                prefill = t.elapsed().as_secs_f64();
+            }
             // One batched draw where the logits stay on a GPU, as the rollout engine does.
             draw(&mut all, &params)?;
             for s in seqs.iter_mut() {
@@ -169,19 +181,46 @@ fn decode(
             }
         }
         model.device().synchronize()?;
-        Ok(t.elapsed().as_secs_f64())
+        Ok((t.elapsed().as_secs_f64(), prefill))
     };
     run(2)?; // warm-up: page in the weights, spin up the thread pool
     reset_peak_rss();
-    let secs = run(new)?;
-    println!(
-        "{}",
-        serde_json::json!({"impl": "rlhost", "mode": "decode", "batch": batch, "new_tokens": new,
-            "placement": model.placement().describe(),
-            "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs,
-            "phase_peak_rss_gb": peak_rss_gb()})
-    );
+    let (secs, prefill) = run(new)?;
+    let step_ms = (secs - prefill) / new as f64 * 1e3;
+    let mut line = serde_json::json!({"impl": "rlhost", "mode": "decode", "batch": batch,
+        "new_tokens": new, "placement": model.placement().describe(),
+        "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs,
+        "prefill_s": prefill, "decode_step_ms": step_ms,
+        "phase_peak_rss_gb": peak_rss_gb()});
+    if !model.device().is_cpu() {
+        let c = &model.cfg;
+        let elem = model.dtype().size_in_bytes() as u64;
+        // Mean positions a sequence attends to over the run's steps.
+        let seen = prompt_len as u64 + (new as u64).div_ceil(2);
+        let kv = c.num_hidden_layers as u64
+            * 2
+            * (c.num_key_value_heads * c.head_dim) as u64
+            * elem
+            * batch as u64
+            * seen;
+        line["weights_gb"] = (weight_bytes as f64 / 1e9).into();
+        line["kv_gb_per_step"] = (kv as f64 / 1e9).into();
+    }
+    println!("{line}");
     Ok(())
+}
+
+/// Bytes of the model's weight files (`*.safetensors`): what a decode step reads of the
+/// weights, the model being stored in the dtype it runs in.
+fn weight_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            total += std::fs::metadata(&path)?.len();
+        }
+    }
+    Ok(total)
 }
 
 /// LoRA training steps on `batch × seq` tokens: forward with adapters, mean negative

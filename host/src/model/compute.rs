@@ -22,7 +22,7 @@
 
 use super::frozen::Weight;
 use super::lora::{Linear, Mode};
-use candle_core::{D, DType, Result, Tensor};
+use candle_core::{D, DType, Device, Result, Tensor};
 use rand::RngExt;
 use rand::rngs::StdRng;
 use std::sync::Mutex;
@@ -391,6 +391,41 @@ pub fn attention(
     let out = p.matmul(v)?;
     debug_assert_eq!(out.dims(), [b, g, rt, d]);
     Ok(out)
+}
+
+/// The attention of a decode step over a KV pool: one new query token per row, `q: [P, g,
+/// R, d]` (the R query heads of each of g kv heads), `k`, `v: [P, g, cap, d]`, row `p`
+/// seeing its first `lens[p]` positions (u32 `[P]`, at most `longest`); `mask` (`[P, 1,
+/// 1, cap]`, [`decode_mask`] of the same lengths) is that rule as an additive mask for
+/// the composed form. Scores and softmax in f32 as transformers computes them. Returns
+/// `[P, g, R, d]`.
+pub fn decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    lens: &Tensor,
+    longest: usize,
+    scale: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::decode::applies(q) {
+        return super::cuda::decode::attention(q, k, v, lens, longest, scale);
+    }
+    let _ = (lens, longest);
+    let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
+    let w = super::ops::softmax_last(&scores.broadcast_add(mask)?)?.to_dtype(q.dtype())?;
+    w.matmul(v)
+}
+
+/// The additive mask `[P, 1, 1, cap]` of [`decode_attention`]: 0 on each row's first
+/// `lens[p]` positions, [`MASKED`] after.
+pub fn decode_mask(lens: &[u32], cap: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = lens
+        .iter()
+        .flat_map(|&n| (0..cap).map(move |j| if j < n as usize { 0.0 } else { MASKED }))
+        .collect();
+    Tensor::from_vec(mask, (lens.len(), 1, 1, cap), device)
 }
 
 /// The MLP `down(silu(gate(x)) ⊙ up(x))` of projections `[gate, up, down]` as one CPU

@@ -15,7 +15,8 @@
 //!   forked: the prefix becomes a frozen segment the forks share without copying, which
 //!   is how a group of samples shares its prompt's prefill. On a GPU a decode step (one
 //!   token per sequence) attends for the whole batch at once instead, its caches moved
-//!   into one shared buffer per layer ([`super::kv_cache`]).
+//!   into one shared buffer per layer ([`super::kv_cache`]), and a prefill of fresh
+//!   sequences in one call of the flash kernels, each sequence a row.
 
 use super::compute::{self, MASKED, rms_norm};
 use super::config::{Arch, ModelConfig};
@@ -612,6 +613,9 @@ impl Model {
             }
             _ => None,
         };
+        // A prefill of fresh sequences (a batch's prompts, a group's shared one once):
+        // every sequence's attention in one call where the flash kernels take it.
+        let fresh = pooled.is_none() && caches.iter().all(|c| c.is_empty());
         for (l, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.input_layernorm, eps)?;
             let a = match &pooled {
@@ -620,7 +624,7 @@ impl Model {
                     .forward_pooled(&h, &cos, &sin, step, l, mode)?,
                 None => layer
                     .self_attn
-                    .forward_cached(&h, &cos, &sin, caches, l, &spans, mode)?,
+                    .forward_cached(&h, &cos, &sin, caches, l, &spans, fresh, mode)?,
             };
             x = (x + a)?;
             let h = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
@@ -812,6 +816,8 @@ impl Attention {
         compute::lora_linear(&self.o_proj, &out, mode)
     }
 
+    /// The attention of `spans` of new tokens, each sequence against its cache; `fresh`:
+    /// every cache is empty (a prefill), which [`batches_prefill`] may run as one call.
     #[allow(clippy::too_many_arguments)]
     fn forward_cached(
         &self,
@@ -821,12 +827,17 @@ impl Attention {
         caches: &mut [&mut KvCache],
         layer: usize,
         spans: &[(usize, usize)],
+        fresh: bool,
         mode: Mode,
     ) -> Result<Tensor> {
         let (nh, nkv, d) = (self.n_heads, self.n_kv, self.head_dim);
         let n_rep = nh / nkv;
         let (q, k, v) = self.cached_heads(x, cos, sin, mode)?;
         let scale = 1.0 / (d as f64).sqrt();
+        if fresh && batches_prefill(&q) {
+            let out = self.batched_prefill(&q, &k, &v, caches, layer, spans)?;
+            return compute::lora_linear(&self.o_proj, &out, mode);
+        }
         let mut outs = Vec::with_capacity(spans.len());
         let attention = super::profile::span("cached_attention", x.device());
         for (cache, &(off, len)) in caches.iter_mut().zip(spans) {
@@ -893,6 +904,136 @@ impl Attention {
         drop(attention);
         compute::lora_linear(&self.o_proj, &Tensor::cat(&outs, 0)?, mode)
     }
+}
+
+impl Attention {
+    /// The attention of a prefill of fresh sequences as one call ([`prefill_rows`]), each
+    /// sequence's keys and values then put in its cache: `q: [n, heads, 1, d]`, `k`, `v:
+    /// [n, kv_heads, 1, d]`, the packed rows of `spans`. Returns `[n, heads·d]`.
+    fn batched_prefill(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+        spans: &[(usize, usize)],
+    ) -> Result<Tensor> {
+        let _p = super::profile::span("batched_prefill", q.device());
+        let (out, k, v) = prefill_rows(q, k, v, spans)?;
+        for (i, (cache, &(_, len))) in caches.iter_mut().zip(spans).enumerate() {
+            cache.layers[layer].append(
+                &k.get(i)?.narrow(1, 0, len)?.contiguous()?,
+                &v.get(i)?.narrow(1, 0, len)?.contiguous()?,
+            )?;
+        }
+        Ok(out)
+    }
+}
+
+/// Causal attention of the sequences `spans` (offset, length) of packed rows `q: [n,
+/// heads, 1, d]`, `k`, `v: [n, kv_heads, 1, d]`, each sequence seeing its own tokens, in
+/// one call: each sequence becomes a row of its own, padded on the right to the longest
+/// (the flash kernels skip the tiles above the diagonal, so a sequence costs its own
+/// triangle and its padding's, where one long packed row would cost every pair of
+/// sequences' rectangle). Returns the attention `[n, heads·d]` and the keys and values
+/// as rows, `[S, kv_heads, longest, d]`.
+fn prefill_rows(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spans: &[(usize, usize)],
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (n, nh, _, d) = q.dims4()?;
+    let nkv = k.dim(1)?;
+    let s = spans.len();
+    let longest = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
+    let dev = q.device();
+    // Row `i`, column `t` takes packed row `offset_i + t`, or row `n` (zeros) past the
+    // sequence's end; the sequence ids are 1 on its tokens and 0 on the padding.
+    let mut take = Vec::with_capacity(s * longest);
+    let mut ids = Vec::with_capacity(s * longest);
+    for &(off, len) in spans {
+        take.extend((0..longest).map(|t| if t < len { (off + t) as u32 } else { n as u32 }));
+        ids.extend((0..longest).map(|t| if t < len { 1f32 } else { 0.0 }));
+    }
+    let take = Tensor::from_vec(take, s * longest, dev)?;
+    let ids = Tensor::from_vec(ids, (s, longest), dev)?;
+    // `[n, count, 1, d]` → `[S, count, longest, d]`.
+    let padded = |t: &Tensor, count: usize| -> Result<Tensor> {
+        let t = t.reshape((n, count * d))?;
+        Tensor::cat(&[&t, &t.narrow(0, 0, 1)?.zeros_like()?], 0)?
+            .index_select(&take, 0)?
+            .reshape((s, longest, count, d))?
+            .transpose(1, 2)?
+            .contiguous()
+    };
+    let (k, v) = (padded(k, nkv)?, padded(v, nkv)?);
+    // The grouped-query layout of `compute::attention`: the n_rep query heads of each kv
+    // head stacked as rows, `[S, g, R·longest, d]`.
+    let q = padded(q, nh)?.reshape((s, nkv, (nh / nkv) * longest, d))?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let out = prefill_attention(&q, &k, &v, &ids, scale)?
+        .reshape((s, nh, longest, d))?
+        .transpose(1, 2)?
+        .reshape((s * longest, nh * d))?;
+    // Back to the packed rows, the padding left out.
+    let real: Vec<u32> = spans
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &(_, len))| (0..len).map(move |t| (i * longest + t) as u32))
+        .collect();
+    let out = out.index_select(&Tensor::from_vec(real, n, dev)?, 0)?;
+    Ok((out, k, v))
+}
+
+/// Whether a prefill of fresh sequences attends in one call: where the flash kernels take
+/// its queries (a GPU, half precision, head size 64 or 128), which read the sequence ids
+/// instead of a mask. Elsewhere (the CPU, whose kernels attend sequence by sequence
+/// without launches) each sequence attends alone.
+fn batches_prefill(q: &Tensor) -> bool {
+    #[cfg(test)]
+    if let Some(forced) = FORCE_BATCHED_PREFILL.with(|f| f.get()) {
+        return forced;
+    }
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(q) && super::cuda::flash::applies(q) {
+        return true;
+    }
+    let _ = q;
+    false
+}
+
+/// [`compute::attention`] of rows of sequences with ids `ids` (`[S, T]`): the flash
+/// kernels where [`batches_prefill`] found them, else the composed form under the mask of
+/// those ids.
+fn prefill_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    ids: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(q) && super::cuda::flash::applies(q) {
+        return super::cuda::flash::attention(q, k, v, ids, scale);
+    }
+    compute::attention(q, k, v, &batch_mask(ids)?, ids, scale)
+}
+
+#[cfg(test)]
+thread_local! {
+    static FORCE_BATCHED_PREFILL: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// In tests: runs `f` with fresh prefills in one attention call (`true`) or attending
+/// sequence by sequence, whatever the device.
+#[cfg(test)]
+pub(crate) fn with_batched_prefill<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    let before = FORCE_BATCHED_PREFILL.with(|c| c.replace(Some(on)));
+    let r = f();
+    FORCE_BATCHED_PREFILL.with(|c| c.set(before));
+    r
 }
 
 impl Mlp {
@@ -1073,8 +1214,11 @@ mod tests {
     /// after a prefix, batched across rows of different lengths.
     #[test]
     fn cached_prefill_and_decode_match_transformers() {
-        for pooled in [false, true] {
-            kv_cache::with_pooling(pooled, cached_prefill_and_decode_case);
+        // As on the CPU, with a GPU's pooled decode steps, and with its batched prefill.
+        for (pooled, batched) in [(false, false), (true, false), (false, true), (true, true)] {
+            kv_cache::with_pooling(pooled, || {
+                with_batched_prefill(batched, cached_prefill_and_decode_case)
+            });
         }
     }
 
@@ -1123,6 +1267,63 @@ mod tests {
             eprintln!("{name}: KV-cache decode vs transformers, max abs diff {worst:.2e}");
             assert!(worst <= 1e-4, "{name}: decode diff {worst}");
             assert_eq!(refs[0].len(), steps);
+        }
+    }
+
+    /// The batched prefill's attention through the flash kernels (half precision, head
+    /// sizes 128 and 64, right-padded rows of different lengths, grouped queries) against
+    /// the composed form of the same rows. Skipped without `RLHOST_TEST_DEVICE=cuda`.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn batched_prefill_attention_on_flash_matches_the_composed_form() {
+        let dev = fixtures::device();
+        if !dev.is_cuda() {
+            return;
+        }
+        for (nh, nkv, d, lens) in [
+            (12, 2, 128, vec![37, 128, 5, 64]),
+            (14, 2, 64, vec![200, 1, 77]),
+        ] {
+            for dtype in [DType::BF16, DType::F16] {
+                let n: usize = lens.iter().sum();
+                let mut spans = Vec::new();
+                let mut at = 0;
+                for &len in &lens {
+                    spans.push((at, len));
+                    at += len;
+                }
+                let make = |count: usize, seed: u64| {
+                    (fixtures::uniform(&[n, count, 1, d], seed) * 2.0)
+                        .unwrap()
+                        .to_device(&dev)
+                        .unwrap()
+                };
+                let (q, k, v) = (make(nh, 1), make(nkv, 2), make(nkv, 3));
+                let half = |t: &Tensor| t.to_dtype(dtype).unwrap();
+                let (qh, kh, vh) = (half(&q), half(&k), half(&v));
+                assert!(
+                    batches_prefill(&qh),
+                    "the flash kernels take {dtype:?}, d {d}"
+                );
+                let composed = |q: &Tensor, k: &Tensor, v: &Tensor| {
+                    crate::model::cpu::composed(|| prefill_rows(q, k, v, &spans))
+                        .unwrap()
+                        .0
+                };
+                // The flash rows and the composed ones in the half dtype, each against the
+                // composed form in f32: the kernels may not be further from it.
+                let reference = composed(&q, &k, &v);
+                let (flash, _, _) = prefill_rows(&qh, &kh, &vh, &spans).unwrap();
+                let ef = fixtures::relative_diff(&flash, &reference);
+                let eh = fixtures::relative_diff(&composed(&qh, &kh, &vh), &reference);
+                eprintln!(
+                    "batched prefill {nh}/{nkv} heads of {d}, {lens:?}, {dtype:?}: flash {ef:.2e}, composed {eh:.2e} from f32"
+                );
+                assert!(
+                    ef.is_finite() && ef <= 1.5 * eh + 1e-3,
+                    "{lens:?} {dtype:?}: {ef} vs {eh}"
+                );
+            }
         }
     }
 

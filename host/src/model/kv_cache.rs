@@ -14,8 +14,7 @@
 //! that finds a batch not all in one pool builds a new one (a copy of each cache, the
 //! cost of about one step done sequence by sequence).
 
-use super::compute::MASKED;
-use super::ops::softmax_last;
+use super::compute::{decode_attention, decode_mask};
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::Arc;
 
@@ -200,6 +199,9 @@ pub(super) struct PooledStep {
     index: Tensor,
     /// `[rows, 1, 1, cap]`: 0 where a row's query may look, `MASKED` elsewhere.
     mask: Tensor,
+    /// `[rows]` u32: the positions each row's query sees (its first ones), and the most.
+    lens: Tensor,
+    longest: usize,
     /// Where the batch is not every row in order: for each row, the batch index it takes
     /// its query from (the batch size for a zero row), and for each sequence its row.
     gather: Option<(Tensor, Tensor)>,
@@ -257,14 +259,13 @@ impl PooledStep {
         let index = Tensor::from_vec(index, (p, shape.heads, 1, shape.dim), device)?;
         // A row's query sees positions up to and including its new token; a row left out
         // sees its first position only (anything finite: its output is dropped).
-        let mask: Vec<f32> = at
+        let lens: Vec<u32> = at
             .iter()
-            .flat_map(|&a| {
-                let last = if a == cap - 1 { 0 } else { a };
-                (0..cap).map(move |j| if j <= last { 0.0 } else { MASKED })
-            })
+            .map(|&a| if a == cap - 1 { 1 } else { a as u32 + 1 })
             .collect();
-        let mask = Tensor::from_vec(mask, (p, 1, 1, cap), device)?;
+        let longest = lens.iter().copied().max().unwrap_or(1) as usize;
+        let mask = decode_mask(&lens, cap, device)?;
+        let lens = Tensor::from_vec(lens, p, device)?;
         let in_order = rows.len() == p && rows.iter().enumerate().all(|(i, &r)| i == r);
         let gather = if in_order {
             None
@@ -279,6 +280,8 @@ impl PooledStep {
             pool,
             index,
             mask,
+            lens,
+            longest,
             gather,
         })
     }
@@ -355,12 +358,10 @@ impl PooledStep {
         kb.scatter_set(&self.index, &k, 2)?;
         vb.scatter_set(&self.index, &v, 2)?;
         let p = self.pool.rows;
-        // The query heads of each kv head as rows: `[P, kv_heads, n_rep, d]`. Scores, mask
-        // and softmax in f32, as the per-sequence path (and transformers) computes them.
+        // The query heads of each kv head as rows: `[P, kv_heads, n_rep, d]`.
         let q = q.reshape((p, nkv, nh / nkv, d))?;
-        let scores = (q.matmul(&kb.t()?)?.to_dtype(DType::F32)? * scale)?;
-        let w = softmax_last(&scores.broadcast_add(&self.mask)?)?.to_dtype(q.dtype())?;
-        let out = w.matmul(vb)?.reshape((p, nh * d))?;
+        let out = decode_attention(&q, kb, vb, &self.mask, &self.lens, self.longest, scale)?
+            .reshape((p, nh * d))?;
         match &self.gather {
             None => Ok(out),
             Some((_, rows)) => {

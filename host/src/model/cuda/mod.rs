@@ -1,6 +1,7 @@
 //! The fused ops on CUDA: attention (FlashAttention-2 on the tensor cores for half
 //! precision, [`flash`]; else cuBLAS's products around one softmax pass a row, the backward
-//! recomputing the scores instead of keeping them), the LoRA projection in half precision,
+//! recomputing the scores instead of keeping them), a decode step's attention for the
+//! whole batch ([`decode`], flash-decoding), the LoRA projection in half precision,
 //! target log-probs without the full logits, RMSNorm, the rotary placement of heads and
 //! SwiGLU, each with its own backward, and AdamW's update in place ([`adamw`], used by
 //! `rl::optim`). One op per file,
@@ -14,6 +15,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod decode;
 pub mod flash;
 pub(crate) mod gemm;
 pub mod logprobs;
