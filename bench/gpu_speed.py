@@ -243,9 +243,13 @@ def main():
         for _ in range(args.rounds):
             mine.append(run(decode))
             peer.append(run(py + ["--worker", "decode"]))
-            # The decode step's attention composed (products over the pool's whole capacity,
-            # mask, softmax) instead of the flash-decoding kernel.
-            composed.append(run(decode, {"RLHOST_DECODE_ATTENTION": "composed"}))
+            # Sampling as before issue 64: prompts prefilled sequence by sequence, the decode
+            # step's attention composed (products over the pool's whole capacity, mask,
+            # softmax) and the draw as tensor ops, instead of the batched prefill, the
+            # flash-decoding kernel and the fused draw.
+            composed.append(run(decode, {"RLHOST_PREFILL": "sequences",
+                                         "RLHOST_DECODE_ATTENTION": "composed",
+                                         "RLHOST_DRAW": "composed"}))
             m = mine[-1]
             m["floor_step_ms"] = (m["weights_gb"] + m["kv_gb_per_step"]) / bandwidth * 1e3
             m["floor_fraction"] = m["floor_step_ms"] / m["decode_step_ms"]
@@ -253,14 +257,14 @@ def main():
                   f"{m['prefill_s'] * 1e3:.1f} ms, decode step {m['decode_step_ms']:.2f} ms, "
                   f"its floor {m['floor_step_ms']:.2f} ms = {m['weights_gb']:.2f} GB of weights + "
                   f"{m['kv_gb_per_step']:.2f} GB of keys and values at {bandwidth:.0f} GB/s: "
-                  f"{100 * m['floor_fraction']:.0f}% of the floor), composed attention "
+                  f"{100 * m['floor_fraction']:.0f}% of the floor), as before issue 64 "
                   f"{composed[-1]['tokens_per_s']:.0f} tok/s (step {composed[-1]['decode_step_ms']:.2f} ms), "
                   f"transformers {peer[-1]['tokens_per_s']:.0f} tok/s", flush=True)
         compare(f"rollout {PROMPTS}x{PROMPT_LEN}+{NEW}, tokens/s", mine, peer, "tokens_per_s", True)
         compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
-        compare("  tokens/s (rlhost, composed decode attention)", mine, composed, "tokens_per_s", True)
-        compare("  decode step, ms (rlhost, composed)", mine, composed, "decode_step_ms", False)
-        compare("  prefill, s (rlhost, composed)", mine, composed, "prefill_s", False)
+        compare("  tokens/s (rlhost, composed forms)", mine, composed, "tokens_per_s", True)
+        compare("  decode step, ms (rlhost, composed forms)", mine, composed, "decode_step_ms", False)
+        compare("  prefill, s (rlhost, per sequence)", mine, composed, "prefill_s", False)
         print(f"rollout: decode step {statistics.median(r['decode_step_ms'] for r in mine):.2f} ms, "
               f"{100 * statistics.median(r['floor_fraction'] for r in mine):.0f}% of its bandwidth floor "
               f"({statistics.median(r['floor_step_ms'] for r in mine):.2f} ms)", flush=True)

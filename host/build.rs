@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 9] = [
     "adamw",
     "attention",
     "decode",
@@ -14,6 +14,7 @@ const KERNELS: [&str; 8] = [
     "logprobs",
     "rms_norm",
     "rope",
+    "sample",
     "swiglu",
 ];
 

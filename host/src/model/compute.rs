@@ -428,6 +428,32 @@ pub fn decode_mask(lens: &[u32], cap: usize, device: &Device) -> Result<Tensor> 
     Tensor::from_vec(mask, (lens.len(), 1, 1, cap), device)
 }
 
+/// A decode step's draw from `logits: [B, V]` (f32) as one fused kernel, where there is
+/// one: `[B, 3]` f32 (token, its log-prob at `temperature` over the whole vocabulary, 1
+/// where the draw landed on a kept token), row `i` at the uniform `u[i]`, with
+/// `sampler/device_draw.rs`'s rules (its composed form; `None`: draw with that).
+pub fn fused_draw(
+    logits: &Tensor,
+    u: &[f32],
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    min_p: f32,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::sample::applies(logits) {
+        let rules = super::cuda::sample::Rules {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+        };
+        return super::cuda::sample::draw(logits, u, rules).map(Some);
+    }
+    let _ = (logits, u, temperature, top_k, top_p, min_p);
+    Ok(None)
+}
+
 /// The MLP `down(silu(gate(x)) ⊙ up(x))` of projections `[gate, up, down]` as one CPU
 /// node, where that applies: training with an adapter on all three (the live one or
 /// `mode.adapter`'s), no dropout drawn, and the kernels' conditions. `None`: the caller

@@ -989,8 +989,9 @@ fn prefill_rows(
 
 /// Whether a prefill of fresh sequences attends in one call: where the flash kernels take
 /// its queries (a GPU, half precision, head size 64 or 128), which read the sequence ids
-/// instead of a mask. Elsewhere (the CPU, whose kernels attend sequence by sequence
-/// without launches) each sequence attends alone.
+/// instead of a mask, unless `RLHOST_PREFILL=sequences` asks for the per-sequence form
+/// (the benchmark runs both). Elsewhere (the CPU, whose kernels attend sequence by
+/// sequence without launches) each sequence attends alone.
 fn batches_prefill(q: &Tensor) -> bool {
     #[cfg(test)]
     if let Some(forced) = FORCE_BATCHED_PREFILL.with(|f| f.get()) {
@@ -998,7 +999,10 @@ fn batches_prefill(q: &Tensor) -> bool {
     }
     #[cfg(feature = "cuda")]
     if super::cuda::applies(q) && super::cuda::flash::applies(q) {
-        return true;
+        static SEQUENCES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        return !*SEQUENCES.get_or_init(|| {
+            std::env::var("RLHOST_PREFILL").is_ok_and(|v| v.eq_ignore_ascii_case("sequences"))
+        });
     }
     let _ = q;
     false

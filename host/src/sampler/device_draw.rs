@@ -12,6 +12,10 @@
 //! the order of float summation); with truncation the host walks most-likely-first, so a
 //! given `u` may pick another token, from the same distribution.
 //!
+//! On a GPU one fused kernel takes the whole draw instead
+//! ([`crate::model::compute::fused_draw`]): the same rules, the thresholds found exactly
+//! by radix selection, this composed form its reference.
+//!
 //! How, without a sort (candle's GPU sort holds a whole row in shared memory, which a
 //! 151,936-token row does not fit): the top-k and top-p cut-offs are thresholds found by
 //! bisection on each row (a fixed number of count or mass passes, no host round trip), and
@@ -44,6 +48,17 @@ pub fn draw_rows(logits: &Tensor, u: &[f32], params: &SamplingParams) -> Result<
         candle_core::bail!("draw_rows: {n} rows but {} uniforms", u.len());
     }
     let logits = logits.to_dtype(DType::F32)?;
+    // One launch for the whole draw where the fused kernel runs (a GPU), the same rules.
+    if let Some(out) = crate::model::compute::fused_draw(
+        &logits,
+        u,
+        params.temperature,
+        params.top_k,
+        params.top_p,
+        params.min_p,
+    )? {
+        return Ok(draws(out.to_vec2::<f32>()?));
+    }
     let dev = logits.device();
     let greedy = params.temperature <= 0.0;
     let inv_t = if greedy {
@@ -78,15 +93,19 @@ pub fn draw_rows(logits: &Tensor, u: &[f32], params: &SamplingParams) -> Result<
     let picked = logp.gather(&token, 1)?;
     // Token ids are exact in f32 (< 2²⁴): one copy brings back all three columns.
     let out = Tensor::cat(&[&token.to_dtype(DType::F32)?, &picked, &kept], 1)?.to_vec2::<f32>()?;
-    Ok(out
-        .into_iter()
+    Ok(draws(out))
+}
+
+/// The draws of `[B, 3]` rows (token, log-prob, kept).
+fn draws(rows: Vec<Vec<f32>>) -> Vec<Option<Draw>> {
+    rows.into_iter()
         .map(|r| {
             (r[2] > 0.0).then_some(Draw {
                 token: r[0] as u32,
                 logp: r[1],
             })
         })
-        .collect())
+        .collect()
 }
 
 /// 1 for the tokens top-k, top-p and min-p keep, 0 for the rest; `None` when none is on.

@@ -1,7 +1,7 @@
 //! The fused ops on CUDA: attention (FlashAttention-2 on the tensor cores for half
 //! precision, [`flash`]; else cuBLAS's products around one softmax pass a row, the backward
 //! recomputing the scores instead of keeping them), a decode step's attention for the
-//! whole batch ([`decode`], flash-decoding), the LoRA projection in half precision,
+//! whole batch ([`decode`], flash-decoding) and its draw ([`sample`]), the LoRA projection in half precision,
 //! target log-probs without the full logits, RMSNorm, the rotary placement of heads and
 //! SwiGLU, each with its own backward, and AdamW's update in place ([`adamw`], used by
 //! `rl::optim`). One op per file,
@@ -22,6 +22,7 @@ pub mod logprobs;
 pub mod lora;
 pub mod rms_norm;
 pub mod rope;
+pub mod sample;
 pub mod swiglu;
 
 use candle_core::backend::BackendStorage;
