@@ -314,6 +314,20 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     xf.broadcast_mul(&r)?.to_dtype(x.dtype())?.broadcast_mul(w)
 }
 
+/// The residual add `s = x + a` and the norm of the sum, `(s, rms_norm(s))`: one pass on a
+/// GPU where no gradient is wanted (the decoder's layers in sampling), else the add and
+/// [`rms_norm`].
+pub fn add_rms_norm(x: &Tensor, a: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(x) && !x.track_op() && !a.track_op() && a.dtype() == x.dtype() {
+        let _p = super::profile::span("add_rms_norm", x.device());
+        return super::cuda::rms_norm::add_rms_norm(x, a, w, eps);
+    }
+    let s = (x + a)?;
+    let y = rms_norm(&s, w, eps)?;
+    Ok((s, y))
+}
+
 /// Projected heads `y: [B, T, n·d]` (or `[B, T, n, d]`) placed for [`attention`], `[B, g, (n/g)·T, d]` (the
 /// `n/g` heads of each of `g` groups stacked as rows), rotated by `rope = (cos, sin)`,
 /// each `[B, T, d/2]` (transformers' `rotate_half` form), when given.

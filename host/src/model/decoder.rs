@@ -616,8 +616,12 @@ impl Model {
         // A prefill of fresh sequences (a batch's prompts, a group's shared one once):
         // every sequence's attention in one call where the flash kernels take it.
         let fresh = pooled.is_none() && caches.iter().all(|c| c.is_empty());
+        // Each residual add and the norm after it are one pass on a GPU.
+        let mut h = match self.layers.first() {
+            Some(first) => rms_norm(&x, &first.input_layernorm, eps)?,
+            None => x.clone(),
+        };
         for (l, layer) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &layer.input_layernorm, eps)?;
             let a = match &pooled {
                 Some(step) => layer
                     .self_attn
@@ -626,9 +630,13 @@ impl Model {
                     .self_attn
                     .forward_cached(&h, &cos, &sin, caches, l, &spans, fresh, mode)?,
             };
-            x = (x + a)?;
-            let h = rms_norm(&x, &layer.post_attention_layernorm, eps)?;
-            x = (&x + layer.mlp.forward(&h, mode)?)?;
+            let (sum, normed) =
+                compute::add_rms_norm(&x, &a, &layer.post_attention_layernorm, eps)?;
+            let m = layer.mlp.forward(&normed, mode)?;
+            match self.layers.get(l + 1) {
+                Some(next) => (x, h) = compute::add_rms_norm(&sum, &m, &next.input_layernorm, eps)?,
+                None => x = (sum + m)?,
+            }
         }
         if let Some(step) = &pooled {
             step.finish(caches);
