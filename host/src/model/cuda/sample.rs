@@ -56,7 +56,12 @@ pub fn draw(logits: &Tensor, u: &[f32], rules: Rules) -> Result<Tensor> {
     let logits = logits.contiguous()?;
     let u = Tensor::from_slice(u, b, logits.device())?;
     let greedy = rules.temperature <= 0.0;
-    let inv_t = if greedy { 1.0 } else { 1.0 / rules.temperature };
+    // 1/T in f64 and then f32, as the composed form's scaling of the logits takes it.
+    let inv_t = if greedy {
+        1.0f32
+    } else {
+        (1.0 / rules.temperature as f64) as f32
+    };
     let (l_guard, l_l) = logits.storage_and_layout();
     let (u_guard, u_l) = u.storage_and_layout();
     let ls = cuda(&l_guard, "fused draw")?;
