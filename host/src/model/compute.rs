@@ -1,7 +1,9 @@
 //! The compute seam: the few entry points the decoder calls for its heavy or
 //! gradient-carrying work: `linear` and `frozen` (a frozen weight), `lora_linear` (a
 //! projection with its adapter), `rms_norm`, `rope_heads`, `attention`, `swiglu`,
-//! `lora_mlp` and `target_logprobs`.
+//! `lora_mlp` and `target_logprobs`; for sampling, `add_rms_norm`, `decode_attention` (a
+//! decode step over the KV pool) and `fused_draw` (the draw, whose composed form is the
+//! sampler's `device_draw`).
 //!
 //! Each has a **composed** form built from candle's differentiable ops only (so that it
 //! can run on any device and dtype with a correct backward), computes normalisation,
@@ -12,7 +14,7 @@
 //! (`gemm`, `gemv`, `fused`, `head`, `attention`, `lora_op`, `mlp_op`) are picked only
 //! where they apply: an f32 tensor on the CPU with AVX2 and FMA; the fused CUDA ops
 //! ([`super::cuda`]: attention, the LoRA projection, log-probs, RMSNorm, rope, SwiGLU,
-//! each with its own backward) on a CUDA tensor, where the adapter computes in the
+//! each with its own backward; the sampling ops, inference only) on a CUDA tensor, where the adapter computes in the
 //! model's dtype from its f32 weights (PEFT's mixed precision, not its f32-adapter
 //! default; the tests hold it to PEFT's half-precision adapter). Never candle's fused
 //! `rms_norm`, `softmax_last_dim` or `rope` where a gradient is needed: they drop it

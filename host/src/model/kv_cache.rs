@@ -9,7 +9,9 @@
 //! There the batch's caches move into one [`KvPool`]: per layer a `[rows, kv_heads, cap, d]`
 //! buffer, one row per sequence, each row becoming that sequence's own buffer (a view,
 //! no copy). A decode step ([`PooledStep`]) then writes every sequence's new key and value
-//! with one scatter and attends for all sequences with one masked product per layer.
+//! with one scatter and attends for all sequences at once per layer
+//! ([`super::compute::decode_attention`]: on a GPU a flash-decoding kernel reading each
+//! row up to its length; composed, one masked product over the pool).
 //! A cache leaves its pool when it is forked or its row fills up; the next decode step
 //! that finds a batch not all in one pool builds a new one (a copy of each cache, the
 //! cost of about one step done sequence by sequence).
