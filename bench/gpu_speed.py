@@ -238,8 +238,11 @@ def main():
         # A decode step's floor: what it must read (the weights, the keys and values its
         # sequences attend to) at the device's copy bandwidth.
         bandwidth = run(py + ["--worker", "bandwidth"])["gb_per_s"]
+        # `--logprob-check 4`: after the timing, four sequences' sampled log-probs against the
+        # trainer's forward (the new kernels checked end to end on this model); its forward
+        # adds a little to the peak GPU memory the poll sees.
         decode = [ours[0], "decode", *ours[1:], "--batch", str(PROMPTS), "--prompt-len",
-                  str(PROMPT_LEN), "--new", str(NEW), "--temperature", "1"]
+                  str(PROMPT_LEN), "--new", str(NEW), "--temperature", "1", "--logprob-check", "4"]
         for _ in range(args.rounds):
             mine.append(run(decode))
             peer.append(run(py + ["--worker", "decode"]))
@@ -259,7 +262,10 @@ def main():
                   f"{m['kv_gb_per_step']:.2f} GB of keys and values at {bandwidth:.0f} GB/s: "
                   f"{100 * m['floor_fraction']:.0f}% of the floor), as before issue 64 "
                   f"{composed[-1]['tokens_per_s']:.0f} tok/s (step {composed[-1]['decode_step_ms']:.2f} ms), "
-                  f"transformers {peer[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+                  f"transformers {peer[-1]['tokens_per_s']:.0f} tok/s; sampled log-probs from the "
+                  f"trainer's: max {m['logprob_gap_max']:.3g}, mean {m['logprob_gap_mean']:.3g} "
+                  f"(as before: max {composed[-1]['logprob_gap_max']:.3g}, mean "
+                  f"{composed[-1]['logprob_gap_mean']:.3g})", flush=True)
         compare(f"rollout {PROMPTS}x{PROMPT_LEN}+{NEW}, tokens/s", mine, peer, "tokens_per_s", True)
         compare("  its peak GPU memory, GB", mine, peer, "gpu_peak_gb", False)
         compare("  tokens/s (rlhost, composed forms)", mine, composed, "tokens_per_s", True)

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! model_bench decode    --model DIR --batch B [--prompt-len 32] [--new 64] [--quantize nf4]
-//!                       [--temperature 0]
+//!                       [--temperature 0] [--logprob-check SEQUENCES]
 //! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2] [--quantize nf4]
 //!                       [--checkpointing 1]
 //! model_bench update    --model DIR [--rows 16] [--min-len 100] [--max-len 400] [--rank 16]
@@ -74,12 +74,11 @@ fn main() -> Result<()> {
         "decode" => decode(
             load(&PathBuf::from(opts.get("model").context("--model")?))?,
             weight_bytes(&PathBuf::from(opts.get("model").context("--model")?))?,
-            num("batch", 1)?,
-            num("prompt-len", 32)?,
-            num("new", 64)?,
+            (num("batch", 1)?, num("prompt-len", 32)?, num("new", 64)?),
             opts.get("temperature")
                 .map_or(Ok(0.0), |v| v.parse::<f32>())
                 .context("--temperature")?,
+            num("logprob-check", 0)?,
         ),
         "train" => train(
             load(&PathBuf::from(opts.get("model").context("--model")?))?,
@@ -143,17 +142,18 @@ fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
 /// Decoding of `new` tokens (greedy, or sampled at `temperature`) after a `prompt_len`
 /// prompt for `batch` sequences, timed like transformers' `generate` (prefill included).
 /// Also reported: the prefill's time (the first forward, every prompt in it), the mean
-/// time of a decode step after it (forward, draw, the tokens appended), and on a GPU what
+/// time of a decode step after it (forward, draw, the tokens appended), with `check` > 0
+/// the sampled log-probs' distance from the trainer's on that many sequences
+/// ([`logprob_gap`], after the timing), and on a GPU what
 /// a step must read: the weights, and the keys and values each sequence attends to, on
 /// average over the run (`bench/gpu_speed.py` divides them by the device's bandwidth: the
 /// step's floor).
 fn decode(
     model: Model,
     weight_bytes: u64,
-    batch: usize,
-    prompt_len: usize,
-    new: usize,
+    (batch, prompt_len, new): (usize, usize, usize),
     temperature: f32,
+    check: usize,
 ) -> Result<()> {
     let vocab = model.cfg.vocab_size.min(500);
     let params = SamplingParams {
@@ -161,7 +161,7 @@ fn decode(
         max_new_tokens: new,
         ..SamplingParams::default()
     };
-    let run = |new: usize| -> Result<(f64, f64)> {
+    let run = |new: usize| -> Result<(f64, f64, Vec<Sequence>)> {
         let mut seqs: Vec<Sequence> = (0..batch)
             .map(|i| Sequence::new(&model, ids(prompt_len, vocab, i as u64), 0))
             .collect();
@@ -181,17 +181,26 @@ fn decode(
             }
         }
         model.device().synchronize()?;
-        Ok((t.elapsed().as_secs_f64(), prefill))
+        Ok((t.elapsed().as_secs_f64(), prefill, seqs))
     };
     run(2)?; // warm-up: page in the weights, spin up the thread pool
     reset_peak_rss();
-    let (secs, prefill) = run(new)?;
+    let (secs, prefill, seqs) = run(new)?;
+    // The peak of the timed run, before the check below adds its own.
+    let peak_rss = peak_rss_gb();
+    let gap = (check > 0)
+        .then(|| logprob_gap(&model, &seqs[..seqs.len().min(check)]))
+        .transpose()?;
     let step_ms = (secs - prefill) / new as f64 * 1e3;
     let mut line = serde_json::json!({"impl": "rlhost", "mode": "decode", "batch": batch,
         "new_tokens": new, "placement": model.placement().describe(),
         "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs,
         "prefill_s": prefill, "decode_step_ms": step_ms,
-        "phase_peak_rss_gb": peak_rss_gb()});
+        "phase_peak_rss_gb": peak_rss});
+    if let Some((max, mean)) = gap {
+        line["logprob_gap_max"] = max.into();
+        line["logprob_gap_mean"] = mean.into();
+    }
     if !model.device().is_cpu() {
         let c = &model.cfg;
         let elem = model.dtype().size_in_bytes() as u64;
@@ -208,6 +217,32 @@ fn decode(
     }
     println!("{line}");
     Ok(())
+}
+
+/// How far the sampled tokens' log-probs are from the trainer's: each sequence's tokens
+/// again through the batch forward (the path the RL update takes), `(max, mean)` of
+/// |sampled − recomputed| over the sampled tokens. The sampler's attention, prefill and
+/// draw are checked end to end this way on the model being timed.
+fn logprob_gap(model: &Model, seqs: &[Sequence]) -> Result<(f64, f64)> {
+    let dev = model.device();
+    let (mut worst, mut sum, mut n) = (0f64, 0f64, 0usize);
+    for s in seqs {
+        let t = s.tokens.len();
+        let ids = Tensor::new(s.tokens.as_slice(), dev)?.unsqueeze(0)?;
+        let pos = Tensor::arange(0u32, t as u32, dev)?.unsqueeze(0)?;
+        let h = model.forward_batch(&ids, &ids.ones_like()?, &pos, Mode::INFERENCE)?;
+        let (logp, _) = model.logprobs(&h.narrow(1, 0, t - 1)?, &ids.narrow(1, 1, t - 1)?)?;
+        let logp = logp.squeeze(0)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        for (k, lp) in s.logprobs.iter().enumerate() {
+            if let Some(lp) = lp {
+                let gap = (lp - logp[s.prompt_len + k - 1]).abs() as f64;
+                worst = worst.max(gap);
+                sum += gap;
+                n += 1;
+            }
+        }
+    }
+    Ok((worst, sum / n.max(1) as f64))
 }
 
 /// Bytes of the model's weight files (`*.safetensors`): what a decode step reads of the

@@ -912,9 +912,7 @@ impl Attention {
         drop(attention);
         compute::lora_linear(&self.o_proj, &Tensor::cat(&outs, 0)?, mode)
     }
-}
 
-impl Attention {
     /// The attention of a prefill of fresh sequences as one call ([`prefill_rows`]), each
     /// sequence's keys and values then put in its cache: `q: [n, heads, 1, d]`, `k`, `v:
     /// [n, kv_heads, 1, d]`, the packed rows of `spans`. Returns `[n, heads·d]`.

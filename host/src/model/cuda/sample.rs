@@ -119,8 +119,9 @@ mod tests {
             .unwrap())
         .to_device(&dev)
         .unwrap();
+        // Spread over (0, 1), never 0 (whose target is the row's first token, kept or not).
         let u: Vec<f32> = (0..b)
-            .map(|i| ((i * 37 + 11) % 101) as f32 / 101.0)
+            .map(|i| (((i * 37 + 11) % 101) as f32 + 0.5) / 101.0)
             .collect();
         let cases = [
             (0.0, 0, 1.0, 0.0),
