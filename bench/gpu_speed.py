@@ -234,7 +234,7 @@ def main():
         rows.append((name, a, b, ratio))
 
     if not args.skip_decode:
-        mine, peer, composed = [], [], []
+        mine, peer, composed, adapted, adapted_before = [], [], [], [], []
         # A decode step's floor: what it must read (the weights, the keys and values its
         # sequences attend to) at the device's copy bandwidth.
         bandwidth = run(py + ["--worker", "bandwidth"])["gb_per_s"]
@@ -250,9 +250,16 @@ def main():
             # step's attention composed (products over the pool's whole capacity, mask,
             # softmax) and the draw as tensor ops, instead of the batched prefill, the
             # flash-decoding kernel and the fused draw.
-            composed.append(run(decode, {"RLHOST_PREFILL": "sequences",
-                                         "RLHOST_DECODE_ATTENTION": "composed",
-                                         "RLHOST_DRAW": "composed"}))
+            before = {"RLHOST_PREFILL": "sequences", "RLHOST_DECODE_ATTENTION": "composed",
+                      "RLHOST_DRAW": "composed", "RLHOST_PROJECTIONS": "separate"}
+            composed.append(run(decode, before))
+            # As a rollout samples: a rank-16 adapter on every projection, read from a
+            # frozen copy of its version (cast once, q/k/v and gate/up each one product);
+            # and as before issue 64, from the live adapter (cast every call, one product
+            # a projection) with the forms above.
+            adapted.append(run(decode + ["--adapter-rank", "16"]))
+            adapted_before.append(run(decode + ["--adapter-rank", "16", "--live-adapter", "1"],
+                                      before))
             m = mine[-1]
             m["floor_step_ms"] = (m["weights_gb"] + m["kv_gb_per_step"]) / bandwidth * 1e3
             m["floor_fraction"] = m["floor_step_ms"] / m["decode_step_ms"]
@@ -271,6 +278,13 @@ def main():
         compare("  tokens/s (rlhost, composed forms)", mine, composed, "tokens_per_s", True)
         compare("  decode step, ms (rlhost, composed forms)", mine, composed, "decode_step_ms", False)
         compare("  prefill, s (rlhost, per sequence)", mine, composed, "prefill_s", False)
+        compare("  with a rank-16 adapter: tokens/s (rlhost, as before issue 64)", adapted,
+                adapted_before, "tokens_per_s", True)
+        compare("  with a rank-16 adapter: decode step, ms (rlhost, as before)", adapted,
+                adapted_before, "decode_step_ms", False)
+        print(f"rollout with a rank-16 adapter: sampled log-probs from the trainer's: max "
+              f"{max(r['logprob_gap_max'] for r in adapted):.3g}, mean "
+              f"{statistics.median(r['logprob_gap_mean'] for r in adapted):.3g}", flush=True)
         print(f"rollout: decode step {statistics.median(r['decode_step_ms'] for r in mine):.2f} ms, "
               f"{100 * statistics.median(r['floor_fraction'] for r in mine):.0f}% of its bandwidth floor "
               f"({statistics.median(r['floor_step_ms'] for r in mine):.2f} ms)", flush=True)

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! model_bench decode    --model DIR --batch B [--prompt-len 32] [--new 64] [--quantize nf4]
-//!                       [--temperature 0] [--logprob-check SEQUENCES]
+//!                       [--temperature 0] [--logprob-check SEQUENCES] [--adapter-rank R]
+//!                       [--live-adapter 1]
 //! model_bench train     --model DIR [--batch 4] [--seq 256] [--rank 16] [--steps 2] [--quantize nf4]
 //!                       [--checkpointing 1]
 //! model_bench update    --model DIR [--rows 16] [--min-len 100] [--max-len 400] [--rank 16]
@@ -79,6 +80,7 @@ fn main() -> Result<()> {
                 .map_or(Ok(0.0), |v| v.parse::<f32>())
                 .context("--temperature")?,
             num("logprob-check", 0)?,
+            (num("adapter-rank", 0)?, num("live-adapter", 0)? == 1),
         ),
         "train" => train(
             load(&PathBuf::from(opts.get("model").context("--model")?))?,
@@ -147,14 +149,34 @@ fn ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
 /// ([`logprob_gap`], after the timing), and on a GPU what
 /// a step must read: the weights, and the keys and values each sequence attends to, on
 /// average over the run (`bench/gpu_speed.py` divides them by the device's bandwidth: the
-/// step's floor).
+/// step's floor). With `adapter_rank` > 0 every projection carries an adapter of that
+/// rank (B non-zero), sampled as the rollout engine samples it, from a frozen copy of
+/// one version (its casts and joined pairs made once), or with `live` from the live
+/// adapter, as every sampling forward read it before issue 64.
 fn decode(
-    model: Model,
+    mut model: Model,
     weight_bytes: u64,
     (batch, prompt_len, new): (usize, usize, usize),
     temperature: f32,
     check: usize,
+    (adapter_rank, live): (usize, bool),
 ) -> Result<()> {
+    if adapter_rank > 0 {
+        attach_lora(&mut model, adapter_rank)?;
+        for (name, var) in model.lora_vars() {
+            if name.ends_with("lora_B") {
+                // B: small and non-zero, so that the adapter takes part in the arithmetic.
+                var.set(&(var.ones_like()? * 1e-3)?)?;
+            }
+        }
+    }
+    let set = (adapter_rank > 0 && !live)
+        .then(|| model.adapter_snapshot(0))
+        .transpose()?;
+    let mode = Mode {
+        adapter: set.as_ref(),
+        ..Mode::INFERENCE
+    };
     let vocab = model.cfg.vocab_size.min(500);
     let params = SamplingParams {
         temperature,
@@ -169,7 +191,7 @@ fn decode(
         let mut prefill = 0.0;
         for step in 0..new {
             let mut all = seqs.iter_mut().collect::<Vec<_>>();
-            advance(&model, &mut all, Mode::INFERENCE)?;
+            advance(&model, &mut all, mode)?;
             if step == 0 {
                 model.device().synchronize()?;
                 prefill = t.elapsed().as_secs_f64();
@@ -195,7 +217,8 @@ fn decode(
     let mut line = serde_json::json!({"impl": "rlhost", "mode": "decode", "batch": batch,
         "new_tokens": new, "placement": model.placement().describe(),
         "seconds": secs, "tokens_per_s": (batch * new) as f64 / secs,
-        "prefill_s": prefill, "decode_step_ms": step_ms,
+        "prefill_s": prefill, "decode_step_ms": step_ms, "adapter_rank": adapter_rank,
+        "live_adapter": live,
         "phase_peak_rss_gb": peak_rss});
     if let Some((max, mean)) = gap {
         line["logprob_gap_max"] = max.into();

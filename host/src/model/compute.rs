@@ -170,7 +170,16 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
                     &dense
                 }
             };
-            return super::cuda::lora::lora_linear(x, w, lin.bias.as_ref(), &a, &b, scaling);
+            // Sampling from a frozen set: its pair in the compute dtype, cast once.
+            let cast = match mode.adapter {
+                Some(set) if !mode.grad => set.cast(lora, x.dtype())?,
+                _ => None,
+            };
+            let (a, b) = match &cast {
+                Some(pair) => (&pair.0, &pair.1),
+                None => (&a, &b),
+            };
+            return super::cuda::lora::lora_linear(x, w, lin.bias.as_ref(), a, b, scaling);
         }
         let y = affine(x, &lin.weight, lin.bias.as_ref())?;
         let x = match mode.dropout_rng {
@@ -187,6 +196,36 @@ pub fn lora_linear(lin: &Linear, x: &Tensor, mode: Mode) -> Result<Tensor> {
     };
     let low = x.broadcast_matmul(&a.t()?)?;
     let delta = (low.broadcast_matmul(&b.t()?)? * scaling)?;
+    (y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())
+}
+
+/// Projections that share their input as one product ([`super::joint::Joint`]): `x Wᵀ +
+/// bias`, plus `s · (x Aᵀ) Bᵀ` with `adapter = (A, B, s)` when given, `W: [Σ out, in]`
+/// the parts' weights stacked and `(A, B)` their adapters joined
+/// ([`super::lora::AdapterSnapshot::joint`]). The adapter's products as
+/// [`lora_linear`] makes one projection's: the fused op where it runs (the pair then in
+/// the compute dtype), else from candle's ops in the pair's dtype, the sum cast back.
+/// Sampling only: no gradient flows.
+pub fn joint_linear(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    adapter: Option<(&Tensor, &Tensor, f64)>,
+) -> Result<Tensor> {
+    let _p = super::profile::span("joint_linear", x.device());
+    #[cfg(feature = "cuda")]
+    if let Some((a, b, s)) = adapter
+        && x.dtype() != DType::F32
+        && super::cuda::applies(x)
+    {
+        return super::cuda::lora::lora_linear(x, w, bias, a, b, s);
+    }
+    let y = affine(x, &Weight::Dense(w.clone()), bias)?;
+    let Some((a, b, s)) = adapter else {
+        return Ok(y);
+    };
+    let low = x.to_dtype(a.dtype())?.broadcast_matmul(&a.t()?)?;
+    let delta = (low.broadcast_matmul(&b.t()?)? * s)?;
     (y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())
 }
 
@@ -365,11 +404,41 @@ pub fn rope_heads(
 /// differentiable ops. Its CUDA kernel in bf16 moved an H200's logits 1.5e-1 from
 /// transformers' (the composed form, as transformers computes it, matches the loss to
 /// the last digit).
+///
+/// On a GPU in half precision, one position per row (a decode step's or a cached
+/// prefill's heads, `T = 1`, where `[B, heads, 1, d]` is the memory of `[B, 1, heads·d]`):
+/// rlhost's rope kernel ([`rope_heads`]'s), which rounds where the composed form rounds,
+/// in one launch where the composed form takes seven a call (two of them concatenating
+/// the tables).
 pub fn rope_rows(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.dtype() != DType::F32 && super::cuda::applies(x) && x.rank() == 4 && x.dim(2)? == 1 {
+        let (b, heads, _, d) = x.dims4()?;
+        return super::cuda::rope::rope_heads(
+            &x.reshape((b, 1, heads * d))?,
+            heads,
+            heads,
+            cos,
+            sin,
+        );
+    }
     if !x.track_op() && (x.dtype() == DType::F32 || x.device().is_cpu()) {
         return candle_nn::rotary_emb::rope(x, cos, sin);
     }
     super::ops::rotate_half(x, cos, sin)
+}
+
+/// Rotated heads `[rows, n, 1, d]` of `y: [rows, n·d]`, one position a row (a decode
+/// step's or a cached prefill's q or k), as [`rope_rows`] rotates them. `y`'s rows may
+/// be columns of a wider product (q/k/v taken as one, [`super::joint`]): on a GPU in
+/// half precision they are read in place, elsewhere copied out first.
+pub fn rope_packed(y: &Tensor, n: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (rows, width) = y.dims2()?;
+    #[cfg(feature = "cuda")]
+    if y.dtype() != DType::F32 && super::cuda::applies(y) && !y.track_op() {
+        return super::cuda::rope::rope_rows_strided(y, n, cos, sin);
+    }
+    rope_rows(&y.reshape((rows, n, 1, width / n))?, cos, sin)
 }
 
 /// Grouped-query attention `softmax(scale · Q Kᵀ + M) V` in the layout of
@@ -411,15 +480,15 @@ pub fn attention(
 
 /// The attention of a decode step over a KV pool: one new query token per row, `q: [P, g,
 /// R, d]` (the R query heads of each of g kv heads), `k`, `v: [P, g, cap, d]`, row `p`
-/// seeing its first `lens[p]` positions (u32 `[P]`, at most `longest`); `mask` (`[P, 1,
-/// 1, cap]`, [`decode_mask`] of the same lengths) is that rule as an additive mask for
-/// the composed form. Scores and softmax in f32 as transformers computes them. Returns
-/// `[P, g, R, d]`.
+/// seeing its first `lens[p]` positions (u32 `[P]`, at most `longest`); `mask` gives
+/// that rule as an additive mask (`[P, 1, 1, cap]`, [`decode_mask`] of the same lengths)
+/// for the composed form, called only where that form runs. Scores and softmax in f32
+/// as transformers computes them. Returns `[P, g, R, d]`.
 pub fn decode_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    mask: &Tensor,
+    mask: impl FnOnce() -> Result<Tensor>,
     lens: &Tensor,
     longest: usize,
     scale: f64,
@@ -430,7 +499,7 @@ pub fn decode_attention(
     }
     let _ = (lens, longest);
     let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
-    let w = super::ops::softmax_last(&scores.broadcast_add(mask)?)?.to_dtype(q.dtype())?;
+    let w = super::ops::softmax_last(&scores.broadcast_add(&mask()?)?)?.to_dtype(q.dtype())?;
     w.matmul(v)
 }
 
@@ -526,6 +595,22 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         return super::cuda::swiglu::swiglu(gate, up);
     }
     gate.silu()? * up
+}
+
+/// `silu(gate) ⊙ up` of gate and up taken as one product ([`super::joint::Joint`]),
+/// `gate_up: [rows, 2w]` with gate's `w` columns first: `[rows, w]`. Sampling only (no
+/// gradient); on a GPU one pass that reads both halves in place.
+pub fn swiglu_joint(gate_up: &Tensor) -> Result<Tensor> {
+    let _p = super::profile::span("swiglu", gate_up.device());
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(gate_up) {
+        return super::cuda::swiglu::swiglu_joint(gate_up);
+    }
+    let w = gate_up.dim(D::Minus1)? / 2;
+    swiglu(
+        &gate_up.narrow(D::Minus1, 0, w)?,
+        &gate_up.narrow(D::Minus1, w, w)?,
+    )
 }
 
 /// Log-probs of `targets` and the entropy at each row, from `hidden: [N, H]` and the

@@ -21,6 +21,7 @@
 use super::compute::{self, MASKED, rms_norm};
 use super::config::{Arch, ModelConfig};
 use super::frozen::Weight;
+use super::joint::Joint;
 use super::kv_cache::{self, KvCache, KvShape, PooledStep};
 use super::lora::{AdapterSnapshot, Linear, Lora, LoraConfig, Mode, seeded};
 use super::nf4::linear::Nf4Linear;
@@ -53,6 +54,8 @@ pub struct Attention {
     /// Qwen3: RMSNorm over each head's q and k before rope.
     pub q_norm: Option<Tensor>,
     pub k_norm: Option<Tensor>,
+    /// q/k/v stored as one buffer for the sampling forward ([`Model::join_projections`]).
+    qkv: Option<Joint>,
     n_heads: usize,
     n_kv: usize,
     head_dim: usize,
@@ -64,6 +67,8 @@ pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// gate/up stored as one buffer for the sampling forward.
+    gate_up: Option<Joint>,
 }
 
 #[derive(Clone)]
@@ -163,6 +168,7 @@ impl Model {
                     )?,
                     q_norm,
                     k_norm,
+                    qkv: None,
                     n_heads: nh,
                     n_kv: nkv,
                     head_dim: d,
@@ -172,6 +178,7 @@ impl Model {
                     gate_proj: linear(w, &format!("{p}.mlp.gate_proj"), inter, h, cfg.mlp_bias)?,
                     up_proj: linear(w, &format!("{p}.mlp.up_proj"), inter, h, cfg.mlp_bias)?,
                     down_proj: linear(w, &format!("{p}.mlp.down_proj"), h, inter, cfg.mlp_bias)?,
+                    gate_up: None,
                 },
                 input_layernorm: w.get(&format!("{p}.input_layernorm.weight"), &[h])?,
                 post_attention_layernorm: w
@@ -185,7 +192,7 @@ impl Model {
             w.get("lm_head.weight", &[cfg.vocab_size, h])?
         };
         let inv_freq = rope_inv_freq(d, cfg.rope_theta, &cfg.rope_scaling, device)?;
-        Ok(Model {
+        let mut model = Model {
             norm: w.get("model.norm.weight", &[h])?,
             embed_tokens,
             lm_head,
@@ -196,7 +203,39 @@ impl Model {
             vocab_limit: cfg.vocab_size,
             device: device.clone(),
             cfg,
-        })
+        };
+        // On a GPU, where a decode step's products are launch-bound: q/k/v and gate/up
+        // sampled as one product each, unless `RLHOST_PROJECTIONS=separate` asks for the
+        // parts (the benchmark's before-row).
+        let separate =
+            std::env::var("RLHOST_PROJECTIONS").is_ok_and(|v| v.eq_ignore_ascii_case("separate"));
+        if device.is_cuda() && !separate {
+            model.join_projections()?;
+        }
+        Ok(model)
+    }
+
+    /// Takes every layer's projections one by one again (their weights stay views of
+    /// the joined buffers, which they keep alive).
+    pub fn split_projections(&mut self) {
+        for layer in &mut self.layers {
+            layer.self_attn.qkv = None;
+            layer.mlp.gate_up = None;
+        }
+    }
+
+    /// Stores each layer's q/k/v, and its gate/up, as one buffer (each projection's
+    /// weight and bias a view of its rows), so that the sampling forward takes each group
+    /// as one product ([`Joint`]). No memory is added; groups that cannot join (NF4
+    /// weights) stay as they are.
+    pub fn join_projections(&mut self) -> Result<()> {
+        for layer in &mut self.layers {
+            let a = &mut layer.self_attn;
+            a.qkv = Joint::join(&mut [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            let m = &mut layer.mlp;
+            m.gate_up = Joint::join(&mut [&mut m.gate_proj, &mut m.up_proj])?;
+        }
+        Ok(())
     }
 
     pub fn device(&self) -> &Device {
@@ -253,6 +292,8 @@ impl Model {
         for (_, lin) in self.projections_mut() {
             lin.quantize_nf4(nested)?;
         }
+        // The joined dense buffers would keep the dense weights alive.
+        self.split_projections();
         // The f32 weights just dropped are not needed again.
         super::cpu::alloc::release_freed_memory();
         Ok(())
@@ -269,7 +310,7 @@ impl Model {
                 pairs.push((a.id(), copy(a)?, copy(l.lora_b.as_tensor())?));
             }
         }
-        Ok(AdapterSnapshot::from_pairs(version, pairs))
+        Ok(AdapterSnapshot::from_pairs(version, pairs).frozen())
     }
 
     /// A second, trainable adapter on the same projections, initialised as PEFT does (A
@@ -644,7 +685,8 @@ impl Model {
         for (cache, toks) in caches.iter_mut().zip(tokens) {
             cache.len += toks.len();
         }
-        if !all_positions {
+        // A decode step's rows are already one a sequence.
+        if !all_positions && spans.len() != n {
             let last: Vec<u32> = spans.iter().map(|(o, l)| (o + l - 1) as u32).collect();
             let last = Tensor::from_vec(last, spans.len(), &self.device)?;
             x = x.index_select(&last, 0)?;
@@ -784,10 +826,33 @@ impl Attention {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let n = x.dim(0)?;
         let d = self.head_dim;
+        let parts = [&self.q_proj, &self.k_proj, &self.v_proj];
+        // q/k/v as one product where they are joined, each part then its columns.
+        let joined = match &self.qkv {
+            Some(joint) => joint.forward(&parts, x, mode)?,
+            None => None,
+        };
+        let mut at = 0;
+        let mut project = |lin: &Linear| -> Result<Tensor> {
+            match &joined {
+                Some(y) => {
+                    let out = lin.out_features();
+                    let part = y.narrow(1, at, out)?;
+                    at += out;
+                    Ok(part)
+                }
+                None => compute::lora_linear(lin, x, mode),
+            }
+        };
+        let (q, k, v) = (project(parts[0])?, project(parts[1])?, project(parts[2])?);
         // Every row is its own "batch" of one position for the fused rope kernel.
         let heads =
-            |lin: &Linear, count: usize, norm: &Option<Tensor>, rotate: bool| -> Result<Tensor> {
-                let y = compute::lora_linear(lin, x, mode)?.reshape((n, count, 1, d))?;
+            |y: Tensor, count: usize, norm: &Option<Tensor>, rotate: bool| -> Result<Tensor> {
+                if rotate && norm.is_none() {
+                    // Straight from the product's columns where the kernel reads them so.
+                    return compute::rope_packed(&y, count, cos, sin);
+                }
+                let y = y.reshape((n, count, 1, d))?;
                 let y = match norm {
                     Some(w) => rms_norm(&y, w, self.eps)?,
                     None => y,
@@ -799,9 +864,9 @@ impl Attention {
                 }
             };
         Ok((
-            heads(&self.q_proj, self.n_heads, &self.q_norm, true)?,
-            heads(&self.k_proj, self.n_kv, &self.k_norm, true)?,
-            heads(&self.v_proj, self.n_kv, &None, false)?,
+            heads(q, self.n_heads, &self.q_norm, true)?,
+            heads(k, self.n_kv, &self.k_norm, true)?,
+            heads(v, self.n_kv, &None, false)?,
         ))
     }
 
@@ -1052,6 +1117,12 @@ impl Mlp {
             compute::lora_mlp(x, [&self.gate_proj, &self.up_proj, &self.down_proj], mode)?
         {
             return Ok(y);
+        }
+        if let Some(joint) = &self.gate_up
+            && let Some(gate_up) = joint.forward(&[&self.gate_proj, &self.up_proj], x, mode)?
+        {
+            let h = compute::swiglu_joint(&gate_up)?;
+            return compute::lora_linear(&self.down_proj, &h, mode);
         }
         let gate = compute::lora_linear(&self.gate_proj, x, mode)?;
         let up = compute::lora_linear(&self.up_proj, x, mode)?;
@@ -1333,6 +1404,69 @@ mod tests {
                     ef.is_finite() && ef <= 1.5 * eh + 1e-3,
                     "{lens:?} {dtype:?}: {ef} vs {eh}"
                 );
+            }
+        }
+    }
+
+    /// With q/k/v and gate/up joined (as on a GPU), a frozen set's sampling forward gives
+    /// the logits the parts give one by one, prefill and decode steps; and the training
+    /// path, whose parts now read views of the joined buffers, is unchanged.
+    #[test]
+    fn joined_projections_sample_and_train_as_the_parts() {
+        for name in MODELS {
+            let adapted = |joined: bool| {
+                let mut model = fixtures::load(name);
+                if joined {
+                    model.join_projections().unwrap();
+                } else {
+                    model.split_projections();
+                }
+                assert_eq!(model.layers[0].self_attn.qkv.is_some(), joined);
+                assert_eq!(model.layers[0].mlp.gate_up.is_some(), joined);
+                let cfg = LoraConfig {
+                    r: 2,
+                    ..LoraConfig::default()
+                };
+                model.attach_lora(&cfg, 1).unwrap();
+                for (i, (_, lin)) in model.projections_mut().into_iter().enumerate() {
+                    let l = lin.lora.as_ref().unwrap();
+                    let b = fixtures::uniform(l.lora_b.as_tensor().dims(), i as u64);
+                    l.lora_b
+                        .set(&(b * 0.05).unwrap().to_device(l.lora_b.device()).unwrap())
+                        .unwrap();
+                }
+                model
+            };
+            let r = Reference::load(name);
+            let rows = r.rows();
+            let run = |model: &Model| {
+                let set = model.adapter_snapshot(1).unwrap();
+                let mode = Mode {
+                    adapter: Some(&set),
+                    ..Mode::INFERENCE
+                };
+                let mut caches: Vec<KvCache> = rows.iter().map(|_| model.new_cache()).collect();
+                let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+                let toks: Vec<&[u32]> = rows.iter().map(|r| &r[..4]).collect();
+                let mut out = vec![model.forward_cached(&mut refs, &toks, mode, true).unwrap()];
+                for t in 4..7 {
+                    let toks: Vec<&[u32]> = rows.iter().map(|r| &r[t..t + 1]).collect();
+                    out.push(model.forward_cached(&mut refs, &toks, mode, false).unwrap());
+                }
+                let args = (r.input_ids(), r.attention_mask(), r.position_ids());
+                let h = model
+                    .forward_batch(&args.0, &args.1, &args.2, Mode::TRAIN)
+                    .unwrap();
+                out.push(model.logits(&h).unwrap());
+                out
+            };
+            for pooled in [false, true] {
+                let (joined, parts) =
+                    kv_cache::with_pooling(pooled, || (run(&adapted(true)), run(&adapted(false))));
+                for (step, (a, b)) in joined.iter().zip(&parts).enumerate() {
+                    let d = max_diff(a, b);
+                    assert!(d <= 1e-4, "{name} pooled {pooled}, call {step}: {d}");
+                }
             }
         }
     }

@@ -199,10 +199,14 @@ pub(super) struct PooledStep {
     pool: Arc<KvPool>,
     /// `[rows, kv_heads, 1, d]`: the position each row's new key and value go to.
     index: Tensor,
-    /// `[rows, 1, 1, cap]`: 0 where a row's query may look, `MASKED` elsewhere.
-    mask: Tensor,
-    /// `[rows]` u32: the positions each row's query sees (its first ones), and the most.
+    /// `[rows, 1, 1, cap]`: 0 where a row's query may look, `MASKED` elsewhere; made at
+    /// the first layer that takes the composed attention (none where the kernel runs:
+    /// `rows · cap` floats a step not sent to the GPU).
+    mask: std::sync::OnceLock<Tensor>,
+    /// `[rows]` u32: the positions each row's query sees (its first ones), and the most;
+    /// on the host too, for the mask.
     lens: Tensor,
+    host_lens: Vec<u32>,
     longest: usize,
     /// Where the batch is not every row in order: for each row, the batch index it takes
     /// its query from (the batch size for a zero row), and for each sequence its row.
@@ -266,7 +270,7 @@ impl PooledStep {
             .map(|&a| if a == cap - 1 { 1 } else { a as u32 + 1 })
             .collect();
         let longest = lens.iter().copied().max().unwrap_or(1) as usize;
-        let mask = decode_mask(&lens, cap, device)?;
+        let host_lens = lens.clone();
         let lens = Tensor::from_vec(lens, p, device)?;
         let in_order = rows.len() == p && rows.iter().enumerate().all(|(i, &r)| i == r);
         let gather = if in_order {
@@ -281,8 +285,9 @@ impl PooledStep {
         Ok(PooledStep {
             pool,
             index,
-            mask,
+            mask: std::sync::OnceLock::new(),
             lens,
+            host_lens,
             longest,
             gather,
         })
@@ -362,7 +367,8 @@ impl PooledStep {
         let p = self.pool.rows;
         // The query heads of each kv head as rows: `[P, kv_heads, n_rep, d]`.
         let q = q.reshape((p, nkv, nh / nkv, d))?;
-        let out = decode_attention(&q, kb, vb, &self.mask, &self.lens, self.longest, scale)?
+        let mask = || self.mask(kb.device());
+        let out = decode_attention(&q, kb, vb, mask, &self.lens, self.longest, scale)?
             .reshape((p, nh * d))?;
         match &self.gather {
             None => Ok(out),
@@ -372,6 +378,15 @@ impl PooledStep {
                 Ok(out)
             }
         }
+    }
+
+    /// The step's additive mask, made once.
+    fn mask(&self, device: &Device) -> Result<Tensor> {
+        if let Some(m) = self.mask.get() {
+            return Ok(m.clone());
+        }
+        let m = decode_mask(&self.host_lens, self.pool.cap, device)?;
+        Ok(self.mask.get_or_init(|| m).clone())
     }
 
     /// Records the step's token in every layer of every cache.

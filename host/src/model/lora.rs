@@ -224,7 +224,20 @@ pub struct AdapterSnapshot {
     /// An adapter on the output head, `A: [r, hidden]`, `B: [vocab, r]` (the Tinker API's
     /// `train_unembed`): the logits gain `s · (h Aᵀ) Bᵀ`.
     pub head: Option<(Tensor, Tensor)>,
+    /// Whether nothing writes these tensors (a version's copy, [`Self::frozen`]): only
+    /// then are forms derived from them kept in `derived` (a trainable set, PPO's critic,
+    /// changes under them).
+    frozen: bool,
+    /// Forms of this set's pairs a sampling forward reads every step, made once: a pair
+    /// in a compute dtype, or the pairs of projections that share their input laid out as
+    /// one product's ([`Self::joint`]). Keyed by the first pair's `lora_A` id, the dtype
+    /// and how many projections it joins.
+    derived: Mutex<HashMap<DerivedKey, Arc<(Tensor, Tensor)>>>,
 }
+
+/// What a derived pair is of: the first pair's `lora_A` id, the dtype, how many
+/// projections it joins.
+type DerivedKey = (TensorId, DType, usize);
 
 impl std::fmt::Debug for AdapterSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -248,7 +261,85 @@ impl AdapterSnapshot {
             tensors: pairs.into_iter().map(|(id, a, b)| (id, (a, b))).collect(),
             scaling: None,
             head: None,
+            frozen: false,
+            derived: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The set marked as one nothing writes (its tensors are copies of its own), so that
+    /// a sampling forward keeps what it derives from them ([`Self::cast`],
+    /// [`Self::joint`]) for every later step instead of making it again each time.
+    pub fn frozen(mut self) -> Self {
+        self.frozen = true;
+        self
+    }
+
+    /// `lora`'s pair in `dtype`, made once for a frozen set: a decode step in half
+    /// precision reads every projection's adapter, and casting the f32 pair each time
+    /// was two launches a projection (392 a step of the 1.5B shape). `None` where the set
+    /// does not hold `lora` or is not frozen.
+    pub fn cast(&self, lora: &Lora, dtype: DType) -> Result<Option<Arc<(Tensor, Tensor)>>> {
+        if !self.frozen {
+            return Ok(None);
+        }
+        let Some((a, b)) = self.get(lora) else {
+            return Ok(None);
+        };
+        self.derive((a.id(), dtype, 1), || {
+            Ok((a.to_dtype(dtype)?, b.to_dtype(dtype)?))
+        })
+        .map(Some)
+    }
+
+    /// The adapters of projections that share their input (q/k/v, gate/up) as one
+    /// product's, in `dtype`: `A = [A₁; A₂; …]`, `[Σ rᵢ, in]`, and `B` block-diagonal,
+    /// `[Σ outᵢ, Σ rᵢ]`, with `Bᵢ` where part `i`'s rows meet its rank's columns and zeros
+    /// elsewhere, so that `(x Aᵀ) Bᵀ = [(x A₁ᵀ) B₁ᵀ, (x A₂ᵀ) B₂ᵀ, …]` (the zeros add
+    /// nothing). A part without an adapter here (`None`, or one this set does not hold)
+    /// gets zero rows of B and rank 0. Made once for a frozen set; `None` where the set is
+    /// not frozen or holds none of the parts. `parts` gives each projection's adapter and
+    /// out features.
+    pub fn joint(
+        &self,
+        parts: &[(Option<&Lora>, usize)],
+        dtype: DType,
+    ) -> Result<Option<Arc<(Tensor, Tensor)>>> {
+        if !self.frozen {
+            return Ok(None);
+        }
+        let pairs: Vec<Option<&(Tensor, Tensor)>> = parts
+            .iter()
+            .map(|(lora, _)| lora.and_then(|l| self.get(l)))
+            .collect();
+        let Some(first) = pairs.iter().flatten().next() else {
+            return Ok(None);
+        };
+        let key = (first.0.id(), dtype, parts.len());
+        self.derive(key, || {
+            joint_pair(
+                &pairs,
+                &parts.iter().map(|(_, out)| *out).collect::<Vec<_>>(),
+            )
+            .and_then(|(a, b)| Ok((a.to_dtype(dtype)?, b.to_dtype(dtype)?)))
+        })
+        .map(Some)
+    }
+
+    fn derive(
+        &self,
+        key: DerivedKey,
+        make: impl FnOnce() -> Result<(Tensor, Tensor)>,
+    ) -> Result<Arc<(Tensor, Tensor)>> {
+        let mut derived = self
+            .derived
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("adapter set cache poisoned".into()))?;
+        if let Some(made) = derived.get(&key) {
+            return Ok(made.clone());
+        }
+        let made = Arc::new(make()?);
+        derived.insert(key, made.clone());
+        Ok(made)
     }
 
     /// The set with an adapter on the output head.
@@ -273,6 +364,45 @@ impl AdapterSnapshot {
     pub fn get(&self, lora: &Lora) -> Option<&(Tensor, Tensor)> {
         self.tensors.get(&lora.lora_a.as_tensor().id())
     }
+}
+
+/// `[A₁; A₂; …]` and the block-diagonal `B` of [`AdapterSnapshot::joint`], in the pairs'
+/// own dtype, from each part's pair (`None`: no adapter, rank 0) and out features.
+pub fn joint_pair(pairs: &[Option<&(Tensor, Tensor)>], outs: &[usize]) -> Result<(Tensor, Tensor)> {
+    let Some((a0, _)) = pairs.iter().flatten().next() else {
+        candle_core::bail!("joint adapter: none of the parts has one");
+    };
+    let (dtype, device, in_f) = (a0.dtype(), a0.device().clone(), a0.dim(1)?);
+    let ranks: Vec<usize> = pairs
+        .iter()
+        .map(|p| p.map_or(0, |(a, _)| a.dim(0).unwrap_or(0)))
+        .collect();
+    let total: usize = ranks.iter().sum();
+    let a = Tensor::cat(
+        &pairs.iter().flatten().map(|(a, _)| a).collect::<Vec<_>>(),
+        0,
+    )?;
+    debug_assert_eq!(a.dims(), [total, in_f]);
+    let mut rows = Vec::with_capacity(pairs.len());
+    let mut before = 0;
+    for ((pair, &r), &out) in pairs.iter().zip(&ranks).zip(outs) {
+        let after = total - before - r;
+        let block = match pair {
+            Some((_, b)) => {
+                if b.dims() != [out, r] {
+                    candle_core::bail!(
+                        "joint adapter: B {:?} for {out} outputs of rank {r}",
+                        b.dims()
+                    );
+                }
+                b.pad_with_zeros(1, before, after)?
+            }
+            None => Tensor::zeros((out, total), dtype, &device)?,
+        };
+        rows.push(block);
+        before += r;
+    }
+    Ok((a, Tensor::cat(&rows, 0)?))
 }
 
 /// A projection: frozen `weight: [out, in]`, optional `bias`, optional `lora`.

@@ -17,6 +17,7 @@ pub mod decoder;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod frozen;
+pub mod joint;
 pub mod kv_cache;
 pub mod lora;
 pub mod nf4;

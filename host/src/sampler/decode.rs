@@ -21,6 +21,7 @@ use anyhow::Result;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use std::sync::Arc;
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,8 +52,45 @@ pub struct Sequence {
 #[derive(Clone)]
 enum Next {
     Host(Vec<f32>),
-    Device(Tensor),
+    Device(DeviceRow),
     Drawn(Draw),
+}
+
+/// Row `row` of a forward's `[B, vocab]` logits, left where they are: a decode step whose
+/// sequences are drawn together in the forward's order reads the whole tensor at once
+/// instead of a copy of its rows stacked again.
+#[derive(Clone)]
+struct DeviceRow {
+    batch: Arc<Tensor>,
+    row: usize,
+}
+
+impl DeviceRow {
+    fn tensor(&self) -> candle_core::Result<Tensor> {
+        self.batch.get(self.row)
+    }
+}
+
+/// The `[n, vocab]` logits of `rows` in order: their forward's own tensor where they are
+/// all its rows in its order, else a gather from it, else (rows of several forwards)
+/// their rows stacked.
+fn gather_rows(rows: &[&DeviceRow]) -> candle_core::Result<Tensor> {
+    let Some(first) = rows.first() else {
+        candle_core::bail!("no rows to draw");
+    };
+    let batch = &first.batch;
+    if rows.iter().all(|r| Arc::ptr_eq(&r.batch, batch)) {
+        if rows.len() == batch.dim(0)? && rows.iter().enumerate().all(|(i, r)| r.row == i) {
+            return Ok((**batch).clone());
+        }
+        let index: Vec<u32> = rows.iter().map(|r| r.row as u32).collect();
+        return batch.index_select(&Tensor::new(index.as_slice(), batch.device())?, 0);
+    }
+    let rows: Vec<Tensor> = rows
+        .iter()
+        .map(|r| r.tensor())
+        .collect::<candle_core::Result<_>>()?;
+    Tensor::stack(&rows, 0)
 }
 
 impl Sequence {
@@ -113,9 +151,11 @@ impl Sequence {
     pub fn top_logprobs(&self, k: usize, temperature: f32) -> Result<Vec<(u32, f32)>> {
         let logits = match &self.next_logits {
             Some(Next::Host(l)) => std::borrow::Cow::Borrowed(l.as_slice()),
-            Some(Next::Device(row)) => {
-                std::borrow::Cow::Owned(row.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
-            }
+            Some(Next::Device(row)) => std::borrow::Cow::Owned(
+                row.tensor()?
+                    .to_dtype(candle_core::DType::F32)?
+                    .to_vec1::<f32>()?,
+            ),
             Some(Next::Drawn(_)) | None => {
                 anyhow::bail!("top_logprobs needs the logits: call it after advance, before draw")
             }
@@ -208,8 +248,12 @@ pub fn advance_mixed(
         }
     } else {
         // On a GPU the logits stay there: `draw` samples every row at once.
+        let batch = Arc::new(logits);
         for (k, &i) in idx.iter().enumerate() {
-            seqs[i].next_logits = Some(Next::Device(logits.get(k)?));
+            seqs[i].next_logits = Some(Next::Device(DeviceRow {
+                batch: batch.clone(),
+                row: k,
+            }));
         }
     }
     Ok(())
@@ -248,7 +292,7 @@ pub(crate) fn as_on_a_gpu<R>(f: impl FnOnce() -> R) -> R {
 /// of a decode step.
 pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
     let _p = seqs.first().and_then(|s| match &s.next_logits {
-        Some(Next::Device(row)) => Some(crate::model::profile::span("draw", row.device())),
+        Some(Next::Device(row)) => Some(crate::model::profile::span("draw", row.batch.device())),
         _ => None,
     });
     let on_device: Vec<usize> = (0..seqs.len())
@@ -257,14 +301,14 @@ pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
     if on_device.is_empty() {
         return Ok(());
     }
-    let rows: Vec<Tensor> = on_device
+    let rows: Vec<DeviceRow> = on_device
         .iter()
         .map(|&i| match &seqs[i].next_logits {
             Some(Next::Device(row)) => row.clone(),
             _ => unreachable!("filtered above"),
         })
         .collect();
-    let logits = Tensor::stack(&rows, 0)?;
+    let logits = gather_rows(&rows.iter().collect::<Vec<_>>())?;
     // One uniform per sampled token, as the host sampler draws it.
     let greedy = params.temperature <= 0.0;
     let u: Vec<f32> = on_device
@@ -283,7 +327,7 @@ pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
             Some(d) => Next::Drawn(d),
             // Rounding put the draw off the kept tokens: this row samples on the host
             // (with a fresh uniform).
-            None => Next::Host(row.to_vec1::<f32>()?),
+            None => Next::Host(row.tensor()?.to_vec1::<f32>()?),
         });
     }
     Ok(())
@@ -382,6 +426,42 @@ mod tests {
             seed,
             ..SamplingParams::default()
         }
+    }
+
+    /// A step's rows in their forward's order are its logits tensor itself (no copy);
+    /// others are gathered or stacked, row for row.
+    #[test]
+    fn device_rows_are_read_in_place_where_they_can_be() {
+        let dev = candle_core::Device::Cpu;
+        let a = Arc::new(
+            Tensor::arange(0f32, 12.0, &dev)
+                .unwrap()
+                .reshape((3, 4))
+                .unwrap(),
+        );
+        let b = Arc::new(
+            Tensor::arange(100f32, 104.0, &dev)
+                .unwrap()
+                .reshape((1, 4))
+                .unwrap(),
+        );
+        let row = |batch: &Arc<Tensor>, row| DeviceRow {
+            batch: batch.clone(),
+            row,
+        };
+        let all = [row(&a, 0), row(&a, 1), row(&a, 2)];
+        let whole = gather_rows(&all.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(whole.id(), a.id());
+        let some = [row(&a, 2), row(&a, 0)];
+        let got = gather_rows(&some.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(got.to_vec2::<f32>().unwrap()[0], [8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(got.to_vec2::<f32>().unwrap()[1], [0.0, 1.0, 2.0, 3.0]);
+        let mixed = [row(&a, 1), row(&b, 0)];
+        let got = gather_rows(&mixed.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(
+            got.to_vec2::<f32>().unwrap(),
+            [[4.0, 5.0, 6.0, 7.0], [100.0, 101.0, 102.0, 103.0]]
+        );
     }
 
     /// Sampling as on a GPU (logits kept as tensors, every sequence's token drawn in one

@@ -187,7 +187,8 @@ impl Adapter {
         };
         Ok(AdapterSnapshot::from_pairs(version, copies)
             .with_scaling(Some(self.cfg.scaling()))
-            .with_head(head))
+            .with_head(head)
+            .frozen())
     }
 
     /// Whether it trains the output head.

@@ -136,17 +136,28 @@ impl CustomOp3 for LoraLinear {
             1.0,
             beta,
         )?;
-        // The adapter in the compute dtype: r · (in + out) elements cast per call.
-        let a_h = a.to_dtype(a_l, dt)?;
-        let b_h = b.to_dtype(b_l, dt)?;
-        let a_hl = Layout::contiguous((r, in_f));
-        let b_hl = Layout::contiguous((out_f, r));
+        // The adapter in the compute dtype: r · (in + out) elements cast per call, unless
+        // it comes in that dtype already (a sampling set's pair cast once,
+        // `AdapterSnapshot::cast`).
+        let (a_cast, b_cast);
+        let (a_h, a_hl) = if a.dtype() == dt {
+            (a, a_l.clone())
+        } else {
+            a_cast = a.to_dtype(a_l, dt)?;
+            (&a_cast, Layout::contiguous((r, in_f)))
+        };
+        let (b_h, b_hl) = if b.dtype() == dt {
+            (b, b_l.clone())
+        } else {
+            b_cast = b.to_dtype(b_l, dt)?;
+            (&b_cast, Layout::contiguous((out_f, r)))
+        };
         let mut low = buffer(dev, rows * r, dt)?;
         gemm(
             dev,
             xo(Op::N),
             Operand {
-                s: &a_h,
+                s: a_h,
                 l: &a_hl,
                 op: Op::T,
             },
@@ -164,7 +175,7 @@ impl CustomOp3 for LoraLinear {
                 op: Op::N,
             },
             Operand {
-                s: &b_h,
+                s: b_h,
                 l: &b_hl,
                 op: Op::T,
             },

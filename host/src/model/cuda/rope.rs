@@ -51,6 +51,29 @@ pub fn rope_heads(
     out.reshape((b, groups, n / groups * t, d))
 }
 
+/// Rotated heads `[rows, n, 1, d]` of `y: [rows, n·d]`, one position a row, whose rows
+/// may be wider apart than `n · d` (q or k as columns of q/k/v taken as one product):
+/// read in place, no copy first. Sampling only (no backward).
+pub fn rope_rows_strided(y: &Tensor, n: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (rows, width) = y.dims2()?;
+    let d = width / n;
+    let stride = y.stride();
+    if n * d != width || !d.is_multiple_of(2) || stride[1] != 1 || cos.elem_count() != rows * d / 2
+    {
+        bail!(
+            "strided rope: rows {:?} (strides {stride:?}) as {n} heads, tables {:?}",
+            y.dims(),
+            cos.dims()
+        );
+    }
+    let op = Rope {
+        cos: cos.to_dtype(y.dtype())?.contiguous()?,
+        sin: sin.to_dtype(y.dtype())?.contiguous()?,
+        dims: [rows, 1, n, d],
+    };
+    y.apply_op1_no_bwd(&op)?.reshape((rows, n, 1, d))
+}
+
 struct Rope {
     cos: Tensor,
     sin: Tensor,
@@ -59,7 +82,8 @@ struct Rope {
 }
 
 impl Rope {
-    /// Runs `kernel` from `src` (forward: `[B, T, n, d]`; backward: `[B, n, T, d]`).
+    /// Runs `kernel` from `src` (forward: `[B, T, n, d]`, its `B · T` rows of `n · d`
+    /// elements possibly further apart; backward: `[B, n, T, d]`, contiguous).
     fn run(&self, kernel: &str, src: &CudaStorage, src_l: &Layout) -> Result<CudaStorage> {
         use candle_core::backend::BackendStorage;
         let [b, t, n, d] = self.dims;
@@ -70,15 +94,36 @@ impl Rope {
         let dev = super::device(src);
         let dtype = src.dtype();
         let total = b * t * n * d;
+        // The rows' spacing: a contiguous source's `n · d`, or a wider one whose rows are
+        // the leading columns of a larger product ([`rope_rows_strided`]).
+        let (first, stride) = match src_l.contiguous_offsets() {
+            Some((first, _)) => (first, n * d),
+            None => {
+                let st = src_l.stride();
+                if src_l.dims().len() != 2 || st[1] != 1 || t != 1 {
+                    bail!(
+                        "rope: rows {:?} of strides {st:?} are not one position each",
+                        src_l.dims()
+                    );
+                }
+                (src_l.start_offset(), st[0])
+            }
+        };
+        let span = (b * t).saturating_sub(1) * stride + n * d;
         with_dtype!(dtype, T => {
-            let xv = view::<T>(src, src_l, "rope")?;
+            let xv = src.as_cuda_slice::<T>()?.slice(first..first + span);
             let cv = view::<T>(c, c_l, "rope")?;
             let sv = view::<T>(s, s_l, "rope")?;
             let out = alloc::<T>(dev, total)?;
             let (stream, func) = KERNELS.load(dev, kernel, dtype)?;
             let mut args = stream.launch_builder(&func);
             let [b32, t32, n32, d32] = [b as i32, t as i32, n as i32, d as i32];
+            let stride64 = stride as i64;
             args.arg(&xv).arg(&cv).arg(&sv).arg(&out).arg(&b32).arg(&t32).arg(&n32).arg(&d32);
+            // The backward's entry takes no stride: its gradient is contiguous.
+            if kernel.ends_with("_fwd") {
+                args.arg(&stride64);
+            }
             launch(&mut args, elementwise(total / 2))?;
             Ok(storage(out, dev))
         })
@@ -186,6 +231,55 @@ mod tests {
                     "n={n} d={d} {dtype:?}: {eo} {eg}"
                 );
             }
+        }
+    }
+
+    /// Heads read in place from columns of a wider product (q and k of q/k/v taken as
+    /// one) are rotated to the bit as the same heads copied out first, in f32, bf16 and
+    /// f16, at an offset and with a row stride. Skipped without `RLHOST_TEST_DEVICE=cuda`.
+    #[test]
+    fn strided_rows_rotate_as_their_contiguous_copy() {
+        let dev = fixtures::device();
+        if !dev.is_cuda() {
+            return;
+        }
+        let (rows, n, d) = (7, 4, 64);
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            // q of 2 heads, then these 4, then 3 more: the rows are 9 heads wide.
+            let wide = fixtures::uniform(&[rows, 9 * d], 3)
+                .to_device(&dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let part = wide.narrow(1, 2 * d, n * d).unwrap();
+            let positions = candle_core::Tensor::arange(3u32, 3 + rows as u32, &dev)
+                .unwrap()
+                .reshape((rows, 1))
+                .unwrap();
+            let inv =
+                ops::rope_inv_freq(d, 10000.0, &crate::model::config::RopeScaling::None, &dev)
+                    .unwrap();
+            let (cos, sin) = ops::rope_cos_sin(&inv, &positions).unwrap();
+            let (cos, sin) = (cos.to_dtype(dtype).unwrap(), sin.to_dtype(dtype).unwrap());
+            let strided = rope_rows_strided(&part, n, &cos, &sin).unwrap();
+            let copied = rope_heads(
+                &part
+                    .contiguous()
+                    .unwrap()
+                    .reshape((rows, 1, n * d))
+                    .unwrap(),
+                n,
+                n,
+                &cos,
+                &sin,
+            )
+            .unwrap();
+            assert_eq!(strided.dims(), [rows, n, 1, d]);
+            let e = fixtures::max_diff(
+                &strided.to_dtype(DType::F32).unwrap(),
+                &copied.to_dtype(DType::F32).unwrap(),
+            );
+            assert_eq!(e, 0.0, "{dtype:?}");
         }
     }
 }
