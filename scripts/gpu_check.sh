@@ -138,10 +138,22 @@ for line in open(sys.argv[1]):
             model=$(ls -d bench/.work/qwen2.5-1.5b-shape-28l-bf16 2>/dev/null || true)
             [ -n "$model" ] || python3 -c 'import sys; sys.path.insert(0, "bench"); import gpu_speed as g; g.make_model("bench/.work/qwen2.5-1.5b-shape-28l-bf16", 28)'
             model=bench/.work/qwen2.5-1.5b-shape-28l-bf16
+            # The decode profile samples as a rollout does: a rank-16 adapter on every
+            # projection, read from a frozen copy of its version.
             RLHOST_PROFILE=1 limited "${!var:-90}" "$out/profile.txt" "$pack/model_bench" decode \
                 --model "$model" --device cuda --dtype bf16 --batch 64 --prompt-len 128 --new 16 \
-                --temperature 1
+                --temperature 1 --adapter-rank 16
             first=$?
+            # Every kernel of those 16 steps (and the prefill) by count and GPU time, where
+            # the machine has Nsight Systems: the launches a decode step makes, counted.
+            if command -v nsys > /dev/null; then
+                limited "${!var:-90}" "$out/profile.txt" nsys profile --trace=cuda \
+                    --force-overwrite true -o "$work/decode" "$pack/model_bench" decode \
+                    --model "$model" --device cuda --dtype bf16 --batch 64 --prompt-len 128 \
+                    --new 16 --temperature 1 --adapter-rank 16
+                nsys stats --report cuda_gpu_kern_sum --format csv -o "$out/decode" \
+                    "$work/decode.nsys-rep" >> "$out/profile.txt" 2>&1
+            fi
             RLHOST_PROFILE=1 limited "${!var:-90}" "$out/profile.txt" "$pack/model_bench" train \
                 --model "$model" --device cuda --dtype bf16 --batch 8 --seq 1024 --rank 16 --steps 1 \
                 --checkpointing "${RLHOST_GPU_CHECKPOINTING:-0}" && [ $first -eq 0 ] ;;

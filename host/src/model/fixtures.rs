@@ -196,6 +196,16 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// [`uniform`] times `gain`, on `device` in `dtype`: the GPU tests' inputs.
+pub fn uniform_on(shape: &[usize], seed: u64, gain: f64, device: &Device, dtype: DType) -> Tensor {
+    (uniform(shape, seed) * gain)
+        .unwrap()
+        .to_device(device)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
 /// A fixed pseudo-random fill in [-1, 1): op tests must not depend on candle's unseeded
 /// CPU generator.
 pub fn uniform(shape: &[usize], seed: u64) -> Tensor {

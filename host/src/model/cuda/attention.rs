@@ -260,13 +260,8 @@ mod tests {
         for d in [64, 128] {
             for (dtype, tol) in [(DType::F32, 2e-5), (DType::BF16, 2e-2), (DType::F16, 4e-3)] {
                 let seed = d as u64;
-                let make = |shape: &[usize], s: u64| {
-                    fixtures::uniform(shape, s)
-                        .to_device(&dev)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap()
-                };
+                let make =
+                    |shape: &[usize], s: u64| fixtures::uniform_on(shape, s, 1.0, &dev, dtype);
                 let q = Var::from_tensor(&make(&[b, g, r * t, d], seed)).unwrap();
                 let k = Var::from_tensor(&make(&[b, g, t, d], seed + 1)).unwrap();
                 let v = Var::from_tensor(&make(&[b, g, t, d], seed + 2)).unwrap();

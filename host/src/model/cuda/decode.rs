@@ -179,12 +179,8 @@ mod tests {
             (5, 2, 7, 64, 1024),
             (3, 8, 2, 128, 64),
         ] {
-            let make = |shape: &[usize], s: u64| {
-                (fixtures::uniform(shape, s) * 2.0)
-                    .unwrap()
-                    .to_device(&dev)
-                    .unwrap()
-            };
+            let make =
+                |shape: &[usize], s: u64| fixtures::uniform_on(shape, s, 2.0, &dev, DType::F32);
             let q = make(&[p, g, reps, d], 1);
             let k = make(&[p, g, cap, d], 2);
             let v = make(&[p, g, cap, d], 3);

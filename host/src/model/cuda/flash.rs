@@ -347,10 +347,7 @@ mod tests {
                 for dtype in [DType::BF16, DType::F16] {
                     let seed = (d + t) as u64;
                     let make = |shape: &[usize], s: u64, gain: f64| {
-                        (fixtures::uniform(shape, s) * gain)
-                            .unwrap()
-                            .to_device(&dev)
-                            .unwrap()
+                        fixtures::uniform_on(shape, s, gain, &dev, DType::F32)
                     };
                     let q32 = make(&[b, g, r * t, d], seed, 3.0);
                     let k32 = make(&[b, g, t, d], seed + 1, 1.0);

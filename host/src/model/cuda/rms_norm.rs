@@ -151,13 +151,7 @@ mod tests {
             return;
         }
         for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let make = |shape: &[usize], s: u64| {
-                fixtures::uniform(shape, s)
-                    .to_device(&dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap()
-            };
+            let make = |shape: &[usize], s: u64| fixtures::uniform_on(shape, s, 1.0, &dev, dtype);
             let (x, a) = ((make(&[64, 1536], 1) * 3.0).unwrap(), make(&[64, 1536], 2));
             let w = (make(&[1536], 3) + 1.0).unwrap();
             let (sum, y) = add_rms_norm(&x, &a, &w, 1e-6).unwrap();
@@ -187,13 +181,8 @@ mod tests {
         }
         for (shape, n) in [(vec![3, 7, 1536], 1536), (vec![2, 5, 4, 128], 128)] {
             for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
-                let make = |shape: &[usize], s: u64| {
-                    fixtures::uniform(shape, s)
-                        .to_device(&dev)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap()
-                };
+                let make =
+                    |shape: &[usize], s: u64| fixtures::uniform_on(shape, s, 1.0, &dev, dtype);
                 let x = Var::from_tensor(&(make(&shape, 1) * 3.0).unwrap()).unwrap();
                 let w = (make(&[n], 2) + 1.0).unwrap();
                 let coef = make(&shape, 3).to_dtype(DType::F32).unwrap();

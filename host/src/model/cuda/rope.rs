@@ -246,11 +246,7 @@ mod tests {
         let (rows, n, d) = (7, 4, 64);
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             // q of 2 heads, then these 4, then 3 more: the rows are 9 heads wide.
-            let wide = fixtures::uniform(&[rows, 9 * d], 3)
-                .to_device(&dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
+            let wide = fixtures::uniform_on(&[rows, 9 * d], 3, 1.0, &dev, dtype);
             let part = wide.narrow(1, 2 * d, n * d).unwrap();
             let positions = candle_core::Tensor::arange(3u32, 3 + rows as u32, &dev)
                 .unwrap()

@@ -171,14 +171,7 @@ mod tests {
         }
         let shape = [3, 11, 896];
         for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
-            let make = |s: u64| {
-                (fixtures::uniform(&shape, s) * 4.0)
-                    .unwrap()
-                    .to_device(&dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap()
-            };
+            let make = |s: u64| fixtures::uniform_on(&shape, s, 4.0, &dev, dtype);
             let gate = Var::from_tensor(&make(1)).unwrap();
             let up = Var::from_tensor(&make(2)).unwrap();
             let coef = make(3).to_dtype(DType::F32).unwrap();
@@ -224,12 +217,7 @@ mod tests {
             return;
         }
         for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let gu = (fixtures::uniform(&[5, 2 * 896], 4) * 4.0)
-                .unwrap()
-                .to_device(&dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
+            let gu = fixtures::uniform_on(&[5, 2 * 896], 4, 4.0, &dev, dtype);
             let joint = swiglu_joint(&gu).unwrap();
             let composed = swiglu(
                 &gu.narrow(1, 0, 896).unwrap(),
