@@ -248,10 +248,13 @@ def main():
             peer.append(run(py + ["--worker", "decode"]))
             # Sampling as before issue 64: prompts prefilled sequence by sequence, the decode
             # step's attention composed (products over the pool's whole capacity, mask,
-            # softmax) and the draw as tensor ops, instead of the batched prefill, the
-            # flash-decoding kernel and the fused draw.
+            # softmax), the draw as tensor ops, q/k/v and gate/up one product a projection,
+            # and each step's tokens on the host before the next step is queued, instead of
+            # the batched prefill, the flash-decoding kernel, the fused draw, the joined
+            # products and the draw with the next step queued behind it.
             before = {"RLHOST_PREFILL": "sequences", "RLHOST_DECODE_ATTENTION": "composed",
-                      "RLHOST_DRAW": "composed", "RLHOST_PROJECTIONS": "separate"}
+                      "RLHOST_DRAW": "composed", "RLHOST_PROJECTIONS": "separate",
+                      "RLHOST_DECODE_AHEAD": "off"}
             composed.append(run(decode, before))
             # As a rollout samples: a rank-16 adapter on every projection, read from a
             # frozen copy of its version (cast once, q/k/v and gate/up each one product);

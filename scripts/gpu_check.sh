@@ -9,9 +9,10 @@
 #                                 [qlorastep] [packing]  # default: tests train qlora bench profile
 #
 # Issue 64's checks in one call (~8 minutes: the model tests, the rollout row beside
-# transformers' generate with the decode step's floor, the decode and training profiles,
-# the QLoRA step against the LoRA step, packed against padded updates, the built-in run on
-# the GPU):
+# transformers' generate with the decode step's floor, and with a rank-16 adapter, the
+# decode and training profiles (with nsys, every decode kernel counted), the QLoRA step
+# against the LoRA step and NF4 decode, packed against padded updates, the built-in run
+# on the GPU):
 #   RLHOST_GPU_BENCH=decode RLHOST_GPU_TRAIN_DEVICES=cuda \
 #       scripts/gpu_check.sh PACK OUT tests bench profile qlorastep packing train
 #
@@ -197,6 +198,11 @@ if len(rows) >= 2:
     lora, nf4 = rows[-2]["step_seconds"], rows[-1]["step_seconds"]
     print(f"QLoRA step {nf4:.3f} s vs LoRA step {lora:.3f} s: {nf4 / lora:.2f}x")' \
                 "$out/qlorastep.txt" | tee -a "$out/qlorastep.txt"
+            # NF4 decode in the same call: 64 x (128 + 64) with a rank-16 adapter, as a
+            # QLoRA run's rollouts sample (each weight dequantized per product).
+            limited "${!var:-90}" "$out/qlorastep.txt" "$pack/model_bench" decode --model "$model" \
+                --device cuda --dtype bf16 --batch 64 --prompt-len 128 --new 64 --temperature 1 \
+                --adapter-rank 16 --quantize nf4 || rc=$?
             [ $rc -eq 0 ] ;;
         packing)
             # Sequence packing in the RL update on the 1.5B shape in bf16: 16 trajectories

@@ -25,7 +25,7 @@ use candle_core::{DType, Tensor};
 use rlhost::model::placement::{DTypeChoice, DeviceChoice, Placement};
 use rlhost::model::{LoraConfig, Mode, Model};
 use rlhost::rl::optim::{Accumulator, AdamW, AdamWConfig, clip_grad_norm};
-use rlhost::sampler::decode::{Sequence, advance, draw};
+use rlhost::sampler::decode::{Sequence, advance, draw, draw_ahead, goes_ahead};
 use rlhost::sampler::draw::SamplingParams;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -196,8 +196,14 @@ fn decode(
                 model.device().synchronize()?;
                 prefill = t.elapsed().as_secs_f64();
             }
-            // One batched draw where the logits stay on a GPU, as the rollout engine does.
-            draw(&mut all, &params)?;
+            // One batched draw where the logits stay on a GPU, with the next step queued
+            // behind it, as the rollout engine does (`RLHOST_DECODE_AHEAD=off`: waiting for
+            // each step's tokens first).
+            if goes_ahead(model.device()) {
+                draw_ahead(&model, &mut all, &params, mode)?;
+            } else {
+                draw(&mut all, &params)?;
+            }
             for s in seqs.iter_mut() {
                 s.sample_next(&params)?;
             }

@@ -513,6 +513,39 @@ pub fn decode_mask(lens: &[u32], cap: usize, device: &Device) -> Result<Tensor> 
     Tensor::from_vec(mask, (lens.len(), 1, 1, cap), device)
 }
 
+/// A small tensor on its way to the host ([`start_host_copy`]).
+pub enum HostCopy {
+    /// Already there (the CPU).
+    Ready(Vec<Vec<f32>>),
+    /// Queued on a GPU's stream.
+    #[cfg(feature = "cuda")]
+    Pending(super::cuda::host_copy::Pending),
+}
+
+impl HostCopy {
+    /// The rows, once the copy is done (on a GPU, without waiting for work queued after
+    /// it).
+    pub fn wait(self) -> Result<Vec<Vec<f32>>> {
+        match self {
+            HostCopy::Ready(rows) => Ok(rows),
+            #[cfg(feature = "cuda")]
+            HostCopy::Pending(p) => p.wait(),
+        }
+    }
+}
+
+/// Starts copying `t` (`[rows, cols]`) to the host as f32: on a GPU into page-locked
+/// memory on the device's stream, so that what is queued next runs while the host waits
+/// for the copy alone (a decode step's draws, with the next step's forward behind them);
+/// elsewhere at once.
+pub fn start_host_copy(t: &Tensor) -> Result<HostCopy> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::applies(t) {
+        return super::cuda::host_copy::start(t).map(HostCopy::Pending);
+    }
+    Ok(HostCopy::Ready(t.to_dtype(DType::F32)?.to_vec2()?))
+}
+
 /// A decode step's draw from `logits: [B, V]` (f32) as one fused kernel, where there is
 /// one: `[B, 3]` f32 (token, its log-prob at `temperature` over the whole vocabulary, 1
 /// where the draw landed on a kept token), row `i` at the uniform `u[i]`, with
@@ -602,11 +635,16 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// gradient); on a GPU one pass that reads both halves in place.
 pub fn swiglu_joint(gate_up: &Tensor) -> Result<Tensor> {
     let _p = super::profile::span("swiglu", gate_up.device());
+    let w = gate_up.dim(D::Minus1)? / 2;
     #[cfg(feature = "cuda")]
     if super::cuda::applies(gate_up) {
-        return super::cuda::swiglu::swiglu_joint(gate_up);
+        // Any leading dims (a batch forward's `[B, T, 2w]` too) as rows.
+        let mut dims = gate_up.dims().to_vec();
+        let rows = gate_up.elem_count() / (2 * w).max(1);
+        let y = super::cuda::swiglu::swiglu_joint(&gate_up.reshape((rows, 2 * w))?)?;
+        *dims.last_mut().expect("gate_up has a last dim") = w;
+        return y.reshape(dims);
     }
-    let w = gate_up.dim(D::Minus1)? / 2;
     swiglu(
         &gate_up.narrow(D::Minus1, 0, w)?,
         &gate_up.narrow(D::Minus1, w, w)?,

@@ -130,8 +130,22 @@ impl Model {
         }
         let cfg = ModelConfig::from_dir(dir)?;
         let weights = Weights::from_dir(dir, at.dtype, &at.device)?;
-        Self::from_weights(cfg, &weights, &at.device)
-            .with_context(|| format!("loading the model in {}", dir.display()))
+        let mut model = Self::from_weights(cfg, &weights, &at.device)
+            .with_context(|| format!("loading the model in {}", dir.display()))?;
+        // On a GPU, where a decode step's products are launch-bound: q/k/v and gate/up
+        // sampled as one product each, unless `RLHOST_PROJECTIONS=separate` asks for the
+        // parts (the benchmark's before-row). Joined once the loaded tensors are dropped,
+        // so that each group's separate weights are freed as it joins: a copy of every
+        // group at once would be 1.7 GB more at load for a 1.5B model, 8.5 GB for a 7B.
+        // (On the CPU joining measured no faster: 12.8k against 12.8–13.2k tokens/s for
+        // the built-in model, 32 sequences with a rank-16 adapter.)
+        drop(weights);
+        let separate =
+            std::env::var("RLHOST_PROJECTIONS").is_ok_and(|v| v.eq_ignore_ascii_case("separate"));
+        if at.device.is_cuda() && !separate {
+            model.join_projections()?;
+        }
+        Ok(model)
     }
 
     pub fn from_weights(cfg: ModelConfig, w: &Weights, device: &Device) -> anyhow::Result<Model> {
@@ -192,7 +206,7 @@ impl Model {
             w.get("lm_head.weight", &[cfg.vocab_size, h])?
         };
         let inv_freq = rope_inv_freq(d, cfg.rope_theta, &cfg.rope_scaling, device)?;
-        let mut model = Model {
+        Ok(Model {
             norm: w.get("model.norm.weight", &[h])?,
             embed_tokens,
             lm_head,
@@ -203,18 +217,7 @@ impl Model {
             vocab_limit: cfg.vocab_size,
             device: device.clone(),
             cfg,
-        };
-        // On a GPU, where a decode step's products are launch-bound: q/k/v and gate/up
-        // sampled as one product each, unless `RLHOST_PROJECTIONS=separate` asks for the
-        // parts (the benchmark's before-row).
-        // (On the CPU joining measured no faster: 12.8k against 12.8–13.2k tokens/s for
-        // the built-in model, 32 sequences with a rank-16 adapter.)
-        let separate =
-            std::env::var("RLHOST_PROJECTIONS").is_ok_and(|v| v.eq_ignore_ascii_case("separate"));
-        if device.is_cuda() && !separate {
-            model.join_projections()?;
-        }
-        Ok(model)
+        })
     }
 
     /// Takes every layer's projections one by one again (their weights stay views of
@@ -598,7 +601,28 @@ impl Model {
         // split across threads, waking them would cost more (see `cpu::threads`).
         let rows: usize = tokens.iter().map(|t| t.len()).sum();
         self.sized(rows, || {
-            self.forward_cached_here(caches, tokens, mode, all_positions)
+            self.forward_cached_here(caches, tokens, None, mode, all_positions)
+        })
+    }
+
+    /// A decode step whose tokens are still where they were drawn: `ids` (`[B]` u32 on
+    /// the model's device) is one new token for each of `caches`, read there, so that the
+    /// step can be queued before the host has seen them. Returns the `[B, vocab]` f32
+    /// logits, as [`Self::forward_cached`] does.
+    pub fn forward_cached_ids(
+        &self,
+        caches: &mut [&mut KvCache],
+        ids: &Tensor,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        if ids.dims() != [caches.len()] {
+            candle_core::bail!("{:?} token ids for {} caches", ids.dims(), caches.len());
+        }
+        // Each sequence's one token, its id taken from `ids`.
+        let one = [0u32];
+        let tokens: Vec<&[u32]> = caches.iter().map(|_| &one[..]).collect();
+        self.sized(caches.len(), || {
+            self.forward_cached_here(caches, &tokens, Some(ids), mode, false)
         })
     }
 
@@ -613,10 +637,13 @@ impl Model {
         super::cpu::threads::sized(macs, f)
     }
 
+    /// The forward of [`Self::forward_cached`]; with `device_ids`, the token ids are
+    /// those (on the device), `tokens` giving only each sequence's count.
     fn forward_cached_here(
         &self,
         caches: &mut [&mut KvCache],
         tokens: &[&[u32]],
+        device_ids: Option<&Tensor>,
         mode: Mode,
         all_positions: bool,
     ) -> Result<Tensor> {
@@ -639,7 +666,10 @@ impl Model {
             positions.extend((0..toks.len()).map(|j| (cache.len + j) as u32));
         }
         let n = ids.len();
-        let ids = Tensor::from_vec(ids, n, &self.device)?;
+        let ids = match device_ids {
+            Some(ids) => ids.to_dtype(DType::U32)?,
+            None => Tensor::from_vec(ids, n, &self.device)?,
+        };
         let positions = Tensor::from_vec(positions, n, &self.device)?;
         let (cos, sin) = self.rope(&positions.unsqueeze(1)?)?;
         let mut x = self.embed_tokens.index_select(&ids, 0)?;
@@ -1411,8 +1441,9 @@ mod tests {
     }
 
     /// With q/k/v and gate/up joined (as on a GPU), a frozen set's sampling forward gives
-    /// the logits the parts give one by one, prefill and decode steps; and the training
-    /// path, whose parts now read views of the joined buffers, is unchanged.
+    /// the logits the parts give one by one, prefill and decode steps, and so does its
+    /// batch forward; and the training path, whose parts now read views of the joined
+    /// buffers, is unchanged.
     #[test]
     fn joined_projections_sample_and_train_as_the_parts() {
         for name in MODELS {
@@ -1455,11 +1486,15 @@ mod tests {
                     let toks: Vec<&[u32]> = rows.iter().map(|r| &r[t..t + 1]).collect();
                     out.push(model.forward_cached(&mut refs, &toks, mode, false).unwrap());
                 }
+                // The batch path: training (the parts over views), and with the set and no
+                // gradient (the MLP's gate/up joined over `[B, T, ·]`).
                 let args = (r.input_ids(), r.attention_mask(), r.position_ids());
-                let h = model
-                    .forward_batch(&args.0, &args.1, &args.2, Mode::TRAIN)
-                    .unwrap();
-                out.push(model.logits(&h).unwrap());
+                for mode in [Mode::TRAIN, mode] {
+                    let h = model
+                        .forward_batch(&args.0, &args.1, &args.2, mode)
+                        .unwrap();
+                    out.push(model.logits(&h).unwrap());
+                }
                 out
             };
             for pooled in [false, true] {

@@ -69,6 +69,21 @@ impl KvCache {
         self.clone()
     }
 
+    /// Forgets the last token cached: a forward ahead read a token the host then did
+    /// not take (`sampler::decode::draw_ahead`). Its keys and values stay where they are,
+    /// to be written over by the next token's. Only a token in this cache's own buffer
+    /// (not in a segment shared with forks) can be forgotten.
+    pub fn forget_last(&mut self) -> Result<()> {
+        if self.len == 0 || self.layers.iter().any(|l| l.used == 0) {
+            candle_core::bail!("the last cached token is not in this cache's own buffer");
+        }
+        for l in &mut self.layers {
+            l.used -= 1;
+        }
+        self.len -= 1;
+        Ok(())
+    }
+
     /// The pool row this cache can take one more token in, if it is in `pool`'s row and
     /// every layer still appends there.
     fn row_in(&self, pool: &Arc<KvPool>) -> Option<usize> {

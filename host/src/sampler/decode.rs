@@ -11,7 +11,7 @@
 //! the prompt's cache (no copy) and its next-token logits, and each draws from its own
 //! seeded generator, so a sample's tokens do not depend on what else is in the batch.
 
-use super::device_draw::{Draw, draw_rows};
+use super::device_draw::{Draw, draw_rows, draw_table, draws};
 use super::draw::{SamplingParams, sample};
 use crate::model::decoder::Model;
 use crate::model::kv_cache::KvCache;
@@ -44,6 +44,10 @@ pub struct Sequence {
     pub finish: Option<Finish>,
     cache: KvCache,
     next_logits: Option<Next>,
+    /// The token the model's next forward already read for this sequence where it was
+    /// drawn, and that forward's logits after it ([`draw_ahead`]): they become the next
+    /// logits when the host takes that token.
+    ahead: Option<(u32, DeviceRow)>,
     rng: StdRng,
 }
 
@@ -102,6 +106,7 @@ impl Sequence {
             finish: None,
             cache: model.new_cache(),
             next_logits: None,
+            ahead: None,
             rng: StdRng::seed_from_u64(seed),
         }
     }
@@ -118,6 +123,7 @@ impl Sequence {
             finish: self.finish.clone(),
             cache: self.cache.fork(),
             next_logits: self.next_logits.clone(),
+            ahead: None,
             rng: StdRng::seed_from_u64(seed),
         }
     }
@@ -137,7 +143,8 @@ impl Sequence {
 
     /// Tokens not yet in the cache.
     pub fn pending(&self) -> &[u32] {
-        &self.tokens[self.cache.len()..]
+        // Empty too between a forward ahead and the host's taking of the token it read.
+        self.tokens.get(self.cache.len()..).unwrap_or(&[])
     }
 
     /// Whether the next token can be sampled (the model has seen everything).
@@ -187,6 +194,17 @@ impl Sequence {
         };
         self.tokens.push(tok);
         self.logprobs.push(Some(logp));
+        if let Some((read, row)) = self.ahead.take() {
+            if read == tok {
+                // The next forward already read this token: its logits are the next ones.
+                self.next_logits = Some(Next::Device(row));
+            } else {
+                // Sampled on the host after all (the draw missed the kept tokens): the
+                // forward ahead read another token, which the cache forgets; this one
+                // is pending.
+                self.cache.forget_last()?;
+            }
+        }
         Ok((tok, logp))
     }
 }
@@ -276,12 +294,45 @@ fn stays_on_device(device: &candle_core::Device) -> bool {
     !device.is_cpu() || AS_ON_A_GPU.with(|c| c.get())
 }
 
+/// Whether a decode step on `device` draws with [`draw_ahead`]: where the logits stay on
+/// the device (a GPU), unless `RLHOST_DECODE_AHEAD=off` asks to wait for each step's
+/// tokens before queueing the next (the benchmark's before-row).
+pub fn goes_ahead(device: &candle_core::Device) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| {
+        std::env::var("RLHOST_DECODE_AHEAD").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+    });
+    #[cfg(test)]
+    let off = off || NOT_AHEAD.with(|c| c.get());
+    !off && stays_on_device(device)
+}
+
+#[cfg(test)]
+thread_local! {
+    static NOT_AHEAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// In tests: runs `f` with [`goes_ahead`] off.
+#[cfg(test)]
+pub(crate) fn not_ahead<R>(f: impl FnOnce() -> R) -> R {
+    with_flag(&NOT_AHEAD, f)
+}
+
 /// Runs `f` with logits kept as tensors and sampled by [`draw`], as on a GPU.
 #[cfg(test)]
 pub(crate) fn as_on_a_gpu<R>(f: impl FnOnce() -> R) -> R {
-    AS_ON_A_GPU.with(|c| c.set(true));
+    with_flag(&AS_ON_A_GPU, f)
+}
+
+/// Runs `f` with a test's thread-local `flag` set, cleared after (also when `f` panics).
+#[cfg(test)]
+fn with_flag<R>(
+    flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
+    f: impl FnOnce() -> R,
+) -> R {
+    flag.with(|c| c.set(true));
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    AS_ON_A_GPU.with(|c| c.set(false));
+    flag.with(|c| c.set(false));
     out.unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
@@ -309,18 +360,7 @@ pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
         })
         .collect();
     let logits = gather_rows(&rows.iter().collect::<Vec<_>>())?;
-    // One uniform per sampled token, as the host sampler draws it.
-    let greedy = params.temperature <= 0.0;
-    let u: Vec<f32> = on_device
-        .iter()
-        .map(|&i| {
-            if greedy {
-                0.0
-            } else {
-                seqs[i].rng.random::<f32>()
-            }
-        })
-        .collect();
+    let u = uniforms(seqs, &on_device, params);
     let draws = draw_rows(&logits, &u, params)?;
     for ((&i, d), row) in on_device.iter().zip(draws).zip(&rows) {
         seqs[i].next_logits = Some(match d {
@@ -331,6 +371,79 @@ pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// One uniform per sequence `on` draws for, from its own generator, as the host sampler
+/// draws it (none used when greedy).
+fn uniforms(seqs: &mut [&mut Sequence], on: &[usize], params: &SamplingParams) -> Vec<f32> {
+    let greedy = params.temperature <= 0.0;
+    on.iter()
+        .map(|&i| {
+            if greedy {
+                0.0
+            } else {
+                seqs[i].rng.random::<f32>()
+            }
+        })
+        .collect()
+}
+
+/// [`draw`] with the next decode step queued behind it, where every sequence's logits
+/// are on the device: the drawn tokens go into the model's next forward (with `mode`)
+/// there, and the host waits for the copy of the draws alone, so that it takes the
+/// tokens, tells the sinks and checks the stops while that forward runs (on a GPU; on
+/// the CPU the same steps run one after the other). [`Sequence::sample_next`] then takes
+/// each token, and with it the forward's logits after it: a sequence that goes on needs
+/// no forward of its own at the next step. A sequence that stops has had one token read
+/// that it never uses. Tokens, log-probs and generators are those [`draw`] gives.
+/// Returns whether it went ahead (it draws as [`draw`] does where some sequence's logits
+/// are not on the device).
+pub fn draw_ahead(
+    model: &Model,
+    seqs: &mut [&mut Sequence],
+    params: &SamplingParams,
+    mode: Mode,
+) -> Result<bool> {
+    if seqs.is_empty()
+        || !seqs
+            .iter()
+            .all(|s| matches!(s.next_logits, Some(Next::Device(_))) && s.ahead.is_none())
+    {
+        return draw(seqs, params).map(|()| false);
+    }
+    let _p = crate::model::profile::span("draw_ahead", model.device());
+    let rows: Vec<DeviceRow> = seqs
+        .iter()
+        .map(|s| match &s.next_logits {
+            Some(Next::Device(row)) => row.clone(),
+            _ => unreachable!("checked above"),
+        })
+        .collect();
+    let logits = gather_rows(&rows.iter().collect::<Vec<_>>())?;
+    let all: Vec<usize> = (0..seqs.len()).collect();
+    let u = uniforms(seqs, &all, params);
+    let table = draw_table(&logits, &u, params)?;
+    // The copy first, then the forward: on the stream the copy does not wait for it.
+    let copy = crate::model::compute::start_host_copy(&table)?;
+    let ids = table.narrow(1, 0, 1)?.squeeze(1)?;
+    let next = {
+        let mut caches: Vec<&mut KvCache> = seqs.iter_mut().map(|s| &mut s.cache).collect();
+        Arc::new(model.forward_cached_ids(&mut caches, &ids, mode)?)
+    };
+    let table = copy.wait()?;
+    for (k, ((s, r), row)) in seqs.iter_mut().zip(&table).zip(&rows).enumerate() {
+        s.next_logits = Some(match draws(vec![r.clone()]).pop().flatten() {
+            Some(d) => Next::Drawn(d),
+            // Rounding put the draw off the kept tokens: this row samples on the host.
+            None => Next::Host(row.tensor()?.to_vec1::<f32>()?),
+        });
+        let row = DeviceRow {
+            batch: next.clone(),
+            row: k,
+        };
+        s.ahead = Some((r[0] as u32, row));
+    }
+    Ok(true)
 }
 
 /// What [`generate`](super::generate) returns per sample, and the sampler per finished
@@ -644,6 +757,81 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Drawing with the next step queued behind the draw gives, token for token and
+    /// log-prob for log-prob, what drawing step by step gives, as on a GPU with decode
+    /// steps pooled or not: several prompts of several choices, sampled and greedy,
+    /// stopped by tokens and by budgets at different steps.
+    #[test]
+    fn drawing_ahead_gives_the_step_by_step_tokens() {
+        let (model, tok) = setup();
+        let prompts = Reference::load("qwen2").rows();
+        let free = generate(&model, &tok, &prompts, 1, &params(2), Mode::INFERENCE).unwrap();
+        for (temperature, stop) in [
+            (1.0, vec![]),
+            (0.0, vec![]),
+            (1.0, vec![free[0][0].tokens[3]]),
+        ] {
+            let p = SamplingParams {
+                temperature,
+                stop_token_ids: stop,
+                ..params(7)
+            };
+            for pooled in [false, true] {
+                let run = || {
+                    crate::model::kv_cache::with_pooling(pooled, || {
+                        as_on_a_gpu(|| generate(&model, &tok, &prompts, 3, &p, Mode::INFERENCE))
+                    })
+                    .unwrap()
+                };
+                let ahead = run();
+                let stepwise = not_ahead(run);
+                for (a, b) in ahead.iter().flatten().zip(stepwise.iter().flatten()) {
+                    assert_eq!(a.tokens, b.tokens, "T {temperature}, pooled {pooled}");
+                    assert_eq!(a.logprobs, b.logprobs);
+                    assert_eq!(a.finish, b.finish);
+                }
+            }
+        }
+    }
+
+    /// A token the host samples otherwise than the draw the forward ahead read (a draw
+    /// that missed the kept tokens) is forgotten by the cache and read again: the next
+    /// logits are those of a sequence that never went ahead.
+    #[test]
+    fn a_token_taken_otherwise_than_read_ahead_is_read_again() {
+        let (model, _) = setup();
+        let prompt = Reference::load("qwen2").rows()[0].clone();
+        let p = params(3);
+        as_on_a_gpu(|| {
+            crate::model::kv_cache::with_pooling(true, || {
+                let mut a = Sequence::new(&model, prompt.clone(), 9);
+                let mut b = Sequence::new(&model, prompt.clone(), 9);
+                for s in [&mut a, &mut b] {
+                    advance(&model, &mut [s], Mode::INFERENCE).unwrap();
+                }
+                draw_ahead(&model, &mut [&mut a], &p, Mode::INFERENCE).unwrap();
+                // The forward ahead read another token than the one the host takes.
+                let (read, row) = a.ahead.take().unwrap();
+                a.ahead = Some((read + 1, row));
+                let (tok_a, _) = a.sample_next(&p).unwrap();
+                assert_eq!(a.pending(), [tok_a]);
+                assert_eq!(a.cache.len() + 1, a.tokens.len());
+                // b: the same draw without going ahead.
+                draw(&mut [&mut b], &p).unwrap();
+                let (tok_b, _) = b.sample_next(&p).unwrap();
+                assert_eq!(tok_a, tok_b);
+                for s in [&mut a, &mut b] {
+                    advance(&model, &mut [s], Mode::INFERENCE).unwrap();
+                }
+                let logits = |s: &Sequence| match &s.next_logits {
+                    Some(Next::Device(row)) => row.tensor().unwrap(),
+                    _ => panic!("logits on the device"),
+                };
+                assert_eq!(fixtures::max_diff(&logits(&a), &logits(&b)), 0.0);
+            })
+        });
     }
 
     #[test]

@@ -43,6 +43,13 @@ pub struct Draw {
 /// draw off the kept tokens (as rare as a running sum landing within an ulp of the end):
 /// the caller then samples that row on the host.
 pub fn draw_rows(logits: &Tensor, u: &[f32], params: &SamplingParams) -> Result<Vec<Option<Draw>>> {
+    Ok(draws(draw_table(logits, u, params)?.to_vec2::<f32>()?))
+}
+
+/// [`draw_rows`]' draws left where the logits are: `[B, 3]` f32, each row (token, its
+/// log-prob, 1 where the draw landed on a kept token, else 0), for [`draws`] to read once
+/// it is on the host. Token ids are exact in f32 (below 2²⁴).
+pub fn draw_table(logits: &Tensor, u: &[f32], params: &SamplingParams) -> Result<Tensor> {
     let (n, v) = logits.dims2()?;
     if u.len() != n {
         candle_core::bail!("draw_rows: {n} rows but {} uniforms", u.len());
@@ -57,7 +64,7 @@ pub fn draw_rows(logits: &Tensor, u: &[f32], params: &SamplingParams) -> Result<
         params.top_p,
         params.min_p,
     )? {
-        return Ok(draws(out.to_vec2::<f32>()?));
+        return Ok(out);
     }
     let dev = logits.device();
     let greedy = params.temperature <= 0.0;
@@ -91,13 +98,13 @@ pub fn draw_rows(logits: &Tensor, u: &[f32], params: &SamplingParams) -> Result<
         (token, kept)
     };
     let picked = logp.gather(&token, 1)?;
-    // Token ids are exact in f32 (< 2²⁴): one copy brings back all three columns.
-    let out = Tensor::cat(&[&token.to_dtype(DType::F32)?, &picked, &kept], 1)?.to_vec2::<f32>()?;
-    Ok(draws(out))
+    // One table, so that one copy brings back all three columns.
+    Tensor::cat(&[&token.to_dtype(DType::F32)?, &picked, &kept], 1)
 }
 
-/// The draws of `[B, 3]` rows (token, log-prob, kept).
-fn draws(rows: Vec<Vec<f32>>) -> Vec<Option<Draw>> {
+/// The draws of [`draw_table`]'s rows (token, log-prob, kept) on the host: `None` where
+/// the draw missed the kept tokens.
+pub fn draws(rows: Vec<Vec<f32>>) -> Vec<Option<Draw>> {
     rows.into_iter()
         .map(|r| {
             (r[2] > 0.0).then_some(Draw {

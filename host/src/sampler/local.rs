@@ -15,7 +15,9 @@
 //! request.first_choice + j)` only, so its tokens do not depend on what else is in the
 //! batch; a resumed choice goes on drawing from its own generator.
 
-use super::decode::{Completion, Finish, Sequence, advance, advance_mixed, draw, stop_check};
+use super::decode::{
+    Completion, Finish, Sequence, advance, advance_mixed, draw, draw_ahead, goes_ahead, stop_check,
+};
 use super::draw::SamplingParams;
 use super::seam::{Held, Request, Sampling, Sink, Ticket, Token};
 use crate::model::decoder::Model;
@@ -304,8 +306,36 @@ impl<'t> Sampler<'t> {
         }
         // Where the logits are on a GPU, one draw for every request that draws alike
         // (a batch's trajectories differ only in their budgets and stops: one draw a
-        // step).
-        let mut drawn = vec![false; self.live.len()];
+        // step). Where every request draws alike and reads the sampler's own adapter,
+        // the next step's forward is queued behind the draw ([`draw_ahead`]): the tokens
+        // are taken and the stops checked below while it runs.
+        let ahead = self.live.first().is_some_and(|first| {
+            goes_ahead(model.device())
+                && self.live.iter().all(|l| {
+                    !l.request.base
+                        && l.request.adapter.is_none()
+                        && l.request.params.draws_as(&first.request.params)
+                })
+        });
+        let mut drawn = vec![ahead; self.live.len()];
+        if ahead {
+            let params = self.live[0].request.params.clone();
+            let mut seqs: Vec<&mut Sequence> = self
+                .live
+                .iter_mut()
+                .flat_map(|l| l.choices.iter_mut().map(|c| &mut c.seq))
+                .collect();
+            match draw_ahead(model, &mut seqs, &params, self.mode) {
+                Ok(went) => self.forwards += went as u64,
+                Err(e) => {
+                    let message = format!("sampling failed: {e:#}");
+                    for l in self.live.iter_mut() {
+                        l.sink.failed(&message);
+                        l.choices.clear();
+                    }
+                }
+            }
+        }
         for i in 0..self.live.len() {
             if drawn[i] {
                 continue;
@@ -726,8 +756,19 @@ mod tests {
     /// log-probs as one sequence decoded by hand through the same insertion; a prefill
     /// request (no new tokens) holds its forks for that, and a held choice resumed from a
     /// prompt that does not extend it is prefilled afresh.
+    ///
+    /// Also as on a GPU, decode steps pooled, where the sampler queues each next step
+    /// behind its draw (`draw_ahead`): a choice released after such a step has had its
+    /// last token read already.
     #[test]
     fn a_released_choice_resumes_from_its_cache() {
+        released_choice_case();
+        crate::sampler::decode::as_on_a_gpu(|| {
+            crate::model::kv_cache::with_pooling(true, released_choice_case)
+        });
+    }
+
+    fn released_choice_case() {
         use crate::sampler::decode::advance;
         let dir = fixtures::model_dir("qwen2");
         let (model, tok) = (fixtures::load("qwen2"), Tokenizer::from_dir(&dir).unwrap());

@@ -18,6 +18,7 @@ pub mod attention;
 pub mod decode;
 pub mod flash;
 pub(crate) mod gemm;
+pub mod host_copy;
 pub mod logprobs;
 pub mod lora;
 pub mod rms_norm;

@@ -109,7 +109,10 @@ impl Rope {
                 (src_l.start_offset(), st[0])
             }
         };
-        let span = (b * t).saturating_sub(1) * stride + n * d;
+        let span = match b * t {
+            0 => 0,
+            rows => (rows - 1) * stride + n * d,
+        };
         with_dtype!(dtype, T => {
             let xv = src.as_cuda_slice::<T>()?.slice(first..first + span);
             let cv = view::<T>(c, c_l, "rope")?;
