@@ -72,7 +72,13 @@ for part in "${parts[@]}"; do
             # test asks for them); the CPU kernels do not apply there, so the composed
             # forms run throughout.
             RLHOST_TEST_DEVICE=cuda limited "${!var:-150}" "$out/tests.txt" \
-                "$pack/rlhost-lib-tests" model:: --test-threads 1 ;;
+                "$pack/rlhost-lib-tests" model:: --test-threads 1
+            first=$?
+            # The sampler's decode and continuous batching on the GPU: the draw with the
+            # next step queued behind it, through holds, releases and resumes.
+            RLHOST_TEST_DEVICE=cuda limited "${!var:-150}" "$out/tests.txt" \
+                "$pack/rlhost-lib-tests" sampler::decode:: sampler::local:: --test-threads 1 \
+                && [ $first -eq 0 ] ;;
         train)
             # The built-in calculator run on this machine's CPU (which builds its model
             # once), then the same run on the GPU (in bf16), each timed, with its

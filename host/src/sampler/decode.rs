@@ -787,9 +787,13 @@ mod tests {
                 };
                 let ahead = run();
                 let stepwise = not_ahead(run);
+                // Equal on the CPU; on a GPU (`RLHOST_TEST_DEVICE=cuda`) a forward of more
+                // rows may round its products otherwise, by the last bits.
                 for (a, b) in ahead.iter().flatten().zip(stepwise.iter().flatten()) {
                     assert_eq!(a.tokens, b.tokens, "T {temperature}, pooled {pooled}");
-                    assert_eq!(a.logprobs, b.logprobs);
+                    for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                        assert!((x - y).abs() <= 1e-4, "{x} vs {y}");
+                    }
                     assert_eq!(a.finish, b.finish);
                 }
             }
@@ -829,7 +833,7 @@ mod tests {
                     Some(Next::Device(row)) => row.tensor().unwrap(),
                     _ => panic!("logits on the device"),
                 };
-                assert_eq!(fixtures::max_diff(&logits(&a), &logits(&b)), 0.0);
+                assert!(fixtures::max_diff(&logits(&a), &logits(&b)) <= 1e-5);
             })
         });
     }
