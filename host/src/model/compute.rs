@@ -84,10 +84,16 @@ pub fn frozen(w: &Weight, x: &Tensor) -> Result<Tensor> {
 /// `[x, 1] · [W, b]ᵀ`, so that the sum is rounded once, as PyTorch's `addmm` rounds it
 /// (adding it afterwards rounds twice: enough to move a small model's bf16 logits as
 /// far as transformers' two attention implementations differ). The copy of `W` this takes
-/// per call is small beside the product on a GPU.
+/// per call is small beside the product on a GPU; where no gradient is wanted there
+/// (sampling the base model, the reference policy's forward) the bias's rows are summed
+/// into the product's own buffer instead, with the same one rounding and no copy.
 fn affine(x: &Tensor, w: &Weight, bias: Option<&Tensor>) -> Result<Tensor> {
     match (w, bias) {
         (Weight::Dense(w), Some(b)) if x.dtype() != DType::F32 => {
+            #[cfg(feature = "cuda")]
+            if !x.track_op() && super::cuda::applies(x) {
+                return super::cuda::lora::biased_linear(x, w, b);
+            }
             let mut dims = x.dims().to_vec();
             *dims.last_mut().expect("x has at least one dim") = 1;
             let ones = Tensor::ones(dims, x.dtype(), x.device())?;
@@ -519,7 +525,7 @@ pub enum HostCopy {
     Ready(Vec<Vec<f32>>),
     /// Queued on a GPU's stream.
     #[cfg(feature = "cuda")]
-    Pending(super::cuda::host_copy::Pending),
+    Pending(super::cuda::host_copy::CopyInFlight),
 }
 
 impl HostCopy {

@@ -34,6 +34,9 @@ impl Joint {
     /// the weights and biases are copied into one buffer each and every part given a
     /// view of its rows. `None`, the parts untouched, where they cannot be joined.
     pub fn join(parts: &mut [&mut Linear]) -> Result<Option<Joint>> {
+        if parts.len() < 2 {
+            return Ok(None);
+        }
         let mut weights = Vec::with_capacity(parts.len());
         for p in parts.iter() {
             match &p.weight {
@@ -42,10 +45,9 @@ impl Joint {
             }
         }
         let in_f = weights[0].dim(1)?;
-        if parts.len() < 2
-            || weights
-                .iter()
-                .any(|w| w.dim(1).ok() != Some(in_f) || w.dtype() != weights[0].dtype())
+        if weights
+            .iter()
+            .any(|w| w.dim(1).ok() != Some(in_f) || w.dtype() != weights[0].dtype())
         {
             return Ok(None);
         }
@@ -72,11 +74,6 @@ impl Joint {
             views,
             outs,
         }))
-    }
-
-    /// The parts' out features, in order.
-    pub fn outs(&self) -> &[usize] {
-        &self.outs
     }
 
     /// Whether every part still reads this group's buffers.
@@ -126,13 +123,15 @@ impl Joint {
             .zip(&self.outs)
             .map(|(p, &out)| (p.lora.as_ref(), out))
             .collect();
-        // In the compute dtype on a GPU in half precision (as the fused projection
-        // computes an adapter), in the set's dtype elsewhere (as the composed one does).
-        let dtype = if x.dtype() != DType::F32 && x.device().is_cuda() {
-            x.dtype()
-        } else {
-            DType::F32
-        };
+        // In the compute dtype where the fused projection runs (a GPU in half precision,
+        // as it computes an adapter), in the set's dtype elsewhere (as the composed form
+        // does).
+        let dtype =
+            if x.dtype() != DType::F32 && x.device().is_cuda() && !compute::composed_forced() {
+                x.dtype()
+            } else {
+                DType::F32
+            };
         let Some(pair) = set.joint(&shapes, dtype)? else {
             return Ok(None);
         };

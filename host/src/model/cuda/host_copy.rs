@@ -19,7 +19,7 @@ thread_local! {
 }
 
 /// A copy on its way to the host.
-pub struct Pending {
+pub struct CopyInFlight {
     host: Option<PinnedHostSlice<f32>>,
     cols: usize,
     len: usize,
@@ -29,7 +29,7 @@ pub struct Pending {
 
 /// Queues the copy of `t` (`[rows, cols]`, f32 on a CUDA device) to the host and returns
 /// at once.
-pub fn start(t: &Tensor) -> Result<Pending> {
+pub fn start(t: &Tensor) -> Result<CopyInFlight> {
     let t = t.to_dtype(DType::F32)?.contiguous()?;
     let (rows, cols) = t.dims2()?;
     let len = rows * cols;
@@ -63,7 +63,7 @@ pub fn start(t: &Tensor) -> Result<Pending> {
         // an event after the copy, which `wait` waits for.
         stream.memcpy_dtoh(&src, &mut host).w()?;
     }
-    Ok(Pending {
+    Ok(CopyInFlight {
         host: Some(host),
         cols,
         len,
@@ -71,7 +71,7 @@ pub fn start(t: &Tensor) -> Result<Pending> {
     })
 }
 
-impl Pending {
+impl CopyInFlight {
     /// Waits for the copy (not for anything queued after it) and returns its rows.
     pub fn wait(mut self) -> Result<Vec<Vec<f32>>> {
         let host = self.host.take().expect("taken once");

@@ -74,6 +74,106 @@ struct LoraLinear {
     scaling: f64,
 }
 
+/// `x Wᵀ + bias` for `x: [.., in]` in half precision with no gradient, as the fused
+/// projection makes its base product: the bias's rows, then `+= x Wᵀ` by cuBLAS into the
+/// same buffer, rounded once as PyTorch's `addmm` rounds. The composed form appends a
+/// column of ones to x and the bias to W, a copy of the weight each call (a sampling
+/// forward of the base model, the reference policy's forward).
+pub fn biased_linear(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    let (out_f, in_f) = w.dims2()?;
+    if x.dim(candle_core::D::Minus1)? != in_f
+        || bias.elem_count() != out_f
+        || w.dtype() != x.dtype()
+    {
+        bail!(
+            "biased linear: x {:?} {:?}, W {:?} {:?}, bias {:?} do not chain",
+            x.dims(),
+            x.dtype(),
+            w.dims(),
+            w.dtype(),
+            bias.dims()
+        );
+    }
+    let rows = x.elem_count() / in_f;
+    let op = BiasedLinear {
+        w: w.contiguous()?,
+        bias: bias.to_dtype(x.dtype())?.contiguous()?,
+    };
+    let out = x
+        .reshape((rows, in_f))?
+        .contiguous()?
+        .apply_op1_no_bwd(&op)?;
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("x has at least one dim") = out_f;
+    out.reshape(dims)
+}
+
+struct BiasedLinear {
+    w: Tensor,
+    bias: Tensor,
+}
+
+impl candle_core::CustomOp1 for BiasedLinear {
+    fn name(&self) -> &'static str {
+        "biased-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
+        bail!("biased linear: CUDA only")
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, x_l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (rows, _) = x_l.shape().dims2()?;
+        let out_f = self.w.dim(0)?;
+        let c = base_product(x, x_l, &self.w, Some(&self.bias))?;
+        Ok((c, Shape::from((rows, out_f))))
+    }
+}
+
+/// `x Wᵀ (+ bias)` for `x: [rows, in]` into a fresh buffer: the bias's rows first, then the
+/// product accumulated onto them (`beta = 1`), so that the sum is rounded once.
+fn base_product(
+    x: &CudaStorage,
+    x_l: &Layout,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<CudaStorage> {
+    let dev = super::device(x);
+    let (rows, in_f) = x_l.shape().dims2()?;
+    let out_f = w.dim(0)?;
+    let mut c = buffer(dev, rows * out_f, x.dtype())?;
+    let mut beta = 0.0;
+    if let Some(bias) = bias {
+        let (g, l) = bias.storage_and_layout();
+        cuda(&g, "base product")?.copy_strided_src(&mut c, 0, &l.broadcast_as((rows, out_f))?)?;
+        beta = 1.0;
+    }
+    let (w_guard, w_l) = w.storage_and_layout();
+    let ws = cuda(&w_guard, "base product")?;
+    gemm(
+        dev,
+        Operand {
+            s: x,
+            l: x_l,
+            op: Op::N,
+        },
+        Operand {
+            s: ws,
+            l: w_l,
+            op: Op::T,
+        },
+        &mut c,
+        (rows, out_f, in_f),
+        1.0,
+        beta,
+    )?;
+    Ok(c)
+}
+
 /// An uninitialised contiguous buffer of `n` elements of `dtype`.
 fn buffer(dev: &candle_core::CudaDevice, n: usize, dtype: DType) -> Result<CudaStorage> {
     with_dtype!(dtype, T => Ok(super::storage(super::alloc::<T>(dev, n)?, dev)))
@@ -113,29 +213,8 @@ impl CustomOp3 for LoraLinear {
         let (rows, in_f) = x_l.shape().dims2()?;
         let (r, _) = a_l.shape().dims2()?;
         let (out_f, _) = b_l.shape().dims2()?;
-        let mut c = buffer(dev, rows * out_f, dt)?;
-        let mut beta = 0.0;
-        if let Some(bias) = &self.bias {
-            let (g, l) = bias.storage_and_layout();
-            cuda(&g, "fused lora")?.copy_strided_src(&mut c, 0, &l.broadcast_as((rows, out_f))?)?;
-            beta = 1.0;
-        }
-        let (w_guard, w_l) = self.w.storage_and_layout();
-        let w = cuda(&w_guard, "fused lora")?;
+        let mut c = base_product(x, x_l, &self.w, self.bias.as_ref())?;
         let xo = |op| Operand { s: x, l: x_l, op };
-        gemm(
-            dev,
-            xo(Op::N),
-            Operand {
-                s: w,
-                l: w_l,
-                op: Op::T,
-            },
-            &mut c,
-            (rows, out_f, in_f),
-            1.0,
-            beta,
-        )?;
         // The adapter in the compute dtype: r · (in + out) elements cast per call, unless
         // it comes in that dtype already (a sampling set's pair cast once,
         // `AdapterSnapshot::cast`).
@@ -362,6 +441,38 @@ mod tests {
     use super::*;
     use crate::model::fixtures;
     use candle_core::Var;
+
+    /// The biased product without a gradient against the composed form (a column of ones
+    /// on x, the bias on W: one rounding either way), in bf16 and f16, over `[2, 37, ·]`
+    /// rows. Skipped without `RLHOST_TEST_DEVICE=cuda`.
+    #[test]
+    fn biased_linear_matches_the_composed_form() {
+        let dev = fixtures::device();
+        if !dev.is_cuda() {
+            return;
+        }
+        let (rows, in_f, out_f) = (37, 96, 160);
+        for (dtype, tol) in [(DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+            let x = fixtures::uniform_on(&[2, rows, in_f], 1, 1.0, &dev, dtype);
+            let w = fixtures::uniform_on(&[out_f, in_f], 2, 0.1, &dev, dtype);
+            let bias = fixtures::uniform_on(&[out_f], 3, 1.0, &dev, dtype);
+            let fused = biased_linear(&x, &w, &bias).unwrap();
+            let ones = Tensor::ones((2, rows, 1), dtype, &dev).unwrap();
+            let composed = Tensor::cat(&[&x, &ones], 2)
+                .unwrap()
+                .broadcast_matmul(
+                    &Tensor::cat(&[&w, &bias.unsqueeze(1).unwrap()], 1)
+                        .unwrap()
+                        .t()
+                        .unwrap(),
+                )
+                .unwrap();
+            assert_eq!(fused.dims(), [2, rows, out_f]);
+            let e = fixtures::relative_diff(&fused, &composed);
+            eprintln!("biased linear {dtype:?}: {e:.2e} from the composed form");
+            assert!(e <= tol, "{dtype:?}: {e}");
+        }
+    }
 
     /// The fused projection against the same sum from candle's differentiable ops in the
     /// same dtype on the GPU, with and without a bias: values and the gradients of x, A and
