@@ -368,7 +368,7 @@ impl AdapterSnapshot {
 
 /// `[A₁; A₂; …]` and the block-diagonal `B` of [`AdapterSnapshot::joint`], in the pairs'
 /// own dtype, from each part's pair (`None`: no adapter, rank 0) and out features.
-pub fn joint_pair(pairs: &[Option<&(Tensor, Tensor)>], outs: &[usize]) -> Result<(Tensor, Tensor)> {
+fn joint_pair(pairs: &[Option<&(Tensor, Tensor)>], outs: &[usize]) -> Result<(Tensor, Tensor)> {
     let Some((a0, _)) = pairs.iter().flatten().next() else {
         candle_core::bail!("joint adapter: none of the parts has one");
     };

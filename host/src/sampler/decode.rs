@@ -431,8 +431,11 @@ pub fn draw_ahead(
         Arc::new(model.forward_cached_ids(&mut caches, &ids, mode)?)
     };
     let table = copy.wait()?;
-    for (k, ((s, r), row)) in seqs.iter_mut().zip(&table).zip(&rows).enumerate() {
-        s.next_logits = Some(match draws(vec![r.clone()]).pop().flatten() {
+    // The token the forward read, also where the draw missed the kept tokens.
+    let read: Vec<u32> = table.iter().map(|r| r[0] as u32).collect();
+    let drawn = draws(table);
+    for (k, ((s, d), row)) in seqs.iter_mut().zip(drawn).zip(&rows).enumerate() {
+        s.next_logits = Some(match d {
             Some(d) => Next::Drawn(d),
             // Rounding put the draw off the kept tokens: this row samples on the host.
             None => Next::Host(row.tensor()?.to_vec1::<f32>()?),
@@ -441,7 +444,7 @@ pub fn draw_ahead(
             batch: next.clone(),
             row: k,
         };
-        s.ahead = Some((r[0] as u32, row));
+        s.ahead = Some((read[k], row));
     }
     Ok(true)
 }

@@ -37,11 +37,7 @@ pub fn rope_heads(
             cos.dims()
         );
     }
-    let op = Rope {
-        cos: cos.to_dtype(y.dtype())?.contiguous()?,
-        sin: sin.to_dtype(y.dtype())?.contiguous()?,
-        dims: [b, t, n, d],
-    };
+    let op = Rope::new(y, cos, sin, [b, t, n, d])?;
     let y = y.contiguous()?;
     let out = if y.track_op() {
         y.apply_op1(op)?
@@ -66,11 +62,7 @@ pub fn rope_rows_strided(y: &Tensor, n: usize, cos: &Tensor, sin: &Tensor) -> Re
             cos.dims()
         );
     }
-    let op = Rope {
-        cos: cos.to_dtype(y.dtype())?.contiguous()?,
-        sin: sin.to_dtype(y.dtype())?.contiguous()?,
-        dims: [rows, 1, n, d],
-    };
+    let op = Rope::new(y, cos, sin, [rows, 1, n, d])?;
     y.apply_op1_no_bwd(&op)?.reshape((rows, n, 1, d))
 }
 
@@ -82,6 +74,15 @@ struct Rope {
 }
 
 impl Rope {
+    /// The op over `y`'s heads `dims` (`[B, T, n, d]`), its tables in `y`'s dtype.
+    fn new(y: &Tensor, cos: &Tensor, sin: &Tensor, dims: [usize; 4]) -> Result<Rope> {
+        Ok(Rope {
+            cos: cos.to_dtype(y.dtype())?.contiguous()?,
+            sin: sin.to_dtype(y.dtype())?.contiguous()?,
+            dims,
+        })
+    }
+
     /// Runs `kernel` from `src` (forward: `[B, T, n, d]`, its `B · T` rows of `n · d`
     /// elements possibly further apart; backward: `[B, n, T, d]`, contiguous).
     fn run(&self, kernel: &str, src: &CudaStorage, src_l: &Layout) -> Result<CudaStorage> {
