@@ -45,11 +45,16 @@ impl Settled {
     }
 }
 
+/// Run with an operation's outcome before anyone can read it.
+type OnSettle = Box<dyn FnOnce(&Settled) + Send>;
+
 struct Slot {
     tx: watch::Sender<Option<Arc<Settled>>>,
     finished: Option<Instant>,
     /// The outcome's size, once finished.
     bytes: usize,
+    /// What to do with the outcome first (see [`Futures::open_then`]).
+    then: Option<OnSettle>,
 }
 
 impl Settled {
@@ -82,6 +87,18 @@ impl Futures {
     /// answers whoever holds an id (a counter let one client read, and so take over,
     /// another's model).
     pub fn open(&self) -> String {
+        self.open_slot(None)
+    }
+
+    /// Like [`Futures::open`], and `then` runs with the outcome before anyone can read
+    /// it: a client told that a create failed must not find the model it asked for in
+    /// its next call, nor be refused for the samples it was just given (a task that
+    /// awaited the outcome and then tidied up lost that race to a fast client).
+    pub fn open_then(&self, then: impl FnOnce(&Settled) + Send + 'static) -> String {
+        self.open_slot(Some(Box::new(then)))
+    }
+
+    fn open_slot(&self, then: Option<OnSettle>) -> String {
         let id = format!("req-{:024x}", rand::random::<u128>() >> 32);
         let (tx, _) = watch::channel(None);
         let mut slots = self.slots.lock().expect("futures lock");
@@ -93,6 +110,7 @@ impl Futures {
                 tx,
                 finished: None,
                 bytes: 0,
+                then,
             },
         );
         id
@@ -100,6 +118,18 @@ impl Futures {
 
     /// Settles `id` (a second outcome for the same id is ignored).
     pub fn finish(&self, id: &str, outcome: Settled) {
+        // Taken out under the lock, run outside it (it takes other locks), and before the
+        // outcome is published below.
+        let then = {
+            let mut slots = self.slots.lock().expect("futures lock");
+            slots
+                .get_mut(id)
+                .filter(|s| s.finished.is_none())
+                .and_then(|s| s.then.take())
+        };
+        if let Some(then) = then {
+            then(&outcome);
+        }
         let mut slots = self.slots.lock().expect("futures lock");
         if let Some(slot) = slots.get_mut(id)
             && slot.finished.is_none()
@@ -146,20 +176,6 @@ impl Futures {
     }
 }
 
-impl Futures {
-    /// The outcome of `id` once it is settled, however long that takes; `None` when there
-    /// is no such request (or it was forgotten before it was read here).
-    pub async fn settled(&self, id: &str) -> Option<Arc<Settled>> {
-        loop {
-            match self.wait(id, Duration::from_secs(600)).await {
-                Ok(outcome) => return Some(outcome),
-                Err(Waited::Pending) => continue,
-                Err(Waited::Unknown) => return None,
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +191,25 @@ mod tests {
         let slots = f.slots.lock().unwrap();
         assert!(!slots.contains_key(&ids[0]) && !slots.contains_key(&ids[1]));
         assert!(ids[2..].iter().all(|id| slots.contains_key(id)));
+    }
+
+    /// The hook sees the outcome once, before it can be read.
+    #[test]
+    fn the_hook_runs_once_before_the_outcome_is_published() {
+        let f = Arc::new(Futures::default());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let id = Arc::new(Mutex::new(String::new()));
+        let (f2, s2, id2) = (f.clone(), seen.clone(), id.clone());
+        let opened = f.open_then(move |o| {
+            // Not yet readable while the hook runs.
+            assert!(f2.pending(&id2.lock().unwrap()));
+            s2.lock().unwrap().push(o.clone());
+        });
+        *id.lock().unwrap() = opened.clone();
+        f.finish(&opened, Settled::user_error("no"));
+        f.finish(&opened, Settled::Json(serde_json::json!({})));
+        assert!(!f.pending(&opened));
+        assert_eq!(*seen.lock().unwrap(), vec![Settled::user_error("no")]);
     }
 
     #[tokio::test]

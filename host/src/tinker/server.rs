@@ -413,7 +413,7 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
         );
         books.gate.open(&model_id, 1);
     }
-    let request = t.futures.open();
+    let request = open_creating(&t, &model_id);
     let seed = lora.seed.unwrap_or_else(|| t.unseeded());
     t.submit(
         &model_id,
@@ -426,7 +426,6 @@ async fn create_model(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             seed,
         },
     );
-    forget_if_failed(t.clone(), request.clone(), model_id.clone());
     future(&request, Some(&model_id))
 }
 
@@ -719,7 +718,7 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
                 );
                 books.gate.open(&model_id, 1);
             }
-            let request = t.futures.open();
+            let request = open_creating(&t, &model_id);
             t.submit(
                 &model_id,
                 None,
@@ -731,7 +730,6 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
                     create: true,
                 },
             );
-            forget_if_failed(t.clone(), request.clone(), model_id.clone());
             future(&request, Some(&model_id))
         }
         _ => refuse(
@@ -741,17 +739,18 @@ async fn load_weights(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
     }
 }
 
-/// Drops `model_id` from the books when the operation `request` that creates it fails,
-/// so that `get_info` does not report a client that never came to be.
-fn forget_if_failed(t: Arc<Tinker>, request: String, model_id: String) {
-    tokio::spawn(async move {
-        let outcome = t.futures.settled(&request).await;
-        if !matches!(outcome.as_deref(), Some(Settled::Json(_))) {
+/// Opens the future of an operation that creates `model_id`: if it fails, the model
+/// leaves the books before the failure can be read, so that `get_info` does not report a
+/// client that never came to be.
+fn open_creating(t: &Arc<Tinker>, model_id: &str) -> String {
+    let (t, model_id) = (t.clone(), model_id.to_string());
+    t.clone().futures.open_then(move |outcome| {
+        if matches!(outcome, Settled::Failed { .. }) {
             let mut books = t.books.lock().expect("books lock");
             books.models.remove(&model_id);
             books.gate.close(&model_id);
         }
-    });
+    })
 }
 
 async fn create_sampling_session(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
@@ -864,15 +863,13 @@ async fn asample(State(t): State<Arc<Tinker>>, body: Bytes) -> Response {
             ),
         );
     }
-    let request = t.futures.open();
-    {
-        // Counted out when the request is settled (or forgotten).
-        let (t, request) = (t.clone(), request.clone());
-        tokio::spawn(async move {
-            t.futures.settled(&request).await;
-            t.in_flight.fetch_sub(n, Ordering::AcqRel);
-        });
-    }
+    // Counted out when the request is settled, before its samples can be read.
+    let request = {
+        let t = t.clone();
+        t.clone()
+            .futures
+            .open_then(move |_| _ = t.in_flight.fetch_sub(n, Ordering::AcqRel))
+    };
     let ids: Vec<String> = (0..req.num_samples)
         .map(|j| format!("{request}:seq{j}"))
         .collect();
