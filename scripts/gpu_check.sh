@@ -10,9 +10,9 @@
 #
 # Issue 64's checks in one call (~8 minutes: the model tests, the rollout row beside
 # transformers' generate with the decode step's floor, and with a rank-16 adapter, the
-# decode and training profiles (with nsys, every decode kernel counted), the QLoRA step
-# against the LoRA step and NF4 decode, packed against padded updates, the built-in run
-# on the GPU):
+# decode and training profiles (with nsys, every decode kernel counted; a CUDA graph of
+# the decode step against the eager step), the QLoRA step against the LoRA step and NF4
+# decode, packed against padded updates, the built-in run on the GPU):
 #   RLHOST_GPU_BENCH=decode RLHOST_GPU_TRAIN_DEVICES=cuda \
 #       scripts/gpu_check.sh PACK OUT tests bench profile qlorastep packing train
 #
@@ -151,6 +151,12 @@ for line in open(sys.argv[1]):
                 --model "$model" --device cuda --dtype bf16 --batch 64 --prompt-len 128 --new 16 \
                 --temperature 1 --adapter-rank 16
             first=$?
+            # Whether a CUDA graph of that decode step pays (issue 64 item 4): the step at
+            # batch 64 and position 192, eagerly and replayed from a graph, with the
+            # replay's logits against the eager step's.
+            limited "${!var:-90}" "$out/profile.txt" "$pack/model_bench" graph \
+                --model "$model" --device cuda --dtype bf16 --batch 64 --prompt-len 128 \
+                --at 64 --iters 50 --adapter-rank 16
             # Every kernel of those 16 steps (and the prefill) by count and GPU time, where
             # the machine has Nsight Systems: the launches a decode step makes, counted.
             if command -v nsys > /dev/null; then

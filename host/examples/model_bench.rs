@@ -13,6 +13,8 @@
 //!                       [--steps 2]
 //! model_bench bandwidth [--mib 1024] [--threads 2]
 //! model_bench ops       --device cuda --dtype bf16 [--batch 8] [--seq 1024] [--iters 20]
+//! model_bench graph     --model DIR --device cuda --dtype bf16 [--batch 64] [--prompt-len 128]
+//!                       [--at 64] [--iters 50] [--adapter-rank 16]
 //! ```
 //!
 //! `decode` and `train` also take `--device cpu|cuda|cuda:N` (default cpu) and `--dtype
@@ -107,6 +109,13 @@ fn main() -> Result<()> {
         "bandwidth" => bandwidth(num("mib", 1024)?, num("threads", 2)?),
         #[cfg(feature = "cuda")]
         "ops" => ops(&at, num("batch", 8)?, num("seq", 1024)?, num("iters", 20)?),
+        #[cfg(feature = "cuda")]
+        "graph" => graph(
+            load(&PathBuf::from(opts.get("model").context("--model")?))?,
+            (num("batch", 64)?, num("prompt-len", 128)?, num("at", 64)?),
+            num("iters", 50)?,
+            num("adapter-rank", 16)?,
+        ),
         other => bail!("unknown mode {other}"),
     }?;
     if let Some(table) = rlhost::model::profile::report() {
@@ -126,6 +135,18 @@ fn attach_lora(model: &mut Model, rank: usize) -> Result<()> {
         },
         0,
     )
+}
+
+/// [`attach_lora`] with B small and non-zero, so that the adapter takes part in the
+/// arithmetic of sampling (a fresh adapter's B is zero).
+fn attach_sampled_lora(model: &mut Model, rank: usize) -> Result<()> {
+    attach_lora(model, rank)?;
+    for (name, var) in model.lora_vars() {
+        if name.ends_with("lora_B") {
+            var.set(&(var.ones_like()? * 1e-3)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Token ids from a fixed linear congruential sequence (the model is random anyway).
@@ -162,13 +183,7 @@ fn decode(
     (adapter_rank, live): (usize, bool),
 ) -> Result<()> {
     if adapter_rank > 0 {
-        attach_lora(&mut model, adapter_rank)?;
-        for (name, var) in model.lora_vars() {
-            if name.ends_with("lora_B") {
-                // B: small and non-zero, so that the adapter takes part in the arithmetic.
-                var.set(&(var.ones_like()? * 1e-3)?)?;
-            }
-        }
+        attach_sampled_lora(&mut model, adapter_rank)?;
     }
     let set = (adapter_rank > 0 && !live)
         .then(|| model.adapter_snapshot(0))
@@ -575,6 +590,132 @@ fn update_layouts(
             "packed_micro_batches": micro.0, "padded_micro_batches": micro.1,
             "rounds": rounds, "phase_peak_rss_gb": peak_rss_gb()})
     );
+    Ok(())
+}
+
+/// Whether a CUDA graph of the decode step pays (issue 64 item 4): `batch` sequences of
+/// `prompt_len` tokens are prefilled and decode `at` steps eagerly, so that they sit in
+/// the pool as a rollout's do; then one decode step as the rollout engine runs it (the
+/// forward on token ids already on the device, with a rank-`adapter_rank` adapter read
+/// from a frozen copy, and the fused draw at T = 1) runs `iters` times eagerly and is
+/// replayed `iters` times from a graph, each time at the same position (the step's keys
+/// and values written over). Prints both step times, their ratio, the largest difference
+/// of the replay's logits from the eager step's and whether their draws agree; a capture
+/// that fails prints its error in the line instead.
+#[cfg(feature = "cuda")]
+fn graph(
+    mut model: Model,
+    (batch, prompt_len, at): (usize, usize, usize),
+    iters: usize,
+    adapter_rank: usize,
+) -> Result<()> {
+    use rlhost::model::KvCache;
+    use rlhost::model::kernels::graph;
+    use rlhost::sampler::device_draw::draw_table;
+    if adapter_rank > 0 {
+        attach_sampled_lora(&mut model, adapter_rank)?;
+    }
+    let set = (adapter_rank > 0)
+        .then(|| model.adapter_snapshot(0))
+        .transpose()?;
+    let mode = Mode {
+        adapter: set.as_ref(),
+        ..Mode::INFERENCE
+    };
+    let dev = model.device().clone();
+    let vocab = model.cfg.vocab_size.min(500) as u32;
+    let mut caches: Vec<KvCache> = (0..batch).map(|_| model.new_cache()).collect();
+    {
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|i| ids(prompt_len, vocab as usize, i as u64))
+            .collect();
+        let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+        let toks: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        model.forward_cached(&mut refs, &toks, mode, false)?;
+        for step in 0..at {
+            let next: Vec<[u32; 1]> = (0..batch)
+                .map(|i| [(i as u32 * 31 + step as u32 * 7) % vocab])
+                .collect();
+            let toks: Vec<&[u32]> = next.iter().map(|t| &t[..]).collect();
+            model.forward_cached(&mut refs, &toks, mode, false)?;
+        }
+    }
+    let params = SamplingParams {
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
+    let u: Vec<f32> = (0..batch)
+        .map(|i| (i as f32 + 0.5) / batch as f32)
+        .collect();
+    let next = Tensor::from_vec((0..batch as u32).map(|i| i % vocab).collect(), batch, &dev)?;
+    let step = |caches: &mut [KvCache]| -> candle_core::Result<(Tensor, Tensor)> {
+        let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+        let logits = model.forward_cached_ids(&mut refs, &next, mode)?;
+        let table = draw_table(&logits, &u, &params)?;
+        Ok((logits, table))
+    };
+    let forget = |caches: &mut [KvCache]| -> Result<()> {
+        for c in caches.iter_mut() {
+            c.forget_last()?;
+        }
+        Ok(())
+    };
+    // Eager, as the engine runs it (no upload cache).
+    step(&mut caches)?;
+    forget(&mut caches)?;
+    dev.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        step(&mut caches)?;
+        forget(&mut caches)?;
+    }
+    dev.synchronize()?;
+    let eager_ms = t.elapsed().as_secs_f64() / iters as f64 * 1e3;
+    let mut line = serde_json::json!({"impl": "rlhost", "mode": "graph", "batch": batch,
+        "position": prompt_len + at, "adapter_rank": adapter_rank,
+        "placement": model.placement().describe(), "eager_step_ms": eager_ms});
+    // Once more under the upload cache, which fills it; then the same step captured.
+    let _cache = graph::upload_cache(&dev)?;
+    let (logits, table) = step(&mut caches)?;
+    let (logits, table) = (logits.to_vec2::<f32>()?, table.to_vec2::<f32>()?);
+    forget(&mut caches)?;
+    let logits_out = Tensor::zeros((batch, logits[0].len()), DType::F32, &dev)?;
+    let table_out = Tensor::zeros((batch, 3), DType::F32, &dev)?;
+    let captured = graph::capture(&dev, || {
+        let (l, t) = step(&mut caches)?;
+        logits_out.slice_set(&l, 0, 0)?;
+        table_out.slice_set(&t, 0, 0)
+    });
+    forget(&mut caches)?;
+    let g = match captured {
+        Ok(g) => g,
+        Err(e) => {
+            line["capture_error"] = format!("{e}").into();
+            println!("{line}");
+            return Ok(());
+        }
+    };
+    g.upload()?;
+    g.replay()?;
+    let (replayed, drawn) = (logits_out.to_vec2::<f32>()?, table_out.to_vec2::<f32>()?);
+    let diff = logits
+        .iter()
+        .flatten()
+        .zip(replayed.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    dev.synchronize()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        g.replay()?;
+    }
+    dev.synchronize()?;
+    let graph_ms = t.elapsed().as_secs_f64() / iters as f64 * 1e3;
+    line["graph_step_ms"] = graph_ms.into();
+    line["eager_over_graph"] = (eager_ms / graph_ms).into();
+    line["logits_max_diff"] = diff.into();
+    line["draws_equal"] = (drawn == table).into();
+    println!("{line}");
     Ok(())
 }
 

@@ -272,12 +272,13 @@ impl PooledStep {
             at[row] = c.len;
             take[row] = i as u32;
         }
-        let per_row = shape.heads * shape.dim;
-        let index: Vec<u32> = at
-            .iter()
-            .flat_map(|&a| std::iter::repeat_n(a as u32, per_row))
-            .collect();
-        let index = Tensor::from_vec(index, (p, shape.heads, 1, shape.dim), device)?;
+        // Each row's position, spread over its heads and dims on the device: an upload of
+        // `rows` numbers, not `rows · heads · dim` (64 KiB a step for 64 rows of the 1.5B
+        // shape, too many for candle's upload cache that a captured step reads from).
+        let positions: Vec<u32> = at.iter().map(|&a| a as u32).collect();
+        let index = Tensor::from_vec(positions, (p, 1, 1, 1), device)?
+            .broadcast_as((p, shape.heads, 1, shape.dim))?
+            .contiguous()?;
         // A row's query sees positions up to and including its new token; a row left out
         // sees its first position only (anything finite: its output is dropped).
         let lens: Vec<u32> = at

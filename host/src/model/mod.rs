@@ -41,5 +41,5 @@ pub use placement::Placement;
 pub mod kernels {
     pub use super::cpu::gemm;
     #[cfg(feature = "cuda")]
-    pub use super::cuda::{attention, flash, lora};
+    pub use super::cuda::{attention, flash, graph, lora};
 }

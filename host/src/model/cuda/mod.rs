@@ -10,6 +10,9 @@
 //! each is tested against it on a GPU (`RLHOST_TEST_DEVICE=cuda`). The kernels take
 //! tensors and plain numbers, never the decoder's types.
 //!
+//! Beside them, [`graph`] captures queued work as a CUDA graph and replays it (for
+//! measuring whether graphs pay for the decode step).
+//!
 //! [`applies`] says where they run: a contiguous f32, bf16 or f16 tensor on a CUDA device,
 //! unless the thread asked for the composed forms ([`super::cpu::composed`]).
 
@@ -18,6 +21,7 @@ pub mod attention;
 pub mod decode;
 pub mod flash;
 pub(crate) mod gemm;
+pub mod graph;
 pub mod host_copy;
 pub mod logprobs;
 pub mod lora;

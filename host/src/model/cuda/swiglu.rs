@@ -211,7 +211,7 @@ mod tests {
     /// halves to the bit (the same arithmetic; that kernel is held to the composed form
     /// above), in f32, bf16 and f16. Skipped without `RLHOST_TEST_DEVICE=cuda`.
     #[test]
-    fn joint_swiglu_equals_the_composed_form_over_its_halves() {
+    fn joint_swiglu_equals_the_fused_kernel_over_its_halves() {
         let dev = fixtures::device();
         if !dev.is_cuda() {
             return;
