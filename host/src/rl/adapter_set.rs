@@ -64,7 +64,11 @@ impl AdapterSet {
                 if missing.len() > 3 { ", ..." } else { "" }
             );
         }
-        Ok(AdapterSnapshot::from_pairs(0, set).with_scaling(Some(self.scaling)))
+        // Tensors read from the folder (or zeros), never written: a frozen set keeps
+        // what a GPU forward derives from them for the snapshot's micro-batches.
+        Ok(AdapterSnapshot::from_pairs(0, set)
+            .with_scaling(Some(self.scaling))
+            .frozen())
     }
 }
 

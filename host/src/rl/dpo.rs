@@ -135,7 +135,11 @@ pub fn reference_adapter(model: &Model, dir: &std::path::Path) -> Result<Adapter
             live.len()
         );
     }
-    Ok(AdapterSnapshot::from_pairs(0, pairs).with_scaling(Some(read.cfg.scaling())))
+    // Read from the folder and never written: on a GPU its half-precision casts and
+    // joined pairs are made once for the run, not at every reference forward.
+    Ok(AdapterSnapshot::from_pairs(0, pairs)
+        .with_scaling(Some(read.cfg.scaling()))
+        .frozen())
 }
 
 /// How a run over preference pairs (DPO or a reward model) steps: `[pairs]` and `[train]`.
