@@ -645,11 +645,7 @@ pub fn swiglu_joint(gate_up: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if super::cuda::applies(gate_up) {
         // Any leading dims (a batch forward's `[B, T, 2w]` too) as rows.
-        let mut dims = gate_up.dims().to_vec();
-        let rows = gate_up.elem_count() / (2 * w).max(1);
-        let y = super::cuda::swiglu::swiglu_joint(&gate_up.reshape((rows, 2 * w))?)?;
-        *dims.last_mut().expect("gate_up has a last dim") = w;
-        return y.reshape(dims);
+        return super::cuda::over_rows(gate_up, 2 * w, w, super::cuda::swiglu::swiglu_joint);
     }
     swiglu(
         &gate_up.narrow(D::Minus1, 0, w)?,

@@ -352,25 +352,36 @@ pub fn draw(seqs: &mut [&mut Sequence], params: &SamplingParams) -> Result<()> {
     if on_device.is_empty() {
         return Ok(());
     }
-    let rows: Vec<DeviceRow> = on_device
-        .iter()
-        .map(|&i| match &seqs[i].next_logits {
-            Some(Next::Device(row)) => row.clone(),
-            _ => unreachable!("filtered above"),
-        })
-        .collect();
-    let logits = gather_rows(&rows.iter().collect::<Vec<_>>())?;
+    let (rows, logits) = device_logits(seqs, &on_device)?;
     let u = uniforms(seqs, &on_device, params);
     let draws = draw_rows(&logits, &u, params)?;
     for ((&i, d), row) in on_device.iter().zip(draws).zip(&rows) {
-        seqs[i].next_logits = Some(match d {
-            Some(d) => Next::Drawn(d),
-            // Rounding put the draw off the kept tokens: this row samples on the host
-            // (with a fresh uniform).
-            None => Next::Host(row.tensor()?.to_vec1::<f32>()?),
-        });
+        seqs[i].next_logits = Some(drawn(d, row)?);
     }
     Ok(())
+}
+
+/// The device rows of the sequences `on` (whose logits are there) and those logits as
+/// one `[on, vocab]` tensor.
+fn device_logits(seqs: &[&mut Sequence], on: &[usize]) -> Result<(Vec<DeviceRow>, Tensor)> {
+    let rows: Vec<DeviceRow> = on
+        .iter()
+        .map(|&i| match &seqs[i].next_logits {
+            Some(Next::Device(row)) => row.clone(),
+            _ => unreachable!("only sequences with logits on the device"),
+        })
+        .collect();
+    let logits = gather_rows(&rows.iter().collect::<Vec<_>>())?;
+    Ok((rows, logits))
+}
+
+/// A row's next logits after its draw: the draw, or where rounding put it off the kept
+/// tokens, the row's logits for the host to sample (with a fresh uniform).
+fn drawn(d: Option<Draw>, row: &DeviceRow) -> Result<Next> {
+    Ok(match d {
+        Some(d) => Next::Drawn(d),
+        None => Next::Host(row.tensor()?.to_vec1::<f32>()?),
+    })
 }
 
 /// One uniform per sequence `on` draws for, from its own generator, as the host sampler
@@ -412,15 +423,8 @@ pub fn draw_ahead(
         return draw(seqs, params).map(|()| false);
     }
     let _p = crate::model::profile::span("draw_ahead", model.device());
-    let rows: Vec<DeviceRow> = seqs
-        .iter()
-        .map(|s| match &s.next_logits {
-            Some(Next::Device(row)) => row.clone(),
-            _ => unreachable!("checked above"),
-        })
-        .collect();
-    let logits = gather_rows(&rows.iter().collect::<Vec<_>>())?;
     let all: Vec<usize> = (0..seqs.len()).collect();
+    let (rows, logits) = device_logits(seqs, &all)?;
     let u = uniforms(seqs, &all, params);
     let table = draw_table(&logits, &u, params)?;
     // The copy first, then the forward: on the stream the copy does not wait for it.
@@ -433,13 +437,8 @@ pub fn draw_ahead(
     let table = copy.wait()?;
     // The token the forward read, also where the draw missed the kept tokens.
     let read: Vec<u32> = table.iter().map(|r| r[0] as u32).collect();
-    let drawn = draws(table);
-    for (k, ((s, d), row)) in seqs.iter_mut().zip(drawn).zip(&rows).enumerate() {
-        s.next_logits = Some(match d {
-            Some(d) => Next::Drawn(d),
-            // Rounding put the draw off the kept tokens: this row samples on the host.
-            None => Next::Host(row.tensor()?.to_vec1::<f32>()?),
-        });
+    for (k, ((s, d), row)) in seqs.iter_mut().zip(draws(table)).zip(&rows).enumerate() {
+        s.next_logits = Some(drawn(d, row)?);
         let row = DeviceRow {
             batch: next.clone(),
             row: k,

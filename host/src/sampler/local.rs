@@ -317,25 +317,7 @@ impl<'t> Sampler<'t> {
                         && l.request.params.draws_as(&first.request.params)
                 })
         });
-        let mut drawn = vec![ahead; self.live.len()];
-        if ahead {
-            let params = self.live[0].request.params.clone();
-            let mut seqs: Vec<&mut Sequence> = self
-                .live
-                .iter_mut()
-                .flat_map(|l| l.choices.iter_mut().map(|c| &mut c.seq))
-                .collect();
-            match draw_ahead(model, &mut seqs, &params, self.mode) {
-                Ok(went) => self.forwards += went as u64,
-                Err(e) => {
-                    let message = format!("sampling failed: {e:#}");
-                    for l in self.live.iter_mut() {
-                        l.sink.failed(&message);
-                        l.choices.clear();
-                    }
-                }
-            }
-        }
+        let mut drawn = vec![false; self.live.len()];
         for i in 0..self.live.len() {
             if drawn[i] {
                 continue;
@@ -348,7 +330,14 @@ impl<'t> Sampler<'t> {
                     seqs.extend(l.choices.iter_mut().map(|c| &mut c.seq));
                 }
             }
-            if let Err(e) = draw(&mut seqs, &params) {
+            // Going ahead, every request draws alike: this one group is all of them.
+            let result = if ahead {
+                draw_ahead(model, &mut seqs, &params, self.mode)
+                    .map(|went| self.forwards += went as u64)
+            } else {
+                draw(&mut seqs, &params)
+            };
+            if let Err(e) = result {
                 let message = format!("sampling failed: {e:#}");
                 for l in self
                     .live

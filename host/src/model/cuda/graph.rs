@@ -122,14 +122,9 @@ mod tests {
             }
         };
         let _cache = upload_cache(&dev).unwrap();
-        let eager = step(&mut caches).unwrap();
-        let eager = eager
-            .to_dtype(DType::F32)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
+        let eager = step(&mut caches).unwrap().to_dtype(DType::F32).unwrap();
         forget(&mut caches);
-        let out = Tensor::zeros((n, eager[0].len()), DType::F32, &dev).unwrap();
+        let out = eager.zeros_like().unwrap();
         let graph = capture(&dev, || {
             let logits = step(&mut caches)?;
             out.slice_set(&logits.to_dtype(DType::F32)?, 0, 0)
@@ -141,14 +136,11 @@ mod tests {
             // Cleared in place between replays: each replay writes the logits anew.
             out.slice_set(&out.zeros_like().unwrap(), 0, 0).unwrap();
             graph.replay().unwrap();
-            let replayed = out.to_vec2::<f32>().unwrap();
-            let diff = replayed
-                .iter()
-                .flatten()
-                .zip(eager.iter().flatten())
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(replayed == eager, "replayed logits off by up to {diff}");
+            assert!(
+                out.to_vec2::<f32>().unwrap() == eager.to_vec2::<f32>().unwrap(),
+                "replayed logits off by up to {}",
+                fixtures::max_diff(&out, &eager)
+            );
         }
     }
 }

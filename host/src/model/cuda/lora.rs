@@ -48,7 +48,6 @@ pub fn lora_linear(
             b.dims()
         );
     }
-    let rows = x.elem_count() / in_f;
     let op = LoraLinear {
         w: w.contiguous()?,
         bias: bias
@@ -56,16 +55,14 @@ pub fn lora_linear(
             .transpose()?,
         scaling,
     };
-    let x2 = x.reshape((rows, in_f))?.contiguous()?;
     let (a, b) = (a.contiguous()?, b.contiguous()?);
-    let out = if x.track_op() || a.track_op() || b.track_op() {
-        x2.apply_op3(&a, &b, op)?
-    } else {
-        x2.apply_op3_no_bwd(&a, &b, &op)?
-    };
-    let mut dims = x.dims().to_vec();
-    *dims.last_mut().expect("x has at least one dim") = out_f;
-    out.reshape(dims)
+    super::over_rows(x, in_f, out_f, |x2| {
+        if x.track_op() || a.track_op() || b.track_op() {
+            x2.apply_op3(&a, &b, op)
+        } else {
+            x2.apply_op3_no_bwd(&a, &b, &op)
+        }
+    })
 }
 
 struct LoraLinear {
@@ -94,18 +91,11 @@ pub fn biased_linear(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
             bias.dims()
         );
     }
-    let rows = x.elem_count() / in_f;
     let op = BiasedLinear {
         w: w.contiguous()?,
         bias: bias.to_dtype(x.dtype())?.contiguous()?,
     };
-    let out = x
-        .reshape((rows, in_f))?
-        .contiguous()?
-        .apply_op1_no_bwd(&op)?;
-    let mut dims = x.dims().to_vec();
-    *dims.last_mut().expect("x has at least one dim") = out_f;
-    out.reshape(dims)
+    super::over_rows(x, in_f, out_f, |x2| x2.apply_op1_no_bwd(&op))
 }
 
 struct BiasedLinear {

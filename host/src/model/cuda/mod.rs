@@ -173,6 +173,21 @@ pub(crate) fn elementwise(n: usize) -> LaunchConfig {
     }
 }
 
+/// `f` over `x: [.., in_f]` as contiguous rows `[rows, in_f]`, its `[rows, out_f]` given
+/// back in `x`'s leading dims.
+pub(crate) fn over_rows(
+    x: &Tensor,
+    in_f: usize,
+    out_f: usize,
+    f: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let rows = x.elem_count() / in_f.max(1);
+    let out = f(&x.reshape((rows, in_f))?.contiguous()?)?;
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("x has at least one dim") = out_f;
+    out.reshape(dims)
+}
+
 /// The device of a CUDA storage.
 pub(crate) fn device(s: &CudaStorage) -> &CudaDevice {
     s.device()
